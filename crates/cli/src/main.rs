@@ -1,0 +1,5 @@
+//! The `tandem` command-line tool.
+
+fn main() {
+    println!("tandem");
+}

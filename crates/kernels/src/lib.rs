@@ -1,0 +1,17 @@
+//! Numeric kernels for tandem.
+//!
+//! This is the only crate with `unsafe` code. It holds the quantized block formats
+//! ([`dtype`], [`quant`]), the scalar reference operations and their SIMD variants,
+//! matrix products over quantized weights ([`matmul`]) and the persistent thread pool
+//! ([`thread_pool`]). It knows nothing of models or requests.
+#![allow(unsafe_code)]
+
+pub mod dtype;
+pub mod matmul;
+pub mod ops;
+pub mod quant;
+pub mod thread_pool;
+
+pub use dtype::DType;
+pub use matmul::{matmul, WeightView};
+pub use thread_pool::ThreadPool;

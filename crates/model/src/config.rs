@@ -1,0 +1,197 @@
+//! The architecture-level description of a model, independent of the file format it came from.
+
+/// Transformer families tandem implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    /// Llama 2/3, Mistral, SmolLM2, TinyLlama.
+    Llama,
+    /// Qwen2: like Llama with a bias on the q/k/v projections.
+    Qwen2,
+    /// Qwen3: like Llama with RMSNorm on each head of q and k before RoPE.
+    Qwen3,
+}
+
+impl Architecture {
+    /// Parses the GGUF `general.architecture` name.
+    pub fn from_gguf_name(name: &str) -> Option<Architecture> {
+        match name {
+            "llama" => Some(Architecture::Llama),
+            "qwen2" => Some(Architecture::Qwen2),
+            "qwen3" => Some(Architecture::Qwen3),
+            _ => None,
+        }
+    }
+
+    /// Parses a Hugging Face `architectures[0]` class name.
+    pub fn from_hf_class(name: &str) -> Option<Architecture> {
+        match name {
+            "LlamaForCausalLM" | "MistralForCausalLM" => Some(Architecture::Llama),
+            "Qwen2ForCausalLM" => Some(Architecture::Qwen2),
+            "Qwen3ForCausalLM" => Some(Architecture::Qwen3),
+            _ => None,
+        }
+    }
+}
+
+/// How RoPE pairs up the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Dimension `i` rotates with `i + head_dim/2` (HF `rotate_half`; llama.cpp "NEOX").
+    Neox,
+    /// Dimension `2i` rotates with `2i + 1` (llama.cpp "NORM"; GGUF llama files store q/k
+    /// weights permuted for this layout).
+    Interleaved,
+}
+
+/// Llama 3 frequency-dependent RoPE scaling (`rope_scaling.rope_type == "llama3"`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama3RopeScaling {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub original_max_position_embeddings: usize,
+}
+
+/// Rotary position embedding parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeConfig {
+    pub theta: f32,
+    pub style: RopeStyle,
+    pub llama3_scaling: Option<Llama3RopeScaling>,
+}
+
+impl RopeConfig {
+    /// The inverse frequency of each rotated pair: `[head_dim / 2]`.
+    pub fn inv_freqs(&self, head_dim: usize) -> Vec<f32> {
+        let half = head_dim / 2;
+        (0..half)
+            .map(|i| {
+                let base = 1.0 / (self.theta as f64).powf(2.0 * i as f64 / head_dim as f64);
+                match &self.llama3_scaling {
+                    None => base as f32,
+                    Some(s) => llama3_scaled(base, s) as f32,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Applies Llama 3 scaling to one inverse frequency (as in the Llama 3.1 reference code).
+fn llama3_scaled(inv_freq: f64, s: &Llama3RopeScaling) -> f64 {
+    let old_len = s.original_max_position_embeddings as f64;
+    let low_freq_wavelen = old_len / s.low_freq_factor as f64;
+    let high_freq_wavelen = old_len / s.high_freq_factor as f64;
+    let wavelen = 2.0 * std::f64::consts::PI / inv_freq;
+    if wavelen < high_freq_wavelen {
+        inv_freq
+    } else if wavelen > low_freq_wavelen {
+        inv_freq / s.factor as f64
+    } else {
+        let smooth = (old_len / wavelen - s.low_freq_factor as f64)
+            / (s.high_freq_factor as f64 - s.low_freq_factor as f64);
+        (1.0 - smooth) * inv_freq / s.factor as f64 + smooth * inv_freq
+    }
+}
+
+/// Shapes and hyper-parameters of a decoder-only transformer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f32,
+    pub rope: RopeConfig,
+    /// The longest sequence the model was trained for (positions `0..context_len`).
+    pub context_len: usize,
+    /// Whether the output projection reuses the token embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// Bias on the q/k/v projections (Qwen2).
+    pub qkv_bias: bool,
+    /// RMSNorm on each head of q and k (Qwen3).
+    pub qk_norm: bool,
+}
+
+impl ModelConfig {
+    /// Checks the relations between sizes that the forward pass relies on.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_layers", self.num_layers),
+            ("num_heads", self.num_heads),
+            ("num_kv_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+            ("context_len", self.context_len),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(format!("{name} must be positive"));
+            }
+            if v > (1 << 24) {
+                return Err(format!("{name} = {v} is implausibly large"));
+            }
+        }
+        if self.num_heads % self.num_kv_heads != 0 {
+            return Err(format!(
+                "num_heads ({}) is not a multiple of num_kv_heads ({})",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(format!(
+                "head_dim ({}) must be even for RoPE",
+                self.head_dim
+            ));
+        }
+        if !(self.rope.theta.is_finite() && self.rope.theta > 0.0) {
+            return Err(format!("rope theta {} must be positive", self.rope.theta));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
+            return Err(format!("rms_norm_eps {} is invalid", self.rms_norm_eps));
+        }
+        Ok(())
+    }
+
+    /// Width of the q projection output: `num_heads * head_dim`.
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// Width of the k and v projection outputs: `num_kv_heads * head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_scaling_keeps_high_and_divides_low_frequencies() {
+        let s = Llama3RopeScaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        };
+        let plain = RopeConfig {
+            theta: 500000.0,
+            style: RopeStyle::Neox,
+            llama3_scaling: None,
+        };
+        let scaled = RopeConfig {
+            llama3_scaling: Some(s),
+            ..plain
+        };
+        let (a, b) = (plain.inv_freqs(128), scaled.inv_freqs(128));
+        assert_eq!(a[0], b[0]);
+        assert!((b[63] - a[63] / 8.0).abs() <= 1e-12);
+    }
+}

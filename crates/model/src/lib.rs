@@ -1,0 +1,15 @@
+//! tandem's model crate: configs, GGUF and safetensors loading, the tokenizer and chat
+//! template, the transformer forward pass over a paged KV store, and teacher-forced scoring.
+//! It knows nothing of requests or scheduling.
+
+pub mod chat_template;
+pub mod config;
+pub mod error;
+pub mod gguf;
+pub mod hf_config;
+pub mod safetensors;
+pub mod tokenizer;
+pub mod weights;
+
+pub use config::{Architecture, ModelConfig};
+pub use error::{ModelError, Result};

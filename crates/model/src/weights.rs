@@ -1,0 +1,191 @@
+//! Tensor storage shared by the GGUF and safetensors loaders: memory-mapped files and a
+//! name -> tensor table whose entries point into them. Weights stay in their stored
+//! (possibly quantized) format; nothing is dequantized at load time.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use tandem_kernels::{DType, WeightView};
+
+use crate::error::{ModelError, Result};
+
+/// A read-only memory map of a whole file.
+#[derive(Debug)]
+pub struct MappedFile {
+    path: PathBuf,
+    mmap: Mmap,
+}
+
+impl MappedFile {
+    /// Maps `path` read-only. This is the crate's one audited `unsafe` block.
+    pub fn open(path: &Path) -> Result<MappedFile> {
+        let io_err = |source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io_err)?;
+        // SAFETY: the map is read-only and private to this process. Model files are not
+        // expected to change while loaded; if another process truncates the file the OS
+        // may signal, which is the accepted risk of every mmap-based loader. All reads go
+        // through the bounds-checked `&[u8]` returned by `bytes()`.
+        #[allow(unsafe_code)]
+        let mmap = unsafe { Mmap::map(&file) }.map_err(io_err)?;
+        Ok(MappedFile {
+            path: path.to_path_buf(),
+            mmap,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.mmap
+    }
+}
+
+/// Where one tensor lives. `shape` is outermost-first (row-major): a matrix that maps
+/// `in` features to `out` features has shape `[out, in]`, each row `in` elements long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorEntry {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// Index of the file in the [`TensorSet`].
+    pub file: usize,
+    /// Byte offset of the first element within the file.
+    pub offset: usize,
+    /// Length in bytes; equals `dtype.bytes_for(product of shape)`.
+    pub len: usize,
+}
+
+/// A borrowed tensor: its type, shape and raw bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorRef<'a> {
+    pub name: &'a str,
+    pub dtype: DType,
+    pub shape: &'a [usize],
+    pub data: &'a [u8],
+}
+
+impl<'a> TensorRef<'a> {
+    /// Views a 2-D tensor `[rows, cols]` as a weight matrix.
+    pub fn matrix(&self) -> Result<WeightView<'a>> {
+        let bad = |reason: String| ModelError::BadTensor {
+            name: self.name.to_string(),
+            reason,
+        };
+        let [rows, cols] = *self.shape else {
+            return Err(bad(format!(
+                "expected 2 dimensions, found {:?}",
+                self.shape
+            )));
+        };
+        WeightView::new(self.dtype, rows, cols, self.data).ok_or_else(|| {
+            bad(format!(
+                "{} bytes do not hold {rows}x{cols} {}",
+                self.data.len(),
+                self.dtype
+            ))
+        })
+    }
+
+    /// Dequantizes the whole tensor to f32 (for small tensors: norms, biases).
+    pub fn to_f32(&self) -> Result<Vec<f32>> {
+        let n: usize = self.shape.iter().product();
+        let mut out = vec![0.0; n];
+        if self.dtype.bytes_for(n) != Some(self.data.len()) {
+            return Err(ModelError::BadTensor {
+                name: self.name.to_string(),
+                reason: "size does not match shape".into(),
+            });
+        }
+        tandem_kernels::quant::dequantize_row(self.dtype, self.data, &mut out);
+        Ok(out)
+    }
+}
+
+/// All tensors of a model, by name, over one or more mapped files.
+#[derive(Debug, Default)]
+pub struct TensorSet {
+    files: Vec<MappedFile>,
+    tensors: HashMap<String, TensorEntry>,
+}
+
+impl TensorSet {
+    /// Adds a mapped file and returns its index for [`TensorEntry::file`].
+    pub fn add_file(&mut self, file: MappedFile) -> usize {
+        self.files.push(file);
+        self.files.len() - 1
+    }
+
+    /// Registers a tensor after checking that it lies inside its file and that its byte
+    /// length matches its shape and type.
+    pub fn insert(&mut self, name: String, entry: TensorEntry) -> Result<()> {
+        let bad = |reason: String| ModelError::BadTensor {
+            name: name.clone(),
+            reason,
+        };
+        let file = self
+            .files
+            .get(entry.file)
+            .ok_or_else(|| bad("unknown file index".into()))?;
+        let n = entry
+            .shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| bad(format!("shape {:?} overflows", entry.shape)))?;
+        if entry.dtype.bytes_for(n) != Some(entry.len) {
+            return Err(bad(format!(
+                "{} bytes do not hold {n} {} elements",
+                entry.len, entry.dtype
+            )));
+        }
+        let end = entry
+            .offset
+            .checked_add(entry.len)
+            .ok_or_else(|| bad("offset overflows".into()))?;
+        if end > file.bytes().len() {
+            return Err(bad(format!(
+                "data [{}, {end}) lies past the end of the file ({} bytes)",
+                entry.offset,
+                file.bytes().len()
+            )));
+        }
+        if self.tensors.insert(name.clone(), entry).is_some() {
+            return Err(bad("duplicate tensor name".into()));
+        }
+        Ok(())
+    }
+
+    pub fn get(&self, name: &str) -> Option<TensorRef<'_>> {
+        let (name, e) = self.tensors.get_key_value(name)?;
+        let data = &self.files[e.file].bytes()[e.offset..e.offset + e.len];
+        Some(TensorRef {
+            name,
+            dtype: e.dtype,
+            shape: &e.shape,
+            data,
+        })
+    }
+
+    /// Like [`TensorSet::get`] but a missing tensor is an error.
+    pub fn require(&self, name: &str) -> Result<TensorRef<'_>> {
+        self.get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+}
