@@ -9,6 +9,7 @@
 pub mod dtype;
 pub mod matmul;
 pub mod ops;
+pub mod parallel;
 pub mod quant;
 pub mod thread_pool;
 
