@@ -261,3 +261,68 @@ impl ColumnsMut<'_> {
         unsafe { *self.base.add(t * self.stride + c) = v };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The multi-row kernel must give each row the bits of the single-row kernel, so the row
+    /// grouping (which depends on the chunking) never changes a result.
+    #[test]
+    fn grouped_rows_match_single_rows_bitwise() {
+        for n in [1, 15, 16, 17, 64, 100, 1536] {
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919) % 1000) as f32 / 337.0 - 1.3)
+                .collect();
+            let w: Vec<Vec<f32>> = (0..ROW_GROUP)
+                .map(|r| {
+                    (0..n)
+                        .map(|i| ((i * 31 + r * 17) % 101) as f32 / 7.0 - 6.9)
+                        .collect()
+                })
+                .collect();
+            let grouped = dot_rows::<ROW_GROUP>(std::array::from_fn(|r| &w[r][..]), &x);
+            for (r, g) in grouped.iter().enumerate() {
+                let [single] = dot_rows::<1>([&w[r][..]], &x);
+                assert_eq!(g.to_bits(), single.to_bits(), "n={n} row {r}");
+                let exact: f64 = w[r]
+                    .iter()
+                    .zip(&x)
+                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                    .sum();
+                let mag: f64 = w[r]
+                    .iter()
+                    .zip(&x)
+                    .map(|(a, b)| f64::from((a * b).abs()))
+                    .sum();
+                assert!(
+                    (f64::from(single) - exact).abs() <= 1e-6 * mag,
+                    "n={n}: {single} vs {exact}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn tree_sum_adds_in_the_documented_order() {
+        let a: [f32; LANES] = std::array::from_fn(|i| (i as f32 + 1.0) * 0.1);
+        let mut h = a;
+        for width in [8, 4, 2, 1] {
+            for l in 0..width {
+                h[l] += h[l + width];
+            }
+        }
+        assert_eq!(tree_sum(&a).to_bits(), h[0].to_bits());
+    }
+
+    #[test]
+    fn chunks_are_whole_row_groups() {
+        for rows in [1, 4, 5, 37, 576, 1536] {
+            for threads in [1, 2, 3, 16] {
+                let c = chunk_rows(rows, threads);
+                assert!(c.is_multiple_of(ROW_GROUP) && c > 0);
+                assert!(rows.div_ceil(c) <= threads * CHUNKS_PER_THREAD);
+            }
+        }
+    }
+}

@@ -3,6 +3,8 @@
 //! The fixture is written by `scripts/make_quant_fixtures.py` (see its docstring for the file
 //! layout): rows quantized by gguf (or random valid K-quant blocks) and gguf's dequantization.
 
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a test failure
+
 use tandem_kernels::quant::{dequantize_row, quantize_row};
 use tandem_kernels::DType;
 
