@@ -21,7 +21,7 @@ use crate::{DType, ThreadPool};
 /// Independent accumulators of the f32 dot product (fixed: part of the numeric contract).
 pub const LANES: usize = 16;
 /// Weight rows dequantized together so that each activation row is loaded once per group.
-const ROW_GROUP: usize = 4;
+const ROW_GROUP: usize = 4; // the width of `dot_4`
 /// Target number of chunks per thread (load balance vs per-task overhead).
 const CHUNKS_PER_THREAD: usize = 4;
 
@@ -114,13 +114,12 @@ fn matmul_rows(
         for (t, xt) in x.chunks_exact(cols).enumerate() {
             if n == ROW_GROUP {
                 let wr = std::array::from_fn(|i| &scratch[i * cols..(i + 1) * cols]);
-                for (i, v) in dot_rows::<ROW_GROUP>(wr, xt).into_iter().enumerate() {
+                for (i, v) in dot_4(wr, xt).into_iter().enumerate() {
                     out.set(t, j + i, v);
                 }
             } else {
                 for i in 0..n {
-                    let [v] = dot_rows::<1>([&scratch[i * cols..(i + 1) * cols]], xt);
-                    out.set(t, j + i, v);
+                    out.set(t, j + i, dot_1(&scratch[i * cols..(i + 1) * cols], xt));
                 }
             }
         }
@@ -128,34 +127,62 @@ fn matmul_rows(
     }
 }
 
-/// `[w[0]·x, …, w[R−1]·x]` in the fixed reduction order of the module docs (the result for a
-/// row does not depend on `R` or on the other rows). Every `w[i]` has `x.len()` elements.
-#[inline(always)]
-fn dot_rows<const R: usize>(w: [&[f32]; R], x: &[f32]) -> [f32; R] {
-    let n = x.len();
-    let full = n - n % LANES;
-    let mut acc = [[0.0f32; LANES]; R];
-    for (k, xc) in x[..full].chunks_exact(LANES).enumerate() {
-        let xc: &[f32; LANES] = xc.try_into().expect("chunks_exact yields LANES elements");
-        for (acc, w) in acc.iter_mut().zip(&w) {
-            let wc: &[f32; LANES] = w[k * LANES..(k + 1) * LANES]
-                .try_into()
-                .expect("the slice has LANES elements");
-            for l in 0..LANES {
-                acc[l] += wc[l] * xc[l];
-            }
-        }
+/// `w · x` in the fixed reduction order of the module docs; `w.len() == x.len()`.
+#[inline(never)]
+fn dot_1(w: &[f32], x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    for (wc, xc) in w.chunks_exact(LANES).zip(x.chunks_exact(LANES)) {
+        mac(&mut acc, wc, xc);
     }
-    for (acc, w) in acc.iter_mut().zip(&w) {
-        for (l, c) in (full..n).enumerate() {
-            acc[l] += w[c] * x[c];
-        }
+    mac_tail(&mut acc, w, x);
+    tree_sum(&acc)
+}
+
+/// `[w[0]·x, …, w[3]·x]`, each row bitwise equal to [`dot_1`] (same operations per row); the
+/// activation chunk is loaded once for the four rows. Every `w[i]` has `x.len()` elements.
+#[inline(never)]
+fn dot_4(w: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
+    let mut acc = [[0.0f32; LANES]; 4];
+    let rows = w[0].chunks_exact(LANES).zip(w[1].chunks_exact(LANES));
+    let rows = rows
+        .zip(w[2].chunks_exact(LANES))
+        .zip(w[3].chunks_exact(LANES));
+    for ((((w0, w1), w2), w3), xc) in rows.zip(x.chunks_exact(LANES)) {
+        mac(&mut acc[0], w0, xc);
+        mac(&mut acc[1], w1, xc);
+        mac(&mut acc[2], w2, xc);
+        mac(&mut acc[3], w3, xc);
+    }
+    for (acc, w) in acc.iter_mut().zip(w) {
+        mac_tail(acc, w, x);
     }
     acc.map(|a| tree_sum(&a))
 }
 
-/// Pairwise sum of the lanes in a fixed order: halves added lane-wise until one is left.
+/// `acc[l] += w[l] · x[l]` for the `LANES` lanes (`w`, `x` are one chunk of `LANES`).
 #[inline(always)]
+fn mac(acc: &mut [f32; LANES], w: &[f32], x: &[f32]) {
+    let (w, x) = (&w[..LANES], &x[..LANES]);
+    for l in 0..LANES {
+        acc[l] += w[l] * x[l];
+    }
+}
+
+/// The last `len % LANES` columns: column `full + l` goes to lane `l`.
+#[inline(always)]
+fn mac_tail(acc: &mut [f32; LANES], w: &[f32], x: &[f32]) {
+    let full = x.len() - x.len() % LANES;
+    for ((a, &wv), &xv) in acc.iter_mut().zip(&w[full..]).zip(&x[full..]) {
+        *a += wv * xv;
+    }
+}
+
+/// Pairwise sum of the lanes in a fixed order: halves added lane-wise until one is left
+/// (`v[l] += v[l + 8]`, then `+ v[l + 4]`, `+ v[l + 2]`, `+ v[l + 1]`).
+///
+/// Not inlined on purpose: when LLVM sees this tree next to the accumulation loop, its SLP
+/// vectorizer splits the accumulators into 2-lane vectors and the loop runs at half width.
+#[inline(never)]
 fn tree_sum(a: &[f32; LANES]) -> f32 {
     let mut v = *a;
     let mut width = LANES / 2;
@@ -281,9 +308,9 @@ mod tests {
                         .collect()
                 })
                 .collect();
-            let grouped = dot_rows::<ROW_GROUP>(std::array::from_fn(|r| &w[r][..]), &x);
+            let grouped = dot_4(std::array::from_fn(|r| &w[r][..]), &x);
             for (r, g) in grouped.iter().enumerate() {
-                let [single] = dot_rows::<1>([&w[r][..]], &x);
+                let single = dot_1(&w[r], &x);
                 assert_eq!(g.to_bits(), single.to_bits(), "n={n} row {r}");
                 let exact: f64 = w[r]
                     .iter()
