@@ -2,7 +2,7 @@
 //! `cargo run --release -p tandem-kernels --example matmul_bench [threads...]`.
 //!
 //! Prints GFLOP/s (2·rows·cols·n_tokens per call) for the SmolLM2-135M shapes in Q4_1 and Q8_0
-//! with 1 and 64 tokens, best of several timed batches.
+//! with 1 and 64 tokens, best of several timed batches, and the pool's dispatch latency.
 
 use std::time::Instant;
 
@@ -44,6 +44,18 @@ fn bench(pool: &ThreadPool, dtype: DType, rows: usize, cols: usize, n_tokens: us
     flops_per_call / best / 1e9
 }
 
+/// Mean wall time of one `run` of `n_threads` empty tasks, in microseconds.
+fn dispatch_us(pool: &ThreadPool) -> f64 {
+    let calls = 20_000;
+    let start = Instant::now();
+    for _ in 0..calls {
+        pool.run(pool.n_threads(), |i| {
+            std::hint::black_box(i);
+        });
+    }
+    start.elapsed().as_secs_f64() / f64::from(calls) * 1e6
+}
+
 fn main() {
     let threads: Vec<usize> = std::env::args()
         .skip(1)
@@ -52,6 +64,10 @@ fn main() {
     let threads = if threads.is_empty() { vec![1] } else { threads };
     for n_threads in threads {
         let pool = ThreadPool::new(n_threads);
+        println!(
+            "threads={n_threads} run() dispatch: {:.2} us/call",
+            dispatch_us(&pool)
+        );
         for dtype in [DType::Q4_1, DType::Q8_0, DType::F32] {
             for (rows, cols) in [(576, 1536), (1536, 576)] {
                 for n_tokens in [1, 64] {

@@ -30,8 +30,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::JoinHandle;
 
-/// Polls of a shared counter before a waiting thread starts yielding / sleeping.
-const SPIN_POLLS: u32 = 1 << 14;
+/// Polls of a shared counter before a waiting thread starts yielding / sleeping: about
+/// 10–200 µs depending on the CPU's `pause` latency; long enough to bridge the gap between
+/// two kernels of a layer, short enough not to burn a core when the engine is idle.
+const SPIN_POLLS: u32 = 1 << 12;
 
 /// A type-erased `&F` where `F: Fn(usize) + Sync`, valid while its job is open.
 #[derive(Clone, Copy)]

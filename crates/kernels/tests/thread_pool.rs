@@ -165,3 +165,15 @@ fn tasks_borrow_the_callers_data() {
         assert_eq!(o.load(Ordering::Relaxed) as u64, want);
     }
 }
+
+#[test]
+fn pool_can_be_shared_and_moved_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ThreadPool>();
+    let pool = std::sync::Arc::new(ThreadPool::new(2));
+    let p = std::sync::Arc::clone(&pool);
+    let counts = std::thread::spawn(move || run_counts(&p, 33))
+        .join()
+        .unwrap();
+    assert_eq!(counts, vec![1; 33]);
+}
