@@ -75,6 +75,10 @@ pub fn matmul(pool: &ThreadPool, w: &WeightView<'_>, x: &[f32], y: &mut [f32], n
     if n_tokens == 0 || w.rows == 0 {
         return;
     }
+    if w.cols == 0 {
+        y.fill(0.0); // empty sums
+        return;
+    }
     let chunk = chunk_rows(w.rows, pool.n_threads());
     for_each_column_chunk(pool, y, n_tokens, w.rows, chunk, |rows, out| {
         with_scratch(ROW_GROUP * w.cols, |scratch| {

@@ -121,6 +121,10 @@ fn empty_shapes_are_fine() {
     matmul(&pool, &w, &[], &mut [], 0);
     let w0 = WeightView::new(DType::Q8_0, 0, 32, &[]).unwrap();
     matmul(&pool, &w0, &[0.0; 64], &mut [], 2);
+    let no_cols = WeightView::new(DType::F32, 3, 0, &[]).unwrap();
+    let mut y = [f32::NAN; 6];
+    matmul(&pool, &no_cols, &[], &mut y, 2);
+    assert_eq!(y, [0.0; 6]);
 }
 
 #[test]
