@@ -13,6 +13,7 @@ pub mod kv_store;
 pub mod logits;
 pub mod model_builder;
 pub mod safetensors;
+pub mod scoring;
 pub mod tokenizer;
 pub mod transformer;
 pub mod weights;
