@@ -6,6 +6,7 @@
 //! ([`thread_pool`]). It knows nothing of models or requests.
 #![allow(unsafe_code)]
 
+pub mod cpu;
 pub mod dtype;
 pub mod matmul;
 pub mod ops;
