@@ -1,1 +1,0 @@
-//! (Being written: see its work item.)

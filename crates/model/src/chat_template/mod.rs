@@ -1,0 +1,159 @@
+//! Rendering a conversation to prompt text with the model's Jinja chat template, the way
+//! Hugging Face transformers' `apply_chat_template(..., tokenize=False)` does.
+//!
+//! The environment mirrors transformers': `trim_blocks` and `lstrip_blocks` on, Python string
+//! and dict methods (`.strip()`, `.startswith()`, `.items()`, ...), `raise_exception(msg)`,
+//! `strftime_now(fmt)`, a `tojson` filter that writes like Python's `json.dumps`, and the
+//! variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`.
+
+mod py_json;
+mod strftime;
+
+use minijinja::value::{Kwargs, Value};
+use minijinja::{Environment, Error as JinjaError, ErrorKind};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ModelError, Result};
+pub use py_json::{dumps as python_json_dumps, DumpOptions};
+
+/// One turn of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// "system", "user", "assistant", "tool", ...
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// Name under which the template is stored in its environment.
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// A compiled chat template with the special-token texts it may print.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+fn jinja_err(context: &str, e: &JinjaError) -> ModelError {
+    // `{:#}` includes the template location and the chain of causes.
+    ModelError::ChatTemplate(format!("{context}: {e:#}"))
+}
+
+/// `raise_exception(message)`: templates call it to reject a conversation.
+fn raise_exception(message: String) -> std::result::Result<Value, JinjaError> {
+    Err(JinjaError::new(ErrorKind::InvalidOperation, message))
+}
+
+/// `value | tojson(indent=None, sort_keys=False)`, as Python's `json.dumps`.
+fn tojson(
+    value: &Value,
+    indent: Option<Value>,
+    kwargs: Kwargs,
+) -> std::result::Result<Value, JinjaError> {
+    let indent = match indent {
+        Some(v) => Some(v),
+        None => kwargs.get::<Option<Value>>("indent")?,
+    };
+    let indent = match indent {
+        Some(v) if v.is_none() || v.is_undefined() => None,
+        Some(v) => Some(usize::try_from(v)?),
+        None => None,
+    };
+    let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
+    kwargs.assert_all_used()?;
+    let options = DumpOptions { indent, sort_keys };
+    Ok(Value::from(py_json::dumps(value, options)?))
+}
+
+impl ChatTemplate {
+    /// Compiles `source`. `bos`/`eos` are the texts of the BOS/EOS tokens, exposed to the
+    /// template as `bos_token`/`eos_token` (empty strings when absent).
+    pub fn new(source: &str, bos: Option<String>, eos: Option<String>) -> Result<Self> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", |fmt: String| strftime::strftime_now(&fmt));
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(TEMPLATE_NAME, source.to_owned())
+            .map_err(|e| jinja_err("cannot compile template", &e))?;
+        Ok(Self {
+            env,
+            bos_token: bos,
+            eos_token: eos,
+        })
+    }
+
+    /// The prompt text for `messages`; with `add_generation_prompt`, ends with the opening
+    /// of an assistant turn. Errors when the template raises or fails.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| jinja_err("template missing", &e))?;
+        let context = minijinja::context! {
+            messages => Value::from_serialize(messages),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.clone().unwrap_or_default(),
+            eos_token => self.eos_token.clone().unwrap_or_default(),
+        };
+        template
+            .render(context)
+            .map_err(|e| jinja_err("cannot render conversation", &e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(source: &str, messages: &[ChatMessage], gen: bool) -> Result<String> {
+        ChatTemplate::new(source, Some("<s>".into()), Some("</s>".into()))?.render(messages, gen)
+    }
+
+    #[test]
+    fn python_methods_filters_and_variables() {
+        let src = "{{ bos_token }}{% for m in messages %}{{ m.role.upper() }}:{{ m['content'].strip() }}|{{ m | tojson }}\n{% endfor %}{% if add_generation_prompt %}GO{{ eos_token }}{% endif %}";
+        let msgs = [ChatMessage::new("user", "  hi <b>  ")];
+        let out = render(src, &msgs, true).expect("renders");
+        assert_eq!(
+            out,
+            "<s>USER:hi <b>|{\"role\": \"user\", \"content\": \"  hi <b>  \"}\nGO</s>"
+        );
+    }
+
+    #[test]
+    fn trim_and_lstrip_blocks_like_transformers() {
+        // With trim_blocks the newline after a block tag is dropped; with lstrip_blocks the
+        // indentation before it is dropped.
+        let src = "{% for m in messages %}\n    {% if true %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}";
+        let msgs = [ChatMessage::new("user", "a"), ChatMessage::new("user", "b")];
+        assert_eq!(render(src, &msgs, false).expect("renders"), "[a]\n[b]\n");
+    }
+
+    #[test]
+    fn raise_exception_becomes_an_error() {
+        let src = "{% if messages[0].role != 'system' %}{{ raise_exception('need a system turn') }}{% endif %}";
+        let err = render(src, &[ChatMessage::new("user", "x")], false).expect_err("raises");
+        assert!(err.to_string().contains("need a system turn"), "{err}");
+        assert!(ChatTemplate::new("{% if %}", None, None).is_err());
+    }
+
+    #[test]
+    fn strftime_now_prints_a_year() {
+        let out = render("{{ strftime_now('%Y') }}", &[], false).expect("renders");
+        let year: i32 = out.parse().expect("a number");
+        assert!(year >= 2024, "{out}");
+    }
+}

@@ -1,0 +1,1 @@
+//! Loading a tokenizer from a Hugging Face model directory.

@@ -1,0 +1,186 @@
+//! Text <-> token ids for a model, built either from a GGUF file's `tokenizer.ggml.*`
+//! metadata (tokenizing exactly as llama.cpp does) or from a Hugging Face model directory
+//! (`tokenizer.json` + `tokenizer_config.json`).
+//!
+//! The heavy lifting (regex pre-tokenization, BPE merging, special-token matching) is done by
+//! Hugging Face's `tokenizers` crate, configured here; decoding uses our own per-id byte table
+//! (see [`pieces`]) so that streaming and whole-text decoding agree byte for byte.
+
+mod build_gguf;
+mod byte_level;
+mod gguf_vocab;
+mod hf_dir;
+mod pieces;
+mod pre_tokenizer;
+
+pub use gguf_vocab::{GgufTokenType, GgufTokenizerModel, GgufVocab};
+pub use pieces::{PieceEncoding, TokenKind};
+pub use pre_tokenizer::PreTokenizerSpec;
+
+use crate::error::{ModelError, Result};
+use pieces::PieceTable;
+
+/// A model's tokenizer, with its special-token settings and chat template.
+///
+/// Invariants: every id in `bos_id`/`eos_ids` is `< vocab_size()`; `encode` only produces
+/// ids `< vocab_size()`.
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    pieces: PieceTable,
+    bos_id: Option<u32>,
+    eos_ids: Vec<u32>,
+    add_bos: bool,
+    add_eos: bool,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    chat_template: Option<String>,
+    /// How the tokenizer was built, for logs (e.g. "gguf gpt2, pre-tokenizer smollm").
+    description: String,
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer llama.cpp would use for this GGUF vocabulary.
+    pub fn from_gguf_vocab(vocab: &GgufVocab) -> Result<Self> {
+        vocab.validate()?;
+        let (inner, encoding, default_add_bos, description) = match vocab.model {
+            GgufTokenizerModel::Gpt2 => {
+                let spec = PreTokenizerSpec::from_name(vocab.pre.as_deref())?;
+                let inner = build_gguf::byte_level_bpe(vocab, &spec)?;
+                let description = format!("gguf gpt2 byte-level BPE, pre-tokenizer {}", spec.name);
+                (
+                    inner,
+                    PieceEncoding::ByteLevel,
+                    spec.default_add_bos,
+                    description,
+                )
+            }
+            GgufTokenizerModel::Llama => {
+                let inner = build_gguf::sentencepiece_bpe(vocab)?;
+                let strip_space_prefix = vocab.add_space_prefix.unwrap_or(true);
+                let encoding = PieceEncoding::SentencePiece { strip_space_prefix };
+                (
+                    inner,
+                    encoding,
+                    true,
+                    "gguf llama SentencePiece BPE".to_owned(),
+                )
+            }
+        };
+        let texts: Vec<Option<&str>> = vocab.tokens.iter().map(|t| Some(t.as_str())).collect();
+        let kinds = vocab
+            .token_types
+            .iter()
+            .map(|ty| match ty {
+                GgufTokenType::Control | GgufTokenType::Unknown => TokenKind::Special,
+                GgufTokenType::UserDefined => TokenKind::Added,
+                _ => TokenKind::Normal,
+            })
+            .collect();
+        let text_of = |id: Option<u32>| id.map(|id| vocab.tokens[id as usize].clone());
+        Ok(Self {
+            inner,
+            pieces: PieceTable::new(&texts, kinds, encoding),
+            bos_id: vocab.bos_id,
+            eos_ids: vocab.end_of_generation_ids(),
+            add_bos: vocab.add_bos.unwrap_or(default_add_bos) && vocab.bos_id.is_some(),
+            add_eos: vocab.add_eos.unwrap_or(false) && vocab.eos_id.is_some(),
+            bos_token: text_of(vocab.bos_id),
+            eos_token: text_of(vocab.eos_id),
+            chat_template: vocab.chat_template.clone(),
+            description,
+        })
+    }
+
+    /// Token ids of `text`. Special-token texts inside `text` (e.g. `<|im_start|>`) become
+    /// their single ids. With `add_special`, BOS (and EOS) are added when the model's
+    /// metadata says so: this is the tokenization of a completion prompt.
+    pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| ModelError::Tokenizer(format!("encoding failed: {e}")))?;
+        let body = encoding.get_ids();
+        let mut ids = Vec::with_capacity(body.len() + 2);
+        if add_special && self.add_bos {
+            ids.extend(self.bos_id);
+        }
+        ids.extend_from_slice(body);
+        if add_special && self.add_eos {
+            ids.extend(self.eos_ids.first());
+        }
+        Ok(ids)
+    }
+
+    /// The text of `ids`. With `skip_special`, control tokens (BOS, EOS, `<|im_end|>`, ...)
+    /// are left out. Bytes that do not form valid UTF-8 become U+FFFD. Unknown ids are an
+    /// error.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        self.pieces.decode(ids, skip_special)
+    }
+
+    /// The bytes one token stands for on its own (a special token gives its text); `None`
+    /// for an id outside the vocabulary. A token may hold part of a UTF-8 character.
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        self.pieces.bytes(id)
+    }
+
+    /// The vocabulary string of a token (e.g. `Ġthe` in byte-level vocabularies).
+    pub fn token_to_piece(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The id of a vocabulary string or added token, if any.
+    pub fn token_to_id(&self, piece: &str) -> Option<u32> {
+        self.inner.token_to_id(piece)
+    }
+
+    /// Whether `id` is a control token (skipped by `decode(.., true)`).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.pieces.kind(id) == Some(TokenKind::Special)
+    }
+
+    /// Size of the id space (ids are `0..vocab_size()`).
+    pub fn vocab_size(&self) -> usize {
+        self.pieces.len()
+    }
+
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos_id
+    }
+
+    /// Ids that end a generation: EOS first, then end-of-turn tokens.
+    pub fn eos_ids(&self) -> Vec<u32> {
+        self.eos_ids.clone()
+    }
+
+    /// Whether `encode(text, true)` starts with BOS.
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    /// Whether `encode(text, true)` ends with EOS.
+    pub fn add_eos(&self) -> bool {
+        self.add_eos
+    }
+
+    /// The BOS token's text, for chat templates.
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    /// The EOS token's text, for chat templates.
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    /// The model's Jinja chat template, if it has one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// How this tokenizer was built, for start-up logs.
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+}
