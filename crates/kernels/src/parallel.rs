@@ -12,6 +12,7 @@ impl<T> SharedMut<T> {
     /// # Safety
     /// `start + len` must lie within the buffer this pointer came from, and no other live
     /// reference may overlap `[start, start + len)`.
+    #[allow(clippy::mut_from_ref)]
     unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
         std::slice::from_raw_parts_mut(self.0.add(start), len)
     }

@@ -9,6 +9,7 @@ pub mod config;
 pub mod default_model;
 pub mod error;
 pub mod gguf;
+pub mod gguf_config;
 pub mod hf_config;
 pub mod kv_store;
 pub mod logits;

@@ -11,7 +11,7 @@ use crate::gguf_config::{config_from_gguf, linear_rope_factor};
 use crate::hf_config::load_hf_config;
 use crate::model_builder::{build_model, NameScheme};
 use crate::safetensors::load_safetensors_dir;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{GgufVocab, Tokenizer};
 use crate::transformer::Model;
 
 /// The file format a model came from.
@@ -83,7 +83,7 @@ fn load_gguf(path: &Path, threads: usize) -> Result<LoadedModel> {
         let base = factors.take().unwrap_or_else(|| vec![1.0; half]);
         factors = Some(base.into_iter().map(|v| v * f).collect());
     }
-    let tokenizer = Tokenizer::from_gguf_metadata(&md)?;
+    let tokenizer = Tokenizer::from_gguf_vocab(&GgufVocab::from_metadata(&md)?)?;
     let eos_token_ids = tokenizer.eos_ids().into_iter().map(TokenId).collect();
     let chat_template = tokenizer.chat_template().map(str::to_string);
     let model = build_model(config, tensors, NameScheme::Gguf, factors.as_deref(), threads)?;
