@@ -171,7 +171,7 @@ fn check_tensor(
 
 /// Sorts by offset and rejects any two tensors whose byte ranges intersect.
 fn check_no_overlap(tensors: &mut [HeaderTensor], path: &Path) -> Result<()> {
-    tensors.sort_by(|a, b| (a.offset, a.len).cmp(&(b.offset, b.len)));
+    tensors.sort_by_key(|t| (t.offset, t.len));
     for pair in tensors.windows(2) {
         let (a, b) = (&pair[0], &pair[1]);
         // Sorted by offset, so only the previous range can reach into this one.

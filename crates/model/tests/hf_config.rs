@@ -2,6 +2,9 @@
 //! parameters are restated here as the expected values) and against hand-written configs in
 //! the transformers 4.x and 5.x layouts.
 
+// Test helpers outside #[test] functions unwrap too: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
 use std::path::PathBuf;
 
 use tandem_model::config::{Llama3RopeScaling, RopeConfig, RopeStyle};
