@@ -314,6 +314,13 @@ fn rope_config(cfg: &Map<String, Value>, max_positions: usize) -> Result<RopeCon
         _ => (&empty, "rope_parameters"),
     };
     let sub = |key: &str| format!("{field}.{key}");
+    // transformers 5 nests one parameter set per layer type in some models; none of ours.
+    if let Some((key, _)) = params.iter().find(|(_, v)| v.is_object()) {
+        return Err(field_err(
+            &sub(key),
+            "per-layer-type RoPE parameters are not supported",
+        ));
+    }
     let theta = match opt_f64_labeled(params, "rope_theta", &sub("rope_theta"))? {
         Some(t) => t,
         None => opt_f64(cfg, "rope_theta")?.unwrap_or(10000.0),

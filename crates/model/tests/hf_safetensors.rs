@@ -219,6 +219,9 @@ fn bad_tensor_entries_name_the_tensor() {
         ),
         (r#"{"w":{"dtype":"F32","shape":[4]}}"#, "malformed"),
     ];
+    let dup = r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},
+                  "w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
+    assert!(header_error(&raw_file(dup, &[0; 8]), Some("w")).contains("twice"));
     for (header, reason) in cases {
         let msg = header_error(&raw_file(header, &[0; 24]), Some("w"));
         assert!(msg.contains(reason), "{header}: `{msg}` lacks `{reason}`");
