@@ -3,12 +3,19 @@
 //! It knows nothing of requests or scheduling.
 
 pub mod chat_template;
+pub mod attention;
+pub mod batch;
 pub mod config;
 pub mod error;
 pub mod gguf;
 pub mod hf_config;
+pub mod kv_store;
+pub mod logits;
+pub mod model_builder;
 pub mod safetensors;
+pub mod scoring;
 pub mod tokenizer;
+pub mod transformer;
 pub mod weights;
 
 pub use config::{Architecture, ModelConfig};
