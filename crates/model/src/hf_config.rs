@@ -298,21 +298,37 @@ fn context_len(
     }
 }
 
-/// The RoPE parameters from either the 4.x or the 5.x layout.
-fn rope_config(cfg: &Map<String, Value>, max_positions: usize) -> Result<RopeConfig> {
-    let empty = Map::new();
-    let (params, field) = match (
+/// The object holding the RoPE parameters and its field name: a non-empty `rope_scaling`
+/// (4.x), else `rope_parameters` (5.x), else `None` (defaults only).
+fn rope_params(cfg: &Map<String, Value>) -> Result<Option<(&Map<String, Value>, &'static str)>> {
+    let params = match (
         present(cfg, "rope_scaling"),
         present(cfg, "rope_parameters"),
     ) {
-        (Some(Value::Object(m)), _) if !m.is_empty() => (m, "rope_scaling"),
+        (Some(Value::Object(m)), _) if !m.is_empty() => Some((m, "rope_scaling")),
         (Some(v), _) if !v.is_object() => {
             return Err(field_err("rope_scaling", "must be an object"))
         }
-        (_, Some(Value::Object(m))) => (m, "rope_parameters"),
+        (_, Some(Value::Object(m))) => Some((m, "rope_parameters")),
         (_, Some(_)) => return Err(field_err("rope_parameters", "must be an object")),
-        _ => (&empty, "rope_parameters"),
+        _ => None,
     };
+    // transformers 5 nests one parameter set per layer type in some models; none of ours.
+    if let Some((m, field)) = params {
+        if let Some((key, _)) = m.iter().find(|(_, v)| v.is_object()) {
+            return Err(field_err(
+                &format!("{field}.{key}"),
+                "per-layer-type RoPE parameters are not supported",
+            ));
+        }
+    }
+    Ok(params)
+}
+
+/// The RoPE parameters from either the 4.x or the 5.x layout.
+fn rope_config(cfg: &Map<String, Value>, max_positions: usize) -> Result<RopeConfig> {
+    let empty = Map::new();
+    let (params, field) = rope_params(cfg)?.unwrap_or((&empty, "rope_parameters"));
     let sub = |key: &str| format!("{field}.{key}");
     let theta = match opt_f64_labeled(params, "rope_theta", &sub("rope_theta"))? {
         Some(t) => t,

@@ -50,6 +50,34 @@ struct RawTensor {
     data_offsets: [usize; 2],
 }
 
+/// The header's top-level entries in file order, duplicates kept (a JSON map would silently
+/// keep only the last of two entries with the same name).
+#[derive(Debug)]
+struct HeaderEntries(Vec<(String, serde_json::Value)>);
+
+impl<'de> Deserialize<'de> for HeaderEntries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct EntriesVisitor;
+        impl<'de> serde::de::Visitor<'de> for EntriesVisitor {
+            type Value = HeaderEntries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<HeaderEntries, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(HeaderEntries(entries))
+            }
+        }
+        d.deserialize_map(EntriesVisitor)
+    }
+}
+
 #[derive(Debug, Deserialize)]
 struct RawIndex {
     weight_map: BTreeMap<String, String>,
@@ -96,12 +124,15 @@ pub fn parse_header(bytes: &[u8], path: &Path) -> Result<Vec<HeaderTensor>> {
     }
     // Both bounds above make this conversion and slice exact.
     let data_start = 8 + header_len as usize;
-    let header: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(&bytes[8..data_start])
-            .map_err(|e| st_err(path, format!("header is not a JSON object: {e}")))?;
+    let header: HeaderEntries = serde_json::from_slice(&bytes[8..data_start])
+        .map_err(|e| st_err(path, format!("header is not a JSON object: {e}")))?;
     let data_len = bytes.len() - data_start;
-    let mut tensors = Vec::with_capacity(header.len());
-    for (name, value) in header {
+    let mut tensors = Vec::with_capacity(header.0.len());
+    let mut seen = HashSet::with_capacity(header.0.len());
+    for (name, value) in header.0 {
+        if !seen.insert(name.clone()) {
+            return Err(bad_tensor(&name, path, "listed twice in the header"));
+        }
         if name == "__metadata__" {
             continue;
         }
@@ -171,7 +202,7 @@ fn check_tensor(
 
 /// Sorts by offset and rejects any two tensors whose byte ranges intersect.
 fn check_no_overlap(tensors: &mut [HeaderTensor], path: &Path) -> Result<()> {
-    tensors.sort_by(|a, b| (a.offset, a.len).cmp(&(b.offset, b.len)));
+    tensors.sort_by_key(|t| (t.offset, t.len));
     for pair in tensors.windows(2) {
         let (a, b) = (&pair[0], &pair[1]);
         // Sorted by offset, so only the previous range can reach into this one.

@@ -2,6 +2,9 @@
 //! parameters are restated here as the expected values) and against hand-written configs in
 //! the transformers 4.x and 5.x layouts.
 
+// Test helpers outside #[test] functions unwrap too: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
 use std::path::PathBuf;
 
 use tandem_model::config::{Llama3RopeScaling, RopeConfig, RopeStyle};
@@ -391,4 +394,40 @@ fn a_directory_without_config_is_not_a_model() {
         load_hf_config(&dir),
         Err(ModelError::NotAModel(_))
     ));
+}
+
+/// Expected values checked against transformers 5.24's `AutoConfig` on the same JSON.
+#[test]
+fn rope_precedence_follows_transformers() {
+    let base = r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "vocab_size": 320, "max_position_embeddings": 256"#;
+    let parse =
+        |extra: &str| parse_hf_config(&format!("{base}{extra}}}"), None).map(|i| i.config.rope);
+    // A non-empty rope_scaling wins over rope_parameters; its theta comes from the top level
+    // and original_max_position_embeddings defaults to max_position_embeddings.
+    let both = r#", "rope_theta": 1234.0,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0},
+        "rope_parameters": {"rope_type": "default", "rope_theta": 99.0}"#;
+    let want = RopeConfig {
+        llama3_scaling: Some(Llama3RopeScaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 256,
+        }),
+        ..rope(1234.0)
+    };
+    assert_eq!(parse(both).unwrap(), want);
+    assert_eq!(parse(r#", "rope_theta": 1234.0"#).unwrap(), rope(1234.0));
+    assert_eq!(parse("").unwrap(), rope(10000.0));
+    // rope_parameters' own theta wins over the top-level one.
+    let v5 = r#", "rope_theta": 1234.0, "rope_parameters": {"rope_type": "default", "rope_theta": 99.0}"#;
+    assert_eq!(parse(v5).unwrap(), rope(99.0));
+    let nested =
+        r#", "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 99.0}}"#;
+    assert!(
+        matches!(parse(nested), Err(ModelError::Config(m)) if m.contains("rope_parameters.full_attention"))
+    );
 }
