@@ -22,7 +22,8 @@ pub struct ModelArgs {
 
 impl ModelArgs {
     pub fn threads(&self) -> usize {
-        self.threads.map_or_else(tandem_kernels::cpu::physical_cores, |t| t as usize)
+        self.threads
+            .map_or_else(tandem_kernels::cpu::physical_cores, |t| t as usize)
     }
 }
 

@@ -50,7 +50,8 @@ pub fn run(a: ScoreArgs) -> Result<()> {
     let cache = cache_dir(a.model.cache_dir.as_deref())?;
     let path = resolve_model(a.model.model.as_deref(), &cache)?;
     let started = Instant::now();
-    let lm = load_model(&path, a.model.threads()).with_context(|| format!("loading {}", path.display()))?;
+    let lm = load_model(&path, a.model.threads())
+        .with_context(|| format!("loading {}", path.display()))?;
     let load_time = started.elapsed();
     let tokens = input_tokens(&a, &lm)?;
     if tokens.is_empty() {
@@ -58,14 +59,19 @@ pub fn run(a: ScoreArgs) -> Result<()> {
     }
     let opts = ScoreOptions {
         top_k: a.top_k as usize,
-        window: a.window.zip(a.stride).map(|(size, stride)| Window { size, stride }),
+        window: a
+            .window
+            .zip(a.stride)
+            .map(|(size, stride)| Window { size, stride }),
         block_size: a.engine.block_size as usize,
         max_context: a.engine.max_model_len.map(|m| m as usize),
         ..ScoreOptions::default()
     };
     let bar = progress_bar(tokens.len());
     let started = Instant::now();
-    let out = score_tokens(&lm.model, &tokens, &opts, &mut |done, _| bar.set_position(done as u64))?;
+    let out = score_tokens(&lm.model, &tokens, &opts, &mut |done, _| {
+        bar.set_position(done as u64)
+    })?;
     bar.finish_and_clear();
     let elapsed = started.elapsed().as_secs_f64();
     let mut stdout = std::io::stdout().lock();
@@ -95,7 +101,9 @@ fn input_tokens(a: &ScoreArgs, lm: &LoadedModel) -> Result<Vec<TokenId>> {
     }
     let text = match (&a.text, &a.file) {
         (Some(t), _) => t.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,
+        (None, Some(f)) => {
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?
+        }
         (None, None) => bail!("one of --text, --file or --tokens is required"),
     };
     let ids = lm.tokenizer.encode(&text, true)?;
@@ -114,7 +122,11 @@ fn progress_bar(total: usize) -> ProgressBar {
 }
 
 fn to_json(lm: &LoadedModel, out: &ScoreOutput, with_top: bool) -> Value {
-    let logprobs: Vec<Value> = out.positions.iter().map(|p| json!(p.as_ref().map(|p| p.logprob))).collect();
+    let logprobs: Vec<Value> = out
+        .positions
+        .iter()
+        .map(|p| json!(p.as_ref().map(|p| p.logprob)))
+        .collect();
     let mut v = json!({
         "model": lm.path.display().to_string(),
         "num_tokens": out.tokens.len(),
@@ -137,7 +149,11 @@ fn to_json(lm: &LoadedModel, out: &ScoreOutput, with_top: bool) -> Value {
             })
             .collect();
         v["top_logprobs"] = json!(top);
-        v["ranks"] = json!(out.positions.iter().map(|p| p.as_ref().and_then(|p| p.rank)).collect::<Vec<_>>());
+        v["ranks"] = json!(out
+            .positions
+            .iter()
+            .map(|p| p.as_ref().and_then(|p| p.rank))
+            .collect::<Vec<_>>());
     }
     v
 }
@@ -147,20 +163,33 @@ fn piece(lm: &LoadedModel, id: TokenId) -> String {
 }
 
 fn print_table(w: &mut impl Write, lm: &LoadedModel, out: &ScoreOutput) -> Result<()> {
-    writeln!(w, "{:>6} {:>7} {:>10} {:>6}  token", "pos", "id", "logprob", "rank")?;
+    writeln!(
+        w,
+        "{:>6} {:>7} {:>10} {:>6}  token",
+        "pos", "id", "logprob", "rank"
+    )?;
     for (i, (t, p)) in out.tokens.iter().zip(&out.positions).enumerate() {
         let (lp, rank) = match p {
-            Some(p) => (format!("{:.4}", p.logprob), p.rank.map_or(String::new(), |r| r.to_string())),
+            Some(p) => (
+                format!("{:.4}", p.logprob),
+                p.rank.map_or(String::new(), |r| r.to_string()),
+            ),
             None => ("-".to_string(), String::new()),
         };
         let mut line = format!("{i:>6} {:>7} {lp:>10} {rank:>6}  {:?}", t.0, piece(lm, *t));
         if let Some(p) = p.as_ref().filter(|p| !p.top.is_empty()) {
-            let alts: Vec<String> = p.top.iter().map(|(id, l)| format!("{:?} {l:.3}", piece(lm, *id))).collect();
+            let alts: Vec<String> = p
+                .top
+                .iter()
+                .map(|(id, l)| format!("{:?} {l:.3}", piece(lm, *id)))
+                .collect();
             line.push_str(&format!("   top: {}", alts.join(", ")));
         }
         writeln!(w, "{line}")?;
     }
-    let ppl = out.perplexity().map_or("n/a".to_string(), |p| format!("{p:.4}"));
+    let ppl = out
+        .perplexity()
+        .map_or("n/a".to_string(), |p| format!("{p:.4}"));
     writeln!(w, "sum logprob {:.4}, perplexity {ppl}", out.sum_logprob())?;
     Ok(())
 }

@@ -40,7 +40,10 @@ pub fn dot_fixed(a: &[f32], b: &[f32]) -> f32 {
 
 /// `out = x / sqrt(mean(x^2) + eps) * weight`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    assert!(x.len() == weight.len() && x.len() == out.len(), "rms_norm: length mismatch");
+    assert!(
+        x.len() == weight.len() && x.len() == out.len(),
+        "rms_norm: length mismatch"
+    );
     let mean_sq = dot_fixed(x, x) / x.len() as f32;
     let scale = 1.0 / (mean_sq + eps).sqrt();
     for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
@@ -80,9 +83,16 @@ pub fn add_inplace(x: &mut [f32], y: &[f32]) {
 /// otherwise dimension `2i` is paired with `2i + 1`. `cos`/`sin`: `[d / 2]`.
 pub fn rope_head(head: &mut [f32], cos: &[f32], sin: &[f32], neox: bool) {
     let half = head.len() / 2;
-    assert!(cos.len() == half && sin.len() == half, "rope: table length mismatch");
+    assert!(
+        cos.len() == half && sin.len() == half,
+        "rope: table length mismatch"
+    );
     for i in 0..half {
-        let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+        let (a, b) = if neox {
+            (i, i + half)
+        } else {
+            (2 * i, 2 * i + 1)
+        };
         let (x0, x1) = (head[a], head[b]);
         head[a] = x0 * cos[i] - x1 * sin[i];
         head[b] = x0 * sin[i] + x1 * cos[i];

@@ -25,7 +25,10 @@ where
     T: Send,
     F: Fn(usize, &mut [T]) + Sync,
 {
-    assert!(chunk_len > 0, "for_each_chunk_mut: chunk_len must be positive");
+    assert!(
+        chunk_len > 0,
+        "for_each_chunk_mut: chunk_len must be positive"
+    );
     let len = data.len();
     let n_chunks = len.div_ceil(chunk_len);
     let ptr = SharedMut(data.as_mut_ptr());
@@ -47,7 +50,9 @@ mod tests {
     fn every_chunk_is_visited_once() {
         let pool = ThreadPool::new(2);
         let mut v = vec![0usize; 103];
-        for_each_chunk_mut(&pool, &mut v, 10, |i, c| c.iter_mut().for_each(|x| *x += i + 1));
+        for_each_chunk_mut(&pool, &mut v, 10, |i, c| {
+            c.iter_mut().for_each(|x| *x += i + 1)
+        });
         for (j, x) in v.iter().enumerate() {
             assert_eq!(*x, j / 10 + 1);
         }

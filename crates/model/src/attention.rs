@@ -41,7 +41,11 @@ pub fn causal_attention(
     values: &[f32],
     out: &mut [f32],
 ) {
-    let HeadShape { num_heads, num_kv_heads, head_dim } = shape;
+    let HeadShape {
+        num_heads,
+        num_kv_heads,
+        head_dim,
+    } = shape;
     let q_dim = num_heads * head_dim;
     let kv_dim = num_kv_heads * head_dim;
     let group = num_heads / num_kv_heads;
@@ -86,12 +90,26 @@ mod tests {
         let d = q.len();
         let s: Vec<f64> = ks
             .iter()
-            .map(|k| q.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() / (d as f64).sqrt())
+            .map(|k| {
+                q.iter()
+                    .zip(k)
+                    .map(|(&a, &b)| a as f64 * b as f64)
+                    .sum::<f64>()
+                    / (d as f64).sqrt()
+            })
             .collect();
         let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
         let z: f64 = w.iter().sum();
-        (0..d).map(|i| w.iter().zip(vs).map(|(wj, v)| wj * v[i] as f64).sum::<f64>() / z).collect()
+        (0..d)
+            .map(|i| {
+                w.iter()
+                    .zip(vs)
+                    .map(|(wj, v)| wj * v[i] as f64)
+                    .sum::<f64>()
+                    / z
+            })
+            .collect()
     }
 
     #[test]
@@ -105,9 +123,25 @@ mod tests {
         let positions = [3usize, 4];
         let q: Vec<f32> = (0..2 * heads * d).map(|i| f(i + 101)).collect();
         let mut out = vec![0.0; 2 * heads * d];
-        let layout = AttentionLayout { positions: &positions, token_seq: &[0, 0], seq_slots: &slots };
-        let shape = HeadShape { num_heads: heads, num_kv_heads: kv_heads, head_dim: d };
-        causal_attention(&ThreadPool::new(2), shape, &layout, &q, &keys, &values, &mut out);
+        let layout = AttentionLayout {
+            positions: &positions,
+            token_seq: &[0, 0],
+            seq_slots: &slots,
+        };
+        let shape = HeadShape {
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim: d,
+        };
+        causal_attention(
+            &ThreadPool::new(2),
+            shape,
+            &layout,
+            &q,
+            &keys,
+            &values,
+            &mut out,
+        );
         for (t, &pos) in positions.iter().enumerate() {
             for h in 0..heads {
                 let kvh = h / 2;
@@ -117,7 +151,10 @@ mod tests {
                 let want = reference(&q[(t * heads + h) * d..][..d], &ks, &vs);
                 let got = &out[(t * heads + h) * d..][..d];
                 for (g, w) in got.iter().zip(&want) {
-                    assert!((*g as f64 - w).abs() < 1e-5, "token {t} head {h}: {g} vs {w}");
+                    assert!(
+                        (*g as f64 - w).abs() < 1e-5,
+                        "token {t} head {h}: {g} vs {w}"
+                    );
                 }
             }
         }

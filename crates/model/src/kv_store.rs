@@ -25,7 +25,9 @@ impl KvStore {
     /// Allocates a zeroed store of `num_blocks` blocks for `config`'s layers.
     pub fn new(config: &ModelConfig, block_size: usize, num_blocks: usize) -> Result<KvStore> {
         if block_size == 0 || num_blocks == 0 {
-            return Err(ModelError::Batch("KV store needs a positive block size and count".into()));
+            return Err(ModelError::Batch(
+                "KV store needs a positive block size and count".into(),
+            ));
         }
         let kv_dim = config.kv_dim();
         let per_layer = num_blocks

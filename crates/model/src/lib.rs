@@ -2,9 +2,9 @@
 //! template, the transformer forward pass over a paged KV store, and teacher-forced scoring.
 //! It knows nothing of requests or scheduling.
 
-pub mod chat_template;
 pub mod attention;
 pub mod batch;
+pub mod chat_template;
 pub mod config;
 pub mod default_model;
 pub mod error;

@@ -12,8 +12,16 @@ pub struct Logits {
 
 impl Logits {
     pub fn new(rows: Vec<usize>, vocab_size: usize, data: Vec<f32>) -> Logits {
-        assert_eq!(rows.len() * vocab_size, data.len(), "logits buffer does not match its rows");
-        Logits { rows, vocab_size, data }
+        assert_eq!(
+            rows.len() * vocab_size,
+            data.len(),
+            "logits buffer does not match its rows"
+        );
+        Logits {
+            rows,
+            vocab_size,
+            data,
+        }
     }
 
     /// The flat batch rows these logits belong to.

@@ -95,7 +95,9 @@ impl Resolver<'_> {
             });
         }
         t.matrix()?;
-        self.tensors.handle(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+        self.tensors
+            .handle(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
@@ -110,7 +112,12 @@ impl Resolver<'_> {
     }
 }
 
-fn layer_weights(r: &Resolver<'_>, c: &ModelConfig, s: NameScheme, i: usize) -> Result<LayerWeights> {
+fn layer_weights(
+    r: &Resolver<'_>,
+    c: &ModelConfig,
+    s: NameScheme,
+    i: usize,
+) -> Result<LayerWeights> {
     let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
     let name = |p| s.layer(i, p);
     let qkv_bias = if c.qkv_bias {
@@ -123,7 +130,10 @@ fn layer_weights(r: &Resolver<'_>, c: &ModelConfig, s: NameScheme, i: usize) -> 
         None
     };
     let qk_norm = if c.qk_norm {
-        Some([r.vector(&name(Part::QNorm), c.head_dim)?, r.vector(&name(Part::KNorm), c.head_dim)?])
+        Some([
+            r.vector(&name(Part::QNorm), c.head_dim)?,
+            r.vector(&name(Part::KNorm), c.head_dim)?,
+        ])
     } else {
         None
     };
@@ -165,11 +175,20 @@ pub fn build_model(
         .collect::<Result<Vec<_>>>()?;
     let mut inv_freqs = config.rope.inv_freqs(config.head_dim);
     if let Some(factors) = rope_freq_factors {
-        if factors.len() != inv_freqs.len() || factors.iter().any(|f| !(f.is_finite() && *f > 0.0)) {
-            return Err(ModelError::Config("rope frequency factors do not match head_dim".into()));
+        if factors.len() != inv_freqs.len() || factors.iter().any(|f| !(f.is_finite() && *f > 0.0))
+        {
+            return Err(ModelError::Config(
+                "rope frequency factors do not match head_dim".into(),
+            ));
         }
         inv_freqs.iter_mut().zip(factors).for_each(|(f, d)| *f /= d);
     }
-    let weights = ModelWeights { embed, lm_head, final_norm, layers, inv_freqs };
+    let weights = ModelWeights {
+        embed,
+        lm_head,
+        final_norm,
+        layers,
+        inv_freqs,
+    };
     Ok(Model::new(config, tensors, weights, threads))
 }

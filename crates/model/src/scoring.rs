@@ -36,7 +36,13 @@ pub struct ScoreOptions {
 
 impl Default for ScoreOptions {
     fn default() -> ScoreOptions {
-        ScoreOptions { top_k: 0, window: None, chunk_len: 256, block_size: 16, max_context: None }
+        ScoreOptions {
+            top_k: 0,
+            window: None,
+            chunk_len: 256,
+            block_size: 16,
+            max_context: None,
+        }
     }
 }
 
@@ -61,7 +67,11 @@ pub struct ScoreOutput {
 impl ScoreOutput {
     /// Sum of the log-probabilities of all scored positions (natural log).
     pub fn sum_logprob(&self) -> f64 {
-        self.positions.iter().flatten().map(|p| p.logprob as f64).sum()
+        self.positions
+            .iter()
+            .flatten()
+            .map(|p| p.logprob as f64)
+            .sum()
     }
 
     /// `exp(-mean logprob)` over scored positions, `None` when nothing was scored.
@@ -78,11 +88,17 @@ pub fn score_tokens(
     opts: &ScoreOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<ScoreOutput> {
-    let context = opts.max_context.unwrap_or(model.config.context_len).min(model.config.context_len);
+    let context = opts
+        .max_context
+        .unwrap_or(model.config.context_len)
+        .min(model.config.context_len);
     let mut positions = vec![None; tokens.len()];
     match opts.window {
         None if tokens.len() > context => {
-            return Err(ModelError::ContextTooLong { num_tokens: tokens.len(), context_len: context })
+            return Err(ModelError::ContextTooLong {
+                num_tokens: tokens.len(),
+                context_len: context,
+            })
         }
         None => score_span(model, tokens, 0, 1, opts, &mut positions, progress)?,
         Some(w) => {
@@ -96,13 +112,24 @@ pub fn score_tokens(
             let mut start = 0;
             while scored_until < tokens.len() {
                 let end = (start + w.size).min(tokens.len());
-                score_span(model, &tokens[..end], start, scored_until, opts, &mut positions, progress)?;
+                score_span(
+                    model,
+                    &tokens[..end],
+                    start,
+                    scored_until,
+                    opts,
+                    &mut positions,
+                    progress,
+                )?;
                 scored_until = end;
                 start += w.stride;
             }
         }
     }
-    Ok(ScoreOutput { tokens: tokens.to_vec(), positions })
+    Ok(ScoreOutput {
+        tokens: tokens.to_vec(),
+        positions,
+    })
 }
 
 /// Runs `tokens[start..]` as one fresh sequence and fills `positions[first_scored..]`.
@@ -144,13 +171,22 @@ fn score_span(
 }
 
 /// The score of `actual` under logits row `row`.
-pub fn position_score(logits: &Logits, row: usize, actual: TokenId, top_k: usize) -> Result<PositionScore> {
+pub fn position_score(
+    logits: &Logits,
+    row: usize,
+    actual: TokenId,
+    top_k: usize,
+) -> Result<PositionScore> {
     let lp = logits
         .log_probs(row)
         .ok_or_else(|| ModelError::Batch(format!("non-finite logits at row {row}")))?;
     let logprob = lp[actual.0 as usize];
     if top_k == 0 {
-        return Ok(PositionScore { logprob, rank: None, top: Vec::new() });
+        return Ok(PositionScore {
+            logprob,
+            rank: None,
+            top: Vec::new(),
+        });
     }
     let rank = 1 + lp.iter().filter(|&&v| v > logprob).count();
     let mut order: Vec<u32> = (0..lp.len() as u32).collect();
@@ -159,6 +195,13 @@ pub fn position_score(logits: &Logits, row: usize, actual: TokenId, top_k: usize
     order.select_nth_unstable_by(k - 1, by_logprob);
     order.truncate(k);
     order.sort_by(by_logprob);
-    let top = order.into_iter().map(|i| (TokenId(i), lp[i as usize])).collect();
-    Ok(PositionScore { logprob, rank: Some(rank), top })
+    let top = order
+        .into_iter()
+        .map(|i| (TokenId(i), lp[i as usize]))
+        .collect();
+    Ok(PositionScore {
+        logprob,
+        rank: Some(rank),
+        top,
+    })
 }

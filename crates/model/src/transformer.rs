@@ -106,22 +106,41 @@ impl BatchLayout {
         let mut seq_slots: Vec<Vec<usize>> = Vec::with_capacity(batch.seqs.len());
         for (i, s) in batch.seqs.iter().enumerate() {
             token_seq.extend(std::iter::repeat_n(i, s.len));
-            seq_slots.push((0..s.context_len()).map(|p| kv.slot(&s.block_table, p)).collect());
+            seq_slots.push(
+                (0..s.context_len())
+                    .map(|p| kv.slot(&s.block_table, p))
+                    .collect(),
+            );
         }
         let write_slots = positions
             .iter()
             .zip(&token_seq)
             .map(|(&p, &s)| seq_slots[s][p])
             .collect::<Vec<usize>>();
-        BatchLayout { positions, token_seq, seq_slots, write_slots }
+        BatchLayout {
+            positions,
+            token_seq,
+            seq_slots,
+            write_slots,
+        }
     }
 }
 
 impl Model {
     /// Assembles a model from resolved parts; loaders call this after validating shapes.
-    pub(crate) fn new(config: ModelConfig, tensors: TensorSet, w: ModelWeights, threads: usize) -> Model {
+    pub(crate) fn new(
+        config: ModelConfig,
+        tensors: TensorSet,
+        w: ModelWeights,
+        threads: usize,
+    ) -> Model {
         let pool = ThreadPool::new(threads);
-        Model { config, tensors, w, pool }
+        Model {
+            config,
+            tensors,
+            w,
+            pool,
+        }
     }
 
     /// Number of worker threads the kernels use.
@@ -208,7 +227,15 @@ impl Model {
             seq_slots: &layout.seq_slots,
         };
         let (keys, values) = (kv.layer_keys(l), kv.layer_values(l));
-        causal_attention(&self.pool, shape, &attn_layout, &a.q, keys, values, &mut a.attn);
+        causal_attention(
+            &self.pool,
+            shape,
+            &attn_layout,
+            &a.q,
+            keys,
+            values,
+            &mut a.attn,
+        );
         matmul(&self.pool, &self.matrix(w.o), &a.attn, &mut a.out, n);
         add_inplace(&mut a.x, &a.out);
     }
@@ -226,7 +253,9 @@ impl Model {
     /// RMSNorm of every `[hidden]` row of `x` into `out`.
     fn norm_rows(&self, x: &[f32], weight: &[f32], out: &mut [f32]) {
         let (h, eps) = (self.config.hidden_size, self.config.rms_norm_eps);
-        for_each_chunk_mut(&self.pool, out, h, |t, row| rms_norm(&x[t * h..(t + 1) * h], weight, eps, row));
+        for_each_chunk_mut(&self.pool, out, h, |t, row| {
+            rms_norm(&x[t * h..(t + 1) * h], weight, eps, row)
+        });
     }
 
     /// Rotates every head of `x` (`[n, heads * head_dim]`) by its token's position.
@@ -259,7 +288,13 @@ impl Model {
             rms_norm(src, &self.w.final_norm, c.rms_norm_eps, dst);
         }
         let mut data = vec![0.0f32; rows.len() * c.vocab_size]; // [rows, vocab]
-        matmul(&self.pool, &self.matrix(self.w.lm_head), &normed, &mut data, rows.len());
+        matmul(
+            &self.pool,
+            &self.matrix(self.w.lm_head),
+            &normed,
+            &mut data,
+            rows.len(),
+        );
         Logits::new(rows, c.vocab_size, data)
     }
 }

@@ -182,7 +182,12 @@ impl TensorSet {
         let (name, e) = &self.entries[h.0];
         // Bounds were checked by `insert`.
         let data = &self.files[e.file].bytes()[e.offset..e.offset + e.len];
-        TensorRef { name, dtype: e.dtype, shape: &e.shape, data }
+        TensorRef {
+            name,
+            dtype: e.dtype,
+            shape: &e.shape,
+            data,
+        }
     }
 
     /// Like [`TensorSet::get`] but a missing tensor is an error.

@@ -23,7 +23,9 @@ const FIXTURES: [&str; 9] = [
 ];
 
 fn fixture_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf")
+        .join(name)
 }
 
 fn load(name: &str, threads: usize) -> Model {
@@ -45,9 +47,16 @@ fn sequences(name: &str) -> Vec<(Vec<TokenId>, Vec<f32>)> {
         .iter()
         .map(|s| {
             let ids = s["input_ids"].as_array().expect("ids");
-            let ids = ids.iter().map(|v| TokenId(v.as_u64().expect("id") as u32)).collect();
-            let bytes = std::fs::read(dir.join(s["logits_file"].as_str().expect("file"))).expect("bin");
-            let logits = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            let ids = ids
+                .iter()
+                .map(|v| TokenId(v.as_u64().expect("id") as u32))
+                .collect();
+            let bytes =
+                std::fs::read(dir.join(s["logits_file"].as_str().expect("file"))).expect("bin");
+            let logits = bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
             (ids, logits)
         })
         .collect()
@@ -63,7 +72,12 @@ fn run_chunked(model: &Model, tokens: &[TokenId], chunk: usize, block_size: usiz
     let mut done = 0;
     while done < tokens.len() {
         let n = chunk.min(tokens.len() - done);
-        let batch = ForwardBatch::single(tokens[done..done + n].to_vec(), done, table.clone(), OutputSelection::All);
+        let batch = ForwardBatch::single(
+            tokens[done..done + n].to_vec(),
+            done,
+            table.clone(),
+            OutputSelection::All,
+        );
         out.extend_from_slice(model.forward(&batch, &mut kv).expect("forward").as_slice());
         done += n;
     }
@@ -77,9 +91,16 @@ fn logits_match_transformers_fp32() {
         for (i, (ids, want)) in sequences(name).iter().enumerate() {
             let got = run_chunked(&model, ids, ids.len(), 16);
             assert_eq!(got.len(), want.len(), "{name} seq {i}: logits size");
-            let max_diff = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            let max_diff = got
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
             eprintln!("{name} seq {i}: max |Δlogit| = {max_diff:.2e}");
-            assert!(max_diff <= 1e-3, "{name} seq {i}: max |Δlogit| = {max_diff}");
+            assert!(
+                max_diff <= 1e-3,
+                "{name} seq {i}: max |Δlogit| = {max_diff}"
+            );
         }
     }
 }
@@ -92,7 +113,10 @@ fn chunked_prefill_equals_one_pass_bitwise() {
         let whole = run_chunked(&model, ids, ids.len(), 16);
         for (chunk, block) in [(1, 16), (5, 4), (16, 16), (7, 1)] {
             let parts = run_chunked(&model, ids, chunk, block);
-            assert!(whole == parts, "{name}: chunk {chunk} block {block} differs from one pass");
+            assert!(
+                whole == parts,
+                "{name}: chunk {chunk} block {block} differs from one pass"
+            );
         }
     }
 }
@@ -101,7 +125,10 @@ fn chunked_prefill_equals_one_pass_bitwise() {
 fn a_sequence_does_not_depend_on_its_batch_neighbours() {
     let model = load("llama_untied", 2);
     let seqs = sequences("llama_untied");
-    let alone: Vec<Vec<f32>> = seqs.iter().map(|(ids, _)| run_chunked(&model, ids, ids.len(), 8)).collect();
+    let alone: Vec<Vec<f32>> = seqs
+        .iter()
+        .map(|(ids, _)| run_chunked(&model, ids, ids.len(), 8))
+        .collect();
     // Both sequences in one flat batch, each with its own block table.
     let (a, b) = (&seqs[0].0, &seqs[1].0);
     let (na, nb) = (a.len().div_ceil(8), b.len().div_ceil(8));
@@ -109,7 +136,12 @@ fn a_sequence_does_not_depend_on_its_batch_neighbours() {
     let batch = ForwardBatch {
         tokens: a.iter().chain(b).copied().collect(),
         seqs: vec![
-            SeqSpan { start: 0, len: a.len(), num_cached: 0, block_table: (0..na as u32).map(BlockId).collect() },
+            SeqSpan {
+                start: 0,
+                len: a.len(),
+                num_cached: 0,
+                block_table: (0..na as u32).map(BlockId).collect(),
+            },
             SeqSpan {
                 start: a.len(),
                 len: b.len(),
@@ -121,8 +153,14 @@ fn a_sequence_does_not_depend_on_its_batch_neighbours() {
     };
     let both = model.forward(&batch, &mut kv).expect("forward");
     let split = a.len() * model.config.vocab_size;
-    assert!(both.as_slice()[..split] == alone[0][..], "first sequence changed in a batch");
-    assert!(both.as_slice()[split..] == alone[1][..], "second sequence changed in a batch");
+    assert!(
+        both.as_slice()[..split] == alone[0][..],
+        "first sequence changed in a batch"
+    );
+    assert!(
+        both.as_slice()[split..] == alone[1][..],
+        "second sequence changed in a batch"
+    );
 }
 
 #[test]
@@ -153,10 +191,30 @@ fn output_selection_last_and_rows_pick_the_same_logits() {
 fn malformed_batches_are_errors_not_panics() {
     let model = load("llama_tied", 1);
     let mut kv = KvStore::new(&model.config, 4, 2).expect("kv");
-    let too_long = ForwardBatch::single(vec![TokenId(1); 9], 0, vec![BlockId(0), BlockId(1)], OutputSelection::All);
-    assert!(model.forward(&too_long, &mut kv).is_err(), "9 tokens in 8 slots");
-    let bad_token = ForwardBatch::single(vec![TokenId(100_000)], 0, vec![BlockId(0)], OutputSelection::All);
-    assert!(model.forward(&bad_token, &mut kv).is_err(), "token outside the vocabulary");
-    let bad_block = ForwardBatch::single(vec![TokenId(1)], 0, vec![BlockId(7)], OutputSelection::All);
-    assert!(model.forward(&bad_block, &mut kv).is_err(), "block outside the store");
+    let too_long = ForwardBatch::single(
+        vec![TokenId(1); 9],
+        0,
+        vec![BlockId(0), BlockId(1)],
+        OutputSelection::All,
+    );
+    assert!(
+        model.forward(&too_long, &mut kv).is_err(),
+        "9 tokens in 8 slots"
+    );
+    let bad_token = ForwardBatch::single(
+        vec![TokenId(100_000)],
+        0,
+        vec![BlockId(0)],
+        OutputSelection::All,
+    );
+    assert!(
+        model.forward(&bad_token, &mut kv).is_err(),
+        "token outside the vocabulary"
+    );
+    let bad_block =
+        ForwardBatch::single(vec![TokenId(1)], 0, vec![BlockId(7)], OutputSelection::All);
+    assert!(
+        model.forward(&bad_block, &mut kv).is_err(),
+        "block outside the store"
+    );
 }
