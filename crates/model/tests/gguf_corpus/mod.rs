@@ -109,6 +109,16 @@ pub fn header_cases() -> Vec<Case> {
             too_many("array element", 1 << 60, 41, 50, 1),
         ),
         case(
+            "array length 2^20 (large but not absurd)",
+            kv(9).u32(10).u64(1 << 20).zeros(64).0,
+            too_many("array element", 1 << 20, 41, 64, 8),
+        ),
+        case(
+            "tensor count 2^20 (large but not absurd)",
+            Enc::header(3, 1 << 20, 0).zeros(1000).0,
+            too_many("tensor", 1 << 20, 8, 1000, 24),
+        ),
+        case(
             "array of strings length 2^40",
             kv(9).u32(8).u64(1 << 40).zeros(50).0,
             too_many("array element", 1 << 40, 41, 50, 8),
