@@ -2,15 +2,16 @@
 //! peak, however large the counts and lengths it claims. A counting global allocator
 //! (this test binary only) measures the peak live bytes during each parse.
 //!
-//! All measurements run in one `#[test]` so no other test thread allocates meanwhile.
+//! The tests hold [`SERIAL`] while measuring so no other test thread allocates meanwhile.
 
 mod gguf_corpus;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
-use gguf_corpus::{all_cases, small_valid};
-use tandem_model::gguf::GgufFile;
+use gguf_corpus::{all_cases, small_valid, Enc};
+use tandem_model::gguf::{GgufError, GgufFile, MetadataValue};
 
 struct Counting;
 
@@ -52,6 +53,9 @@ static GLOBAL: Counting = Counting;
 
 const SLACK: usize = 64 * 1024;
 
+/// Held by each test for its whole run: the counters are global.
+static SERIAL: Mutex<()> = Mutex::new(());
+
 /// Peak bytes allocated above the live total at the start of the parse.
 fn parse_peak(bytes: &[u8]) -> usize {
     let base = LIVE.load(Ordering::SeqCst);
@@ -64,6 +68,7 @@ fn parse_peak(bytes: &[u8]) -> usize {
 
 #[test]
 fn parsing_malformed_input_allocates_at_most_input_size_plus_64k() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // The counter sees this: a 1 MiB allocation must register as >= 1 MiB of peak.
     let base = LIVE.load(Ordering::SeqCst);
     PEAK.store(base, Ordering::SeqCst);
@@ -99,4 +104,24 @@ fn parsing_malformed_input_allocates_at_most_input_size_plus_64k() {
         worst.0,
         worst.1
     );
+}
+
+/// Metadata is stored unpacked, one `MetadataValue` per element, so a well-formed prefix
+/// costs up to `size_of::<MetadataValue>()` bytes per encoded byte (a u8 array) before a
+/// later error is found. This pins that documented constant-factor bound.
+#[test]
+fn a_long_valid_prefix_costs_at_most_a_constant_factor() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let n = 100_000;
+    let mut e = Enc::header(3, 0, 2).str(b"k").u32(9).u32(0).u64(n as u64);
+    e = e.zeros(n).str(b"k2").u32(8).u64(10).raw(b"abc");
+    let bytes = e.0;
+    let peak = parse_peak(&bytes);
+    assert!(matches!(
+        GgufFile::parse_bytes(&bytes),
+        Err(GgufError::StringTooLong { len: 10, .. })
+    ));
+    let bound = std::mem::size_of::<MetadataValue>() * bytes.len() + SLACK;
+    assert!(peak <= bound, "peak {peak} bytes, bound {bound}");
+    assert!(peak >= n, "the array was materialised: peak {peak}");
 }

@@ -7,8 +7,14 @@ use tandem_model::gguf::{GgufError, GgufFile};
 
 #[test]
 fn every_malformed_case_gives_its_specific_error() {
+    let cases = all_cases();
+    assert_eq!(
+        cases.len(),
+        37,
+        "corpus size changed: update this count deliberately"
+    );
     let mut failures = Vec::new();
-    for case in all_cases() {
+    for case in cases {
         match GgufFile::parse_bytes(&case.bytes) {
             Err(e) if e == case.expected => {}
             other => failures.push(format!(

@@ -284,9 +284,20 @@ fn open_reports_io_and_format_errors() {
         GgufFile::open(&missing),
         Err(ModelError::Io { .. })
     ));
+    let empty = TempFile::new("empty.gguf", b"");
+    assert!(matches!(
+        GgufFile::open(&empty.0),
+        Err(ModelError::Gguf(GgufError::Truncated { what: "magic", .. }))
+    ));
     let tmp = TempFile::new("bad.gguf", b"GGML\x03\0\0\0");
     assert!(matches!(
         GgufFile::open(&tmp.0),
         Err(ModelError::Gguf(GgufError::BadMagic))
     ));
+}
+
+#[test]
+fn metadata_value_is_32_bytes() {
+    // The allocation bound documented on `GgufFile::parse_bytes` relies on this.
+    assert_eq!(std::mem::size_of::<MetadataValue>(), 32);
 }

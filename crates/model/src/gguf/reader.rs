@@ -85,8 +85,13 @@ impl GgufFile {
     }
 
     /// Parses a whole GGUF file held in memory and validates its tensor layout against
-    /// `bytes.len()`. Allocates at most a constant factor times `bytes.len()` (metadata
-    /// values are stored unpacked), plus a small constant.
+    /// `bytes.len()`.
+    ///
+    /// Memory: no count is trusted before the remaining bytes are known to be able to hold
+    /// that many items, so absurd counts and lengths fail without allocating. What is
+    /// allocated is bounded by what the input really encodes: at most
+    /// `size_of::<MetadataValue>()` (32) bytes per input byte (a u8 array, stored one
+    /// value per element) plus a small constant.
     pub fn parse_bytes(bytes: &[u8]) -> Result<ParsedGguf, GgufError> {
         let mut c = Cursor::new(bytes);
         if c.array::<4>("magic")? != GGUF_MAGIC {

@@ -64,19 +64,20 @@ pub(crate) fn read_tensor_infos(
 ) -> Result<Vec<GgufTensorInfo>, GgufError> {
     let n = c.check_count("tensor", count, count_offset, MIN_TENSOR_INFO_SIZE)?;
     let mut tensors = Vec::with_capacity(n);
-    let mut names = HashSet::with_capacity(n);
+    // Borrowed from the input, so checking uniqueness copies no names.
+    let mut names: HashSet<&str> = HashSet::with_capacity(n);
     for _ in 0..n {
-        let info = read_tensor_info(c)?;
-        if !names.insert(info.name.clone()) {
-            return Err(GgufError::DuplicateTensor(info.name));
+        let name = c.string("tensor name")?;
+        if !names.insert(name) {
+            return Err(GgufError::DuplicateTensor(name.to_string()));
         }
-        tensors.push(info);
+        tensors.push(read_tensor_info(c, name.to_string())?);
     }
     Ok(tensors)
 }
 
-fn read_tensor_info(c: &mut Cursor<'_>) -> Result<GgufTensorInfo, GgufError> {
-    let name = c.string("tensor name")?.to_string();
+/// Reads the rest of a tensor info after its name.
+fn read_tensor_info(c: &mut Cursor<'_>, name: String) -> Result<GgufTensorInfo, GgufError> {
     let n_dims = c.u32("tensor dimension count")?;
     if n_dims as usize > MAX_DIMS {
         return Err(GgufError::TooManyDims { name, n_dims });

@@ -73,13 +73,10 @@ pub fn small_valid() -> Vec<u8> {
         .to_bytes()
 }
 
-/// Cases whose header or metadata is malformed (hand-encoded).
+/// Cases whose header or counts are malformed (hand-encoded).
 pub fn header_cases() -> Vec<Case> {
     let mut magic = small_valid();
     magic[..4].copy_from_slice(b"GGML");
-    // Metadata starts at byte 24; a key "k" occupies 9 bytes, its type 4 more.
-    let kv = |type_id: u32| Enc::header(3, 0, 1).str(b"k").u32(type_id);
-    let nested = (0..9).fold(kv(9), |e, _| e.u32(9).u64(1)).u32(0).u64(0);
     vec![
         case("bad magic", magic, GgufError::BadMagic),
         case("empty file", Vec::new(), truncated("magic", 0, 4, 0)),
@@ -109,10 +106,33 @@ pub fn header_cases() -> Vec<Case> {
             too_many("array element", 1 << 60, 41, 50, 1),
         ),
         case(
+            "array length 2^20 (large but not absurd)",
+            kv(9).u32(10).u64(1 << 20).zeros(64).0,
+            too_many("array element", 1 << 20, 41, 64, 8),
+        ),
+        case(
+            "tensor count 2^20 (large but not absurd)",
+            Enc::header(3, 1 << 20, 0).zeros(1000).0,
+            too_many("tensor", 1 << 20, 8, 1000, 24),
+        ),
+        case(
             "array of strings length 2^40",
             kv(9).u32(8).u64(1 << 40).zeros(50).0,
             too_many("array element", 1 << 40, 41, 50, 8),
         ),
+    ]
+}
+
+/// A metadata pair "k" of the given value type (metadata starts at byte 24; the key
+/// occupies 9 bytes and its type 4 more, so the value starts at byte 37).
+fn kv(type_id: u32) -> Enc {
+    Enc::header(3, 0, 1).str(b"k").u32(type_id)
+}
+
+/// Cases whose metadata values are malformed (hand-encoded).
+pub fn value_cases() -> Vec<Case> {
+    let nested = (0..9).fold(kv(9), |e, _| e.u32(9).u64(1)).u32(0).u64(0);
+    vec![
         case(
             "string length 2^50",
             kv(8).u64(1 << 50).zeros(50).0,
@@ -191,7 +211,7 @@ pub fn header_cases() -> Vec<Case> {
     ]
 }
 
-/// Cases whose alignment or tensor table is malformed (built with the writer).
+/// Cases whose alignment or tensor layout is malformed (built with the writer).
 pub fn tensor_cases() -> Vec<Case> {
     use MetadataValue::*;
     let w = || GgufWriter::new(3).metadata("general.architecture", s("llama"));
@@ -199,7 +219,6 @@ pub fn tensor_cases() -> Vec<Case> {
     let past_end_len = past_end.len();
     let far = w().raw_tensor("t", 0, &[4], u64::MAX - 31).to_bytes();
     let far_len = far.len();
-    let dims = |name: &str, d: Vec<u64>| (name.to_string(), d);
     vec![
         case(
             "alignment 48",
@@ -251,6 +270,14 @@ pub fn tensor_cases() -> Vec<Case> {
                 alignment: 32,
             },
         ),
+    ]
+}
+
+/// Cases whose tensor infos are malformed on their own (built with the writer).
+pub fn tensor_info_cases() -> Vec<Case> {
+    let w = || GgufWriter::new(3).metadata("general.architecture", s("llama"));
+    let dims = |name: &str, d: Vec<u64>| (name.to_string(), d);
+    vec![
         case(
             "unknown tensor type",
             w().raw_tensor("t", 99, &[4], 0).to_bytes(),
@@ -333,7 +360,9 @@ pub fn tensor_cases() -> Vec<Case> {
 /// Every malformed case.
 pub fn all_cases() -> Vec<Case> {
     let mut cases = header_cases();
+    cases.extend(value_cases());
     cases.extend(tensor_cases());
+    cases.extend(tensor_info_cases());
     cases
 }
 
