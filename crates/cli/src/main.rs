@@ -1,5 +1,35 @@
 //! The `tandem` command-line tool.
 
-fn main() {
-    println!("tandem");
+mod args;
+mod score_cmd;
+
+use clap::{Parser, Subcommand};
+
+/// tandem: an LLM inference engine where scoring and generation share one forward pass.
+#[derive(Debug, Parser)]
+#[command(name = "tandem", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Teacher-forced scoring: the log-probability of every token of a text given the ones
+    /// before it, with sum and perplexity.
+    Score(score_cmd::ScoreArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Score(a) => score_cmd::run(a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tandem: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

@@ -3,7 +3,8 @@
 //! A quantized tensor row is a sequence of fixed-size blocks; each block encodes
 //! `block_len()` consecutive elements in `block_bytes()` bytes.
 
-/// The tensor element types tandem can load and compute with.
+/// The tensor element types tandem can load and compute with (ggml names).
+#[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
@@ -83,7 +84,7 @@ impl DType {
     /// Bytes taken by `n_elements` elements, or `None` when `n_elements` is not a whole
     /// number of blocks or the size overflows.
     pub fn bytes_for(self, n_elements: usize) -> Option<usize> {
-        if n_elements % self.block_len() != 0 {
+        if !n_elements.is_multiple_of(self.block_len()) {
             return None;
         }
         (n_elements / self.block_len()).checked_mul(self.block_bytes())

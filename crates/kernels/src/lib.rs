@@ -6,9 +6,11 @@
 //! ([`thread_pool`]). It knows nothing of models or requests.
 #![allow(unsafe_code)]
 
+pub mod cpu;
 pub mod dtype;
 pub mod matmul;
 pub mod ops;
+pub mod parallel;
 pub mod quant;
 pub mod thread_pool;
 

@@ -1,1 +1,161 @@
-//! Element-wise and row-wise operations of the transformer: RMSNorm, SwiGLU, softmax, RoPE.
+//! Row-wise operations of the transformer: RMSNorm, SwiGLU, RoPE, softmax and friends.
+//!
+//! Each function works on one row (one token) and has a fixed reduction order, so a row's
+//! result never depends on what other rows are in the batch.
+
+/// Sums `x` in a fixed order: 8 interleaved partial sums combined pairwise.
+/// The order depends only on `x.len()`, which keeps results batch-invariant.
+pub fn sum_fixed(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    for (a, v) in acc.iter_mut().zip(tail) {
+        *a += v;
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+/// Dot product with the same fixed order as [`sum_fixed`].
+pub fn dot_fixed(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot_fixed: length mismatch");
+    let mut acc = [0.0f32; 8];
+    let ca = a.chunks_exact(8);
+    let cb = b.chunks_exact(8);
+    let (ta, tb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    for i in 0..ta.len() {
+        acc[i] += ta[i] * tb[i];
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+/// `out = x / sqrt(mean(x^2) + eps) * weight`.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    assert!(
+        x.len() == weight.len() && x.len() == out.len(),
+        "rms_norm: length mismatch"
+    );
+    let mean_sq = dot_fixed(x, x) / x.len() as f32;
+    let scale = 1.0 / (mean_sq + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * scale * w;
+    }
+}
+
+/// In-place RMSNorm.
+pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
+    assert_eq!(x.len(), weight.len(), "rms_norm_inplace: length mismatch");
+    let mean_sq = dot_fixed(x, x) / x.len() as f32;
+    let scale = 1.0 / (mean_sq + eps).sqrt();
+    for (v, &w) in x.iter_mut().zip(weight) {
+        *v = *v * scale * w;
+    }
+}
+
+/// SwiGLU: `gate[i] = silu(gate[i]) * up[i]`, in place in `gate`.
+pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "swiglu: length mismatch");
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// `x += y`.
+pub fn add_inplace(x: &mut [f32], y: &[f32]) {
+    assert_eq!(x.len(), y.len(), "add_inplace: length mismatch");
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// Rotates one head in place by the angles `position * inv_freq[i]`.
+///
+/// `neox == true` pairs dimension `i` with `i + d/2` (HF `rotate_half`);
+/// otherwise dimension `2i` is paired with `2i + 1`. `cos`/`sin`: `[d / 2]`.
+pub fn rope_head(head: &mut [f32], cos: &[f32], sin: &[f32], neox: bool) {
+    let half = head.len() / 2;
+    assert!(
+        cos.len() == half && sin.len() == half,
+        "rope: table length mismatch"
+    );
+    for i in 0..half {
+        let (a, b) = if neox {
+            (i, i + half)
+        } else {
+            (2 * i, 2 * i + 1)
+        };
+        let (x0, x1) = (head[a], head[b]);
+        head[a] = x0 * cos[i] - x1 * sin[i];
+        head[b] = x0 * sin[i] + x1 * cos[i];
+    }
+}
+
+/// Log-softmax of one row, computed in f64 for accuracy: `out[i] = x[i] - logsumexp(x)`.
+/// Returns `None` when the row holds a NaN or infinite value.
+pub fn log_softmax(x: &[f32], out: &mut [f32]) -> Option<()> {
+    assert_eq!(x.len(), out.len(), "log_softmax: length mismatch");
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() || x.iter().any(|v| !v.is_finite()) {
+        return None;
+    }
+    let sum: f64 = x.iter().map(|&v| ((v - max) as f64).exp()).sum();
+    let lse = max as f64 + sum.ln();
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = (v as f64 - lse) as f32;
+    }
+    Some(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_sums_match_f64() {
+        let x: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
+        let exact: f64 = x.iter().map(|&v| v as f64).sum();
+        assert!((sum_fixed(&x) as f64 - exact).abs() < 1e-5);
+        let d: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+        assert!((dot_fixed(&x, &x) as f64 - d).abs() < 1e-5);
+    }
+
+    #[test]
+    fn rms_norm_has_unit_rms() {
+        let x: Vec<f32> = (0..64).map(|i| i as f32 - 20.0).collect();
+        let w = vec![1.0; 64];
+        let mut out = vec![0.0; 64];
+        rms_norm(&x, &w, 0.0, &mut out);
+        let rms = (out.iter().map(|v| v * v).sum::<f32>() / 64.0).sqrt();
+        assert!((rms - 1.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn rope_styles_rotate_the_right_pairs() {
+        let (cos, sin) = ([0.0f32, 1.0], [1.0f32, 0.0]); // pair 0 by 90 degrees, pair 1 fixed
+        let mut neox = [1.0, 2.0, 3.0, 4.0];
+        rope_head(&mut neox, &cos, &sin, true);
+        assert_eq!(neox, [-3.0, 2.0, 1.0, 4.0]);
+        let mut inter = [1.0, 2.0, 3.0, 4.0];
+        rope_head(&mut inter, &cos, &sin, false);
+        assert_eq!(inter, [-2.0, 1.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn log_softmax_normalises_and_rejects_nan() {
+        let x = [1.0f32, 2.0, 3.0];
+        let mut out = [0.0; 3];
+        log_softmax(&x, &mut out).expect("finite row");
+        let total: f64 = out.iter().map(|&v| (v as f64).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6);
+        assert!(log_softmax(&[1.0, f32::NAN, 0.0], &mut out).is_none());
+    }
+}

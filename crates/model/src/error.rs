@@ -36,6 +36,8 @@ pub enum ModelError {
         num_tokens: usize,
         context_len: usize,
     },
+    #[error("default model: {0}")]
+    DefaultModel(String),
     #[error("not a model: {0}")]
     NotAModel(String),
 }

@@ -2,13 +2,22 @@
 //! template, the transformer forward pass over a paged KV store, and teacher-forced scoring.
 //! It knows nothing of requests or scheduling.
 
+pub mod attention;
+pub mod batch;
 pub mod chat_template;
 pub mod config;
+pub mod default_model;
 pub mod error;
 pub mod gguf;
+pub mod gguf_config;
 pub mod hf_config;
+pub mod kv_store;
+pub mod logits;
+pub mod model_builder;
 pub mod safetensors;
+pub mod scoring;
 pub mod tokenizer;
+pub mod transformer;
 pub mod weights;
 
 pub use config::{Architecture, ModelConfig};

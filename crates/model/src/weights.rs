@@ -107,11 +107,17 @@ impl<'a> TensorRef<'a> {
     }
 }
 
+/// A resolved tensor of a [`TensorSet`], cheap to keep and to look up again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorHandle(usize);
+
 /// All tensors of a model, by name, over one or more mapped files.
 #[derive(Debug, Default)]
 pub struct TensorSet {
     files: Vec<MappedFile>,
-    tensors: HashMap<String, TensorEntry>,
+    /// Tensors in insertion order; [`TensorHandle`] indexes this.
+    entries: Vec<(String, TensorEntry)>,
+    by_name: HashMap<String, usize>,
 }
 
 impl TensorSet {
@@ -154,21 +160,34 @@ impl TensorSet {
                 file.bytes().len()
             )));
         }
-        if self.tensors.insert(name.clone(), entry).is_some() {
+        if self.by_name.contains_key(&name) {
             return Err(bad("duplicate tensor name".into()));
         }
+        self.by_name.insert(name.clone(), self.entries.len());
+        self.entries.push((name, entry));
         Ok(())
     }
 
     pub fn get(&self, name: &str) -> Option<TensorRef<'_>> {
-        let (name, e) = self.tensors.get_key_value(name)?;
+        self.handle(name).map(|h| self.by_handle(h))
+    }
+
+    /// The handle of a tensor, for repeated lookups without hashing.
+    pub fn handle(&self, name: &str) -> Option<TensorHandle> {
+        self.by_name.get(name).map(|&i| TensorHandle(i))
+    }
+
+    /// The tensor behind a handle obtained from this set.
+    pub fn by_handle(&self, h: TensorHandle) -> TensorRef<'_> {
+        let (name, e) = &self.entries[h.0];
+        // Bounds were checked by `insert`.
         let data = &self.files[e.file].bytes()[e.offset..e.offset + e.len];
-        Some(TensorRef {
+        TensorRef {
             name,
             dtype: e.dtype,
             shape: &e.shape,
             data,
-        })
+        }
     }
 
     /// Like [`TensorSet::get`] but a missing tensor is an error.
@@ -178,14 +197,19 @@ impl TensorSet {
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.tensors.keys().map(String::as_str)
+        self.entries.iter().map(|(n, _)| n.as_str())
     }
 
     pub fn len(&self) -> usize {
-        self.tensors.len()
+        self.entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.tensors.is_empty()
+        self.entries.is_empty()
+    }
+
+    /// Total bytes of tensor data.
+    pub fn total_bytes(&self) -> usize {
+        self.entries.iter().map(|(_, e)| e.len).sum()
     }
 }

@@ -1,8 +1,21 @@
-//! GGUF (v2, v3) reading. (Being written: see the GGUF work item.)
+//! GGUF (versions 2 and 3) reading, plus a small writer for tests.
+//!
+//! Model files are untrusted: [`GgufFile::parse_bytes`] checks every count, length and
+//! offset it reads and reports violations as [`GgufError`] variants without panicking, and
+//! it never reserves memory for a count before checking that the remaining bytes could hold
+//! that many items.
 
-/// Errors from reading a GGUF file.
-#[derive(Debug, thiserror::Error)]
-pub enum GgufError {
-    #[error("bad magic: not a GGUF file")]
-    BadMagic,
-}
+mod cursor;
+mod error;
+mod metadata;
+mod reader;
+mod tensor_info;
+mod writer;
+
+pub use error::GgufError;
+pub use metadata::{Metadata, MetadataValue};
+pub use reader::{
+    GgufFile, ParsedGguf, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH,
+};
+pub use tensor_info::{GgufTensorInfo, MAX_DIMS};
+pub use writer::GgufWriter;

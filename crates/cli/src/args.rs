@@ -1,0 +1,60 @@
+//! Flags shared by the subcommands: which model, where to cache it, and the engine settings.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+/// Which model to run and on how many threads.
+#[derive(Debug, Args)]
+pub struct ModelArgs {
+    /// A GGUF file or a Hugging Face model directory; omitted: the default model
+    /// (SmolLM2-135M-Instruct Q4_1), fetched once into the cache directory.
+    #[arg(long, value_name = "M")]
+    pub model: Option<PathBuf>,
+    /// Where the default model is cached (default: $TANDEM_CACHE_DIR, else
+    /// $XDG_CACHE_HOME/tandem, else ~/.cache/tandem).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Kernel threads (default: the number of physical cores).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub threads: Option<u32>,
+}
+
+impl ModelArgs {
+    pub fn threads(&self) -> usize {
+        self.threads
+            .map_or_else(tandem_kernels::cpu::physical_cores, |t| t as usize)
+    }
+}
+
+/// Engine settings, accepted by every subcommand with the same meaning as for `serve`.
+/// A single scoring pass uses `--block-size` and `--max-model-len`; the batching,
+/// caching and speculation settings matter once many requests share the engine.
+#[derive(Debug, Args)]
+pub struct EngineArgs {
+    /// Most sequences in one engine step.
+    #[arg(long, value_name = "N")]
+    pub max_num_seqs: Option<usize>,
+    /// Most tokens in one engine step.
+    #[arg(long, value_name = "N")]
+    pub max_num_batched_tokens: Option<usize>,
+    /// Memory for the KV cache, e.g. 2GiB.
+    #[arg(long, value_name = "SIZE")]
+    pub kv_cache_memory: Option<String>,
+    /// Token slots per KV block.
+    #[arg(long, value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub block_size: u32,
+    /// Disable prefix caching.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    /// Speculative decoding proposer: `ngram` or `draft:PATH`.
+    #[arg(long, value_name = "ngram|draft:PATH")]
+    pub speculative: Option<String>,
+    /// Draft tokens per step with speculative decoding.
+    #[arg(long, value_name = "K")]
+    pub num_speculative_tokens: Option<usize>,
+    /// Longest sequence (prompt + output) allowed; at most the model's context length.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2..))]
+    pub max_model_len: Option<u32>,
+}

@@ -1,0 +1,60 @@
+//! Safe parallel loops over disjoint parts of a mutable buffer, on top of [`ThreadPool::run`].
+
+use crate::ThreadPool;
+
+/// A raw pointer that may cross threads; each task derives a disjoint sub-slice from it.
+struct SharedMut<T>(*mut T);
+
+// SAFETY: only used by `for_each_chunk_mut`, whose tasks touch pairwise disjoint ranges.
+unsafe impl<T: Send> Sync for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
+    /// # Safety
+    /// `start + len` must lie within the buffer this pointer came from, and no other live
+    /// reference may overlap `[start, start + len)`.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
+        std::slice::from_raw_parts_mut(self.0.add(start), len)
+    }
+}
+
+/// Calls `f(i, chunk_i)` for every `chunk_len`-sized chunk of `data` (the last may be shorter),
+/// spreading the chunks over the pool. Chunks are disjoint, so tasks never alias.
+pub fn for_each_chunk_mut<T, F>(pool: &ThreadPool, data: &mut [T], chunk_len: usize, f: F)
+where
+    T: Send,
+    F: Fn(usize, &mut [T]) + Sync,
+{
+    assert!(
+        chunk_len > 0,
+        "for_each_chunk_mut: chunk_len must be positive"
+    );
+    let len = data.len();
+    let n_chunks = len.div_ceil(chunk_len);
+    let ptr = SharedMut(data.as_mut_ptr());
+    pool.run(n_chunks, |i| {
+        let start = i * chunk_len;
+        let n = chunk_len.min(len - start);
+        // SAFETY: `i < n_chunks`, so `[start, start + n)` lies within `data`, and distinct `i`
+        // give disjoint ranges; `data` is borrowed mutably for the whole call.
+        let chunk = unsafe { ptr.slice(start, n) };
+        f(i, chunk);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_chunk_is_visited_once() {
+        let pool = ThreadPool::new(2);
+        let mut v = vec![0usize; 103];
+        for_each_chunk_mut(&pool, &mut v, 10, |i, c| {
+            c.iter_mut().for_each(|x| *x += i + 1)
+        });
+        for (j, x) in v.iter().enumerate() {
+            assert_eq!(*x, j / 10 + 1);
+        }
+    }
+}

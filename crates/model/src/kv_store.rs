@@ -1,0 +1,91 @@
+//! The physical KV store: fixed-size blocks of token slots, per layer, for keys and values.
+//!
+//! Which block belongs to which sequence is decided elsewhere (the engine's block
+//! allocator); here a block is just storage. A token at position `p` of a sequence with
+//! block table `t` lives in slot `t[p / block_size] * block_size + p % block_size`.
+
+use crate::batch::BlockId;
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+
+/// Keys and values of every layer, in blocks of `block_size` token slots.
+#[derive(Debug)]
+pub struct KvStore {
+    block_size: usize,
+    num_blocks: usize,
+    /// Floats per token slot in one layer: `num_kv_heads * head_dim`.
+    kv_dim: usize,
+    /// Per layer: `[num_blocks * block_size, kv_dim]`.
+    keys: Vec<Vec<f32>>,
+    /// Per layer: `[num_blocks * block_size, kv_dim]`.
+    values: Vec<Vec<f32>>,
+}
+
+impl KvStore {
+    /// Allocates a zeroed store of `num_blocks` blocks for `config`'s layers.
+    pub fn new(config: &ModelConfig, block_size: usize, num_blocks: usize) -> Result<KvStore> {
+        if block_size == 0 || num_blocks == 0 {
+            return Err(ModelError::Batch(
+                "KV store needs a positive block size and count".into(),
+            ));
+        }
+        let kv_dim = config.kv_dim();
+        let per_layer = num_blocks
+            .checked_mul(block_size)
+            .and_then(|s| s.checked_mul(kv_dim))
+            .ok_or_else(|| ModelError::Batch("KV store size overflows".into()))?;
+        let layer = || vec![0.0f32; per_layer];
+        Ok(KvStore {
+            block_size,
+            num_blocks,
+            kv_dim,
+            keys: (0..config.num_layers).map(|_| layer()).collect(),
+            values: (0..config.num_layers).map(|_| layer()).collect(),
+        })
+    }
+
+    /// Bytes one token occupies across all layers (keys and values).
+    pub fn bytes_per_token(config: &ModelConfig) -> usize {
+        2 * config.num_layers * config.kv_dim() * std::mem::size_of::<f32>()
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Total token slots.
+    pub fn capacity_tokens(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+
+    /// The slot of position `pos` for a sequence with `block_table`.
+    pub fn slot(&self, block_table: &[BlockId], pos: usize) -> usize {
+        block_table[pos / self.block_size].0 as usize * self.block_size + pos % self.block_size
+    }
+
+    /// Stores one token's key and value rows (`[kv_dim]` each) of `layer` at `slot`.
+    pub fn write(&mut self, layer: usize, slot: usize, key: &[f32], value: &[f32]) {
+        let r = slot * self.kv_dim..(slot + 1) * self.kv_dim;
+        self.keys[layer][r.clone()].copy_from_slice(key);
+        self.values[layer][r].copy_from_slice(value);
+    }
+
+    /// Keys of `layer`: `[num_slots, kv_dim]`.
+    pub fn layer_keys(&self, layer: usize) -> &[f32] {
+        &self.keys[layer]
+    }
+
+    /// Values of `layer`: `[num_slots, kv_dim]`.
+    pub fn layer_values(&self, layer: usize) -> &[f32] {
+        &self.values[layer]
+    }
+
+    /// Floats per slot in one layer.
+    pub fn kv_dim(&self) -> usize {
+        self.kv_dim
+    }
+}

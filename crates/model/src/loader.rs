@@ -1,0 +1,113 @@
+//! Opens a model from a GGUF file or a Hugging Face directory: weights, config, tokenizer,
+//! chat template and end-of-sequence ids.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use crate::batch::TokenId;
+use crate::error::{ModelError, Result};
+use crate::gguf::GgufFile;
+use crate::gguf_config::{config_from_gguf, linear_rope_factor};
+use crate::hf_config::load_hf_config;
+use crate::model_builder::{build_model, NameScheme};
+use crate::safetensors::load_safetensors_dir;
+use crate::tokenizer::{GgufVocab, Tokenizer};
+use crate::transformer::Model;
+
+/// The file format a model came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelFormat {
+    Gguf,
+    HuggingFace,
+}
+
+/// A model ready to run, with everything needed to turn text into tokens and back.
+#[derive(Debug)]
+pub struct LoadedModel {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    /// Tokens that end generation (metadata and generation_config).
+    pub eos_token_ids: Vec<TokenId>,
+    pub chat_template: Option<String>,
+    /// The resolved path of the file or directory loaded.
+    pub path: PathBuf,
+    pub format: ModelFormat,
+}
+
+/// Loads the model at `path` (a `.gguf` file or a directory with `config.json`), running its
+/// kernels on `threads` threads.
+pub fn load_model(path: &Path, threads: usize) -> Result<LoadedModel> {
+    let path = path.canonicalize().map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+    if path.is_dir() {
+        if !path.join("config.json").is_file() {
+            return Err(ModelError::NotAModel(format!(
+                "{} is a directory without config.json (expected a Hugging Face model directory)",
+                path.display()
+            )));
+        }
+        return load_hf(&path, threads);
+    }
+    if has_gguf_magic(&path)? {
+        return load_gguf(&path, threads);
+    }
+    Err(ModelError::NotAModel(format!(
+        "{} is neither a GGUF file (no GGUF magic) nor a Hugging Face model directory",
+        path.display()
+    )))
+}
+
+fn has_gguf_magic(path: &Path) -> Result<bool> {
+    let io_err = |source| ModelError::Io { path: path.to_path_buf(), source };
+    let mut magic = [0u8; 4];
+    let mut f = std::fs::File::open(path).map_err(io_err)?;
+    match f.read_exact(&mut magic) {
+        Ok(()) => Ok(&magic == b"GGUF"),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(io_err(e)),
+    }
+}
+
+fn load_gguf(path: &Path, threads: usize) -> Result<LoadedModel> {
+    let file = GgufFile::open(path)?;
+    let md = file.metadata.clone();
+    let tensors = file.into_tensor_set()?;
+    let embed = tensors.require("token_embd.weight")?;
+    let vocab_size = embed.shape.first().copied().unwrap_or(0);
+    let config = config_from_gguf(&md, vocab_size)?;
+    let mut factors = match tensors.get("rope_freqs.weight") {
+        Some(t) => Some(t.to_f32()?),
+        None => None,
+    };
+    if let Some(f) = linear_rope_factor(&md)? {
+        let half = config.head_dim / 2;
+        let base = factors.take().unwrap_or_else(|| vec![1.0; half]);
+        factors = Some(base.into_iter().map(|v| v * f).collect());
+    }
+    let tokenizer = Tokenizer::from_gguf_vocab(&GgufVocab::from_metadata(&md)?)?;
+    let eos_token_ids = tokenizer.eos_ids().into_iter().map(TokenId).collect();
+    let chat_template = tokenizer.chat_template().map(str::to_string);
+    let model = build_model(config, tensors, NameScheme::Gguf, factors.as_deref(), threads)?;
+    Ok(LoadedModel { model, tokenizer, eos_token_ids, chat_template, path: path.to_path_buf(), format: ModelFormat::Gguf })
+}
+
+fn load_hf(dir: &Path, threads: usize) -> Result<LoadedModel> {
+    let info = load_hf_config(dir)?;
+    let tensors = load_safetensors_dir(dir)?;
+    let tokenizer = Tokenizer::from_hf_dir(dir)?;
+    let mut eos: Vec<u32> = info.eos_token_ids.clone();
+    for id in tokenizer.eos_ids() {
+        if !eos.contains(&id) {
+            eos.push(id);
+        }
+    }
+    let chat_template = tokenizer.chat_template().map(str::to_string);
+    let model = build_model(info.config, tensors, NameScheme::HuggingFace, None, threads)?;
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        eos_token_ids: eos.into_iter().map(TokenId).collect(),
+        chat_template,
+        path: dir.to_path_buf(),
+        format: ModelFormat::HuggingFace,
+    })
+}

@@ -1,0 +1,307 @@
+//! The decoder-only transformer (Llama, Qwen2, Qwen3) and its one entry point,
+//! [`Model::forward`]: a [`ForwardBatch`] in, logits for the selected rows out.
+
+use tandem_kernels::ops::{add_inplace, rms_norm, rms_norm_inplace, rope_head, swiglu_inplace};
+use tandem_kernels::parallel::for_each_chunk_mut;
+use tandem_kernels::{matmul, ThreadPool, WeightView};
+
+use crate::attention::{causal_attention, AttentionLayout, HeadShape};
+use crate::batch::ForwardBatch;
+use crate::config::{ModelConfig, RopeStyle};
+use crate::error::Result;
+use crate::kv_store::KvStore;
+use crate::logits::Logits;
+use crate::weights::{TensorHandle, TensorSet};
+
+/// The weights of one decoder layer. Matrices stay in their stored format; the small
+/// vectors (norms, biases) are kept as f32.
+#[derive(Debug)]
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub q: TensorHandle,
+    pub k: TensorHandle,
+    pub v: TensorHandle,
+    pub o: TensorHandle,
+    /// q/k/v biases (Qwen2): `[q_dim]`, `[kv_dim]`, `[kv_dim]`.
+    pub qkv_bias: Option<[Vec<f32>; 3]>,
+    /// Per-head RMSNorm weights for q and k (Qwen3): `[head_dim]` each.
+    pub qk_norm: Option<[Vec<f32>; 2]>,
+    pub ffn_norm: Vec<f32>,
+    pub gate: TensorHandle,
+    pub up: TensorHandle,
+    pub down: TensorHandle,
+}
+
+/// The model-level weights, resolved against a [`TensorSet`].
+#[derive(Debug)]
+pub struct ModelWeights {
+    pub embed: TensorHandle,
+    /// The output projection: `lm_head`/`output`, or the embedding when tied.
+    pub lm_head: TensorHandle,
+    pub final_norm: Vec<f32>,
+    pub layers: Vec<LayerWeights>,
+    /// `[head_dim / 2]` inverse RoPE frequency of each rotated pair.
+    pub inv_freqs: Vec<f32>,
+}
+
+/// A loaded model: its configuration, its tensors and the thread pool that runs it.
+#[derive(Debug)]
+pub struct Model {
+    pub config: ModelConfig,
+    tensors: TensorSet,
+    w: ModelWeights,
+    pool: ThreadPool,
+}
+
+/// Scratch activations of one forward call.
+struct Activations {
+    /// `[n, hidden]` the residual stream.
+    x: Vec<f32>,
+    /// `[n, hidden]` normalised input of a sub-layer.
+    xn: Vec<f32>,
+    /// `[n, q_dim]`, `[n, kv_dim]`, `[n, kv_dim]`.
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// `[n, q_dim]` attention output.
+    attn: Vec<f32>,
+    /// `[n, intermediate]` gate and up projections.
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    /// `[n, hidden]` sub-layer output before the residual add.
+    out: Vec<f32>,
+}
+
+impl Activations {
+    fn new(c: &ModelConfig, n: usize) -> Activations {
+        let z = |w: usize| vec![0.0f32; n * w];
+        Activations {
+            x: z(c.hidden_size),
+            xn: z(c.hidden_size),
+            q: z(c.q_dim()),
+            k: z(c.kv_dim()),
+            v: z(c.kv_dim()),
+            attn: z(c.q_dim()),
+            gate: z(c.intermediate_size),
+            up: z(c.intermediate_size),
+            out: z(c.hidden_size),
+        }
+    }
+}
+
+/// Where the batch's tokens go: computed once per forward, shared by every layer.
+struct BatchLayout {
+    positions: Vec<usize>,
+    token_seq: Vec<usize>,
+    /// Per sequence, the slot of each context position.
+    seq_slots: Vec<Vec<usize>>,
+    /// `[n]` the slot each new token's K/V is written to.
+    write_slots: Vec<usize>,
+}
+
+impl BatchLayout {
+    fn new(batch: &ForwardBatch, kv: &KvStore) -> BatchLayout {
+        let positions = batch.positions();
+        let mut token_seq = Vec::with_capacity(batch.num_tokens());
+        let mut seq_slots: Vec<Vec<usize>> = Vec::with_capacity(batch.seqs.len());
+        for (i, s) in batch.seqs.iter().enumerate() {
+            token_seq.extend(std::iter::repeat_n(i, s.len));
+            seq_slots.push(
+                (0..s.context_len())
+                    .map(|p| kv.slot(&s.block_table, p))
+                    .collect(),
+            );
+        }
+        let write_slots = positions
+            .iter()
+            .zip(&token_seq)
+            .map(|(&p, &s)| seq_slots[s][p])
+            .collect::<Vec<usize>>();
+        BatchLayout {
+            positions,
+            token_seq,
+            seq_slots,
+            write_slots,
+        }
+    }
+}
+
+impl Model {
+    /// Assembles a model from resolved parts; loaders call this after validating shapes.
+    pub(crate) fn new(
+        config: ModelConfig,
+        tensors: TensorSet,
+        w: ModelWeights,
+        threads: usize,
+    ) -> Model {
+        let pool = ThreadPool::new(threads);
+        Model {
+            config,
+            tensors,
+            w,
+            pool,
+        }
+    }
+
+    /// Number of worker threads the kernels use.
+    pub fn threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    /// Total bytes of weights.
+    pub fn weight_bytes(&self) -> usize {
+        self.tensors.total_bytes()
+    }
+
+    fn matrix(&self, h: TensorHandle) -> WeightView<'_> {
+        self.tensors
+            .by_handle(h)
+            .matrix()
+            .expect("matrix shapes are validated at load time")
+    }
+
+    /// Runs the transformer over `batch`: writes every new token's K/V into `kv` and returns
+    /// logits for the rows `batch.output` selects.
+    pub fn forward(&self, batch: &ForwardBatch, kv: &mut KvStore) -> Result<Logits> {
+        let c = &self.config;
+        batch.validate(c.vocab_size, kv.block_size(), kv.num_blocks())?;
+        let n = batch.num_tokens();
+        let layout = BatchLayout::new(batch, kv);
+        let mut a = Activations::new(c, n);
+        let embed = self.tensors.by_handle(self.w.embed);
+        let row_bytes = embed.data.len() / c.vocab_size;
+        for (t, row) in a.x.chunks_exact_mut(c.hidden_size).enumerate() {
+            let id = batch.tokens[t].0 as usize;
+            let src = &embed.data[id * row_bytes..(id + 1) * row_bytes];
+            tandem_kernels::quant::dequantize_row(embed.dtype, src, row);
+        }
+        for (l, layer) in self.w.layers.iter().enumerate() {
+            self.attention_block(l, layer, &layout, &mut a, kv);
+            self.mlp_block(layer, &mut a);
+        }
+        Ok(self.logits(batch, &a.x))
+    }
+
+    fn attention_block(
+        &self,
+        l: usize,
+        w: &LayerWeights,
+        layout: &BatchLayout,
+        a: &mut Activations,
+        kv: &mut KvStore,
+    ) {
+        let c = &self.config;
+        let n = layout.positions.len();
+        self.norm_rows(&a.x, &w.attn_norm, &mut a.xn);
+        matmul(&self.pool, &self.matrix(w.q), &a.xn, &mut a.q, n);
+        matmul(&self.pool, &self.matrix(w.k), &a.xn, &mut a.k, n);
+        matmul(&self.pool, &self.matrix(w.v), &a.xn, &mut a.v, n);
+        if let Some([bq, bk, bv]) = &w.qkv_bias {
+            add_bias(&mut a.q, bq);
+            add_bias(&mut a.k, bk);
+            add_bias(&mut a.v, bv);
+        }
+        if let Some([nq, nk]) = &w.qk_norm {
+            for head in a.q.chunks_exact_mut(c.head_dim) {
+                rms_norm_inplace(head, nq, c.rms_norm_eps);
+            }
+            for head in a.k.chunks_exact_mut(c.head_dim) {
+                rms_norm_inplace(head, nk, c.rms_norm_eps);
+            }
+        }
+        self.apply_rope(&layout.positions, &mut a.q, c.num_heads);
+        self.apply_rope(&layout.positions, &mut a.k, c.num_kv_heads);
+        let kv_dim = c.kv_dim();
+        for (t, &slot) in layout.write_slots.iter().enumerate() {
+            let r = t * kv_dim..(t + 1) * kv_dim;
+            kv.write(l, slot, &a.k[r.clone()], &a.v[r]);
+        }
+        let shape = HeadShape {
+            num_heads: c.num_heads,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+        };
+        let attn_layout = AttentionLayout {
+            positions: &layout.positions,
+            token_seq: &layout.token_seq,
+            seq_slots: &layout.seq_slots,
+        };
+        let (keys, values) = (kv.layer_keys(l), kv.layer_values(l));
+        causal_attention(
+            &self.pool,
+            shape,
+            &attn_layout,
+            &a.q,
+            keys,
+            values,
+            &mut a.attn,
+        );
+        matmul(&self.pool, &self.matrix(w.o), &a.attn, &mut a.out, n);
+        add_inplace(&mut a.x, &a.out);
+    }
+
+    fn mlp_block(&self, w: &LayerWeights, a: &mut Activations) {
+        let n = a.x.len() / self.config.hidden_size;
+        self.norm_rows(&a.x, &w.ffn_norm, &mut a.xn);
+        matmul(&self.pool, &self.matrix(w.gate), &a.xn, &mut a.gate, n);
+        matmul(&self.pool, &self.matrix(w.up), &a.xn, &mut a.up, n);
+        swiglu_inplace(&mut a.gate, &a.up);
+        matmul(&self.pool, &self.matrix(w.down), &a.gate, &mut a.out, n);
+        add_inplace(&mut a.x, &a.out);
+    }
+
+    /// RMSNorm of every `[hidden]` row of `x` into `out`.
+    fn norm_rows(&self, x: &[f32], weight: &[f32], out: &mut [f32]) {
+        let (h, eps) = (self.config.hidden_size, self.config.rms_norm_eps);
+        for_each_chunk_mut(&self.pool, out, h, |t, row| {
+            rms_norm(&x[t * h..(t + 1) * h], weight, eps, row)
+        });
+    }
+
+    /// Rotates every head of `x` (`[n, heads * head_dim]`) by its token's position.
+    fn apply_rope(&self, positions: &[usize], x: &mut [f32], heads: usize) {
+        let d = self.config.head_dim;
+        let neox = self.config.rope.style == RopeStyle::Neox;
+        let half = d / 2;
+        let (mut cos, mut sin) = (vec![0.0f32; half], vec![0.0f32; half]);
+        for (t, row) in x.chunks_exact_mut(heads * d).enumerate() {
+            let p = positions[t] as f64;
+            for (i, &f) in self.w.inv_freqs.iter().enumerate() {
+                let angle = p * f as f64;
+                cos[i] = angle.cos() as f32;
+                sin[i] = angle.sin() as f32;
+            }
+            for head in row.chunks_exact_mut(d) {
+                rope_head(head, &cos, &sin, neox);
+            }
+        }
+    }
+
+    /// Final norm and output projection of the selected rows.
+    fn logits(&self, batch: &ForwardBatch, x: &[f32]) -> Logits {
+        let c = &self.config;
+        let rows = batch.output_rows();
+        let mut normed = vec![0.0f32; rows.len() * c.hidden_size]; // [rows, hidden]
+        for (i, &r) in rows.iter().enumerate() {
+            let src = &x[r * c.hidden_size..(r + 1) * c.hidden_size];
+            let dst = &mut normed[i * c.hidden_size..(i + 1) * c.hidden_size];
+            rms_norm(src, &self.w.final_norm, c.rms_norm_eps, dst);
+        }
+        let mut data = vec![0.0f32; rows.len() * c.vocab_size]; // [rows, vocab]
+        matmul(
+            &self.pool,
+            &self.matrix(self.w.lm_head),
+            &normed,
+            &mut data,
+            rows.len(),
+        );
+        Logits::new(rows, c.vocab_size, data)
+    }
+}
+
+/// Adds `bias` (`[width]`) to every row of `x` (`[n, width]`).
+fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        add_inplace(row, bias);
+    }
+}

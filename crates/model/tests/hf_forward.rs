@@ -1,0 +1,220 @@
+//! The forward pass against HF transformers (fp32) on the small random-weight fixtures made
+//! by `scripts/make_hf_fixtures.py`, and the batch/chunk invariants on the same models.
+
+use std::path::{Path, PathBuf};
+
+use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
+use tandem_model::hf_config::load_hf_config;
+use tandem_model::kv_store::KvStore;
+use tandem_model::model_builder::{build_model, NameScheme};
+use tandem_model::safetensors::load_safetensors_dir;
+use tandem_model::transformer::Model;
+
+const FIXTURES: [&str; 9] = [
+    "llama_tied",
+    "llama_untied",
+    "llama3_rope",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "llama_sharded",
+    "llama_tied_bf16",
+    "llama_tied_f16",
+];
+
+fn fixture_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf")
+        .join(name)
+}
+
+fn load(name: &str, threads: usize) -> Model {
+    let dir = fixture_dir(name);
+    let info = load_hf_config(&dir).expect("config");
+    let tensors = load_safetensors_dir(&dir).expect("tensors");
+    build_model(info.config, tensors, NameScheme::HuggingFace, None, threads).expect("model")
+}
+
+/// (input ids, reference logits `[len, vocab]`) of each fixture sequence.
+fn sequences(name: &str) -> Vec<(Vec<TokenId>, Vec<f32>)> {
+    let dir = fixture_dir(name);
+    let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
+    let r: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(r["logits_encoding"], "f32le");
+    r["sequences"]
+        .as_array()
+        .expect("sequences")
+        .iter()
+        .map(|s| {
+            let ids = s["input_ids"].as_array().expect("ids");
+            let ids = ids
+                .iter()
+                .map(|v| TokenId(v.as_u64().expect("id") as u32))
+                .collect();
+            let bytes =
+                std::fs::read(dir.join(s["logits_file"].as_str().expect("file"))).expect("bin");
+            let logits = bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            (ids, logits)
+        })
+        .collect()
+}
+
+/// Logits of every position of `tokens`, computed in chunks of `chunk` tokens.
+fn run_chunked(model: &Model, tokens: &[TokenId], chunk: usize, block_size: usize) -> Vec<f32> {
+    let blocks = tokens.len().div_ceil(block_size);
+    let mut kv = KvStore::new(&model.config, block_size, blocks + 3).expect("kv");
+    // Use a scattered block table to exercise paging.
+    let table: Vec<BlockId> = (0..blocks as u32).rev().map(|b| BlockId(b + 3)).collect();
+    let mut out = Vec::new();
+    let mut done = 0;
+    while done < tokens.len() {
+        let n = chunk.min(tokens.len() - done);
+        let batch = ForwardBatch::single(
+            tokens[done..done + n].to_vec(),
+            done,
+            table.clone(),
+            OutputSelection::All,
+        );
+        out.extend_from_slice(model.forward(&batch, &mut kv).expect("forward").as_slice());
+        done += n;
+    }
+    out
+}
+
+#[test]
+fn logits_match_transformers_fp32() {
+    for name in FIXTURES {
+        let model = load(name, 2);
+        for (i, (ids, want)) in sequences(name).iter().enumerate() {
+            let got = run_chunked(&model, ids, ids.len(), 16);
+            assert_eq!(got.len(), want.len(), "{name} seq {i}: logits size");
+            let max_diff = got
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            eprintln!("{name} seq {i}: max |Δlogit| = {max_diff:.2e}");
+            assert!(
+                max_diff <= 1e-3,
+                "{name} seq {i}: max |Δlogit| = {max_diff}"
+            );
+        }
+    }
+}
+
+#[test]
+fn chunked_prefill_equals_one_pass_bitwise() {
+    for name in ["llama_tied", "qwen2", "qwen3"] {
+        let model = load(name, 2);
+        let (ids, _) = &sequences(name)[1];
+        let whole = run_chunked(&model, ids, ids.len(), 16);
+        for (chunk, block) in [(1, 16), (5, 4), (16, 16), (7, 1)] {
+            let parts = run_chunked(&model, ids, chunk, block);
+            assert!(
+                whole == parts,
+                "{name}: chunk {chunk} block {block} differs from one pass"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_sequence_does_not_depend_on_its_batch_neighbours() {
+    let model = load("llama_untied", 2);
+    let seqs = sequences("llama_untied");
+    let alone: Vec<Vec<f32>> = seqs
+        .iter()
+        .map(|(ids, _)| run_chunked(&model, ids, ids.len(), 8))
+        .collect();
+    // Both sequences in one flat batch, each with its own block table.
+    let (a, b) = (&seqs[0].0, &seqs[1].0);
+    let (na, nb) = (a.len().div_ceil(8), b.len().div_ceil(8));
+    let mut kv = KvStore::new(&model.config, 8, na + nb).expect("kv");
+    let batch = ForwardBatch {
+        tokens: a.iter().chain(b).copied().collect(),
+        seqs: vec![
+            SeqSpan {
+                start: 0,
+                len: a.len(),
+                num_cached: 0,
+                block_table: (0..na as u32).map(BlockId).collect(),
+            },
+            SeqSpan {
+                start: a.len(),
+                len: b.len(),
+                num_cached: 0,
+                block_table: (na as u32..(na + nb) as u32).map(BlockId).collect(),
+            },
+        ],
+        output: OutputSelection::All,
+    };
+    let both = model.forward(&batch, &mut kv).expect("forward");
+    let split = a.len() * model.config.vocab_size;
+    assert!(
+        both.as_slice()[..split] == alone[0][..],
+        "first sequence changed in a batch"
+    );
+    assert!(
+        both.as_slice()[split..] == alone[1][..],
+        "second sequence changed in a batch"
+    );
+}
+
+#[test]
+fn one_and_two_threads_agree_bitwise() {
+    let (one, two) = (load("qwen3", 1), load("qwen3", 2));
+    let (ids, _) = &sequences("qwen3")[0];
+    assert!(run_chunked(&one, ids, 4, 16) == run_chunked(&two, ids, 4, 16));
+}
+
+#[test]
+fn output_selection_last_and_rows_pick_the_same_logits() {
+    let model = load("llama_tied", 2);
+    let (ids, _) = &sequences("llama_tied")[0];
+    let all = run_chunked(&model, ids, ids.len(), 16);
+    let v = model.config.vocab_size;
+    let mut kv = KvStore::new(&model.config, 16, 2).expect("kv");
+    let table = vec![BlockId(0), BlockId(1)];
+    let last = ForwardBatch::single(ids.clone(), 0, table.clone(), OutputSelection::Last);
+    let got = model.forward(&last, &mut kv).expect("forward");
+    assert_eq!(got.rows(), &[ids.len() - 1]);
+    assert!(got.as_slice() == &all[(ids.len() - 1) * v..]);
+    let rows = ForwardBatch::single(ids.clone(), 0, table, OutputSelection::Rows(vec![0, 3]));
+    let got = model.forward(&rows, &mut kv).expect("forward");
+    assert!(got.row(0) == &all[..v] && got.row(1) == &all[3 * v..4 * v]);
+}
+
+#[test]
+fn malformed_batches_are_errors_not_panics() {
+    let model = load("llama_tied", 1);
+    let mut kv = KvStore::new(&model.config, 4, 2).expect("kv");
+    let too_long = ForwardBatch::single(
+        vec![TokenId(1); 9],
+        0,
+        vec![BlockId(0), BlockId(1)],
+        OutputSelection::All,
+    );
+    assert!(
+        model.forward(&too_long, &mut kv).is_err(),
+        "9 tokens in 8 slots"
+    );
+    let bad_token = ForwardBatch::single(
+        vec![TokenId(100_000)],
+        0,
+        vec![BlockId(0)],
+        OutputSelection::All,
+    );
+    assert!(
+        model.forward(&bad_token, &mut kv).is_err(),
+        "token outside the vocabulary"
+    );
+    let bad_block =
+        ForwardBatch::single(vec![TokenId(1)], 0, vec![BlockId(7)], OutputSelection::All);
+    assert!(
+        model.forward(&bad_block, &mut kv).is_err(),
+        "block outside the store"
+    );
+}
