@@ -8,6 +8,7 @@
 
 mod build_gguf;
 mod byte_level;
+mod from_gguf;
 mod gguf_vocab;
 mod hf_dir;
 mod pieces;
@@ -18,6 +19,7 @@ pub use pieces::{PieceEncoding, TokenKind};
 pub use pre_tokenizer::PreTokenizerSpec;
 
 use crate::error::{ModelError, Result};
+use crate::gguf::Metadata;
 use pieces::PieceTable;
 
 /// A model's tokenizer, with its special-token settings and chat template.
@@ -40,6 +42,11 @@ pub struct Tokenizer {
 }
 
 impl Tokenizer {
+    /// Builds the tokenizer of a GGUF file from its metadata (`tokenizer.ggml.*`).
+    pub fn from_gguf_metadata(meta: &Metadata) -> Result<Self> {
+        Self::from_gguf_vocab(&GgufVocab::from_metadata(meta)?)
+    }
+
     /// Builds the tokenizer llama.cpp would use for this GGUF vocabulary.
     pub fn from_gguf_vocab(vocab: &GgufVocab) -> Result<Self> {
         vocab.validate()?;
