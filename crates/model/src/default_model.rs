@@ -101,6 +101,15 @@ pub fn default_model_path() -> Result<PathBuf> {
     resolve_model(None, &cache_dir(None)?)
 }
 
+/// The default model for tests: `$TANDEM_TEST_MODEL` when set, else the cached default
+/// model (fetched on first use, like the CLI does).
+pub fn test_model_path() -> Result<PathBuf> {
+    match std::env::var_os("TANDEM_TEST_MODEL").filter(|v| !v.is_empty()) {
+        Some(p) => Ok(PathBuf::from(p)),
+        None => default_model_path(),
+    }
+}
+
 fn manual_instructions(target: &Path) -> String {
     format!(
         "could not fetch the default model. To get it by hand: \

@@ -1,5 +1,5 @@
 //! The real default model (SmolLM2-135M-Instruct, Q4_1 with a Q8_0 embedding), read from
-//! the path in TANDEM_TEST_MODEL. Expected values were obtained with the reference reader
+//! `$TANDEM_TEST_MODEL` or the default model cache (fetched on first use). Expected values were obtained with the reference reader
 //! of gguf-py 0.19 (`gguf.GGUFReader(path)`: `len(r.tensors)`, `r.fields[...]`,
 //! `r.data_offset`, and per tensor `tensor_type`, `shape` (ggml order), `data_offset`).
 
@@ -9,11 +9,7 @@ use tandem_kernels::DType;
 use tandem_model::gguf::GgufFile;
 
 fn model_path() -> PathBuf {
-    let path = std::env::var_os("TANDEM_TEST_MODEL").expect(
-        "TANDEM_TEST_MODEL must be set to the default model's GGUF file \
-         (SmolLM2-135M-Instruct.Q4_1.gguf); this test does not skip",
-    );
-    PathBuf::from(path)
+    tandem_model::default_model::test_model_path().expect("the default model is needed; this test does not skip")
 }
 
 // From gguf-py 0.19. (It reports the rms epsilon as 9.999999747378752e-06, the f32 nearest
