@@ -1,4 +1,4 @@
-//! The default model's chat template (read from the GGUF at TANDEM_TEST_MODEL) renders
+//! The default model's chat template (read from the GGUF at `$TANDEM_TEST_MODEL` or in the default model cache) renders
 //! conversations exactly as transformers' `apply_chat_template(..., tokenize=False)` did
 //! (fixtures/default_model/chat_template_reference.json, made by
 //! scripts/make_default_model_reference.py).
@@ -25,11 +25,8 @@ struct Reference {
 }
 
 fn model_path() -> PathBuf {
-    let path = std::env::var_os("TANDEM_TEST_MODEL").expect(
-        "TANDEM_TEST_MODEL must be set to the default model's GGUF file \
-         (SmolLM2-135M-Instruct.Q4_1.gguf); this test does not skip",
-    );
-    PathBuf::from(path)
+    tandem_model::default_model::test_model_path()
+        .expect("the default model is needed (TANDEM_TEST_MODEL); this test does not skip")
 }
 
 #[test]

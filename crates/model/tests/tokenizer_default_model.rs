@@ -1,4 +1,4 @@
-//! The default model's tokenizer, built from the real GGUF (path in TANDEM_TEST_MODEL),
+//! The default model's tokenizer, built from the real GGUF (`$TANDEM_TEST_MODEL` or the default model cache),
 //! against llama.cpp: every string of the corpus in
 //! fixtures/default_model/tokenizer_reference.json must give exactly llama.cpp's ids
 //! (recorded by scripts/make_default_model_reference.py with llama-cpp-python), and decoding
@@ -24,11 +24,8 @@ struct Reference {
 }
 
 fn model_path() -> PathBuf {
-    let path = std::env::var_os("TANDEM_TEST_MODEL").expect(
-        "TANDEM_TEST_MODEL must be set to the default model's GGUF file \
-         (SmolLM2-135M-Instruct.Q4_1.gguf); this test does not skip",
-    );
-    PathBuf::from(path)
+    tandem_model::default_model::test_model_path()
+        .expect("the default model is needed (TANDEM_TEST_MODEL); this test does not skip")
 }
 
 fn tokenizer() -> Tokenizer {
