@@ -37,7 +37,10 @@ pub struct LoadedModel {
 /// Loads the model at `path` (a `.gguf` file or a directory with `config.json`), running its
 /// kernels on `threads` threads.
 pub fn load_model(path: &Path, threads: usize) -> Result<LoadedModel> {
-    let path = path.canonicalize().map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+    let path = path.canonicalize().map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
     if path.is_dir() {
         if !path.join("config.json").is_file() {
             return Err(ModelError::NotAModel(format!(
@@ -57,7 +60,10 @@ pub fn load_model(path: &Path, threads: usize) -> Result<LoadedModel> {
 }
 
 fn has_gguf_magic(path: &Path) -> Result<bool> {
-    let io_err = |source| ModelError::Io { path: path.to_path_buf(), source };
+    let io_err = |source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut magic = [0u8; 4];
     let mut f = std::fs::File::open(path).map_err(io_err)?;
     match f.read_exact(&mut magic) {
@@ -84,7 +90,13 @@ pub fn load_gguf_model(path: &Path, threads: usize) -> Result<(Model, Metadata)>
         let base = factors.take().unwrap_or_else(|| vec![1.0; half]);
         factors = Some(base.into_iter().map(|v| v * f).collect());
     }
-    let model = build_model(config, tensors, NameScheme::Gguf, factors.as_deref(), threads)?;
+    let model = build_model(
+        config,
+        tensors,
+        NameScheme::Gguf,
+        factors.as_deref(),
+        threads,
+    )?;
     Ok((model, md))
 }
 
