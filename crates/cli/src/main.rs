@@ -1,6 +1,7 @@
 //! The `tandem` command-line tool.
 
 mod args;
+mod bench_cmd;
 mod score_cmd;
 
 use clap::{Parser, Subcommand};
@@ -18,12 +19,15 @@ enum Command {
     /// Teacher-forced scoring: the log-probability of every token of a text given the ones
     /// before it, with sum and perplexity.
     Score(score_cmd::ScoreArgs),
+    /// Prefill and decode throughput: one JSON line per (batch, prompt length).
+    Bench(bench_cmd::BenchArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Score(a) => score_cmd::run(a),
+        Command::Bench(a) => bench_cmd::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -148,6 +148,15 @@ impl Model {
         self.pool.n_threads()
     }
 
+    /// Number of weights in the matrices a token passes through (all layers and the LM head;
+    /// the embedding lookup is not a matrix product). Used for FLOP estimates.
+    pub fn num_params(&self) -> usize {
+        let c = &self.config;
+        let per_layer = c.hidden_size * (2 * c.q_dim() + 2 * c.kv_dim())
+            + 3 * c.hidden_size * c.intermediate_size;
+        c.num_layers * per_layer + c.vocab_size * c.hidden_size
+    }
+
     /// Total bytes of weights.
     pub fn weight_bytes(&self) -> usize {
         self.tensors.total_bytes()

@@ -1,0 +1,193 @@
+//! `tandem bench`: prefill and decode throughput of the forward pass (DESIGN §1.1).
+//!
+//! For every (batch B, prompt length P): B sequences of P random tokens are prefilled together
+//! (in steps of at most `--max-num-batched-tokens` tokens), then G decode steps run all B
+//! sequences at once, each feeding back its greedy token (EOS ignored). One JSON line per
+//! configuration.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde_json::json;
+use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
+use tandem_model::default_model::{cache_dir, resolve_model};
+use tandem_model::kv_store::KvStore;
+use tandem_model::loader::load_model;
+use tandem_model::transformer::Model;
+
+use crate::args::{EngineArgs, ModelArgs};
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Sequences decoded together (repeatable).
+    #[arg(long = "batch", value_name = "B", default_values_t = [1usize])]
+    batches: Vec<usize>,
+    /// Prompt length in tokens (repeatable).
+    #[arg(long = "prompt-len", value_name = "P", default_values_t = [512usize])]
+    prompt_lens: Vec<usize>,
+    /// Decode steps after the prefill.
+    #[arg(long, value_name = "G", default_value_t = 128)]
+    gen_len: usize,
+    /// Print JSON lines (the only format; accepted for the documented command line).
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// Timings of one configuration.
+struct Measured {
+    prefill_s: f64,
+    decode_s: f64,
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let cache = cache_dir(a.model.cache_dir.as_deref())?;
+    let path = resolve_model(a.model.model.as_deref(), &cache)?;
+    let lm = load_model(&path, a.model.threads())
+        .with_context(|| format!("loading {}", path.display()))?;
+    let model = &lm.model;
+    let step_tokens = a.engine.max_num_batched_tokens.unwrap_or(8192).max(1);
+    for &b in &a.batches {
+        for &p in &a.prompt_lens {
+            anyhow::ensure!(b > 0 && p > 0, "--batch and --prompt-len must be positive");
+            let ctx = p + a.gen_len;
+            anyhow::ensure!(
+                ctx <= model.config.context_len,
+                "prompt length {p} + gen length {} exceeds the context length {}",
+                a.gen_len,
+                model.config.context_len
+            );
+            let m = measure(
+                model,
+                b,
+                p,
+                a.gen_len,
+                a.engine.block_size as usize,
+                step_tokens,
+            )?;
+            let weights_gb = model.weight_bytes() as f64 / 1e9;
+            println!(
+                "{}",
+                json!({
+                    "batch": b, "prompt_len": p, "gen_len": a.gen_len, "threads": model.threads(),
+                    "prefill_tok_per_s": (b * p) as f64 / m.prefill_s,
+                    "decode_tok_per_s": (b * a.gen_len) as f64 / m.decode_s,
+                    "prefill_s": m.prefill_s, "decode_s": m.decode_s,
+                    "prefill_gflop_per_s": 2.0 * model.num_params() as f64 * (b * p) as f64 / m.prefill_s / 1e9,
+                    "decode_weight_gb_per_s": weights_gb * a.gen_len as f64 / m.decode_s,
+                })
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Deterministic pseudo-random prompt tokens (SplitMix64).
+fn prompt_tokens(seq: usize, len: usize, vocab: usize) -> Vec<TokenId> {
+    let mut s = 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(seq as u64 + 1);
+    (0..len)
+        .map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            TokenId(((z ^ (z >> 31)) % vocab as u64) as u32)
+        })
+        .collect()
+}
+
+fn measure(
+    model: &Model,
+    b: usize,
+    p: usize,
+    g: usize,
+    block_size: usize,
+    step_tokens: usize,
+) -> Result<Measured> {
+    let blocks_per_seq = (p + g).div_ceil(block_size);
+    let mut kv = KvStore::new(&model.config, block_size, b * blocks_per_seq)?;
+    let tables: Vec<Vec<BlockId>> = (0..b)
+        .map(|s| {
+            (s * blocks_per_seq..(s + 1) * blocks_per_seq)
+                .map(|i| BlockId(i as u32))
+                .collect()
+        })
+        .collect();
+    let prompts: Vec<Vec<TokenId>> = (0..b)
+        .map(|s| prompt_tokens(s, p, model.config.vocab_size))
+        .collect();
+    // Prefill: pack (sequence, range) pieces into steps of at most `step_tokens` tokens.
+    let started = Instant::now();
+    let mut next = vec![TokenId(0); b];
+    let mut done = vec![0usize; b];
+    while done.iter().any(|&d| d < p) {
+        let mut batch = ForwardBatch {
+            tokens: Vec::new(),
+            seqs: Vec::new(),
+            output: OutputSelection::Last,
+        };
+        let mut finishing = Vec::new();
+        for s in 0..b {
+            let room = step_tokens - batch.tokens.len();
+            if done[s] == p || room == 0 {
+                continue;
+            }
+            let n = room.min(p - done[s]);
+            batch.seqs.push(SeqSpan {
+                start: batch.tokens.len(),
+                len: n,
+                num_cached: done[s],
+                block_table: tables[s].clone(),
+            });
+            batch
+                .tokens
+                .extend_from_slice(&prompts[s][done[s]..done[s] + n]);
+            done[s] += n;
+            finishing.push((s, done[s] == p));
+        }
+        let logits = model.forward(&batch, &mut kv)?;
+        for (row, &(s, finished)) in finishing.iter().enumerate() {
+            if finished {
+                next[s] = argmax(logits.row(row));
+            }
+        }
+    }
+    let prefill_s = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    for step in 0..g {
+        let batch = ForwardBatch {
+            tokens: next.clone(),
+            seqs: (0..b)
+                .map(|s| SeqSpan {
+                    start: s,
+                    len: 1,
+                    num_cached: p + step,
+                    block_table: tables[s].clone(),
+                })
+                .collect(),
+            output: OutputSelection::Last,
+        };
+        let logits = model.forward(&batch, &mut kv)?;
+        for (s, t) in next.iter_mut().enumerate() {
+            *t = argmax(logits.row(s));
+        }
+    }
+    Ok(Measured {
+        prefill_s,
+        decode_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn argmax(row: &[f32]) -> TokenId {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    TokenId(best as u32)
+}
