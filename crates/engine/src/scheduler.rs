@@ -36,7 +36,7 @@ use crate::step_plan::{ScheduledSeq, StepPlan};
 /// Counters over the scheduler's life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SchedulerStats {
-    /// Plans handed out.
+    /// Non-empty plans handed out.
     pub num_steps: u64,
     /// Recompute preemptions.
     pub num_preemptions: u64,
@@ -191,7 +191,9 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Plans the next step. Errors if the previous plan has not been answered.
+    /// Plans the next step. Errors if the previous plan has not been answered. A non-empty
+    /// plan is in flight until [`Scheduler::update`] or [`Scheduler::fail_step`]; an empty
+    /// plan (nothing to run) needs no answer.
     pub fn schedule(&mut self) -> Result<StepPlan> {
         if let Some(f) = &self.in_flight {
             return Err(EngineError::StepInFlight(f.step));
@@ -204,10 +206,12 @@ impl Scheduler {
             self.schedule_waiting(&mut budget, &mut grants);
         }
         let step = self.next_step;
-        self.next_step += 1;
-        self.stats.num_steps += 1;
         let seqs = grants.iter().map(|g| self.scheduled_seq(g)).collect();
-        self.in_flight = Some(InFlight { step, grants });
+        if !grants.is_empty() {
+            self.next_step += 1;
+            self.stats.num_steps += 1;
+            self.in_flight = Some(InFlight { step, grants });
+        }
         Ok(StepPlan {
             step,
             seqs,

@@ -128,6 +128,8 @@ pub struct Outcome {
     pub finish: Vec<Option<FinishReason>>,
     pub num_preemptions: u64,
     pub num_steps: u64,
+    /// Draft tokens the fake verifier accepted.
+    pub num_accepted_drafts: usize,
 }
 
 /// Checks the plan against the limits and the pool (property (e) and block exclusivity).
@@ -198,7 +200,20 @@ pub fn run(config: &SchedulerConfig, reqs: &[Req]) -> Outcome {
         }
         let plan = sched.schedule().expect("no step in flight");
         check_plan(&plan, config);
+        if plan.is_empty() {
+            assert!(
+                !sched.has_unfinished(),
+                "live sequences but nothing scheduled"
+            );
+            step += 1;
+            continue;
+        }
         let result = execute(&mut model, &plan);
+        o.num_accepted_drafts += result
+            .outputs
+            .iter()
+            .map(|x| x.tokens.len() - 1)
+            .sum::<usize>();
         for e in sched.update(&result).expect("result answers plan") {
             match e {
                 SeqEvent::Token { seq_id, token } => {
