@@ -12,6 +12,7 @@ pub mod gguf;
 pub mod gguf_config;
 pub mod hf_config;
 pub mod kv_store;
+pub mod loader;
 pub mod logits;
 pub mod model_builder;
 pub mod safetensors;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::batch::TokenId;
 use crate::error::{ModelError, Result};
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufFile, Metadata};
 use crate::gguf_config::{config_from_gguf, linear_rope_factor};
 use crate::hf_config::load_hf_config;
 use crate::model_builder::{build_model, NameScheme};
@@ -37,7 +37,10 @@ pub struct LoadedModel {
 /// Loads the model at `path` (a `.gguf` file or a directory with `config.json`), running its
 /// kernels on `threads` threads.
 pub fn load_model(path: &Path, threads: usize) -> Result<LoadedModel> {
-    let path = path.canonicalize().map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+    let path = path.canonicalize().map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
     if path.is_dir() {
         if !path.join("config.json").is_file() {
             return Err(ModelError::NotAModel(format!(
@@ -57,7 +60,10 @@ pub fn load_model(path: &Path, threads: usize) -> Result<LoadedModel> {
 }
 
 fn has_gguf_magic(path: &Path) -> Result<bool> {
-    let io_err = |source| ModelError::Io { path: path.to_path_buf(), source };
+    let io_err = |source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut magic = [0u8; 4];
     let mut f = std::fs::File::open(path).map_err(io_err)?;
     match f.read_exact(&mut magic) {
@@ -67,9 +73,10 @@ fn has_gguf_magic(path: &Path) -> Result<bool> {
     }
 }
 
-fn load_gguf(path: &Path, threads: usize) -> Result<LoadedModel> {
-    let file = GgufFile::open(path)?;
-    let md = file.metadata.clone();
+/// Loads only the weights and config of a GGUF model (no tokenizer), with its metadata.
+pub fn load_gguf_model(path: &Path, threads: usize) -> Result<(Model, Metadata)> {
+    let mut file = GgufFile::open(path)?;
+    let md = std::mem::take(&mut file.metadata);
     let tensors = file.into_tensor_set()?;
     let embed = tensors.require("token_embd.weight")?;
     let vocab_size = embed.shape.first().copied().unwrap_or(0);
@@ -83,11 +90,36 @@ fn load_gguf(path: &Path, threads: usize) -> Result<LoadedModel> {
         let base = factors.take().unwrap_or_else(|| vec![1.0; half]);
         factors = Some(base.into_iter().map(|v| v * f).collect());
     }
+    let model = build_model(
+        config,
+        tensors,
+        NameScheme::Gguf,
+        factors.as_deref(),
+        threads,
+    )?;
+    Ok((model, md))
+}
+
+fn load_gguf(path: &Path, threads: usize) -> Result<LoadedModel> {
+    let (model, md) = load_gguf_model(path, threads)?;
     let tokenizer = Tokenizer::from_gguf_vocab(&GgufVocab::from_metadata(&md)?)?;
+    if tokenizer.vocab_size() > model.config.vocab_size {
+        return Err(ModelError::Tokenizer(format!(
+            "the tokenizer has {} tokens but the embedding only {} rows",
+            tokenizer.vocab_size(),
+            model.config.vocab_size
+        )));
+    }
     let eos_token_ids = tokenizer.eos_ids().into_iter().map(TokenId).collect();
     let chat_template = tokenizer.chat_template().map(str::to_string);
-    let model = build_model(config, tensors, NameScheme::Gguf, factors.as_deref(), threads)?;
-    Ok(LoadedModel { model, tokenizer, eos_token_ids, chat_template, path: path.to_path_buf(), format: ModelFormat::Gguf })
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        eos_token_ids,
+        chat_template,
+        path: path.to_path_buf(),
+        format: ModelFormat::Gguf,
+    })
 }
 
 fn load_hf(dir: &Path, threads: usize) -> Result<LoadedModel> {

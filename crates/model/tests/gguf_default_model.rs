@@ -9,7 +9,8 @@ use tandem_kernels::DType;
 use tandem_model::gguf::GgufFile;
 
 fn model_path() -> PathBuf {
-    tandem_model::default_model::test_model_path().expect("the default model is needed; this test does not skip")
+    tandem_model::default_model::test_model_path()
+        .expect("the default model is needed; this test does not skip")
 }
 
 // From gguf-py 0.19. (It reports the rms epsilon as 9.999999747378752e-06, the f32 nearest

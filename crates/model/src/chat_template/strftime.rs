@@ -95,10 +95,9 @@ impl CivilTime {
     pub fn format(&self, fmt: &str) -> String {
         let month_name = MONTHS[self.month as usize - 1];
         let weekday_name = WEEKDAYS[self.weekday as usize];
-        let hour12 = if self.hour % 12 == 0 {
-            12
-        } else {
-            self.hour % 12
+        let hour12 = match self.hour % 12 {
+            0 => 12,
+            h => h,
         };
         let mut out = String::new();
         let mut chars = fmt.chars();

@@ -44,7 +44,9 @@ impl GgufVocab {
             let merges = meta.str_array("tokenizer.ggml.merges")?;
             merges.into_iter().map(str::to_owned).collect()
         } else if model == GgufTokenizerModel::Gpt2 {
-            return Err(ModelError::Tokenizer("gpt2 vocabulary without merges".into()));
+            return Err(ModelError::Tokenizer(
+                "gpt2 vocabulary without merges".into(),
+            ));
         } else {
             Vec::new()
         };

@@ -8,16 +8,20 @@
 
 mod build_gguf;
 mod byte_level;
+mod from_gguf;
 mod gguf_vocab;
 mod hf_dir;
 mod pieces;
 mod pre_tokenizer;
 
 pub use gguf_vocab::{GgufTokenType, GgufTokenizerModel, GgufVocab};
-pub use pieces::{PieceEncoding, TokenKind};
+pub use pieces::{PieceEncoding, SpacePrefix, TokenKind};
 pub use pre_tokenizer::PreTokenizerSpec;
 
+use std::path::Path;
+
 use crate::error::{ModelError, Result};
+use crate::gguf::Metadata;
 use pieces::PieceTable;
 
 /// A model's tokenizer, with its special-token settings and chat template.
@@ -37,9 +41,25 @@ pub struct Tokenizer {
     chat_template: Option<String>,
     /// How the tokenizer was built, for logs (e.g. "gguf gpt2, pre-tokenizer smollm").
     description: String,
+    /// Who adds BOS/EOS for `encode(.., true)`.
+    specials_by: SpecialsBy,
+}
+
+/// Who adds BOS/EOS when encoding a completion prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SpecialsBy {
+    /// [`Tokenizer::encode`], from the `add_bos`/`add_eos` flags (GGUF metadata).
+    Flags,
+    /// tokenizer.json's post-processor (Hugging Face directories, as transformers does).
+    PostProcessor,
 }
 
 impl Tokenizer {
+    /// Builds the tokenizer of a GGUF file from its metadata (`tokenizer.ggml.*`).
+    pub fn from_gguf_metadata(meta: &Metadata) -> Result<Self> {
+        Self::from_gguf_vocab(&GgufVocab::from_metadata(meta)?)
+    }
+
     /// Builds the tokenizer llama.cpp would use for this GGUF vocabulary.
     pub fn from_gguf_vocab(vocab: &GgufVocab) -> Result<Self> {
         vocab.validate()?;
@@ -57,8 +77,12 @@ impl Tokenizer {
             }
             GgufTokenizerModel::Llama => {
                 let inner = build_gguf::sentencepiece_bpe(vocab)?;
-                let strip_space_prefix = vocab.add_space_prefix.unwrap_or(true);
-                let encoding = PieceEncoding::SentencePiece { strip_space_prefix };
+                let space_prefix = if vocab.add_space_prefix.unwrap_or(true) {
+                    SpacePrefix::EverySegment
+                } else {
+                    SpacePrefix::Never
+                };
+                let encoding = PieceEncoding::SentencePiece { space_prefix };
                 (
                     inner,
                     encoding,
@@ -89,6 +113,28 @@ impl Tokenizer {
             eos_token: text_of(vocab.eos_id),
             chat_template: vocab.chat_template.clone(),
             description,
+            specials_by: SpecialsBy::Flags,
+        })
+    }
+
+    /// Loads `tokenizer.json`, `tokenizer_config.json` (and, when present,
+    /// `chat_template.jinja` and `generation_config.json`) from a Hugging Face model
+    /// directory. As in transformers 5, `encode(.., true)` adds the special tokens that
+    /// tokenizer.json's post-processor adds (`add_bos_token` in the config is ignored).
+    pub fn from_hf_dir(dir: &Path) -> Result<Self> {
+        let parts = hf_dir::load(dir)?;
+        Ok(Self {
+            inner: parts.inner,
+            pieces: parts.pieces,
+            bos_id: parts.bos_id,
+            eos_ids: parts.eos_ids,
+            add_bos: parts.add_bos,
+            add_eos: parts.add_eos,
+            bos_token: parts.bos_token,
+            eos_token: parts.eos_token,
+            chat_template: parts.chat_template,
+            description: format!("Hugging Face tokenizer.json from {}", dir.display()),
+            specials_by: SpecialsBy::PostProcessor,
         })
     }
 
@@ -96,11 +142,15 @@ impl Tokenizer {
     /// their single ids. With `add_special`, BOS (and EOS) are added when the model's
     /// metadata says so: this is the tokenization of a completion prompt.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        let by_post_processor = add_special && self.specials_by == SpecialsBy::PostProcessor;
         let encoding = self
             .inner
-            .encode_fast(text, false)
+            .encode_fast(text, by_post_processor)
             .map_err(|e| ModelError::Tokenizer(format!("encoding failed: {e}")))?;
         let body = encoding.get_ids();
+        if self.specials_by == SpecialsBy::PostProcessor {
+            return Ok(body.to_vec());
+        }
         let mut ids = Vec::with_capacity(body.len() + 2);
         if add_special && self.add_bos {
             ids.extend(self.bos_id);

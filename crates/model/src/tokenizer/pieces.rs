@@ -29,9 +29,22 @@ pub enum PieceEncoding {
     /// GPT-2 byte-level alphabet (one character per byte).
     ByteLevel,
     /// SentencePiece: `▁` is a space, `<0xNN>` is the byte NN, anything else is UTF-8 text.
-    /// With `strip_space_prefix`, the space added in front of each stretch of ordinary text
-    /// when encoding is removed again when decoding.
-    SentencePiece { strip_space_prefix: bool },
+    /// The space that encoding put in front of text (`space_prefix`) is removed again.
+    SentencePiece { space_prefix: SpacePrefix },
+}
+
+/// Where SentencePiece encoding adds a space in front of the text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpacePrefix {
+    /// Never (`add_space_prefix = false`).
+    Never,
+    /// Before the text only when it starts the input (Metaspace `prepend_scheme: first`):
+    /// decoding strips it from the first ordinary token if only control tokens precede it.
+    First,
+    /// Before every stretch of text between special tokens (llama.cpp; the legacy Llama
+    /// `Prepend` normalizer): decoding strips it after the start and after every
+    /// special or added token.
+    EverySegment,
 }
 
 /// Per-id bytes and kinds. Invariant: `bytes.len() == kinds.len()` = the id space size.
@@ -102,30 +115,31 @@ impl PieceTable {
 
     /// The text of `ids`; invalid UTF-8 (e.g. a cut multi-byte character) becomes U+FFFD.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
-        let strip = matches!(
-            self.encoding,
-            PieceEncoding::SentencePiece {
-                strip_space_prefix: true
-            }
-        );
+        let prefix = match self.encoding {
+            PieceEncoding::SentencePiece { space_prefix } => space_prefix,
+            PieceEncoding::ByteLevel => SpacePrefix::Never,
+        };
         let mut out: Vec<u8> = Vec::new();
-        let mut at_text_start = true;
+        // Whether the next ordinary token starts a stretch of text that got a space prefix.
+        let mut at_text_start = prefix != SpacePrefix::Never;
         for &id in ids {
             let kind = self.kind(id).ok_or_else(|| {
                 ModelError::Tokenizer(format!("token id {id} is outside the vocabulary"))
             })?;
             let bytes = &self.bytes[id as usize];
-            match kind {
-                TokenKind::Special if skip_special => at_text_start = true,
-                TokenKind::Special | TokenKind::Added => {
-                    out.extend_from_slice(bytes);
-                    at_text_start = true;
-                }
-                TokenKind::Normal => {
-                    let skip = usize::from(strip && at_text_start && bytes.first() == Some(&b' '));
-                    out.extend_from_slice(&bytes[skip..]);
-                    at_text_start = false;
-                }
+            if kind == TokenKind::Normal {
+                let skip = usize::from(at_text_start && bytes.first() == Some(&b' '));
+                out.extend_from_slice(&bytes[skip..]);
+                at_text_start = false;
+                continue;
+            }
+            if !(kind == TokenKind::Special && skip_special) {
+                out.extend_from_slice(bytes);
+            }
+            if prefix == SpacePrefix::EverySegment {
+                at_text_start = true;
+            } else if prefix == SpacePrefix::First && kind == TokenKind::Added {
+                at_text_start = false;
             }
         }
         Ok(String::from_utf8_lossy(&out).into_owned())
@@ -147,7 +161,7 @@ mod tests {
             TokenKind::Normal,
         ];
         let spm = PieceEncoding::SentencePiece {
-            strip_space_prefix: true,
+            space_prefix: SpacePrefix::EverySegment,
         };
         let table = PieceTable::new(&texts, kinds, spm);
         assert_eq!(table.bytes(1), Some(&b" hi"[..]));
@@ -161,6 +175,15 @@ mod tests {
         );
         assert_eq!(table.decode(&[0, 1], true).expect("valid ids"), "hi");
         assert!(table.decode(&[7], false).is_err());
+        let first = PieceEncoding::SentencePiece {
+            space_prefix: SpacePrefix::First,
+        };
+        let kinds = vec![TokenKind::Special, TokenKind::Normal, TokenKind::Normal];
+        let table = PieceTable::new(&texts[..3], kinds, first);
+        assert_eq!(
+            table.decode(&[0, 1, 0, 1], false).expect("valid ids"),
+            "<s>hi<s> hi"
+        );
     }
 
     #[test]
