@@ -1,5 +1,28 @@
-//! tandem's engine: requests and sequences, the block allocator and prefix cache, the
-//! scheduler, the runner, the sampler and `Engine::step`. Synchronous: no async, no HTTP.
-//! (The generation engine issue builds it; for now it only fixes the crate graph.)
+//! tandem's engine: the model-free core of generation. Synchronous: no async, no HTTP.
+//!
+//! - [`block_allocator`]: the logical KV block pool (ids, refcounts, O(1) free list) and
+//!   [`block_table`]: a sequence's blocks, released on drop on every exit path;
+//! - [`sequence`]: a request's tokens (prompt + output [+ draft]), `num_computed_tokens`,
+//!   status machine and parameters;
+//! - [`scheduler`]: continuous batching under a token budget and a sequence cap, chunked
+//!   prefill, block leasing and recompute preemption ([`scheduler_config`] holds its limits);
+//! - [`step_plan`]: the `StepPlan` / `StepResult` contract with the runner, client events, and
+//!   [`step_plan::to_forward_batch`], the seam onto the model's `ForwardBatch`.
+//!
+//! A step is `scheduler.schedule()` -> run the model on `to_forward_batch(&plan)` and sample ->
+//! `scheduler.update(&result)`. The runner, sampler, prefix cache and `Engine::step` come next.
 
+pub mod block_allocator;
+pub mod block_table;
+pub mod error;
+pub mod scheduler;
+pub mod scheduler_config;
+pub mod sequence;
+pub mod step_plan;
+
+pub use error::{EngineError, Result};
+pub use scheduler::{Scheduler, SchedulerStats};
+pub use scheduler_config::SchedulerConfig;
+pub use sequence::{FinishReason, SamplingParams, SchedulingPolicy, SeqId, SeqStatus, Sequence};
+pub use step_plan::{to_forward_batch, ScheduledSeq, SeqEvent, SeqOutput, StepPlan, StepResult};
 pub use tandem_model as model;

@@ -1,0 +1,366 @@
+//! The continuous-batching scheduler (DESIGN §2.2), after vLLM's v1 design: no prefill or
+//! decode phase, one token budget per step.
+//!
+//! Each step [`Scheduler::schedule`] grants every running sequence (in order) up to
+//! `min(num_tokens - num_computed_tokens, long_prefill_token_threshold, budget left)` new
+//! tokens, leasing the KV blocks those tokens need. When the pool is dry it preempts by
+//! recompute the *last* running sequence (the latest arrival under FCFS, the least urgent
+//! under priority, since `running` is kept in that order): its blocks are freed, its
+//! `num_computed_tokens` reset to 0, and it is queued again ahead of its peers. If nobody was
+//! preempted, waiting sequences are then admitted in order while budget, blocks and the
+//! sequence cap allow; waiting sequences never cause preemption.
+//!
+//! Invariants:
+//! - waiting and preempted sequences own no blocks;
+//! - a running sequence's table holds exactly the blocks for its computed tokens (plus, during
+//!   a step, those granted);
+//! - since the victim is always the last running sequence, a sequence already granted tokens
+//!   this step is never preempted, and the first running sequence always makes progress
+//!   (a sequence alone always fits the pool: see `SchedulerConfig::max_seq_len`).
+//!
+//! [`Scheduler::update`] then applies the runner's sampled tokens: it advances
+//! `num_computed_tokens`, appends tokens, applies the stop conditions and releases the blocks
+//! of finished sequences.
+
+use std::collections::{HashMap, VecDeque};
+
+use tandem_model::batch::TokenId;
+
+use crate::block_allocator::BlockAllocator;
+use crate::block_table::BlockTable;
+use crate::error::{EngineError, Result};
+use crate::scheduler_config::SchedulerConfig;
+use crate::sequence::{FinishReason, SamplingParams, SchedulingPolicy, SeqId, SeqStatus, Sequence};
+use crate::step_plan::{ScheduledSeq, StepPlan};
+
+/// Counters over the scheduler's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SchedulerStats {
+    /// Non-empty plans handed out.
+    pub num_steps: u64,
+    /// Recompute preemptions.
+    pub num_preemptions: u64,
+}
+
+/// One sequence's grant in the step in flight.
+#[derive(Debug, Clone, Copy)]
+struct Grant {
+    seq_id: SeqId,
+    num_new: usize,
+    num_output_rows: usize,
+}
+
+/// The plan handed out and not yet answered.
+#[derive(Debug)]
+struct InFlight {
+    step: u64,
+    grants: Vec<Grant>,
+}
+
+/// Plans every engine step; owns the sequences and the block pool.
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    allocator: BlockAllocator,
+    /// Every live (not finished) sequence.
+    seqs: HashMap<SeqId, Sequence>,
+    /// Waiting and preempted sequences, in admission order.
+    waiting: VecDeque<SeqId>,
+    /// Running sequences, in service order (FCFS: admission order; priority: by key).
+    running: Vec<SeqId>,
+    next_seq: u64,
+    next_step: u64,
+    in_flight: Option<InFlight>,
+    stats: SchedulerStats,
+}
+
+impl Scheduler {
+    /// A scheduler with an empty pool of `config.num_blocks` blocks.
+    pub fn new(config: SchedulerConfig) -> Result<Scheduler> {
+        config.validate()?;
+        let allocator = BlockAllocator::new(config.num_blocks, config.block_size)?;
+        Ok(Scheduler {
+            config,
+            allocator,
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_seq: 0,
+            next_step: 0,
+            in_flight: None,
+            stats: SchedulerStats::default(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// The block pool (for accounting checks).
+    pub fn allocator(&self) -> &BlockAllocator {
+        &self.allocator
+    }
+
+    /// Life-time counters.
+    pub fn stats(&self) -> SchedulerStats {
+        self.stats
+    }
+
+    /// A live sequence.
+    pub fn sequence(&self, id: SeqId) -> Option<&Sequence> {
+        self.seqs.get(&id)
+    }
+
+    /// Sequences waiting (fresh or preempted).
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Sequences running.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// True while any sequence is live.
+    pub fn has_unfinished(&self) -> bool {
+        !self.seqs.is_empty()
+    }
+
+    /// Queues a request. Refuses, changing nothing, an empty prompt, `max_tokens == 0`, and a
+    /// prompt that can never run: longer than `max_model_len` or needing more blocks than the
+    /// whole pool.
+    pub fn add_request(&mut self, prompt: Vec<TokenId>, params: SamplingParams) -> Result<SeqId> {
+        let len = prompt.len();
+        if len == 0 {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if params.max_tokens == 0 {
+            return Err(EngineError::InvalidParams(
+                "max_tokens must be at least 1".into(),
+            ));
+        }
+        if len > self.config.max_model_len {
+            return Err(EngineError::PromptTooLong {
+                len,
+                max_model_len: self.config.max_model_len,
+            });
+        }
+        let needed = len.div_ceil(self.config.block_size);
+        if needed > self.config.num_blocks {
+            return Err(EngineError::PromptExceedsPool {
+                len,
+                needed,
+                total: self.config.num_blocks,
+            });
+        }
+        let id = SeqId(self.next_seq);
+        self.next_seq += 1;
+        let table = BlockTable::new(self.allocator.clone());
+        self.seqs
+            .insert(id, Sequence::new(id, prompt, params, table));
+        self.enqueue_waiting(id, false);
+        Ok(id)
+    }
+
+    /// Ends a live sequence at once and frees its blocks. A step in flight ignores it.
+    pub fn abort(&mut self, id: SeqId) -> Result<()> {
+        if !self.seqs.contains_key(&id) {
+            return Err(EngineError::UnknownSeq(id));
+        }
+        self.finish(id, FinishReason::Abort);
+        Ok(())
+    }
+
+    /// Appends speculative draft tokens to a running sequence without drafts, to be verified
+    /// next step (as many as fit `max_seq_len`). Drafts that do not fit a step's grant are
+    /// rolled back; a preempted sequence loses its drafts.
+    pub fn add_drafts(&mut self, id: SeqId, drafts: &[TokenId]) -> Result<()> {
+        if let Some(f) = &self.in_flight {
+            return Err(EngineError::StepInFlight(f.step));
+        }
+        let max_len = self.config.max_seq_len();
+        let seq = self.seqs.get_mut(&id).ok_or(EngineError::UnknownSeq(id))?;
+        if seq.status() != &SeqStatus::Running || seq.num_draft() > 0 {
+            return Err(EngineError::InvalidParams(format!(
+                "{id:?} must be running without drafts to take drafts"
+            )));
+        }
+        let room = max_len.saturating_sub(seq.num_tokens());
+        seq.append_draft(&drafts[..drafts.len().min(room)]);
+        Ok(())
+    }
+
+    /// Plans the next step. Errors if the previous plan has not been answered. A non-empty
+    /// plan is in flight until [`Scheduler::update`] or [`Scheduler::fail_step`]; an empty
+    /// plan (nothing to run) needs no answer.
+    pub fn schedule(&mut self) -> Result<StepPlan> {
+        if let Some(f) = &self.in_flight {
+            return Err(EngineError::StepInFlight(f.step));
+        }
+        let mut budget = self.config.max_num_batched_tokens;
+        let mut grants = Vec::new();
+        let mut preempted = Vec::new();
+        self.schedule_running(&mut budget, &mut grants, &mut preempted);
+        if preempted.is_empty() {
+            self.schedule_waiting(&mut budget, &mut grants);
+        }
+        let step = self.next_step;
+        let seqs = grants.iter().map(|g| self.scheduled_seq(g)).collect();
+        if !grants.is_empty() {
+            self.next_step += 1;
+            self.stats.num_steps += 1;
+            self.in_flight = Some(InFlight { step, grants });
+        }
+        Ok(StepPlan {
+            step,
+            seqs,
+            preempted,
+        })
+    }
+
+    /// Grants tokens to running sequences in order, preempting from the back when blocks
+    /// run out.
+    fn schedule_running(
+        &mut self,
+        budget: &mut usize,
+        grants: &mut Vec<Grant>,
+        preempted: &mut Vec<SeqId>,
+    ) {
+        let mut i = 0;
+        while i < self.running.len() && *budget > 0 {
+            let id = self.running[i];
+            let num_new = self.grant_size(id, *budget);
+            loop {
+                let seq = self.seq_mut(id);
+                let target = seq.num_computed_tokens() + num_new;
+                if seq.block_table_mut().ensure_capacity(target).is_ok() {
+                    grants.push(self.grant(id, num_new));
+                    *budget -= num_new;
+                    i += 1;
+                    break;
+                }
+                // The victim is last in service order, so never an already granted sequence.
+                let victim = self.running.pop().expect("the current sequence is running");
+                self.preempt(victim);
+                preempted.push(victim);
+                if victim == id {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Admits waiting sequences in order while budget, blocks and the sequence cap allow.
+    fn schedule_waiting(&mut self, budget: &mut usize, grants: &mut Vec<Grant>) {
+        while *budget > 0 && self.running.len() < self.config.max_num_seqs {
+            let Some(&id) = self.waiting.front() else {
+                break;
+            };
+            let num_new = self.grant_size(id, *budget);
+            let seq = self.seq_mut(id);
+            let target = seq.num_computed_tokens() + num_new;
+            if seq.block_table_mut().ensure_capacity(target).is_err() {
+                break;
+            }
+            seq.set_status(SeqStatus::Running);
+            self.waiting.pop_front();
+            self.insert_running(id);
+            grants.push(self.grant(id, num_new));
+            *budget -= num_new;
+        }
+    }
+
+    /// Tokens to grant `id` this step (at least 1 while budget is left), after dropping the
+    /// speculative drafts that would not fit.
+    fn grant_size(&mut self, id: SeqId, budget: usize) -> usize {
+        let threshold = self.config.long_prefill_token_threshold;
+        let seq = self.seq_mut(id);
+        let mut n = seq.num_uncomputed().min(threshold).min(budget);
+        let end = seq.num_computed_tokens() + n;
+        if seq.num_draft() > 0 && end < seq.num_tokens() {
+            // Drafts past the grant cannot be verified this step: roll them back.
+            let committed = seq.num_tokens() - seq.num_draft();
+            seq.rollback_to(end.max(committed));
+            n = seq.num_uncomputed().min(n);
+        }
+        assert!(n > 0, "a live sequence always has an uncomputed token");
+        n
+    }
+
+    fn grant(&self, id: SeqId, num_new: usize) -> Grant {
+        let seq = &self.seqs[&id];
+        let reaches_end = seq.num_computed_tokens() + num_new == seq.num_tokens();
+        Grant {
+            seq_id: id,
+            num_new,
+            num_output_rows: if reaches_end { 1 + seq.num_draft() } else { 0 },
+        }
+    }
+
+    fn scheduled_seq(&self, g: &Grant) -> ScheduledSeq {
+        let seq = &self.seqs[&g.seq_id];
+        let start = seq.num_computed_tokens();
+        ScheduledSeq {
+            seq_id: g.seq_id,
+            num_computed: start,
+            tokens: seq.tokens()[start..start + g.num_new].to_vec(),
+            block_table: seq.block_table().blocks().to_vec(),
+            num_output_rows: g.num_output_rows,
+        }
+    }
+
+    /// Recompute preemption of a sequence already removed from `running`.
+    fn preempt(&mut self, id: SeqId) {
+        self.seq_mut(id).preempt();
+        self.stats.num_preemptions += 1;
+        self.enqueue_waiting(id, true);
+    }
+
+    /// Queues `id`: under FCFS at the back, or at the front when it was preempted; under
+    /// priority by (priority, arrival).
+    fn enqueue_waiting(&mut self, id: SeqId, preempted: bool) {
+        match self.config.policy {
+            SchedulingPolicy::Fcfs if preempted => self.waiting.push_front(id),
+            SchedulingPolicy::Fcfs => self.waiting.push_back(id),
+            SchedulingPolicy::Priority => {
+                let key = self.key(id);
+                let at = self.waiting.partition_point(|&w| self.key(w) < key);
+                self.waiting.insert(at, id);
+            }
+        }
+    }
+
+    fn insert_running(&mut self, id: SeqId) {
+        match self.config.policy {
+            SchedulingPolicy::Fcfs => self.running.push(id),
+            SchedulingPolicy::Priority => {
+                let key = self.key(id);
+                let at = self.running.partition_point(|&r| self.key(r) < key);
+                self.running.insert(at, id);
+            }
+        }
+    }
+
+    /// Service order under priority: smaller priority value first, then earlier arrival.
+    fn key(&self, id: SeqId) -> (i32, SeqId) {
+        (self.seqs[&id].params().priority, id)
+    }
+
+    fn seq_mut(&mut self, id: SeqId) -> &mut Sequence {
+        self.seqs
+            .get_mut(&id)
+            .expect("queued sequence ids are live")
+    }
+
+    /// Removes a sequence everywhere, releasing its blocks.
+    fn finish(&mut self, id: SeqId, reason: FinishReason) {
+        if let Some(mut seq) = self.seqs.remove(&id) {
+            seq.set_status(SeqStatus::Finished(reason));
+            self.running.retain(|&r| r != id);
+            self.waiting.retain(|&w| w != id);
+        }
+    }
+}
+
+mod update;

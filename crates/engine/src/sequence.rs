@@ -1,0 +1,285 @@
+//! Sequences: one generation request's tokens, progress, parameters and KV blocks.
+//!
+//! Token accounting (DESIGN §2.2): `tokens` holds prompt + output [+ draft] tokens and
+//! `num_tokens() == tokens.len()`. `num_computed_tokens` counts the leading tokens whose K/V
+//! are in the KV store. The scheduler grants `num_tokens() - num_computed_tokens` more each
+//! step until they meet; the row of the last known token yields the logits of the next one.
+//!
+//! Speculative decoding (later) appends draft tokens at the end with [`Sequence::append_draft`];
+//! they count in `num_tokens()` so the scheduler grants and leases KV for them like any other
+//! token. After verification, [`Sequence::rollback_to`] drops the rejected tail: it truncates
+//! `tokens`, clamps `num_computed_tokens` and shrinks the block table to the blocks the
+//! remaining tokens need. Accepted drafts become output with [`Sequence::commit_drafts`].
+
+use tandem_model::batch::TokenId;
+
+use crate::block_table::BlockTable;
+
+/// A sequence's id, unique for the scheduler's lifetime; also its arrival order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+/// Why a sequence stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An EOS token (unless `ignore_eos`) or one of `stop_token_ids` was generated; that token
+    /// is the last output token.
+    Stop,
+    /// `max_tokens` output tokens, or the longest sequence the engine can hold.
+    Length,
+    /// The client aborted it.
+    Abort,
+    /// The step computing it failed.
+    Error(String),
+}
+
+/// Where a sequence is in its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SeqStatus {
+    /// Queued, never scheduled; owns no blocks.
+    Waiting,
+    /// Admitted: scheduled every step it gets budget for; may own blocks.
+    Running,
+    /// Evicted by recompute preemption and queued again; owns no blocks and has
+    /// `num_computed_tokens == 0`.
+    Preempted,
+    /// Done; owns no blocks.
+    Finished(FinishReason),
+}
+
+/// How a scheduler orders requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SchedulingPolicy {
+    /// First come, first served (arrival order).
+    #[default]
+    Fcfs,
+    /// By `priority` (smaller value first), then arrival.
+    Priority,
+}
+
+/// A request's generation parameters (placeholder: sampling fields join with the sampler).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SamplingParams {
+    /// Output tokens to generate at most; at least 1.
+    pub max_tokens: usize,
+    /// Keep generating past the model's EOS tokens.
+    pub ignore_eos: bool,
+    /// Tokens that end the sequence (they are kept as its last output token).
+    pub stop_token_ids: Vec<TokenId>,
+    /// Smaller is more urgent under [`SchedulingPolicy::Priority`]; ignored under FCFS.
+    pub priority: i32,
+}
+
+impl Default for SamplingParams {
+    fn default() -> SamplingParams {
+        SamplingParams {
+            max_tokens: 16,
+            ignore_eos: false,
+            stop_token_ids: Vec::new(),
+            priority: 0,
+        }
+    }
+}
+
+/// One request's state inside the scheduler.
+#[derive(Debug)]
+pub struct Sequence {
+    id: SeqId,
+    /// `[num_tokens]` prompt, then output, then draft tokens.
+    tokens: Vec<TokenId>,
+    prompt_len: usize,
+    /// Trailing draft tokens in `tokens` (0 without speculation).
+    num_draft: usize,
+    num_computed_tokens: usize,
+    status: SeqStatus,
+    params: SamplingParams,
+    block_table: BlockTable,
+}
+
+impl Sequence {
+    /// A waiting sequence over a non-empty prompt, with an empty block table.
+    pub fn new(
+        id: SeqId,
+        prompt: Vec<TokenId>,
+        params: SamplingParams,
+        table: BlockTable,
+    ) -> Sequence {
+        assert!(!prompt.is_empty(), "the scheduler refuses empty prompts");
+        Sequence {
+            id,
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            num_draft: 0,
+            num_computed_tokens: 0,
+            status: SeqStatus::Waiting,
+            params,
+            block_table: table,
+        }
+    }
+
+    /// The id.
+    pub fn id(&self) -> SeqId {
+        self.id
+    }
+
+    /// Prompt + output + draft tokens.
+    pub fn num_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Leading tokens whose K/V are in the store.
+    pub fn num_computed_tokens(&self) -> usize {
+        self.num_computed_tokens
+    }
+
+    /// Tokens still to compute: `num_tokens() - num_computed_tokens()`.
+    pub fn num_uncomputed(&self) -> usize {
+        self.tokens.len() - self.num_computed_tokens
+    }
+
+    /// Prompt length in tokens.
+    pub fn prompt_len(&self) -> usize {
+        self.prompt_len
+    }
+
+    /// All tokens: prompt, output, drafts.
+    pub fn tokens(&self) -> &[TokenId] {
+        &self.tokens
+    }
+
+    /// The committed output tokens (no drafts).
+    pub fn output(&self) -> &[TokenId] {
+        &self.tokens[self.prompt_len..self.tokens.len() - self.num_draft]
+    }
+
+    /// Trailing draft tokens.
+    pub fn num_draft(&self) -> usize {
+        self.num_draft
+    }
+
+    /// The status.
+    pub fn status(&self) -> &SeqStatus {
+        &self.status
+    }
+
+    /// The request parameters.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// The block table.
+    pub fn block_table(&self) -> &BlockTable {
+        &self.block_table
+    }
+
+    /// The block table, to lease blocks.
+    pub fn block_table_mut(&mut self) -> &mut BlockTable {
+        &mut self.block_table
+    }
+
+    /// Sets the status; leaving `Running` for anything but `Running` releases every block.
+    pub fn set_status(&mut self, status: SeqStatus) {
+        if status != SeqStatus::Running {
+            self.block_table.clear();
+        }
+        self.status = status;
+    }
+
+    /// Recompute preemption: drop drafts and blocks, forget computed tokens, mark preempted.
+    /// Output tokens stay; they are recomputed with the prompt when it runs again.
+    pub fn preempt(&mut self) {
+        self.rollback_to(self.tokens.len() - self.num_draft);
+        self.num_computed_tokens = 0;
+        self.set_status(SeqStatus::Preempted);
+    }
+
+    /// Records that `n` more tokens' K/V were written. Asserts they exist.
+    pub fn advance_computed(&mut self, n: usize) {
+        assert!(
+            self.num_computed_tokens + n <= self.tokens.len(),
+            "cannot compute past the known tokens"
+        );
+        self.num_computed_tokens += n;
+    }
+
+    /// Appends one committed output token. Asserts there are no drafts pending.
+    pub fn append_output(&mut self, token: TokenId) {
+        assert_eq!(self.num_draft, 0, "commit or roll back drafts first");
+        self.tokens.push(token);
+    }
+
+    /// Appends speculative draft tokens after the committed ones.
+    pub fn append_draft(&mut self, drafts: &[TokenId]) {
+        self.tokens.extend_from_slice(drafts);
+        self.num_draft += drafts.len();
+    }
+
+    /// Turns the first `accepted` drafts into output and rolls back the rest.
+    pub fn commit_drafts(&mut self, accepted: usize) {
+        assert!(
+            accepted <= self.num_draft,
+            "cannot accept more drafts than exist"
+        );
+        let keep = self.tokens.len() - self.num_draft + accepted;
+        self.rollback_to(keep);
+        self.num_draft = 0;
+    }
+
+    /// Truncates to the first `num_tokens` tokens (never into the prompt): clamps
+    /// `num_computed_tokens` and releases the blocks the remaining tokens do not need.
+    pub fn rollback_to(&mut self, num_tokens: usize) {
+        assert!(
+            (self.prompt_len..=self.tokens.len()).contains(&num_tokens),
+            "rollback must stay within the output"
+        );
+        let dropped = self.tokens.len() - num_tokens;
+        self.tokens.truncate(num_tokens);
+        self.num_draft = self.num_draft.saturating_sub(dropped);
+        self.num_computed_tokens = self.num_computed_tokens.min(num_tokens);
+        self.block_table.truncate_to_tokens(num_tokens);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block_allocator::BlockAllocator;
+
+    fn toks(v: &[u32]) -> Vec<TokenId> {
+        v.iter().copied().map(TokenId).collect()
+    }
+
+    #[test]
+    fn drafts_roll_back_with_their_blocks() {
+        let a = BlockAllocator::new(8, 2).expect("valid pool");
+        let mut s = Sequence::new(
+            SeqId(0),
+            toks(&[1, 2, 3]),
+            SamplingParams::default(),
+            BlockTable::new(a.clone()),
+        );
+        s.set_status(SeqStatus::Running);
+        s.append_output(TokenId(4));
+        s.append_draft(&toks(&[5, 6, 7]));
+        assert_eq!(s.num_tokens(), 7);
+        assert_eq!(s.output(), &toks(&[4])[..]);
+        s.block_table_mut().ensure_capacity(7).expect("room");
+        s.advance_computed(7);
+        assert_eq!(a.num_free(), 4);
+        s.commit_drafts(1);
+        assert_eq!(s.tokens(), &toks(&[1, 2, 3, 4, 5])[..]);
+        assert_eq!(s.output(), &toks(&[4, 5])[..]);
+        assert_eq!(s.num_computed_tokens(), 5);
+        assert_eq!(s.block_table().len(), 3);
+        assert_eq!(a.num_free(), 5);
+        s.preempt();
+        assert_eq!(s.num_computed_tokens(), 0);
+        assert_eq!(
+            s.num_tokens(),
+            5,
+            "preemption keeps the output for recompute"
+        );
+        assert!(a.is_idle());
+        assert_eq!(s.status(), &SeqStatus::Preempted);
+    }
+}
