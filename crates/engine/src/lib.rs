@@ -23,6 +23,6 @@ pub mod step_plan;
 pub use error::{EngineError, Result};
 pub use scheduler::{Scheduler, SchedulerStats};
 pub use scheduler_config::SchedulerConfig;
-pub use sequence::{FinishReason, SamplingParams, SchedulingPolicy, SeqId, SeqStatus, Sequence};
+pub use sequence::{FinishReason, RequestParams, SchedulingPolicy, SeqId, SeqStatus, Sequence};
 pub use step_plan::{to_forward_batch, ScheduledSeq, SeqEvent, SeqOutput, StepPlan, StepResult};
 pub use tandem_model as model;

@@ -30,7 +30,7 @@ use crate::block_allocator::BlockAllocator;
 use crate::block_table::BlockTable;
 use crate::error::{EngineError, Result};
 use crate::scheduler_config::SchedulerConfig;
-use crate::sequence::{FinishReason, SamplingParams, SchedulingPolicy, SeqId, SeqStatus, Sequence};
+use crate::sequence::{FinishReason, RequestParams, SchedulingPolicy, SeqId, SeqStatus, Sequence};
 use crate::step_plan::{ScheduledSeq, StepPlan};
 
 /// Counters over the scheduler's life.
@@ -130,7 +130,7 @@ impl Scheduler {
     /// Queues a request. Refuses, changing nothing, an empty prompt, `max_tokens == 0`, and a
     /// prompt that can never run: longer than `max_model_len` or needing more blocks than the
     /// whole pool.
-    pub fn add_request(&mut self, prompt: Vec<TokenId>, params: SamplingParams) -> Result<SeqId> {
+    pub fn add_request(&mut self, prompt: Vec<TokenId>, params: RequestParams) -> Result<SeqId> {
         let len = prompt.len();
         if len == 0 {
             return Err(EngineError::EmptyPrompt);
@@ -165,10 +165,16 @@ impl Scheduler {
 
     /// Ends a live sequence at once and frees its blocks. A step in flight ignores it.
     pub fn abort(&mut self, id: SeqId) -> Result<()> {
+        self.finish_early(id, FinishReason::Abort)
+    }
+
+    /// Ends a live sequence at once with `reason` (an abort, or an error found by the runner
+    /// for this sequence alone) and frees its blocks. A step in flight ignores it.
+    pub fn finish_early(&mut self, id: SeqId, reason: FinishReason) -> Result<()> {
         if !self.seqs.contains_key(&id) {
             return Err(EngineError::UnknownSeq(id));
         }
-        self.finish(id, FinishReason::Abort);
+        self.finish(id, reason);
         Ok(())
     }
 

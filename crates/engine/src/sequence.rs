@@ -57,9 +57,10 @@ pub enum SchedulingPolicy {
     Priority,
 }
 
-/// A request's generation parameters (placeholder: sampling fields join with the sampler).
+/// What the scheduler needs of a request: output limits, stop tokens and priority. (How
+/// tokens are chosen lives in [`crate::sampler::SamplingParams`].)
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SamplingParams {
+pub struct RequestParams {
     /// Output tokens to generate at most; at least 1.
     pub max_tokens: usize,
     /// Keep generating past the model's EOS tokens.
@@ -70,9 +71,9 @@ pub struct SamplingParams {
     pub priority: i32,
 }
 
-impl Default for SamplingParams {
-    fn default() -> SamplingParams {
-        SamplingParams {
+impl Default for RequestParams {
+    fn default() -> RequestParams {
+        RequestParams {
             max_tokens: 16,
             ignore_eos: false,
             stop_token_ids: Vec::new(),
@@ -92,7 +93,7 @@ pub struct Sequence {
     num_draft: usize,
     num_computed_tokens: usize,
     status: SeqStatus,
-    params: SamplingParams,
+    params: RequestParams,
     block_table: BlockTable,
 }
 
@@ -101,7 +102,7 @@ impl Sequence {
     pub fn new(
         id: SeqId,
         prompt: Vec<TokenId>,
-        params: SamplingParams,
+        params: RequestParams,
         table: BlockTable,
     ) -> Sequence {
         assert!(!prompt.is_empty(), "the scheduler refuses empty prompts");
@@ -163,7 +164,7 @@ impl Sequence {
     }
 
     /// The request parameters.
-    pub fn params(&self) -> &SamplingParams {
+    pub fn params(&self) -> &RequestParams {
         &self.params
     }
 
@@ -255,7 +256,7 @@ mod tests {
         let mut s = Sequence::new(
             SeqId(0),
             toks(&[1, 2, 3]),
-            SamplingParams::default(),
+            RequestParams::default(),
             BlockTable::new(a.clone()),
         );
         s.set_status(SeqStatus::Running);

@@ -2,7 +2,7 @@
 
 use tandem_engine::model::batch::TokenId;
 use tandem_engine::{
-    EngineError, FinishReason, SamplingParams, Scheduler, SchedulerConfig, SchedulingPolicy,
+    EngineError, FinishReason, RequestParams, Scheduler, SchedulerConfig, SchedulingPolicy,
     SeqEvent, SeqId, SeqOutput, StepPlan, StepResult,
 };
 
@@ -10,10 +10,10 @@ fn toks(n: usize) -> Vec<TokenId> {
     (0..n as u32).map(|i| TokenId(i % 7 + 1)).collect()
 }
 
-fn params(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
+fn params(max_tokens: usize) -> RequestParams {
+    RequestParams {
         max_tokens,
-        ..SamplingParams::default()
+        ..RequestParams::default()
     }
 }
 
@@ -203,12 +203,12 @@ fn stop_conditions() {
     c.eos_token_ids = vec![TokenId(0)];
     let mut s = Scheduler::new(c).expect("valid config");
     let eos = s.add_request(toks(2), params(9)).expect("admissible");
-    let ignore = SamplingParams {
+    let ignore = RequestParams {
         ignore_eos: true,
         ..params(2)
     };
     let ign = s.add_request(toks(2), ignore).expect("admissible");
-    let stop = SamplingParams {
+    let stop = RequestParams {
         stop_token_ids: vec![TokenId(0)],
         ignore_eos: true,
         ..params(9)
@@ -246,7 +246,7 @@ fn priority_orders_admission_and_picks_the_least_urgent_victim() {
     let low = s
         .add_request(
             toks(4),
-            SamplingParams {
+            RequestParams {
                 priority: 5,
                 ..params(8)
             },
@@ -255,7 +255,7 @@ fn priority_orders_admission_and_picks_the_least_urgent_victim() {
     let high = s
         .add_request(
             toks(4),
-            SamplingParams {
+            RequestParams {
                 priority: 1,
                 ..params(8)
             },
@@ -264,7 +264,7 @@ fn priority_orders_admission_and_picks_the_least_urgent_victim() {
     let mid = s
         .add_request(
             toks(4),
-            SamplingParams {
+            RequestParams {
                 priority: 3,
                 ..params(8)
             },

@@ -7,7 +7,7 @@ mod common;
 use common::{alone, run, Req, VOCAB};
 use proptest::prelude::*;
 use tandem_engine::model::batch::TokenId;
-use tandem_engine::{FinishReason, SamplingParams, SchedulerConfig, SchedulingPolicy};
+use tandem_engine::{FinishReason, RequestParams, SchedulerConfig, SchedulingPolicy};
 
 fn req_strategy(max_prompt: usize, max_arrival: usize) -> impl Strategy<Value = Req> {
     (
@@ -23,7 +23,7 @@ fn req_strategy(max_prompt: usize, max_arrival: usize) -> impl Strategy<Value = 
         .prop_map(
             |(prompt, max_tokens, ignore_eos, stops, priority, arrival, abort_at, speculate)| Req {
                 prompt: prompt.into_iter().map(TokenId).collect(),
-                params: SamplingParams {
+                params: RequestParams {
                     max_tokens,
                     ignore_eos,
                     stop_token_ids: stops.into_iter().map(TokenId).collect(),
@@ -116,10 +116,10 @@ fn forced_preemption_happens_and_changes_nothing() {
     let reqs: Vec<Req> = (0..6u32)
         .map(|i| Req {
             prompt: (0..12).map(|j| TokenId((i * 7 + j) % VOCAB)).collect(),
-            params: SamplingParams {
+            params: RequestParams {
                 max_tokens: 20,
                 ignore_eos: true,
-                ..SamplingParams::default()
+                ..RequestParams::default()
             },
             arrival: 0,
             abort_at: None,
@@ -141,10 +141,10 @@ fn forced_preemption_happens_and_changes_nothing() {
 #[test]
 fn chunked_prefill_at_every_threshold_matches_whole_prefill() {
     let prompt: Vec<TokenId> = (0..33).map(|j| TokenId((j * 5 + 3) % VOCAB)).collect();
-    let params = SamplingParams {
+    let params = RequestParams {
         max_tokens: 5,
         ignore_eos: true,
-        ..SamplingParams::default()
+        ..RequestParams::default()
     };
     let want = alone(&prompt, &params, MAX_MODEL_LEN).0;
     let mut steps = Vec::new();

@@ -7,7 +7,7 @@ use tandem_model::batch::TokenId;
 use super::{Grant, InFlight, Scheduler};
 use crate::error::{EngineError, Result};
 use crate::scheduler_config::SchedulerConfig;
-use crate::sequence::{FinishReason, SamplingParams, SeqId};
+use crate::sequence::{FinishReason, RequestParams, SeqId};
 use crate::step_plan::{SeqEvent, StepResult};
 
 impl Scheduler {
@@ -136,7 +136,7 @@ impl Scheduler {
 /// `num_tokens` tokens in all) stops, if it does.
 fn stop_reason(
     config: &SchedulerConfig,
-    params: &SamplingParams,
+    params: &RequestParams,
     token: TokenId,
     output_len: usize,
     num_tokens: usize,

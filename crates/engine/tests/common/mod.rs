@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 
 use tandem_engine::model::batch::{BlockId, ForwardBatch, TokenId};
 use tandem_engine::{
-    to_forward_batch, FinishReason, SamplingParams, Scheduler, SchedulerConfig, SeqEvent, SeqId,
+    to_forward_batch, FinishReason, RequestParams, Scheduler, SchedulerConfig, SeqEvent, SeqId,
     SeqOutput, SeqStatus, StepPlan, StepResult,
 };
 
@@ -36,7 +36,7 @@ pub fn next_token(context: &[TokenId]) -> TokenId {
 /// What a request produces alone: a plain loop with the stop rules restated.
 pub fn alone(
     prompt: &[TokenId],
-    params: &SamplingParams,
+    params: &RequestParams,
     max_seq_len: usize,
 ) -> (Vec<TokenId>, FinishReason) {
     let mut tokens = prompt.to_vec();
@@ -112,7 +112,7 @@ impl FakeModel {
 #[derive(Debug, Clone)]
 pub struct Req {
     pub prompt: Vec<TokenId>,
-    pub params: SamplingParams,
+    pub params: RequestParams,
     /// Step before which it is added.
     pub arrival: usize,
     /// Step before which it is aborted, if any.
