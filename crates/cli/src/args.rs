@@ -58,3 +58,35 @@ pub struct EngineArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2..))]
     pub max_model_len: Option<u32>,
 }
+
+/// How tokens are chosen and when generation stops (`generate` and `chat`).
+#[derive(Debug, Clone, Args)]
+pub struct SamplingArgs {
+    /// Most tokens to generate per answer.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Softmax temperature; 0 picks the most likely token (greedy).
+    #[arg(long, value_name = "T", default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens whose probabilities add up to P.
+    #[arg(long, value_name = "P", default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Keep the K most likely tokens; -1 or 0 keeps all.
+    #[arg(long, value_name = "K", default_value_t = -1, allow_negative_numbers = true)]
+    pub top_k: i32,
+    /// Drop tokens less likely than P times the most likely one.
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Seed for reproducible sampling (per request, whatever else runs).
+    #[arg(long, value_name = "S")]
+    pub seed: Option<u64>,
+    /// Stop when this text appears (repeatable); it is not part of the output.
+    #[arg(long, value_name = "STR")]
+    pub stop: Vec<String>,
+    /// Answers per prompt.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub n: usize,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+}

@@ -2,6 +2,11 @@
 
 mod args;
 mod bench_cmd;
+mod chat_cmd;
+mod engine_setup;
+mod generate_cmd;
+mod generation;
+mod prompting;
 mod score_cmd;
 
 use clap::{Parser, Subcommand};
@@ -16,6 +21,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Generate text for a prompt, or for every line of a JSONL file at once.
+    Generate(generate_cmd::GenerateArgs),
+    /// Talk with the model: interactive, streaming, multi-turn.
+    Chat(chat_cmd::ChatArgs),
     /// Teacher-forced scoring: the log-probability of every token of a text given the ones
     /// before it, with sum and perplexity.
     Score(score_cmd::ScoreArgs),
@@ -26,6 +35,8 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Generate(a) => generate_cmd::run(a),
+        Command::Chat(a) => chat_cmd::run(a),
         Command::Score(a) => score_cmd::run(a),
         Command::Bench(a) => bench_cmd::run(a),
     };

@@ -24,6 +24,9 @@ pub struct GenerationRequest {
     pub prompt: Vec<TokenId>,
     pub sampling: SamplingParams,
     pub limits: RequestParams,
+    /// Which sample of its prompt this is (0 for the first; `n > 1` requests number their
+    /// samples), so that seeded siblings draw from distinct, reproducible streams.
+    pub sample_index: u64,
 }
 
 /// What a client learns from a step, in order per request.
@@ -83,7 +86,10 @@ impl Engine {
         }
         let prompt_ids: Vec<u32> = req.prompt.iter().map(|t| t.0).collect();
         let id = self.scheduler.add_request(req.prompt, req.limits)?;
-        let state = SamplerState::new(req.sampling.stream_seed(self.seed, id.0), &prompt_ids);
+        // A seeded request's stream depends only on its seed and sample index, never on what
+        // else is running; an unseeded one gets a stream of its own from the engine seed.
+        let base = req.sampling.seed.unwrap_or_else(|| splitmix64(self.seed ^ splitmix64(id.0)));
+        let state = SamplerState::new(base.wrapping_add(req.sample_index), &prompt_ids);
         self.requests.insert(id, ActiveRequest { sampling: req.sampling, state });
         Ok(id)
     }
@@ -178,4 +184,12 @@ impl Engine {
             })
             .collect()
     }
+}
+
+/// One round of the SplitMix64 mixer: spreads nearby integers over the 64-bit range.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }

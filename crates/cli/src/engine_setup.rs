@@ -1,0 +1,91 @@
+//! Turns the engine flags into a running [`Engine`]: KV pool size from `--kv-cache-memory`,
+//! batching limits, context length.
+
+use anyhow::{bail, Context, Result};
+use tandem_engine::engine::Engine;
+use tandem_engine::SchedulerConfig;
+use tandem_model::batch::TokenId;
+use tandem_model::kv_store::KvStore;
+use tandem_model::transformer::Model;
+
+use crate::args::EngineArgs;
+
+/// Default KV pool when `--kv-cache-memory` is not given.
+const DEFAULT_KV_BYTES: u64 = 2 << 30;
+
+/// Parses sizes such as `2GiB`, `512MiB`, `1.5G`, `1000000` (bytes).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num.trim().parse().with_context(|| format!("`{s}` is not a size like 2GiB"))?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => bail!("unknown size unit `{other}` in `{s}` (use B, KiB, MiB, GiB, KB, MB, GB)"),
+    };
+    let bytes = value * scale;
+    if !(bytes.is_finite() && bytes >= 1.0) {
+        bail!("size `{s}` must be positive");
+    }
+    Ok(bytes as u64)
+}
+
+/// Builds the engine, reporting the KV pool on stderr.
+pub fn build_engine(model: Model, eos: Vec<TokenId>, args: &EngineArgs, seed: u64) -> Result<Engine> {
+    let block_size = args.block_size as usize;
+    let bytes = match &args.kv_cache_memory {
+        Some(s) => parse_size(s).context("--kv-cache-memory")?,
+        None => DEFAULT_KV_BYTES,
+    };
+    let per_block = (KvStore::bytes_per_token(&model.config) * block_size) as u64;
+    let num_blocks = (bytes / per_block) as usize;
+    if num_blocks == 0 {
+        bail!("--kv-cache-memory {bytes} bytes holds no block of {per_block} bytes");
+    }
+    let context = model.config.context_len;
+    let max_model_len = match args.max_model_len {
+        Some(m) if m as usize > context => {
+            bail!("--max-model-len {m} exceeds the model's context length of {context}")
+        }
+        Some(m) => m as usize,
+        None => context,
+    };
+    let mut config = SchedulerConfig::new(num_blocks, block_size, max_model_len);
+    if let Some(n) = args.max_num_seqs {
+        config.max_num_seqs = n;
+    }
+    if let Some(n) = args.max_num_batched_tokens {
+        config.max_num_batched_tokens = n;
+    }
+    config.eos_token_ids = eos;
+    eprintln!(
+        "tandem: KV cache {} blocks x {block_size} tokens = {} tokens ({:.0} MiB), {} threads",
+        num_blocks,
+        num_blocks * block_size,
+        (num_blocks as u64 * per_block) as f64 / (1 << 20) as f64,
+        model.threads()
+    );
+    Ok(Engine::new(model, config, seed)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_size("512 MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1.5G").unwrap(), 1_500_000_000);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("3 parsecs").is_err());
+        assert!(parse_size("0").is_err());
+    }
+}
