@@ -3,3 +3,5 @@
 //! (The generation engine issue builds it; for now it only fixes the crate graph.)
 
 pub use tandem_model as model;
+
+pub mod sampler;
