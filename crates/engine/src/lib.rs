@@ -26,3 +26,5 @@ pub use scheduler_config::SchedulerConfig;
 pub use sequence::{FinishReason, RequestParams, SchedulingPolicy, SeqId, SeqStatus, Sequence};
 pub use step_plan::{to_forward_batch, ScheduledSeq, SeqEvent, SeqOutput, StepPlan, StepResult};
 pub use tandem_model as model;
+
+pub mod sampler;

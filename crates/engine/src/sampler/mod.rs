@@ -1,0 +1,112 @@
+//! The sampler: turns one row of logits into the next token of one request.
+//!
+//! # Semantics
+//!
+//! Each call to [`sample`] works on a private f64 copy of the row and applies, in order:
+//!
+//! 1. **logit_bias**: `l[id] += bias` (repeated ids add up);
+//! 2. **min_tokens**: while `num_output_tokens < min_tokens`, every stop token
+//!    (`stop_token_ids`, plus the model's `eos_token_ids` unless `ignore_eos`) gets `-inf`;
+//! 3. **repetition penalty** `r` (tokens in the prompt or the output, each once):
+//!    `l = l / r` if `l > 0`, else `l = l * r`;
+//! 4. **presence / frequency penalties** (output tokens only):
+//!    `l -= presence + frequency * count`;
+//! 5. **greedy** when `temperature == 0`: the largest `l`, ties to the lowest id (top-k,
+//!    top-p and min-p cannot change an argmax and are skipped);
+//! 6. otherwise **temperature** `T`: `p ∝ exp(l / T)`;
+//! 7. **top-k**: keep exactly the `k` largest (ties to the lower id);
+//! 8. **top-p**: over the distribution renormalised after top-k, keep the shortest
+//!    prefix in descending-probability order whose mass is `>= top_p`;
+//! 9. **min-p**: keep tokens with `p >= min_p * max p` (a ratio, so renormalisation does not
+//!    change it);
+//! 10. **draw** one token from the renormalised survivors by inverse CDF with one uniform
+//!     number from the request's stream.
+//!
+//! This is the order of Hugging Face transformers' processors (vLLM applies min-p before
+//! top-p, which differs only when both are set).
+//!
+//! **Logprobs** ([`SampledToken::logprob`] and `top_logprobs`) are those of the **raw model
+//! distribution**: `log_softmax` of the unprocessed logits, whatever the processors did (the
+//! vLLM convention). They therefore equal the numbers `tandem score` prints for the same
+//! context, bit for bit.
+//!
+//! **Randomness**: every call draws exactly one uniform number from the request's own
+//! counter-based stream ([`SamplerState`]), greedy or not, so a seeded request produces the
+//! same tokens whatever else is in the batch, however the steps are composed. Sibling
+//! samples of an `n > 1` request use the seeds `seed + i` ([`SamplerState::fork`]).
+//!
+//! **Faults**: a row holding NaN or ±inf gives [`SamplerError::NonFiniteLogits`] and
+//! touches nothing shared; the caller ends that request only.
+
+mod error;
+mod logprobs;
+mod params;
+mod processors;
+mod rng;
+mod state;
+mod truncation;
+
+pub use error::SamplerError;
+pub use params::{SamplingParams, MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_TOP_LOGPROBS};
+pub use rng::StreamRng;
+pub use state::SamplerState;
+
+use logprobs::RawLogSoftmax;
+
+/// The token chosen for one request in one step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampledToken {
+    /// The chosen token id.
+    pub token: u32,
+    /// `log p(token)` under the raw model distribution (natural log).
+    pub logprob: f32,
+    /// The `top_logprobs` most likely tokens of the raw distribution and their logprobs,
+    /// most likely first (ties to the lower id); empty unless `params.logprobs`.
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+/// Chooses the next token of one request from its logits row (`[vocab_size]`).
+///
+/// `num_output_tokens` is how many tokens the request has generated so far (for
+/// `min_tokens`). The caller records the chosen token with
+/// [`SamplerState::append_output`]. `params` should have passed
+/// [`SamplingParams::validate`]; ids outside the row are rejected here too.
+///
+/// Errors: [`SamplerError::NonFiniteLogits`] for a NaN or infinite logit,
+/// [`SamplerError::EmptyLogits`], [`SamplerError::NoCandidates`] when every token is
+/// suppressed, and [`SamplerError::InvalidParam`] for ids outside the row.
+pub fn sample(
+    logits_row: &[f32],
+    params: &SamplingParams,
+    state: &mut SamplerState,
+    num_output_tokens: usize,
+) -> Result<SampledToken, SamplerError> {
+    // Draw first and unconditionally: exactly one draw per call.
+    let u = state.draw_uniform();
+    let lsm = RawLogSoftmax::of(logits_row)?;
+    params.validate_ids(logits_row.len())?;
+
+    let mut scratch = std::mem::take(&mut state.scratch);
+    let values = &mut scratch.values; // [vocab_size]
+    values.clear();
+    values.extend(logits_row.iter().map(|&v| v as f64));
+    processors::apply_all(values, params, state, num_output_tokens);
+    let chosen = if params.is_greedy() {
+        truncation::argmax(values)
+    } else {
+        truncation::sample_random(values, &mut scratch.candidates, params, u)
+    };
+    let top = if params.logprobs && params.top_logprobs > 0 {
+        logprobs::top_logprobs(logits_row, params.top_logprobs, lsm, &mut scratch.candidates)
+    } else {
+        Vec::new()
+    };
+    state.scratch = scratch;
+
+    let token = chosen.ok_or(SamplerError::NoCandidates)?;
+    Ok(SampledToken {
+        token,
+        logprob: lsm.logprob(logits_row[token as usize]),
+        top_logprobs: top,
+    })
+}

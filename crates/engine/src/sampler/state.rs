@@ -1,0 +1,105 @@
+//! Per-request sampler state: the random stream, the token history the penalties read, and
+//! reusable scratch buffers.
+
+use std::collections::BTreeMap;
+
+use super::rng::StreamRng;
+
+/// Buffers reused across calls so that sampling a row allocates nothing in the steady state.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Scratch {
+    /// Processed logits, then (for random sampling) unnormalised weights: `[vocab_size]`.
+    pub(crate) values: Vec<f64>,
+    /// Candidate token ids, reordered by the truncation steps: `[<= vocab_size]`.
+    pub(crate) candidates: Vec<u32>,
+}
+
+/// Everything the sampler remembers about one request (one sample of it, for `n > 1`).
+///
+/// Invariants: the random stream advances exactly once per call to [`super::sample`], so a
+/// seeded request's tokens depend only on its seed, its logits and its own history; the
+/// output counts contain exactly the tokens passed to [`SamplerState::append_output`].
+#[derive(Debug, Clone)]
+pub struct SamplerState {
+    /// The seed this state's stream was created from.
+    seed: u64,
+    rng: StreamRng,
+    /// Distinct prompt token ids, sorted (for the repetition penalty).
+    prompt_tokens: Vec<u32>,
+    /// Occurrences of each generated token (for all three penalties).
+    output_counts: BTreeMap<u32, u32>,
+    pub(crate) scratch: Scratch,
+}
+
+impl SamplerState {
+    /// A state for a request with this prompt whose stream is keyed by `seed` (use
+    /// [`super::SamplingParams::stream_seed`] to derive it from the request's seed, or from
+    /// an engine-chosen seed for unseeded requests).
+    pub fn new(seed: u64, prompt_tokens: &[u32]) -> SamplerState {
+        let mut prompt = prompt_tokens.to_vec();
+        prompt.sort_unstable();
+        prompt.dedup();
+        SamplerState {
+            seed,
+            rng: StreamRng::new(seed),
+            prompt_tokens: prompt,
+            output_counts: BTreeMap::new(),
+            scratch: Scratch::default(),
+        }
+    }
+
+    /// The state of sibling sample `index` of the same request (for `n > 1`): the same
+    /// prompt and output history, and a fresh stream keyed by `seed + index` (wrapping).
+    /// `fork(0)` of a state that has not sampled yet reproduces it exactly.
+    pub fn fork(&self, index: u64) -> SamplerState {
+        let seed = self.seed.wrapping_add(index);
+        SamplerState {
+            seed,
+            rng: StreamRng::new(seed),
+            prompt_tokens: self.prompt_tokens.clone(),
+            output_counts: self.output_counts.clone(),
+            scratch: Scratch::default(),
+        }
+    }
+
+    /// The seed this state's stream was created from.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// How many random draws (= calls to [`super::sample`]) this state has made.
+    pub fn num_draws(&self) -> u64 {
+        self.rng.draws()
+    }
+
+    /// Records a generated token (call once per token appended to the output, including
+    /// tokens accepted from a speculative draft).
+    pub fn append_output(&mut self, token: u32) {
+        *self.output_counts.entry(token).or_insert(0) += 1;
+    }
+
+    /// How many times `token` occurs in the output so far.
+    pub fn output_count(&self, token: u32) -> u32 {
+        self.output_counts.get(&token).copied().unwrap_or(0)
+    }
+
+    /// Whether `token` occurs in the prompt.
+    pub fn in_prompt(&self, token: u32) -> bool {
+        self.prompt_tokens.binary_search(&token).is_ok()
+    }
+
+    /// Distinct prompt token ids, ascending.
+    pub(crate) fn prompt_tokens(&self) -> &[u32] {
+        &self.prompt_tokens
+    }
+
+    /// `(token, count)` for every generated token, ascending by id.
+    pub(crate) fn output_counts(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.output_counts.iter().map(|(&t, &c)| (t, c))
+    }
+
+    /// One uniform draw in `[0, 1)`; the only place the stream advances.
+    pub(crate) fn draw_uniform(&mut self) -> f64 {
+        self.rng.next_f64()
+    }
+}

@@ -1,0 +1,227 @@
+//! Choosing the token from processed logits: greedy argmax, or temperature -> top-k ->
+//! top-p -> min-p -> one inverse-CDF draw. Everything is f64.
+
+use std::cmp::Ordering;
+
+use super::params::SamplingParams;
+
+/// How many candidates the nucleus search sorts first; it grows 4x until the mass is found.
+const NUCLEUS_FIRST_BATCH: usize = 64;
+
+/// The id of the largest value, ties broken by the lowest id; `None` when every value is
+/// `-inf`. `values`: `[vocab_size]`, no NaN.
+pub(crate) fn argmax(values: &[f64]) -> Option<u32> {
+    let mut best: Option<(usize, f64)> = None;
+    for (i, &v) in values.iter().enumerate() {
+        if v > f64::NEG_INFINITY && best.is_none_or(|(_, b)| v > b) {
+            best = Some((i, v));
+        }
+    }
+    best.map(|(i, _)| i as u32)
+}
+
+/// Orders ids by descending value, then ascending id (a total order, NaN-free input).
+fn by_value_desc(values: &[f64]) -> impl Fn(&u32, &u32) -> Ordering + '_ {
+    move |a, b| {
+        values[*b as usize]
+            .total_cmp(&values[*a as usize])
+            .then(a.cmp(b))
+    }
+}
+
+/// Random sampling from processed logits `values` (`[vocab_size]`, finite or `-inf`) with
+/// the uniform draw `u` in `[0, 1)`. `candidates` is scratch. On return `values` holds
+/// unnormalised weights for the surviving candidates. `None` when every value is `-inf`.
+///
+/// Steps (with `T` = temperature > 0, `l` = processed logits):
+/// 1. candidates = tokens with `l > -inf`;
+/// 2. top-k: keep the `k` largest `l` (ties to the lower id), exactly `k` tokens;
+/// 3. weights `w = exp((l - max l) / T)` (so the most likely token weighs exactly 1);
+/// 4. top-p: sort by `w` descending (ties to the lower id) and keep each token whose
+///    preceding mass is `< top_p * sum(w)`, i.e. the shortest prefix reaching `top_p`;
+/// 5. min-p: keep tokens with `w >= min_p` (probability >= min_p x the largest one; this
+///    ratio does not depend on renormalisation, so min-p commutes with steps 2 and 4);
+/// 6. choose the first candidate whose cumulative weight exceeds `u * sum(w)`.
+pub(crate) fn sample_random(
+    values: &mut [f64],
+    candidates: &mut Vec<u32>,
+    params: &SamplingParams,
+    u: f64,
+) -> Option<u32> {
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        return None;
+    }
+    candidates.clear();
+    candidates.extend(
+        values
+            .iter()
+            .enumerate()
+            .filter(|(_, &v)| v > f64::NEG_INFINITY)
+            .map(|(i, _)| i as u32),
+    );
+    if let Some(k) = params.top_k_limit() {
+        if k < candidates.len() {
+            candidates.select_nth_unstable_by(k - 1, by_value_desc(values));
+            candidates.truncate(k);
+        }
+    }
+    let t = params.temperature as f64;
+    let mut total = 0.0;
+    for &id in candidates.iter() {
+        let w = ((values[id as usize] - max) / t).exp();
+        values[id as usize] = w;
+        total += w;
+    }
+    if params.top_p < 1.0 {
+        keep_nucleus(values, candidates, params.top_p as f64 * total);
+    }
+    if params.min_p > 0.0 {
+        let min_p = params.min_p as f64;
+        candidates.retain(|&id| values[id as usize] >= min_p);
+    }
+    draw(values, candidates, u)
+}
+
+/// Truncates `candidates` to the shortest prefix, in descending weight order, whose mass
+/// reaches `threshold` (> 0). Sorts only as many candidates as needed: the first
+/// [`NUCLEUS_FIRST_BATCH`], then 4x more each round.
+fn keep_nucleus(weights: &[f64], candidates: &mut Vec<u32>, threshold: f64) {
+    let n = candidates.len();
+    let mut m = NUCLEUS_FIRST_BATCH.min(n);
+    loop {
+        if m < n {
+            candidates.select_nth_unstable_by(m - 1, by_value_desc(weights));
+        }
+        candidates[..m].sort_unstable_by(by_value_desc(weights));
+        let mut mass = 0.0;
+        for r in 0..m {
+            if mass >= threshold {
+                candidates.truncate(r);
+                return;
+            }
+            mass += weights[candidates[r] as usize];
+        }
+        if mass >= threshold {
+            candidates.truncate(m);
+            return;
+        }
+        if m == n {
+            return; // rounding kept the mass just below the threshold: keep everything
+        }
+        m = m.saturating_mul(4).min(n);
+    }
+}
+
+/// Inverse-CDF draw over `candidates` in their current order: the first whose cumulative
+/// weight exceeds `u * total`. Zero weights are never chosen; if rounding runs past the
+/// end, the last candidate with a positive weight is taken.
+fn draw(weights: &[f64], candidates: &[u32], u: f64) -> Option<u32> {
+    let total: f64 = candidates.iter().map(|&id| weights[id as usize]).sum();
+    let target = u * total;
+    let mut cum = 0.0;
+    let mut last_positive = None;
+    for &id in candidates {
+        let w = weights[id as usize];
+        if w > 0.0 {
+            cum += w;
+            last_positive = Some(id);
+            if cum > target {
+                return Some(id);
+            }
+        }
+    }
+    last_positive
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(top_k: i32, top_p: f32, min_p: f32) -> SamplingParams {
+        SamplingParams {
+            top_k,
+            top_p,
+            min_p,
+            ..SamplingParams::default()
+        }
+    }
+
+    /// The surviving candidate set for `logits`, sorted by id (u = 0 picks nothing special).
+    fn survivors(logits: &[f64], p: &SamplingParams) -> Vec<u32> {
+        let mut values = logits.to_vec();
+        let mut cands = Vec::new();
+        sample_random(&mut values, &mut cands, p, 0.0).expect("a candidate");
+        cands.sort_unstable();
+        cands
+    }
+
+    #[test]
+    fn argmax_breaks_ties_to_lowest_id_and_skips_neg_inf() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), Some(1));
+        assert_eq!(argmax(&[f64::NEG_INFINITY, -5.0]), Some(1));
+        assert_eq!(argmax(&[f64::NEG_INFINITY; 3]), None);
+    }
+
+    #[test]
+    fn top_k_keeps_exactly_k_with_ties_to_lower_ids() {
+        let l = [1.0, 5.0, 3.0, 5.0, 3.0, 0.0];
+        assert_eq!(survivors(&l, &params(2, 1.0, 0.0)), vec![1, 3]);
+        assert_eq!(survivors(&l, &params(3, 1.0, 0.0)), vec![1, 2, 3]);
+        assert_eq!(survivors(&l, &params(100, 1.0, 0.0)), vec![0, 1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn top_p_keeps_shortest_prefix_reaching_mass() {
+        // Probabilities 0.5, 0.25, 0.125, 0.125 (logits ln of them).
+        let l: Vec<f64> = [0.5f64, 0.25, 0.125, 0.125].iter().map(|p| p.ln()).collect();
+        assert_eq!(survivors(&l, &params(-1, 0.5, 0.0)), vec![0]);
+        assert_eq!(survivors(&l, &params(-1, 0.6, 0.0)), vec![0, 1]);
+        assert_eq!(survivors(&l, &params(-1, 0.75, 0.0)), vec![0, 1]);
+        assert_eq!(survivors(&l, &params(-1, 0.8, 0.0)), vec![0, 1, 2]);
+        // After top-k = 2 the mass is renormalised: 2/3, 1/3; top_p 0.7 needs both.
+        assert_eq!(survivors(&l, &params(2, 0.7, 0.0)), vec![0, 1]);
+        assert_eq!(survivors(&l, &params(2, 0.6, 0.0)), vec![0]);
+    }
+
+    #[test]
+    fn top_p_grows_past_the_first_batch() {
+        // 1000 equal logits: top_p 0.5 must keep exactly 500 (ties to lower ids).
+        let l = vec![0.0; 1000];
+        assert_eq!(survivors(&l, &params(-1, 0.5, 0.0)), (0..500).collect::<Vec<u32>>());
+    }
+
+    #[test]
+    fn min_p_is_relative_to_the_top_probability() {
+        // Probability ratios to the top: 1, 0.5, 0.2, 0.05.
+        let l: Vec<f64> = [1.0f64, 0.5, 0.2, 0.05].iter().map(|r| r.ln()).collect();
+        assert_eq!(survivors(&l, &params(-1, 1.0, 0.1)), vec![0, 1, 2]);
+        assert_eq!(survivors(&l, &params(-1, 1.0, 0.3)), vec![0, 1]);
+    }
+
+    #[test]
+    fn temperature_scales_weights() {
+        let mut v = vec![0.0, 1.0, -1.0];
+        let p = SamplingParams {
+            temperature: 0.5,
+            ..SamplingParams::default()
+        };
+        let mut c = Vec::new();
+        sample_random(&mut v, &mut c, &p, 0.0);
+        let expect = [(-2.0f64).exp(), 1.0, (-4.0f64).exp()];
+        for (got, want) in v.iter().zip(expect) {
+            assert!((got - want).abs() < 1e-15);
+        }
+    }
+
+    #[test]
+    fn draw_follows_cumulative_weights_and_never_picks_zero_weight() {
+        let w = [0.0, 1.0, 0.0, 3.0, 0.0];
+        let c = [0, 1, 2, 3, 4];
+        assert_eq!(draw(&w, &c, 0.0), Some(1));
+        assert_eq!(draw(&w, &c, 0.2499), Some(1));
+        assert_eq!(draw(&w, &c, 0.25), Some(3));
+        assert_eq!(draw(&w, &c, 0.999_999), Some(3));
+        assert_eq!(draw(&w, &[0, 2], 0.5), None);
+    }
+}
