@@ -1,13 +1,24 @@
-//! Quick throughput check of the scalar `matmul`:
+//! Throughput of `matmul` per kernel variant:
 //! `cargo run --release -p tandem-kernels --example matmul_bench [threads...]`.
 //!
-//! Prints GFLOP/s (2·rows·cols·n_tokens per call) for the SmolLM2-135M shapes in Q4_1 and Q8_0
-//! with 1 and 64 tokens, best of several timed batches, and the pool's dispatch latency.
+//! Prints GFLOP/s (2·rows·cols·n_tokens per call) for the SmolLM2-135M shapes (Q4_1
+//! projections, the Q8_0 LM head) with 1 and 64 tokens, for every ISA this CPU runs: the
+//! median of 7 timed batches (the machine is shared; medians resist outliers).
 
 use std::time::Instant;
 
 use tandem_kernels::quant::quantize_row;
-use tandem_kernels::{matmul, DType, ThreadPool, WeightView};
+use tandem_kernels::{matmul_with, DType, Isa, ThreadPool, WeightView};
+
+/// `[rows, cols]` weights of the default model: attention q/o, k/v, MLP gate/up, MLP down, and
+/// the LM head.
+const SHAPES: [(DType, usize, usize); 5] = [
+    (DType::Q4_1, 576, 576),
+    (DType::Q4_1, 192, 576),
+    (DType::Q4_1, 1536, 576),
+    (DType::Q4_1, 576, 1536),
+    (DType::Q8_0, 49152, 576),
+];
 
 fn weight(dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
     let row_bytes = dtype
@@ -23,37 +34,27 @@ fn weight(dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
     data
 }
 
-fn bench(pool: &ThreadPool, dtype: DType, rows: usize, cols: usize, n_tokens: usize) -> f64 {
-    let data = weight(dtype, rows, cols);
-    let w = WeightView::new(dtype, rows, cols, &data).expect("sizes match");
-    let x: Vec<f32> = (0..n_tokens * cols)
+/// Median GFLOP/s of `matmul_with(isa, …)` over 7 batches of calls.
+fn bench(isa: Isa, pool: &ThreadPool, w: &WeightView<'_>, n_tokens: usize) -> f64 {
+    let x: Vec<f32> = (0..n_tokens * w.cols)
         .map(|i| (i % 13) as f32 * 0.1 - 0.6)
+        .collect(); // [n_tokens, cols]
+    let mut y = vec![0.0f32; n_tokens * w.rows]; // [n_tokens, rows]
+    let flops_per_call = 2.0 * (w.rows * w.cols * n_tokens) as f64;
+    let iters = ((1e8 / flops_per_call) as usize).max(1);
+    matmul_with(isa, pool, w, &x, &mut y, n_tokens); // warm-up
+    let mut secs: Vec<f64> = (0..7)
+        .map(|_| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                matmul_with(isa, pool, w, &x, &mut y, n_tokens);
+            }
+            start.elapsed().as_secs_f64() / iters as f64
+        })
         .collect();
-    let mut y = vec![0.0f32; n_tokens * rows];
-    let flops_per_call = 2.0 * (rows * cols * n_tokens) as f64;
-    let iters = ((2e8 / flops_per_call) as usize).max(3);
-    let mut best = f64::INFINITY;
-    for _ in 0..5 {
-        let start = Instant::now();
-        for _ in 0..iters {
-            matmul(pool, &w, &x, &mut y, n_tokens);
-        }
-        best = best.min(start.elapsed().as_secs_f64() / iters as f64);
-    }
     std::hint::black_box(&y);
-    flops_per_call / best / 1e9
-}
-
-/// Mean wall time of one `run` of `n_threads` empty tasks, in microseconds.
-fn dispatch_us(pool: &ThreadPool) -> f64 {
-    let calls = 20_000;
-    let start = Instant::now();
-    for _ in 0..calls {
-        pool.run(pool.n_threads(), |i| {
-            std::hint::black_box(i);
-        });
-    }
-    start.elapsed().as_secs_f64() / f64::from(calls) * 1e6
+    secs.sort_by(f64::total_cmp);
+    flops_per_call / secs[secs.len() / 2] / 1e9
 }
 
 fn main() {
@@ -62,21 +63,24 @@ fn main() {
         .map(|a| a.parse().expect("thread counts are integers"))
         .collect();
     let threads = if threads.is_empty() { vec![1] } else { threads };
-    for n_threads in threads {
-        let pool = ThreadPool::new(n_threads);
-        println!(
-            "threads={n_threads} run() dispatch: {:.2} us/call",
-            dispatch_us(&pool)
-        );
-        for dtype in [DType::Q4_1, DType::Q8_0, DType::F32] {
-            for (rows, cols) in [(576, 1536), (1536, 576)] {
-                for n_tokens in [1, 64] {
-                    let gflops = bench(&pool, dtype, rows, cols, n_tokens);
-                    println!(
-                        "threads={n_threads} {dtype} {rows}x{cols} n_tokens={n_tokens}: \
-                         {gflops:.2} GFLOP/s"
-                    );
+    let isas = Isa::available();
+    print!("{:<22} {:>3} {:>3}", "shape", "tok", "thr");
+    for isa in &isas {
+        print!(" {:>8}", isa.name());
+    }
+    println!("   (GFLOP/s, median of 7)");
+    for (dtype, rows, cols) in SHAPES {
+        let data = weight(dtype, rows, cols);
+        let w = WeightView::new(dtype, rows, cols, &data).expect("sizes match");
+        for n_tokens in [1, 64] {
+            for &n_threads in &threads {
+                let pool = ThreadPool::new(n_threads);
+                let shape = format!("{dtype} {rows}x{cols}");
+                print!("{shape:<22} {n_tokens:>3} {n_threads:>3}");
+                for &isa in &isas {
+                    print!(" {:>8.2}", bench(isa, &pool, &w, n_tokens));
                 }
+                println!();
             }
         }
     }

@@ -7,13 +7,17 @@
 #![allow(unsafe_code)]
 
 pub mod cpu;
+pub mod dot16;
 pub mod dtype;
+pub mod isa;
 pub mod matmul;
 pub mod ops;
 pub mod parallel;
 pub mod quant;
+mod simd;
 pub mod thread_pool;
 
 pub use dtype::DType;
-pub use matmul::{matmul, WeightView};
+pub use isa::Isa;
+pub use matmul::{matmul, matmul_with, WeightView};
 pub use thread_pool::ThreadPool;

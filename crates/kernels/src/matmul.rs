@@ -5,21 +5,28 @@
 //! scratch buffer (never the whole matrix) and each is dotted with every token row, so the
 //! weight bytes are read once per call however many tokens there are.
 //!
+//! With one token (decode) and a SIMD [`Isa`], each stored row is instead decoded 16 columns
+//! at a time straight into the accumulators (no scratch), which gives the same bits.
+//!
 //! Determinism: every `y[t, r]` is computed by the same sequence of f32 operations —
 //! [`LANES`] independent accumulators over the column index (column `c` goes to accumulator
-//! `c % LANES`, in increasing `c`), then a fixed pairwise tree — whatever `n_tokens`, the
-//! thread count or the chunking. A token's result is therefore bitwise identical alone or in
-//! any batch.
+//! `c % LANES`, in increasing `c`), then a fixed pairwise tree (see [`crate::dot16`]) —
+//! whatever `n_tokens`, the thread count or the chunking. A token's result is therefore
+//! bitwise identical alone or in any batch.
+//!
+//! Variants: [`Isa::Scalar`], [`Isa::Avx2`] and [`Isa::Avx512`] all perform exactly these
+//! operations (separate multiply and add, never FMA), so **every variant is bitwise equal to
+//! the scalar reference**, and results do not depend on the machine's ISA either.
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use crate::quant::dequantize_row;
+pub use crate::dot16::LANES;
+use crate::isa::{self, Isa};
+use crate::simd::Kernels;
 use crate::{DType, ThreadPool};
 
-/// Independent accumulators of the f32 dot product (fixed: part of the numeric contract).
-pub const LANES: usize = 16;
 /// Weight rows dequantized together so that each activation row is loaded once per group.
 const ROW_GROUP: usize = 4; // the width of `dot_4`
 /// Target number of chunks per thread (load balance vs per-task overhead).
@@ -47,11 +54,30 @@ impl<'a> WeightView<'a> {
     }
 }
 
-/// `y[t, r] = Σ_c W[r, c] · x[t, c]` for `t < n_tokens`.
+/// `y[t, r] = Σ_c W[r, c] · x[t, c]` for `t < n_tokens`, with the process-wide kernels
+/// ([`isa::active`]).
 /// `x`: `[n_tokens, cols]`, `y`: `[n_tokens, rows]`.
 ///
 /// Panics if the shapes do not match (a caller bug).
 pub fn matmul(pool: &ThreadPool, w: &WeightView<'_>, x: &[f32], y: &mut [f32], n_tokens: usize) {
+    matmul_with(isa::active(), pool, w, x, y, n_tokens);
+}
+
+/// [`matmul`] with the kernels of `isa` (bitwise equal for every ISA; for tests and
+/// benchmarks that compare variants in one process).
+///
+/// Panics if the shapes do not match or this CPU cannot run `isa` (see
+/// [`Isa::is_available`]).
+pub fn matmul_with(
+    isa: Isa,
+    pool: &ThreadPool,
+    w: &WeightView<'_>,
+    x: &[f32],
+    y: &mut [f32],
+    n_tokens: usize,
+) {
+    let kernels = Kernels::new(isa)
+        .unwrap_or_else(|| panic!("matmul_with: this CPU cannot run the {isa} kernels"));
     let row_bytes = w.dtype.bytes_for(w.cols);
     assert!(
         row_bytes.and_then(|b| b.checked_mul(w.rows)) == Some(w.data.len()),
@@ -80,9 +106,18 @@ pub fn matmul(pool: &ThreadPool, w: &WeightView<'_>, x: &[f32], y: &mut [f32], n
         return;
     }
     let chunk = chunk_rows(w.rows, pool.n_threads());
+    if n_tokens == 1 && kernels.has_fused_row() {
+        for_each_column_chunk(pool, y, n_tokens, w.rows, chunk, |rows, out| {
+            for (j, r) in rows.enumerate() {
+                let src = &w.data[r * row_bytes..(r + 1) * row_bytes];
+                out.set(0, j, kernels.dot_row(w.dtype, src, x));
+            }
+        });
+        return;
+    }
     for_each_column_chunk(pool, y, n_tokens, w.rows, chunk, |rows, out| {
         with_scratch(ROW_GROUP * w.cols, |scratch| {
-            matmul_rows(w, row_bytes, x, rows, out, scratch);
+            matmul_rows(&kernels, w, row_bytes, x, rows, out, scratch);
         });
     });
 }
@@ -96,6 +131,7 @@ fn chunk_rows(rows: usize, n_threads: usize) -> usize {
 /// Computes `out[t, r] = W[r] · x[t]` for `r` in `rows`, `ROW_GROUP` weight rows at a time.
 /// `scratch` holds at least `ROW_GROUP · cols` floats.
 fn matmul_rows(
+    kernels: &Kernels,
     w: &WeightView<'_>,
     row_bytes: usize,
     x: &[f32], // [n_tokens, cols]
@@ -112,91 +148,27 @@ fn matmul_rows(
             .chunks_exact(row_bytes)
             .zip(scratch.chunks_exact_mut(cols))
         {
-            dequantize_row(w.dtype, row, dst);
+            kernels.dequantize_row(w.dtype, row, dst);
         }
         let j = r - rows.start;
         for (t, xt) in x.chunks_exact(cols).enumerate() {
             if n == ROW_GROUP {
                 let wr = std::array::from_fn(|i| &scratch[i * cols..(i + 1) * cols]);
-                for (i, v) in dot_4(wr, xt).into_iter().enumerate() {
+                for (i, v) in kernels.dot_4(wr, xt).into_iter().enumerate() {
                     out.set(t, j + i, v);
                 }
             } else {
                 for i in 0..n {
-                    out.set(t, j + i, dot_1(&scratch[i * cols..(i + 1) * cols], xt));
+                    out.set(
+                        t,
+                        j + i,
+                        kernels.dot_1(&scratch[i * cols..(i + 1) * cols], xt),
+                    );
                 }
             }
         }
         r += n;
     }
-}
-
-/// `w · x` in the fixed reduction order of the module docs; `w.len() == x.len()`.
-#[inline(never)]
-fn dot_1(w: &[f32], x: &[f32]) -> f32 {
-    let mut acc = [0.0f32; LANES];
-    for (wc, xc) in w.chunks_exact(LANES).zip(x.chunks_exact(LANES)) {
-        mac(&mut acc, wc, xc);
-    }
-    mac_tail(&mut acc, w, x);
-    tree_sum(&acc)
-}
-
-/// `[w[0]·x, …, w[3]·x]`, each row bitwise equal to [`dot_1`] (same operations per row); the
-/// activation chunk is loaded once for the four rows. Every `w[i]` has `x.len()` elements.
-#[inline(never)]
-fn dot_4(w: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
-    let mut acc = [[0.0f32; LANES]; 4];
-    let rows = w[0].chunks_exact(LANES).zip(w[1].chunks_exact(LANES));
-    let rows = rows
-        .zip(w[2].chunks_exact(LANES))
-        .zip(w[3].chunks_exact(LANES));
-    for ((((w0, w1), w2), w3), xc) in rows.zip(x.chunks_exact(LANES)) {
-        mac(&mut acc[0], w0, xc);
-        mac(&mut acc[1], w1, xc);
-        mac(&mut acc[2], w2, xc);
-        mac(&mut acc[3], w3, xc);
-    }
-    for (acc, w) in acc.iter_mut().zip(w) {
-        mac_tail(acc, w, x);
-    }
-    acc.map(|a| tree_sum(&a))
-}
-
-/// `acc[l] += w[l] · x[l]` for the `LANES` lanes (`w`, `x` are one chunk of `LANES`).
-#[inline(always)]
-fn mac(acc: &mut [f32; LANES], w: &[f32], x: &[f32]) {
-    let (w, x) = (&w[..LANES], &x[..LANES]);
-    for l in 0..LANES {
-        acc[l] += w[l] * x[l];
-    }
-}
-
-/// The last `len % LANES` columns: column `full + l` goes to lane `l`.
-#[inline(always)]
-fn mac_tail(acc: &mut [f32; LANES], w: &[f32], x: &[f32]) {
-    let full = x.len() - x.len() % LANES;
-    for ((a, &wv), &xv) in acc.iter_mut().zip(&w[full..]).zip(&x[full..]) {
-        *a += wv * xv;
-    }
-}
-
-/// Pairwise sum of the lanes in a fixed order: halves added lane-wise until one is left
-/// (`v[l] += v[l + 8]`, then `+ v[l + 4]`, `+ v[l + 2]`, `+ v[l + 1]`).
-///
-/// Not inlined on purpose: when LLVM sees this tree next to the accumulation loop, its SLP
-/// vectorizer splits the accumulators into 2-lane vectors and the loop runs at half width.
-#[inline(never)]
-fn tree_sum(a: &[f32; LANES]) -> f32 {
-    let mut v = *a;
-    let mut width = LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            v[l] += v[l + width];
-        }
-        width /= 2;
-    }
-    v[0]
 }
 
 thread_local! {
@@ -296,55 +268,6 @@ impl ColumnsMut<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The multi-row kernel must give each row the bits of the single-row kernel, so the row
-    /// grouping (which depends on the chunking) never changes a result.
-    #[test]
-    fn grouped_rows_match_single_rows_bitwise() {
-        for n in [1, 15, 16, 17, 64, 100, 1536] {
-            let x: Vec<f32> = (0..n)
-                .map(|i| ((i * 7919) % 1000) as f32 / 337.0 - 1.3)
-                .collect();
-            let w: Vec<Vec<f32>> = (0..ROW_GROUP)
-                .map(|r| {
-                    (0..n)
-                        .map(|i| ((i * 31 + r * 17) % 101) as f32 / 7.0 - 6.9)
-                        .collect()
-                })
-                .collect();
-            let grouped = dot_4(std::array::from_fn(|r| &w[r][..]), &x);
-            for (r, g) in grouped.iter().enumerate() {
-                let single = dot_1(&w[r], &x);
-                assert_eq!(g.to_bits(), single.to_bits(), "n={n} row {r}");
-                let exact: f64 = w[r]
-                    .iter()
-                    .zip(&x)
-                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                    .sum();
-                let mag: f64 = w[r]
-                    .iter()
-                    .zip(&x)
-                    .map(|(a, b)| f64::from((a * b).abs()))
-                    .sum();
-                assert!(
-                    (f64::from(single) - exact).abs() <= 1e-6 * mag,
-                    "n={n}: {single} vs {exact}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn tree_sum_adds_in_the_documented_order() {
-        let a: [f32; LANES] = std::array::from_fn(|i| (i as f32 + 1.0) * 0.1);
-        let mut h = a;
-        for width in [8, 4, 2, 1] {
-            for l in 0..width {
-                h[l] += h[l + width];
-            }
-        }
-        assert_eq!(tree_sum(&a).to_bits(), h[0].to_bits());
-    }
 
     #[test]
     fn chunks_are_whole_row_groups() {

@@ -1,0 +1,122 @@
+//! The AVX2 kernels: two `ymm` registers hold the 16 lanes (lanes 0–7, then 8–15).
+
+use std::arch::x86_64::*;
+
+use super::{kernels, lanes::Lanes16};
+use crate::DType;
+
+/// 16 f32 lanes in two AVX2 registers.
+#[derive(Clone, Copy)]
+pub(super) struct Y(__m256, __m256);
+
+impl Lanes16 for Y {
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn zero() -> Self {
+        Y(_mm256_setzero_ps(), _mm256_setzero_ps())
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn splat(v: f32) -> Self {
+        Y(_mm256_set1_ps(v), _mm256_set1_ps(v))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load(p: *const f32) -> Self {
+        Y(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn store(self, p: *mut f32) {
+        _mm256_storeu_ps(p, self.0);
+        _mm256_storeu_ps(p.add(8), self.1);
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn add(self, o: Self) -> Self {
+        Y(_mm256_add_ps(self.0, o.0), _mm256_add_ps(self.1, o.1))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn sub(self, o: Self) -> Self {
+        Y(_mm256_sub_ps(self.0, o.0), _mm256_sub_ps(self.1, o.1))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn mul(self, o: Self) -> Self {
+        Y(_mm256_mul_ps(self.0, o.0), _mm256_mul_ps(self.1, o.1))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn from_u8(b: __m128i) -> Self {
+        let hi = _mm_unpackhi_epi64(b, b);
+        Y(
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)),
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
+        )
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn from_i8(b: __m128i) -> Self {
+        let hi = _mm_unpackhi_epi64(b, b);
+        Y(
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
+        )
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn load_f16(p: *const u8) -> Self {
+        Y(
+            _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+            _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
+        )
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load_bf16(p: *const u8) -> Self {
+        let half = |q: *const u8| {
+            let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(q.cast()));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide))
+        };
+        Y(half(p), half(p.add(16)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn to_array(self) -> [f32; 16] {
+        let mut a = [0.0f32; 16];
+        _mm256_storeu_ps(a.as_mut_ptr(), self.0);
+        _mm256_storeu_ps(a.as_mut_ptr().add(8), self.1);
+        a
+    }
+}
+
+// The entry points below are what the kernel table points at.
+
+/// # Safety
+/// AVX2, FMA and F16C must be available; lengths as documented in `super::kernels`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
+    kernels::dequantize_row::<Y>(dtype, src, dst)
+}
+
+/// # Safety
+/// AVX2, FMA and F16C must be available.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_1(w: &[f32], x: &[f32]) -> f32 {
+    kernels::dot_1::<Y>(w, x)
+}
+
+/// # Safety
+/// AVX2, FMA and F16C must be available.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_4(w: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
+    kernels::dot_4::<Y>(w, x)
+}
+
+/// # Safety
+/// AVX2, FMA and F16C must be available.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_row(dtype: DType, src: &[u8], x: &[f32]) -> f32 {
+    kernels::dot_row::<Y>(dtype, src, x)
+}

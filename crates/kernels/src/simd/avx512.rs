@@ -1,0 +1,108 @@
+//! The AVX-512 kernels: one `zmm` register holds the 16 lanes.
+
+use std::arch::x86_64::*;
+
+use super::{kernels, lanes::Lanes16};
+use crate::DType;
+
+/// 16 f32 lanes in one AVX-512 register.
+#[derive(Clone, Copy)]
+pub(super) struct Z(__m512);
+
+impl Lanes16 for Z {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn zero() -> Self {
+        Z(_mm512_setzero_ps())
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn splat(v: f32) -> Self {
+        Z(_mm512_set1_ps(v))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load(p: *const f32) -> Self {
+        Z(_mm512_loadu_ps(p))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store(self, p: *mut f32) {
+        _mm512_storeu_ps(p, self.0)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn add(self, o: Self) -> Self {
+        Z(_mm512_add_ps(self.0, o.0))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn sub(self, o: Self) -> Self {
+        Z(_mm512_sub_ps(self.0, o.0))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn mul(self, o: Self) -> Self {
+        Z(_mm512_mul_ps(self.0, o.0))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn from_u8(b: __m128i) -> Self {
+        Z(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn from_i8(b: __m128i) -> Self {
+        Z(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load_f16(p: *const u8) -> Self {
+        Z(_mm512_cvtph_ps(_mm256_loadu_si256(p.cast())))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load_bf16(p: *const u8) -> Self {
+        let wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
+        Z(_mm512_castsi512_ps(_mm512_slli_epi32::<16>(wide)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn to_array(self) -> [f32; 16] {
+        let mut a = [0.0f32; 16];
+        _mm512_storeu_ps(a.as_mut_ptr(), self.0);
+        a
+    }
+}
+
+// The entry points below are what the kernel table points at.
+// Safety (all four): the CPU must support AVX-512 F, BW and VL; the slices must have the
+// lengths documented in `super::kernels`.
+
+/// # Safety
+/// See the note above: AVX-512 F/BW/VL must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
+    kernels::dequantize_row::<Z>(dtype, src, dst)
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn dot_1(w: &[f32], x: &[f32]) -> f32 {
+    kernels::dot_1::<Z>(w, x)
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn dot_4(w: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
+    kernels::dot_4::<Z>(w, x)
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn dot_row(dtype: DType, src: &[u8], x: &[f32]) -> f32 {
+    kernels::dot_row::<Z>(dtype, src, x)
+}
