@@ -4,8 +4,11 @@ use crate::sequence::SeqId;
 
 /// Everything the engine can refuse or fail at. A broken internal invariant is an `assert!`,
 /// never one of these.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum EngineError {
+    /// A request's sampling parameters are out of range (names the field and the bound).
+    #[error("{0}")]
+    Sampler(#[from] crate::sampler::SamplerError),
     /// A configuration value is out of range.
     #[error("invalid engine configuration: {0}")]
     InvalidConfig(String),

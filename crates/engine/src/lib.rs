@@ -9,11 +9,14 @@
 //! - [`step_plan`]: the `StepPlan` / `StepResult` contract with the runner, client events, and
 //!   [`step_plan::to_forward_batch`], the seam onto the model's `ForwardBatch`.
 //!
-//! A step is `scheduler.schedule()` -> run the model on `to_forward_batch(&plan)` and sample ->
-//! `scheduler.update(&result)`. The runner, sampler, prefix cache and `Engine::step` come next.
+//! - [`sampler`]: how a token is chosen from a logits row (processors, seeded streams,
+//!   logprobs of the raw distribution);
+//! - [`engine`]: `Engine::step` = `scheduler.schedule()` -> the model's forward pass on
+//!   `to_forward_batch(&plan)` -> sample -> `scheduler.update(&result)` -> events.
 
 pub mod block_allocator;
 pub mod block_table;
+pub mod engine;
 pub mod error;
 pub mod scheduler;
 pub mod scheduler_config;

@@ -1,0 +1,165 @@
+//! The equivalence harness of DESIGN §3 for generation, on a real model file: one prompt set,
+//! many paths (alone, batched with others in any arrival order, chunked prefill at several
+//! sizes, forced preemption), all compared token for token and logprob for logprob, plus
+//! decode ≡ teacher-forced forward and pool accounting.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
+use tandem_engine::sampler::SamplingParams;
+use tandem_engine::{RequestParams, SchedulerConfig, SeqId};
+use tandem_model::batch::TokenId;
+use tandem_model::loader::load_model;
+use tandem_model::scoring::{score_tokens, ScoreOptions};
+use tandem_model::transformer::Model;
+
+/// Tokens and logprobs a request produced.
+type Output = (Vec<TokenId>, Vec<f32>);
+
+fn fixture_model() -> Model {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/hf/llama_untied");
+    load_model(&dir, 2).expect("fixture model").model
+}
+
+fn default_model() -> Model {
+    let path = tandem_model::default_model::test_model_path().expect("the default model is needed; this test does not skip");
+    load_model(&path, 2).expect("default model").model
+}
+
+/// Deterministic prompts of varied lengths.
+fn prompts(n: usize, vocab: usize) -> Vec<Vec<TokenId>> {
+    (0..n)
+        .map(|i| {
+            let len = 3 + (i * 7) % 29;
+            (0..len).map(|j| TokenId(((i * 131 + j * 17 + 5) % vocab) as u32)).collect()
+        })
+        .collect()
+}
+
+fn request(prompt: &[TokenId], i: usize, sampled: bool) -> GenerationRequest {
+    let sampling = if sampled {
+        SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(1000 + i as u64), ..SamplingParams::default() }
+    } else {
+        SamplingParams::greedy()
+    };
+    let limits = RequestParams { max_tokens: 6 + i % 5, ignore_eos: true, ..RequestParams::default() };
+    GenerationRequest { prompt: prompt.to_vec(), sampling, limits, sample_index: 0 }
+}
+
+/// Runs `requests` (submitted in `order`, `per_step` new submissions per step) to completion.
+fn run(model: Model, config: SchedulerConfig, reqs: &[GenerationRequest], order: &[usize], per_step: usize) -> (Vec<Output>, Engine) {
+    let mut engine = Engine::new(model, config, 7).expect("engine");
+    let mut ids: HashMap<SeqId, usize> = HashMap::new();
+    let mut out: Vec<Output> = vec![(Vec::new(), Vec::new()); reqs.len()];
+    let mut pending = order.iter().copied().peekable();
+    while pending.peek().is_some() || engine.has_unfinished() {
+        for i in pending.by_ref().take(per_step) {
+            ids.insert(engine.add_request(reqs[i].clone()).expect("admitted"), i);
+        }
+        for e in engine.step().expect("step") {
+            if let EngineEvent::Token { seq_id, token, logprob, .. } = e {
+                let o = &mut out[ids[&seq_id]];
+                o.0.push(token);
+                o.1.push(logprob);
+            }
+        }
+    }
+    (out, engine)
+}
+
+fn config(model: &Model, num_blocks: usize, budget: usize, block_size: usize) -> SchedulerConfig {
+    let mut c = SchedulerConfig::new(num_blocks, block_size, model.config.context_len);
+    c.max_num_batched_tokens = budget;
+    c.long_prefill_token_threshold = budget;
+    c
+}
+
+fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {
+    let model = load();
+    let vocab = model.config.vocab_size;
+    let reqs: Vec<GenerationRequest> = prompts(n, vocab).iter().enumerate().map(|(i, p)| request(p, i, sampled)).collect();
+    // Reference: each request alone, whole prefill.
+    let alone: Vec<Output> = (0..n)
+        .map(|i| {
+            let m = load();
+            let c = config(&m, 64, 4096, 16);
+            run(m, c, &reqs[i..=i], &[0], 1).0.remove(0)
+        })
+        .collect();
+    // A pool that holds the longest request but not all of them at once.
+    let tiny = reqs.iter().map(|r| (r.prompt.len() + r.limits.max_tokens).div_ceil(4)).max().expect("requests") + 1;
+    let forward: Vec<usize> = (0..n).collect();
+    let reverse: Vec<usize> = (0..n).rev().collect();
+    let paths: [(&str, usize, usize, usize, &[usize], usize); 6] = [
+        ("all at once", 512, 4096, 16, &forward, n),
+        ("reverse arrival, one per step", 512, 4096, 16, &reverse, 1),
+        ("chunks of 1", 512, 1, 16, &forward, n),
+        ("chunks of 7, block 4", 512, 7, 4, &reverse, 3),
+        ("chunks of 64", 512, 64, 8, &forward, 2),
+        ("tiny pool: preemption", tiny, 64, 4, &forward, n),
+    ];
+    for (name, blocks, budget, block_size, order, per_step) in paths {
+        let m = load();
+        let c = config(&m, blocks, budget, block_size);
+        let (got, engine) = run(m, c, &reqs, order, per_step);
+        for i in 0..n {
+            assert_eq!(got[i].0, alone[i].0, "{name}: request {i} tokens differ from alone");
+            assert!(got[i].1 == alone[i].1, "{name}: request {i} logprobs differ from alone");
+        }
+        let alloc = engine.scheduler().allocator();
+        assert!(alloc.is_idle(), "{name}: blocks leaked: {} of {} free", alloc.num_free(), alloc.num_total());
+        if name.contains("preemption") {
+            assert!(engine.scheduler().stats().num_preemptions > 0, "the tiny pool must force preemption");
+        }
+    }
+    // decode ≡ forward: the logprob of every generated token equals the teacher-forced score.
+    let model = load();
+    for (i, (tokens, logprobs)) in alone.iter().enumerate() {
+        let full: Vec<TokenId> = reqs[i].prompt.iter().chain(tokens).copied().collect();
+        let scored = score_tokens(&model, &full, &ScoreOptions { top_k: 1, ..ScoreOptions::default() }, &mut |_, _| {}).expect("score");
+        let p = reqs[i].prompt.len();
+        for (j, lp) in logprobs.iter().enumerate() {
+            let s = scored.positions[p + j].as_ref().expect("scored");
+            assert!(s.logprob == *lp, "request {i} token {j}: decode {lp} vs forward {}", s.logprob);
+            if !sampled {
+                assert_eq!(s.top[0].0, tokens[j], "greedy token is the forward argmax");
+            }
+        }
+    }
+}
+
+#[test]
+fn greedy_generation_is_path_independent_on_a_fixture_model() {
+    check_paths(fixture_model, 12, false);
+}
+
+#[test]
+fn seeded_sampling_is_path_independent_on_a_fixture_model() {
+    check_paths(fixture_model, 12, true);
+}
+
+#[test]
+fn greedy_generation_is_path_independent_on_the_default_model() {
+    check_paths(default_model, 4, false);
+}
+
+#[test]
+fn a_bad_request_is_refused_and_changes_nothing() {
+    let model = fixture_model();
+    let c = config(&model, 8, 64, 4);
+    let vocab = model.config.vocab_size;
+    let mut engine = Engine::new(model, c, 0).expect("engine");
+    let too_long = GenerationRequest { prompt: vec![TokenId(1); 40], ..request(&[TokenId(1)], 0, false) };
+    assert!(engine.add_request(too_long).is_err(), "needs more blocks than the pool");
+    let bad_token = request(&[TokenId(vocab as u32)], 0, false);
+    assert!(engine.add_request(bad_token).is_err(), "token outside the vocabulary");
+    let bad_temp = GenerationRequest {
+        sampling: SamplingParams { temperature: -1.0, ..SamplingParams::default() },
+        ..request(&[TokenId(1)], 0, false)
+    };
+    let err = engine.add_request(bad_temp).expect_err("negative temperature");
+    assert!(err.to_string().contains("temperature"), "error names the field: {err}");
+    assert!(!engine.has_unfinished());
+    assert!(engine.scheduler().allocator().is_idle());
+}
