@@ -1,6 +1,8 @@
-//! The incremental detokenizer on the default model's real tokenizer (byte-level BPE):
-//! streamed chunks concatenate to `Tokenizer::decode` for any id sequence, characters
-//! split across byte tokens are held back (never U+FFFD), and nothing else is held back.
+//! The incremental detokenizer on the default model's real tokenizer (byte-level BPE) and
+//! on the model crate's SentencePiece fixtures (GGUF and Hugging Face, whose `decode` drops
+//! the prepended space): streamed chunks concatenate to `Tokenizer::decode` for any id
+//! sequence, characters split across byte tokens are held back (never U+FFFD), and nothing
+//! else is held back.
 
 use std::sync::{Arc, OnceLock};
 
@@ -22,6 +24,22 @@ fn tokenizer() -> Arc<Tokenizer> {
         .clone()
 }
 
+/// The model crate's SentencePiece fixtures: a GGUF vocabulary (llama.cpp's rule: a space
+/// prefix on every stretch of text) and a Hugging Face directory (`tokenizer.json`).
+fn sentencepiece_tokenizers() -> &'static [Arc<Tokenizer>] {
+    static TOKENIZERS: OnceLock<Vec<Arc<Tokenizer>>> = OnceLock::new();
+    TOKENIZERS.get_or_init(|| {
+        let fixtures =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures");
+        let file =
+            GgufFile::open(&fixtures.join("tokenizer_spm/vocab.gguf")).expect("fixture opens");
+        let gguf = Tokenizer::from_gguf_metadata(&file.metadata).expect("tokenizer builds");
+        let hf = Tokenizer::from_hf_dir(&fixtures.join("tokenizer_hf/sentencepiece"))
+            .expect("tokenizer builds");
+        vec![Arc::new(gguf), Arc::new(hf)]
+    })
+}
+
 /// Ids whose token is a single byte (byte-level BPE has one for each of the 256 bytes).
 fn single_byte_ids() -> Vec<u32> {
     let tok = tokenizer();
@@ -34,7 +52,10 @@ fn single_byte_ids() -> Vec<u32> {
 /// `decode(ids so far)` minus an incomplete trailing character (which `decode` shows as one
 /// U+FFFD). Returns the chunks, `finish` last.
 fn stream_checked(ids: &[u32], skip_special: bool) -> Vec<String> {
-    let tok = tokenizer();
+    stream_checked_with(&tokenizer(), ids, skip_special)
+}
+
+fn stream_checked_with(tok: &Arc<Tokenizer>, ids: &[u32], skip_special: bool) -> Vec<String> {
     let mut detok = IncrementalDetokenizer::new(tok.clone(), skip_special);
     let mut chunks = Vec::new();
     let mut emitted = String::new();
@@ -57,8 +78,12 @@ fn stream_checked(ids: &[u32], skip_special: bool) -> Vec<String> {
 }
 
 fn assert_streams_like_decode(ids: &[u32], skip_special: bool) {
-    let decoded = tokenizer().decode(ids, skip_special).expect("decodes");
-    let chunks = stream_checked(ids, skip_special);
+    assert_streams_like_decode_with(&tokenizer(), ids, skip_special);
+}
+
+fn assert_streams_like_decode_with(tok: &Arc<Tokenizer>, ids: &[u32], skip_special: bool) {
+    let decoded = tok.decode(ids, skip_special).expect("decodes");
+    let chunks = stream_checked_with(tok, ids, skip_special);
     assert_eq!(chunks.concat(), decoded, "ids {ids:?}");
     if !decoded.contains('\u{FFFD}') {
         assert!(chunks.iter().all(|c| !c.contains('\u{FFFD}')));
@@ -154,6 +179,28 @@ fn unknown_ids_are_an_error() {
     assert_eq!(detok.push(bad), Err(TextError::UnknownToken(bad)));
 }
 
+#[test]
+fn sentencepiece_prefix_spaces_are_dropped_like_decode() {
+    for tok in sentencepiece_tokenizers() {
+        let bos = tok.bos_id().expect("the fixtures have BOS");
+        for text in ["Hello world", " two  spaces", "naïve 日本 🦀 text"] {
+            let mut ids = tok.encode(text, true).expect("encodes");
+            let first_text_token = *ids.iter().find(|&&id| !tok.is_special(id)).expect("text");
+            assert_eq!(
+                tok.token_bytes(first_text_token).and_then(|b| b.first()),
+                Some(&b' ')
+            );
+            // Again after a special token, where llama.cpp's rule drops the space again.
+            ids.push(bos);
+            ids.extend(tok.encode(text, false).expect("encodes"));
+            for skip in [true, false] {
+                let chunks = stream_checked_with(tok, &ids, skip);
+                assert_eq!(chunks.concat(), tok.decode(&ids, skip).expect("decodes"));
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -182,6 +229,24 @@ proptest! {
             .map(|(i, p)| if i % 11 == 10 { *p.get(&specials) } else { *p.get(&bytes) })
             .collect();
         assert_streams_like_decode(&ids, skip);
+    }
+
+    #[test]
+    fn sentencepiece_random_ids_stream_like_decode(
+        raw in proptest::collection::vec(any::<u32>(), 0..48),
+        skip in any::<bool>(),
+        which in 0usize..2,
+    ) {
+        let tok = &sentencepiece_tokenizers()[which];
+        let n = tok.vocab_size() as u32;
+        // Every third token special, so that stretches of text start often.
+        let specials: Vec<u32> = (0..n).filter(|&id| tok.is_special(id)).collect();
+        let ids: Vec<u32> = raw
+            .iter()
+            .enumerate()
+            .map(|(i, r)| if i % 3 == 2 { specials[*r as usize % specials.len()] } else { r % n })
+            .collect();
+        assert_streams_like_decode_with(tok, &ids, skip);
     }
 
     #[test]

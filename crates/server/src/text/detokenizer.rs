@@ -19,13 +19,13 @@ const MAX_INCOMPLETE_BYTES: usize = 3;
 /// once as one U+FFFD per maximal invalid subpart, exactly as `String::from_utf8_lossy`
 /// reads them. Only [`finish`](Self::finish) turns a still-incomplete tail into U+FFFD.
 ///
-/// Invariant: for byte-level vocabularies (the default model) and any other vocabulary
-/// whose `decode` is the lossy UTF-8 reading of the concatenated token bytes, the
-/// concatenation of every chunk returned by `push` and `finish` equals
+/// SentencePiece vocabularies prepend a space to text when encoding and `decode` removes it
+/// again from the first ordinary token of a stretch of text; that token's leading space is
+/// dropped here too (see [`SpaceStripProbe`]).
+///
+/// Invariant: the concatenation of every chunk returned by `push` and `finish` equals
 /// `tokenizer.decode(all ids, skip_special)`, and after each `push` the text emitted so far
 /// is that decoding of the ids so far minus at most one incomplete trailing character.
-/// (SentencePiece vocabularies that strip a prepended space in `decode` are not covered:
-/// `token_bytes` keeps that space.)
 #[derive(Debug, Clone)]
 pub struct IncrementalDetokenizer {
     tokenizer: Arc<Tokenizer>,
@@ -33,6 +33,8 @@ pub struct IncrementalDetokenizer {
     /// Bytes of an incomplete UTF-8 character ending the text so far; at most
     /// [`MAX_INCOMPLETE_BYTES`] after every `push`.
     pending: Vec<u8>,
+    /// What decides whether `decode` drops the next token's leading space.
+    probe: SpaceStripProbe,
 }
 
 impl IncrementalDetokenizer {
@@ -43,6 +45,7 @@ impl IncrementalDetokenizer {
             tokenizer,
             skip_special,
             pending: Vec::with_capacity(8),
+            probe: SpaceStripProbe::default(),
         }
     }
 
@@ -57,10 +60,13 @@ impl IncrementalDetokenizer {
             .tokenizer
             .token_bytes(id)
             .ok_or(TextError::UnknownToken(id))?;
-        if self.skip_special && self.tokenizer.is_special(id) {
+        let special = self.tokenizer.is_special(id);
+        let skip = usize::from(!special && self.probe.strips_space(&self.tokenizer, id, bytes));
+        self.probe.record(id, special);
+        if self.skip_special && special {
             return Ok(String::new());
         }
-        self.pending.extend_from_slice(bytes);
+        self.pending.extend_from_slice(&bytes[skip..]);
         Ok(self.take_complete())
     }
 
@@ -107,5 +113,63 @@ fn is_incomplete(bytes: &[u8]) -> bool {
     match std::str::from_utf8(bytes) {
         Ok(_) => false,
         Err(e) => e.error_len().is_none(),
+    }
+}
+
+/// Finds out whether `decode` would drop the leading space of the next token, without
+/// knowing the vocabulary's space-prefix rule.
+///
+/// In `decode`, whether an ordinary token's leading space is dropped depends on the tokens
+/// before it only through (a) the previous token and (b) whether any non-special token came
+/// before (SentencePiece "prefix every stretch of text" and "prefix the start only" rules;
+/// byte-level vocabularies never drop it). The context `[first non-special token, previous
+/// token]` therefore puts `decode` in the same state as the whole sequence, and decoding it
+/// with and without the new token shows whether the space is dropped. A leading ASCII space
+/// ends any incomplete character before it, so the lossy decodings compare exactly.
+#[derive(Debug, Clone, Copy, Default)]
+struct SpaceStripProbe {
+    /// The first non-special token pushed so far.
+    first_non_special: Option<u32>,
+    /// The last token pushed, unless it is `first_non_special` itself.
+    previous: Option<u32>,
+}
+
+impl SpaceStripProbe {
+    /// Records a pushed token.
+    fn record(&mut self, id: u32, special: bool) {
+        if !special && self.first_non_special.is_none() {
+            self.first_non_special = Some(id);
+            self.previous = None;
+        } else {
+            self.previous = Some(id);
+        }
+    }
+
+    /// Whether `decode` drops the leading space of non-special token `id` (bytes `bytes`)
+    /// after the tokens recorded so far.
+    fn strips_space(&self, tokenizer: &Tokenizer, id: u32, bytes: &[u8]) -> bool {
+        if bytes.first() != Some(&b' ') {
+            return false;
+        }
+        let mut context = [0u32; 3];
+        let mut len = 0;
+        for t in [self.first_non_special, self.previous]
+            .into_iter()
+            .flatten()
+        {
+            context[len] = t;
+            len += 1;
+        }
+        context[len] = id;
+        let (Ok(before), Ok(after)) = (
+            tokenizer.decode(&context[..len], false),
+            tokenizer.decode(&context[..=len], false),
+        ) else {
+            return false;
+        };
+        let added = after
+            .strip_prefix(before.as_str())
+            .unwrap_or(after.as_str());
+        added.len() < String::from_utf8_lossy(bytes).len()
     }
 }

@@ -24,8 +24,7 @@ pub struct TextOptions {
 /// at once (`Tokenizer::decode(ids, skip_special_tokens)`), then cut at the first stop
 /// string as [`StopStringMatcher`] defines it. No delta contains U+FFFD from a character
 /// split across tokens, and no byte of the matched stop string is ever emitted (unless
-/// `include_stop_str_in_output`). The same caveat as [`IncrementalDetokenizer`] applies to
-/// SentencePiece vocabularies.
+/// `include_stop_str_in_output`).
 #[derive(Debug, Clone)]
 pub struct TextStream {
     detokenizer: IncrementalDetokenizer,
