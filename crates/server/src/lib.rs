@@ -2,3 +2,5 @@
 //! fixes the crate graph: server -> engine -> model -> kernels.)
 
 pub use tandem_engine as engine;
+
+pub mod text;
