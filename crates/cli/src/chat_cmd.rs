@@ -43,15 +43,30 @@ impl Observer for Printer {
 pub fn run(a: ChatArgs) -> Result<()> {
     let cache = cache_dir(a.model.cache_dir.as_deref())?;
     let path = resolve_model(a.model.model.as_deref(), &cache)?;
-    let lm = load_model(&path, a.model.threads()).with_context(|| format!("loading {}", path.display()))?;
+    let lm = load_model(&path, a.model.threads())
+        .with_context(|| format!("loading {}", path.display()))?;
     let tokenizer = Arc::new(lm.tokenizer);
-    let builder = PromptBuilder::new(tokenizer.clone(), lm.chat_template.as_deref(), &lm.eos_token_ids)?;
-    let mut engine = build_engine(lm.model, lm.eos_token_ids.clone(), &a.engine, a.sampling.seed.unwrap_or(0))?;
+    let builder = PromptBuilder::new(
+        tokenizer.clone(),
+        lm.chat_template.as_deref(),
+        &lm.eos_token_ids,
+    )?;
+    let mut engine = build_engine(
+        lm.model,
+        lm.eos_token_ids.clone(),
+        &a.engine,
+        a.sampling.seed.unwrap_or(0),
+    )?;
     let cancel = Arc::new(AtomicBool::new(false));
     let flag = cancel.clone();
-    ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed)).context("installing the Ctrl-C handler")?;
+    ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed))
+        .context("installing the Ctrl-C handler")?;
     eprintln!("tandem chat: /reset forgets the conversation, /quit leaves, Ctrl-C stops an answer");
-    let start: Vec<ChatMessage> = a.system.iter().map(|s| ChatMessage::new("system", s.clone())).collect();
+    let start: Vec<ChatMessage> = a
+        .system
+        .iter()
+        .map(|s| ChatMessage::new("system", s.clone()))
+        .collect();
     let mut history = start.clone();
     let stdin = std::io::stdin();
     loop {
@@ -72,8 +87,15 @@ pub fn run(a: ChatArgs) -> Result<()> {
             }
             _ => {}
         }
-        history.push(ChatMessage::new("user", line.trim_end_matches(['\n', '\r'])));
-        let jobs = builder.jobs(&PromptInput::Messages(history.clone()), &a.sampling, &SamplingOverrides::default());
+        history.push(ChatMessage::new(
+            "user",
+            line.trim_end_matches(['\n', '\r']),
+        ));
+        let jobs = builder.jobs(
+            &PromptInput::Messages(history.clone()),
+            &a.sampling,
+            &SamplingOverrides::default(),
+        );
         let jobs = match jobs {
             Ok(j) => j,
             Err(e) => {

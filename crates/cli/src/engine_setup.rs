@@ -18,7 +18,10 @@ pub fn parse_size(s: &str) -> Result<u64> {
     let t = s.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let value: f64 = num.trim().parse().with_context(|| format!("`{s}` is not a size like 2GiB"))?;
+    let value: f64 = num
+        .trim()
+        .parse()
+        .with_context(|| format!("`{s}` is not a size like 2GiB"))?;
     let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kb" => 1e3,
@@ -37,7 +40,12 @@ pub fn parse_size(s: &str) -> Result<u64> {
 }
 
 /// Builds the engine, reporting the KV pool on stderr.
-pub fn build_engine(model: Model, eos: Vec<TokenId>, args: &EngineArgs, seed: u64) -> Result<Engine> {
+pub fn build_engine(
+    model: Model,
+    eos: Vec<TokenId>,
+    args: &EngineArgs,
+    seed: u64,
+) -> Result<Engine> {
     let block_size = args.block_size as usize;
     let bytes = match &args.kv_cache_memory {
         Some(s) => parse_size(s).context("--kv-cache-memory")?,

@@ -61,9 +61,14 @@ struct InputLine {
 pub fn run(a: GenerateArgs) -> Result<()> {
     let cache = cache_dir(a.model.cache_dir.as_deref())?;
     let path = resolve_model(a.model.model.as_deref(), &cache)?;
-    let lm = load_model(&path, a.model.threads()).with_context(|| format!("loading {}", path.display()))?;
+    let lm = load_model(&path, a.model.threads())
+        .with_context(|| format!("loading {}", path.display()))?;
     let tokenizer = Arc::new(lm.tokenizer);
-    let builder = PromptBuilder::new(tokenizer.clone(), lm.chat_template.as_deref(), &lm.eos_token_ids)?;
+    let builder = PromptBuilder::new(
+        tokenizer.clone(),
+        lm.chat_template.as_deref(),
+        &lm.eos_token_ids,
+    )?;
     let inputs = read_inputs(&a)?;
     let mut jobs = Vec::new();
     let mut owners = Vec::new(); // (input index, sample index) of each job
@@ -74,11 +79,22 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         owners.extend((0..built.len()).map(|k| (i, k)));
         jobs.extend(built);
     }
-    let mut engine = build_engine(lm.model, lm.eos_token_ids.clone(), &a.engine, a.sampling.seed.unwrap_or(0))?;
+    let mut engine = build_engine(
+        lm.model,
+        lm.eos_token_ids.clone(),
+        &a.engine,
+        a.sampling.seed.unwrap_or(0),
+    )?;
     let streaming = a.prompt.is_some() && !a.json && a.sampling.n == 1;
     let mut observer = Progress::new(jobs.len(), streaming);
     let started = Instant::now();
-    let results = run_jobs(&mut engine, &tokenizer, jobs, &mut observer, &AtomicBool::new(false))?;
+    let results = run_jobs(
+        &mut engine,
+        &tokenizer,
+        jobs,
+        &mut observer,
+        &AtomicBool::new(false),
+    )?;
     observer.bar.finish_and_clear();
     let generated: usize = results.iter().map(|r| r.token_ids.len()).sum();
     eprintln!(
@@ -106,7 +122,10 @@ fn read_inputs(a: &GenerateArgs) -> Result<Vec<(PromptInput, SamplingOverrides)>
         };
         return Ok(vec![(input, SamplingOverrides::default())]);
     }
-    let path = a.input.as_ref().context("--prompt or --input is required")?;
+    let path = a
+        .input
+        .as_ref()
+        .context("--prompt or --input is required")?;
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut out = Vec::new();
     for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
@@ -114,13 +133,22 @@ fn read_inputs(a: &GenerateArgs) -> Result<Vec<(PromptInput, SamplingOverrides)>
         if line.trim().is_empty() {
             continue;
         }
-        let l: InputLine = serde_json::from_str(&line)
-            .with_context(|| format!("{} line {}: not a valid input object", path.display(), n + 1))?;
+        let l: InputLine = serde_json::from_str(&line).with_context(|| {
+            format!(
+                "{} line {}: not a valid input object",
+                path.display(),
+                n + 1
+            )
+        })?;
         let input = match (l.prompt, l.messages) {
             (Some(p), None) if a.chat => PromptInput::Messages(vec![ChatMessage::new("user", p)]),
             (Some(p), None) => PromptInput::Text(p),
             (None, Some(m)) => PromptInput::Messages(m),
-            _ => bail!("{} line {}: give exactly one of `prompt` or `messages`", path.display(), n + 1),
+            _ => bail!(
+                "{} line {}: give exactly one of `prompt` or `messages`",
+                path.display(),
+                n + 1
+            ),
         };
         out.push((input, l.overrides));
     }
@@ -178,11 +206,19 @@ struct Progress {
 
 impl Progress {
     fn new(total: usize, stream_text: bool) -> Progress {
-        let bar = if stream_text { ProgressBar::hidden() } else { ProgressBar::new(total as u64) };
+        let bar = if stream_text {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(total as u64)
+        };
         let style = ProgressStyle::with_template("{bar:40} {pos}/{len} requests  {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar());
         bar.set_style(style);
-        Progress { bar, stream_text, started: Instant::now() }
+        Progress {
+            bar,
+            stream_text,
+            started: Instant::now(),
+        }
     }
 }
 

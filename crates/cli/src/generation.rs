@@ -86,14 +86,28 @@ pub fn run_jobs(
         if cancel.load(Ordering::Relaxed) {
             for (id, r) in running.drain() {
                 engine.abort(id)?;
-                finish(&mut results[r.index], r.stream, "abort", None, observer, r.index);
+                finish(
+                    &mut results[r.index],
+                    r.stream,
+                    "abort",
+                    None,
+                    observer,
+                    r.index,
+                );
             }
             break;
         }
         for event in engine.step()? {
             match event {
-                EngineEvent::Token { seq_id, token, logprob, .. } => {
-                    let Some(r) = running.get_mut(&seq_id) else { continue };
+                EngineEvent::Token {
+                    seq_id,
+                    token,
+                    logprob,
+                    ..
+                } => {
+                    let Some(r) = running.get_mut(&seq_id) else {
+                        continue;
+                    };
                     generated += 1;
                     let res = &mut results[r.index];
                     res.token_ids.push(token.0);
@@ -106,19 +120,35 @@ pub fn run_jobs(
                         if engine.scheduler().sequence(seq_id).is_some() {
                             engine.abort(seq_id)?;
                         }
-                        finish(&mut results[r.index], r.stream, "stop", None, observer, r.index);
+                        finish(
+                            &mut results[r.index],
+                            r.stream,
+                            "stop",
+                            None,
+                            observer,
+                            r.index,
+                        );
                         observer.finished(r.index, generated);
                     }
                 }
                 EngineEvent::Finished { seq_id, reason } => {
-                    let Some(r) = running.remove(&seq_id) else { continue };
+                    let Some(r) = running.remove(&seq_id) else {
+                        continue;
+                    };
                     let (why, error) = match reason {
                         FinishReason::Stop => ("stop", None),
                         FinishReason::Length => ("length", None),
                         FinishReason::Abort => ("abort", None),
                         FinishReason::Error(e) => ("error", Some(e)),
                     };
-                    finish(&mut results[r.index], r.stream, why, error, observer, r.index);
+                    finish(
+                        &mut results[r.index],
+                        r.stream,
+                        why,
+                        error,
+                        observer,
+                        r.index,
+                    );
                     observer.finished(r.index, generated);
                 }
             }
@@ -138,6 +168,10 @@ fn finish(
     let tail = stream.finish();
     res.text.push_str(&tail.text);
     observer.text(index, &tail.text);
-    res.finish_reason = if tail.stopped.is_some() { "stop".into() } else { why.into() };
+    res.finish_reason = if tail.stopped.is_some() {
+        "stop".into()
+    } else {
+        why.into()
+    };
     res.error = error;
 }

@@ -73,7 +73,11 @@ pub struct PromptBuilder {
 }
 
 impl PromptBuilder {
-    pub fn new(tokenizer: Arc<Tokenizer>, template: Option<&str>, eos: &[TokenId]) -> Result<PromptBuilder> {
+    pub fn new(
+        tokenizer: Arc<Tokenizer>,
+        template: Option<&str>,
+        eos: &[TokenId],
+    ) -> Result<PromptBuilder> {
         let template = match template {
             Some(src) => Some(ChatTemplate::new(
                 src,
@@ -82,7 +86,11 @@ impl PromptBuilder {
             )?),
             None => None,
         };
-        Ok(PromptBuilder { tokenizer, template, eos: eos.iter().map(|t| t.0).collect() })
+        Ok(PromptBuilder {
+            tokenizer,
+            template,
+            eos: eos.iter().map(|t| t.0).collect(),
+        })
     }
 
     /// The prompt's token ids.
@@ -90,7 +98,10 @@ impl PromptBuilder {
         let ids = match input {
             PromptInput::Text(t) => self.tokenizer.encode(t, true)?,
             PromptInput::Messages(m) => {
-                let template = self.template.as_ref().context("the model has no chat template")?;
+                let template = self
+                    .template
+                    .as_ref()
+                    .context("the model has no chat template")?;
                 let text = template.render(m, true)?;
                 self.tokenizer.encode(&text, false)?
             }
@@ -102,7 +113,12 @@ impl PromptBuilder {
     }
 
     /// The jobs for one input: `n` samples of its prompt.
-    pub fn jobs(&self, input: &PromptInput, args: &SamplingArgs, o: &SamplingOverrides) -> Result<Vec<Job>> {
+    pub fn jobs(
+        &self,
+        input: &PromptInput,
+        args: &SamplingArgs,
+        o: &SamplingOverrides,
+    ) -> Result<Vec<Job>> {
         let n = o.n.unwrap_or(args.n);
         if n == 0 || n > MAX_N {
             bail!("n = {n} must be between 1 and {MAX_N}");
@@ -132,7 +148,11 @@ impl PromptBuilder {
             eos_token_ids: self.eos.clone(),
             ..SamplingParams::default()
         };
-        let limits = RequestParams { max_tokens, ignore_eos, ..RequestParams::default() };
+        let limits = RequestParams {
+            max_tokens,
+            ignore_eos,
+            ..RequestParams::default()
+        };
         let text = TextOptions {
             skip_special_tokens: true,
             stop,

@@ -34,7 +34,12 @@ pub struct GenerationRequest {
 pub enum EngineEvent {
     /// A token was appended to the request's output. `logprob` and `top_logprobs` come from
     /// the model's raw distribution at that position (see [`crate::sampler`]).
-    Token { seq_id: SeqId, token: TokenId, logprob: f32, top_logprobs: Vec<(TokenId, f32)> },
+    Token {
+        seq_id: SeqId,
+        token: TokenId,
+        logprob: f32,
+        top_logprobs: Vec<(TokenId, f32)>,
+    },
     /// The request finished; its KV blocks are already released.
     Finished { seq_id: SeqId, reason: FinishReason },
 }
@@ -63,7 +68,13 @@ impl Engine {
         let kv = KvStore::new(&model.config, config.block_size, config.num_blocks)
             .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
         let scheduler = Scheduler::new(config)?;
-        Ok(Engine { model, kv, scheduler, requests: HashMap::new(), seed })
+        Ok(Engine {
+            model,
+            kv,
+            scheduler,
+            requests: HashMap::new(),
+            seed,
+        })
     }
 
     pub fn model(&self) -> &Model {
@@ -88,9 +99,18 @@ impl Engine {
         let id = self.scheduler.add_request(req.prompt, req.limits)?;
         // A seeded request's stream depends only on its seed and sample index, never on what
         // else is running; an unseeded one gets a stream of its own from the engine seed.
-        let base = req.sampling.seed.unwrap_or_else(|| splitmix64(self.seed ^ splitmix64(id.0)));
+        let base = req
+            .sampling
+            .seed
+            .unwrap_or_else(|| splitmix64(self.seed ^ splitmix64(id.0)));
         let state = SamplerState::new(base.wrapping_add(req.sample_index), &prompt_ids);
-        self.requests.insert(id, ActiveRequest { sampling: req.sampling, state });
+        self.requests.insert(
+            id,
+            ActiveRequest {
+                sampling: req.sampling,
+                state,
+            },
+        );
         Ok(id)
     }
 
@@ -117,7 +137,9 @@ impl Engine {
         let logits = match self.model.forward(&batch, &mut self.kv) {
             Ok(l) => l,
             Err(e) => {
-                let events = self.scheduler.fail_step(&format!("forward pass failed: {e}"));
+                let events = self
+                    .scheduler
+                    .fail_step(&format!("forward pass failed: {e}"));
                 return Ok(self.translate(events, &HashMap::new()));
             }
         };
@@ -128,7 +150,10 @@ impl Engine {
             self.scheduler.finish_early(id, reason.clone())?;
             events.push(SeqEvent::Finished { seq_id: id, reason });
         }
-        events.extend(self.scheduler.update(&StepResult { step: plan.step, outputs })?);
+        events.extend(self.scheduler.update(&StepResult {
+            step: plan.step,
+            outputs,
+        })?);
         Ok(self.translate(events, &sampled))
     }
 
@@ -138,17 +163,30 @@ impl Engine {
         &mut self,
         plan: &StepPlan,
         logits: &Logits,
-    ) -> (Vec<SeqOutput>, HashMap<SeqId, SampledToken>, Vec<(SeqId, String)>) {
+    ) -> (
+        Vec<SeqOutput>,
+        HashMap<SeqId, SampledToken>,
+        Vec<(SeqId, String)>,
+    ) {
         let (mut outputs, mut sampled, mut failed) = (Vec::new(), HashMap::new(), Vec::new());
         let mut row = 0;
         for s in plan.seqs.iter().filter(|s| s.num_output_rows > 0) {
             row += s.num_output_rows;
             let last = row - 1; // without speculation there is exactly one output row
-            let num_output = self.scheduler.sequence(s.seq_id).map_or(0, |q| q.output().len());
-            let req = self.requests.get_mut(&s.seq_id).expect("every scheduled sequence has a request");
+            let num_output = self
+                .scheduler
+                .sequence(s.seq_id)
+                .map_or(0, |q| q.output().len());
+            let req = self
+                .requests
+                .get_mut(&s.seq_id)
+                .expect("every scheduled sequence has a request");
             match sample(logits.row(last), &req.sampling, &mut req.state, num_output) {
                 Ok(t) => {
-                    outputs.push(SeqOutput { seq_id: s.seq_id, tokens: vec![TokenId(t.token)] });
+                    outputs.push(SeqOutput {
+                        seq_id: s.seq_id,
+                        tokens: vec![TokenId(t.token)],
+                    });
                     sampled.insert(s.seq_id, t);
                 }
                 Err(e) => failed.push((s.seq_id, e.to_string())),
@@ -159,7 +197,11 @@ impl Engine {
 
     /// Turns scheduler events into client events, updating penalty counts and dropping the
     /// state of finished requests.
-    fn translate(&mut self, events: Vec<SeqEvent>, sampled: &HashMap<SeqId, SampledToken>) -> Vec<EngineEvent> {
+    fn translate(
+        &mut self,
+        events: Vec<SeqEvent>,
+        sampled: &HashMap<SeqId, SampledToken>,
+    ) -> Vec<EngineEvent> {
         events
             .into_iter()
             .map(|e| match e {
@@ -173,7 +215,12 @@ impl Engine {
                         token,
                         logprob: s.map_or(f32::NAN, |s| s.logprob),
                         top_logprobs: s
-                            .map(|s| s.top_logprobs.iter().map(|&(t, l)| (TokenId(t), l)).collect())
+                            .map(|s| {
+                                s.top_logprobs
+                                    .iter()
+                                    .map(|&(t, l)| (TokenId(t), l))
+                                    .collect()
+                            })
                             .unwrap_or_default(),
                     }
                 }

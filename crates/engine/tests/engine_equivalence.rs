@@ -4,7 +4,6 @@
 //! decode ≡ teacher-forced forward and pool accounting.
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
 use tandem_engine::sampler::SamplingParams;
@@ -17,13 +16,19 @@ use tandem_model::transformer::Model;
 /// Tokens and logprobs a request produced.
 type Output = (Vec<TokenId>, Vec<f32>);
 
+/// A way to run the prompt set: name, KV blocks, step token budget, block size, arrival
+/// order, submissions per step.
+type Path<'a> = (&'a str, usize, usize, usize, &'a [usize], usize);
+
 fn fixture_model() -> Model {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/hf/llama_untied");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/fixtures/hf/llama_untied");
     load_model(&dir, 2).expect("fixture model").model
 }
 
 fn default_model() -> Model {
-    let path = tandem_model::default_model::test_model_path().expect("the default model is needed; this test does not skip");
+    let path = tandem_model::default_model::test_model_path()
+        .expect("the default model is needed; this test does not skip");
     load_model(&path, 2).expect("default model").model
 }
 
@@ -32,23 +37,45 @@ fn prompts(n: usize, vocab: usize) -> Vec<Vec<TokenId>> {
     (0..n)
         .map(|i| {
             let len = 3 + (i * 7) % 29;
-            (0..len).map(|j| TokenId(((i * 131 + j * 17 + 5) % vocab) as u32)).collect()
+            (0..len)
+                .map(|j| TokenId(((i * 131 + j * 17 + 5) % vocab) as u32))
+                .collect()
         })
         .collect()
 }
 
 fn request(prompt: &[TokenId], i: usize, sampled: bool) -> GenerationRequest {
     let sampling = if sampled {
-        SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(1000 + i as u64), ..SamplingParams::default() }
+        SamplingParams {
+            temperature: 0.9,
+            top_p: 0.95,
+            seed: Some(1000 + i as u64),
+            ..SamplingParams::default()
+        }
     } else {
         SamplingParams::greedy()
     };
-    let limits = RequestParams { max_tokens: 6 + i % 5, ignore_eos: true, ..RequestParams::default() };
-    GenerationRequest { prompt: prompt.to_vec(), sampling, limits, sample_index: 0 }
+    let limits = RequestParams {
+        max_tokens: 6 + i % 5,
+        ignore_eos: true,
+        ..RequestParams::default()
+    };
+    GenerationRequest {
+        prompt: prompt.to_vec(),
+        sampling,
+        limits,
+        sample_index: 0,
+    }
 }
 
 /// Runs `requests` (submitted in `order`, `per_step` new submissions per step) to completion.
-fn run(model: Model, config: SchedulerConfig, reqs: &[GenerationRequest], order: &[usize], per_step: usize) -> (Vec<Output>, Engine) {
+fn run(
+    model: Model,
+    config: SchedulerConfig,
+    reqs: &[GenerationRequest],
+    order: &[usize],
+    per_step: usize,
+) -> (Vec<Output>, Engine) {
     let mut engine = Engine::new(model, config, 7).expect("engine");
     let mut ids: HashMap<SeqId, usize> = HashMap::new();
     let mut out: Vec<Output> = vec![(Vec::new(), Vec::new()); reqs.len()];
@@ -58,7 +85,13 @@ fn run(model: Model, config: SchedulerConfig, reqs: &[GenerationRequest], order:
             ids.insert(engine.add_request(reqs[i].clone()).expect("admitted"), i);
         }
         for e in engine.step().expect("step") {
-            if let EngineEvent::Token { seq_id, token, logprob, .. } = e {
+            if let EngineEvent::Token {
+                seq_id,
+                token,
+                logprob,
+                ..
+            } = e
+            {
                 let o = &mut out[ids[&seq_id]];
                 o.0.push(token);
                 o.1.push(logprob);
@@ -78,7 +111,11 @@ fn config(model: &Model, num_blocks: usize, budget: usize, block_size: usize) ->
 fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {
     let model = load();
     let vocab = model.config.vocab_size;
-    let reqs: Vec<GenerationRequest> = prompts(n, vocab).iter().enumerate().map(|(i, p)| request(p, i, sampled)).collect();
+    let reqs: Vec<GenerationRequest> = prompts(n, vocab)
+        .iter()
+        .enumerate()
+        .map(|(i, p)| request(p, i, sampled))
+        .collect();
     // Reference: each request alone, whole prefill.
     let alone: Vec<Output> = (0..n)
         .map(|i| {
@@ -88,10 +125,15 @@ fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {
         })
         .collect();
     // A pool that holds the longest request but not all of them at once.
-    let tiny = reqs.iter().map(|r| (r.prompt.len() + r.limits.max_tokens).div_ceil(4)).max().expect("requests") + 1;
+    let tiny = reqs
+        .iter()
+        .map(|r| (r.prompt.len() + r.limits.max_tokens).div_ceil(4))
+        .max()
+        .expect("requests")
+        + 1;
     let forward: Vec<usize> = (0..n).collect();
     let reverse: Vec<usize> = (0..n).rev().collect();
-    let paths: [(&str, usize, usize, usize, &[usize], usize); 6] = [
+    let paths: [Path<'_>; 6] = [
         ("all at once", 512, 4096, 16, &forward, n),
         ("reverse arrival, one per step", 512, 4096, 16, &reverse, 1),
         ("chunks of 1", 512, 1, 16, &forward, n),
@@ -104,24 +146,51 @@ fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {
         let c = config(&m, blocks, budget, block_size);
         let (got, engine) = run(m, c, &reqs, order, per_step);
         for i in 0..n {
-            assert_eq!(got[i].0, alone[i].0, "{name}: request {i} tokens differ from alone");
-            assert!(got[i].1 == alone[i].1, "{name}: request {i} logprobs differ from alone");
+            assert_eq!(
+                got[i].0, alone[i].0,
+                "{name}: request {i} tokens differ from alone"
+            );
+            assert!(
+                got[i].1 == alone[i].1,
+                "{name}: request {i} logprobs differ from alone"
+            );
         }
         let alloc = engine.scheduler().allocator();
-        assert!(alloc.is_idle(), "{name}: blocks leaked: {} of {} free", alloc.num_free(), alloc.num_total());
+        assert!(
+            alloc.is_idle(),
+            "{name}: blocks leaked: {} of {} free",
+            alloc.num_free(),
+            alloc.num_total()
+        );
         if name.contains("preemption") {
-            assert!(engine.scheduler().stats().num_preemptions > 0, "the tiny pool must force preemption");
+            assert!(
+                engine.scheduler().stats().num_preemptions > 0,
+                "the tiny pool must force preemption"
+            );
         }
     }
     // decode ≡ forward: the logprob of every generated token equals the teacher-forced score.
     let model = load();
     for (i, (tokens, logprobs)) in alone.iter().enumerate() {
         let full: Vec<TokenId> = reqs[i].prompt.iter().chain(tokens).copied().collect();
-        let scored = score_tokens(&model, &full, &ScoreOptions { top_k: 1, ..ScoreOptions::default() }, &mut |_, _| {}).expect("score");
+        let scored = score_tokens(
+            &model,
+            &full,
+            &ScoreOptions {
+                top_k: 1,
+                ..ScoreOptions::default()
+            },
+            &mut |_, _| {},
+        )
+        .expect("score");
         let p = reqs[i].prompt.len();
         for (j, lp) in logprobs.iter().enumerate() {
             let s = scored.positions[p + j].as_ref().expect("scored");
-            assert!(s.logprob == *lp, "request {i} token {j}: decode {lp} vs forward {}", s.logprob);
+            assert!(
+                s.logprob == *lp,
+                "request {i} token {j}: decode {lp} vs forward {}",
+                s.logprob
+            );
             if !sampled {
                 assert_eq!(s.top[0].0, tokens[j], "greedy token is the forward argmax");
             }
@@ -150,16 +219,33 @@ fn a_bad_request_is_refused_and_changes_nothing() {
     let c = config(&model, 8, 64, 4);
     let vocab = model.config.vocab_size;
     let mut engine = Engine::new(model, c, 0).expect("engine");
-    let too_long = GenerationRequest { prompt: vec![TokenId(1); 40], ..request(&[TokenId(1)], 0, false) };
-    assert!(engine.add_request(too_long).is_err(), "needs more blocks than the pool");
-    let bad_token = request(&[TokenId(vocab as u32)], 0, false);
-    assert!(engine.add_request(bad_token).is_err(), "token outside the vocabulary");
-    let bad_temp = GenerationRequest {
-        sampling: SamplingParams { temperature: -1.0, ..SamplingParams::default() },
+    let too_long = GenerationRequest {
+        prompt: vec![TokenId(1); 40],
         ..request(&[TokenId(1)], 0, false)
     };
-    let err = engine.add_request(bad_temp).expect_err("negative temperature");
-    assert!(err.to_string().contains("temperature"), "error names the field: {err}");
+    assert!(
+        engine.add_request(too_long).is_err(),
+        "needs more blocks than the pool"
+    );
+    let bad_token = request(&[TokenId(vocab as u32)], 0, false);
+    assert!(
+        engine.add_request(bad_token).is_err(),
+        "token outside the vocabulary"
+    );
+    let bad_temp = GenerationRequest {
+        sampling: SamplingParams {
+            temperature: -1.0,
+            ..SamplingParams::default()
+        },
+        ..request(&[TokenId(1)], 0, false)
+    };
+    let err = engine
+        .add_request(bad_temp)
+        .expect_err("negative temperature");
+    assert!(
+        err.to_string().contains("temperature"),
+        "error names the field: {err}"
+    );
     assert!(!engine.has_unfinished());
     assert!(engine.scheduler().allocator().is_idle());
 }
