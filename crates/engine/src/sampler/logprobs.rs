@@ -48,8 +48,7 @@ pub(crate) fn top_logprobs(
     }
     ids.clear();
     ids.extend(0..row.len() as u32);
-    let by_logit =
-        |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
+    let by_logit = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
     if n < ids.len() {
         ids.select_nth_unstable_by(n - 1, by_logit);
     }

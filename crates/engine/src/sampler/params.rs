@@ -173,10 +173,7 @@ impl SamplingParams {
         if self.top_logprobs > MAX_TOP_LOGPROBS {
             return Err(SamplerError::invalid(
                 "top_logprobs",
-                format!(
-                    "must be <= {MAX_TOP_LOGPROBS}, got {}",
-                    self.top_logprobs
-                ),
+                format!("must be <= {MAX_TOP_LOGPROBS}, got {}", self.top_logprobs),
             ));
         }
         Ok(())

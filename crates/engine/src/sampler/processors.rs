@@ -20,11 +20,12 @@ pub(crate) fn apply_all(
         suppress(values, params.suppressed_while_short());
     }
     if params.repetition_penalty != 1.0 {
-        let seen = state
-            .prompt_tokens()
-            .iter()
-            .copied()
-            .chain(state.output_counts().map(|(t, _)| t).filter(|&t| !state.in_prompt(t)));
+        let seen = state.prompt_tokens().iter().copied().chain(
+            state
+                .output_counts()
+                .map(|(t, _)| t)
+                .filter(|&t| !state.in_prompt(t)),
+        );
         apply_repetition_penalty(values, seen, params.repetition_penalty as f64);
     }
     if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {

@@ -42,7 +42,10 @@ impl StreamRng {
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.counter = self.counter.wrapping_add(1);
-        mix64(self.key.wrapping_add(self.counter.wrapping_mul(GOLDEN_GAMMA)))
+        mix64(
+            self.key
+                .wrapping_add(self.counter.wrapping_mul(GOLDEN_GAMMA)),
+        )
     }
 
     /// The next uniform value in `[0, 1)` with 53 random bits (a multiple of 2^-53).
@@ -83,8 +86,12 @@ mod tests {
 
     #[test]
     fn nearby_seeds_give_unrelated_streams() {
-        let a: Vec<u64> = (0..8).scan(StreamRng::new(1), |r, _| Some(r.next_u64())).collect();
-        let b: Vec<u64> = (0..8).scan(StreamRng::new(2), |r, _| Some(r.next_u64())).collect();
+        let a: Vec<u64> = (0..8)
+            .scan(StreamRng::new(1), |r, _| Some(r.next_u64()))
+            .collect();
+        let b: Vec<u64> = (0..8)
+            .scan(StreamRng::new(2), |r, _| Some(r.next_u64()))
+            .collect();
         assert!(a.iter().all(|x| !b.contains(x)));
     }
 }

@@ -168,13 +168,19 @@ mod tests {
         let l = [1.0, 5.0, 3.0, 5.0, 3.0, 0.0];
         assert_eq!(survivors(&l, &params(2, 1.0, 0.0)), vec![1, 3]);
         assert_eq!(survivors(&l, &params(3, 1.0, 0.0)), vec![1, 2, 3]);
-        assert_eq!(survivors(&l, &params(100, 1.0, 0.0)), vec![0, 1, 2, 3, 4, 5]);
+        assert_eq!(
+            survivors(&l, &params(100, 1.0, 0.0)),
+            vec![0, 1, 2, 3, 4, 5]
+        );
     }
 
     #[test]
     fn top_p_keeps_shortest_prefix_reaching_mass() {
         // Probabilities 0.5, 0.25, 0.125, 0.125 (logits ln of them).
-        let l: Vec<f64> = [0.5f64, 0.25, 0.125, 0.125].iter().map(|p| p.ln()).collect();
+        let l: Vec<f64> = [0.5f64, 0.25, 0.125, 0.125]
+            .iter()
+            .map(|p| p.ln())
+            .collect();
         assert_eq!(survivors(&l, &params(-1, 0.5, 0.0)), vec![0]);
         assert_eq!(survivors(&l, &params(-1, 0.6, 0.0)), vec![0, 1]);
         assert_eq!(survivors(&l, &params(-1, 0.75, 0.0)), vec![0, 1]);
@@ -188,7 +194,10 @@ mod tests {
     fn top_p_grows_past_the_first_batch() {
         // 1000 equal logits: top_p 0.5 must keep exactly 500 (ties to lower ids).
         let l = vec![0.0; 1000];
-        assert_eq!(survivors(&l, &params(-1, 0.5, 0.0)), (0..500).collect::<Vec<u32>>());
+        assert_eq!(
+            survivors(&l, &params(-1, 0.5, 0.0)),
+            (0..500).collect::<Vec<u32>>()
+        );
     }
 
     #[test]
