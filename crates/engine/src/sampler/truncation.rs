@@ -5,8 +5,8 @@ use std::cmp::Ordering;
 
 use super::params::SamplingParams;
 
-/// How many candidates the nucleus search sorts first; it grows 4x until the mass is found.
-const NUCLEUS_FIRST_BATCH: usize = 64;
+/// Below this many candidates the nucleus search sorts instead of partitioning further.
+const SMALL_RANGE: usize = 32;
 
 /// The id of the largest value, ties broken by the lowest id; `None` when every value is
 /// `-inf`. `values`: `[vocab_size]`, no NaN.
@@ -83,34 +83,40 @@ pub(crate) fn sample_random(
     draw(values, candidates, u)
 }
 
-/// Truncates `candidates` to the shortest prefix, in descending weight order, whose mass
-/// reaches `threshold` (> 0). Sorts only as many candidates as needed: the first
-/// [`NUCLEUS_FIRST_BATCH`], then 4x more each round.
+/// Truncates `candidates` to the shortest prefix, in descending weight order (ties to the
+/// lower id), whose mass reaches `threshold` (> 0); keeps all if rounding never reaches it.
+///
+/// A quickselect guided by mass instead of rank: partition `[lo, hi)` around its middle
+/// rank, sum the upper part, and continue in the half that holds the boundary. Expected
+/// linear time, no sort; the kept tokens end up in no particular order.
 fn keep_nucleus(weights: &[f64], candidates: &mut Vec<u32>, threshold: f64) {
-    let n = candidates.len();
-    let mut m = NUCLEUS_FIRST_BATCH.min(n);
-    loop {
-        if m < n {
-            candidates.select_nth_unstable_by(m - 1, by_value_desc(weights));
+    let cmp = by_value_desc(weights);
+    // Invariant: candidates[..lo] rank above candidates[lo..hi], which rank above the rest;
+    // `above` is the mass of candidates[..lo] and is < threshold; the answer is in (lo, hi].
+    let (mut lo, mut hi, mut above) = (0, candidates.len(), 0.0);
+    while hi - lo > SMALL_RANGE {
+        let mid = lo + (hi - lo) / 2;
+        candidates[lo..hi].select_nth_unstable_by(mid - lo, &cmp);
+        let upper: f64 = candidates[lo..=mid]
+            .iter()
+            .map(|&id| weights[id as usize])
+            .sum();
+        if above + upper >= threshold {
+            hi = mid + 1;
+        } else {
+            above += upper;
+            lo = mid + 1;
         }
-        candidates[..m].sort_unstable_by(by_value_desc(weights));
-        let mut mass = 0.0;
-        for r in 0..m {
-            if mass >= threshold {
-                candidates.truncate(r);
-                return;
-            }
-            mass += weights[candidates[r] as usize];
-        }
-        if mass >= threshold {
-            candidates.truncate(m);
+    }
+    candidates[lo..hi].sort_unstable_by(&cmp);
+    for r in lo..hi {
+        above += weights[candidates[r] as usize];
+        if above >= threshold {
+            candidates.truncate(r + 1);
             return;
         }
-        if m == n {
-            return; // rounding kept the mass just below the threshold: keep everything
-        }
-        m = m.saturating_mul(4).min(n);
     }
+    candidates.truncate(hi);
 }
 
 /// Inverse-CDF draw over `candidates` in their current order: the first whose cumulative
@@ -191,7 +197,7 @@ mod tests {
     }
 
     #[test]
-    fn top_p_grows_past_the_first_batch() {
+    fn top_p_handles_large_nuclei_and_ties() {
         // 1000 equal logits: top_p 0.5 must keep exactly 500 (ties to lower ids).
         let l = vec![0.0; 1000];
         assert_eq!(
