@@ -95,6 +95,14 @@ impl Engine {
                 t.0
             )));
         }
+        let max_len = self.scheduler.config().max_model_len;
+        if req.prompt.len() + req.limits.max_tokens > max_len {
+            return Err(EngineError::InvalidParams(format!(
+                "max_tokens: the prompt ({} tokens) plus max_tokens ({}) exceeds the maximum model length of {max_len}",
+                req.prompt.len(),
+                req.limits.max_tokens
+            )));
+        }
         let prompt_ids: Vec<u32> = req.prompt.iter().map(|t| t.0).collect();
         let id = self.scheduler.add_request(req.prompt, req.limits)?;
         // A seeded request's stream depends only on its seed and sample index, never on what

@@ -246,6 +246,20 @@ fn a_bad_request_is_refused_and_changes_nothing() {
         err.to_string().contains("temperature"),
         "error names the field: {err}"
     );
+    let too_many = GenerationRequest {
+        limits: RequestParams {
+            max_tokens: 1_000_000,
+            ..RequestParams::default()
+        },
+        ..request(&[TokenId(1)], 0, false)
+    };
+    let err = engine
+        .add_request(too_many)
+        .expect_err("prompt + max_tokens beyond the context");
+    assert!(
+        err.to_string().contains("max_tokens"),
+        "error names the field: {err}"
+    );
     assert!(!engine.has_unfinished());
     assert!(engine.scheduler().allocator().is_idle());
 }
