@@ -66,16 +66,31 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_tokens: usize,
     /// Softmax temperature; 0 picks the most likely token (greedy).
-    #[arg(long, value_name = "T", default_value_t = 1.0)]
+    #[arg(
+        long,
+        value_name = "T",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub temperature: f32,
     /// Nucleus sampling: keep the most likely tokens whose probabilities add up to P.
-    #[arg(long, value_name = "P", default_value_t = 1.0)]
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub top_p: f32,
     /// Keep the K most likely tokens; -1 or 0 keeps all.
     #[arg(long, value_name = "K", default_value_t = -1, allow_negative_numbers = true)]
     pub top_k: i32,
     /// Drop tokens less likely than P times the most likely one.
-    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
     pub min_p: f32,
     /// Seed for reproducible sampling (per request, whatever else runs).
     #[arg(long, value_name = "S")]

@@ -110,7 +110,16 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         }
         return Ok(());
     }
-    write_results(&a, &inputs, &owners, &results)
+    write_results(&a, &inputs, &owners, &results)?;
+    let failed: Vec<&str> = results.iter().filter_map(|r| r.error.as_deref()).collect();
+    match failed.first() {
+        None => Ok(()),
+        Some(first) => bail!(
+            "{} of {} requests failed; the first: {first}",
+            failed.len(),
+            results.len()
+        ),
+    }
 }
 
 fn read_inputs(a: &GenerateArgs) -> Result<Vec<(PromptInput, SamplingOverrides)>> {
