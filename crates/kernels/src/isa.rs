@@ -19,7 +19,7 @@ pub enum Isa {
     Scalar,
     /// 256-bit AVX2 (needs AVX2, FMA and F16C).
     Avx2,
-    /// 512-bit AVX-512 (needs AVX-512 F, BW and VL).
+    /// 512-bit AVX-512 (needs AVX-512 F, BW and VL, and F16C).
     Avx512,
 }
 
@@ -33,7 +33,7 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             Isa::Avx2 => f.avx2 && f.fma && f.f16c,
-            Isa::Avx512 => f.avx512f && f.avx512bw && f.avx512vl,
+            Isa::Avx512 => f.avx512f && f.avx512bw && f.avx512vl && f.f16c,
         }
     }
 

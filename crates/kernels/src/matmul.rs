@@ -106,12 +106,9 @@ pub fn matmul_with(
         return;
     }
     let chunk = chunk_rows(w.rows, pool.n_threads());
-    if n_tokens == 1 && kernels.has_fused_row() {
+    if n_tokens == 1 && kernels.has_fused_rows() {
         for_each_column_chunk(pool, y, n_tokens, w.rows, chunk, |rows, out| {
-            for (j, r) in rows.enumerate() {
-                let src = &w.data[r * row_bytes..(r + 1) * row_bytes];
-                out.set(0, j, kernels.dot_row(w.dtype, src, x));
-            }
+            fused_rows(&kernels, w, row_bytes, x, rows, out);
         });
         return;
     }
@@ -174,6 +171,33 @@ fn matmul_rows(
 thread_local! {
     /// Per-thread dequantization scratch, reused across calls (grows, never shrinks).
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `out[0, r] = W[r] · x` for `r` in `rows` with the fused kernels (one token; no scratch),
+/// four rows at a time.
+fn fused_rows(
+    kernels: &Kernels,
+    w: &WeightView<'_>,
+    row_bytes: usize,
+    x: &[f32], // [cols]
+    rows: Range<usize>,
+    out: &mut ColumnsMut<'_>,
+) {
+    let src = &w.data[rows.start * row_bytes..rows.end * row_bytes];
+    let mut groups = src.chunks_exact(ROW_GROUP * row_bytes);
+    let mut j = 0;
+    for g in groups.by_ref() {
+        let rows: [&[u8]; ROW_GROUP] =
+            std::array::from_fn(|i| &g[i * row_bytes..(i + 1) * row_bytes]);
+        for v in kernels.dot_rows_4(w.dtype, rows, x) {
+            out.set(0, j, v);
+            j += 1;
+        }
+    }
+    for row in groups.remainder().chunks_exact(row_bytes) {
+        out.set(0, j, kernels.dot_row(w.dtype, row, x));
+        j += 1;
+    }
 }
 
 /// Runs `f` with a scratch buffer of `len` floats: the thread's reusable one, or a fresh one if

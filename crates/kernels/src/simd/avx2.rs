@@ -118,5 +118,13 @@ pub(super) unsafe fn dot_4(w: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
 /// AVX2, FMA and F16C must be available.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_row(dtype: DType, src: &[u8], x: &[f32]) -> f32 {
-    kernels::dot_row::<Y>(dtype, src, x)
+    let [d] = kernels::dot_rows::<Y, 1>(dtype, [src], x);
+    d
+}
+
+/// # Safety
+/// AVX2, FMA and F16C must be available.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_rows_4(dtype: DType, src: [&[u8]; 4], x: &[f32]) -> [f32; 4] {
+    kernels::dot_rows::<Y, 4>(dtype, src, x)
 }

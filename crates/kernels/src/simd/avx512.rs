@@ -80,29 +80,37 @@ impl Lanes16 for Z {
 // lengths documented in `super::kernels`.
 
 /// # Safety
-/// See the note above: AVX-512 F/BW/VL must be available.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+/// See the note above: AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 pub(super) unsafe fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
     kernels::dequantize_row::<Z>(dtype, src, dst)
 }
 
 /// # Safety
-/// AVX-512 F/BW/VL must be available.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+/// AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 pub(super) unsafe fn dot_1(w: &[f32], x: &[f32]) -> f32 {
     kernels::dot_1::<Z>(w, x)
 }
 
 /// # Safety
-/// AVX-512 F/BW/VL must be available.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+/// AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 pub(super) unsafe fn dot_4(w: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
     kernels::dot_4::<Z>(w, x)
 }
 
 /// # Safety
-/// AVX-512 F/BW/VL must be available.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+/// AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 pub(super) unsafe fn dot_row(dtype: DType, src: &[u8], x: &[f32]) -> f32 {
-    kernels::dot_row::<Z>(dtype, src, x)
+    let [d] = kernels::dot_rows::<Z, 1>(dtype, [src], x);
+    d
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+pub(super) unsafe fn dot_rows_4(dtype: DType, src: [&[u8]; 4], x: &[f32]) -> [f32; 4] {
+    kernels::dot_rows::<Z, 4>(dtype, src, x)
 }

@@ -24,6 +24,14 @@ type DequantFn = unsafe fn(DType, &[u8], &mut [f32]);
 type Dot1Fn = unsafe fn(&[f32], &[f32]) -> f32;
 type Dot4Fn = unsafe fn([&[f32]; 4], &[f32]) -> [f32; 4];
 type DotRowFn = unsafe fn(DType, &[u8], &[f32]) -> f32;
+type DotRows4Fn = unsafe fn(DType, [&[u8]; 4], &[f32]) -> [f32; 4];
+
+/// The fused dequantize-and-dot kernels (1 and 4 stored rows with one activation row).
+#[derive(Debug, Clone, Copy)]
+struct Fused {
+    one: DotRowFn,
+    four: DotRows4Fn,
+}
 
 /// The kernels of one ISA. Built only by [`Kernels::new`], which checks that the CPU supports
 /// the ISA: that check is what makes calling the (target-feature) function pointers sound.
@@ -32,7 +40,7 @@ pub(crate) struct Kernels {
     dequant: DequantFn,
     dot1: Dot1Fn,
     dot4: Dot4Fn,
-    dot_row: Option<DotRowFn>,
+    fused: Option<Fused>,
 }
 
 impl Kernels {
@@ -46,21 +54,27 @@ impl Kernels {
                 dequant: quant::dequantize_row,
                 dot1: dot16::dot_1,
                 dot4: dot16::dot_4,
-                dot_row: None,
+                fused: None,
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => Some(Kernels {
                 dequant: avx2::dequantize_row,
                 dot1: avx2::dot_1,
                 dot4: avx2::dot_4,
-                dot_row: Some(avx2::dot_row),
+                fused: Some(Fused {
+                    one: avx2::dot_row,
+                    four: avx2::dot_rows_4,
+                }),
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => Some(Kernels {
                 dequant: avx512::dequantize_row,
                 dot1: avx512::dot_1,
                 dot4: avx512::dot_4,
-                dot_row: Some(avx512::dot_row),
+                fused: Some(Fused {
+                    one: avx512::dot_row,
+                    four: avx512::dot_rows_4,
+                }),
             }),
             #[cfg(not(target_arch = "x86_64"))]
             _ => None,
@@ -86,22 +100,31 @@ impl Kernels {
         unsafe { (self.dot4)(w, x) }
     }
 
-    /// Whether [`Kernels::dot_row`] has a fused kernel (else callers use scratch rows).
-    pub(crate) fn has_fused_row(&self) -> bool {
-        self.dot_row.is_some()
+    /// Whether there are fused dequantize-and-dot kernels (else callers use scratch rows).
+    pub(crate) fn has_fused_rows(&self) -> bool {
+        self.fused.is_some()
     }
 
     /// The dot of a stored row with `x`, bitwise equal to dequantizing the row and calling
     /// [`Kernels::dot_1`] (which is what it does when there is no fused kernel).
     pub(crate) fn dot_row(&self, dtype: DType, src: &[u8], x: &[f32]) -> f32 {
-        match self.dot_row {
+        match self.fused {
             // SAFETY: as in `dequantize_row`.
-            Some(f) => unsafe { f(dtype, src, x) },
+            Some(f) => unsafe { (f.one)(dtype, src, x) },
             None => {
                 let mut w = vec![0.0f32; x.len()];
                 self.dequantize_row(dtype, src, &mut w);
                 self.dot_1(&w, x)
             }
+        }
+    }
+
+    /// [`Kernels::dot_row`] of four stored rows (each result bitwise equal to it).
+    pub(crate) fn dot_rows_4(&self, dtype: DType, src: [&[u8]; 4], x: &[f32]) -> [f32; 4] {
+        match self.fused {
+            // SAFETY: as in `dequantize_row`.
+            Some(f) => unsafe { (f.four)(dtype, src, x) },
+            None => src.map(|s| self.dot_row(dtype, s, x)),
         }
     }
 }
