@@ -148,23 +148,44 @@ fn matmul_rows(
             kernels.dequantize_row(w.dtype, row, dst);
         }
         let j = r - rows.start;
-        for (t, xt) in x.chunks_exact(cols).enumerate() {
-            if n == ROW_GROUP {
-                let wr = std::array::from_fn(|i| &scratch[i * cols..(i + 1) * cols]);
-                for (i, v) in kernels.dot_4(wr, xt).into_iter().enumerate() {
-                    out.set(t, j + i, v);
-                }
-            } else {
-                for i in 0..n {
-                    out.set(
-                        t,
-                        j + i,
-                        kernels.dot_1(&scratch[i * cols..(i + 1) * cols], xt),
-                    );
+        if n == ROW_GROUP {
+            let wr = std::array::from_fn(|i| &scratch[i * cols..(i + 1) * cols]);
+            dot_group(kernels, wr, x, j, out);
+        } else {
+            for (t, xt) in x.chunks_exact(cols).enumerate() {
+                for (i, wi) in scratch.chunks_exact(cols).take(n).enumerate() {
+                    out.set(t, j + i, kernels.dot_1(wi, xt));
                 }
             }
         }
         r += n;
+    }
+}
+
+/// `out[t, j + i] = w[i] · x[t]` for every token `t`, two tokens at a time (then one).
+fn dot_group(
+    kernels: &Kernels,
+    w: [&[f32]; ROW_GROUP],
+    x: &[f32], // [n_tokens, cols]
+    j: usize,
+    out: &mut ColumnsMut<'_>,
+) {
+    let cols = w[0].len();
+    let mut pairs = x.chunks_exact(2 * cols);
+    let mut t = 0;
+    for pair in pairs.by_ref() {
+        let (x0, x1) = pair.split_at(cols);
+        for row in kernels.dot_4x2(w, [x0, x1]) {
+            for (i, v) in row.into_iter().enumerate() {
+                out.set(t, j + i, v);
+            }
+            t += 1;
+        }
+    }
+    if !pairs.remainder().is_empty() {
+        for (i, v) in kernels.dot_4(w, pairs.remainder()).into_iter().enumerate() {
+            out.set(t, j + i, v);
+        }
     }
 }
 

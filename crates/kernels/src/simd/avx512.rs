@@ -73,6 +73,13 @@ impl Lanes16 for Z {
         _mm512_storeu_ps(a.as_mut_ptr(), self.0);
         a
     }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tree_sum(self) -> f32 {
+        let lo = _mm512_castps512_ps256(self.0);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(self.0)));
+        super::avx2::tree_sum_8(_mm256_add_ps(lo, hi))
+    }
 }
 
 // The entry points below are what the kernel table points at.
@@ -98,6 +105,13 @@ pub(super) unsafe fn dot_1(w: &[f32], x: &[f32]) -> f32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 pub(super) unsafe fn dot_4(w: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
     kernels::dot_4::<Z>(w, x)
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+pub(super) unsafe fn dot_4x2(w: [&[f32]; 4], x: [&[f32]; 2]) -> [[f32; 4]; 2] {
+    kernels::dot_4x2::<Z>(w, x)
 }
 
 /// # Safety

@@ -30,11 +30,11 @@ pub(super) trait Format {
 }
 
 /// Code generic over the format: what [`dispatch`] runs for a run-time [`DType`].
-pub(super) trait WithFormat {
+pub(super) trait WithFormat<V: Lanes16> {
     type Out;
     /// # Safety
     /// The CPU must support `V`'s features.
-    unsafe fn call<V: Lanes16, F: Format>(self) -> Self::Out;
+    unsafe fn call<F: Format>(self) -> Self::Out;
 }
 
 /// Runs `op` with the [`Format`] of `dtype`.
@@ -42,16 +42,16 @@ pub(super) trait WithFormat {
 /// # Safety
 /// The CPU must support `V`'s features.
 #[inline(always)]
-pub(super) unsafe fn dispatch<V: Lanes16, O: WithFormat>(dtype: DType, op: O) -> O::Out {
+pub(super) unsafe fn dispatch<V: Lanes16, O: WithFormat<V>>(dtype: DType, op: O) -> O::Out {
     match dtype {
-        DType::F32 => op.call::<V, F32>(),
-        DType::F16 => op.call::<V, F16>(),
-        DType::BF16 => op.call::<V, Bf16>(),
-        DType::Q8_0 => op.call::<V, Q8_0>(),
-        DType::Q4_0 => op.call::<V, Q4_0>(),
-        DType::Q4_1 => op.call::<V, Q4_1>(),
-        DType::Q4_K => op.call::<V, Q4K>(),
-        DType::Q6_K => op.call::<V, Q6K>(),
+        DType::F32 => op.call::<F32>(),
+        DType::F16 => op.call::<F16>(),
+        DType::BF16 => op.call::<Bf16>(),
+        DType::Q8_0 => op.call::<Q8_0>(),
+        DType::Q4_0 => op.call::<Q4_0>(),
+        DType::Q4_1 => op.call::<Q4_1>(),
+        DType::Q4_K => op.call::<Q4K>(),
+        DType::Q6_K => op.call::<Q6K>(),
     }
 }
 

@@ -47,10 +47,10 @@ struct Dequant<'a> {
     full: usize,
 }
 
-impl WithFormat for Dequant<'_> {
+impl<V: Lanes16> WithFormat<V> for Dequant<'_> {
     type Out = ();
     #[inline(always)]
-    unsafe fn call<V: Lanes16, F: Format>(self) {
+    unsafe fn call<F: Format>(self) {
         let (src, out) = (self.src.as_ptr(), self.dst.as_mut_ptr());
         for bi in 0..self.full / F::ELEMS {
             let b = src.add(bi * F::BYTES);
@@ -77,18 +77,29 @@ pub(super) unsafe fn dot_rows<V: Lanes16, const N: usize>(
         full = whole_blocks(dtype, s.len(), x.len());
     }
     let acc = dispatch::<V, _>(dtype, DotRows { src, x, full });
-    std::array::from_fn(|i| {
-        let mut lanes = acc[i];
-        if full < x.len() {
-            let at = dtype.bytes_for(full).expect("a whole number of chunks");
-            let mut tail = [0.0f32; LANES];
-            crate::quant::dequantize_row(dtype, &src[i][at..], &mut tail[..x.len() - full]);
-            for ((a, &wv), &xv) in lanes.iter_mut().zip(&tail).zip(&x[full..]) {
-                *a += wv * xv;
-            }
-        }
-        tree_sum(&lanes)
-    })
+    // A loop, not `array::from_fn`: closures do not inherit the target features, so the
+    // vector tree would not be inlined.
+    let mut out = [0.0f32; N];
+    for i in 0..N {
+        out[i] = if full == x.len() {
+            acc[i].tree_sum()
+        } else {
+            tail_and_tree(acc[i].to_array(), dtype, src[i], x, full)
+        };
+    }
+    out
+}
+
+/// Adds columns `full..` (the float types' last `len % 16`) of the stored row `src` times `x`
+/// to the lanes, as the scalar reference does, then sums them by the fixed tree.
+fn tail_and_tree(mut lanes: [f32; LANES], dtype: DType, src: &[u8], x: &[f32], full: usize) -> f32 {
+    let at = dtype.bytes_for(full).expect("a whole number of chunks");
+    let mut tail = [0.0f32; LANES];
+    crate::quant::dequantize_row(dtype, &src[at..], &mut tail[..x.len() - full]);
+    for ((a, &wv), &xv) in lanes.iter_mut().zip(&tail).zip(&x[full..]) {
+        *a += wv * xv;
+    }
+    tree_sum(&lanes)
 }
 
 struct DotRows<'a, const N: usize> {
@@ -98,17 +109,17 @@ struct DotRows<'a, const N: usize> {
     full: usize,
 }
 
-impl<const N: usize> WithFormat for DotRows<'_, N> {
+impl<V: Lanes16, const N: usize> WithFormat<V> for DotRows<'_, N> {
     /// The accumulators of each row, before the tail and the tree.
-    type Out = [[f32; LANES]; N];
+    type Out = [V; N];
     #[inline(always)]
-    unsafe fn call<V: Lanes16, F: Format>(self) -> Self::Out {
+    unsafe fn call<F: Format>(self) -> Self::Out {
         let s = self.src.map(<[u8]>::as_ptr);
         let x = self.x.as_ptr();
         let blocks = self.full / F::ELEMS;
         // Explicit accumulators (N is 1 or 4): an array indexed in a loop may be kept in
         // memory, which puts a store-to-load delay on every addition's dependency chain.
-        let mut out = [[0.0f32; LANES]; N];
+        let mut out = [V::zero(); N];
         if N == 4 {
             let (mut a0, mut a1, mut a2, mut a3) = (V::zero(), V::zero(), V::zero(), V::zero());
             // The matmul passes consecutive rows: the next group starts where row 3 ends.
@@ -129,7 +140,7 @@ impl<const N: usize> WithFormat for DotRows<'_, N> {
                 }
             }
             for (o, a) in out.iter_mut().zip([a0, a1, a2, a3]) {
-                *o = a.to_array();
+                *o = a;
             }
         } else {
             for (o, &s) in out.iter_mut().zip(&s) {
@@ -140,7 +151,7 @@ impl<const N: usize> WithFormat for DotRows<'_, N> {
                         a = a.add(F::chunk::<V>(s.add(bi * F::BYTES), k).mul(xv));
                     }
                 }
-                *o = a.to_array();
+                *o = a;
             }
         }
         out
@@ -194,9 +205,62 @@ pub(super) unsafe fn dot_4<V: Lanes16>(w: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
     ]
 }
 
+/// [`dot_4`] of two activation rows at once (`[x0 results, x1 results]`): eight accumulators,
+/// each weight chunk loaded once for both tokens; every result bitwise equal to [`dot_4`]'s.
+///
+/// # Safety
+/// The CPU must support `V`'s features. Lengths are asserted.
+#[inline(always)]
+pub(super) unsafe fn dot_4x2<V: Lanes16>(w: [&[f32]; 4], x: [&[f32]; 2]) -> [[f32; 4]; 2] {
+    let n = x[0].len();
+    assert!(
+        x[1].len() == n && w.iter().all(|r| r.len() == n),
+        "dot_4x2: length mismatch"
+    );
+    let full = n - n % LANES;
+    let [w0, w1, w2, w3] = w.map(<[f32]>::as_ptr);
+    let [x0, x1] = x.map(<[f32]>::as_ptr);
+    let (mut a0, mut a1, mut a2, mut a3) = (V::zero(), V::zero(), V::zero(), V::zero());
+    let (mut b0, mut b1, mut b2, mut b3) = (V::zero(), V::zero(), V::zero(), V::zero());
+    let mut c = 0;
+    while c < full {
+        let (xa, xb) = (V::load(x0.add(c)), V::load(x1.add(c)));
+        let v = V::load(w0.add(c));
+        a0 = a0.add(v.mul(xa));
+        b0 = b0.add(v.mul(xb));
+        let v = V::load(w1.add(c));
+        a1 = a1.add(v.mul(xa));
+        b1 = b1.add(v.mul(xb));
+        let v = V::load(w2.add(c));
+        a2 = a2.add(v.mul(xa));
+        b2 = b2.add(v.mul(xb));
+        let v = V::load(w3.add(c));
+        a3 = a3.add(v.mul(xa));
+        b3 = b3.add(v.mul(xb));
+        c += LANES;
+    }
+    [
+        [
+            finish(a0, w[0], x[0]),
+            finish(a1, w[1], x[0]),
+            finish(a2, w[2], x[0]),
+            finish(a3, w[3], x[0]),
+        ],
+        [
+            finish(b0, w[0], x[1]),
+            finish(b1, w[1], x[1]),
+            finish(b2, w[2], x[1]),
+            finish(b3, w[3], x[1]),
+        ],
+    ]
+}
+
 /// The scalar tail and the fixed tree.
 #[inline(always)]
 unsafe fn finish<V: Lanes16>(acc: V, w: &[f32], x: &[f32]) -> f32 {
+    if x.len().is_multiple_of(LANES) {
+        return acc.tree_sum();
+    }
     let mut lanes = acc.to_array();
     mac_tail(&mut lanes, w, x);
     tree_sum(&lanes)

@@ -23,6 +23,7 @@ use crate::{dot16, quant, DType};
 type DequantFn = unsafe fn(DType, &[u8], &mut [f32]);
 type Dot1Fn = unsafe fn(&[f32], &[f32]) -> f32;
 type Dot4Fn = unsafe fn([&[f32]; 4], &[f32]) -> [f32; 4];
+type Dot4x2Fn = unsafe fn([&[f32]; 4], [&[f32]; 2]) -> [[f32; 4]; 2];
 type DotRowFn = unsafe fn(DType, &[u8], &[f32]) -> f32;
 type DotRows4Fn = unsafe fn(DType, [&[u8]; 4], &[f32]) -> [f32; 4];
 
@@ -40,6 +41,7 @@ pub(crate) struct Kernels {
     dequant: DequantFn,
     dot1: Dot1Fn,
     dot4: Dot4Fn,
+    dot4x2: Option<Dot4x2Fn>,
     fused: Option<Fused>,
 }
 
@@ -54,6 +56,7 @@ impl Kernels {
                 dequant: quant::dequantize_row,
                 dot1: dot16::dot_1,
                 dot4: dot16::dot_4,
+                dot4x2: None,
                 fused: None,
             }),
             #[cfg(target_arch = "x86_64")]
@@ -61,6 +64,7 @@ impl Kernels {
                 dequant: avx2::dequantize_row,
                 dot1: avx2::dot_1,
                 dot4: avx2::dot_4,
+                dot4x2: Some(avx2::dot_4x2),
                 fused: Some(Fused {
                     one: avx2::dot_row,
                     four: avx2::dot_rows_4,
@@ -71,6 +75,7 @@ impl Kernels {
                 dequant: avx512::dequantize_row,
                 dot1: avx512::dot_1,
                 dot4: avx512::dot_4,
+                dot4x2: Some(avx512::dot_4x2),
                 fused: Some(Fused {
                     one: avx512::dot_row,
                     four: avx512::dot_rows_4,
@@ -98,6 +103,15 @@ impl Kernels {
     pub(crate) fn dot_4(&self, w: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
         // SAFETY: as in `dequantize_row`.
         unsafe { (self.dot4)(w, x) }
+    }
+
+    /// [`Kernels::dot_4`] of two activation rows (`[x[0] results, x[1] results]`).
+    pub(crate) fn dot_4x2(&self, w: [&[f32]; 4], x: [&[f32]; 2]) -> [[f32; 4]; 2] {
+        match self.dot4x2 {
+            // SAFETY: as in `dequantize_row`.
+            Some(f) => unsafe { f(w, x) },
+            None => x.map(|xt| self.dot_4(w, xt)),
+        }
     }
 
     /// Whether there are fused dequantize-and-dot kernels (else callers use scratch rows).
