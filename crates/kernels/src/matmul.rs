@@ -15,8 +15,11 @@
 //! bitwise identical alone or in any batch.
 //!
 //! Variants: [`Isa::Scalar`], [`Isa::Avx2`] and [`Isa::Avx512`] all perform exactly these
-//! operations (separate multiply and add, never FMA), so **every variant is bitwise equal to
-//! the scalar reference**, and results do not depend on the machine's ISA either.
+//! operations (separate multiply and add, never FMA), so **these variants are bitwise equal
+//! to the scalar reference**, and results do not depend on the machine's ISA either.
+//! The opt-in int8 variants ([`Isa::Avx2Int8`], [`Isa::Avx512Int8`]) quantize the activations
+//! to 8 bits for Q4_0 / Q4_1 / Q8_0 weights (see `simd::int8` for their fixed order and
+//! error bound): still batch- and thread-invariant, but not equal to scalar.
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
@@ -63,8 +66,8 @@ pub fn matmul(pool: &ThreadPool, w: &WeightView<'_>, x: &[f32], y: &mut [f32], n
     matmul_with(isa::active(), pool, w, x, y, n_tokens);
 }
 
-/// [`matmul`] with the kernels of `isa` (bitwise equal for every ISA; for tests and
-/// benchmarks that compare variants in one process).
+/// [`matmul`] with the kernels of `isa` (bitwise equal for every exact ISA, see
+/// [`Isa::is_exact`]; for tests and benchmarks that compare variants in one process).
 ///
 /// Panics if the shapes do not match or this CPU cannot run `isa` (see
 /// [`Isa::is_available`]).
@@ -106,6 +109,11 @@ pub fn matmul_with(
         return;
     }
     let chunk = chunk_rows(w.rows, pool.n_threads());
+    #[cfg(target_arch = "x86_64")]
+    if kernels.has_int8(w.dtype) {
+        matmul_int8(&kernels, pool, w, row_bytes, x, y, n_tokens, chunk);
+        return;
+    }
     if n_tokens == 1 && kernels.has_fused_rows() {
         for_each_column_chunk(pool, y, n_tokens, w.rows, chunk, |rows, out| {
             fused_rows(&kernels, w, row_bytes, x, rows, out);
@@ -192,6 +200,33 @@ fn dot_group(
 thread_local! {
     /// Per-thread dequantization scratch, reused across calls (grows, never shrinks).
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The int8 path: quantizes every token row once, then `y[t, r] = dot_q8(W[r], xq[t])`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)] // the matmul's arguments plus two derived sizes
+fn matmul_int8(
+    kernels: &Kernels,
+    pool: &ThreadPool,
+    w: &WeightView<'_>,
+    row_bytes: usize,
+    x: &[f32],     // [n_tokens, cols]
+    y: &mut [f32], // [n_tokens, rows]
+    n_tokens: usize,
+    chunk: usize,
+) {
+    use crate::simd::{quantize_activations, Q8_BLOCK};
+    let mut xq = Vec::new(); // [n_tokens, cols / 32]
+    quantize_activations(x, &mut xq);
+    let blocks = w.cols / Q8_BLOCK;
+    for_each_column_chunk(pool, y, n_tokens, w.rows, chunk, |rows, out| {
+        for (j, r) in rows.enumerate() {
+            let src = &w.data[r * row_bytes..(r + 1) * row_bytes];
+            for (t, xt) in xq.chunks_exact(blocks).enumerate() {
+                out.set(t, j, kernels.dot_row_q8(w.dtype, src, xt));
+            }
+        }
+    });
 }
 
 /// `out[0, r] = W[r] · x` for `r` in `rows` with the fused kernels (one token; no scratch),

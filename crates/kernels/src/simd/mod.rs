@@ -13,6 +13,8 @@ mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod decode;
 #[cfg(target_arch = "x86_64")]
+mod int8;
+#[cfg(target_arch = "x86_64")]
 mod kernels;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
@@ -25,6 +27,10 @@ type Dot1Fn = unsafe fn(&[f32], &[f32]) -> f32;
 type Dot4Fn = unsafe fn([&[f32]; 4], &[f32]) -> [f32; 4];
 type Dot4x2Fn = unsafe fn([&[f32]; 4], [&[f32]; 2]) -> [[f32; 4]; 2];
 type DotRowFn = unsafe fn(DType, &[u8], &[f32]) -> f32;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use int8::{quantize_activations, Q8Block, QK as Q8_BLOCK};
+#[cfg(target_arch = "x86_64")]
+type Int8Fn = unsafe fn(DType, &[u8], &[Q8Block]) -> f32;
 type DotRows4Fn = unsafe fn(DType, [&[u8]; 4], &[f32]) -> [f32; 4];
 
 /// The fused dequantize-and-dot kernels (1 and 4 stored rows with one activation row).
@@ -43,6 +49,9 @@ pub(crate) struct Kernels {
     dot4: Dot4Fn,
     dot4x2: Option<Dot4x2Fn>,
     fused: Option<Fused>,
+    /// The int8 row dot for Q4_0 / Q4_1 / Q8_0 weights (int8 ISAs only).
+    #[cfg(target_arch = "x86_64")]
+    int8: Option<Int8Fn>,
 }
 
 impl Kernels {
@@ -58,6 +67,18 @@ impl Kernels {
                 dot4: dot16::dot_4,
                 dot4x2: None,
                 fused: None,
+                #[cfg(target_arch = "x86_64")]
+                int8: None,
+            }),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2Int8 => Some(Kernels {
+                int8: Some(int8::dot_row_avx2),
+                ..Kernels::new(Isa::Avx2)?
+            }),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Int8 => Some(Kernels {
+                int8: Some(int8::dot_row_vnni),
+                ..Kernels::new(Isa::Avx512)?
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => Some(Kernels {
@@ -69,6 +90,7 @@ impl Kernels {
                     one: avx2::dot_row,
                     four: avx2::dot_rows_4,
                 }),
+                int8: None,
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => Some(Kernels {
@@ -80,6 +102,7 @@ impl Kernels {
                     one: avx512::dot_row,
                     four: avx512::dot_rows_4,
                 }),
+                int8: None,
             }),
             #[cfg(not(target_arch = "x86_64"))]
             _ => None,
@@ -112,6 +135,26 @@ impl Kernels {
             Some(f) => unsafe { f(w, x) },
             None => x.map(|xt| self.dot_4(w, xt)),
         }
+    }
+
+    /// Whether [`Kernels::dot_row_q8`] applies to weights of `dtype` (an int8 ISA and a
+    /// Q4_0 / Q4_1 / Q8_0 type).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn has_int8(&self, dtype: DType) -> bool {
+        self.int8.is_some() && matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+    }
+
+    /// The int8 dot of a stored row with quantized activations (see `int8`); only when
+    /// [`Kernels::has_int8`] holds.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn dot_row_q8(&self, dtype: DType, src: &[u8], xq: &[Q8Block]) -> f32 {
+        assert!(
+            self.has_int8(dtype),
+            "dot_row_q8: no int8 kernel for {dtype}"
+        );
+        let f = self.int8.expect("checked by has_int8");
+        // SAFETY: as in `dequantize_row`.
+        unsafe { f(dtype, src, xq) }
     }
 
     /// Whether there are fused dequantize-and-dot kernels (else callers use scratch rows).
