@@ -218,12 +218,14 @@ fn matmul_int8(
     use crate::simd::{quantize_activations, Q8_BLOCK};
     let mut xq = Vec::new(); // [n_tokens, cols / 32]
     quantize_activations(x, &mut xq);
-    let blocks = w.cols / Q8_BLOCK;
+    debug_assert_eq!(xq.len(), n_tokens * (w.cols / Q8_BLOCK));
     for_each_column_chunk(pool, y, n_tokens, w.rows, chunk, |rows, out| {
+        let mut col = vec![0.0f32; n_tokens]; // [n_tokens]: one output column
         for (j, r) in rows.enumerate() {
             let src = &w.data[r * row_bytes..(r + 1) * row_bytes];
-            for (t, xt) in xq.chunks_exact(blocks).enumerate() {
-                out.set(t, j, kernels.dot_row_q8(w.dtype, src, xt));
+            kernels.row_q8(w.dtype, src, &xq, &mut col);
+            for (t, &v) in col.iter().enumerate() {
+                out.set(t, j, v);
             }
         }
     });

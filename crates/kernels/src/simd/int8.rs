@@ -74,79 +74,193 @@ impl IntDot for Avx2Dot {
     }
 }
 
-/// The dot of the stored row `src` (`dtype` Q4_0, Q4_1 or Q8_0) with the quantized activation
-/// row `xq`, in the order of the module docs.
+/// A weight block format of the int8 path.
+pub(super) trait IntFormat {
+    const BYTES: usize;
+    /// The block at `b` as (unsigned byte operand, sign source for the activations, `d`, `m`).
+    ///
+    /// # Safety
+    /// `b` readable for `BYTES` bytes; AVX2 and F16C available.
+    unsafe fn weights(b: *const u8) -> (__m256i, __m256i, f32, f32);
+    /// The signed operand from the activations (`sign` as returned by `weights`).
+    ///
+    /// # Safety
+    /// AVX2 available.
+    unsafe fn x_operand(x: __m256i, sign: __m256i) -> __m256i;
+    /// The block's offset term (`d_w·d_x` and `m_w` given) added outside the lanes.
+    fn offset(dd: f32, m: f32, x: &Q8Block) -> f32;
+}
+
+pub(super) struct Q8_0;
+pub(super) struct Q4_0;
+pub(super) struct Q4_1;
+
+impl IntFormat for Q8_0 {
+    const BYTES: usize = 34;
+    #[inline(always)]
+    unsafe fn weights(b: *const u8) -> (__m256i, __m256i, f32, f32) {
+        let w = _mm256_loadu_si256(b.add(2).cast());
+        (_mm256_abs_epi8(w), w, f16_at(b), 0.0)
+    }
+    #[inline(always)]
+    unsafe fn x_operand(x: __m256i, sign: __m256i) -> __m256i {
+        _mm256_sign_epi8(x, sign)
+    }
+    #[inline(always)]
+    fn offset(_dd: f32, _m: f32, _x: &Q8Block) -> f32 {
+        0.0
+    }
+}
+
+impl IntFormat for Q4_0 {
+    const BYTES: usize = 18;
+    #[inline(always)]
+    unsafe fn weights(b: *const u8) -> (__m256i, __m256i, f32, f32) {
+        (nibbles(b.add(2)), _mm256_setzero_si256(), f16_at(b), 0.0)
+    }
+    #[inline(always)]
+    unsafe fn x_operand(x: __m256i, _sign: __m256i) -> __m256i {
+        x
+    }
+    #[inline(always)]
+    fn offset(dd: f32, _m: f32, x: &Q8Block) -> f32 {
+        dd * (-8 * x.sum) as f32
+    }
+}
+
+impl IntFormat for Q4_1 {
+    const BYTES: usize = 20;
+    #[inline(always)]
+    unsafe fn weights(b: *const u8) -> (__m256i, __m256i, f32, f32) {
+        (
+            nibbles(b.add(4)),
+            _mm256_setzero_si256(),
+            f16_at(b),
+            f16_at(b.add(2)),
+        )
+    }
+    #[inline(always)]
+    unsafe fn x_operand(x: __m256i, _sign: __m256i) -> __m256i {
+        x
+    }
+    #[inline(always)]
+    fn offset(_dd: f32, m: f32, x: &Q8Block) -> f32 {
+        m * (x.d * x.sum as f32)
+    }
+}
+
+/// One token's running sums: 8 f32 lanes and the offset accumulator.
+#[derive(Clone, Copy)]
+struct Acc(__m256, f32);
+
+impl Acc {
+    /// Adds block `x` against the decoded weight block `(wu, sign, d, m)`.
+    #[inline(always)]
+    unsafe fn add<D: IntDot, F: IntFormat>(
+        &mut self,
+        w: (__m256i, __m256i, f32, f32),
+        x: &Q8Block,
+    ) {
+        let (wu, sign, d, m) = w;
+        let xv = F::x_operand(_mm256_loadu_si256(x.q.as_ptr().cast()), sign);
+        let dd = d * x.d;
+        self.1 += F::offset(dd, m, x);
+        let p = _mm256_cvtepi32_ps(D::dot(wu, xv));
+        self.0 = _mm256_add_ps(self.0, _mm256_mul_ps(p, _mm256_set1_ps(dd)));
+    }
+
+    /// The fixed tree over the 8 lanes, plus the offsets.
+    #[inline(always)]
+    unsafe fn total(self) -> f32 {
+        let v = self.0;
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
+        _mm_cvtss_f32(s1) + self.1
+    }
+}
+
+/// `out[t, j] = W[r] · xq[t]` for one stored row `src` and every token of `xq`
+/// (`[n_tokens, blocks]`), four tokens at a time (each weight block decoded once for the
+/// four); every result is computed in the order of the module docs whatever the grouping.
 ///
 /// # Safety
 /// The CPU must support AVX2, F16C and `D`'s features. Lengths are asserted.
 #[inline(always)]
-pub(super) unsafe fn dot_row<D: IntDot>(dtype: DType, src: &[u8], xq: &[Q8Block]) -> f32 {
+unsafe fn row_all_tokens<D: IntDot, F: IntFormat>(src: &[u8], xq: &[Q8Block], out: &mut [f32]) {
+    let blocks = src.len() / F::BYTES;
     assert!(
-        dtype.bytes_for(QK * xq.len()) == Some(src.len()),
-        "int8 dot: {} bytes are not {} elements of {dtype}",
-        src.len(),
-        QK * xq.len()
+        src.len() == blocks * F::BYTES && xq.len() == out.len() * blocks,
+        "int8 dot: shapes do not match"
     );
-    let mut acc = _mm256_setzero_ps();
-    let mut offsets = 0.0f32;
-    let block_bytes = dtype.block_bytes();
-    for (b, x) in src.chunks_exact(block_bytes).zip(xq) {
-        let xv = _mm256_loadu_si256(x.q.as_ptr().cast());
-        let (p, scale) = match dtype {
-            DType::Q8_0 => {
-                let w = _mm256_loadu_si256(b[2..34].as_ptr().cast());
-                let p = D::dot(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w));
-                (p, f16_at(b, 0) * x.d)
-            }
-            DType::Q4_0 => {
-                let dd = f16_at(b, 0) * x.d;
-                offsets += dd * (-8 * x.sum) as f32;
-                (D::dot(nibbles(&b[2..18]), xv), dd)
-            }
-            DType::Q4_1 => {
-                offsets += f16_at(b, 2) * (x.d * x.sum as f32);
-                (D::dot(nibbles(&b[4..20]), xv), f16_at(b, 0) * x.d)
-            }
-            _ => unreachable!("int8 dot: {dtype} is not an int8 type (checked by the caller)"),
-        };
-        acc = _mm256_add_ps(
-            acc,
-            _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(scale)),
-        );
+    let b = src.as_ptr();
+    let zero = Acc(_mm256_setzero_ps(), 0.0);
+    let mut groups = out.chunks_exact_mut(4);
+    let mut t0 = 0;
+    for o in groups.by_ref() {
+        let x = &xq[t0 * blocks..(t0 + 4) * blocks];
+        let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
+        for bi in 0..blocks {
+            let w = F::weights(b.add(bi * F::BYTES));
+            a0.add::<D, F>(w, &x[bi]);
+            a1.add::<D, F>(w, &x[blocks + bi]);
+            a2.add::<D, F>(w, &x[2 * blocks + bi]);
+            a3.add::<D, F>(w, &x[3 * blocks + bi]);
+        }
+        o.copy_from_slice(&[a0.total(), a1.total(), a2.total(), a3.total()]);
+        t0 += 4;
     }
-    let s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
-    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
-    _mm_cvtss_f32(s1) + offsets
+    for (t, o) in groups.into_remainder().iter_mut().enumerate() {
+        let x = &xq[(t0 + t) * blocks..(t0 + t + 1) * blocks];
+        let mut a = zero;
+        for (bi, xb) in x.iter().enumerate() {
+            a.add::<D, F>(F::weights(b.add(bi * F::BYTES)), xb);
+        }
+        *o = a.total();
+    }
+}
+
+/// [`row_all_tokens`] for a run-time `dtype` (Q4_0, Q4_1 or Q8_0).
+///
+/// # Safety
+/// As [`row_all_tokens`].
+#[inline(always)]
+unsafe fn row_dispatch<D: IntDot>(dtype: DType, src: &[u8], xq: &[Q8Block], out: &mut [f32]) {
+    match dtype {
+        DType::Q8_0 => row_all_tokens::<D, Q8_0>(src, xq, out),
+        DType::Q4_0 => row_all_tokens::<D, Q4_0>(src, xq, out),
+        DType::Q4_1 => row_all_tokens::<D, Q4_1>(src, xq, out),
+        _ => unreachable!("int8 dot: {dtype} is not an int8 type (checked by the caller)"),
+    }
 }
 
 /// The 16 nibble bytes as 32 unsigned bytes: low nibbles (elements 0–15), then high nibbles.
 #[inline(always)]
-unsafe fn nibbles(b: &[u8]) -> __m256i {
-    let v = _mm_loadu_si128(b[..16].as_ptr().cast());
+unsafe fn nibbles(b: *const u8) -> __m256i {
+    let v = _mm_loadu_si128(b.cast());
     let mask = _mm_set1_epi8(0x0f);
     let lo = _mm_and_si128(v, mask);
     let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), mask);
     _mm256_set_m128i(hi, lo)
 }
 
-/// The little-endian f16 at `b[at..at + 2]` as f32 (exact; F16C).
+/// The little-endian f16 at `b` as f32 (exact; F16C).
 #[inline(always)]
-unsafe fn f16_at(b: &[u8], at: usize) -> f32 {
-    let bits = u16::from_le_bytes([b[at], b[at + 1]]);
+unsafe fn f16_at(b: *const u8) -> f32 {
+    let bits = u16::from_le_bytes([*b, *b.add(1)]);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
 /// # Safety
 /// AVX2, FMA and F16C must be available.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_row_avx2(dtype: DType, src: &[u8], xq: &[Q8Block]) -> f32 {
-    dot_row::<Avx2Dot>(dtype, src, xq)
+pub(super) unsafe fn rows_avx2(dtype: DType, src: &[u8], xq: &[Q8Block], out: &mut [f32]) {
+    row_dispatch::<Avx2Dot>(dtype, src, xq, out)
 }
 
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI and F16C must be available.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-pub(super) unsafe fn dot_row_vnni(dtype: DType, src: &[u8], xq: &[Q8Block]) -> f32 {
-    dot_row::<Vnni>(dtype, src, xq)
+pub(super) unsafe fn rows_vnni(dtype: DType, src: &[u8], xq: &[Q8Block], out: &mut [f32]) {
+    row_dispatch::<Vnni>(dtype, src, xq, out)
 }

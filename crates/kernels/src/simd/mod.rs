@@ -30,7 +30,7 @@ type DotRowFn = unsafe fn(DType, &[u8], &[f32]) -> f32;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use int8::{quantize_activations, Q8Block, QK as Q8_BLOCK};
 #[cfg(target_arch = "x86_64")]
-type Int8Fn = unsafe fn(DType, &[u8], &[Q8Block]) -> f32;
+type Int8Fn = unsafe fn(DType, &[u8], &[Q8Block], &mut [f32]);
 type DotRows4Fn = unsafe fn(DType, [&[u8]; 4], &[f32]) -> [f32; 4];
 
 /// The fused dequantize-and-dot kernels (1 and 4 stored rows with one activation row).
@@ -72,12 +72,12 @@ impl Kernels {
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2Int8 => Some(Kernels {
-                int8: Some(int8::dot_row_avx2),
+                int8: Some(int8::rows_avx2),
                 ..Kernels::new(Isa::Avx2)?
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Int8 => Some(Kernels {
-                int8: Some(int8::dot_row_vnni),
+                int8: Some(int8::rows_vnni),
                 ..Kernels::new(Isa::Avx512)?
             }),
             #[cfg(target_arch = "x86_64")]
@@ -137,24 +137,21 @@ impl Kernels {
         }
     }
 
-    /// Whether [`Kernels::dot_row_q8`] applies to weights of `dtype` (an int8 ISA and a
+    /// Whether [`Kernels::row_q8`] applies to weights of `dtype` (an int8 ISA and a
     /// Q4_0 / Q4_1 / Q8_0 type).
     #[cfg(target_arch = "x86_64")]
     pub(crate) fn has_int8(&self, dtype: DType) -> bool {
         self.int8.is_some() && matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
     }
 
-    /// The int8 dot of a stored row with quantized activations (see `int8`); only when
-    /// [`Kernels::has_int8`] holds.
+    /// `out[t] = W_row · xq[t]` for every token (`xq`: `[n_tokens, cols / 32]`, `out`:
+    /// `[n_tokens]`) with the int8 kernel (see `int8`); only when [`Kernels::has_int8`] holds.
     #[cfg(target_arch = "x86_64")]
-    pub(crate) fn dot_row_q8(&self, dtype: DType, src: &[u8], xq: &[Q8Block]) -> f32 {
-        assert!(
-            self.has_int8(dtype),
-            "dot_row_q8: no int8 kernel for {dtype}"
-        );
+    pub(crate) fn row_q8(&self, dtype: DType, src: &[u8], xq: &[Q8Block], out: &mut [f32]) {
+        assert!(self.has_int8(dtype), "row_q8: no int8 kernel for {dtype}");
         let f = self.int8.expect("checked by has_int8");
-        // SAFETY: as in `dequantize_row`.
-        unsafe { f(dtype, src, xq) }
+        // SAFETY: as in `dequantize_row`; the kernel asserts the shapes.
+        unsafe { f(dtype, src, xq, out) }
     }
 
     /// Whether there are fused dequantize-and-dot kernels (else callers use scratch rows).
