@@ -5,7 +5,7 @@
 //!
 //! Reduction order (fixed per row, so results stay batch- and thread-invariant): for each
 //! block in order, the 32 integer products are summed exactly into 8 `i32` lanes, converted to
-//! f32 and added, times `d_w·d_x`, to 8 f32 lane accumulators; the offset terms (`−8·d_w` for
+//! f32 and added, times `d_w·d_x`, to 8 f32 lane accumulators (one fused multiply-add); the offset terms (`−8·d_w` for
 //! Q4_0, `m_w` for Q4_1) go to one f32 accumulator in block order; at the end the 8 lanes are
 //! summed by a fixed tree and the offset accumulator is added.
 //!
@@ -166,7 +166,7 @@ impl Acc {
         let dd = d * x.d;
         self.1 += F::offset(dd, m, x);
         let p = _mm256_cvtepi32_ps(D::dot(wu, xv));
-        self.0 = _mm256_add_ps(self.0, _mm256_mul_ps(p, _mm256_set1_ps(dd)));
+        self.0 = _mm256_fmadd_ps(p, _mm256_set1_ps(dd), self.0);
     }
 
     /// The fixed tree over the 8 lanes, plus the offsets.
@@ -260,7 +260,7 @@ pub(super) unsafe fn rows_avx2(dtype: DType, src: &[u8], xq: &[Q8Block], out: &m
 
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI and F16C must be available.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 pub(super) unsafe fn rows_vnni(dtype: DType, src: &[u8], xq: &[Q8Block], out: &mut [f32]) {
     row_dispatch::<Vnni>(dtype, src, xq, out)
 }
