@@ -1,9 +1,7 @@
 //! Throughput of `matmul` per kernel variant:
 //! `cargo run --release -p tandem-kernels --example matmul_bench [threads...] [filter]`
-//! (`filter`: an ISA name such as `avx512` keeps only that ISA; `cpu` times the calling
-//! thread's CPU time instead of wall time — meaningful with 1 thread only, and robust to the
-//! process being descheduled on a shared machine; anything else keeps only the shapes whose
-//! label, e.g. `Q8_0 49152x576`, contains it).
+//! (`filter`: an ISA name such as `avx512` keeps only that ISA; anything else keeps only the
+//! shapes whose label, e.g. `Q8_0 49152x576`, contains it).
 //!
 //! Prints GFLOP/s (2·rows·cols·n_tokens per call) for the SmolLM2-135M shapes (Q4_1
 //! projections, the Q8_0 LM head) with 1 and 64 tokens, for every ISA this CPU runs: the
@@ -38,27 +36,8 @@ fn weight(dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
     data
 }
 
-/// Nanoseconds this thread has spent on a CPU (Linux `/proc/thread-self/schedstat`).
-fn thread_cpu_ns() -> u64 {
-    let stat = std::fs::read_to_string("/proc/thread-self/schedstat")
-        .expect("the cpu option needs /proc/thread-self/schedstat");
-    stat.split_whitespace()
-        .next()
-        .and_then(|v| v.parse().ok())
-        .expect("schedstat starts with the run time in ns")
-}
-
-/// Seconds elapsed since `start`: wall-clock, or this thread's CPU time when `cpu`.
-fn elapsed(cpu: bool, start: (Instant, u64)) -> f64 {
-    if cpu {
-        (thread_cpu_ns() - start.1) as f64 * 1e-9
-    } else {
-        start.0.elapsed().as_secs_f64()
-    }
-}
-
 /// Median GFLOP/s of `matmul_with(isa, …)` over 7 batches of calls.
-fn bench(isa: Isa, pool: &ThreadPool, w: &WeightView<'_>, n_tokens: usize, cpu: bool) -> f64 {
+fn bench(isa: Isa, pool: &ThreadPool, w: &WeightView<'_>, n_tokens: usize) -> f64 {
     let x: Vec<f32> = (0..n_tokens * w.cols)
         .map(|i| (i % 13) as f32 * 0.1 - 0.6)
         .collect(); // [n_tokens, cols]
@@ -68,11 +47,11 @@ fn bench(isa: Isa, pool: &ThreadPool, w: &WeightView<'_>, n_tokens: usize, cpu: 
     matmul_with(isa, pool, w, &x, &mut y, n_tokens); // warm-up
     let mut secs: Vec<f64> = (0..7)
         .map(|_| {
-            let start = (Instant::now(), if cpu { thread_cpu_ns() } else { 0 });
+            let start = Instant::now();
             for _ in 0..iters {
                 matmul_with(isa, pool, w, &x, &mut y, n_tokens);
             }
-            elapsed(cpu, start) / iters as f64
+            start.elapsed().as_secs_f64() / iters as f64
         })
         .collect();
     std::hint::black_box(&y);
@@ -89,8 +68,6 @@ fn main() {
         .map(|a| a.parse().expect("partitioned on parse"))
         .collect();
     let threads = if threads.is_empty() { vec![1] } else { threads };
-    let cpu = filters.iter().any(|f| f == "cpu");
-    let filters: Vec<String> = filters.into_iter().filter(|f| f != "cpu").collect();
     let (isa_filters, filters): (Vec<String>, Vec<String>) =
         filters.into_iter().partition(|f| f.parse::<Isa>().is_ok());
     let isas: Vec<Isa> = Isa::available()
@@ -101,8 +78,7 @@ fn main() {
     for isa in &isas {
         print!(" {:>8}", isa.name());
     }
-    let clock = if cpu { "CPU time" } else { "wall time" };
-    println!("   (GFLOP/s, median of 7, {clock})");
+    println!("   (GFLOP/s, wall time, median of 7)");
     for (dtype, rows, cols) in SHAPES {
         let label = format!("{dtype} {rows}x{cols}");
         if !filters.iter().all(|f| label.contains(f.as_str())) {
@@ -115,7 +91,7 @@ fn main() {
                 let pool = ThreadPool::new(n_threads);
                 print!("{label:<22} {n_tokens:>3} {n_threads:>3}");
                 for &isa in &isas {
-                    print!(" {:>8.2}", bench(isa, &pool, &w, n_tokens, cpu));
+                    print!(" {:>8.2}", bench(isa, &pool, &w, n_tokens));
                 }
                 println!();
             }

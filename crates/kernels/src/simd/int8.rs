@@ -151,7 +151,7 @@ impl IntFormat for Q4_1 {
 
 /// One token's running sums: 8 f32 lanes and the offset accumulator.
 #[derive(Clone, Copy)]
-struct Acc(__m256, f32);
+struct Acc(__m256, __m128);
 
 impl Acc {
     /// Adds block `x` against the decoded weight block `(wu, sign, d, m)`.
@@ -163,10 +163,13 @@ impl Acc {
     ) {
         let (wu, sign, d, m) = w;
         let xv = F::x_operand(_mm256_loadu_si256(x.q.as_ptr().cast()), sign);
-        let dd = d * x.d;
-        self.1 += F::offset(dd, m, x);
+        // The per-token scalars stay in vector registers: as plain f32 code, LLVM merges
+        // the four tokens' scalars into gathers, which are slow.
+        let dd = _mm_mul_ss(_mm_set_ss(d), _mm_load_ss(&x.d));
+        let off = _mm_set_ss(F::offset(_mm_cvtss_f32(dd), m, x));
+        self.1 = _mm_add_ss(self.1, off);
         let p = _mm256_cvtepi32_ps(D::dot(wu, xv));
-        self.0 = _mm256_fmadd_ps(p, _mm256_set1_ps(dd), self.0);
+        self.0 = _mm256_fmadd_ps(p, _mm256_broadcastss_ps(dd), self.0);
     }
 
     /// The fixed tree over the 8 lanes, plus the offsets.
@@ -176,7 +179,7 @@ impl Acc {
         let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
         let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
-        _mm_cvtss_f32(s1) + self.1
+        _mm_cvtss_f32(s1) + _mm_cvtss_f32(self.1)
     }
 }
 
@@ -194,7 +197,7 @@ unsafe fn row_all_tokens<D: IntDot, F: IntFormat>(src: &[u8], xq: &[Q8Block], ou
         "int8 dot: shapes do not match"
     );
     let b = src.as_ptr();
-    let zero = Acc(_mm256_setzero_ps(), 0.0);
+    let zero = Acc(_mm256_setzero_ps(), _mm_setzero_ps());
     let mut groups = out.chunks_exact_mut(4);
     let mut t0 = 0;
     for o in groups.by_ref() {

@@ -1,10 +1,25 @@
-//! The per-ISA kernel table used by [`crate::matmul`]: row dequantization, the 1- and 4-row
-//! f32 dots, and (SIMD only) the fused dequantize-and-dot of one stored row.
+//! The per-ISA kernel table used by [`crate::matmul`]: row dequantization, the 1-row, 4-row
+//! and 4-row × 2-token f32 dots, the fused dequantize-and-dot of 1 or 4 stored rows (SIMD
+//! only; used for single-token calls), and the int8 row kernel (int8 ISAs only).
 //!
-//! Every variant here is **bitwise equal** to the scalar reference ([`crate::quant`]'s
-//! dequantization and [`crate::dot16`]'s fixed 16-lane order): AVX-512 keeps the 16
+//! | ISA           | f32 path vs scalar | Q4_0/Q4_1/Q8_0 weights                         |
+//! |---------------|--------------------|------------------------------------------------|
+//! | `scalar`      | reference          | reference                                      |
+//! | `avx2`        | **bitwise equal**  | bitwise equal                                  |
+//! | `avx512`      | **bitwise equal**  | bitwise equal                                  |
+//! | `avx2-int8`   | bitwise equal      | int8 (`int8` module): within the rounding bound |
+//! | `avx512-int8` | bitwise equal      | int8 (VNNI): within the rounding bound          |
+//!
+//! The exact variants reproduce the scalar reference ([`crate::quant`]'s dequantization and
+//! [`crate::dot16`]'s fixed 16-lane order) operation for operation: AVX-512 keeps the 16
 //! accumulators in one register, AVX2 in two, both use a rounded multiply then a rounded add
-//! (no FMA), the scalar tail and the same final tree.
+//! (no FMA), the scalar tail and the same final tree (done in registers). An FMA variant was
+//! measured during development: no throughput difference beyond the noise of the shared
+//! machine (the loops are bound by decoding and loads, and a multiply-add pair has the same
+//! dependency chain through the add), so the bitwise-equal form is the only one kept.
+//!
+//! Every variant, int8 included, computes each output from its own row and token only, in an
+//! order fixed by the row length: results never depend on `n_tokens` or the thread split.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
