@@ -18,12 +18,26 @@ pub struct ModelArgs {
     /// Kernel threads (default: the number of physical cores).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub threads: Option<u32>,
+    /// Kernel variant: scalar, avx2, avx512 (bitwise equal to scalar), or the faster
+    /// avx2-int8 / avx512-int8 (activations rounded to 8 bits, as llama.cpp does).
+    /// Default: the fastest exact one this CPU runs.
+    #[arg(long, value_name = "ISA")]
+    pub kernels: Option<tandem_kernels::isa::Isa>,
 }
 
 impl ModelArgs {
     pub fn threads(&self) -> usize {
         self.threads
             .map_or_else(tandem_kernels::cpu::physical_cores, |t| t as usize)
+    }
+
+    /// Applies `--kernels` (once, before any kernel runs).
+    pub fn choose_kernels(&self) -> anyhow::Result<()> {
+        if let Some(isa) = self.kernels {
+            tandem_kernels::isa::set_forced(isa)
+                .map_err(|e| anyhow::anyhow!("--kernels {isa}: {e}"))?;
+        }
+        Ok(())
     }
 }
 
