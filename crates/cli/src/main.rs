@@ -8,6 +8,7 @@ mod generate_cmd;
 mod generation;
 mod prompting;
 mod score_cmd;
+mod serve_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +31,8 @@ enum Command {
     Score(score_cmd::ScoreArgs),
     /// Prefill and decode throughput: one JSON line per (batch, prompt length).
     Bench(bench_cmd::BenchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(serve_cmd::ServeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -39,6 +42,7 @@ fn main() -> std::process::ExitCode {
         Command::Chat(a) => chat_cmd::run(a),
         Command::Score(a) => score_cmd::run(a),
         Command::Bench(a) => bench_cmd::run(a),
+        Command::Serve(a) => serve_cmd::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,6 +1,27 @@
-//! tandem's OpenAI-compatible HTTP server. (The server issue builds it; for now it only
-//! fixes the crate graph: server -> engine -> model -> kernels.)
+//! tandem's OpenAI-compatible HTTP server (DESIGN §2.4, §6).
+//!
+//! - [`engine_thread`]: the engine on its own OS thread; handlers reach it through
+//!   channels (requests in, per-request token events out, aborts in); a dropped client
+//!   aborts its requests within one step;
+//! - [`generation`]: one HTTP request's choices, token events -> text (detokenizer + stop
+//!   strings from [`text`]) -> updates, shared by streamed and non-streamed responses;
+//! - [`api`]: routes, validation (400 naming the field, 413, 404), API key, SSE;
+//! - [`server`]: [`serve`] (until SIGINT/SIGTERM) and [`start`] (tests, embedding) on a
+//!   small tokio runtime that leaves the cores to the kernels.
+//!
+//! The engine only ever sees token ids.
 
 pub use tandem_engine as engine;
 
+pub mod api;
+pub mod config;
+pub mod engine_thread;
+pub mod error;
+pub mod generation;
+pub mod prompt;
+pub mod server;
 pub mod text;
+
+pub use config::ServerConfig;
+pub use error::{ApiError, ServerError};
+pub use server::{serve, start, start_with_signals, RunningServer};

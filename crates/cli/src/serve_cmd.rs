@@ -1,0 +1,65 @@
+//! `tandem serve`: the OpenAI-compatible HTTP server (DESIGN §1.1). Loads the model, builds
+//! the engine from the engine flags, and serves until SIGINT or SIGTERM (exit status 0).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use tandem_model::default_model::{cache_dir, resolve_model};
+use tandem_model::loader::load_model;
+use tandem_server::ServerConfig;
+
+use crate::args::{EngineArgs, ModelArgs};
+use crate::engine_setup::build_engine;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port to listen on (0 picks a free one; the address is printed on stderr).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on every route except /health.
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+    /// Seed of the random streams of requests that bring no seed.
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    seed: u64,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    let cache = cache_dir(a.model.cache_dir.as_deref())?;
+    let path = resolve_model(a.model.model.as_deref(), &cache)?;
+    let lm = load_model(&path, a.model.threads())
+        .with_context(|| format!("loading {}", path.display()))?;
+    let tokenizer = Arc::new(lm.tokenizer);
+    let engine = build_engine(lm.model, lm.eos_token_ids.clone(), &a.engine, a.seed)?;
+    let mut names = Vec::new();
+    if let Some(stem) = lm.path.file_name().and_then(|s| s.to_str()) {
+        names.push(stem.to_string());
+    }
+    if let Some(given) = a.model.model.as_ref().and_then(|p| p.to_str()) {
+        names.push(given.to_string());
+    }
+    names.push(lm.path.display().to_string());
+    names.dedup();
+    let mut config = ServerConfig::new(names[0].clone());
+    config.model_names = names;
+    config.addr = SocketAddr::new(a.host, a.port);
+    config.api_key = a.api_key.filter(|k| !k.is_empty());
+    let server = tandem_server::start_with_signals(engine, tokenizer, lm.chat_template, config)?;
+    eprintln!(
+        "tandem: serving {} at http://{} (model name `{}`)",
+        lm.path.display(),
+        server.addr(),
+        server.served_name()
+    );
+    server.wait()?;
+    Ok(())
+}

@@ -1,0 +1,181 @@
+//! `POST /v1/chat/completions`: the conversation goes through the model's chat template
+//! with the generation prompt; `max_completion_tokens` (or `max_tokens`) defaults to the
+//! rest of the context.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use tandem_engine::sampler::MAX_TOP_LOGPROBS;
+use tandem_model::chat_template::ChatMessage;
+
+use super::body::{fields, json_object};
+use super::format::{Endpoint, ResponseMeta};
+use super::sampling::{CommonFields, GenerationPlan};
+use super::{respond, App};
+use crate::engine_thread::SubmitError;
+use crate::error::{ApiError, ApiResult};
+use crate::generation::Generation;
+
+/// Most messages in one conversation.
+pub const MAX_MESSAGES: usize = 1024;
+
+/// A message's content: a string, or a list of parts of which only text is supported.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct MessageIn {
+    pub role: String,
+    pub content: Option<Content>,
+}
+
+/// The fields only chat has.
+#[derive(Debug, Deserialize)]
+struct ChatFields {
+    messages: Option<Vec<MessageIn>>,
+    max_completion_tokens: Option<u64>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<u32>,
+    add_generation_prompt: Option<bool>,
+}
+
+pub async fn chat_completions(
+    State(app): State<App>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match run(app, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The conversation as the chat template sees it.
+pub fn to_messages(messages: Vec<MessageIn>) -> ApiResult<Vec<ChatMessage>> {
+    if messages.is_empty() {
+        return Err(ApiError::field("messages", "must not be empty"));
+    }
+    if messages.len() > MAX_MESSAGES {
+        return Err(ApiError::field(
+            "messages",
+            format!("at most {MAX_MESSAGES} messages, got {}", messages.len()),
+        ));
+    }
+    messages
+        .into_iter()
+        .map(|m| {
+            let content = match m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t,
+                Some(Content::Parts(parts)) => parts
+                    .into_iter()
+                    .map(|p| match (p.kind.as_str(), p.text) {
+                        ("text", Some(t)) => Ok(t),
+                        (kind, _) => Err(ApiError::field(
+                            "messages",
+                            format!("content part of type `{kind}` is not supported (only text)"),
+                        )),
+                    })
+                    .collect::<ApiResult<Vec<_>>>()?
+                    .join("\n"),
+            };
+            Ok(ChatMessage::new(m.role, content))
+        })
+        .collect()
+}
+
+fn top_logprobs(own: &ChatFields) -> ApiResult<Option<usize>> {
+    match (own.logprobs.unwrap_or(false), own.top_logprobs) {
+        (false, Some(k)) if k > 0 => Err(ApiError::field(
+            "top_logprobs",
+            "requires logprobs to be true",
+        )),
+        (true, Some(k)) if k as usize > MAX_TOP_LOGPROBS => Err(ApiError::field(
+            "top_logprobs",
+            format!("must be at most {MAX_TOP_LOGPROBS}, got {k}"),
+        )),
+        (true, k) => Ok(Some(k.unwrap_or(0) as usize)),
+        (false, _) => Ok(None),
+    }
+}
+
+async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
+    let value = json_object(body, app.config.max_body_bytes)?;
+    let mut common: CommonFields = fields(&value)?;
+    let own: ChatFields = fields(&value)?;
+    let model = app.check_model(common.model.as_deref())?;
+    if own.max_completion_tokens.is_some() {
+        common.max_tokens = own.max_completion_tokens;
+    }
+    let logprobs = top_logprobs(&own)?;
+    let limits = &app.limits;
+    let plan = GenerationPlan::new(&common, logprobs, limits.vocab_size, &limits.eos_token_ids)?;
+    let messages = own
+        .messages
+        .ok_or_else(|| ApiError::field("messages", "is required"))?;
+    let messages = to_messages(messages)?;
+    let prompt = app
+        .prompts
+        .chat(&messages, own.add_generation_prompt.unwrap_or(true))?;
+    if prompt.is_empty() {
+        return Err(ApiError::field(
+            "messages",
+            "the rendered conversation has no tokens",
+        ));
+    }
+    let room = limits.max_model_len.saturating_sub(prompt.len());
+    if room == 0 {
+        return Err(ApiError::field(
+            "messages",
+            format!(
+                "the conversation has {} tokens, leaving no room in the maximum model length of {}",
+                prompt.len(),
+                limits.max_model_len
+            ),
+        ));
+    }
+    let max_tokens = plan.max_tokens.unwrap_or(room);
+    let (seqs, events) = app
+        .engine
+        .submit(plan.requests(&prompt, max_tokens))
+        .await
+        .map_err(|e| match e {
+            SubmitError::Refused(e) => ApiError::from_engine(&e, "messages"),
+            SubmitError::Unavailable => ApiError::unavailable(e.to_string()),
+        })?;
+    let num_choices = seqs.len();
+    let text = vec![plan.text.clone(); num_choices];
+    let tokenizer = app.prompts.tokenizer().clone();
+    let generation = Generation::new(app.engine.clone(), seqs, events, &tokenizer, &text);
+    let meta = ResponseMeta {
+        endpoint: Endpoint::Chat,
+        id: app.response_id("chatcmpl"),
+        created: super::unix_time(),
+        model,
+        logprobs,
+    };
+    Ok(if plan.stream {
+        respond::stream(
+            generation,
+            meta,
+            tokenizer,
+            prompt.len(),
+            num_choices,
+            plan.include_usage,
+        )
+    } else {
+        respond::complete(generation, meta, tokenizer, prompt.len(), num_choices).await
+    })
+}

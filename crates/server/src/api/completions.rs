@@ -1,0 +1,148 @@
+//! `POST /v1/completions`: the prompt as a string, a list of strings, a list of token ids
+//! or a list of lists of token ids; choices are ordered prompt by prompt, `n` per prompt.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::Value;
+use tandem_model::batch::TokenId;
+
+use super::body::{fields, json_object};
+use super::format::{Endpoint, ResponseMeta};
+use super::sampling::{CommonFields, GenerationPlan};
+use super::{respond, App};
+use crate::engine_thread::SubmitError;
+use crate::error::{ApiError, ApiResult};
+use crate::generation::Generation;
+
+/// Most prompts in one request.
+pub const MAX_PROMPTS: usize = 64;
+
+/// The fields only completions have.
+#[derive(Debug, Default, Deserialize)]
+struct CompletionFields {
+    logprobs: Option<u32>,
+    echo: Option<bool>,
+    suffix: Option<String>,
+    add_special_tokens: Option<bool>,
+}
+
+pub async fn completions(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
+    match run(app, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
+    let value = json_object(body, app.config.max_body_bytes)?;
+    let common: CommonFields = fields(&value)?;
+    let own: CompletionFields = fields(&value)?;
+    let model = app.check_model(common.model.as_deref())?;
+    if own.echo == Some(true) {
+        return Err(ApiError::field("echo", "echo is not supported yet"));
+    }
+    if own.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::field("suffix", "suffix is not supported"));
+    }
+    let logprobs = own.logprobs.map(|k| k as usize);
+    let limits = &app.limits;
+    let plan = GenerationPlan::new(&common, logprobs, limits.vocab_size, &limits.eos_token_ids)?;
+    let prompt = value
+        .get("prompt")
+        .ok_or_else(|| ApiError::field("prompt", "is required"))?;
+    let prompts = parse_prompts(&app, prompt, own.add_special_tokens.unwrap_or(true))?;
+    let max_tokens = plan.max_tokens.unwrap_or(16);
+    let mut requests = Vec::with_capacity(prompts.len() * plan.n);
+    for p in &prompts {
+        requests.extend(plan.requests(p, max_tokens));
+    }
+    let (seqs, events) = app.engine.submit(requests).await.map_err(|e| match e {
+        SubmitError::Refused(e) => ApiError::from_engine(&e, "prompt"),
+        SubmitError::Unavailable => ApiError::unavailable(e.to_string()),
+    })?;
+    let num_choices = seqs.len();
+    let text = vec![plan.text.clone(); num_choices];
+    let tokenizer = app.prompts.tokenizer().clone();
+    let generation = Generation::new(app.engine.clone(), seqs, events, &tokenizer, &text);
+    let meta = ResponseMeta {
+        endpoint: Endpoint::Completions,
+        id: app.response_id("cmpl"),
+        created: super::unix_time(),
+        model,
+        logprobs,
+    };
+    let prompt_tokens = prompts.iter().map(Vec::len).sum();
+    Ok(if plan.stream {
+        respond::stream(
+            generation,
+            meta,
+            tokenizer,
+            prompt_tokens,
+            num_choices,
+            plan.include_usage,
+        )
+    } else {
+        respond::complete(generation, meta, tokenizer, prompt_tokens, num_choices).await
+    })
+}
+
+/// The prompts' ids, each non-empty and inside the vocabulary.
+fn parse_prompts(app: &App, prompt: &Value, add_special: bool) -> ApiResult<Vec<Vec<TokenId>>> {
+    let bad = || {
+        ApiError::field(
+            "prompt",
+            "must be a string, a list of strings, a list of token ids or a list of lists of token ids",
+        )
+    };
+    let items: Vec<&Value> = match prompt {
+        Value::String(_) => vec![prompt],
+        Value::Array(a) if a.is_empty() => return Err(ApiError::field("prompt", "is empty")),
+        Value::Array(a) if a.iter().all(Value::is_u64) => vec![prompt],
+        Value::Array(a) => a.iter().collect(),
+        _ => return Err(bad()),
+    };
+    if items.len() > MAX_PROMPTS {
+        return Err(ApiError::field(
+            "prompt",
+            format!("at most {MAX_PROMPTS} prompts, got {}", items.len()),
+        ));
+    }
+    items
+        .into_iter()
+        .map(|item| {
+            let ids = match item {
+                Value::String(s) => app.prompts.text(s, add_special, "prompt")?,
+                Value::Array(a) => {
+                    let ids: Vec<u32> = a
+                        .iter()
+                        .map(|v| {
+                            v.as_u64()
+                                .and_then(|x| u32::try_from(x).ok())
+                                .ok_or_else(bad)
+                        })
+                        .collect::<ApiResult<_>>()?;
+                    app.prompts.check_ids(&ids, "prompt")?;
+                    ids.into_iter().map(TokenId).collect()
+                }
+                _ => return Err(bad()),
+            };
+            if ids.is_empty() {
+                return Err(ApiError::field("prompt", "has no tokens"));
+            }
+            let max = app.limits.max_model_len;
+            if ids.len() >= max {
+                return Err(ApiError::field(
+                    "prompt",
+                    format!(
+                        "has {} tokens, leaving no room in the maximum model length of {max}",
+                        ids.len()
+                    ),
+                ));
+            }
+            Ok(ids)
+        })
+        .collect()
+}

@@ -1,0 +1,95 @@
+//! The HTTP API: routes, shared state, authentication and the endpoints.
+//!
+//! | route | what |
+//! | --- | --- |
+//! | `GET /health` | 200 while the engine runs, 503 otherwise; never needs the API key (below) |
+//! | `GET /v1/models`, `GET /v1/models/{id}` | the served model |
+//! | `POST /v1/completions` | text completions ([`completions`]) |
+//! | `POST /v1/chat/completions` | chat completions ([`chat`]) |
+//! | `POST /tokenize`, `POST /detokenize` | vLLM-style tokenizer access ([`tokenize`]) |
+//!
+//! `/health` answers `{"status": "ok", "running", "waiting", "in_flight", "disconnects",
+//! "kv_free_blocks", "kv_total_blocks"}`: sequences running and waiting in the scheduler,
+//! requests whose client is still attached, requests aborted because their client went
+//! away (since start), and the KV pool. When idle, `kv_free_blocks == kv_total_blocks`.
+
+pub mod body;
+pub mod chat;
+pub mod completions;
+pub mod format;
+pub mod respond;
+pub mod routes;
+pub mod sampling;
+pub mod tokenize;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::config::ServerConfig;
+use crate::engine_thread::EngineHandle;
+use crate::error::{ApiError, ApiResult};
+use crate::prompt::PromptBuilder;
+
+/// What the model allows, read from the engine before it moved to its thread.
+#[derive(Debug, Clone)]
+pub struct ModelLimits {
+    pub vocab_size: usize,
+    /// Most tokens (prompt + output) in one sequence.
+    pub max_model_len: usize,
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub prompts: PromptBuilder,
+    pub limits: ModelLimits,
+    pub config: ServerConfig,
+    /// Unix time the server started (the model's `created`).
+    pub started: u64,
+    next_id: AtomicU64,
+}
+
+/// Shared handle to [`AppState`].
+pub type App = Arc<AppState>;
+
+impl AppState {
+    pub fn new(
+        engine: EngineHandle,
+        prompts: PromptBuilder,
+        limits: ModelLimits,
+        config: ServerConfig,
+    ) -> AppState {
+        AppState {
+            engine,
+            prompts,
+            limits,
+            config,
+            started: unix_time(),
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    /// A fresh response id with `prefix` (`cmpl`, `chatcmpl`).
+    pub fn response_id(&self, prefix: &str) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{:x}{n:06x}", self.started)
+    }
+
+    /// The model name for a response: the request's `model` must be one of ours.
+    pub fn check_model(&self, requested: Option<&str>) -> ApiResult<String> {
+        match requested {
+            None => Ok(self.config.served_name().to_string()),
+            Some(m) if self.config.model_names.iter().any(|n| n == m) => Ok(m.to_string()),
+            Some(m) => Err(ApiError::model_not_found(m)),
+        }
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_time() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

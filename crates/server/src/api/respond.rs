@@ -1,0 +1,144 @@
+//! Driving a [`Generation`] into an HTTP response: one JSON body, or server-sent events
+//! framed exactly as `data: {json}\n\n` ... `data: [DONE]\n\n`.
+//!
+//! Both paths consume the same [`crate::generation::ChoiceUpdate`]s. A streamed response
+//! owns the generation inside its body; when the client disconnects the body is dropped,
+//! and with it the generation, which aborts the engine requests.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+use tandem_model::tokenizer::Tokenizer;
+
+use super::format::{usage, ChoiceResult, ResponseMeta};
+use crate::error::ApiError;
+use crate::generation::{Finish, Generation};
+
+/// Runs the generation to the end and answers one JSON body; a choice that failed in the
+/// engine makes the whole answer a 500.
+pub async fn complete(
+    mut generation: Generation,
+    meta: ResponseMeta,
+    tokenizer: Arc<Tokenizer>,
+    prompt_tokens: usize,
+    num_choices: usize,
+) -> Response {
+    let mut choices = vec![ChoiceResult::default(); num_choices];
+    while let Some(u) = generation.next().await {
+        let c = &mut choices[u.index];
+        c.text.push_str(&u.text);
+        c.tokens.extend(u.tokens);
+        if let Some(Finish::Error(e)) = &u.finish {
+            return ApiError::internal(format!("generation failed: {e}")).into_response();
+        }
+        c.finish = u.finish;
+    }
+    let completion_tokens = generation.num_tokens().iter().sum();
+    let body = meta.response(
+        &tokenizer,
+        &choices,
+        usage(prompt_tokens, completion_tokens),
+    );
+    axum::Json(body).into_response()
+}
+
+/// State of one SSE body.
+struct SseState {
+    generation: Generation,
+    meta: ResponseMeta,
+    tokenizer: Arc<Tokenizer>,
+    prompt_tokens: usize,
+    include_usage: bool,
+    /// Frames ready to send, in order.
+    queue: std::collections::VecDeque<Bytes>,
+    /// Per choice: whether its first chunk went out (chat sends the role first), and the
+    /// text offset of its next token (completions logprobs).
+    started: Vec<bool>,
+    offsets: Vec<usize>,
+    done: bool,
+}
+
+fn frame(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+impl SseState {
+    /// Refills the queue; false once everything, `[DONE]` included, has been queued.
+    async fn refill(&mut self) -> bool {
+        if self.done {
+            return false;
+        }
+        let Some(u) = self.generation.next().await else {
+            if self.include_usage {
+                let n = self.generation.num_tokens().iter().sum();
+                let chunk = self.meta.usage_chunk(usage(self.prompt_tokens, n));
+                self.queue.push_back(frame(&chunk));
+            }
+            self.queue
+                .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+            self.done = true;
+            return true;
+        };
+        if let Some(Finish::Error(e)) = &u.finish {
+            let err = ApiError::internal(format!("generation failed: {e}"));
+            self.queue.push_back(frame(&err.body()));
+        }
+        let role = !self.started[u.index];
+        self.started[u.index] = true;
+        let logprobs = self
+            .meta
+            .logprobs(&self.tokenizer, &u.tokens, &mut self.offsets[u.index]);
+        let mut chunk = self
+            .meta
+            .chunk(u.index, &u.text, logprobs, u.finish.as_ref(), role);
+        if self.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        self.queue.push_back(frame(&chunk));
+        true
+    }
+}
+
+/// Streams the generation as server-sent events.
+pub fn stream(
+    generation: Generation,
+    meta: ResponseMeta,
+    tokenizer: Arc<Tokenizer>,
+    prompt_tokens: usize,
+    num_choices: usize,
+    include_usage: bool,
+) -> Response {
+    let state = SseState {
+        generation,
+        meta,
+        tokenizer,
+        prompt_tokens,
+        include_usage,
+        queue: Default::default(),
+        started: vec![false; num_choices],
+        offsets: vec![0; num_choices],
+        done: false,
+    };
+    let body = futures_util::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(b) = s.queue.pop_front() {
+                return Some((Ok::<Bytes, Infallible>(b), s));
+            }
+            if !s.refill().await {
+                return None;
+            }
+        }
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}

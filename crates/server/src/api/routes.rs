@@ -1,0 +1,124 @@
+//! The router: routes, the API-key check, `/health`, `/v1/models`, and JSON 404/405.
+
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, Request, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::json;
+
+use super::{chat, completions, tokenize, App};
+use crate::error::ApiError;
+
+/// All routes over `app`.
+pub fn router(app: App) -> Router {
+    let limit = app.config.max_body_bytes;
+    let protected = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route_layer(middleware::from_fn_with_state(app.clone(), require_api_key));
+    Router::new()
+        .route("/health", get(health))
+        .merge(protected)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(app)
+}
+
+async fn not_found(uri: Uri) -> Response {
+    ApiError::route_not_found(uri.path()).into_response()
+}
+
+async fn method_not_allowed() -> Response {
+    ApiError::method_not_allowed().into_response()
+}
+
+/// Rejects requests without the right `Authorization: Bearer <key>` when a key is set.
+async fn require_api_key(State(app): State<App>, req: Request<Body>, next: Next) -> Response {
+    if let Some(key) = &app.config.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(given.trim().as_bytes(), key.as_bytes()) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares two byte strings in time that depends only on their lengths, not on where
+/// they first differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let len = a.len().max(b.len());
+    let mut diff = u8::from(a.len() != b.len());
+    for i in 0..len {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= x ^ y;
+    }
+    std::hint::black_box(diff) == 0
+}
+
+async fn health(State(app): State<App>) -> Response {
+    let s = app.engine.snapshot();
+    let status = if s.alive {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "status": if s.alive { "ok" } else { "unavailable" },
+        "running": s.running,
+        "waiting": s.waiting,
+        "in_flight": s.in_flight,
+        "disconnects": s.disconnects,
+        "kv_free_blocks": s.kv_free_blocks,
+        "kv_total_blocks": s.kv_total_blocks,
+    });
+    (status, axum::Json(body)).into_response()
+}
+
+fn model_card(app: &App) -> serde_json::Value {
+    json!({
+        "id": app.config.served_name(),
+        "object": "model",
+        "created": app.started,
+        "owned_by": "tandem",
+        "max_model_len": app.limits.max_model_len,
+    })
+}
+
+async fn models(State(app): State<App>) -> Response {
+    axum::Json(json!({"object": "list", "data": [model_card(&app)]})).into_response()
+}
+
+async fn model(State(app): State<App>, Path(id): Path<String>) -> Response {
+    match app.check_model(Some(&id)) {
+        Ok(_) => axum::Json(model_card(&app)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn constant_time_eq_is_equality() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+        assert!(constant_time_eq(b"", b""));
+    }
+}

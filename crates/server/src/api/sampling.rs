@@ -1,0 +1,279 @@
+//! The request fields shared by `/v1/completions` and `/v1/chat/completions`, their bounds,
+//! and their translation into engine requests and text options.
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+use tandem_engine::engine::GenerationRequest;
+use tandem_engine::sampler::{SamplingParams, MAX_TOP_LOGPROBS};
+use tandem_engine::RequestParams;
+use tandem_model::batch::TokenId;
+
+use crate::error::{ApiError, ApiResult};
+use crate::text::{StopStrings, TextOptions};
+
+/// Most choices per prompt (`n`).
+pub const MAX_N: u64 = 16;
+/// Most entries in `logit_bias`.
+pub const MAX_LOGIT_BIAS: usize = 1024;
+/// Most entries in `stop_token_ids`.
+pub const MAX_STOP_TOKEN_IDS: usize = 64;
+
+/// `stop` as one string or a list, as in the OpenAI API.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// Fields every generation request may carry (unknown fields are ignored).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CommonFields {
+    pub model: Option<String>,
+    pub max_tokens: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i32>,
+    pub min_p: Option<f32>,
+    pub n: Option<u64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub stop: Option<StopField>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub logit_bias: Option<HashMap<String, f32>>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<u64>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub include_stop_str_in_output: Option<bool>,
+    pub skip_special_tokens: Option<bool>,
+    /// Accepted and ignored (an end-user id for abuse monitoring).
+    pub user: Option<String>,
+    pub best_of: Option<u64>,
+    pub use_beam_search: Option<bool>,
+}
+
+/// What a request asks for, validated, before its prompts are known.
+#[derive(Debug, Clone)]
+pub struct GenerationPlan {
+    pub n: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// `None`: the endpoint's default (16 for completions, the rest of the context for chat).
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub limits: RequestParams,
+    pub text: TextOptions,
+}
+
+impl GenerationPlan {
+    /// Validates the shared fields. `logprobs`: how many alternatives per token the endpoint
+    /// asked for (`None`: no logprobs). `vocab_size` bounds token ids; `eos` are the model's
+    /// end-of-sequence ids.
+    pub fn new(
+        f: &CommonFields,
+        logprobs: Option<usize>,
+        vocab_size: usize,
+        eos: &[u32],
+    ) -> ApiResult<GenerationPlan> {
+        let n = f.n.unwrap_or(1);
+        if !(1..=MAX_N).contains(&n) {
+            return Err(ApiError::field(
+                "n",
+                format!("must be between 1 and {MAX_N}, got {n}"),
+            ));
+        }
+        check_unsupported(f, n)?;
+        let max_tokens = match f.max_tokens {
+            Some(0) => return Err(ApiError::field("max_tokens", "must be at least 1")),
+            Some(m) => Some(usize::try_from(m).unwrap_or(usize::MAX)),
+            None => None,
+        };
+        let min_tokens = f
+            .min_tokens
+            .map_or(0, |m| usize::try_from(m).unwrap_or(usize::MAX));
+        if let Some(m) = max_tokens.filter(|&m| min_tokens > m) {
+            return Err(ApiError::field(
+                "min_tokens",
+                format!("must be at most max_tokens ({m}), got {min_tokens}"),
+            ));
+        }
+        if let Some(k) = logprobs.filter(|&k| k > MAX_TOP_LOGPROBS) {
+            return Err(ApiError::field(
+                "logprobs",
+                format!("at most {MAX_TOP_LOGPROBS} alternatives, got {k}"),
+            ));
+        }
+        let stop_token_ids = f.stop_token_ids.clone().unwrap_or_default();
+        if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+            return Err(ApiError::field(
+                "stop_token_ids",
+                format!(
+                    "at most {MAX_STOP_TOKEN_IDS} ids, got {}",
+                    stop_token_ids.len()
+                ),
+            ));
+        }
+        let ignore_eos = f.ignore_eos.unwrap_or(false);
+        let sampling = SamplingParams {
+            temperature: f.temperature.unwrap_or(1.0),
+            top_k: f.top_k.unwrap_or(-1),
+            top_p: f.top_p.unwrap_or(1.0),
+            min_p: f.min_p.unwrap_or(0.0),
+            repetition_penalty: f.repetition_penalty.unwrap_or(1.0),
+            presence_penalty: f.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: f.frequency_penalty.unwrap_or(0.0),
+            logit_bias: logit_bias(f.logit_bias.as_ref())?,
+            seed: f.seed.map(|s| s as u64),
+            logprobs: logprobs.is_some(),
+            top_logprobs: logprobs.unwrap_or(0),
+            min_tokens,
+            ignore_eos,
+            stop_token_ids: stop_token_ids.clone(),
+            eos_token_ids: eos.to_vec(),
+        };
+        sampling
+            .validate(vocab_size)
+            .map_err(|e| ApiError::from_engine(&e.into(), "prompt"))?;
+        let stop = match &f.stop {
+            None => Vec::new(),
+            Some(StopField::One(s)) => vec![s.clone()],
+            Some(StopField::Many(v)) => v.clone(),
+        };
+        let stop = StopStrings::new(stop).map_err(|e| ApiError::field("stop", e))?;
+        Ok(GenerationPlan {
+            n: n as usize,
+            stream: f.stream.unwrap_or(false),
+            include_usage: f
+                .stream_options
+                .as_ref()
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false),
+            max_tokens,
+            sampling,
+            limits: RequestParams {
+                max_tokens: max_tokens.unwrap_or(16),
+                ignore_eos,
+                stop_token_ids: stop_token_ids.into_iter().map(TokenId).collect(),
+                priority: 0,
+            },
+            text: TextOptions {
+                skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
+                stop,
+                include_stop_str_in_output: f.include_stop_str_in_output.unwrap_or(false),
+            },
+        })
+    }
+
+    /// The `n` engine requests for one prompt with `max_tokens` output tokens at most.
+    pub fn requests(&self, prompt: &[TokenId], max_tokens: usize) -> Vec<GenerationRequest> {
+        (0..self.n as u64)
+            .map(|k| GenerationRequest {
+                prompt: prompt.to_vec(),
+                sampling: self.sampling.clone(),
+                limits: RequestParams {
+                    max_tokens,
+                    ..self.limits.clone()
+                },
+                sample_index: k,
+            })
+            .collect()
+    }
+}
+
+/// Refuses what is not implemented rather than silently doing something else.
+fn check_unsupported(f: &CommonFields, n: u64) -> ApiResult<()> {
+    if f.use_beam_search == Some(true) {
+        return Err(ApiError::field(
+            "use_beam_search",
+            "beam search is not supported",
+        ));
+    }
+    if let Some(b) = f.best_of.filter(|&b| b != n) {
+        return Err(ApiError::field(
+            "best_of",
+            format!("only best_of == n is supported (n = {n}, best_of = {b})"),
+        ));
+    }
+    Ok(())
+}
+
+/// `logit_bias`: token id strings to biases in [-100, 100].
+fn logit_bias(map: Option<&HashMap<String, f32>>) -> ApiResult<Vec<(u32, f32)>> {
+    let Some(map) = map else {
+        return Ok(Vec::new());
+    };
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::field(
+            "logit_bias",
+            format!("at most {MAX_LOGIT_BIAS} entries, got {}", map.len()),
+        ));
+    }
+    let mut out: Vec<(u32, f32)> =
+        map.iter()
+            .map(|(k, &v)| {
+                k.trim().parse::<u32>().map(|id| (id, v)).map_err(|_| {
+                    ApiError::field("logit_bias", format!("key `{k}` is not a token id"))
+                })
+            })
+            .collect::<ApiResult<_>>()?;
+    out.sort_by_key(|&(id, _)| id);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn plan(v: serde_json::Value) -> ApiResult<GenerationPlan> {
+        let f: CommonFields = crate::api::body::fields(&v)?;
+        GenerationPlan::new(&f, None, 100, &[2])
+    }
+
+    #[test]
+    fn bounds_name_the_field() {
+        for (body, field) in [
+            (json!({"temperature": -1.0}), "temperature"),
+            (json!({"n": 0}), "n"),
+            (json!({"n": 17}), "n"),
+            (json!({"top_p": 0.0}), "top_p"),
+            (json!({"max_tokens": 0}), "max_tokens"),
+            (json!({"logit_bias": {"abc": 1.0}}), "logit_bias"),
+            (json!({"logit_bias": {"500": 1.0}}), "logit_bias"),
+            (json!({"stop": ["", "x"]}), "stop"),
+            (json!({"stop_token_ids": [100]}), "stop_token_ids"),
+            (json!({"min_tokens": 5, "max_tokens": 4}), "min_tokens"),
+            (json!({"best_of": 3}), "best_of"),
+        ] {
+            let e = plan(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field), "{body}: {e:?}");
+            assert_eq!(e.status, 400);
+        }
+    }
+
+    #[test]
+    fn fields_reach_the_engine_request() {
+        let p = plan(json!({"temperature": 0, "seed": 7, "n": 2, "stop": "x",
+                            "logit_bias": {"5": 2.5}, "ignore_eos": true}))
+        .expect("valid");
+        let reqs = p.requests(&[TokenId(1), TokenId(3)], 9);
+        assert_eq!(reqs.len(), 2);
+        assert_eq!(reqs[1].sample_index, 1);
+        assert_eq!(reqs[0].limits.max_tokens, 9);
+        assert!(reqs[0].limits.ignore_eos && reqs[0].sampling.ignore_eos);
+        assert_eq!(reqs[0].sampling.seed, Some(7));
+        assert_eq!(reqs[0].sampling.logit_bias, vec![(5, 2.5)]);
+        assert_eq!(reqs[0].sampling.eos_token_ids, vec![2]);
+        assert_eq!(p.text.stop.as_slice(), ["x".to_string()]);
+    }
+}

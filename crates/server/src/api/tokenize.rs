@@ -1,0 +1,78 @@
+//! `POST /tokenize` and `POST /detokenize` (vLLM's shapes):
+//!
+//! - `/tokenize` `{"prompt": str, "add_special_tokens": bool = true}` or
+//!   `{"messages": [...], "add_generation_prompt": bool = true}` ->
+//!   `{"count", "max_model_len", "tokens": [int]}`;
+//! - `/detokenize` `{"tokens": [int]}` -> `{"prompt": str}` (special tokens kept).
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::body::{fields, json_object};
+use super::chat::{to_messages, MessageIn};
+use super::App;
+use crate::error::{ApiError, ApiResult};
+
+#[derive(Debug, Deserialize)]
+struct TokenizeFields {
+    model: Option<String>,
+    prompt: Option<String>,
+    messages: Option<Vec<MessageIn>>,
+    add_special_tokens: Option<bool>,
+    add_generation_prompt: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+struct DetokenizeFields {
+    model: Option<String>,
+    tokens: Vec<u32>,
+}
+
+pub async fn tokenize(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
+    let run = || -> ApiResult<Response> {
+        let f: TokenizeFields = fields(&json_object(body, app.config.max_body_bytes)?)?;
+        app.check_model(f.model.as_deref())?;
+        let ids = match (f.prompt, f.messages) {
+            (Some(p), None) => {
+                app.prompts
+                    .text(&p, f.add_special_tokens.unwrap_or(true), "prompt")?
+            }
+            (None, Some(m)) => app
+                .prompts
+                .chat(&to_messages(m)?, f.add_generation_prompt.unwrap_or(true))?,
+            _ => {
+                return Err(ApiError::bad_request(
+                    "give exactly one of `prompt` or `messages`",
+                    Some("prompt"),
+                ))
+            }
+        };
+        let tokens: Vec<u32> = ids.iter().map(|t| t.0).collect();
+        Ok(axum::Json(json!({
+            "count": tokens.len(),
+            "max_model_len": app.limits.max_model_len,
+            "tokens": tokens,
+        }))
+        .into_response())
+    };
+    run().unwrap_or_else(IntoResponse::into_response)
+}
+
+pub async fn detokenize(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
+    let run = || -> ApiResult<Response> {
+        let f: DetokenizeFields = fields(&json_object(body, app.config.max_body_bytes)?)?;
+        app.check_model(f.model.as_deref())?;
+        app.prompts.check_ids(&f.tokens, "tokens")?;
+        let text = app
+            .prompts
+            .tokenizer()
+            .decode(&f.tokens, false)
+            .map_err(|e| ApiError::field("tokens", e))?;
+        Ok(axum::Json(json!({"prompt": text})).into_response())
+    };
+    run().unwrap_or_else(IntoResponse::into_response)
+}

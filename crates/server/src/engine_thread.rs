@@ -1,0 +1,363 @@
+//! The engine's own OS thread and the channels handlers use to reach it (DESIGN §2.4).
+//!
+//! Handlers send [`Command`]s in (submit a group of requests, abort one, shut down); each
+//! group gets one unbounded event channel out, its events tagged with the request's index
+//! in the group. The thread steps the engine while anything is unfinished and sleeps on
+//! the command channel otherwise.
+//!
+//! **Disconnects**: a handler that goes away (client disconnected, response dropped) drops
+//! its event receiver. Before every step the thread aborts the requests whose receiver is
+//! gone, so a dropped client costs at most the step in progress; aborting frees the blocks.
+//!
+//! **Faults**: a panic inside `Engine::step` is caught; every request in flight then ends
+//! with an error, the engine is marked dead (health answers 503) and later submissions are
+//! refused. An `Err` from a step ends the requests in flight with an error and goes on.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
+use tandem_engine::{EngineError, FinishReason, SeqId};
+use tandem_model::batch::TokenId;
+use tokio::sync::{mpsc as tmpsc, oneshot};
+
+/// What happened to one request of a group.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RequestEvent {
+    /// A generated token with its raw-distribution logprob and alternatives.
+    Token {
+        token: TokenId,
+        logprob: f32,
+        top_logprobs: Vec<(TokenId, f32)>,
+    },
+    /// The request ended (its blocks are free).
+    Finished(FinishReason),
+}
+
+/// An event of request `index` of its group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupEvent {
+    pub index: usize,
+    pub event: RequestEvent,
+}
+
+/// Engine state for `/health`, refreshed after every loop turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EngineSnapshot {
+    /// False once the engine thread has died or shut down.
+    pub alive: bool,
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_free_blocks: usize,
+    pub kv_total_blocks: usize,
+    /// Requests (group members) whose events have a live receiver.
+    pub in_flight: usize,
+    /// Requests aborted since start because their client went away.
+    pub disconnects: u64,
+}
+
+enum Command {
+    Submit {
+        requests: Vec<GenerationRequest>,
+        events: tmpsc::UnboundedSender<GroupEvent>,
+        reply: oneshot::Sender<Result<Vec<SeqId>, EngineError>>,
+    },
+    Abort(SeqId),
+    Shutdown,
+}
+
+/// Why a submission did not run.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The engine refused a request (a client mistake: bad parameters, prompt too long).
+    #[error("{0}")]
+    Refused(EngineError),
+    /// The engine is not running (shutting down or failed).
+    #[error("the engine is not running")]
+    Unavailable,
+}
+
+/// The handlers' side of the engine thread. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct EngineHandle {
+    commands: Sender<Command>,
+    snapshot: Arc<Mutex<EngineSnapshot>>,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::Submit { requests, .. } => write!(f, "Submit({} requests)", requests.len()),
+            Command::Abort(id) => write!(f, "Abort({id:?})"),
+            Command::Shutdown => write!(f, "Shutdown"),
+        }
+    }
+}
+
+impl EngineHandle {
+    /// Queues `requests` as one group: all are added or, if the engine refuses one, none.
+    /// Returns their ids and the group's event receiver; dropping the receiver aborts
+    /// whatever is still running.
+    pub async fn submit(
+        &self,
+        requests: Vec<GenerationRequest>,
+    ) -> Result<(Vec<SeqId>, tmpsc::UnboundedReceiver<GroupEvent>), SubmitError> {
+        let (events, rx) = tmpsc::unbounded_channel();
+        let (reply, reply_rx) = oneshot::channel();
+        self.commands
+            .send(Command::Submit {
+                requests,
+                events,
+                reply,
+            })
+            .map_err(|_| SubmitError::Unavailable)?;
+        match reply_rx.await {
+            Ok(Ok(ids)) => Ok((ids, rx)),
+            Ok(Err(e)) => Err(SubmitError::Refused(e)),
+            Err(_) => Err(SubmitError::Unavailable),
+        }
+    }
+
+    /// Ends a request now (e.g. its stop string matched). Unknown or finished ids are fine.
+    pub fn abort(&self, id: SeqId) {
+        // A send error means the engine is gone, which ended the request anyway.
+        let _ = self.commands.send(Command::Abort(id));
+    }
+
+    /// Asks the thread to abort everything and exit.
+    pub fn shutdown(&self) {
+        let _ = self.commands.send(Command::Shutdown);
+    }
+
+    /// The latest engine state.
+    pub fn snapshot(&self) -> EngineSnapshot {
+        match self.snapshot.lock() {
+            Ok(s) => *s,
+            Err(poisoned) => *poisoned.into_inner(),
+        }
+    }
+}
+
+/// Starts the engine thread.
+pub fn spawn_engine(engine: Engine) -> std::io::Result<(EngineHandle, JoinHandle<()>)> {
+    let (commands, rx) = mpsc::channel();
+    let snapshot = Arc::new(Mutex::new(EngineSnapshot::default()));
+    let mut worker = Worker {
+        engine,
+        routes: HashMap::new(),
+        snapshot: snapshot.clone(),
+        alive: true,
+        disconnects: 0,
+    };
+    worker.publish();
+    let join = std::thread::Builder::new()
+        .name("tandem-engine".into())
+        .spawn(move || worker.run(rx))?;
+    Ok((EngineHandle { commands, snapshot }, join))
+}
+
+/// Where a request's events go.
+struct Route {
+    events: tmpsc::UnboundedSender<GroupEvent>,
+    index: usize,
+}
+
+struct Worker {
+    engine: Engine,
+    routes: HashMap<SeqId, Route>,
+    snapshot: Arc<Mutex<EngineSnapshot>>,
+    alive: bool,
+    disconnects: u64,
+}
+
+impl Worker {
+    fn run(&mut self, commands: Receiver<Command>) {
+        loop {
+            // Sleep while idle; otherwise take whatever arrived and step.
+            let first = if self.alive && self.engine.has_unfinished() {
+                commands.try_recv().ok()
+            } else {
+                match commands.recv_timeout(Duration::from_millis(500)) {
+                    Ok(c) => Some(c),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            };
+            let mut shutdown = false;
+            for cmd in first
+                .into_iter()
+                .chain(std::iter::from_fn(|| commands.try_recv().ok()))
+            {
+                shutdown |= self.handle(cmd);
+            }
+            if shutdown {
+                break;
+            }
+            self.drop_disconnected();
+            if self.alive && self.engine.has_unfinished() {
+                self.step();
+            }
+            self.publish();
+        }
+        self.end_all(FinishReason::Abort);
+        self.alive = false;
+        self.publish();
+    }
+
+    /// Applies one command; true for shutdown.
+    fn handle(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Submit {
+                requests,
+                events,
+                reply,
+            } => {
+                let result = self.add_group(requests, &events);
+                if let Ok(ids) = &result {
+                    for (index, id) in ids.iter().enumerate() {
+                        let events = events.clone();
+                        self.routes.insert(*id, Route { events, index });
+                    }
+                }
+                // A handler gone before the reply leaves a closed receiver, swept next.
+                let _ = reply.send(result);
+                false
+            }
+            Command::Abort(id) => {
+                self.abort(id);
+                false
+            }
+            Command::Shutdown => true,
+        }
+    }
+
+    /// Adds every request or none.
+    fn add_group(
+        &mut self,
+        requests: Vec<GenerationRequest>,
+        events: &tmpsc::UnboundedSender<GroupEvent>,
+    ) -> Result<Vec<SeqId>, EngineError> {
+        if !self.alive {
+            return Err(EngineError::InvalidConfig("the engine has failed".into()));
+        }
+        if events.is_closed() {
+            return Ok(Vec::new());
+        }
+        let mut ids = Vec::with_capacity(requests.len());
+        for r in requests {
+            match self.engine.add_request(r) {
+                Ok(id) => ids.push(id),
+                Err(e) => {
+                    for id in ids {
+                        let _ = self.engine.abort(id);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    fn abort(&mut self, id: SeqId) {
+        if self.routes.remove(&id).is_some() {
+            // UnknownSeq means it finished in the meantime: nothing left to free.
+            let _ = self.engine.abort(id);
+        }
+    }
+
+    /// Aborts every request whose receiver is gone.
+    fn drop_disconnected(&mut self) {
+        let gone: Vec<SeqId> = self
+            .routes
+            .iter()
+            .filter(|(_, r)| r.events.is_closed())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.disconnects += 1;
+            self.abort(id);
+        }
+    }
+
+    fn step(&mut self) {
+        match catch_unwind(AssertUnwindSafe(|| self.engine.step())) {
+            Ok(Ok(events)) => {
+                for e in events {
+                    self.dispatch(e);
+                }
+            }
+            Ok(Err(e)) => self.end_all(FinishReason::Error(format!("engine step failed: {e}"))),
+            Err(_) => {
+                self.alive = false;
+                self.end_all(FinishReason::Error("the engine panicked".into()));
+            }
+        }
+    }
+
+    fn dispatch(&mut self, e: EngineEvent) {
+        let (seq_id, event) = match e {
+            EngineEvent::Token {
+                seq_id,
+                token,
+                logprob,
+                top_logprobs,
+            } => (
+                seq_id,
+                RequestEvent::Token {
+                    token,
+                    logprob,
+                    top_logprobs,
+                },
+            ),
+            EngineEvent::Finished { seq_id, reason } => (seq_id, RequestEvent::Finished(reason)),
+        };
+        let finished = matches!(event, RequestEvent::Finished(_));
+        let Some(route) = self.routes.get(&seq_id) else {
+            return;
+        };
+        let sent = route.events.send(GroupEvent {
+            index: route.index,
+            event,
+        });
+        if finished {
+            self.routes.remove(&seq_id);
+        } else if sent.is_err() {
+            self.disconnects += 1;
+            self.abort(seq_id);
+        }
+    }
+
+    /// Ends every routed request with `reason`, telling its handler.
+    fn end_all(&mut self, reason: FinishReason) {
+        for (id, route) in std::mem::take(&mut self.routes) {
+            if self.alive {
+                let _ = self.engine.abort(id);
+            }
+            let _ = route.events.send(GroupEvent {
+                index: route.index,
+                event: RequestEvent::Finished(reason.clone()),
+            });
+        }
+    }
+
+    fn publish(&self) {
+        let s = self.engine.scheduler();
+        let snap = EngineSnapshot {
+            alive: self.alive,
+            running: s.num_running(),
+            waiting: s.num_waiting(),
+            kv_free_blocks: s.allocator().num_free(),
+            kv_total_blocks: s.allocator().num_total(),
+            in_flight: self.routes.len(),
+            disconnects: self.disconnects,
+        };
+        match self.snapshot.lock() {
+            Ok(mut g) => *g = snap,
+            Err(poisoned) => *poisoned.into_inner() = snap,
+        }
+    }
+}

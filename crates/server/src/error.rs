@@ -1,0 +1,173 @@
+//! Errors at the HTTP edge: every failure becomes an OpenAI-style body
+//! `{"error": {"message", "type", "param", "code"}}` with a status that tells a client
+//! mistake (4xx, naming the offending field) from a server fault (5xx).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use tandem_engine::sampler::SamplerError;
+use tandem_engine::EngineError;
+
+/// Why the server could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The listening socket could not be bound or configured.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    /// The async runtime or a thread could not be created.
+    #[error("cannot start the server: {0}")]
+    Startup(String),
+    /// The chat template does not compile.
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+}
+
+/// An error answered to one HTTP request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// `invalid_request_error`, `authentication_error`, `not_found_error`, `server_error`...
+    pub kind: &'static str,
+    /// The request field at fault, when there is one.
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400: a field of the request is invalid.
+    pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_string),
+            code: None,
+        }
+    }
+
+    /// 400 naming `param` in the message too.
+    pub fn field(param: &str, reason: impl std::fmt::Display) -> ApiError {
+        ApiError::bad_request(format!("{param}: {reason}"), Some(param))
+    }
+
+    /// 404 for an unknown model.
+    pub fn model_not_found(name: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("the model `{name}` does not exist"),
+            kind: "invalid_request_error",
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+        }
+    }
+
+    /// 404 for an unknown route.
+    pub fn route_not_found(path: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("no route for {path}"),
+            kind: "not_found_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    /// 405 for a known route with the wrong method.
+    pub fn method_not_allowed() -> ApiError {
+        ApiError {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            message: "method not allowed on this route".into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    /// 401 for a missing or wrong API key.
+    pub fn unauthorized() -> ApiError {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: "missing or incorrect API key (send `Authorization: Bearer KEY`)".into(),
+            kind: "authentication_error",
+            param: None,
+            code: Some("invalid_api_key"),
+        }
+    }
+
+    /// 413 for a body over the limit.
+    pub fn too_large(limit: usize) -> ApiError {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!("the request body exceeds the limit of {limit} bytes"),
+            kind: "invalid_request_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    /// 503 when the engine is gone (shutting down or failed).
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    /// 500 for a fault of the server or the model, never for a client mistake.
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+
+    /// Maps an engine refusal of a request (`add_request`) to a 400 naming the field;
+    /// `prompt_param` is `prompt` or `messages`.
+    pub fn from_engine(e: &EngineError, prompt_param: &str) -> ApiError {
+        match e {
+            EngineError::Sampler(SamplerError::InvalidParam { field, reason }) => {
+                ApiError::field(field, reason)
+            }
+            EngineError::EmptyPrompt
+            | EngineError::PromptTooLong { .. }
+            | EngineError::PromptExceedsPool { .. } => ApiError::field(prompt_param, e),
+            EngineError::InvalidParams(m) if m.starts_with("max_tokens") => {
+                ApiError::bad_request(m.clone(), Some("max_tokens"))
+            }
+            EngineError::InvalidParams(m) if m.starts_with("prompt token") => {
+                ApiError::field(prompt_param, m)
+            }
+            EngineError::InvalidParams(m) => ApiError::bad_request(m.clone(), None),
+            other => ApiError::internal(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}
+
+/// Shorthand for handler results.
+pub type ApiResult<T> = std::result::Result<T, ApiError>;

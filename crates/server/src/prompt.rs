@@ -1,0 +1,80 @@
+//! Prompts to token ids: a completion prompt is tokenized with the model's special tokens
+//! (BOS when its metadata asks for it); a conversation is rendered through the chat
+//! template (which writes its own special tokens) and tokenized without adding any.
+//! This is what the CLI does too.
+
+use std::sync::Arc;
+
+use tandem_model::batch::TokenId;
+use tandem_model::chat_template::{ChatMessage, ChatTemplate};
+use tandem_model::tokenizer::Tokenizer;
+
+use crate::error::{ApiError, ApiResult, ServerError};
+
+/// Tokenizes prompts of both kinds.
+#[derive(Debug)]
+pub struct PromptBuilder {
+    tokenizer: Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+}
+
+impl PromptBuilder {
+    /// `template`: the chat template's source, when the model has one.
+    pub fn new(tokenizer: Arc<Tokenizer>, template: Option<&str>) -> Result<Self, ServerError> {
+        let template = template
+            .map(|src| {
+                ChatTemplate::new(
+                    src,
+                    tokenizer.bos_token().map(str::to_string),
+                    tokenizer.eos_token().map(str::to_string),
+                )
+                .map_err(|e| ServerError::ChatTemplate(e.to_string()))
+            })
+            .transpose()?;
+        Ok(Self {
+            tokenizer,
+            template,
+        })
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// A completion prompt's ids; `param` names the field in errors.
+    pub fn text(&self, text: &str, add_special: bool, param: &str) -> ApiResult<Vec<TokenId>> {
+        let ids = self
+            .tokenizer
+            .encode(text, add_special)
+            .map_err(|e| ApiError::field(param, e))?;
+        Ok(ids.into_iter().map(TokenId).collect())
+    }
+
+    /// The ids of a conversation rendered through the chat template.
+    pub fn chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> ApiResult<Vec<TokenId>> {
+        let template = self
+            .template
+            .as_ref()
+            .ok_or_else(|| ApiError::field("messages", "the model has no chat template"))?;
+        let text = template
+            .render(messages, add_generation_prompt)
+            .map_err(|e| ApiError::field("messages", e))?;
+        self.text(&text, false, "messages")
+    }
+
+    /// Checks that every id is in the vocabulary.
+    pub fn check_ids(&self, ids: &[u32], param: &str) -> ApiResult<()> {
+        let vocab = self.tokenizer.vocab_size();
+        match ids.iter().find(|&&id| id as usize >= vocab) {
+            Some(id) => Err(ApiError::field(
+                param,
+                format!("token id {id} is outside the vocabulary [0, {vocab})"),
+            )),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! Helpers for the server tests: start a server in-process on a free loopback port with
+//! the small fixture model or the default model, and speak HTTP/1.1 to it over a plain TCP
+//! socket (so tests control disconnects byte by byte).
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tandem_engine::engine::Engine;
+use tandem_engine::SchedulerConfig;
+use tandem_model::loader::{load_model, LoadedModel};
+use tandem_model::tokenizer::Tokenizer;
+use tandem_server::{RunningServer, ServerConfig};
+
+/// The fixture model: a random-weight two-layer Llama with a 320-token vocabulary.
+pub fn fixture_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/hf/llama_untied")
+}
+
+/// The default model, from `TANDEM_TEST_MODEL` (required: the test fails without it).
+pub fn default_model_path() -> PathBuf {
+    match std::env::var_os("TANDEM_TEST_MODEL").filter(|v| !v.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => panic!(
+            "TANDEM_TEST_MODEL is not set: point it at the default model \
+             (SmolLM2-135M-Instruct Q4_1 GGUF); CI sets it"
+        ),
+    }
+}
+
+/// Loads a model on 1 kernel thread.
+pub fn load(path: &std::path::Path) -> LoadedModel {
+    load_model(path, 1).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+}
+
+/// An engine over `lm` with room for `num_blocks` blocks of 16 tokens.
+pub fn engine(lm: LoadedModel, num_blocks: usize) -> (Engine, Arc<Tokenizer>, Option<String>) {
+    let max_len = lm.model.config.context_len.min(2048);
+    let mut config = SchedulerConfig::new(num_blocks, 16, max_len);
+    config.eos_token_ids = lm.eos_token_ids.clone();
+    let engine = Engine::new(lm.model, config, 0).expect("engine config is valid");
+    (engine, Arc::new(lm.tokenizer), lm.chat_template)
+}
+
+/// A server on 127.0.0.1 with a free port; `tweak` adjusts the config.
+pub fn start_server(
+    path: &std::path::Path,
+    tweak: impl FnOnce(&mut ServerConfig),
+) -> RunningServer {
+    let (engine, tokenizer, template) = engine(load(path), 256);
+    let mut config = ServerConfig::new("test-model");
+    config.addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    tweak(&mut config);
+    tandem_server::start(engine, tokenizer, template, config).expect("server starts")
+}
+
+/// An HTTP response, body de-chunked.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.body))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The SSE frames' payloads (`data: X\n\n` -> X), asserting the exact framing.
+    pub fn sse_data(&self) -> Vec<String> {
+        assert!(
+            self.body.ends_with("data: [DONE]\n\n"),
+            "stream must end with [DONE]: {:?}",
+            self.body
+        );
+        self.body
+            .split_terminator("\n\n")
+            .map(|frame| {
+                frame
+                    .strip_prefix("data: ")
+                    .unwrap_or_else(|| panic!("frame without `data: `: {frame:?}"))
+                    .to_string()
+            })
+            .collect()
+    }
+}
+
+/// Writes one request (`Connection: close`) and returns the open socket.
+pub fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> TcpStream {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120)))
+        .expect("timeout");
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if !body.is_empty() {
+        req.push_str("Content-Type: application/json\r\n");
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).expect("write head");
+    s.write_all(body.as_bytes()).expect("write body");
+    s
+}
+
+/// Reads the status line and headers.
+pub fn read_head(r: &mut BufReader<TcpStream>) -> (u16, Vec<(String, String)>) {
+    let mut line = String::new();
+    r.read_line(&mut line).expect("status line");
+    let status: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {line:?}"));
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        r.read_line(&mut line).expect("header line");
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            headers.push((k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    (status, headers)
+}
+
+/// Reads one chunk of a chunked body; `None` at the last (empty) chunk.
+pub fn read_chunk(r: &mut BufReader<TcpStream>) -> Option<Vec<u8>> {
+    let mut line = String::new();
+    r.read_line(&mut line).expect("chunk size");
+    let size =
+        usize::from_str_radix(line.trim(), 16).unwrap_or_else(|_| panic!("chunk size {line:?}"));
+    let mut data = vec![0; size + 2];
+    r.read_exact(&mut data).expect("chunk data");
+    data.truncate(size);
+    (size > 0).then_some(data)
+}
+
+/// One request, the whole response.
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Reply {
+    let mut r = BufReader::new(send(addr, method, path, headers, body));
+    let (status, headers) = read_head(&mut r);
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let mut body = Vec::new();
+    if chunked {
+        while let Some(c) = read_chunk(&mut r) {
+            body.extend(c);
+        }
+    } else {
+        r.read_to_end(&mut body).expect("body");
+    }
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8(body).expect("UTF-8 body"),
+    }
+}
+
+pub fn post(addr: SocketAddr, path: &str, body: &Value) -> Reply {
+    request(addr, "POST", path, &[], &body.to_string())
+}
+
+pub fn get(addr: SocketAddr, path: &str) -> Reply {
+    request(addr, "GET", path, &[], "")
+}
+
+/// Polls `/health` until `done` holds for its JSON, or panics after `timeout`.
+pub fn wait_health(addr: SocketAddr, timeout: Duration, done: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let h = get(addr, "/health").json();
+        if done(&h) {
+            return h;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "health never reached the state: {h}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The engine is idle: nothing running, waiting or in flight, every KV block free.
+pub fn idle(h: &Value) -> bool {
+    h["running"] == 0
+        && h["waiting"] == 0
+        && h["in_flight"] == 0
+        && h["kv_free_blocks"] == h["kv_total_blocks"]
+}
+
+/// The concatenated text of a stream's chunks for choice `index` (`text` or
+/// `delta.content`), and the finish reasons seen.
+pub fn stream_text(frames: &[String], index: u64) -> (String, Vec<String>) {
+    let mut text = String::new();
+    let mut finish = Vec::new();
+    for f in frames.iter().filter(|f| f.as_str() != "[DONE]") {
+        let v: Value = serde_json::from_str(f).expect("chunk JSON");
+        for c in v["choices"].as_array().expect("choices") {
+            if c["index"] != index {
+                continue;
+            }
+            let piece = c["text"]
+                .as_str()
+                .or(c["delta"]["content"].as_str())
+                .unwrap_or("");
+            text.push_str(piece);
+            if let Some(r) = c["finish_reason"].as_str() {
+                finish.push(r.to_string());
+            }
+        }
+    }
+    (text, finish)
+}
