@@ -199,7 +199,12 @@ impl Worker {
             }
             self.drop_disconnected();
             if self.alive && self.engine.has_unfinished() {
+                let steps = self.engine.scheduler().stats().num_steps;
                 self.step();
+                if self.engine.scheduler().stats().num_steps == steps {
+                    // Nothing could be scheduled: wait briefly instead of spinning.
+                    std::thread::sleep(Duration::from_millis(1));
+                }
             }
             self.publish();
         }
