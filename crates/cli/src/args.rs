@@ -18,12 +18,26 @@ pub struct ModelArgs {
     /// Kernel threads (default: the number of physical cores).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub threads: Option<u32>,
+    /// Kernel variant: scalar, avx2, avx512 (bitwise equal to scalar), or the faster
+    /// avx2-int8 / avx512-int8 (activations rounded to 8 bits, as llama.cpp does).
+    /// Default: the fastest exact one this CPU runs.
+    #[arg(long, value_name = "ISA")]
+    pub kernels: Option<tandem_kernels::isa::Isa>,
 }
 
 impl ModelArgs {
     pub fn threads(&self) -> usize {
         self.threads
             .map_or_else(tandem_kernels::cpu::physical_cores, |t| t as usize)
+    }
+
+    /// Applies `--kernels` (once, before any kernel runs).
+    pub fn choose_kernels(&self) -> anyhow::Result<()> {
+        if let Some(isa) = self.kernels {
+            tandem_kernels::isa::set_forced(isa)
+                .map_err(|e| anyhow::anyhow!("--kernels {isa}: {e}"))?;
+        }
+        Ok(())
     }
 }
 
@@ -66,16 +80,31 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_tokens: usize,
     /// Softmax temperature; 0 picks the most likely token (greedy).
-    #[arg(long, value_name = "T", default_value_t = 1.0)]
+    #[arg(
+        long,
+        value_name = "T",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub temperature: f32,
     /// Nucleus sampling: keep the most likely tokens whose probabilities add up to P.
-    #[arg(long, value_name = "P", default_value_t = 1.0)]
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub top_p: f32,
     /// Keep the K most likely tokens; -1 or 0 keeps all.
     #[arg(long, value_name = "K", default_value_t = -1, allow_negative_numbers = true)]
     pub top_k: i32,
     /// Drop tokens less likely than P times the most likely one.
-    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
     pub min_p: f32,
     /// Seed for reproducible sampling (per request, whatever else runs).
     #[arg(long, value_name = "S")]

@@ -45,6 +45,7 @@ struct Measured {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    a.model.choose_kernels()?;
     let cache = cache_dir(a.model.cache_dir.as_deref())?;
     let path = resolve_model(a.model.model.as_deref(), &cache)?;
     let lm = load_model(&path, a.model.threads())

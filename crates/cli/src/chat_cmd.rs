@@ -41,6 +41,7 @@ impl Observer for Printer {
 }
 
 pub fn run(a: ChatArgs) -> Result<()> {
+    a.model.choose_kernels()?;
     let cache = cache_dir(a.model.cache_dir.as_deref())?;
     let path = resolve_model(a.model.model.as_deref(), &cache)?;
     let lm = load_model(&path, a.model.threads())

@@ -59,6 +59,7 @@ struct InputLine {
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
+    a.model.choose_kernels()?;
     let cache = cache_dir(a.model.cache_dir.as_deref())?;
     let path = resolve_model(a.model.model.as_deref(), &cache)?;
     let lm = load_model(&path, a.model.threads())
@@ -110,7 +111,16 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         }
         return Ok(());
     }
-    write_results(&a, &inputs, &owners, &results)
+    write_results(&a, &inputs, &owners, &results)?;
+    let failed: Vec<&str> = results.iter().filter_map(|r| r.error.as_deref()).collect();
+    match failed.first() {
+        None => Ok(()),
+        Some(first) => bail!(
+            "{} of {} requests failed; the first: {first}",
+            failed.len(),
+            results.len()
+        ),
+    }
 }
 
 fn read_inputs(a: &GenerateArgs) -> Result<Vec<(PromptInput, SamplingOverrides)>> {

@@ -47,6 +47,7 @@ pub struct ScoreArgs {
 }
 
 pub fn run(a: ScoreArgs) -> Result<()> {
+    a.model.choose_kernels()?;
     let cache = cache_dir(a.model.cache_dir.as_deref())?;
     let path = resolve_model(a.model.model.as_deref(), &cache)?;
     let started = Instant::now();

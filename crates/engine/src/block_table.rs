@@ -74,6 +74,47 @@ impl BlockTable {
         }
     }
 
+    /// Makes positions `start..end` writable: grows the table to hold `end` slots and gives
+    /// the table its own copy of every already held block in that range whose refcount is
+    /// above 1 (copy-on-write: the shared block keeps its other holders, this table takes a
+    /// fresh block). Returns the `(src, dst)` block copies the physical store must perform,
+    /// in order, before anything writes into them. All or nothing: when the pool cannot
+    /// provide every block needed, nothing changes.
+    pub fn prepare_write(
+        &mut self,
+        start: usize,
+        end: usize,
+    ) -> Result<Vec<(BlockId, BlockId)>, OutOfBlocks> {
+        let want = self.allocator.blocks_for(end);
+        let grow = want.saturating_sub(self.blocks.len());
+        let first = start / self.allocator.block_size();
+        let shared: Vec<usize> = (first..self.blocks.len().min(want))
+            .filter(|&i| self.allocator.refcount(self.blocks[i]).unwrap_or(0) > 1)
+            .collect();
+        let needed = grow + shared.len();
+        if needed == 0 {
+            return Ok(Vec::new());
+        }
+        let Some(fresh) = self.allocator.allocate_n(needed) else {
+            return Err(OutOfBlocks {
+                needed,
+                free: self.allocator.num_free(),
+            });
+        };
+        let mut fresh = fresh.into_iter();
+        let mut copies = Vec::with_capacity(shared.len());
+        for i in shared {
+            let dst = fresh.next().expect("allocated one block per shared block");
+            let src = std::mem::replace(&mut self.blocks[i], dst);
+            self.allocator
+                .free(src)
+                .expect("a block table holds a reference on each of its blocks");
+            copies.push((src, dst));
+        }
+        self.blocks.extend(fresh);
+        Ok(copies)
+    }
+
     /// Releases the blocks past those needed for `num_tokens` slots (rollback of rejected
     /// speculative tokens, truncation). The tail is released first.
     pub fn truncate_to_tokens(&mut self, num_tokens: usize) {
@@ -145,6 +186,38 @@ mod tests {
             assert_eq!(a.num_free(), 3);
         }
         assert!(a.is_idle());
+    }
+
+    #[test]
+    fn prepare_write_copies_only_shared_blocks_in_the_written_range() {
+        let a = BlockAllocator::new(8, 4).expect("valid pool");
+        let mut t = BlockTable::new(a.clone());
+        t.ensure_capacity(6).expect("room"); // one full block, one partial
+        let mut f = t.fork();
+        // The fork writes position 6 (in the shared partial block 1) and 7..9 (new block).
+        let copies = f.prepare_write(6, 9).expect("room");
+        assert_eq!(copies.len(), 1);
+        let (src, dst) = copies[0];
+        assert_eq!(src, t.blocks()[1]);
+        assert_eq!(f.blocks()[1], dst);
+        assert_eq!(f.blocks()[0], t.blocks()[0], "the full block stays shared");
+        assert_eq!(a.refcount(t.blocks()[0]), Some(2));
+        assert_eq!(a.refcount(src), Some(1));
+        assert_eq!(f.len(), 3);
+        // The last holder writes in place.
+        assert_eq!(t.prepare_write(6, 7).expect("room"), vec![]);
+        assert_eq!(a.num_free(), 8 - 4);
+        let mut g = t.fork();
+        let hog = a.allocate_n(a.num_free()).expect("drain");
+        let err = g.prepare_write(5, 7);
+        assert_eq!(g.blocks(), t.blocks(), "a failed write prepares nothing");
+        assert_eq!(err, Err(OutOfBlocks { needed: 1, free: 0 }));
+        for id in hog {
+            a.free(id).expect("allocated above");
+        }
+        drop((t, f, g));
+        assert!(a.is_idle());
+        a.check_invariants().expect("consistent");
     }
 
     #[test]

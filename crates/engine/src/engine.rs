@@ -1,22 +1,29 @@
 //! The engine: model, KV store, scheduler and per-request samplers, advanced one step at a
 //! time. `Engine::step` is the whole generation loop body:
 //!
-//! plan (scheduler) -> `ForwardBatch` -> forward (model) -> sample (per request) ->
-//! update (scheduler: append, stop checks, release) -> events.
+//! plan (scheduler) -> block copies + `ForwardBatch` -> forward (model) -> sample (per
+//! request) -> update (scheduler: append, stop checks, release) -> events.
+//!
+//! `n > 1` parallel samples ([`Engine::add_request_n`]): the prompt is computed once, then
+//! the group forks into `n` sequences sharing the prompt's KV blocks (see
+//! `scheduler/groups.rs`); sibling `i` samples its first token from the shared logits row with
+//! its own stream and is from then on an independent request, token for token the same as a
+//! separate request with `sample_index + i` (same seed) run alone.
 
 use std::collections::HashMap;
 
 use tandem_model::batch::TokenId;
 use tandem_model::kv_store::KvStore;
-use tandem_model::logits::Logits;
 use tandem_model::transformer::Model;
 
 use crate::error::{EngineError, Result};
-use crate::sampler::{sample, SampledToken, SamplerState, SamplingParams};
+use crate::sampler::{SamplerState, SamplingParams};
 use crate::scheduler::Scheduler;
 use crate::scheduler_config::SchedulerConfig;
 use crate::sequence::{FinishReason, RequestParams, SeqId};
-use crate::step_plan::{to_forward_batch, SeqEvent, SeqOutput, StepPlan, StepResult};
+use crate::step_plan::{to_forward_batch, StepResult};
+
+mod sampling;
 
 /// One generation request: its prompt, how to choose tokens, and when to stop.
 #[derive(Debug, Clone)]
@@ -87,6 +94,38 @@ impl Engine {
 
     /// Validates and queues a request. Nothing is started when it is refused.
     pub fn add_request(&mut self, req: GenerationRequest) -> Result<SeqId> {
+        let ids = self.add_request_n(req, 1)?;
+        Ok(ids[0])
+    }
+
+    /// Validates and queues `n` parallel samples of one request; returns their ids, sample
+    /// `sample_index` first. The prompt is computed once and its KV blocks are shared by
+    /// reference count; sibling `i` draws from the stream of sample `sample_index + i`, so it
+    /// generates exactly what a separate request with that `sample_index` would alone. Each
+    /// id then streams its own `Token` and `Finished` events. Aborting the first id before
+    /// its first token aborts the whole group; aborting another id drops only that sample.
+    /// Refuses `n == 0` and `n > max_num_seqs`; nothing is started when refused.
+    pub fn add_request_n(&mut self, req: GenerationRequest, n: usize) -> Result<Vec<SeqId>> {
+        self.validate(&req)?;
+        let prompt_ids: Vec<u32> = req.prompt.iter().map(|t| t.0).collect();
+        let ids = self.scheduler.add_group(req.prompt, req.limits, n)?;
+        // A seeded request's stream depends only on its seed and sample index, never on what
+        // else is running; an unseeded one gets a stream of its own from the engine seed.
+        let base = req
+            .sampling
+            .seed
+            .unwrap_or_else(|| splitmix64(self.seed ^ splitmix64(ids[0].0)));
+        let first = SamplerState::new(base.wrapping_add(req.sample_index), &prompt_ids);
+        for (i, &id) in ids.iter().enumerate() {
+            let state = first.fork(i as u64);
+            let sampling = req.sampling.clone();
+            self.requests.insert(id, ActiveRequest { sampling, state });
+        }
+        Ok(ids)
+    }
+
+    /// The refusals common to every kind of request (the scheduler adds its own).
+    fn validate(&self, req: &GenerationRequest) -> Result<()> {
         let vocab = self.model.config.vocab_size;
         req.sampling.validate(vocab)?;
         if let Some(t) = req.prompt.iter().find(|t| t.0 as usize >= vocab) {
@@ -103,29 +142,17 @@ impl Engine {
                 req.limits.max_tokens
             )));
         }
-        let prompt_ids: Vec<u32> = req.prompt.iter().map(|t| t.0).collect();
-        let id = self.scheduler.add_request(req.prompt, req.limits)?;
-        // A seeded request's stream depends only on its seed and sample index, never on what
-        // else is running; an unseeded one gets a stream of its own from the engine seed.
-        let base = req
-            .sampling
-            .seed
-            .unwrap_or_else(|| splitmix64(self.seed ^ splitmix64(id.0)));
-        let state = SamplerState::new(base.wrapping_add(req.sample_index), &prompt_ids);
-        self.requests.insert(
-            id,
-            ActiveRequest {
-                sampling: req.sampling,
-                state,
-            },
-        );
-        Ok(id)
+        Ok(())
     }
 
-    /// Ends a request now and frees its blocks.
+    /// Ends a request now and frees its blocks (with its pending siblings, see
+    /// [`Engine::add_request_n`]).
     pub fn abort(&mut self, id: SeqId) -> Result<()> {
+        let siblings = self.scheduler.pending_siblings(id).to_vec();
         self.scheduler.abort(id)?;
-        self.requests.remove(&id);
+        for id in std::iter::once(id).chain(siblings) {
+            self.requests.remove(&id);
+        }
         Ok(())
     }
 
@@ -141,103 +168,25 @@ impl Engine {
         if plan.is_empty() {
             return Ok(Vec::new());
         }
+        for &(src, dst) in &plan.block_copies {
+            self.kv.copy_block(src, dst);
+        }
         let batch = to_forward_batch(&plan);
         let logits = match self.model.forward(&batch, &mut self.kv) {
             Ok(l) => l,
             Err(e) => {
-                let events = self
-                    .scheduler
-                    .fail_step(&format!("forward pass failed: {e}"));
+                let message = format!("forward pass failed: {e}");
+                let events = self.scheduler.fail_step(&message);
                 return Ok(self.translate(events, &HashMap::new()));
             }
         };
-        let (outputs, sampled, failed) = self.sample_plan(&plan, &logits);
-        let mut events = Vec::new();
-        for (id, message) in failed {
-            let reason = FinishReason::Error(message);
-            self.scheduler.finish_early(id, reason.clone())?;
-            events.push(SeqEvent::Finished { seq_id: id, reason });
-        }
+        let samples = self.sample_plan(&plan, &logits);
+        let mut events = self.end_failed(samples.failed);
         events.extend(self.scheduler.update(&StepResult {
             step: plan.step,
-            outputs,
+            outputs: samples.outputs,
         })?);
-        Ok(self.translate(events, &sampled))
-    }
-
-    /// Samples one token for every sequence of the plan that asked for logits.
-    #[allow(clippy::type_complexity)]
-    fn sample_plan(
-        &mut self,
-        plan: &StepPlan,
-        logits: &Logits,
-    ) -> (
-        Vec<SeqOutput>,
-        HashMap<SeqId, SampledToken>,
-        Vec<(SeqId, String)>,
-    ) {
-        let (mut outputs, mut sampled, mut failed) = (Vec::new(), HashMap::new(), Vec::new());
-        let mut row = 0;
-        for s in plan.seqs.iter().filter(|s| s.num_output_rows > 0) {
-            row += s.num_output_rows;
-            let last = row - 1; // without speculation there is exactly one output row
-            let num_output = self
-                .scheduler
-                .sequence(s.seq_id)
-                .map_or(0, |q| q.output().len());
-            let req = self
-                .requests
-                .get_mut(&s.seq_id)
-                .expect("every scheduled sequence has a request");
-            match sample(logits.row(last), &req.sampling, &mut req.state, num_output) {
-                Ok(t) => {
-                    outputs.push(SeqOutput {
-                        seq_id: s.seq_id,
-                        tokens: vec![TokenId(t.token)],
-                    });
-                    sampled.insert(s.seq_id, t);
-                }
-                Err(e) => failed.push((s.seq_id, e.to_string())),
-            }
-        }
-        (outputs, sampled, failed)
-    }
-
-    /// Turns scheduler events into client events, updating penalty counts and dropping the
-    /// state of finished requests.
-    fn translate(
-        &mut self,
-        events: Vec<SeqEvent>,
-        sampled: &HashMap<SeqId, SampledToken>,
-    ) -> Vec<EngineEvent> {
-        events
-            .into_iter()
-            .map(|e| match e {
-                SeqEvent::Token { seq_id, token } => {
-                    if let Some(r) = self.requests.get_mut(&seq_id) {
-                        r.state.append_output(token.0);
-                    }
-                    let s = sampled.get(&seq_id);
-                    EngineEvent::Token {
-                        seq_id,
-                        token,
-                        logprob: s.map_or(f32::NAN, |s| s.logprob),
-                        top_logprobs: s
-                            .map(|s| {
-                                s.top_logprobs
-                                    .iter()
-                                    .map(|&(t, l)| (TokenId(t), l))
-                                    .collect()
-                            })
-                            .unwrap_or_default(),
-                    }
-                }
-                SeqEvent::Finished { seq_id, reason } => {
-                    self.requests.remove(&seq_id);
-                    EngineEvent::Finished { seq_id, reason }
-                }
-            })
-            .collect()
+        Ok(self.translate(events, &samples.sampled))
     }
 }
 

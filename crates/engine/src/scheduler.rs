@@ -18,13 +18,21 @@
 //!   this step is never preempted, and the first running sequence always makes progress
 //!   (a sequence alone always fits the pool: see `SchedulerConfig::max_seq_len`).
 //!
+//! Groups (see `scheduler/groups.rs`): an `n > 1` request is one sequence until its prompt's
+//! logits come back; [`Scheduler::update`] then forks it into its siblings, which share the
+//! prompt's blocks by refcount. A *managed* sequence (a beam) is computed like any other, but
+//! its owner appends its tokens ([`Scheduler::fork_managed`]); once its logits are out it has
+//! nothing to compute and is *parked* (skipped) until its owner forks or releases it. A write
+//! into a block with other holders first copies the block (copy-on-write): the plan lists
+//! those copies in [`StepPlan::block_copies`].
+//!
 //! [`Scheduler::update`] then applies the runner's sampled tokens: it advances
 //! `num_computed_tokens`, appends tokens, applies the stop conditions and releases the blocks
 //! of finished sequences.
 
 use std::collections::{HashMap, VecDeque};
 
-use tandem_model::batch::TokenId;
+use tandem_model::batch::{BlockId, TokenId};
 
 use crate::block_allocator::BlockAllocator;
 use crate::block_table::BlockTable;
@@ -43,11 +51,14 @@ pub struct SchedulerStats {
 }
 
 /// One sequence's grant in the step in flight.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Grant {
     seq_id: SeqId,
     num_new: usize,
     num_output_rows: usize,
+    /// Pending siblings of an `n > 1` group whose prompt completes in this grant: they are
+    /// forked from it in `update` and sample from the same logits row.
+    siblings: Vec<SeqId>,
 }
 
 /// The plan handed out and not yet answered.
@@ -72,6 +83,10 @@ pub struct Scheduler {
     next_step: u64,
     in_flight: Option<InFlight>,
     stats: SchedulerStats,
+    /// `n > 1` group parent -> sibling ids reserved for it and not forked yet.
+    pending: HashMap<SeqId, Vec<SeqId>>,
+    /// Running slots a managed root needs at admission (its beam width).
+    reserve: HashMap<SeqId, usize>,
 }
 
 impl Scheduler {
@@ -89,6 +104,8 @@ impl Scheduler {
             next_step: 0,
             in_flight: None,
             stats: SchedulerStats::default(),
+            pending: HashMap::new(),
+            reserve: HashMap::new(),
         })
     }
 
@@ -131,6 +148,12 @@ impl Scheduler {
     /// prompt that can never run: longer than `max_model_len` or needing more blocks than the
     /// whole pool.
     pub fn add_request(&mut self, prompt: Vec<TokenId>, params: RequestParams) -> Result<SeqId> {
+        self.check_request(&prompt, &params)?;
+        Ok(self.push_request(prompt, params, false))
+    }
+
+    /// The refusals of [`Scheduler::add_request`].
+    fn check_request(&self, prompt: &[TokenId], params: &RequestParams) -> Result<()> {
         let len = prompt.len();
         if len == 0 {
             return Err(EngineError::EmptyPrompt);
@@ -154,13 +177,32 @@ impl Scheduler {
                 total: self.config.num_blocks,
             });
         }
+        Ok(())
+    }
+
+    /// Queues a checked request under a fresh id.
+    fn push_request(
+        &mut self,
+        prompt: Vec<TokenId>,
+        params: RequestParams,
+        managed: bool,
+    ) -> SeqId {
+        let id = self.fresh_id();
+        let table = BlockTable::new(self.allocator.clone());
+        let mut seq = Sequence::new(id, prompt, params, table);
+        if managed {
+            seq.set_managed();
+        }
+        self.seqs.insert(id, seq);
+        self.enqueue_waiting(id, false);
+        id
+    }
+
+    /// The next sequence id.
+    fn fresh_id(&mut self) -> SeqId {
         let id = SeqId(self.next_seq);
         self.next_seq += 1;
-        let table = BlockTable::new(self.allocator.clone());
-        self.seqs
-            .insert(id, Sequence::new(id, prompt, params, table));
-        self.enqueue_waiting(id, false);
-        Ok(id)
+        id
     }
 
     /// Ends a live sequence at once and frees its blocks. A step in flight ignores it.
@@ -170,7 +212,13 @@ impl Scheduler {
 
     /// Ends a live sequence at once with `reason` (an abort, or an error found by the runner
     /// for this sequence alone) and frees its blocks. A step in flight ignores it.
+    ///
+    /// A pending sibling of an `n > 1` group is simply dropped from its group; ending a
+    /// group's parent before its prompt is computed ends its pending siblings with it.
     pub fn finish_early(&mut self, id: SeqId, reason: FinishReason) -> Result<()> {
+        if self.drop_pending_sibling(id) {
+            return Ok(());
+        }
         if !self.seqs.contains_key(&id) {
             return Err(EngineError::UnknownSeq(id));
         }
@@ -207,9 +255,10 @@ impl Scheduler {
         let mut budget = self.config.max_num_batched_tokens;
         let mut grants = Vec::new();
         let mut preempted = Vec::new();
-        self.schedule_running(&mut budget, &mut grants, &mut preempted);
+        let mut block_copies = Vec::new();
+        self.schedule_running(&mut budget, &mut grants, &mut preempted, &mut block_copies);
         if preempted.is_empty() {
-            self.schedule_waiting(&mut budget, &mut grants);
+            self.schedule_waiting(&mut budget, &mut grants, &mut block_copies);
         }
         let step = self.next_step;
         let seqs = grants.iter().map(|g| self.scheduled_seq(g)).collect();
@@ -222,25 +271,30 @@ impl Scheduler {
             step,
             seqs,
             preempted,
+            block_copies,
         })
     }
 
-    /// Grants tokens to running sequences in order, preempting from the back when blocks
-    /// run out.
+    /// Grants tokens to running sequences in order (skipping parked ones), preempting from
+    /// the back when blocks run out.
     fn schedule_running(
         &mut self,
         budget: &mut usize,
         grants: &mut Vec<Grant>,
         preempted: &mut Vec<SeqId>,
+        copies: &mut Vec<(BlockId, BlockId)>,
     ) {
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
             let id = self.running[i];
+            if self.seqs[&id].num_uncomputed() == 0 {
+                i += 1; // parked: a managed sequence waiting for its owner
+                continue;
+            }
             let num_new = self.grant_size(id, *budget);
             loop {
-                let seq = self.seq_mut(id);
-                let target = seq.num_computed_tokens() + num_new;
-                if seq.block_table_mut().ensure_capacity(target).is_ok() {
+                if let Some(c) = self.prepare_write(id, num_new) {
+                    copies.extend(c);
                     grants.push(self.grant(id, num_new));
                     *budget -= num_new;
                     i += 1;
@@ -257,19 +311,27 @@ impl Scheduler {
         }
     }
 
-    /// Admits waiting sequences in order while budget, blocks and the sequence cap allow.
-    fn schedule_waiting(&mut self, budget: &mut usize, grants: &mut Vec<Grant>) {
-        while *budget > 0 && self.running.len() < self.config.max_num_seqs {
+    /// Admits waiting sequences in order while budget, blocks and the sequence cap allow
+    /// (a group's parent needs a running slot for each of its members).
+    fn schedule_waiting(
+        &mut self,
+        budget: &mut usize,
+        grants: &mut Vec<Grant>,
+        copies: &mut Vec<(BlockId, BlockId)>,
+    ) {
+        while *budget > 0 {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
-            let num_new = self.grant_size(id, *budget);
-            let seq = self.seq_mut(id);
-            let target = seq.num_computed_tokens() + num_new;
-            if seq.block_table_mut().ensure_capacity(target).is_err() {
+            if self.running.len() + self.slots_needed(id) > self.config.max_num_seqs {
                 break;
             }
-            seq.set_status(SeqStatus::Running);
+            let num_new = self.grant_size(id, *budget);
+            let Some(c) = self.prepare_write(id, num_new) else {
+                break;
+            };
+            copies.extend(c);
+            self.seq_mut(id).set_status(SeqStatus::Running);
             self.waiting.pop_front();
             self.insert_running(id);
             grants.push(self.grant(id, num_new));
@@ -294,13 +356,28 @@ impl Scheduler {
         n
     }
 
+    /// Leases the blocks for `num_new` more tokens of `id` and unshares those it will write
+    /// into; `None` (and no change) when the pool is dry.
+    fn prepare_write(&mut self, id: SeqId, num_new: usize) -> Option<Vec<(BlockId, BlockId)>> {
+        let seq = self.seq_mut(id);
+        let start = seq.num_computed_tokens();
+        seq.block_table_mut()
+            .prepare_write(start, start + num_new)
+            .ok()
+    }
+
     fn grant(&self, id: SeqId, num_new: usize) -> Grant {
         let seq = &self.seqs[&id];
         let reaches_end = seq.num_computed_tokens() + num_new == seq.num_tokens();
+        let siblings = match self.pending.get(&id) {
+            Some(s) if reaches_end => s.clone(),
+            _ => Vec::new(),
+        };
         Grant {
             seq_id: id,
             num_new,
             num_output_rows: if reaches_end { 1 + seq.num_draft() } else { 0 },
+            siblings,
         }
     }
 
@@ -359,8 +436,10 @@ impl Scheduler {
             .expect("queued sequence ids are live")
     }
 
-    /// Removes a sequence everywhere, releasing its blocks.
+    /// Removes a sequence everywhere, releasing its blocks, with its pending siblings.
     fn finish(&mut self, id: SeqId, reason: FinishReason) {
+        self.pending.remove(&id);
+        self.reserve.remove(&id);
         if let Some(mut seq) = self.seqs.remove(&id) {
             seq.set_status(SeqStatus::Finished(reason));
             self.running.retain(|&r| r != id);
@@ -369,4 +448,5 @@ impl Scheduler {
     }
 }
 
+mod groups;
 mod update;

@@ -95,6 +95,9 @@ pub struct Sequence {
     status: SeqStatus,
     params: RequestParams,
     block_table: BlockTable,
+    /// Driven by its owner (a beam search): the scheduler computes its tokens but never
+    /// appends sampled tokens, applies stop conditions, or expects an output for it.
+    managed: bool,
 }
 
 impl Sequence {
@@ -115,7 +118,37 @@ impl Sequence {
             status: SeqStatus::Waiting,
             params,
             block_table: table,
+            managed: false,
         }
+    }
+
+    /// A copy of this sequence under a new id: the same tokens, progress, status and
+    /// parameters, and a block table sharing every block (each gains one holder; a shared
+    /// block is copied on the first write, see [`BlockTable::prepare_write`]). Asserts there
+    /// are no drafts.
+    pub fn fork(&self, id: SeqId) -> Sequence {
+        assert_eq!(self.num_draft, 0, "a sequence with drafts is never forked");
+        Sequence {
+            id,
+            tokens: self.tokens.clone(),
+            prompt_len: self.prompt_len,
+            num_draft: 0,
+            num_computed_tokens: self.num_computed_tokens,
+            status: self.status.clone(),
+            params: self.params.clone(),
+            block_table: self.block_table.fork(),
+            managed: self.managed,
+        }
+    }
+
+    /// Whether an owner (a beam search) drives this sequence's tokens.
+    pub fn is_managed(&self) -> bool {
+        self.managed
+    }
+
+    /// Marks the sequence as driven by its owner (see [`Sequence::is_managed`]).
+    pub fn set_managed(&mut self) {
+        self.managed = true;
     }
 
     /// The id.

@@ -45,6 +45,9 @@ pub struct StepPlan {
     pub seqs: Vec<ScheduledSeq>,
     /// Sequences preempted (recompute) while planning this step.
     pub preempted: Vec<SeqId>,
+    /// `(src, dst)` KV block copies (copy-on-write of shared blocks) the runner performs,
+    /// in order, before the forward pass.
+    pub block_copies: Vec<(BlockId, BlockId)>,
 }
 
 impl StepPlan {
@@ -73,7 +76,11 @@ pub struct SeqOutput {
 pub struct StepResult {
     /// The plan's step counter.
     pub step: u64,
-    /// One entry per planned sequence with `num_output_rows > 0`, in any order.
+    /// One entry per planned, unmanaged sequence with `num_output_rows > 0`, and one per
+    /// sibling the plan's groups fork into this step (see [`Scheduler::pending_siblings`]),
+    /// in any order.
+    ///
+    /// [`Scheduler::pending_siblings`]: crate::Scheduler::pending_siblings
     pub outputs: Vec<SeqOutput>,
 }
 
@@ -158,6 +165,7 @@ mod tests {
                 },
             ],
             preempted: vec![],
+            block_copies: vec![],
         };
         let b = to_forward_batch(&plan);
         let t: Vec<u32> = b.tokens.iter().map(|t| t.0).collect();

@@ -1,5 +1,7 @@
 //! Throughput of `matmul` per kernel variant:
-//! `cargo run --release -p tandem-kernels --example matmul_bench [threads...]`.
+//! `cargo run --release -p tandem-kernels --example matmul_bench [threads...] [filter]`
+//! (`filter`: an ISA name such as `avx512` keeps only that ISA; anything else keeps only the
+//! shapes whose label, e.g. `Q8_0 49152x576`, contains it).
 //!
 //! Prints GFLOP/s (2·rows·cols·n_tokens per call) for the SmolLM2-135M shapes (Q4_1
 //! projections, the Q8_0 LM head) with 1 and 64 tokens, for every ISA this CPU runs: the
@@ -58,25 +60,36 @@ fn bench(isa: Isa, pool: &ThreadPool, w: &WeightView<'_>, n_tokens: usize) -> f6
 }
 
 fn main() {
-    let threads: Vec<usize> = std::env::args()
+    let (threads, filters): (Vec<String>, Vec<String>) = std::env::args()
         .skip(1)
-        .map(|a| a.parse().expect("thread counts are integers"))
+        .partition(|a| a.parse::<usize>().is_ok());
+    let threads: Vec<usize> = threads
+        .iter()
+        .map(|a| a.parse().expect("partitioned on parse"))
         .collect();
     let threads = if threads.is_empty() { vec![1] } else { threads };
-    let isas = Isa::available();
+    let (isa_filters, filters): (Vec<String>, Vec<String>) =
+        filters.into_iter().partition(|f| f.parse::<Isa>().is_ok());
+    let isas: Vec<Isa> = Isa::available()
+        .into_iter()
+        .filter(|i| isa_filters.is_empty() || isa_filters.iter().any(|f| f == i.name()))
+        .collect();
     print!("{:<22} {:>3} {:>3}", "shape", "tok", "thr");
     for isa in &isas {
         print!(" {:>8}", isa.name());
     }
-    println!("   (GFLOP/s, median of 7)");
+    println!("   (GFLOP/s, wall time, median of 7)");
     for (dtype, rows, cols) in SHAPES {
+        let label = format!("{dtype} {rows}x{cols}");
+        if !filters.iter().all(|f| label.contains(f.as_str())) {
+            continue;
+        }
         let data = weight(dtype, rows, cols);
         let w = WeightView::new(dtype, rows, cols, &data).expect("sizes match");
         for n_tokens in [1, 64] {
             for &n_threads in &threads {
                 let pool = ThreadPool::new(n_threads);
-                let shape = format!("{dtype} {rows}x{cols}");
-                print!("{shape:<22} {n_tokens:>3} {n_threads:>3}");
+                print!("{label:<22} {n_tokens:>3} {n_threads:>3}");
                 for &isa in &isas {
                     print!(" {:>8.2}", bench(isa, &pool, &w, n_tokens));
                 }

@@ -19,44 +19,69 @@ pub enum Isa {
     Scalar,
     /// 256-bit AVX2 (needs AVX2, FMA and F16C).
     Avx2,
-    /// 512-bit AVX-512 (needs AVX-512 F, BW and VL).
+    /// 512-bit AVX-512 (needs AVX-512 F, BW and VL, and F16C).
     Avx512,
+    /// [`Isa::Avx2`], except that Q4_0 / Q4_1 / Q8_0 weights are multiplied in int8 with
+    /// activations quantized to 8 bits (`vpmaddubsw`): faster, **not** bitwise equal to scalar.
+    Avx2Int8,
+    /// [`Isa::Avx512`], except that Q4_0 / Q4_1 / Q8_0 weights are multiplied in int8 with
+    /// activations quantized to 8 bits (VNNI `vpdpbusd`; also needs AVX512-VNNI): faster,
+    /// **not** bitwise equal to scalar.
+    Avx512Int8,
 }
 
 impl Isa {
-    /// Every variant, slowest first.
-    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+    /// Every variant: the exact ones slowest first, then the int8 ones.
+    pub const ALL: [Isa; 5] = [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::Avx512,
+        Isa::Avx2Int8,
+        Isa::Avx512Int8,
+    ];
 
     /// Whether this CPU can run the variant.
     pub fn is_available(self) -> bool {
         let f = features();
         match self {
             Isa::Scalar => true,
-            Isa::Avx2 => f.avx2 && f.fma && f.f16c,
-            Isa::Avx512 => f.avx512f && f.avx512bw && f.avx512vl,
+            Isa::Avx2 | Isa::Avx2Int8 => f.avx2 && f.fma && f.f16c,
+            Isa::Avx512 => f.avx512f && f.avx512bw && f.avx512vl && f.f16c,
+            Isa::Avx512Int8 => Isa::Avx512.is_available() && f.avx512vnni,
         }
     }
 
-    /// The available variants, slowest first (always starts with [`Isa::Scalar`]).
+    /// Whether the variant's results are bitwise equal to [`Isa::Scalar`]'s (the int8 ones
+    /// are not: they round the activations to 8 bits).
+    pub fn is_exact(self) -> bool {
+        !matches!(self, Isa::Avx2Int8 | Isa::Avx512Int8)
+    }
+
+    /// The available variants, in the order of [`Isa::ALL`] (always starts with
+    /// [`Isa::Scalar`]).
     pub fn available() -> Vec<Isa> {
         Isa::ALL.into_iter().filter(|i| i.is_available()).collect()
     }
 
-    /// The fastest available variant.
+    /// The fastest available exact variant (the default; int8 variants are opt-in).
     pub fn best() -> Isa {
         Isa::ALL
             .into_iter()
+            .filter(|i| i.is_exact())
             .rev()
             .find(|i| i.is_available())
             .unwrap_or(Isa::Scalar)
     }
 
-    /// Lower-case name, as accepted by [`FromStr`]: `scalar`, `avx2`, `avx512`.
+    /// Lower-case name, as accepted by [`FromStr`]: `scalar`, `avx2`, `avx512`, `avx2-int8`,
+    /// `avx512-int8`.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Avx2Int8 => "avx2-int8",
+            Isa::Avx512Int8 => "avx512-int8",
         }
     }
 }
@@ -85,7 +110,7 @@ pub enum IsaError {
     Unavailable(Isa),
     /// The process-wide choice was already made (by an earlier `set_forced` or a kernel call).
     AlreadyChosen(Isa),
-    /// Not one of `scalar`, `avx2`, `avx512`.
+    /// Not one of the names of [`Isa::name`].
     UnknownName(String),
 }
 
@@ -102,7 +127,7 @@ impl fmt::Display for IsaError {
             IsaError::UnknownName(s) => {
                 write!(
                     f,
-                    "unknown kernel ISA {s:?} (expected scalar, avx2 or avx512)"
+                    "unknown kernel ISA {s:?} (expected scalar, avx2, avx512, avx2-int8 or avx512-int8)"
                 )
             }
         }
@@ -189,8 +214,8 @@ mod tests {
     }
 
     #[test]
-    fn best_is_available_and_scalar_always_is() {
-        assert!(Isa::best().is_available());
+    fn best_is_available_and_exact_and_scalar_always_is() {
+        assert!(Isa::best().is_available() && Isa::best().is_exact());
         assert_eq!(Isa::available()[0], Isa::Scalar);
         assert!(Isa::available().contains(&Isa::best()));
     }

@@ -1,9 +1,9 @@
 //! Numeric kernels for tandem.
 //!
 //! This is the only crate with `unsafe` code. It holds the quantized block formats
-//! ([`dtype`], [`quant`]), the scalar reference operations and their SIMD variants,
-//! matrix products over quantized weights ([`matmul`]) and the persistent thread pool
-//! ([`thread_pool`]). It knows nothing of models or requests.
+//! ([`dtype`], [`quant`]), the scalar reference operations and their SIMD variants chosen at
+//! run time ([`isa`]), matrix products over quantized weights ([`matmul`]) and the persistent
+//! thread pool ([`thread_pool`]). It knows nothing of models or requests.
 #![allow(unsafe_code)]
 
 pub mod cpu;

@@ -15,8 +15,11 @@
 //! bitwise identical alone or in any batch.
 //!
 //! Variants: [`Isa::Scalar`], [`Isa::Avx2`] and [`Isa::Avx512`] all perform exactly these
-//! operations (separate multiply and add, never FMA), so **every variant is bitwise equal to
-//! the scalar reference**, and results do not depend on the machine's ISA either.
+//! operations (separate multiply and add, never FMA), so **these variants are bitwise equal
+//! to the scalar reference**, and results do not depend on the machine's ISA either.
+//! The opt-in int8 variants ([`Isa::Avx2Int8`], [`Isa::Avx512Int8`]) quantize the activations
+//! to 8 bits for Q4_0 / Q4_1 / Q8_0 weights (see `simd::int8` for their fixed order and
+//! error bound): still batch- and thread-invariant, but not equal to scalar.
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
@@ -63,8 +66,8 @@ pub fn matmul(pool: &ThreadPool, w: &WeightView<'_>, x: &[f32], y: &mut [f32], n
     matmul_with(isa::active(), pool, w, x, y, n_tokens);
 }
 
-/// [`matmul`] with the kernels of `isa` (bitwise equal for every ISA; for tests and
-/// benchmarks that compare variants in one process).
+/// [`matmul`] with the kernels of `isa` (bitwise equal for every exact ISA, see
+/// [`Isa::is_exact`]; for tests and benchmarks that compare variants in one process).
 ///
 /// Panics if the shapes do not match or this CPU cannot run `isa` (see
 /// [`Isa::is_available`]).
@@ -106,12 +109,14 @@ pub fn matmul_with(
         return;
     }
     let chunk = chunk_rows(w.rows, pool.n_threads());
-    if n_tokens == 1 && kernels.has_fused_row() {
+    #[cfg(target_arch = "x86_64")]
+    if kernels.has_int8(w.dtype) {
+        matmul_int8(&kernels, pool, w, row_bytes, x, y, n_tokens, chunk);
+        return;
+    }
+    if n_tokens == 1 && kernels.has_fused_rows() {
         for_each_column_chunk(pool, y, n_tokens, w.rows, chunk, |rows, out| {
-            for (j, r) in rows.enumerate() {
-                let src = &w.data[r * row_bytes..(r + 1) * row_bytes];
-                out.set(0, j, kernels.dot_row(w.dtype, src, x));
-            }
+            fused_rows(&kernels, w, row_bytes, x, rows, out);
         });
         return;
     }
@@ -151,19 +156,13 @@ fn matmul_rows(
             kernels.dequantize_row(w.dtype, row, dst);
         }
         let j = r - rows.start;
-        for (t, xt) in x.chunks_exact(cols).enumerate() {
-            if n == ROW_GROUP {
-                let wr = std::array::from_fn(|i| &scratch[i * cols..(i + 1) * cols]);
-                for (i, v) in kernels.dot_4(wr, xt).into_iter().enumerate() {
-                    out.set(t, j + i, v);
-                }
-            } else {
-                for i in 0..n {
-                    out.set(
-                        t,
-                        j + i,
-                        kernels.dot_1(&scratch[i * cols..(i + 1) * cols], xt),
-                    );
+        if n == ROW_GROUP {
+            let wr = std::array::from_fn(|i| &scratch[i * cols..(i + 1) * cols]);
+            dot_group(kernels, wr, x, j, out);
+        } else {
+            for (t, xt) in x.chunks_exact(cols).enumerate() {
+                for (i, wi) in scratch.chunks_exact(cols).take(n).enumerate() {
+                    out.set(t, j + i, kernels.dot_1(wi, xt));
                 }
             }
         }
@@ -171,9 +170,92 @@ fn matmul_rows(
     }
 }
 
+/// `out[t, j + i] = w[i] · x[t]` for every token `t`, two tokens at a time (then one).
+fn dot_group(
+    kernels: &Kernels,
+    w: [&[f32]; ROW_GROUP],
+    x: &[f32], // [n_tokens, cols]
+    j: usize,
+    out: &mut ColumnsMut<'_>,
+) {
+    let cols = w[0].len();
+    let mut pairs = x.chunks_exact(2 * cols);
+    let mut t = 0;
+    for pair in pairs.by_ref() {
+        let (x0, x1) = pair.split_at(cols);
+        for row in kernels.dot_4x2(w, [x0, x1]) {
+            for (i, v) in row.into_iter().enumerate() {
+                out.set(t, j + i, v);
+            }
+            t += 1;
+        }
+    }
+    if !pairs.remainder().is_empty() {
+        for (i, v) in kernels.dot_4(w, pairs.remainder()).into_iter().enumerate() {
+            out.set(t, j + i, v);
+        }
+    }
+}
+
 thread_local! {
     /// Per-thread dequantization scratch, reused across calls (grows, never shrinks).
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The int8 path: quantizes every token row once, then `y[t, r] = dot_q8(W[r], xq[t])`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)] // the matmul's arguments plus two derived sizes
+fn matmul_int8(
+    kernels: &Kernels,
+    pool: &ThreadPool,
+    w: &WeightView<'_>,
+    row_bytes: usize,
+    x: &[f32],     // [n_tokens, cols]
+    y: &mut [f32], // [n_tokens, rows]
+    n_tokens: usize,
+    chunk: usize,
+) {
+    use crate::simd::{quantize_activations, Q8_BLOCK};
+    let mut xq = Vec::new(); // [n_tokens, cols / 32]
+    quantize_activations(x, &mut xq);
+    debug_assert_eq!(xq.len(), n_tokens * (w.cols / Q8_BLOCK));
+    for_each_column_chunk(pool, y, n_tokens, w.rows, chunk, |rows, out| {
+        let mut col = vec![0.0f32; n_tokens]; // [n_tokens]: one output column
+        for (j, r) in rows.enumerate() {
+            let src = &w.data[r * row_bytes..(r + 1) * row_bytes];
+            kernels.row_q8(w.dtype, src, &xq, &mut col);
+            for (t, &v) in col.iter().enumerate() {
+                out.set(t, j, v);
+            }
+        }
+    });
+}
+
+/// `out[0, r] = W[r] · x` for `r` in `rows` with the fused kernels (one token; no scratch),
+/// four rows at a time.
+fn fused_rows(
+    kernels: &Kernels,
+    w: &WeightView<'_>,
+    row_bytes: usize,
+    x: &[f32], // [cols]
+    rows: Range<usize>,
+    out: &mut ColumnsMut<'_>,
+) {
+    let src = &w.data[rows.start * row_bytes..rows.end * row_bytes];
+    let mut groups = src.chunks_exact(ROW_GROUP * row_bytes);
+    let mut j = 0;
+    for g in groups.by_ref() {
+        let rows: [&[u8]; ROW_GROUP] =
+            std::array::from_fn(|i| &g[i * row_bytes..(i + 1) * row_bytes]);
+        for v in kernels.dot_rows_4(w.dtype, rows, x) {
+            out.set(0, j, v);
+            j += 1;
+        }
+    }
+    for row in groups.remainder().chunks_exact(row_bytes) {
+        out.set(0, j, kernels.dot_row(w.dtype, row, x));
+        j += 1;
+    }
 }
 
 /// Runs `f` with a scratch buffer of `len` floats: the thread's reusable one, or a fresh one if

@@ -88,7 +88,7 @@ proptest! {
         let w = WeightView::new(dtype, rows, cols, &data).unwrap();
         let x: Vec<f32> = (0..n_tokens * cols).map(|_| rng.random_range(-2.0f32..2.0)).collect();
         let reference = run(Isa::Scalar, 1, &w, &x, n_tokens);
-        for isa in Isa::available() {
+        for isa in Isa::available().into_iter().filter(|i| i.is_exact()) {
             for threads in [1, 3] {
                 let got = run(isa, threads, &w, &x, n_tokens);
                 assert_bits(&got, &reference, &format!("{isa} {dtype} {threads} threads"))?;
@@ -117,7 +117,7 @@ fn simd_is_close_to_the_blockwise_dot() {
             .map(|_| rng.random_range(-2.0f32..2.0))
             .collect();
         let row_bytes = data.len() / rows;
-        for isa in Isa::available() {
+        for isa in Isa::available().into_iter().filter(|i| i.is_exact()) {
             for n_tokens in [1, 3] {
                 let y = run(isa, 2, &w, &x[..n_tokens * cols], n_tokens);
                 for t in 0..n_tokens {

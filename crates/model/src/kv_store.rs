@@ -88,4 +88,24 @@ impl KvStore {
     pub fn kv_dim(&self) -> usize {
         self.kv_dim
     }
+
+    /// Copies every slot of block `src` into block `dst`, keys and values of every layer
+    /// (copy-on-write of a shared block before one of its holders writes into it).
+    /// `src == dst` is a no-op. Panics on a block outside the store (the engine's allocator
+    /// only hands out ids below `num_blocks`).
+    pub fn copy_block(&mut self, src: BlockId, dst: BlockId) {
+        let (s, d) = (src.0 as usize, dst.0 as usize);
+        assert!(
+            s < self.num_blocks && d < self.num_blocks,
+            "block ids {s} and {d} must be below {}",
+            self.num_blocks
+        );
+        if s == d {
+            return;
+        }
+        let len = self.block_size * self.kv_dim; // floats per block per layer
+        for layer in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            layer.copy_within(s * len..(s + 1) * len, d * len);
+        }
+    }
 }

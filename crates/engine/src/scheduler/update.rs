@@ -15,7 +15,9 @@ impl Scheduler {
     /// each grant, appends the sampled tokens, applies the stop conditions (in order: EOS
     /// unless `ignore_eos`, `stop_token_ids`, `max_tokens`, the longest sequence the engine
     /// holds) and releases finished sequences' blocks. Sequences aborted while the step was
-    /// in flight are skipped. A result that does not answer the plan changes nothing.
+    /// in flight are skipped. A group whose prompt completed is first forked into its
+    /// siblings (each then gets its own token); managed sequences only advance. A result that
+    /// does not answer the plan changes nothing.
     pub fn update(&mut self, result: &StepResult) -> Result<Vec<SeqEvent>> {
         let flight = self
             .in_flight
@@ -29,8 +31,17 @@ impl Scheduler {
                 continue; // aborted while the step was in flight
             };
             seq.advance_computed(g.num_new);
-            if let Some(tokens) = outputs.get(&g.seq_id) {
-                self.append_sampled(g.seq_id, tokens, &mut events);
+            let Some(tokens) = outputs.get(&g.seq_id) else {
+                continue; // a prompt chunk, or a managed sequence
+            };
+            // Fork before the parent's token: it may finish on it and release its blocks.
+            let siblings = self.spawn_siblings(g.seq_id);
+            self.append_sampled(g.seq_id, tokens, &mut events);
+            for s in siblings {
+                let t = outputs
+                    .get(&s)
+                    .expect("checked: every pending sibling has an output");
+                self.append_sampled(s, t, &mut events);
             }
         }
         Ok(events)
@@ -45,19 +56,22 @@ impl Scheduler {
         let mut events = Vec::new();
         for g in flight.grants {
             if self.seqs.contains_key(&g.seq_id) {
+                let mut ids = vec![g.seq_id];
+                ids.extend_from_slice(self.pending_siblings(g.seq_id));
                 let reason = FinishReason::Error(message.to_owned());
                 self.finish(g.seq_id, reason.clone());
-                events.push(SeqEvent::Finished {
-                    seq_id: g.seq_id,
-                    reason,
-                });
+                events.extend(ids.into_iter().map(|seq_id| SeqEvent::Finished {
+                    seq_id,
+                    reason: reason.clone(),
+                }));
             }
         }
         events
     }
 
-    /// Checks that `result` answers `flight`: the same step, one output per live sequence
-    /// with output rows, 1..=rows tokens each, accepted drafts equal to the drafts.
+    /// Checks that `result` answers `flight`: the same step, one output per live unmanaged
+    /// sequence with output rows and per pending sibling forked from one, 1..=rows tokens
+    /// each, accepted drafts equal to the drafts.
     fn check_result<'r>(
         &self,
         flight: &InFlight,
@@ -70,10 +84,19 @@ impl Scheduler {
                 result.step, flight.step
             ));
         }
-        let grants: HashMap<SeqId, &Grant> = flight.grants.iter().map(|g| (g.seq_id, g)).collect();
+        // Who answers for each id: its own grant, or its parent's for a sibling.
+        let mut grants: HashMap<SeqId, &Grant> = HashMap::new();
+        for g in &flight.grants {
+            grants.insert(g.seq_id, g);
+            grants.extend(g.siblings.iter().map(|&s| (s, g)));
+        }
         let mut outputs = HashMap::new();
         for o in &result.outputs {
-            let Some(g) = grants.get(&o.seq_id).filter(|g| g.num_output_rows > 0) else {
+            let managed = self.seqs.get(&o.seq_id).is_some_and(|s| s.is_managed());
+            let Some(g) = grants
+                .get(&o.seq_id)
+                .filter(|g| g.num_output_rows > 0 && !managed)
+            else {
                 return bad(format!("{:?} asked for no logits this step", o.seq_id));
             };
             if o.tokens.is_empty() || o.tokens.len() > g.num_output_rows {
@@ -89,10 +112,18 @@ impl Scheduler {
             }
         }
         for g in flight.grants.iter().filter(|g| g.num_output_rows > 0) {
-            let Some(seq) = self.seqs.get(&g.seq_id) else {
+            let Some(seq) = self.seqs.get(&g.seq_id).filter(|s| !s.is_managed()) else {
                 outputs.remove(&g.seq_id);
+                for s in &g.siblings {
+                    outputs.remove(s);
+                }
                 continue;
             };
+            for s in self.pending_siblings(g.seq_id) {
+                if outputs.get(s).is_none_or(|t| t.len() != 1) {
+                    return bad(format!("sibling {s:?} needs exactly one token"));
+                }
+            }
             let Some(tokens) = outputs.get(&g.seq_id) else {
                 return bad(format!("{:?} has no output", g.seq_id));
             };

@@ -75,11 +75,7 @@ impl Lanes16 for Y {
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn load_bf16(p: *const u8) -> Self {
-        let half = |q: *const u8| {
-            let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(q.cast()));
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide))
-        };
-        Y(half(p), half(p.add(16)))
+        Y(bf16_8(p), bf16_8(p.add(16)))
     }
     #[inline]
     #[target_feature(enable = "avx2")]
@@ -89,6 +85,36 @@ impl Lanes16 for Y {
         _mm256_storeu_ps(a.as_mut_ptr().add(8), self.1);
         a
     }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn tree_sum(self) -> f32 {
+        tree_sum_8(_mm256_add_ps(self.0, self.1))
+    }
+}
+
+/// 8 little-endian bfloat16 values from `p` (16 bytes), converted exactly.
+///
+/// # Safety
+/// AVX2 must be available; `p` readable for 16 bytes.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn bf16_8(p: *const u8) -> __m256 {
+    let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide))
+}
+
+/// The last three levels of the fixed tree on `v` (lane `l` already holds `a[l] + a[l + 8]`):
+/// `v[l] + v[l + 4]`, then `+ v[l + 2]`, then `+ v[l + 1]`.
+///
+/// # Safety
+/// AVX must be available.
+#[inline]
+#[target_feature(enable = "avx")]
+pub(super) unsafe fn tree_sum_8(v: __m256) -> f32 {
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
+    _mm_cvtss_f32(s1)
 }
 
 // The entry points below are what the kernel table points at.
@@ -117,6 +143,21 @@ pub(super) unsafe fn dot_4(w: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
 /// # Safety
 /// AVX2, FMA and F16C must be available.
 #[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_4x2(w: [&[f32]; 4], x: [&[f32]; 2]) -> [[f32; 4]; 2] {
+    kernels::dot_4x2::<Y>(w, x)
+}
+
+/// # Safety
+/// AVX2, FMA and F16C must be available.
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_row(dtype: DType, src: &[u8], x: &[f32]) -> f32 {
-    kernels::dot_row::<Y>(dtype, src, x)
+    let [d] = kernels::dot_rows::<Y, 1>(dtype, [src], x);
+    d
+}
+
+/// # Safety
+/// AVX2, FMA and F16C must be available.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_rows_4(dtype: DType, src: [&[u8]; 4], x: &[f32]) -> [f32; 4] {
+    kernels::dot_rows::<Y, 4>(dtype, src, x)
 }

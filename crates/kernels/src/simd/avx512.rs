@@ -73,6 +73,13 @@ impl Lanes16 for Z {
         _mm512_storeu_ps(a.as_mut_ptr(), self.0);
         a
     }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tree_sum(self) -> f32 {
+        let lo = _mm512_castps512_ps256(self.0);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(self.0)));
+        super::avx2::tree_sum_8(_mm256_add_ps(lo, hi))
+    }
 }
 
 // The entry points below are what the kernel table points at.
@@ -80,29 +87,44 @@ impl Lanes16 for Z {
 // lengths documented in `super::kernels`.
 
 /// # Safety
-/// See the note above: AVX-512 F/BW/VL must be available.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+/// See the note above: AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 pub(super) unsafe fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
     kernels::dequantize_row::<Z>(dtype, src, dst)
 }
 
 /// # Safety
-/// AVX-512 F/BW/VL must be available.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+/// AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 pub(super) unsafe fn dot_1(w: &[f32], x: &[f32]) -> f32 {
     kernels::dot_1::<Z>(w, x)
 }
 
 /// # Safety
-/// AVX-512 F/BW/VL must be available.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+/// AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 pub(super) unsafe fn dot_4(w: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
     kernels::dot_4::<Z>(w, x)
 }
 
 /// # Safety
-/// AVX-512 F/BW/VL must be available.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+/// AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+pub(super) unsafe fn dot_4x2(w: [&[f32]; 4], x: [&[f32]; 2]) -> [[f32; 4]; 2] {
+    kernels::dot_4x2::<Z>(w, x)
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 pub(super) unsafe fn dot_row(dtype: DType, src: &[u8], x: &[f32]) -> f32 {
-    kernels::dot_row::<Z>(dtype, src, x)
+    let [d] = kernels::dot_rows::<Z, 1>(dtype, [src], x);
+    d
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+pub(super) unsafe fn dot_rows_4(dtype: DType, src: [&[u8]; 4], x: &[f32]) -> [f32; 4] {
+    kernels::dot_rows::<Z, 4>(dtype, src, x)
 }

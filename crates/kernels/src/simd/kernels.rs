@@ -1,11 +1,13 @@
 //! The SIMD kernels, generic over the 16-lane vector: row dequantization, the 1- and 4-row
-//! f32 dots of [`crate::dot16`], and the fused dequantize-and-dot of one stored row.
+//! f32 dots of [`crate::dot16`], and the fused dequantize-and-dot of 1 or 4 stored rows.
 //!
-//! All are bitwise equal to the scalar reference: same decoded values (see `decode`), the same
-//! lane per column, separate rounded multiply and add, the scalar tail and the same
-//! [`tree_sum`].
+//! All are bitwise equal to the scalar reference: the same decoded values (see `decode`), the
+//! same lane per column, a rounded multiply then a rounded add (no FMA), the scalar tail and
+//! the same [`tree_sum`].
 
-use super::decode::for_each_chunk;
+use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+
+use super::decode::{dispatch, Format, WithFormat};
 use super::lanes::Lanes16;
 use crate::dot16::{mac_tail, tree_sum, LANES};
 use crate::DType;
@@ -16,18 +18,143 @@ use crate::DType;
 /// The CPU must support `V`'s features. Lengths are asserted.
 #[inline(always)]
 pub(super) unsafe fn dequantize_row<V: Lanes16>(dtype: DType, src: &[u8], dst: &mut [f32]) {
-    let cols = dst.len();
-    let out = dst.as_mut_ptr();
-    let full = for_each_chunk::<V>(dtype, src, cols, |c0, v| {
-        debug_assert!(c0 + 16 <= cols);
-        // SAFETY: `for_each_chunk` only passes chunk starts with `c0 + 16 <= cols`.
-        unsafe { v.store(out.add(c0)) }
-    });
-    if full < cols {
-        let at = dtype
-            .bytes_for(full)
-            .expect("full is a multiple of 16 (float types)");
+    let full = whole_blocks(dtype, src.len(), dst.len());
+    dispatch::<V, _>(dtype, Dequant { src, dst, full });
+    if full < dst.len() {
+        let at = dtype.bytes_for(full).expect("a whole number of chunks");
         crate::quant::dequantize_row(dtype, &src[at..], &mut dst[full..]);
+    }
+}
+
+/// Asserts `src_len == dtype.bytes_for(cols)`; returns the columns covered by whole SIMD
+/// blocks (all of them for quantized types, `cols` rounded down to 16 for float types).
+fn whole_blocks(dtype: DType, src_len: usize, cols: usize) -> usize {
+    assert!(
+        dtype.bytes_for(cols) == Some(src_len),
+        "simd kernel: {src_len} bytes are not {cols} elements of {dtype}"
+    );
+    if dtype.is_quantized() {
+        cols
+    } else {
+        cols - cols % LANES
+    }
+}
+
+struct Dequant<'a> {
+    src: &'a [u8],
+    dst: &'a mut [f32],
+    /// Columns covered by whole blocks (checked by `whole_blocks`).
+    full: usize,
+}
+
+impl<V: Lanes16> WithFormat<V> for Dequant<'_> {
+    type Out = ();
+    #[inline(always)]
+    unsafe fn call<F: Format>(self) {
+        let (src, out) = (self.src.as_ptr(), self.dst.as_mut_ptr());
+        for bi in 0..self.full / F::ELEMS {
+            let b = src.add(bi * F::BYTES);
+            for k in 0..F::ELEMS / LANES {
+                F::chunk::<V>(b, k).store(out.add(bi * F::ELEMS + k * LANES));
+            }
+        }
+    }
+}
+
+/// The dots of `N` stored rows with `x`, decoding 16 columns at a time straight into the
+/// accumulators: row `i` is bitwise equal to `dequantize_row` followed by `dot_1`.
+///
+/// # Safety
+/// The CPU must support `V`'s features. Lengths are asserted.
+#[inline(always)]
+pub(super) unsafe fn dot_rows<V: Lanes16, const N: usize>(
+    dtype: DType,
+    src: [&[u8]; N],
+    x: &[f32],
+) -> [f32; N] {
+    let mut full = 0;
+    for s in &src {
+        full = whole_blocks(dtype, s.len(), x.len());
+    }
+    let acc = dispatch::<V, _>(dtype, DotRows { src, x, full });
+    // A loop, not `array::from_fn`: closures do not inherit the target features, so the
+    // vector tree would not be inlined.
+    let mut out = [0.0f32; N];
+    for i in 0..N {
+        out[i] = if full == x.len() {
+            acc[i].tree_sum()
+        } else {
+            tail_and_tree(acc[i].to_array(), dtype, src[i], x, full)
+        };
+    }
+    out
+}
+
+/// Adds columns `full..` (the float types' last `len % 16`) of the stored row `src` times `x`
+/// to the lanes, as the scalar reference does, then sums them by the fixed tree.
+fn tail_and_tree(mut lanes: [f32; LANES], dtype: DType, src: &[u8], x: &[f32], full: usize) -> f32 {
+    let at = dtype.bytes_for(full).expect("a whole number of chunks");
+    let mut tail = [0.0f32; LANES];
+    crate::quant::dequantize_row(dtype, &src[at..], &mut tail[..x.len() - full]);
+    for ((a, &wv), &xv) in lanes.iter_mut().zip(&tail).zip(&x[full..]) {
+        *a += wv * xv;
+    }
+    tree_sum(&lanes)
+}
+
+struct DotRows<'a, const N: usize> {
+    src: [&'a [u8]; N],
+    x: &'a [f32],
+    /// Columns covered by whole blocks (checked by `whole_blocks` for every row).
+    full: usize,
+}
+
+impl<V: Lanes16, const N: usize> WithFormat<V> for DotRows<'_, N> {
+    /// The accumulators of each row, before the tail and the tree.
+    type Out = [V; N];
+    #[inline(always)]
+    unsafe fn call<F: Format>(self) -> Self::Out {
+        let s = self.src.map(<[u8]>::as_ptr);
+        let x = self.x.as_ptr();
+        let blocks = self.full / F::ELEMS;
+        // Explicit accumulators (N is 1 or 4): an array indexed in a loop may be kept in
+        // memory, which puts a store-to-load delay on every addition's dependency chain.
+        let mut out = [V::zero(); N];
+        if N == 4 {
+            let (mut a0, mut a1, mut a2, mut a3) = (V::zero(), V::zero(), V::zero(), V::zero());
+            // The matmul passes consecutive rows: the next group starts where row 3 ends.
+            // Four interleaved short streams defeat the hardware prefetcher on matrices that
+            // do not fit in cache, so fetch the next group's bytes as this one is consumed.
+            let next = s[3].wrapping_add(blocks * F::BYTES);
+            for bi in 0..blocks {
+                let ahead = next.wrapping_add(4 * bi * F::BYTES);
+                for off in (0..4 * F::BYTES).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off).cast());
+                }
+                for k in 0..F::ELEMS / LANES {
+                    let xv = V::load(x.add(bi * F::ELEMS + k * LANES));
+                    a0 = a0.add(F::chunk::<V>(s[0].add(bi * F::BYTES), k).mul(xv));
+                    a1 = a1.add(F::chunk::<V>(s[1].add(bi * F::BYTES), k).mul(xv));
+                    a2 = a2.add(F::chunk::<V>(s[2].add(bi * F::BYTES), k).mul(xv));
+                    a3 = a3.add(F::chunk::<V>(s[3].add(bi * F::BYTES), k).mul(xv));
+                }
+            }
+            for (o, a) in out.iter_mut().zip([a0, a1, a2, a3]) {
+                *o = a;
+            }
+        } else {
+            for (o, &s) in out.iter_mut().zip(&s) {
+                let mut a = V::zero();
+                for bi in 0..blocks {
+                    for k in 0..F::ELEMS / LANES {
+                        let xv = V::load(x.add(bi * F::ELEMS + k * LANES));
+                        a = a.add(F::chunk::<V>(s.add(bi * F::BYTES), k).mul(xv));
+                    }
+                }
+                *o = a;
+            }
+        }
+        out
     }
 }
 
@@ -78,37 +205,62 @@ pub(super) unsafe fn dot_4<V: Lanes16>(w: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
     ]
 }
 
-/// The dot of the stored row `src` with `x`, decoding 16 columns at a time straight into the
-/// accumulators: bitwise equal to `dequantize_row` followed by `dot_1`.
+/// [`dot_4`] of two activation rows at once (`[x0 results, x1 results]`): eight accumulators,
+/// each weight chunk loaded once for both tokens; every result bitwise equal to [`dot_4`]'s.
 ///
 /// # Safety
 /// The CPU must support `V`'s features. Lengths are asserted.
 #[inline(always)]
-pub(super) unsafe fn dot_row<V: Lanes16>(dtype: DType, src: &[u8], x: &[f32]) -> f32 {
-    let cols = x.len();
-    let xp = x.as_ptr();
-    let mut acc = V::zero();
-    let full = for_each_chunk::<V>(dtype, src, cols, |c0, w| {
-        // SAFETY: `for_each_chunk` only passes chunk starts with `c0 + 16 <= cols`.
-        acc = unsafe { acc.add(w.mul(V::load(xp.add(c0)))) };
-    });
-    let mut lanes = acc.to_array();
-    if full < cols {
-        let at = dtype
-            .bytes_for(full)
-            .expect("full is a multiple of 16 (float types)");
-        let mut tail = [0.0f32; LANES];
-        crate::quant::dequantize_row(dtype, &src[at..], &mut tail[..cols - full]);
-        for ((a, &wv), &xv) in lanes.iter_mut().zip(&tail).zip(&x[full..]) {
-            *a += wv * xv;
-        }
+pub(super) unsafe fn dot_4x2<V: Lanes16>(w: [&[f32]; 4], x: [&[f32]; 2]) -> [[f32; 4]; 2] {
+    let n = x[0].len();
+    assert!(
+        x[1].len() == n && w.iter().all(|r| r.len() == n),
+        "dot_4x2: length mismatch"
+    );
+    let full = n - n % LANES;
+    let [w0, w1, w2, w3] = w.map(<[f32]>::as_ptr);
+    let [x0, x1] = x.map(<[f32]>::as_ptr);
+    let (mut a0, mut a1, mut a2, mut a3) = (V::zero(), V::zero(), V::zero(), V::zero());
+    let (mut b0, mut b1, mut b2, mut b3) = (V::zero(), V::zero(), V::zero(), V::zero());
+    let mut c = 0;
+    while c < full {
+        let (xa, xb) = (V::load(x0.add(c)), V::load(x1.add(c)));
+        let v = V::load(w0.add(c));
+        a0 = a0.add(v.mul(xa));
+        b0 = b0.add(v.mul(xb));
+        let v = V::load(w1.add(c));
+        a1 = a1.add(v.mul(xa));
+        b1 = b1.add(v.mul(xb));
+        let v = V::load(w2.add(c));
+        a2 = a2.add(v.mul(xa));
+        b2 = b2.add(v.mul(xb));
+        let v = V::load(w3.add(c));
+        a3 = a3.add(v.mul(xa));
+        b3 = b3.add(v.mul(xb));
+        c += LANES;
     }
-    tree_sum(&lanes)
+    [
+        [
+            finish(a0, w[0], x[0]),
+            finish(a1, w[1], x[0]),
+            finish(a2, w[2], x[0]),
+            finish(a3, w[3], x[0]),
+        ],
+        [
+            finish(b0, w[0], x[1]),
+            finish(b1, w[1], x[1]),
+            finish(b2, w[2], x[1]),
+            finish(b3, w[3], x[1]),
+        ],
+    ]
 }
 
 /// The scalar tail and the fixed tree.
 #[inline(always)]
 unsafe fn finish<V: Lanes16>(acc: V, w: &[f32], x: &[f32]) -> f32 {
+    if x.len().is_multiple_of(LANES) {
+        return acc.tree_sum();
+    }
     let mut lanes = acc.to_array();
     mac_tail(&mut lanes, w, x);
     tree_sum(&lanes)

@@ -35,4 +35,7 @@ pub(super) trait Lanes16: Copy {
     unsafe fn load_bf16(p: *const u8) -> Self;
     /// The lanes in order.
     unsafe fn to_array(self) -> [f32; 16];
+    /// The sum of the lanes by exactly the tree of [`crate::dot16::tree_sum`]
+    /// (`v[l] + v[l + 8]`, then `+ v[l + 4]`, `+ v[l + 2]`, `+ v[l + 1]`): bitwise equal to it.
+    unsafe fn tree_sum(self) -> f32;
 }

@@ -1,10 +1,25 @@
-//! The per-ISA kernel table used by [`crate::matmul`]: row dequantization, the 1- and 4-row
-//! f32 dots, and (SIMD only) the fused dequantize-and-dot of one stored row.
+//! The per-ISA kernel table used by [`crate::matmul`]: row dequantization, the 1-row, 4-row
+//! and 4-row × 2-token f32 dots, the fused dequantize-and-dot of 1 or 4 stored rows (SIMD
+//! only; used for single-token calls), and the int8 row kernel (int8 ISAs only).
 //!
-//! Every variant here is **bitwise equal** to the scalar reference ([`crate::quant`]'s
-//! dequantization and [`crate::dot16`]'s fixed 16-lane order): AVX-512 keeps the 16
+//! | ISA           | f32 path vs scalar | Q4_0/Q4_1/Q8_0 weights                         |
+//! |---------------|--------------------|------------------------------------------------|
+//! | `scalar`      | reference          | reference                                      |
+//! | `avx2`        | **bitwise equal**  | bitwise equal                                  |
+//! | `avx512`      | **bitwise equal**  | bitwise equal                                  |
+//! | `avx2-int8`   | bitwise equal      | int8 (`int8` module): within the rounding bound |
+//! | `avx512-int8` | bitwise equal      | int8 (VNNI): within the rounding bound          |
+//!
+//! The exact variants reproduce the scalar reference ([`crate::quant`]'s dequantization and
+//! [`crate::dot16`]'s fixed 16-lane order) operation for operation: AVX-512 keeps the 16
 //! accumulators in one register, AVX2 in two, both use a rounded multiply then a rounded add
-//! (no FMA), the scalar tail and the same final tree.
+//! (no FMA), the scalar tail and the same final tree (done in registers). An FMA variant was
+//! measured during development: no throughput difference beyond the noise of the shared
+//! machine (the loops are bound by decoding and loads, and a multiply-add pair has the same
+//! dependency chain through the add), so the bitwise-equal form is the only one kept.
+//!
+//! Every variant, int8 included, computes each output from its own row and token only, in an
+//! order fixed by the row length: results never depend on `n_tokens` or the thread split.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -12,6 +27,8 @@ mod avx2;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod decode;
+#[cfg(target_arch = "x86_64")]
+mod int8;
 #[cfg(target_arch = "x86_64")]
 mod kernels;
 #[cfg(target_arch = "x86_64")]
@@ -23,7 +40,20 @@ use crate::{dot16, quant, DType};
 type DequantFn = unsafe fn(DType, &[u8], &mut [f32]);
 type Dot1Fn = unsafe fn(&[f32], &[f32]) -> f32;
 type Dot4Fn = unsafe fn([&[f32]; 4], &[f32]) -> [f32; 4];
+type Dot4x2Fn = unsafe fn([&[f32]; 4], [&[f32]; 2]) -> [[f32; 4]; 2];
 type DotRowFn = unsafe fn(DType, &[u8], &[f32]) -> f32;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use int8::{quantize_activations, Q8Block, QK as Q8_BLOCK};
+#[cfg(target_arch = "x86_64")]
+type Int8Fn = unsafe fn(DType, &[u8], &[Q8Block], &mut [f32]);
+type DotRows4Fn = unsafe fn(DType, [&[u8]; 4], &[f32]) -> [f32; 4];
+
+/// The fused dequantize-and-dot kernels (1 and 4 stored rows with one activation row).
+#[derive(Debug, Clone, Copy)]
+struct Fused {
+    one: DotRowFn,
+    four: DotRows4Fn,
+}
 
 /// The kernels of one ISA. Built only by [`Kernels::new`], which checks that the CPU supports
 /// the ISA: that check is what makes calling the (target-feature) function pointers sound.
@@ -32,7 +62,11 @@ pub(crate) struct Kernels {
     dequant: DequantFn,
     dot1: Dot1Fn,
     dot4: Dot4Fn,
-    dot_row: Option<DotRowFn>,
+    dot4x2: Option<Dot4x2Fn>,
+    fused: Option<Fused>,
+    /// The int8 row dot for Q4_0 / Q4_1 / Q8_0 weights (int8 ISAs only).
+    #[cfg(target_arch = "x86_64")]
+    int8: Option<Int8Fn>,
 }
 
 impl Kernels {
@@ -46,21 +80,44 @@ impl Kernels {
                 dequant: quant::dequantize_row,
                 dot1: dot16::dot_1,
                 dot4: dot16::dot_4,
-                dot_row: None,
+                dot4x2: None,
+                fused: None,
+                #[cfg(target_arch = "x86_64")]
+                int8: None,
+            }),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2Int8 => Some(Kernels {
+                int8: Some(int8::rows_avx2),
+                ..Kernels::new(Isa::Avx2)?
+            }),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Int8 => Some(Kernels {
+                int8: Some(int8::rows_vnni),
+                ..Kernels::new(Isa::Avx512)?
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => Some(Kernels {
                 dequant: avx2::dequantize_row,
                 dot1: avx2::dot_1,
                 dot4: avx2::dot_4,
-                dot_row: Some(avx2::dot_row),
+                dot4x2: Some(avx2::dot_4x2),
+                fused: Some(Fused {
+                    one: avx2::dot_row,
+                    four: avx2::dot_rows_4,
+                }),
+                int8: None,
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => Some(Kernels {
                 dequant: avx512::dequantize_row,
                 dot1: avx512::dot_1,
                 dot4: avx512::dot_4,
-                dot_row: Some(avx512::dot_row),
+                dot4x2: Some(avx512::dot_4x2),
+                fused: Some(Fused {
+                    one: avx512::dot_row,
+                    four: avx512::dot_rows_4,
+                }),
+                int8: None,
             }),
             #[cfg(not(target_arch = "x86_64"))]
             _ => None,
@@ -86,22 +143,57 @@ impl Kernels {
         unsafe { (self.dot4)(w, x) }
     }
 
-    /// Whether [`Kernels::dot_row`] has a fused kernel (else callers use scratch rows).
-    pub(crate) fn has_fused_row(&self) -> bool {
-        self.dot_row.is_some()
+    /// [`Kernels::dot_4`] of two activation rows (`[x[0] results, x[1] results]`).
+    pub(crate) fn dot_4x2(&self, w: [&[f32]; 4], x: [&[f32]; 2]) -> [[f32; 4]; 2] {
+        match self.dot4x2 {
+            // SAFETY: as in `dequantize_row`.
+            Some(f) => unsafe { f(w, x) },
+            None => x.map(|xt| self.dot_4(w, xt)),
+        }
+    }
+
+    /// Whether [`Kernels::row_q8`] applies to weights of `dtype` (an int8 ISA and a
+    /// Q4_0 / Q4_1 / Q8_0 type).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn has_int8(&self, dtype: DType) -> bool {
+        self.int8.is_some() && matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+    }
+
+    /// `out[t] = W_row · xq[t]` for every token (`xq`: `[n_tokens, cols / 32]`, `out`:
+    /// `[n_tokens]`) with the int8 kernel (see `int8`); only when [`Kernels::has_int8`] holds.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn row_q8(&self, dtype: DType, src: &[u8], xq: &[Q8Block], out: &mut [f32]) {
+        assert!(self.has_int8(dtype), "row_q8: no int8 kernel for {dtype}");
+        let f = self.int8.expect("checked by has_int8");
+        // SAFETY: as in `dequantize_row`; the kernel asserts the shapes.
+        unsafe { f(dtype, src, xq, out) }
+    }
+
+    /// Whether there are fused dequantize-and-dot kernels (else callers use scratch rows).
+    pub(crate) fn has_fused_rows(&self) -> bool {
+        self.fused.is_some()
     }
 
     /// The dot of a stored row with `x`, bitwise equal to dequantizing the row and calling
     /// [`Kernels::dot_1`] (which is what it does when there is no fused kernel).
     pub(crate) fn dot_row(&self, dtype: DType, src: &[u8], x: &[f32]) -> f32 {
-        match self.dot_row {
+        match self.fused {
             // SAFETY: as in `dequantize_row`.
-            Some(f) => unsafe { f(dtype, src, x) },
+            Some(f) => unsafe { (f.one)(dtype, src, x) },
             None => {
                 let mut w = vec![0.0f32; x.len()];
                 self.dequantize_row(dtype, src, &mut w);
                 self.dot_1(&w, x)
             }
+        }
+    }
+
+    /// [`Kernels::dot_row`] of four stored rows (each result bitwise equal to it).
+    pub(crate) fn dot_rows_4(&self, dtype: DType, src: [&[u8]; 4], x: &[f32]) -> [f32; 4] {
+        match self.fused {
+            // SAFETY: as in `dequantize_row`.
+            Some(f) => unsafe { (f.four)(dtype, src, x) },
+            None => src.map(|s| self.dot_row(dtype, s, x)),
         }
     }
 }

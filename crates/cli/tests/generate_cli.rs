@@ -1,0 +1,195 @@
+//! `tandem generate` end to end on the default model: streamed text ≡ JSON text (DESIGN §3
+//! row 7 for the CLI), JSONL batches in input order equal to single runs, seeded sampling,
+//! stop strings, and clear errors for bad settings.
+#![allow(clippy::unwrap_used)] // helpers outside #[test] functions
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn model() -> String {
+    tandem_model::default_model::test_model_path()
+        .expect("the default model is needed; this test does not skip")
+        .display()
+        .to_string()
+}
+
+fn tandem(args: &[&str]) -> Output {
+    let m = model();
+    let mut all = vec![
+        "generate",
+        "--model",
+        m.as_str(),
+        "--kv-cache-memory",
+        "256MiB",
+    ];
+    all.extend_from_slice(args);
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(&all)
+        .output()
+        .expect("run tandem")
+}
+
+fn ok_stdout(args: &[&str]) -> String {
+    let out = tandem(args);
+    assert!(
+        out.status.success(),
+        "tandem generate {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+fn json_lines(args: &[&str]) -> Vec<Value> {
+    ok_stdout(args)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect()
+}
+
+#[test]
+fn streamed_text_equals_the_json_text() {
+    let common = [
+        "--prompt",
+        "List three fruits and one vegetable:",
+        "--max-tokens",
+        "24",
+        "--temperature",
+        "0",
+    ];
+    let streamed = ok_stdout(&common);
+    let mut args = common.to_vec();
+    args.push("--json");
+    let v = &json_lines(&args)[0];
+    assert_eq!(
+        streamed.strip_suffix('\n').unwrap(),
+        v["text"].as_str().unwrap()
+    );
+    assert!(!streamed.contains('\u{FFFD}'));
+    assert_eq!(
+        v["usage"]["completion_tokens"].as_u64().unwrap() as usize,
+        v["token_ids"].as_array().unwrap().len()
+    );
+    assert_eq!(
+        v["logprobs"].as_array().unwrap().len(),
+        v["token_ids"].as_array().unwrap().len()
+    );
+    assert!(["stop", "length"].contains(&v["finish_reason"].as_str().unwrap()));
+}
+
+#[test]
+fn a_jsonl_batch_matches_single_runs_in_input_order() {
+    let prompts = [
+        "Once upon a time",
+        "The best way to learn Rust is",
+        "2 + 2 =",
+        "Paris is the capital of",
+    ];
+    let dir = std::env::temp_dir().join(format!("tandem-gen-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("in.jsonl");
+    let lines: Vec<String> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| serde_json::json!({"prompt": p, "max_tokens": 8 + i, "seed": 40 + i, "temperature": 0.8}).to_string())
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let batch = json_lines(&["--input", input.to_str().unwrap(), "--json"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(batch.len(), prompts.len());
+    for (i, p) in prompts.iter().enumerate() {
+        assert_eq!(batch[i]["index"], i);
+        assert_eq!(batch[i]["prompt"], *p);
+        let (max, seed) = ((8 + i).to_string(), (40 + i).to_string());
+        let single = &json_lines(&[
+            "--prompt",
+            p,
+            "--max-tokens",
+            &max,
+            "--seed",
+            &seed,
+            "--temperature",
+            "0.8",
+            "--json",
+        ])[0];
+        assert_eq!(
+            batch[i]["token_ids"], single["token_ids"],
+            "prompt {i}: batched differs from alone"
+        );
+        assert_eq!(batch[i]["text"], single["text"]);
+    }
+}
+
+#[test]
+fn stop_strings_end_the_text_before_the_stop() {
+    let base = json_lines(&[
+        "--prompt",
+        "Count: 1, 2, 3, 4, 5, 6,",
+        "--max-tokens",
+        "20",
+        "--temperature",
+        "0",
+        "--json",
+    ]);
+    let text = base[0]["text"].as_str().unwrap().to_string();
+    let stop = " 9";
+    let Some(cut) = text.find(stop) else {
+        panic!("greedy continuation lacks {stop:?}: {text:?}")
+    };
+    let v = json_lines(&[
+        "--prompt",
+        "Count: 1, 2, 3, 4, 5, 6,",
+        "--max-tokens",
+        "20",
+        "--temperature",
+        "0",
+        "--stop",
+        stop,
+        "--json",
+    ]);
+    assert_eq!(v[0]["text"].as_str().unwrap(), &text[..cut]);
+    assert_eq!(v[0]["finish_reason"], "stop");
+}
+
+#[test]
+fn n_samples_are_distinct_and_reproducible() {
+    let args = [
+        "--prompt",
+        "A short poem about the sea:",
+        "--max-tokens",
+        "12",
+        "--seed",
+        "7",
+        "--n",
+        "3",
+        "--json",
+    ];
+    let (a, b) = (json_lines(&args), json_lines(&args));
+    assert_eq!(a.len(), 3);
+    assert_eq!(a, b, "the same seed gives the same samples");
+    assert!(
+        a[0]["token_ids"] != a[1]["token_ids"] || a[1]["token_ids"] != a[2]["token_ids"],
+        "siblings differ"
+    );
+    assert_eq!(a[2]["sample"], 2);
+}
+
+#[test]
+fn bad_settings_are_refused_naming_the_field() {
+    for (args, field) in [
+        (vec!["--temperature", "-1"], "temperature"),
+        (vec!["--top-p", "1.5"], "top_p"),
+        (vec!["--n", "0"], "n = 0"),
+        (vec!["--max-tokens", "100000"], "max_tokens"),
+    ] {
+        let mut all = vec!["--prompt", "hello"];
+        all.extend(args.iter());
+        let out = tandem(&all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(
+            err.contains(field),
+            "{args:?}: error does not name `{field}`: {err}"
+        );
+    }
+}

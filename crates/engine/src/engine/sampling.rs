@@ -1,0 +1,115 @@
+//! The sampling half of [`Engine::step`]: one token per logits row (per group member for a
+//! group forking this step), and the translation of scheduler events into client events.
+
+use std::collections::HashMap;
+
+use tandem_model::batch::TokenId;
+use tandem_model::logits::Logits;
+
+use super::{Engine, EngineEvent};
+use crate::sampler::{sample, SampledToken};
+use crate::sequence::{FinishReason, SeqId};
+use crate::step_plan::{SeqEvent, SeqOutput, StepPlan};
+
+/// What sampling a step's logits produced.
+#[derive(Debug, Default)]
+pub(super) struct StepSamples {
+    /// The tokens for the scheduler.
+    pub(super) outputs: Vec<SeqOutput>,
+    /// The chosen tokens with their logprobs, for the events.
+    pub(super) sampled: HashMap<SeqId, SampledToken>,
+    /// Sequences whose row could not be sampled, with the reason.
+    pub(super) failed: Vec<(SeqId, String)>,
+}
+
+impl Engine {
+    /// Samples one token for every sequence of the plan that asked for logits, and for every
+    /// pending sibling of a group whose prompt completed (from the same row, own stream).
+    pub(super) fn sample_plan(&mut self, plan: &StepPlan, logits: &Logits) -> StepSamples {
+        let mut out = StepSamples::default();
+        let mut row = 0;
+        for s in plan.seqs.iter().filter(|s| s.num_output_rows > 0) {
+            row += s.num_output_rows;
+            let last = row - 1; // without speculation there is exactly one output row
+            let num_output = self
+                .scheduler
+                .sequence(s.seq_id)
+                .map_or(0, |q| q.output().len());
+            let mut members = vec![s.seq_id];
+            members.extend_from_slice(self.scheduler.pending_siblings(s.seq_id));
+            for id in members {
+                let req = self
+                    .requests
+                    .get_mut(&id)
+                    .expect("every scheduled sequence and pending sibling has a request");
+                match sample(logits.row(last), &req.sampling, &mut req.state, num_output) {
+                    Ok(t) => {
+                        out.outputs.push(SeqOutput {
+                            seq_id: id,
+                            tokens: vec![TokenId(t.token)],
+                        });
+                        out.sampled.insert(id, t);
+                    }
+                    Err(e) => out.failed.push((id, e.to_string())),
+                }
+            }
+        }
+        out
+    }
+
+    /// Ends the sequences whose row failed to sample (a group parent takes its pending
+    /// siblings with it) and returns their `Finished` events.
+    pub(super) fn end_failed(&mut self, failed: Vec<(SeqId, String)>) -> Vec<SeqEvent> {
+        let mut events = Vec::new();
+        for (id, message) in failed {
+            let reason = FinishReason::Error(message);
+            let mut ids = vec![id];
+            ids.extend_from_slice(self.scheduler.pending_siblings(id));
+            if self.scheduler.finish_early(id, reason.clone()).is_err() {
+                continue; // already ended with its group's parent
+            }
+            events.extend(ids.into_iter().map(|seq_id| SeqEvent::Finished {
+                seq_id,
+                reason: reason.clone(),
+            }));
+        }
+        events
+    }
+
+    /// Turns scheduler events into client events, updating penalty counts and dropping the
+    /// state of finished requests.
+    pub(super) fn translate(
+        &mut self,
+        events: Vec<SeqEvent>,
+        sampled: &HashMap<SeqId, SampledToken>,
+    ) -> Vec<EngineEvent> {
+        events
+            .into_iter()
+            .map(|e| match e {
+                SeqEvent::Token { seq_id, token } => {
+                    if let Some(r) = self.requests.get_mut(&seq_id) {
+                        r.state.append_output(token.0);
+                    }
+                    let s = sampled.get(&seq_id);
+                    EngineEvent::Token {
+                        seq_id,
+                        token,
+                        logprob: s.map_or(f32::NAN, |s| s.logprob),
+                        top_logprobs: s
+                            .map(|s| {
+                                s.top_logprobs
+                                    .iter()
+                                    .map(|&(t, l)| (TokenId(t), l))
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
+                    }
+                }
+                SeqEvent::Finished { seq_id, reason } => {
+                    self.requests.remove(&seq_id);
+                    EngineEvent::Finished { seq_id, reason }
+                }
+            })
+            .collect()
+    }
+}

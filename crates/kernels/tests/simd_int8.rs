@@ -1,0 +1,129 @@
+//! The opt-in int8 variants against the scalar reference: within the error bound of 8-bit
+//! activation rounding, on random shapes and 1..20 tokens; batch- and thread-invariant
+//! bitwise; and equal to the exact variants for the types they do not handle.
+
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a test failure
+
+use std::sync::OnceLock;
+
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tandem_kernels::quant::{dequantize_row, quantize_row};
+use tandem_kernels::{matmul_with, DType, Isa, ThreadPool, WeightView};
+
+fn pool(threads: usize) -> &'static ThreadPool {
+    static POOLS: [OnceLock<ThreadPool>; 4] = [const { OnceLock::new() }; 4];
+    POOLS[threads].get_or_init(|| ThreadPool::new(threads))
+}
+
+fn int8_isas() -> Vec<Isa> {
+    Isa::available()
+        .into_iter()
+        .filter(|i| !i.is_exact())
+        .collect()
+}
+
+fn run(isa: Isa, threads: usize, w: &WeightView<'_>, x: &[f32], n_tokens: usize) -> Vec<f32> {
+    let mut y = vec![f32::NAN; n_tokens * w.rows]; // [n_tokens, rows]
+    matmul_with(isa, pool(threads), w, x, &mut y, n_tokens);
+    y
+}
+
+/// The bound on `|int8 − exact|` for one row and token: each activation is rounded to the
+/// nearest multiple of its block's `d = max|x| / 127`, so the dot moves by at most
+/// `Σ |w_i|·d_i / 2`; plus 1e-5 of `Σ |w_i|·(|x_i| + d_i)` for f32 rounding in both results.
+fn bound(w: &[f32], x: &[f32]) -> f32 {
+    let mut b = 0.0f32;
+    let mut mag = 0.0f32;
+    for (wb, xb) in w.chunks(32).zip(x.chunks(32)) {
+        let d = xb.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0;
+        for (wv, xv) in wb.iter().zip(xb) {
+            b += wv.abs() * d / 2.0;
+            mag += wv.abs() * (xv.abs() + d);
+        }
+    }
+    b * 1.0001 + 1e-5 * mag
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn int8_is_within_the_rounding_bound_and_invariant(
+        dtype in prop::sample::select(vec![DType::Q4_0, DType::Q4_1, DType::Q8_0]),
+        blocks in 1usize..10,
+        rows in 1usize..12,
+        n_tokens in 1usize..21,
+        seed in any::<u64>(),
+    ) {
+        let cols = 32 * blocks;
+        let mut rng = StdRng::seed_from_u64(seed);
+        let row_bytes = dtype.bytes_for(cols).unwrap();
+        let mut data = vec![0u8; rows * row_bytes];
+        for row in data.chunks_exact_mut(row_bytes) {
+            let v: Vec<f32> = (0..cols).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+            quantize_row(dtype, &v, row);
+        }
+        let w = WeightView::new(dtype, rows, cols, &data).unwrap();
+        let x: Vec<f32> = (0..n_tokens * cols).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+        let exact = run(Isa::Scalar, 1, &w, &x, n_tokens);
+        for isa in int8_isas() {
+            let got = run(isa, 1, &w, &x, n_tokens);
+            for t in 0..n_tokens {
+                let xt = &x[t * cols..(t + 1) * cols];
+                for r in 0..rows {
+                    let mut wr = vec![0.0f32; cols];
+                    dequantize_row(dtype, &data[r * row_bytes..(r + 1) * row_bytes], &mut wr);
+                    let (g, e) = (got[t * rows + r], exact[t * rows + r]);
+                    prop_assert!(
+                        (g - e).abs() <= bound(&wr, xt),
+                        "{} {} t={} r={}: {} vs {} (bound {})", isa, dtype, t, r, g, e, bound(&wr, xt)
+                    );
+                }
+                let alone = run(isa, 2, &w, xt, 1);
+                for r in 0..rows {
+                    prop_assert_eq!(alone[r].to_bits(), got[t * rows + r].to_bits());
+                }
+            }
+            let threaded = run(isa, 3, &w, &x, n_tokens);
+            for (a, b) in threaded.iter().zip(&got) {
+                prop_assert_eq!(a.to_bits(), b.to_bits());
+            }
+        }
+    }
+}
+
+/// Types without an int8 kernel take the exact path of the same width: bitwise scalar.
+#[test]
+fn other_types_stay_exact_under_int8_isas() {
+    let mut rng = StdRng::seed_from_u64(5);
+    for dtype in [DType::F32, DType::F16, DType::Q4_K, DType::Q6_K] {
+        let cols = 256;
+        let row_bytes = dtype.bytes_for(cols).unwrap();
+        let mut data = vec![0u8; 6 * row_bytes];
+        for row in data.chunks_exact_mut(row_bytes) {
+            let v: Vec<f32> = (0..cols).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            quantize_row(dtype, &v, row);
+        }
+        let w = WeightView::new(dtype, 6, cols, &data).unwrap();
+        let x: Vec<f32> = (0..3 * cols)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        let exact = run(Isa::Scalar, 1, &w, &x, 3);
+        for isa in int8_isas() {
+            let got = run(isa, 2, &w, &x, 3);
+            assert!(
+                got.iter()
+                    .zip(&exact)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{isa} {dtype}"
+            );
+        }
+    }
+}
+
+#[test]
+fn int8_isas_are_never_the_default() {
+    assert!(Isa::best().is_exact());
+}
