@@ -62,13 +62,17 @@ pub struct EngineSnapshot {
 
 enum Command {
     Submit {
-        requests: Vec<GenerationRequest>,
+        requests: Vec<SampleGroup>,
         events: tmpsc::UnboundedSender<GroupEvent>,
         reply: oneshot::Sender<Result<Vec<SeqId>, EngineError>>,
     },
     Abort(SeqId),
     Shutdown,
 }
+
+/// One prompt's request and how many parallel samples of it to run (`n`); the engine
+/// computes the prompt once and the samples share its KV blocks.
+pub type SampleGroup = (GenerationRequest, usize);
 
 /// Why a submission did not run.
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +95,7 @@ pub struct EngineHandle {
 impl std::fmt::Debug for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Command::Submit { requests, .. } => write!(f, "Submit({} requests)", requests.len()),
+            Command::Submit { requests, .. } => write!(f, "Submit({} prompts)", requests.len()),
             Command::Abort(id) => write!(f, "Abort({id:?})"),
             Command::Shutdown => write!(f, "Shutdown"),
         }
@@ -99,12 +103,13 @@ impl std::fmt::Debug for Command {
 }
 
 impl EngineHandle {
-    /// Queues `requests` as one group: all are added or, if the engine refuses one, none.
-    /// Returns their ids and the group's event receiver; dropping the receiver aborts
-    /// whatever is still running.
+    /// Queues `requests` (each with its sample count) as one group: all are added or, if
+    /// the engine refuses one, none. Returns the ids (prompt by prompt, samples in order;
+    /// event index `i` is `ids[i]`) and the group's event receiver; dropping the receiver
+    /// aborts whatever is still running.
     pub async fn submit(
         &self,
-        requests: Vec<GenerationRequest>,
+        requests: Vec<SampleGroup>,
     ) -> Result<(Vec<SeqId>, tmpsc::UnboundedReceiver<GroupEvent>), SubmitError> {
         let (events, rx) = tmpsc::unbounded_channel();
         let (reply, reply_rx) = oneshot::channel();
@@ -199,7 +204,12 @@ impl Worker {
             }
             self.drop_disconnected();
             if self.alive && self.engine.has_unfinished() {
+                let steps = self.engine.scheduler().stats().num_steps;
                 self.step();
+                if self.engine.scheduler().stats().num_steps == steps {
+                    // Nothing could be scheduled: wait briefly instead of spinning.
+                    std::thread::sleep(Duration::from_millis(1));
+                }
             }
             self.publish();
         }
@@ -238,7 +248,7 @@ impl Worker {
     /// Adds every request or none.
     fn add_group(
         &mut self,
-        requests: Vec<GenerationRequest>,
+        requests: Vec<SampleGroup>,
         events: &tmpsc::UnboundedSender<GroupEvent>,
     ) -> Result<Vec<SeqId>, EngineError> {
         if !self.alive {
@@ -248,9 +258,9 @@ impl Worker {
             return Ok(Vec::new());
         }
         let mut ids = Vec::with_capacity(requests.len());
-        for r in requests {
-            match self.engine.add_request(r) {
-                Ok(id) => ids.push(id),
+        for (r, n) in requests {
+            match self.engine.add_request_n(r, n) {
+                Ok(added) => ids.extend(added),
                 Err(e) => {
                     for id in ids {
                         let _ = self.engine.abort(id);

@@ -158,6 +158,8 @@ impl ApiError {
                 ApiError::field(prompt_param, m)
             }
             EngineError::InvalidParams(m) => ApiError::bad_request(m.clone(), None),
+            // The engine thread refuses everything once it has failed.
+            EngineError::InvalidConfig(m) => ApiError::unavailable(m.clone()),
             other => ApiError::internal(other.to_string()),
         }
     }

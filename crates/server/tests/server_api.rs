@@ -443,3 +443,44 @@ fn api_key_guards_everything_but_health() {
     assert_eq!(ok.status, 200, "{}", ok.body);
     server.shutdown().expect("clean shutdown");
 }
+
+#[test]
+fn concurrent_requests_batch_without_changing_their_answers() {
+    let server = start_server(&fixture_path(), |_| {});
+    let addr = server.addr();
+    let prompts = ["alpha", "beta gamma", "delta", "epsilon zeta eta", "theta"];
+    let body = |p: &str, stream: bool| {
+        json!({"prompt": p, "max_tokens": 24, "temperature": 0, "ignore_eos": true,
+               "stream": stream})
+    };
+    let alone: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let v = post(addr, "/v1/completions", &body(p, false)).json();
+            v["choices"][0]["text"].as_str().expect("text").to_string()
+        })
+        .collect();
+    let handles: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let b = body(p, i % 2 == 0);
+            std::thread::spawn(move || {
+                let r = post(addr, "/v1/completions", &b);
+                if b["stream"] == true {
+                    stream_text(&r.sse_data(), 0).0
+                } else {
+                    r.json()["choices"][0]["text"]
+                        .as_str()
+                        .expect("text")
+                        .to_string()
+                }
+            })
+        })
+        .collect();
+    for (h, expected) in handles.into_iter().zip(&alone) {
+        assert_eq!(&h.join().expect("no panic"), expected);
+    }
+    wait_health(addr, std::time::Duration::from_secs(5), idle);
+    server.shutdown().expect("clean shutdown");
+}

@@ -52,6 +52,17 @@ fn dropped_clients_abort_their_requests_and_free_the_pool() {
         idle(h) && h["disconnects"] == 2
     });
 
+    // Two parallel samples sharing their prompt's blocks.
+    let mut b: serde_json::Value = serde_json::from_str(&long_request(true)).expect("json");
+    b["n"] = json!(2);
+    let socket = send(addr, "POST", "/v1/completions", &[], &b.to_string());
+    wait_health(addr, Duration::from_secs(20), |h| h["in_flight"] == 2);
+    socket.shutdown(Shutdown::Both).expect("hang up");
+    drop(socket);
+    wait_health(addr, Duration::from_secs(20), |h| {
+        idle(h) && h["disconnects"] == 4
+    });
+
     // The server still serves.
     let r = post(
         addr,
@@ -61,7 +72,7 @@ fn dropped_clients_abort_their_requests_and_free_the_pool() {
     assert_eq!(r.status, 200, "{}", r.body);
     // The snapshot is published right after the step that finished the request.
     wait_health(addr, Duration::from_secs(5), |h| {
-        idle(h) && h["disconnects"] == 2
+        idle(h) && h["disconnects"] == 4
     });
     server.shutdown().expect("clean shutdown");
 }

@@ -149,7 +149,7 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
     let max_tokens = plan.max_tokens.unwrap_or(room);
     let (seqs, events) = app
         .engine
-        .submit(plan.requests(&prompt, max_tokens))
+        .submit(vec![plan.request(&prompt, max_tokens)])
         .await
         .map_err(|e| match e {
             SubmitError::Refused(e) => ApiError::from_engine(&e, "messages"),

@@ -55,10 +55,10 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
         .ok_or_else(|| ApiError::field("prompt", "is required"))?;
     let prompts = parse_prompts(&app, prompt, own.add_special_tokens.unwrap_or(true))?;
     let max_tokens = plan.max_tokens.unwrap_or(16);
-    let mut requests = Vec::with_capacity(prompts.len() * plan.n);
-    for p in &prompts {
-        requests.extend(plan.requests(p, max_tokens));
-    }
+    let requests = prompts
+        .iter()
+        .map(|p| plan.request(p, max_tokens))
+        .collect();
     let (seqs, events) = app.engine.submit(requests).await.map_err(|e| match e {
         SubmitError::Refused(e) => ApiError::from_engine(&e, "prompt"),
         SubmitError::Unavailable => ApiError::unavailable(e.to_string()),

@@ -9,6 +9,7 @@ use tandem_engine::sampler::{SamplingParams, MAX_TOP_LOGPROBS};
 use tandem_engine::RequestParams;
 use tandem_model::batch::TokenId;
 
+use crate::engine_thread::SampleGroup;
 use crate::error::{ApiError, ApiResult};
 use crate::text::{StopStrings, TextOptions};
 
@@ -174,19 +175,19 @@ impl GenerationPlan {
         })
     }
 
-    /// The `n` engine requests for one prompt with `max_tokens` output tokens at most.
-    pub fn requests(&self, prompt: &[TokenId], max_tokens: usize) -> Vec<GenerationRequest> {
-        (0..self.n as u64)
-            .map(|k| GenerationRequest {
-                prompt: prompt.to_vec(),
-                sampling: self.sampling.clone(),
-                limits: RequestParams {
-                    max_tokens,
-                    ..self.limits.clone()
-                },
-                sample_index: k,
-            })
-            .collect()
+    /// The engine request for one prompt with `max_tokens` output tokens at most, and its
+    /// number of parallel samples (`n`).
+    pub fn request(&self, prompt: &[TokenId], max_tokens: usize) -> SampleGroup {
+        let request = GenerationRequest {
+            prompt: prompt.to_vec(),
+            sampling: self.sampling.clone(),
+            limits: RequestParams {
+                max_tokens,
+                ..self.limits.clone()
+            },
+            sample_index: 0,
+        };
+        (request, self.n)
     }
 }
 
@@ -266,9 +267,10 @@ mod tests {
         let p = plan(json!({"temperature": 0, "seed": 7, "n": 2, "stop": "x",
                             "logit_bias": {"5": 2.5}, "ignore_eos": true}))
         .expect("valid");
-        let reqs = p.requests(&[TokenId(1), TokenId(3)], 9);
-        assert_eq!(reqs.len(), 2);
-        assert_eq!(reqs[1].sample_index, 1);
+        let (req, n) = p.request(&[TokenId(1), TokenId(3)], 9);
+        assert_eq!(n, 2);
+        let reqs = [req];
+        assert_eq!(reqs[0].sample_index, 0);
         assert_eq!(reqs[0].limits.max_tokens, 9);
         assert!(reqs[0].limits.ignore_eos && reqs[0].sampling.ignore_eos);
         assert_eq!(reqs[0].sampling.seed, Some(7));
