@@ -9,6 +9,10 @@
 //! `scheduler/groups.rs`); sibling `i` samples its first token from the shared logits row with
 //! its own stream and is from then on an independent request, token for token the same as a
 //! separate request with `sample_index + i` (same seed) run alone.
+//!
+//! Beam search ([`Engine::add_beam_request`], see `engine/beams.rs` and
+//! [`crate::beam_search`]) is the other decoding mode: beams are managed sequences sharing
+//! prefix blocks, stepped together once all their logits are out.
 
 use std::collections::HashMap;
 
@@ -23,6 +27,7 @@ use crate::scheduler_config::SchedulerConfig;
 use crate::sequence::{FinishReason, RequestParams, SeqId};
 use crate::step_plan::{to_forward_batch, StepResult};
 
+mod beams;
 mod sampling;
 
 /// One generation request: its prompt, how to choose tokens, and when to stop.
@@ -65,6 +70,8 @@ pub struct Engine {
     kv: KvStore,
     scheduler: Scheduler,
     requests: HashMap<SeqId, ActiveRequest>,
+    /// Beam search requests.
+    beams: beams::Beams,
     /// Seeds the random streams of requests that bring no seed of their own.
     seed: u64,
 }
@@ -80,6 +87,7 @@ impl Engine {
             kv,
             scheduler,
             requests: HashMap::new(),
+            beams: beams::Beams::default(),
             seed,
         })
     }
@@ -124,10 +132,16 @@ impl Engine {
         Ok(ids)
     }
 
-    /// The refusals common to every kind of request (the scheduler adds its own).
+    /// The refusals of a sampled request (the scheduler adds its own).
     fn validate(&self, req: &GenerationRequest) -> Result<()> {
+        req.sampling.validate(self.model.config.vocab_size)?;
+        self.check_prompt(req)
+    }
+
+    /// Refuses prompt tokens outside the vocabulary and prompt + `max_tokens` beyond the
+    /// model length.
+    fn check_prompt(&self, req: &GenerationRequest) -> Result<()> {
         let vocab = self.model.config.vocab_size;
-        req.sampling.validate(vocab)?;
         if let Some(t) = req.prompt.iter().find(|t| t.0 as usize >= vocab) {
             return Err(EngineError::InvalidParams(format!(
                 "prompt token id {} is outside the vocabulary of {vocab}",
@@ -148,6 +162,10 @@ impl Engine {
     /// Ends a request now and frees its blocks (with its pending siblings, see
     /// [`Engine::add_request_n`]).
     pub fn abort(&mut self, id: SeqId) -> Result<()> {
+        if self.is_beam_request(id) {
+            self.end_beam_request(id, true);
+            return Ok(());
+        }
         let siblings = self.scheduler.pending_siblings(id).to_vec();
         self.scheduler.abort(id)?;
         for id in std::iter::once(id).chain(siblings) {
@@ -171,22 +189,24 @@ impl Engine {
         for &(src, dst) in &plan.block_copies {
             self.kv.copy_block(src, dst);
         }
-        let batch = to_forward_batch(&plan);
-        let logits = match self.model.forward(&batch, &mut self.kv) {
-            Ok(l) => l,
+        let (events, sampled) = match self.model.forward(&to_forward_batch(&plan), &mut self.kv) {
+            Ok(logits) => {
+                let samples = self.sample_plan(&plan, &logits);
+                let mut events = self.end_failed(samples.failed);
+                events.extend(self.scheduler.update(&StepResult {
+                    step: plan.step,
+                    outputs: samples.outputs,
+                })?);
+                (events, samples.sampled)
+            }
             Err(e) => {
                 let message = format!("forward pass failed: {e}");
-                let events = self.scheduler.fail_step(&message);
-                return Ok(self.translate(events, &HashMap::new()));
+                (self.scheduler.fail_step(&message), HashMap::new())
             }
         };
-        let samples = self.sample_plan(&plan, &logits);
-        let mut events = self.end_failed(samples.failed);
-        events.extend(self.scheduler.update(&StepResult {
-            step: plan.step,
-            outputs: samples.outputs,
-        })?);
-        Ok(self.translate(events, &samples.sampled))
+        let mut out = self.translate(events, &sampled);
+        out.extend(self.advance_beams()?);
+        Ok(out)
     }
 }
 

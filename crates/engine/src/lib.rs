@@ -11,9 +11,11 @@
 //!
 //! - [`sampler`]: how a token is chosen from a logits row (processors, seeded streams,
 //!   logprobs of the raw distribution);
+//! - [`beam_search`]: the model-free beam search step (ranking, hypotheses, scores);
 //! - [`engine`]: `Engine::step` = `scheduler.schedule()` -> the model's forward pass on
 //!   `to_forward_batch(&plan)` -> sample -> `scheduler.update(&result)` -> events.
 
+pub mod beam_search;
 pub mod block_allocator;
 pub mod block_table;
 pub mod engine;

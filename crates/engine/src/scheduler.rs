@@ -22,7 +22,8 @@
 //! logits come back; [`Scheduler::update`] then forks it into its siblings, which share the
 //! prompt's blocks by refcount. A *managed* sequence (a beam) is computed like any other, but
 //! its owner appends its tokens ([`Scheduler::fork_managed`]); once its logits are out it has
-//! nothing to compute and is *parked* (skipped) until its owner forks or releases it. A write
+//! nothing to compute and is *parked* (skipped) until its owner forks or releases it; a
+//! parked sequence may be preempted (also to admit a waiting one) and is then not requeued. A write
 //! into a block with other holders first copies the block (copy-on-write): the plan lists
 //! those copies in [`StepPlan::block_copies`].
 //!
@@ -258,7 +259,7 @@ impl Scheduler {
         let mut block_copies = Vec::new();
         self.schedule_running(&mut budget, &mut grants, &mut preempted, &mut block_copies);
         if preempted.is_empty() {
-            self.schedule_waiting(&mut budget, &mut grants, &mut block_copies);
+            self.schedule_waiting(&mut budget, &mut grants, &mut block_copies, &mut preempted);
         }
         let step = self.next_step;
         let seqs = grants.iter().map(|g| self.scheduled_seq(g)).collect();
@@ -318,16 +319,18 @@ impl Scheduler {
         budget: &mut usize,
         grants: &mut Vec<Grant>,
         copies: &mut Vec<(BlockId, BlockId)>,
+        preempted: &mut Vec<SeqId>,
     ) {
         while *budget > 0 {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
-            if self.running.len() + self.slots_needed(id) > self.config.max_num_seqs {
-                break;
-            }
+            let fits = self.running.len() + self.slots_needed(id) <= self.config.max_num_seqs;
             let num_new = self.grant_size(id, *budget);
-            let Some(c) = self.prepare_write(id, num_new) else {
+            let Some(c) = fits.then(|| self.prepare_write(id, num_new)).flatten() else {
+                if self.evict_parked(preempted) {
+                    continue;
+                }
                 break;
             };
             copies.extend(c);
@@ -393,11 +396,34 @@ impl Scheduler {
         }
     }
 
-    /// Recompute preemption of a sequence already removed from `running`.
+    /// Recompute preemption of a sequence already removed from `running`. A parked managed
+    /// sequence is not queued again: its owner has its logits and will fork it (the children
+    /// recompute) or release it.
     fn preempt(&mut self, id: SeqId) {
-        self.seq_mut(id).preempt();
+        let seq = self.seq_mut(id);
+        let parked = seq.is_managed() && seq.num_uncomputed() == 0;
+        seq.preempt();
         self.stats.num_preemptions += 1;
-        self.enqueue_waiting(id, true);
+        if !parked {
+            self.enqueue_waiting(id, true);
+        }
+    }
+
+    /// Preempts the last parked running sequence, if any, to make room for a waiting one
+    /// (parked sequences would otherwise hold the pool while waiting on sequences that
+    /// cannot be admitted).
+    fn evict_parked(&mut self, preempted: &mut Vec<SeqId>) -> bool {
+        let parked = self
+            .running
+            .iter()
+            .rposition(|id| self.seqs[id].num_uncomputed() == 0);
+        let Some(at) = parked else {
+            return false;
+        };
+        let id = self.running.remove(at);
+        self.preempt(id);
+        preempted.push(id);
+        true
     }
 
     /// Queues `id`: under FCFS at the back, or at the front when it was preempted; under

@@ -31,6 +31,9 @@ impl Engine {
         for s in plan.seqs.iter().filter(|s| s.num_output_rows > 0) {
             row += s.num_output_rows;
             let last = row - 1; // without speculation there is exactly one output row
+            if self.record_beam(s.seq_id, logits, last) {
+                continue;
+            }
             let num_output = self
                 .scheduler
                 .sequence(s.seq_id)
@@ -77,21 +80,22 @@ impl Engine {
     }
 
     /// Turns scheduler events into client events, updating penalty counts and dropping the
-    /// state of finished requests.
+    /// state of finished requests. A beam's end (a failed step) fails its beam request
+    /// instead (reported by `advance_beams`).
     pub(super) fn translate(
         &mut self,
         events: Vec<SeqEvent>,
         sampled: &HashMap<SeqId, SampledToken>,
     ) -> Vec<EngineEvent> {
-        events
-            .into_iter()
-            .map(|e| match e {
+        let mut out = Vec::with_capacity(events.len());
+        for e in events {
+            match e {
                 SeqEvent::Token { seq_id, token } => {
                     if let Some(r) = self.requests.get_mut(&seq_id) {
                         r.state.append_output(token.0);
                     }
                     let s = sampled.get(&seq_id);
-                    EngineEvent::Token {
+                    out.push(EngineEvent::Token {
                         seq_id,
                         token,
                         logprob: s.map_or(f32::NAN, |s| s.logprob),
@@ -103,13 +107,16 @@ impl Engine {
                                     .collect()
                             })
                             .unwrap_or_default(),
-                    }
+                    });
                 }
                 SeqEvent::Finished { seq_id, reason } => {
-                    self.requests.remove(&seq_id);
-                    EngineEvent::Finished { seq_id, reason }
+                    if !self.fail_beam(seq_id, &reason) {
+                        self.requests.remove(&seq_id);
+                        out.push(EngineEvent::Finished { seq_id, reason });
+                    }
                 }
-            })
-            .collect()
+            }
+        }
+        out
     }
 }
