@@ -22,15 +22,10 @@ pub fn fixture_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/hf/llama_untied")
 }
 
-/// The default model, from `TANDEM_TEST_MODEL` (required: the test fails without it).
+/// The default model: `$TANDEM_TEST_MODEL`, else the cache (fetched on first use).
 pub fn default_model_path() -> PathBuf {
-    match std::env::var_os("TANDEM_TEST_MODEL").filter(|v| !v.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => panic!(
-            "TANDEM_TEST_MODEL is not set: point it at the default model \
-             (SmolLM2-135M-Instruct Q4_1 GGUF); CI sets it"
-        ),
-    }
+    tandem_model::default_model::test_model_path()
+        .expect("the default model is needed; this test does not skip")
 }
 
 /// Loads a model on 1 kernel thread.
