@@ -118,4 +118,15 @@ pub struct SamplingArgs {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Beam search with W beams instead of sampling (sampling settings are ignored).
+    #[arg(long, value_name = "W")]
+    pub beam_width: Option<usize>,
+    /// Beam scores are cum_logprob / length^L.
+    #[arg(
+        long,
+        value_name = "L",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
+    pub length_penalty: f32,
 }

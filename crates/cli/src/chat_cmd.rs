@@ -92,13 +92,13 @@ pub fn run(a: ChatArgs) -> Result<()> {
             "user",
             line.trim_end_matches(['\n', '\r']),
         ));
-        let jobs = builder.jobs(
+        let job = builder.job(
             &PromptInput::Messages(history.clone()),
             &a.sampling,
             &SamplingOverrides::default(),
         );
-        let jobs = match jobs {
-            Ok(j) => j,
+        let jobs = match job {
+            Ok(j) => vec![j],
             Err(e) => {
                 eprintln!("error: {e:#}");
                 history.pop();

@@ -72,13 +72,13 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     )?;
     let inputs = read_inputs(&a)?;
     let mut jobs = Vec::new();
-    let mut owners = Vec::new(); // (input index, sample index) of each job
+    let mut owners = Vec::new(); // (input index, sample index) of each result
     for (i, (input, overrides)) in inputs.iter().enumerate() {
-        let built = builder
-            .jobs(input, &a.sampling, overrides)
+        let job = builder
+            .job(input, &a.sampling, overrides)
             .with_context(|| format!("input {i}"))?;
-        owners.extend((0..built.len()).map(|k| (i, k)));
-        jobs.extend(built);
+        owners.extend((0..job.num_results()).map(|k| (i, k)));
+        jobs.push(job);
     }
     let mut engine = build_engine(
         lm.model,
@@ -86,8 +86,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         &a.engine,
         a.sampling.seed.unwrap_or(0),
     )?;
-    let streaming = a.prompt.is_some() && !a.json && a.sampling.n == 1;
-    let mut observer = Progress::new(jobs.len(), streaming);
+    let streaming =
+        a.prompt.is_some() && !a.json && a.sampling.n == 1 && a.sampling.beam_width.is_none();
+    let mut observer = Progress::new(owners.len(), streaming);
     let started = Instant::now();
     let results = run_jobs(
         &mut engine,
@@ -200,6 +201,14 @@ fn write_results(
         }
         if let Some(e) = &r.error {
             v["error"] = json!(e);
+        }
+        if !r.beams.is_empty() {
+            let beams: Vec<serde_json::Value> = r
+                .beams
+                .iter()
+                .map(|b| json!({"text": b.text, "token_ids": b.token_ids, "cum_logprob": b.cum_logprob, "score": b.score}))
+                .collect();
+            v["beams"] = json!(beams);
         }
         writeln!(out, "{v}")?;
     }

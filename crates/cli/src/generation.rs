@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Result;
+use tandem_engine::beam_search::BeamParams;
 use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
 use tandem_engine::sampler::SamplingParams;
 use tandem_engine::{FinishReason, RequestParams, SeqId};
@@ -14,14 +15,35 @@ use tandem_model::batch::TokenId;
 use tandem_model::tokenizer::Tokenizer;
 use tandem_server::text::{TextOptions, TextStream};
 
-/// One request to run.
+/// One prompt to run: `n` samples sharing the prompt's KV blocks, or a beam search.
 #[derive(Debug, Clone)]
 pub struct Job {
     pub prompt: Vec<TokenId>,
     pub sampling: SamplingParams,
     pub limits: RequestParams,
     pub text: TextOptions,
-    pub sample_index: u64,
+    pub n: usize,
+    pub beam: Option<BeamParams>,
+}
+
+impl Job {
+    /// Results this job produces: one per sample, or one for a beam search.
+    pub fn num_results(&self) -> usize {
+        if self.beam.is_some() {
+            1
+        } else {
+            self.n
+        }
+    }
+}
+
+/// One finished beam-search hypothesis.
+#[derive(Debug, Clone, Default)]
+pub struct BeamOutput {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub cum_logprob: f32,
+    pub score: f32,
 }
 
 /// What a job produced.
@@ -34,12 +56,15 @@ pub struct JobResult {
     pub finish_reason: String,
     pub error: Option<String>,
     pub prompt_tokens: usize,
+    /// Beam search only: every hypothesis, best first (the result's text is the best).
+    pub beams: Vec<BeamOutput>,
 }
 
-/// A job in flight.
+/// A result slot in flight.
 struct Running {
     index: usize,
     stream: TextStream,
+    beam: bool,
 }
 
 /// Callbacks while jobs run.
@@ -50,8 +75,64 @@ pub trait Observer {
     fn finished(&mut self, _index: usize, _generated: usize) {}
 }
 
-/// Runs `jobs` together; a job the engine refuses gets an `error` result, the others run.
-/// Setting `cancel` aborts everything still running (finish reason `abort`).
+/// Submits every job; returns the result slots (job by job, sample by sample) and the
+/// requests now running. A job the engine refuses gets `error` results; the others run.
+fn submit(
+    engine: &mut Engine,
+    tokenizer: &Arc<Tokenizer>,
+    jobs: Vec<Job>,
+    observer: &mut dyn Observer,
+) -> (Vec<JobResult>, HashMap<SeqId, Running>) {
+    let mut results = Vec::new();
+    let mut running = HashMap::new();
+    for job in jobs {
+        let first = results.len();
+        let count = job.num_results();
+        let prompt_tokens = job.prompt.len();
+        results.extend((0..count).map(|_| JobResult {
+            prompt_tokens,
+            ..JobResult::default()
+        }));
+        let stream = TextStream::new(tokenizer.clone(), job.text.clone());
+        let beam = job.beam;
+        let (n, request) = (
+            job.n,
+            GenerationRequest {
+                prompt: job.prompt,
+                sampling: job.sampling,
+                limits: job.limits,
+                sample_index: 0,
+            },
+        );
+        let admitted = match beam {
+            Some(b) => engine.add_beam_request(request, b).map(|id| vec![id]),
+            None => engine.add_request_n(request, n),
+        };
+        match admitted {
+            Ok(ids) => {
+                for (k, id) in ids.into_iter().enumerate() {
+                    let r = Running {
+                        index: first + k,
+                        stream: stream.clone(),
+                        beam: beam.is_some(),
+                    };
+                    running.insert(id, r);
+                }
+            }
+            Err(e) => {
+                for (index, res) in results.iter_mut().enumerate().skip(first) {
+                    res.finish_reason = "error".into();
+                    res.error = Some(e.to_string());
+                    observer.finished(index, 0);
+                }
+            }
+        }
+    }
+    (results, running)
+}
+
+/// Runs `jobs` together with continuous batching; results come back job by job, sample by
+/// sample. Setting `cancel` aborts everything still running (finish reason `abort`).
 pub fn run_jobs(
     engine: &mut Engine,
     tokenizer: &Arc<Tokenizer>,
@@ -59,28 +140,7 @@ pub fn run_jobs(
     observer: &mut dyn Observer,
     cancel: &AtomicBool,
 ) -> Result<Vec<JobResult>> {
-    let mut results = vec![JobResult::default(); jobs.len()];
-    let mut running: HashMap<SeqId, Running> = HashMap::new();
-    for (index, job) in jobs.into_iter().enumerate() {
-        results[index].prompt_tokens = job.prompt.len();
-        let stream = TextStream::new(tokenizer.clone(), job.text);
-        let request = GenerationRequest {
-            prompt: job.prompt,
-            sampling: job.sampling,
-            limits: job.limits,
-            sample_index: job.sample_index,
-        };
-        match engine.add_request(request) {
-            Ok(id) => {
-                running.insert(id, Running { index, stream });
-            }
-            Err(e) => {
-                results[index].finish_reason = "error".into();
-                results[index].error = Some(e.to_string());
-                observer.finished(index, 0);
-            }
-        }
-    }
+    let (mut results, mut running) = submit(engine, tokenizer, jobs, observer);
     let mut generated = 0;
     while !running.is_empty() {
         if cancel.load(Ordering::Relaxed) {
@@ -135,6 +195,13 @@ pub fn run_jobs(
                     let Some(r) = running.remove(&seq_id) else {
                         continue;
                     };
+                    if r.beam {
+                        results[r.index].beams = beam_outputs(engine, tokenizer, seq_id);
+                        if let Some(best) = results[r.index].beams.first().cloned() {
+                            results[r.index].text = best.text;
+                            results[r.index].token_ids = best.token_ids;
+                        }
+                    }
                     let (why, error) = match reason {
                         FinishReason::Stop => ("stop", None),
                         FinishReason::Length => ("length", None),
@@ -155,6 +222,23 @@ pub fn run_jobs(
         }
     }
     Ok(results)
+}
+
+/// The hypotheses of a finished beam search, best first, as text.
+fn beam_outputs(engine: &mut Engine, tokenizer: &Tokenizer, id: SeqId) -> Vec<BeamOutput> {
+    let hyps = engine.take_beam_result(id).unwrap_or_default();
+    hyps.into_iter()
+        .map(|h| {
+            let token_ids: Vec<u32> = h.tokens.iter().map(|t| t.0).collect();
+            let text = tokenizer.decode(&token_ids, true).unwrap_or_default();
+            BeamOutput {
+                text,
+                token_ids,
+                cum_logprob: h.cum_logprob,
+                score: h.score,
+            }
+        })
+        .collect()
 }
 
 fn finish(

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
+use tandem_engine::beam_search::BeamParams;
 use tandem_engine::sampler::SamplingParams;
 use tandem_engine::RequestParams;
 use tandem_model::batch::TokenId;
@@ -54,6 +55,8 @@ pub struct SamplingOverrides {
     pub frequency_penalty: Option<f32>,
     pub repetition_penalty: Option<f32>,
     pub include_stop_str_in_output: Option<bool>,
+    pub beam_width: Option<usize>,
+    pub length_penalty: Option<f32>,
 }
 
 /// `stop` as one string or a list, as in the OpenAI API.
@@ -112,13 +115,14 @@ impl PromptBuilder {
         Ok(ids.into_iter().map(TokenId).collect())
     }
 
-    /// The jobs for one input: `n` samples of its prompt.
-    pub fn jobs(
+    /// The job for one input: `n` samples of its prompt (sharing its KV blocks), or a beam
+    /// search.
+    pub fn job(
         &self,
         input: &PromptInput,
         args: &SamplingArgs,
         o: &SamplingOverrides,
-    ) -> Result<Vec<Job>> {
+    ) -> Result<Job> {
         let n = o.n.unwrap_or(args.n);
         if n == 0 || n > MAX_N {
             bail!("n = {n} must be between 1 and {MAX_N}");
@@ -158,15 +162,25 @@ impl PromptBuilder {
             stop,
             include_stop_str_in_output: o.include_stop_str_in_output.unwrap_or(false),
         };
-        let prompt = self.tokens(input)?;
-        Ok((0..n as u64)
-            .map(|k| Job {
-                prompt: prompt.clone(),
-                sampling: sampling.clone(),
-                limits: limits.clone(),
-                text: text.clone(),
-                sample_index: k,
-            })
-            .collect())
+        let beam = match o.beam_width.or(args.beam_width) {
+            None => None,
+            Some(width) => {
+                let b = BeamParams {
+                    width,
+                    length_penalty: o.length_penalty.unwrap_or(args.length_penalty),
+                };
+                b.validate()
+                    .map_err(|e| anyhow::anyhow!("beam_width: {e}"))?;
+                Some(b)
+            }
+        };
+        Ok(Job {
+            prompt: self.tokens(input)?,
+            sampling,
+            limits,
+            text,
+            n,
+            beam,
+        })
     }
 }

@@ -193,3 +193,37 @@ fn bad_settings_are_refused_naming_the_field() {
         );
     }
 }
+
+#[test]
+fn beam_search_of_width_one_is_greedy_and_wider_beams_score_no_worse() {
+    let prompt = [
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "8",
+        "--ignore-eos",
+        "--json",
+    ];
+    let greedy = &json_lines(&[&prompt[..], &["--temperature", "0"]].concat())[0];
+    let one = &json_lines(&[&prompt[..], &["--beam-width", "1"]].concat())[0];
+    assert_eq!(one["token_ids"], greedy["token_ids"]);
+    let three =
+        &json_lines(&[&prompt[..], &["--beam-width", "3", "--length-penalty", "0"]].concat())[0];
+    let beams = three["beams"].as_array().unwrap();
+    assert_eq!(beams.len(), 3);
+    let scores: Vec<f64> = beams.iter().map(|b| b["score"].as_f64().unwrap()).collect();
+    assert!(
+        scores.windows(2).all(|w| w[0] >= w[1]),
+        "hypotheses sorted best first"
+    );
+    let greedy_sum: f64 = greedy["logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .sum();
+    assert!(
+        scores[0] >= greedy_sum - 1e-4,
+        "the best beam is at least as likely as greedy"
+    );
+}
