@@ -1,10 +1,11 @@
 //! Throughput of `matmul` per kernel variant:
 //! `cargo run --release -p tandem-kernels --example matmul_bench [threads...] [filter]`
-//! (`filter`: an ISA name such as `avx512` keeps only that ISA; anything else keeps only the
-//! shapes whose label, e.g. `Q8_0 49152x576`, contains it).
+//! (`filter`: an ISA name such as `avx512` keeps only that ISA; `tok=N` (repeatable) replaces
+//! the token counts; anything else keeps only the shapes whose label, e.g. `Q8_0 49152x576`,
+//! contains it).
 //!
 //! Prints GFLOP/s (2·rows·cols·n_tokens per call) for the SmolLM2-135M shapes (Q4_1
-//! projections, the Q8_0 LM head) with 1 and 64 tokens, for every ISA this CPU runs: the
+//! projections, the Q8_0 LM head) with 1, 64 and 512 tokens, for every ISA this CPU runs: the
 //! median of 7 timed batches (the machine is shared; medians resist outliers).
 
 use std::time::Instant;
@@ -68,6 +69,20 @@ fn main() {
         .map(|a| a.parse().expect("partitioned on parse"))
         .collect();
     let threads = if threads.is_empty() { vec![1] } else { threads };
+    let (tok_args, filters): (Vec<String>, Vec<String>) =
+        filters.into_iter().partition(|f| f.starts_with("tok="));
+    let token_counts: Vec<usize> = if tok_args.is_empty() {
+        vec![1, 64, 512]
+    } else {
+        tok_args
+            .iter()
+            .map(|a| {
+                a["tok=".len()..]
+                    .parse()
+                    .expect("tok=N takes a token count")
+            })
+            .collect()
+    };
     let (isa_filters, filters): (Vec<String>, Vec<String>) =
         filters.into_iter().partition(|f| f.parse::<Isa>().is_ok());
     let isas: Vec<Isa> = Isa::available()
@@ -86,7 +101,7 @@ fn main() {
         }
         let data = weight(dtype, rows, cols);
         let w = WeightView::new(dtype, rows, cols, &data).expect("sizes match");
-        for n_tokens in [1, 64] {
+        for &n_tokens in &token_counts {
             for &n_threads in &threads {
                 let pool = ThreadPool::new(n_threads);
                 print!("{label:<22} {n_tokens:>3} {n_threads:>3}");

@@ -1,9 +1,10 @@
 //! Matrix products of quantized or float weights with f32 activations.
 //!
 //! `y[t, r] = Σ_c W[r, c] · x[t, c]`. The output rows `r` are split into chunks over the
-//! thread pool. Within a chunk, weight rows are dequantized a few at a time into a per-thread
-//! scratch buffer (never the whole matrix) and each is dotted with every token row, so the
-//! weight bytes are read once per call however many tokens there are.
+//! thread pool. Within a chunk, weight rows are dequantized a block at a time into a
+//! per-thread scratch buffer (never the whole matrix) and each block is dotted with every
+//! token row, one cache-sized tile of tokens at a time (see `blocked`), so the weight bytes
+//! are read once per call however many tokens there are.
 //!
 //! With one token (decode) and a SIMD [`Isa`], each stored row is instead decoded 16 columns
 //! at a time straight into the accumulators (no scratch), which gives the same bits.
@@ -21,6 +22,8 @@
 //! to 8 bits for Q4_0 / Q4_1 / Q8_0 weights (see `simd::int8` for their fixed order and
 //! error bound): still batch- and thread-invariant, but not equal to scalar.
 
+mod blocked;
+
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -29,6 +32,7 @@ pub use crate::dot16::LANES;
 use crate::isa::{self, Isa};
 use crate::simd::Kernels;
 use crate::{DType, ThreadPool};
+use blocked::Blocking;
 
 /// Weight rows dequantized together so that each activation row is loaded once per group.
 const ROW_GROUP: usize = 4; // the width of `dot_4`
@@ -120,9 +124,28 @@ pub fn matmul_with(
         });
         return;
     }
+    let blocking = Blocking::for_shape(w.cols, chunk);
+    matmul_blocked(
+        &kernels, pool, w, row_bytes, x, y, n_tokens, chunk, blocking,
+    );
+}
+
+/// The dequantize-then-dot path (`blocked`): each task's rows with every token.
+#[allow(clippy::too_many_arguments)] // the matmul's operands plus the derived sizes
+fn matmul_blocked(
+    kernels: &Kernels,
+    pool: &ThreadPool,
+    w: &WeightView<'_>,
+    row_bytes: usize,
+    x: &[f32],     // [n_tokens, cols]
+    y: &mut [f32], // [n_tokens, rows]
+    n_tokens: usize,
+    chunk: usize,
+    blocking: Blocking,
+) {
     for_each_column_chunk(pool, y, n_tokens, w.rows, chunk, |rows, out| {
-        with_scratch(ROW_GROUP * w.cols, |scratch| {
-            matmul_rows(&kernels, w, row_bytes, x, rows, out, scratch);
+        with_scratch(blocking.rows * w.cols, |scratch| {
+            blocked::matmul_rows(kernels, w, row_bytes, x, rows, out, scratch, blocking);
         });
     });
 }
@@ -131,70 +154,6 @@ pub fn matmul_with(
 fn chunk_rows(rows: usize, n_threads: usize) -> usize {
     let per_task = rows.div_ceil(n_threads * CHUNKS_PER_THREAD);
     per_task.div_ceil(ROW_GROUP).max(1) * ROW_GROUP
-}
-
-/// Computes `out[t, r] = W[r] · x[t]` for `r` in `rows`, `ROW_GROUP` weight rows at a time.
-/// `scratch` holds at least `ROW_GROUP · cols` floats.
-fn matmul_rows(
-    kernels: &Kernels,
-    w: &WeightView<'_>,
-    row_bytes: usize,
-    x: &[f32], // [n_tokens, cols]
-    rows: Range<usize>,
-    out: &mut ColumnsMut<'_>,
-    scratch: &mut [f32], // [ROW_GROUP, cols]
-) {
-    let cols = w.cols;
-    let mut r = rows.start;
-    while r < rows.end {
-        let n = ROW_GROUP.min(rows.end - r);
-        let src = &w.data[r * row_bytes..(r + n) * row_bytes];
-        for (row, dst) in src
-            .chunks_exact(row_bytes)
-            .zip(scratch.chunks_exact_mut(cols))
-        {
-            kernels.dequantize_row(w.dtype, row, dst);
-        }
-        let j = r - rows.start;
-        if n == ROW_GROUP {
-            let wr = std::array::from_fn(|i| &scratch[i * cols..(i + 1) * cols]);
-            dot_group(kernels, wr, x, j, out);
-        } else {
-            for (t, xt) in x.chunks_exact(cols).enumerate() {
-                for (i, wi) in scratch.chunks_exact(cols).take(n).enumerate() {
-                    out.set(t, j + i, kernels.dot_1(wi, xt));
-                }
-            }
-        }
-        r += n;
-    }
-}
-
-/// `out[t, j + i] = w[i] · x[t]` for every token `t`, two tokens at a time (then one).
-fn dot_group(
-    kernels: &Kernels,
-    w: [&[f32]; ROW_GROUP],
-    x: &[f32], // [n_tokens, cols]
-    j: usize,
-    out: &mut ColumnsMut<'_>,
-) {
-    let cols = w[0].len();
-    let mut pairs = x.chunks_exact(2 * cols);
-    let mut t = 0;
-    for pair in pairs.by_ref() {
-        let (x0, x1) = pair.split_at(cols);
-        for row in kernels.dot_4x2(w, [x0, x1]) {
-            for (i, v) in row.into_iter().enumerate() {
-                out.set(t, j + i, v);
-            }
-            t += 1;
-        }
-    }
-    if !pairs.remainder().is_empty() {
-        for (i, v) in kernels.dot_4(w, pairs.remainder()).into_iter().enumerate() {
-            out.set(t, j + i, v);
-        }
-    }
 }
 
 thread_local! {
@@ -350,6 +309,62 @@ impl ColumnsMut<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Small blocks and tiles put block, tile and group edges at many places (rows and tokens
+    /// that are no multiple of 4, tiles of 4 and 8 tokens, blocks of 4 and 8 rows, a column
+    /// tail for the float types): every result must still be the bits of the scalar reference
+    /// (dequantize, then `dot16::dot_1`).
+    #[test]
+    fn small_blocks_and_tiles_give_the_reference_bits() {
+        use crate::dot16::dot_1;
+        use crate::quant::{dequantize_row, quantize_row};
+        let pool = ThreadPool::new(2);
+        let mut seed = 0x9e37_79b9_u32;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            (seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+        };
+        for (dtype, cols) in [(DType::Q4_1, 64), (DType::F32, 37), (DType::Q8_0, 96)] {
+            let row_bytes = dtype.bytes_for(cols).expect("whole blocks");
+            let (rows, n_tokens) = (23, 19);
+            let mut data = vec![0u8; rows * row_bytes]; // [rows, row_bytes]
+            for row in data.chunks_exact_mut(row_bytes) {
+                let v: Vec<f32> = (0..cols).map(|_| next()).collect();
+                quantize_row(dtype, &v, row);
+            }
+            let w = WeightView::new(dtype, rows, cols, &data).expect("sizes match");
+            let x: Vec<f32> = (0..n_tokens * cols).map(|_| next()).collect(); // [n_tokens, cols]
+            for isa in Isa::available().into_iter().filter(|i| i.is_exact()) {
+                let kernels = Kernels::new(isa).expect("available");
+                for (brows, tokens, chunk) in [(4, 4, 8), (8, 4, 12), (4, 8, 4), (8, 8, 24)] {
+                    let blocking = Blocking {
+                        rows: brows,
+                        tokens,
+                    };
+                    let mut y = vec![f32::NAN; n_tokens * rows]; // [n_tokens, rows]
+                    let args = (&kernels, &pool, &w, row_bytes, &x[..]);
+                    matmul_blocked(
+                        args.0, args.1, args.2, args.3, args.4, &mut y, n_tokens, chunk, blocking,
+                    );
+                    for (t, yt) in y.chunks_exact(rows).enumerate() {
+                        for (r, got) in yt.iter().enumerate() {
+                            let src = &data[r * row_bytes..(r + 1) * row_bytes];
+                            let mut wr = vec![0.0f32; cols]; // [cols]
+                            dequantize_row(dtype, src, &mut wr);
+                            let want = dot_1(&wr, &x[t * cols..(t + 1) * cols]);
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{isa} {dtype} {blocking:?} chunk {chunk}: t={t} r={r}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn chunks_are_whole_row_groups() {

@@ -138,6 +138,33 @@ fn simd_is_close_to_the_blockwise_dot() {
     }
 }
 
+/// Wide rows and many tokens, so that the multi-token path splits the tokens into several
+/// cache tiles (a tile of `[tokens, 1536]` f32 holds a few dozen tokens) and the rows into
+/// several blocks: every exact variant, at any thread count, still gives the scalar bits, and
+/// every token alone gives its bits in the batch.
+#[test]
+fn many_tokens_and_wide_rows_cross_the_cache_tiles() {
+    let mut rng = StdRng::seed_from_u64(12);
+    let (rows, cols, n_tokens) = (37, 1536, 97);
+    let data = random_weight(&mut rng, DType::Q4_1, rows, cols);
+    let w = WeightView::new(DType::Q4_1, rows, cols, &data).unwrap();
+    let x: Vec<f32> = (0..n_tokens * cols)
+        .map(|_| rng.random_range(-2.0f32..2.0))
+        .collect(); // [n_tokens, cols]
+    let reference = run(Isa::Scalar, 1, &w, &x, n_tokens);
+    for isa in Isa::available().into_iter().filter(|i| i.is_exact()) {
+        for threads in [1, 2, 3] {
+            let got = run(isa, threads, &w, &x, n_tokens);
+            assert_bits(&got, &reference, &format!("{isa}, {threads} threads")).unwrap();
+        }
+        for t in [0, 41, 96] {
+            let alone = run(isa, 2, &w, &x[t * cols..(t + 1) * cols], 1);
+            let batched = &reference[t * rows..(t + 1) * rows];
+            assert_bits(&alone, batched, &format!("{isa}: token {t} alone")).unwrap();
+        }
+    }
+}
+
 #[test]
 fn unavailable_isa_panics_with_a_message() {
     let Some(missing) = Isa::ALL.into_iter().find(|i| !i.is_available()) else {

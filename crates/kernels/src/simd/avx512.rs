@@ -117,6 +117,13 @@ pub(super) unsafe fn dot_4x2(w: [&[f32]; 4], x: [&[f32]; 2]) -> [[f32; 4]; 2] {
 /// # Safety
 /// AVX-512 F/BW/VL and F16C must be available.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+pub(super) unsafe fn dot_4x4(w: [&[f32]; 4], x: [&[f32]; 4]) -> [[f32; 4]; 4] {
+    kernels::dot_4x4::<Z>(w, x)
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 pub(super) unsafe fn dot_row(dtype: DType, src: &[u8], x: &[f32]) -> f32 {
     let [d] = kernels::dot_rows::<Z, 1>(dtype, [src], x);
     d

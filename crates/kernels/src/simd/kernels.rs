@@ -255,6 +255,70 @@ pub(super) unsafe fn dot_4x2<V: Lanes16>(w: [&[f32]; 4], x: [&[f32]; 2]) -> [[f3
     ]
 }
 
+/// [`dot_4`] of four activation rows at once (`out[t][i] = w[i] · x[t]`): sixteen
+/// accumulators (for AVX-512, 16 of the 32 registers), each weight chunk loaded once for the
+/// four tokens and each activation chunk once for the four rows; every result bitwise equal
+/// to [`dot_4`]'s (the same operations per row and token, in the same order).
+///
+/// # Safety
+/// The CPU must support `V`'s features. Lengths are asserted.
+#[inline(always)]
+pub(super) unsafe fn dot_4x4<V: Lanes16>(w: [&[f32]; 4], x: [&[f32]; 4]) -> [[f32; 4]; 4] {
+    let n = x[0].len();
+    assert!(
+        x.iter().all(|r| r.len() == n) && w.iter().all(|r| r.len() == n),
+        "dot_4x4: length mismatch"
+    );
+    let full = n - n % LANES;
+    let [w0, w1, w2, w3] = w.map(<[f32]>::as_ptr);
+    let [x0, x1, x2, x3] = x.map(<[f32]>::as_ptr);
+    // Explicit accumulators: `a{t}{i}` for token t, row i (see `DotRows` on arrays).
+    let z = V::zero();
+    let (mut a00, mut a01, mut a02, mut a03) = (z, z, z, z);
+    let (mut a10, mut a11, mut a12, mut a13) = (z, z, z, z);
+    let (mut a20, mut a21, mut a22, mut a23) = (z, z, z, z);
+    let (mut a30, mut a31, mut a32, mut a33) = (z, z, z, z);
+    let mut c = 0;
+    while c < full {
+        let (v0, v1) = (V::load(w0.add(c)), V::load(w1.add(c)));
+        let (v2, v3) = (V::load(w2.add(c)), V::load(w3.add(c)));
+        let xv = V::load(x0.add(c));
+        a00 = a00.add(v0.mul(xv));
+        a01 = a01.add(v1.mul(xv));
+        a02 = a02.add(v2.mul(xv));
+        a03 = a03.add(v3.mul(xv));
+        let xv = V::load(x1.add(c));
+        a10 = a10.add(v0.mul(xv));
+        a11 = a11.add(v1.mul(xv));
+        a12 = a12.add(v2.mul(xv));
+        a13 = a13.add(v3.mul(xv));
+        let xv = V::load(x2.add(c));
+        a20 = a20.add(v0.mul(xv));
+        a21 = a21.add(v1.mul(xv));
+        a22 = a22.add(v2.mul(xv));
+        a23 = a23.add(v3.mul(xv));
+        let xv = V::load(x3.add(c));
+        a30 = a30.add(v0.mul(xv));
+        a31 = a31.add(v1.mul(xv));
+        a32 = a32.add(v2.mul(xv));
+        a33 = a33.add(v3.mul(xv));
+        c += LANES;
+    }
+    let acc = [
+        [a00, a01, a02, a03],
+        [a10, a11, a12, a13],
+        [a20, a21, a22, a23],
+        [a30, a31, a32, a33],
+    ];
+    let mut out = [[0.0f32; 4]; 4];
+    for t in 0..4 {
+        for i in 0..4 {
+            out[t][i] = finish(acc[t][i], w[i], x[t]);
+        }
+    }
+    out
+}
+
 /// The scalar tail and the fixed tree.
 #[inline(always)]
 unsafe fn finish<V: Lanes16>(acc: V, w: &[f32], x: &[f32]) -> f32 {

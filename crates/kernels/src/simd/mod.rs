@@ -1,6 +1,7 @@
-//! The per-ISA kernel table used by [`crate::matmul`]: row dequantization, the 1-row, 4-row
-//! and 4-row × 2-token f32 dots, the fused dequantize-and-dot of 1 or 4 stored rows (SIMD
-//! only; used for single-token calls), and the int8 row kernel (int8 ISAs only).
+//! The per-ISA kernel table used by [`crate::matmul`]: row dequantization, the 1-row, 4-row,
+//! 4-row × 2-token and 4-row × 4-token f32 dots, the fused dequantize-and-dot of 1 or 4
+//! stored rows (SIMD only; used for single-token calls), and the int8 row kernel (int8 ISAs
+//! only).
 //!
 //! | ISA           | f32 path vs scalar | Q4_0/Q4_1/Q8_0 weights                         |
 //! |---------------|--------------------|------------------------------------------------|
@@ -41,6 +42,7 @@ type DequantFn = unsafe fn(DType, &[u8], &mut [f32]);
 type Dot1Fn = unsafe fn(&[f32], &[f32]) -> f32;
 type Dot4Fn = unsafe fn([&[f32]; 4], &[f32]) -> [f32; 4];
 type Dot4x2Fn = unsafe fn([&[f32]; 4], [&[f32]; 2]) -> [[f32; 4]; 2];
+type Dot4x4Fn = unsafe fn([&[f32]; 4], [&[f32]; 4]) -> [[f32; 4]; 4];
 type DotRowFn = unsafe fn(DType, &[u8], &[f32]) -> f32;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use int8::{quantize_activations, Q8Block, QK as Q8_BLOCK};
@@ -63,6 +65,8 @@ pub(crate) struct Kernels {
     dot1: Dot1Fn,
     dot4: Dot4Fn,
     dot4x2: Option<Dot4x2Fn>,
+    /// Only where 16 accumulators fit in registers (AVX-512).
+    dot4x4: Option<Dot4x4Fn>,
     fused: Option<Fused>,
     /// The int8 row dot for Q4_0 / Q4_1 / Q8_0 weights (int8 ISAs only).
     #[cfg(target_arch = "x86_64")]
@@ -81,6 +85,7 @@ impl Kernels {
                 dot1: dot16::dot_1,
                 dot4: dot16::dot_4,
                 dot4x2: None,
+                dot4x4: None,
                 fused: None,
                 #[cfg(target_arch = "x86_64")]
                 int8: None,
@@ -101,6 +106,7 @@ impl Kernels {
                 dot1: avx2::dot_1,
                 dot4: avx2::dot_4,
                 dot4x2: Some(avx2::dot_4x2),
+                dot4x4: None,
                 fused: Some(Fused {
                     one: avx2::dot_row,
                     four: avx2::dot_rows_4,
@@ -113,6 +119,7 @@ impl Kernels {
                 dot1: avx512::dot_1,
                 dot4: avx512::dot_4,
                 dot4x2: Some(avx512::dot_4x2),
+                dot4x4: Some(avx512::dot_4x4),
                 fused: Some(Fused {
                     one: avx512::dot_row,
                     four: avx512::dot_rows_4,
@@ -149,6 +156,19 @@ impl Kernels {
             // SAFETY: as in `dequantize_row`.
             Some(f) => unsafe { f(w, x) },
             None => x.map(|xt| self.dot_4(w, xt)),
+        }
+    }
+
+    /// [`Kernels::dot_4`] of four activation rows (`out[t]` holds `x[t]`'s results).
+    pub(crate) fn dot_4x4(&self, w: [&[f32]; 4], x: [&[f32]; 4]) -> [[f32; 4]; 4] {
+        match self.dot4x4 {
+            // SAFETY: as in `dequantize_row`.
+            Some(f) => unsafe { f(w, x) },
+            None => {
+                let [a, b] = self.dot_4x2(w, [x[0], x[1]]);
+                let [c, d] = self.dot_4x2(w, [x[2], x[3]]);
+                [a, b, c, d]
+            }
         }
     }
 
