@@ -31,6 +31,16 @@ impl ModelArgs {
             .map_or_else(tandem_kernels::cpu::physical_cores, |t| t as usize)
     }
 
+    /// Chooses the kernels, finds the model (fetching the default one if needed) and loads it.
+    pub fn load(&self) -> anyhow::Result<tandem_model::loader::LoadedModel> {
+        use anyhow::Context;
+        self.choose_kernels()?;
+        let cache = tandem_model::default_model::cache_dir(self.cache_dir.as_deref())?;
+        let path = tandem_model::default_model::resolve_model(self.model.as_deref(), &cache)?;
+        tandem_model::loader::load_model(&path, self.threads())
+            .with_context(|| format!("loading {}", path.display()))
+    }
+
     /// Applies `--kernels` (once, before any kernel runs).
     pub fn choose_kernels(&self) -> anyhow::Result<()> {
         if let Some(isa) = self.kernels {

@@ -7,13 +7,11 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use serde_json::json;
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
-use tandem_model::default_model::{cache_dir, resolve_model};
 use tandem_model::kv_store::KvStore;
-use tandem_model::loader::load_model;
 use tandem_model::transformer::Model;
 
 use crate::args::{EngineArgs, ModelArgs};
@@ -45,11 +43,7 @@ struct Measured {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    a.model.choose_kernels()?;
-    let cache = cache_dir(a.model.cache_dir.as_deref())?;
-    let path = resolve_model(a.model.model.as_deref(), &cache)?;
-    let lm = load_model(&path, a.model.threads())
-        .with_context(|| format!("loading {}", path.display()))?;
+    let lm = a.model.load()?;
     let model = &lm.model;
     let step_tokens = a.engine.max_num_batched_tokens.unwrap_or(8192).max(1);
     for &b in &a.batches {

@@ -9,8 +9,6 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Args;
 use tandem_model::chat_template::ChatMessage;
-use tandem_model::default_model::{cache_dir, resolve_model};
-use tandem_model::loader::load_model;
 
 use crate::args::{EngineArgs, ModelArgs, SamplingArgs};
 use crate::engine_setup::build_engine;
@@ -41,11 +39,7 @@ impl Observer for Printer {
 }
 
 pub fn run(a: ChatArgs) -> Result<()> {
-    a.model.choose_kernels()?;
-    let cache = cache_dir(a.model.cache_dir.as_deref())?;
-    let path = resolve_model(a.model.model.as_deref(), &cache)?;
-    let lm = load_model(&path, a.model.threads())
-        .with_context(|| format!("loading {}", path.display()))?;
+    let lm = a.model.load()?;
     let tokenizer = Arc::new(lm.tokenizer);
     let builder = PromptBuilder::new(
         tokenizer.clone(),

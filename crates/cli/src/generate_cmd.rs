@@ -13,8 +13,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 use serde_json::json;
 use tandem_model::chat_template::ChatMessage;
-use tandem_model::default_model::{cache_dir, resolve_model};
-use tandem_model::loader::load_model;
 
 use crate::args::{EngineArgs, ModelArgs, SamplingArgs};
 use crate::engine_setup::build_engine;
@@ -59,11 +57,7 @@ struct InputLine {
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
-    a.model.choose_kernels()?;
-    let cache = cache_dir(a.model.cache_dir.as_deref())?;
-    let path = resolve_model(a.model.model.as_deref(), &cache)?;
-    let lm = load_model(&path, a.model.threads())
-        .with_context(|| format!("loading {}", path.display()))?;
+    let lm = a.model.load()?;
     let tokenizer = Arc::new(lm.tokenizer);
     let builder = PromptBuilder::new(
         tokenizer.clone(),

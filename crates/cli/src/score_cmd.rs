@@ -9,11 +9,10 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use tandem_model::batch::TokenId;
-use tandem_model::loader::{load_model, LoadedModel};
+use tandem_model::loader::LoadedModel;
 use tandem_model::scoring::{score_tokens, ScoreOptions, ScoreOutput, Window};
 
 use crate::args::{EngineArgs, ModelArgs};
-use tandem_model::default_model::{cache_dir, resolve_model};
 
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["text", "file", "tokens"])))]
@@ -47,12 +46,8 @@ pub struct ScoreArgs {
 }
 
 pub fn run(a: ScoreArgs) -> Result<()> {
-    a.model.choose_kernels()?;
-    let cache = cache_dir(a.model.cache_dir.as_deref())?;
-    let path = resolve_model(a.model.model.as_deref(), &cache)?;
     let started = Instant::now();
-    let lm = load_model(&path, a.model.threads())
-        .with_context(|| format!("loading {}", path.display()))?;
+    let lm = a.model.load()?;
     let load_time = started.elapsed();
     let tokens = input_tokens(&a, &lm)?;
     if tokens.is_empty() {

@@ -4,10 +4,8 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
-use tandem_model::default_model::{cache_dir, resolve_model};
-use tandem_model::loader::load_model;
 use tandem_server::ServerConfig;
 
 use crate::args::{EngineArgs, ModelArgs};
@@ -34,11 +32,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
-    a.model.choose_kernels()?;
-    let cache = cache_dir(a.model.cache_dir.as_deref())?;
-    let path = resolve_model(a.model.model.as_deref(), &cache)?;
-    let lm = load_model(&path, a.model.threads())
-        .with_context(|| format!("loading {}", path.display()))?;
+    let lm = a.model.load()?;
     let tokenizer = Arc::new(lm.tokenizer);
     let engine = build_engine(lm.model, lm.eos_token_ids.clone(), &a.engine, a.seed)?;
     let mut names = Vec::new();
