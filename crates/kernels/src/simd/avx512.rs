@@ -3,6 +3,7 @@
 use std::arch::x86_64::*;
 
 use super::{kernels, lanes::Lanes16};
+use crate::dot16::LANES;
 use crate::DType;
 
 /// 16 f32 lanes in one AVX-512 register.
@@ -118,7 +119,62 @@ pub(super) unsafe fn dot_4x2(w: [&[f32]; 4], x: [&[f32]; 2]) -> [[f32; 4]; 2] {
 /// AVX-512 F/BW/VL and F16C must be available.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 pub(super) unsafe fn dot_4x4(w: [&[f32]; 4], x: [&[f32]; 4]) -> [[f32; 4]; 4] {
-    kernels::dot_4x4::<Z>(w, x)
+    if !x[0].len().is_multiple_of(LANES) {
+        return kernels::dot_4x4::<Z>(w, x); // the scalar tail, then one tree per result
+    }
+    let acc = kernels::acc_4x4::<Z>(w, x);
+    // `tree_sum_16` wants accumulator `4i + t` in slot `4i + t` (row i, token t) to put
+    // result (t, i) in lane `4t + i`, the layout of the output array.
+    let mut a = [_mm512_setzero_ps(); 16];
+    for t in 0..4 {
+        for i in 0..4 {
+            a[4 * i + t] = acc[t][i].0;
+        }
+    }
+    let mut out = [[0.0f32; 4]; 4];
+    _mm512_storeu_ps(out.as_mut_ptr().cast(), tree_sum_16(a));
+    out
+}
+
+/// The fixed tree of [`Lanes16::tree_sum`] applied to 16 vectors at once: lane `4m + j` of
+/// the result is the tree sum of `a[4j + m]`. Each level adds, lane by lane, exactly the pairs
+/// the tree adds (`v[l] + v[l + w]` for w = 8, 4, 2, 1, lower lane first), gathered from two
+/// vectors by shuffles, so every result is bitwise equal to `a[k].tree_sum()`; 15 vector
+/// additions instead of 16 separate trees.
+///
+/// # Safety
+/// AVX-512 F must be available.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn tree_sum_16(a: [__m512; 16]) -> __m512 {
+    // Level 8: 128-bit blocks (0, 1) + (2, 3) of two vectors -> two 8-lane sums each.
+    let mut v = [_mm512_setzero_ps(); 8];
+    for p in 0..8 {
+        let (x, y) = (a[2 * p], a[2 * p + 1]);
+        let lo = _mm512_shuffle_f32x4::<0x44>(x, y);
+        let hi = _mm512_shuffle_f32x4::<0xEE>(x, y);
+        v[p] = _mm512_add_ps(lo, hi);
+    }
+    // Level 4: blocks (0, 2) + (1, 3) -> one 4-lane sum per 128-bit block.
+    let mut q = [_mm512_setzero_ps(); 4];
+    for r in 0..4 {
+        let (x, y) = (v[2 * r], v[2 * r + 1]);
+        let lo = _mm512_shuffle_f32x4::<0x88>(x, y);
+        let hi = _mm512_shuffle_f32x4::<0xDD>(x, y);
+        q[r] = _mm512_add_ps(lo, hi);
+    }
+    // Level 2, within each 128-bit block: elements (0, 1) + (2, 3).
+    let mut h = [_mm512_setzero_ps(); 2];
+    for s in 0..2 {
+        let (x, y) = (q[2 * s], q[2 * s + 1]);
+        let lo = _mm512_shuffle_ps::<0x44>(x, y);
+        let hi = _mm512_shuffle_ps::<0xEE>(x, y);
+        h[s] = _mm512_add_ps(lo, hi);
+    }
+    // Level 1: elements (0, 2) + (1, 3).
+    let lo = _mm512_shuffle_ps::<0x88>(h[0], h[1]);
+    let hi = _mm512_shuffle_ps::<0xDD>(h[0], h[1]);
+    _mm512_add_ps(lo, hi)
 }
 
 /// # Safety

@@ -264,6 +264,23 @@ pub(super) unsafe fn dot_4x2<V: Lanes16>(w: [&[f32]; 4], x: [&[f32]; 2]) -> [[f3
 /// The CPU must support `V`'s features. Lengths are asserted.
 #[inline(always)]
 pub(super) unsafe fn dot_4x4<V: Lanes16>(w: [&[f32]; 4], x: [&[f32]; 4]) -> [[f32; 4]; 4] {
+    let acc = acc_4x4::<V>(w, x);
+    let mut out = [[0.0f32; 4]; 4];
+    for t in 0..4 {
+        for i in 0..4 {
+            out[t][i] = finish(acc[t][i], w[i], x[t]);
+        }
+    }
+    out
+}
+
+/// The accumulators of [`dot_4x4`] (`[t][i]` for token `t`, row `i`) over the whole 16-column
+/// chunks, before the tail (`len % 16` columns) and the tree.
+///
+/// # Safety
+/// The CPU must support `V`'s features. Lengths are asserted.
+#[inline(always)]
+pub(super) unsafe fn acc_4x4<V: Lanes16>(w: [&[f32]; 4], x: [&[f32]; 4]) -> [[V; 4]; 4] {
     let n = x[0].len();
     assert!(
         x.iter().all(|r| r.len() == n) && w.iter().all(|r| r.len() == n),
@@ -304,19 +321,12 @@ pub(super) unsafe fn dot_4x4<V: Lanes16>(w: [&[f32]; 4], x: [&[f32]; 4]) -> [[f3
         a33 = a33.add(v3.mul(xv));
         c += LANES;
     }
-    let acc = [
+    [
         [a00, a01, a02, a03],
         [a10, a11, a12, a13],
         [a20, a21, a22, a23],
         [a30, a31, a32, a33],
-    ];
-    let mut out = [[0.0f32; 4]; 4];
-    for t in 0..4 {
-        for i in 0..4 {
-            out[t][i] = finish(acc[t][i], w[i], x[t]);
-        }
-    }
-    out
+    ]
 }
 
 /// The scalar tail and the fixed tree.
