@@ -11,12 +11,10 @@ use tandem_engine::sampler::MAX_TOP_LOGPROBS;
 use tandem_model::chat_template::ChatMessage;
 
 use super::body::{fields, json_object};
-use super::format::{Endpoint, ResponseMeta};
+use super::format::Endpoint;
 use super::sampling::{CommonFields, GenerationPlan};
 use super::{respond, App};
-use crate::engine_thread::SubmitError;
 use crate::error::{ApiError, ApiResult};
-use crate::generation::Generation;
 
 /// Most messages in one conversation.
 pub const MAX_MESSAGES: usize = 1024;
@@ -147,35 +145,13 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
         ));
     }
     let max_tokens = plan.max_tokens.unwrap_or(room);
-    let (seqs, events) = app
-        .engine
-        .submit(vec![plan.request(&prompt, max_tokens)])
-        .await
-        .map_err(|e| match e {
-            SubmitError::Refused(e) => ApiError::from_engine(&e, "messages"),
-            SubmitError::Unavailable => ApiError::unavailable(e.to_string()),
-        })?;
-    let num_choices = seqs.len();
-    let text = vec![plan.text.clone(); num_choices];
-    let tokenizer = app.prompts.tokenizer().clone();
-    let generation = Generation::new(app.engine.clone(), seqs, events, &tokenizer, &text);
-    let meta = ResponseMeta {
+    let sub = respond::Submission {
         endpoint: Endpoint::Chat,
-        id: app.response_id("chatcmpl"),
-        created: super::unix_time(),
+        prompt_field: "messages",
+        requests: vec![plan.request(&prompt, max_tokens)],
+        prompt_tokens: prompt.len(),
         model,
         logprobs,
     };
-    Ok(if plan.stream {
-        respond::stream(
-            generation,
-            meta,
-            tokenizer,
-            prompt.len(),
-            num_choices,
-            plan.include_usage,
-        )
-    } else {
-        respond::complete(generation, meta, tokenizer, prompt.len(), num_choices).await
-    })
+    respond::run_plan(&app, &plan, sub).await
 }

@@ -10,12 +10,10 @@ use serde_json::Value;
 use tandem_model::batch::TokenId;
 
 use super::body::{fields, json_object};
-use super::format::{Endpoint, ResponseMeta};
+use super::format::Endpoint;
 use super::sampling::{CommonFields, GenerationPlan};
 use super::{respond, App};
-use crate::engine_thread::SubmitError;
 use crate::error::{ApiError, ApiResult};
-use crate::generation::Generation;
 
 /// Most prompts in one request.
 pub const MAX_PROMPTS: usize = 64;
@@ -55,38 +53,18 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
         .ok_or_else(|| ApiError::field("prompt", "is required"))?;
     let prompts = parse_prompts(&app, prompt, own.add_special_tokens.unwrap_or(true))?;
     let max_tokens = plan.max_tokens.unwrap_or(16);
-    let requests = prompts
-        .iter()
-        .map(|p| plan.request(p, max_tokens))
-        .collect();
-    let (seqs, events) = app.engine.submit(requests).await.map_err(|e| match e {
-        SubmitError::Refused(e) => ApiError::from_engine(&e, "prompt"),
-        SubmitError::Unavailable => ApiError::unavailable(e.to_string()),
-    })?;
-    let num_choices = seqs.len();
-    let text = vec![plan.text.clone(); num_choices];
-    let tokenizer = app.prompts.tokenizer().clone();
-    let generation = Generation::new(app.engine.clone(), seqs, events, &tokenizer, &text);
-    let meta = ResponseMeta {
+    let sub = respond::Submission {
         endpoint: Endpoint::Completions,
-        id: app.response_id("cmpl"),
-        created: super::unix_time(),
+        prompt_field: "prompt",
+        requests: prompts
+            .iter()
+            .map(|p| plan.request(p, max_tokens))
+            .collect(),
+        prompt_tokens: prompts.iter().map(Vec::len).sum(),
         model,
         logprobs,
     };
-    let prompt_tokens = prompts.iter().map(Vec::len).sum();
-    Ok(if plan.stream {
-        respond::stream(
-            generation,
-            meta,
-            tokenizer,
-            prompt_tokens,
-            num_choices,
-            plan.include_usage,
-        )
-    } else {
-        respond::complete(generation, meta, tokenizer, prompt_tokens, num_choices).await
-    })
+    respond::run_plan(&app, &plan, sub).await
 }
 
 /// The prompts' ids, each non-empty and inside the vocabulary.

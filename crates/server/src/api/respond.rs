@@ -14,9 +14,60 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use tandem_model::tokenizer::Tokenizer;
 
-use super::format::{usage, ChoiceResult, ResponseMeta};
-use crate::error::ApiError;
+use super::format::{usage, ChoiceResult, Endpoint, ResponseMeta};
+use super::sampling::GenerationPlan;
+use super::App;
+use crate::engine_thread::{SampleGroup, SubmitError};
+use crate::error::{ApiError, ApiResult};
 use crate::generation::{Finish, Generation};
+
+/// What an endpoint hands over once its request is validated.
+#[derive(Debug)]
+pub struct Submission {
+    pub endpoint: Endpoint,
+    /// The request field a refused prompt is reported against (`prompt`, `messages`).
+    pub prompt_field: &'static str,
+    pub requests: Vec<SampleGroup>,
+    pub prompt_tokens: usize,
+    pub model: String,
+    pub logprobs: Option<usize>,
+}
+
+/// Submits the requests to the engine and answers with one body or an SSE stream: the part
+/// the completions and chat endpoints share.
+pub async fn run_plan(app: &App, plan: &GenerationPlan, sub: Submission) -> ApiResult<Response> {
+    let (seqs, events) = app.engine.submit(sub.requests).await.map_err(|e| match e {
+        SubmitError::Refused(e) => ApiError::from_engine(&e, sub.prompt_field),
+        SubmitError::Unavailable => ApiError::unavailable(e.to_string()),
+    })?;
+    let num_choices = seqs.len();
+    let text = vec![plan.text.clone(); num_choices];
+    let tokenizer = app.prompts.tokenizer().clone();
+    let generation = Generation::new(app.engine.clone(), seqs, events, &tokenizer, &text);
+    let prefix = match sub.endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Completions => "cmpl",
+    };
+    let meta = ResponseMeta {
+        endpoint: sub.endpoint,
+        id: app.response_id(prefix),
+        created: super::unix_time(),
+        model: sub.model,
+        logprobs: sub.logprobs,
+    };
+    Ok(if plan.stream {
+        stream(
+            generation,
+            meta,
+            tokenizer,
+            sub.prompt_tokens,
+            num_choices,
+            plan.include_usage,
+        )
+    } else {
+        complete(generation, meta, tokenizer, sub.prompt_tokens, num_choices).await
+    })
+}
 
 /// Runs the generation to the end and answers one JSON body; a choice that failed in the
 /// engine makes the whole answer a 500.
