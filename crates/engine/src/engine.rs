@@ -29,6 +29,7 @@ use crate::step_plan::{to_forward_batch, StepResult};
 
 mod beams;
 mod sampling;
+mod speculation;
 
 /// One generation request: its prompt, how to choose tokens, and when to stop.
 #[derive(Debug, Clone)]
@@ -74,6 +75,8 @@ pub struct Engine {
     beams: beams::Beams,
     /// Seeds the random streams of requests that bring no seed of their own.
     seed: u64,
+    /// Speculative decoding, when enabled (see `engine/speculation.rs`).
+    spec: Option<crate::speculative::Speculation>,
 }
 
 impl Engine {
@@ -89,6 +92,7 @@ impl Engine {
             requests: HashMap::new(),
             beams: beams::Beams::default(),
             seed,
+            spec: None,
         })
     }
 
@@ -170,6 +174,7 @@ impl Engine {
         self.scheduler.abort(id)?;
         for id in std::iter::once(id).chain(siblings) {
             self.requests.remove(&id);
+            self.forget_speculation(id);
         }
         Ok(())
     }
@@ -182,6 +187,7 @@ impl Engine {
     /// Runs one engine step and returns its events. A failure of the forward pass ends the
     /// step's requests with an error; bad logits in one row end only that request.
     pub fn step(&mut self) -> Result<Vec<EngineEvent>> {
+        self.propose_drafts()?;
         let plan = self.scheduler.schedule()?;
         if plan.is_empty() {
             return Ok(Vec::new());
@@ -204,7 +210,7 @@ impl Engine {
                 (self.scheduler.fail_step(&message), HashMap::new())
             }
         };
-        let mut out = self.translate(events, &sampled);
+        let mut out = self.translate(events, sampled);
         out.extend(self.advance_beams()?);
         Ok(out)
     }

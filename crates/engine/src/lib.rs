@@ -12,6 +12,8 @@
 //! - [`sampler`]: how a token is chosen from a logits row (processors, seeded streams,
 //!   logprobs of the raw distribution);
 //! - [`beam_search`]: the model-free beam search step (ranking, hypotheses, scores);
+//! - [`speculative`]: speculative decoding (n-gram and draft-model proposers, the rejection
+//!   sampler, when to speculate, counters);
 //! - [`engine`]: `Engine::step` = `scheduler.schedule()` -> the model's forward pass on
 //!   `to_forward_batch(&plan)` -> sample -> `scheduler.update(&result)` -> events.
 
@@ -23,6 +25,7 @@ pub mod error;
 pub mod scheduler;
 pub mod scheduler_config;
 pub mod sequence;
+pub mod speculative;
 pub mod step_plan;
 
 pub use error::{EngineError, Result};

@@ -474,5 +474,6 @@ impl Scheduler {
     }
 }
 
+mod drafts;
 mod groups;
 mod update;

@@ -1,7 +1,7 @@
 //! The sampling half of [`Engine::step`]: one token per logits row (per group member for a
 //! group forking this step), and the translation of scheduler events into client events.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use tandem_model::batch::TokenId;
 use tandem_model::logits::Logits;
@@ -16,8 +16,9 @@ use crate::step_plan::{SeqEvent, SeqOutput, StepPlan};
 pub(super) struct StepSamples {
     /// The tokens for the scheduler.
     pub(super) outputs: Vec<SeqOutput>,
-    /// The chosen tokens with their logprobs, for the events.
-    pub(super) sampled: HashMap<SeqId, SampledToken>,
+    /// The chosen tokens with their logprobs, for the events, in order per sequence (more
+    /// than one when speculative drafts were accepted).
+    pub(super) sampled: HashMap<SeqId, VecDeque<SampledToken>>,
     /// Sequences whose row could not be sampled, with the reason.
     pub(super) failed: Vec<(SeqId, String)>,
 }
@@ -30,7 +31,7 @@ impl Engine {
         let mut row = 0;
         for s in plan.seqs.iter().filter(|s| s.num_output_rows > 0) {
             row += s.num_output_rows;
-            let last = row - 1; // without speculation there is exactly one output row
+            let last = row - 1;
             if self.record_beam(s.seq_id, logits, last) {
                 continue;
             }
@@ -38,6 +39,10 @@ impl Engine {
                 .scheduler
                 .sequence(s.seq_id)
                 .map_or(0, |q| q.output().len());
+            if s.num_output_rows > 1 {
+                self.verify_drafts(s, logits, row - s.num_output_rows, num_output, &mut out);
+                continue;
+            }
             let mut members = vec![s.seq_id];
             members.extend_from_slice(self.scheduler.pending_siblings(s.seq_id));
             for id in members {
@@ -51,7 +56,7 @@ impl Engine {
                             seq_id: id,
                             tokens: vec![TokenId(t.token)],
                         });
-                        out.sampled.insert(id, t);
+                        out.sampled.insert(id, VecDeque::from([t]));
                     }
                     Err(e) => out.failed.push((id, e.to_string())),
                 }
@@ -85,7 +90,7 @@ impl Engine {
     pub(super) fn translate(
         &mut self,
         events: Vec<SeqEvent>,
-        sampled: &HashMap<SeqId, SampledToken>,
+        mut sampled: HashMap<SeqId, VecDeque<SampledToken>>,
     ) -> Vec<EngineEvent> {
         let mut out = Vec::with_capacity(events.len());
         for e in events {
@@ -94,22 +99,26 @@ impl Engine {
                     if let Some(r) = self.requests.get_mut(&seq_id) {
                         r.state.append_output(token.0);
                     }
-                    let s = sampled.get(&seq_id);
+                    let (logprob, top_logprobs) =
+                        match sampled.get_mut(&seq_id).and_then(VecDeque::pop_front) {
+                            Some(s) => (
+                                s.logprob,
+                                s.top_logprobs
+                                    .into_iter()
+                                    .map(|(t, l)| (TokenId(t), l))
+                                    .collect(),
+                            ),
+                            None => (f32::NAN, Vec::new()),
+                        };
                     out.push(EngineEvent::Token {
                         seq_id,
                         token,
-                        logprob: s.map_or(f32::NAN, |s| s.logprob),
-                        top_logprobs: s
-                            .map(|s| {
-                                s.top_logprobs
-                                    .iter()
-                                    .map(|&(t, l)| (TokenId(t), l))
-                                    .collect()
-                            })
-                            .unwrap_or_default(),
+                        logprob,
+                        top_logprobs,
                     });
                 }
                 SeqEvent::Finished { seq_id, reason } => {
+                    self.forget_speculation(seq_id);
                     if !self.fail_beam(seq_id, &reason) {
                         self.requests.remove(&seq_id);
                         out.push(EngineEvent::Finished { seq_id, reason });

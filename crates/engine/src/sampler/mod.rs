@@ -38,6 +38,7 @@
 //! **Faults**: a row holding NaN or ±inf gives [`SamplerError::NonFiniteLogits`] and
 //! touches nothing shared; the caller ends that request only.
 
+mod distribution;
 mod error;
 mod logprobs;
 mod params;
@@ -46,6 +47,7 @@ mod rng;
 mod state;
 mod truncation;
 
+pub use distribution::{processed_distribution, reported_token, TokenDistribution};
 pub use error::SamplerError;
 pub use params::{SamplingParams, MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_TOP_LOGPROBS};
 pub use rng::StreamRng;

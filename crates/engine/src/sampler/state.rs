@@ -78,6 +78,18 @@ impl SamplerState {
         *self.output_counts.entry(token).or_insert(0) += 1;
     }
 
+    /// Undoes one [`SamplerState::append_output`] of `token` (speculative verification
+    /// extends the history by draft tokens while it judges the next position, then takes
+    /// them back). Does nothing if `token` was never recorded.
+    pub fn retract_output(&mut self, token: u32) {
+        if let Some(c) = self.output_counts.get_mut(&token) {
+            *c -= 1;
+            if *c == 0 {
+                self.output_counts.remove(&token);
+            }
+        }
+    }
+
     /// How many times `token` occurs in the output so far.
     pub fn output_count(&self, token: u32) -> u32 {
         self.output_counts.get(&token).copied().unwrap_or(0)
@@ -99,7 +111,9 @@ impl SamplerState {
     }
 
     /// One uniform draw in `[0, 1)`; the only place the stream advances.
-    pub(crate) fn draw_uniform(&mut self) -> f64 {
+    /// (Public for speculative verification, which draws once per judged draft and once per
+    /// residual sample.)
+    pub fn draw_uniform(&mut self) -> f64 {
         self.rng.next_f64()
     }
 }

@@ -48,9 +48,23 @@ pub(crate) fn sample_random(
     params: &SamplingParams,
     u: f64,
 ) -> Option<u32> {
+    if !truncate(values, candidates, params) {
+        return None;
+    }
+    draw(values, candidates, u)
+}
+
+/// Steps 1-5 of [`sample_random`]: leaves the survivors in `candidates` and their
+/// unnormalised weights in `values` (entries of other ids are left as they were). False when
+/// every value is `-inf` (no survivor).
+pub(crate) fn truncate(
+    values: &mut [f64],
+    candidates: &mut Vec<u32>,
+    params: &SamplingParams,
+) -> bool {
     let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     if max == f64::NEG_INFINITY {
-        return None;
+        return false;
     }
     candidates.clear();
     candidates.extend(
@@ -80,7 +94,7 @@ pub(crate) fn sample_random(
         let min_p = params.min_p as f64;
         candidates.retain(|&id| values[id as usize] >= min_p);
     }
-    draw(values, candidates, u)
+    true
 }
 
 /// Truncates `candidates` to the shortest prefix, in descending weight order (ties to the
