@@ -72,12 +72,16 @@ pub struct EngineArgs {
     /// Disable prefix caching.
     #[arg(long)]
     pub no_prefix_caching: bool,
-    /// Speculative decoding proposer: `ngram` or `draft:PATH`.
+    /// Speculative decoding proposer: `ngram` (prompt lookup, matches of 1 to 3 tokens),
+    /// `ngram:MIN:MAX`, or `draft:PATH` (a draft model with the same vocabulary).
     #[arg(long, value_name = "ngram|draft:PATH")]
     pub speculative: Option<String>,
-    /// Draft tokens per step with speculative decoding.
+    /// Draft tokens per step with speculative decoding (default 4).
     #[arg(long, value_name = "K")]
     pub num_speculative_tokens: Option<usize>,
+    /// Speculate only while at most N sequences run (default 8).
+    #[arg(long, value_name = "N")]
+    pub speculative_max_batch: Option<usize>,
     /// Longest sequence (prompt + output) allowed; at most the model's context length.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2..))]
     pub max_model_len: Option<u32>,

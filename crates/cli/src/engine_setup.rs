@@ -1,5 +1,5 @@
 //! Turns the engine flags into a running [`Engine`]: KV pool size from `--kv-cache-memory`,
-//! batching limits, context length.
+//! batching limits, context length, speculative decoding.
 
 use anyhow::{bail, Context, Result};
 use tandem_engine::engine::Engine;
@@ -9,6 +9,7 @@ use tandem_model::kv_store::KvStore;
 use tandem_model::transformer::Model;
 
 use crate::args::EngineArgs;
+use crate::speculation_setup;
 
 /// Default KV pool when `--kv-cache-memory` is not given.
 const DEFAULT_KV_BYTES: u64 = 2 << 30;
@@ -51,7 +52,13 @@ pub fn build_engine(
         Some(s) => parse_size(s).context("--kv-cache-memory")?,
         None => DEFAULT_KV_BYTES,
     };
-    let per_block = (KvStore::bytes_per_token(&model.config) * block_size) as u64;
+    let spec = speculation_setup::load_method(args, model.threads())?;
+    // A draft model's KV pool holds as many tokens as the target's, out of the same budget.
+    let draft_bytes = spec
+        .as_ref()
+        .and_then(|(_, d)| d.as_ref())
+        .map_or(0, |d| KvStore::bytes_per_token(&d.config));
+    let per_block = ((KvStore::bytes_per_token(&model.config) + draft_bytes) * block_size) as u64;
     let num_blocks = (bytes / per_block) as usize;
     if num_blocks == 0 {
         bail!("--kv-cache-memory {bytes} bytes holds no block of {per_block} bytes");
@@ -79,7 +86,11 @@ pub fn build_engine(
         (num_blocks as u64 * per_block) as f64 / (1 << 20) as f64,
         model.threads()
     );
-    Ok(Engine::new(model, config, seed)?)
+    let mut engine = Engine::new(model, config, seed)?;
+    if let Some((method, draft)) = spec {
+        speculation_setup::enable(&mut engine, method, draft, num_blocks, args)?;
+    }
+    Ok(engine)
 }
 
 #[cfg(test)]

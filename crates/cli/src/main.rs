@@ -9,6 +9,7 @@ mod generation;
 mod prompting;
 mod score_cmd;
 mod serve_cmd;
+mod speculation_setup;
 
 use clap::{Parser, Subcommand};
 

@@ -1,0 +1,129 @@
+//! `--speculative ngram[:MIN:MAX]` / `--speculative draft:PATH`, `--num-speculative-tokens K`
+//! and `--speculative-max-batch N`: the proposer and its configuration.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use tandem_engine::engine::Engine;
+use tandem_engine::speculative::{DraftModelProposer, NgramProposer, SpeculativeConfig};
+use tandem_model::transformer::Model;
+
+use crate::args::EngineArgs;
+
+/// Which proposer `--speculative` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpecMethod {
+    /// Prompt lookup with matches of `min..=max` tokens.
+    Ngram { min: usize, max: usize },
+    /// A draft model file or directory.
+    Draft(PathBuf),
+}
+
+/// Parses `ngram`, `ngram:MIN:MAX` or `draft:PATH`.
+pub fn parse_method(s: &str) -> Result<SpecMethod> {
+    if let Some(path) = s.strip_prefix("draft:") {
+        if path.is_empty() {
+            bail!("--speculative draft:PATH needs a path");
+        }
+        return Ok(SpecMethod::Draft(PathBuf::from(path)));
+    }
+    if s == "ngram" {
+        return Ok(SpecMethod::Ngram { min: 1, max: 3 });
+    }
+    if let Some(range) = s.strip_prefix("ngram:") {
+        let (a, b) = range
+            .split_once(':')
+            .with_context(|| format!("--speculative {s}: expected ngram:MIN:MAX"))?;
+        let min = a
+            .parse()
+            .with_context(|| format!("--speculative {s}: MIN"))?;
+        let max = b
+            .parse()
+            .with_context(|| format!("--speculative {s}: MAX"))?;
+        return Ok(SpecMethod::Ngram { min, max });
+    }
+    bail!("--speculative {s}: expected `ngram`, `ngram:MIN:MAX` or `draft:PATH`")
+}
+
+/// The method named by the flags, with the draft model loaded on `threads` threads.
+pub fn load_method(
+    args: &EngineArgs,
+    threads: usize,
+) -> Result<Option<(SpecMethod, Option<Model>)>> {
+    let Some(s) = args.speculative.as_deref() else {
+        if args.num_speculative_tokens.is_some() {
+            bail!("--num-speculative-tokens needs --speculative");
+        }
+        return Ok(None);
+    };
+    let method = parse_method(s)?;
+    let draft = match &method {
+        SpecMethod::Draft(path) => Some(
+            tandem_model::loader::load_model(path, threads)
+                .with_context(|| format!("loading the draft model {}", path.display()))?
+                .model,
+        ),
+        SpecMethod::Ngram { .. } => None,
+    };
+    Ok(Some((method, draft)))
+}
+
+/// Turns speculation on in `engine`; a draft model gets a pool of `num_blocks` blocks.
+pub fn enable(
+    engine: &mut Engine,
+    method: SpecMethod,
+    draft: Option<Model>,
+    num_blocks: usize,
+    args: &EngineArgs,
+) -> Result<()> {
+    let mut config = SpeculativeConfig::default();
+    if let Some(k) = args.num_speculative_tokens {
+        config.num_tokens = k;
+    }
+    if let Some(b) = args.speculative_max_batch {
+        config.max_batch_size = b;
+    }
+    let vocab = engine.model().config.vocab_size;
+    let block_size = args.block_size as usize;
+    let (proposer, what): (Box<dyn tandem_engine::speculative::Proposer>, String) = match method {
+        SpecMethod::Ngram { min, max } => (
+            Box::new(NgramProposer::new(min, max)?),
+            format!("n-gram lookup, n in [{min}, {max}]"),
+        ),
+        SpecMethod::Draft(path) => {
+            let model = draft.context("the draft model is loaded with its method")?;
+            let p = DraftModelProposer::new(model, vocab, num_blocks, block_size)?;
+            (Box::new(p), format!("draft model {}", path.display()))
+        }
+    };
+    eprintln!(
+        "tandem: speculative decoding with {what}, {} tokens per step, while at most {} sequences run",
+        config.num_tokens, config.max_batch_size
+    );
+    engine.enable_speculation(config, proposer)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn methods_parse() {
+        assert_eq!(
+            parse_method("ngram").unwrap(),
+            SpecMethod::Ngram { min: 1, max: 3 }
+        );
+        assert_eq!(
+            parse_method("ngram:2:5").unwrap(),
+            SpecMethod::Ngram { min: 2, max: 5 }
+        );
+        assert_eq!(
+            parse_method("draft:m.gguf").unwrap(),
+            SpecMethod::Draft(PathBuf::from("m.gguf"))
+        );
+        assert!(parse_method("draft:").is_err());
+        assert!(parse_method("eagle").is_err());
+        assert!(parse_method("ngram:3").is_err());
+    }
+}
