@@ -3,11 +3,12 @@
 //! For every (batch B, prompt length P): B sequences of P random tokens are prefilled together
 //! (in steps of at most `--max-num-batched-tokens` tokens), then G decode steps run all B
 //! sequences at once, each feeding back its greedy token (EOS ignored). One JSON line per
-//! configuration.
+//! configuration. `--engine` (or `--speculative`) measures through the engine instead
+//! (`bench_engine.rs`), with the speculative decoding counters.
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
@@ -15,6 +16,8 @@ use tandem_model::kv_store::KvStore;
 use tandem_model::transformer::Model;
 
 use crate::args::{EngineArgs, ModelArgs};
+use crate::bench_engine::{self, PromptKind};
+use crate::engine_setup::build_engine;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -32,6 +35,16 @@ pub struct BenchArgs {
     /// Print JSON lines (the only format; accepted for the documented command line).
     #[arg(long)]
     json: bool,
+    /// Measure decode through the whole engine (implied by `--speculative`); the JSON line
+    /// then carries the speculative decoding counters.
+    #[arg(long = "engine")]
+    through_engine: bool,
+    /// Prompts in engine mode: random tokens, or a random half written twice (to copy).
+    #[arg(long, value_enum, default_value_t = PromptKind::Random)]
+    prompt_kind: PromptKind,
+    /// Engine mode: every prompt is this file's text (instead of --prompt-len tokens).
+    #[arg(long, value_name = "FILE")]
+    prompt_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -43,6 +56,9 @@ struct Measured {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    if a.through_engine || a.engine.speculative.is_some() {
+        return run_engine(a);
+    }
     let lm = a.model.load()?;
     let model = &lm.model;
     let step_tokens = a.engine.max_num_batched_tokens.unwrap_or(8192).max(1);
@@ -81,8 +97,56 @@ pub fn run(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// Engine mode: one JSON line per (B, P) through [`bench_engine::run`].
+fn run_engine(a: BenchArgs) -> Result<()> {
+    let lm = a.model.load()?;
+    let text = match &a.prompt_file {
+        Some(f) => Some(std::fs::read_to_string(f).with_context(|| format!("{}", f.display()))?),
+        None => None,
+    };
+    let file_prompt: Option<Vec<TokenId>> = match &text {
+        Some(t) => Some(
+            lm.tokenizer
+                .encode(t, true)?
+                .into_iter()
+                .map(TokenId)
+                .collect(),
+        ),
+        None => None,
+    };
+    let mut engine = build_engine(lm.model, lm.eos_token_ids.clone(), &a.engine, 0)?;
+    let vocab = engine.model().config.vocab_size;
+    for &b in &a.batches {
+        for &p in &a.prompt_lens {
+            anyhow::ensure!(b > 0 && p > 0, "--batch and --prompt-len must be positive");
+            let prompts: Vec<Vec<TokenId>> = (0..b)
+                .map(|s| match &file_prompt {
+                    Some(fp) => fp.clone(),
+                    None => bench_engine::prompt(a.prompt_kind, s, p, vocab),
+                })
+                .collect();
+            let prompt_len = prompts[0].len();
+            let r = bench_engine::run(&mut engine, prompts, a.gen_len)?;
+            let mut line = json!({
+                "mode": "engine", "batch": b, "prompt_len": prompt_len, "gen_len": a.gen_len,
+                "threads": engine.model().threads(),
+                "prompt_kind": if a.prompt_file.is_some() { "file" } else { a.prompt_kind.name() },
+                "speculative": a.engine.speculative,
+                "num_speculative_tokens": engine.speculation().map(|s| s.config().num_tokens),
+            });
+            if let (Some(o), Some(extra)) =
+                (line.as_object_mut(), bench_engine::report(&r).as_object())
+            {
+                o.extend(extra.clone());
+            }
+            println!("{line}");
+        }
+    }
+    Ok(())
+}
+
 /// Deterministic pseudo-random prompt tokens (SplitMix64).
-fn prompt_tokens(seq: usize, len: usize, vocab: usize) -> Vec<TokenId> {
+pub(crate) fn prompt_tokens(seq: usize, len: usize, vocab: usize) -> Vec<TokenId> {
     let mut s = 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(seq as u64 + 1);
     (0..len)
         .map(|_| {

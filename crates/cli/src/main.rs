@@ -2,6 +2,7 @@
 
 mod args;
 mod bench_cmd;
+mod bench_engine;
 mod chat_cmd;
 mod engine_setup;
 mod generate_cmd;

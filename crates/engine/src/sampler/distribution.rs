@@ -6,7 +6,7 @@
 use super::error::SamplerError;
 use super::logprobs::{self, RawLogSoftmax};
 use super::params::SamplingParams;
-use super::state::SamplerState;
+use super::state::{SamplerState, Scratch};
 use super::{processors, truncation, SampledToken};
 
 /// A probability distribution over the vocabulary: `[vocab_size]` non-negative values that
@@ -107,13 +107,8 @@ pub fn processed_distribution(
     state: &mut SamplerState,
     num_output_tokens: usize,
 ) -> Result<TokenDistribution, SamplerError> {
-    RawLogSoftmax::of(logits_row)?;
-    params.validate_ids(logits_row.len())?;
-    let mut scratch = std::mem::take(&mut state.scratch);
+    let mut scratch = processed_values(logits_row, params, state, num_output_tokens)?;
     let values = &mut scratch.values; // [vocab_size]
-    values.clear();
-    values.extend(logits_row.iter().map(|&v| v as f64));
-    processors::apply_all(values, params, state, num_output_tokens);
     let dist = if params.is_greedy() {
         truncation::argmax(values).map(|t| TokenDistribution::one_hot(values.len(), t))
     } else if truncation::truncate(values, &mut scratch.candidates, params) {
@@ -127,6 +122,42 @@ pub fn processed_distribution(
     };
     state.scratch = scratch;
     dist.ok_or(SamplerError::NoCandidates)
+}
+
+/// The token greedy decoding ([`super::sample`] at temperature 0) picks: the argmax of the
+/// processed logits, ties to the lowest id. Same errors as [`processed_distribution`].
+pub fn processed_argmax(
+    logits_row: &[f32],
+    params: &SamplingParams,
+    state: &mut SamplerState,
+    num_output_tokens: usize,
+) -> Result<u32, SamplerError> {
+    let scratch = processed_values(logits_row, params, state, num_output_tokens)?;
+    let token = truncation::argmax(&scratch.values);
+    state.scratch = scratch;
+    token.ok_or(SamplerError::NoCandidates)
+}
+
+/// Checks the row and ids, then returns the state's scratch with `values` holding the
+/// processed logits (the caller puts the scratch back).
+fn processed_values(
+    logits_row: &[f32],
+    params: &SamplingParams,
+    state: &mut SamplerState,
+    num_output_tokens: usize,
+) -> Result<Scratch, SamplerError> {
+    if logits_row.is_empty() {
+        return Err(SamplerError::EmptyLogits);
+    }
+    if logits_row.iter().any(|v| !v.is_finite()) {
+        return Err(SamplerError::NonFiniteLogits);
+    }
+    params.validate_ids(logits_row.len())?;
+    let mut scratch = std::mem::take(&mut state.scratch);
+    scratch.values.clear();
+    scratch.values.extend(logits_row.iter().map(|&v| v as f64));
+    processors::apply_all(&mut scratch.values, params, state, num_output_tokens);
+    Ok(scratch)
 }
 
 /// What [`super::sample`] reports for `token` chosen from `logits_row`: its raw logprob and,

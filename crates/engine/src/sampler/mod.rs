@@ -47,7 +47,9 @@ mod rng;
 mod state;
 mod truncation;
 
-pub use distribution::{processed_distribution, reported_token, TokenDistribution};
+pub use distribution::{
+    processed_argmax, processed_distribution, reported_token, TokenDistribution,
+};
 pub use error::SamplerError;
 pub use params::{SamplingParams, MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_TOP_LOGPROBS};
 pub use rng::StreamRng;

@@ -13,8 +13,8 @@
 //! logprobs of its own row, as plain decoding would.
 
 use crate::sampler::{
-    processed_distribution, reported_token, sample, SampledToken, SamplerError, SamplerState,
-    SamplingParams, TokenDistribution,
+    processed_argmax, processed_distribution, reported_token, sample, SampledToken, SamplerError,
+    SamplerState, SamplingParams, TokenDistribution,
 };
 
 /// One sequence's drafts and the target rows that judge them.
@@ -107,31 +107,58 @@ fn judge(
             out.push(sample(row, params, state, num_output)?);
             return Ok(());
         }
-        let p = processed_distribution(row, params, state, num_output)?;
         let draft = d.drafts[i];
-        let q_draft = d.dists.map_or(1.0, |q| q[i].prob(draft));
-        let u = state.draw_uniform();
-        if u * q_draft < p.prob(draft) {
-            out.push(reported_token(row, draft, params, state)?);
-            if out.len() >= limits.max_new || (limits.is_stop)(draft) {
-                return Ok(());
-            }
-            state.append_output(draft);
-            recorded.push(draft);
-            continue;
-        }
-        let residual = match d.dists {
-            Some(q) => p.residual(&q[i]),
-            None => p.residual(&TokenDistribution::one_hot(p.len(), draft)),
+        let replacement = if params.is_greedy() {
+            Some(processed_argmax(row, params, state, num_output)?).filter(|&t| t != draft)
+        } else {
+            judge_sampled(
+                row,
+                draft,
+                d.dists.map(|q| &q[i]),
+                params,
+                state,
+                num_output,
+            )?
         };
-        // A rejection leaves mass in the residual; rounding aside, `p` is the fallback.
-        let u = state.draw_uniform();
-        let token = residual
-            .unwrap_or(p)
-            .draw(u)
-            .ok_or(SamplerError::NoCandidates)?;
-        out.push(reported_token(row, token, params, state)?);
-        return Ok(());
+        if let Some(token) = replacement {
+            out.push(reported_token(row, token, params, state)?);
+            return Ok(());
+        }
+        out.push(reported_token(row, draft, params, state)?);
+        if out.len() >= limits.max_new || (limits.is_stop)(draft) {
+            return Ok(());
+        }
+        state.append_output(draft);
+        recorded.push(draft);
     }
     Ok(())
+}
+
+/// One sampled position: `None` when `draft` is accepted (probability `min(1, p/q)`), else
+/// the token drawn from the residual `max(p - q, 0)`. `q` is `None` for a certain draft.
+fn judge_sampled(
+    row: &[f32],
+    draft: u32,
+    q: Option<&TokenDistribution>,
+    params: &SamplingParams,
+    state: &mut SamplerState,
+    num_output: usize,
+) -> Result<Option<u32>, SamplerError> {
+    let p = processed_distribution(row, params, state, num_output)?;
+    let q_draft = q.map_or(1.0, |q| q.prob(draft));
+    let u = state.draw_uniform();
+    if u * q_draft < p.prob(draft) {
+        return Ok(None);
+    }
+    let residual = match q {
+        Some(q) => p.residual(q),
+        None => p.residual(&TokenDistribution::one_hot(p.len(), draft)),
+    };
+    // A rejection leaves mass in the residual; rounding aside, `p` is the fallback.
+    let u = state.draw_uniform();
+    residual
+        .unwrap_or(p)
+        .draw(u)
+        .map(Some)
+        .ok_or(SamplerError::NoCandidates)
 }
