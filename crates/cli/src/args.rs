@@ -82,6 +82,10 @@ pub struct EngineArgs {
     /// Speculate only while at most N sequences run (default 8).
     #[arg(long, value_name = "N")]
     pub speculative_max_batch: Option<usize>,
+    /// Cost of one draft token as a fraction of a decode step (default: 0.25 for n-gram,
+    /// 0.25 + draft/target weight size for a draft model); 0 always drafts K tokens.
+    #[arg(long, value_name = "C")]
+    pub speculative_draft_cost: Option<f64>,
     /// Longest sequence (prompt + output) allowed; at most the model's context length.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2..))]
     pub max_model_len: Option<u32>,

@@ -1,5 +1,6 @@
 //! `--speculative ngram[:MIN:MAX]` / `--speculative draft:PATH`, `--num-speculative-tokens K`
-//! and `--speculative-max-batch N`: the proposer and its configuration.
+//! `--speculative-max-batch N` and `--speculative-draft-cost C`: the proposer and its
+//! configuration.
 
 use std::path::PathBuf;
 
@@ -84,6 +85,13 @@ pub fn enable(
         config.max_batch_size = b;
     }
     let vocab = engine.model().config.vocab_size;
+    if let Some(d) = &draft {
+        let ratio = d.weight_bytes() as f64 / engine.model().weight_bytes().max(1) as f64;
+        config.draft_cost += ratio;
+    }
+    if let Some(c) = args.speculative_draft_cost {
+        config.draft_cost = c;
+    }
     let block_size = args.block_size as usize;
     let (proposer, what): (Box<dyn tandem_engine::speculative::Proposer>, String) = match method {
         SpecMethod::Ngram { min, max } => (
@@ -97,8 +105,8 @@ pub fn enable(
         }
     };
     eprintln!(
-        "tandem: speculative decoding with {what}, {} tokens per step, while at most {} sequences run",
-        config.num_tokens, config.max_batch_size
+        "tandem: speculative decoding with {what}, up to {} tokens per step (draft cost {:.2}), while at most {} sequences run",
+        config.num_tokens, config.draft_cost, config.max_batch_size
     );
     engine.enable_speculation(config, proposer)?;
     Ok(())

@@ -81,15 +81,16 @@ fn config(model: &Model, num_blocks: usize, budget: usize, block_size: usize) ->
 fn run(
     model: Model,
     config: SchedulerConfig,
-    spec: Option<(Box<dyn Proposer>, usize)>,
+    spec: Option<(Box<dyn Proposer>, usize, f64)>,
     reqs: &[GenerationRequest],
     per_step: usize,
 ) -> (Vec<Output>, SpecStats, Engine) {
     let mut engine = Engine::new(model, config, 7).expect("engine");
-    if let Some((proposer, k)) = spec {
+    if let Some((proposer, k, draft_cost)) = spec {
         let c = SpeculativeConfig {
             num_tokens: k,
             max_batch_size: 64,
+            draft_cost,
             ..SpeculativeConfig::default()
         };
         engine.enable_speculation(c, proposer).expect("valid");
@@ -184,7 +185,13 @@ fn check(load: fn() -> Model, prompts: &[Vec<TokenId>]) {
         } else {
             (Box::new(NgramProposer::new(1, 3).expect("sizes")), None)
         };
-        let (got, stats, engine) = run(m, c, Some((proposer, k)), &reqs, per_step);
+        // One variant lets each request choose its number of drafts (and pause).
+        let cost = if name.contains("one per step") {
+            0.25
+        } else {
+            0.0
+        };
+        let (got, stats, engine) = run(m, c, Some((proposer, k, cost)), &reqs, per_step);
         assert_same(name, &got, &plain);
         eprintln!(
             "{name:<32} drafts {:>4} tokens {:>5} accepted {:>5} ({:.2}), per position {:?}",

@@ -41,7 +41,7 @@ fn outputs(spec: Option<Box<dyn Proposer>>) -> (Vec<Vec<TokenId>>, SpecStats) {
         let c = SpeculativeConfig {
             num_tokens: 3,
             max_batch_size: 1024,
-            min_acceptance: 0.0,
+            draft_cost: 0.0,
             ..SpeculativeConfig::default()
         };
         engine.enable_speculation(c, p).expect("valid");

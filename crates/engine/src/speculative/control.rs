@@ -1,5 +1,6 @@
-//! When to speculate and what came of it: the configuration, the per-request acceptance
-//! back-off, the drafts' distributions between proposal and verification, and the counters.
+//! When to speculate and what came of it: the configuration, the number of drafts per
+//! request (chosen from its observed acceptance and the draft cost; a pause when none pays),
+//! the drafts' distributions between proposal and verification, and the counters.
 
 use std::collections::HashMap;
 
@@ -11,25 +12,29 @@ use crate::sequence::SeqId;
 /// How speculative decoding runs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpeculativeConfig {
-    /// Draft tokens proposed per sequence and step (`k`), 1..=[`MAX_SPECULATIVE_TOKENS`].
+    /// Most draft tokens proposed per sequence and step (`k`),
+    /// 1..=[`MAX_SPECULATIVE_TOKENS`].
     pub num_tokens: usize,
     /// Speculate only while at most this many sequences are running: past it the extra rows
     /// cost more than the steps they save.
     pub max_batch_size: usize,
-    /// A request whose smoothed acceptance rate (accepted / proposed, exponential moving
-    /// average) falls below this pauses speculation for `pause_steps` engine steps.
-    pub min_acceptance: f64,
-    /// Steps a request pauses after low acceptance before it tries again.
+    /// What one draft token costs (proposing it and verifying its row), as a fraction of a
+    /// plain decode step, `>= 0`. Each request drafts the number of tokens that maximises
+    /// its expected tokens per unit of cost under its observed acceptance, and none (for
+    /// `pause_steps` steps) when no number pays. 0: always draft `num_tokens`.
+    pub draft_cost: f64,
+    /// Steps a request stops drafting when drafting does not pay, before it tries again.
     pub pause_steps: u64,
 }
 
 impl Default for SpeculativeConfig {
+    /// k = 4, up to 8 running sequences, n-gram-like draft cost 0.25, pauses of 32 steps.
     fn default() -> SpeculativeConfig {
         SpeculativeConfig {
             num_tokens: 4,
             max_batch_size: 8,
-            min_acceptance: 0.15,
-            pause_steps: 16,
+            draft_cost: 0.25,
+            pause_steps: 32,
         }
     }
 }
@@ -43,10 +48,10 @@ impl SpeculativeConfig {
                 self.num_tokens
             )));
         }
-        if !(0.0..=1.0).contains(&self.min_acceptance) {
+        if !(self.draft_cost.is_finite() && self.draft_cost >= 0.0) {
             return Err(EngineError::InvalidConfig(format!(
-                "min_acceptance must be in [0, 1], got {}",
-                self.min_acceptance
+                "the draft cost must be finite and >= 0, got {}",
+                self.draft_cost
             )));
         }
         Ok(())
@@ -87,20 +92,50 @@ impl SpecStats {
     }
 }
 
-/// Weight of the newest step in a request's smoothed acceptance rate.
-const EMA_WEIGHT: f64 = 0.3;
+/// Each verification scales the earlier evidence of a request's acceptance by this.
+const DECAY: f64 = 0.8;
+/// Prior evidence of a fresh request: 1.4 accepted of 2 judged drafts (rate 0.7).
+const PRIOR: (f64, f64) = (1.4, 2.0);
 
 /// One request's speculation state.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct RequestSpec {
     /// Per-request `k` (0 turns speculation off for it).
     k_override: Option<usize>,
-    /// Smoothed acceptance rate; `None` until its first verification.
-    ema: Option<f64>,
+    /// Decayed counts (accepted drafts, judged drafts): a draft is judged when it, or every
+    /// draft before it, was accepted; the per-draft acceptance estimate is their ratio.
+    evidence: (f64, f64),
     /// No proposals before this step.
     paused_until: u64,
     /// The distributions of the drafts in flight (`None`: certain drafts).
     dists: Option<Vec<TokenDistribution>>,
+}
+
+impl Default for RequestSpec {
+    fn default() -> RequestSpec {
+        RequestSpec {
+            k_override: None,
+            evidence: PRIOR,
+            paused_until: 0,
+            dists: None,
+        }
+    }
+}
+
+/// The number of drafts in `0..=k_max` that maximises expected emitted tokens per cost,
+/// `(1 + a + ... + a^k) / (1 + cost * k)`, for per-draft acceptance `a`.
+pub fn best_num_drafts(a: f64, cost: f64, k_max: usize) -> usize {
+    let (mut best, mut best_rate) = (0, 1.0);
+    let (mut tokens, mut power) = (1.0, 1.0);
+    for k in 1..=k_max {
+        power *= a;
+        tokens += power;
+        let rate = tokens / (1.0 + cost * k as f64);
+        if rate > best_rate {
+            (best, best_rate) = (k, rate);
+        }
+    }
+    best
 }
 
 /// The engine's speculation: a proposer, its configuration, per-request state, counters.
@@ -157,14 +192,24 @@ impl Speculation {
     }
 
     /// How many drafts to ask for `id` this step, with at most `room` useful (0 = none).
-    pub fn wanted(&self, id: SeqId, room: usize) -> usize {
-        let r = self.requests.get(&id);
-        if r.is_some_and(|r| r.paused_until > self.step) {
+    /// When drafting does not pay at its observed acceptance, the request pauses.
+    pub fn wanted(&mut self, id: SeqId, room: usize) -> usize {
+        let step = self.step;
+        let (cost, pause) = (self.config.draft_cost, self.config.pause_steps);
+        let r = self.requests.entry(id).or_default();
+        if r.paused_until > step {
             return 0;
         }
-        let k = r
-            .and_then(|r| r.k_override)
-            .unwrap_or(self.config.num_tokens);
+        let k_max = r.k_override.unwrap_or(self.config.num_tokens);
+        let k = if cost == 0.0 || k_max == 0 {
+            k_max
+        } else {
+            best_num_drafts(r.evidence.0 / r.evidence.1, cost, k_max)
+        };
+        if k == 0 && k_max > 0 {
+            r.paused_until = step + pause;
+            r.evidence = PRIOR;
+        }
         k.min(room)
     }
 
@@ -185,8 +230,7 @@ impl Speculation {
         Some(d)
     }
 
-    /// Records a verification of `proposed` drafts of which the first `accepted` were kept,
-    /// and pauses the request when its smoothed acceptance stays low.
+    /// Records a verification of `proposed` drafts of which the first `accepted` were kept.
     pub fn record(&mut self, id: SeqId, proposed: usize, accepted: usize) {
         if proposed == 0 {
             return;
@@ -197,17 +241,12 @@ impl Speculation {
         for slot in self.stats.accepted_per_position.iter_mut().take(accepted) {
             *slot += 1;
         }
-        let rate = accepted as f64 / proposed as f64;
+        let judged = accepted + usize::from(accepted < proposed);
         let r = self.requests.entry(id).or_default();
-        let ema = r
-            .ema
-            .map_or(rate, |e| (1.0 - EMA_WEIGHT) * e + EMA_WEIGHT * rate);
-        if ema < self.config.min_acceptance {
-            r.paused_until = self.step + self.config.pause_steps;
-            r.ema = None;
-        } else {
-            r.ema = Some(ema);
-        }
+        r.evidence = (
+            DECAY * r.evidence.0 + accepted as f64,
+            DECAY * r.evidence.1 + judged as f64,
+        );
     }
 
     /// Forgets a finished request.
@@ -223,6 +262,16 @@ mod tests {
     use crate::speculative::NgramProposer;
 
     #[test]
+    fn the_number_of_drafts_follows_acceptance_and_cost() {
+        assert_eq!(best_num_drafts(0.9, 0.25, 8), 6);
+        assert_eq!(best_num_drafts(0.5, 0.25, 8), 1);
+        assert_eq!(best_num_drafts(0.7, 0.25, 8), 2);
+        assert_eq!(best_num_drafts(0.15, 0.25, 8), 0, "1.15 / 1.25 < 1");
+        assert_eq!(best_num_drafts(1.0, 0.0, 5), 5);
+        assert_eq!(best_num_drafts(0.99, 0.25, 3), 3, "capped");
+    }
+
+    #[test]
     fn low_acceptance_pauses_a_request_then_it_retries() {
         let config = SpeculativeConfig {
             pause_steps: 3,
@@ -231,22 +280,24 @@ mod tests {
         let mut s = Speculation::new(config, Box::new(NgramProposer::default())).expect("ok");
         let id = SeqId(1);
         assert!(s.begin_step(1));
-        assert_eq!(s.wanted(id, 10), 4);
-        s.record(id, 4, 4);
+        assert_eq!(s.wanted(id, 10), 2, "the prior (0.7) asks for 2");
+        for _ in 0..4 {
+            s.record(id, 4, 4);
+        }
+        assert_eq!(s.wanted(id, 10), 4, "all accepted: the full k");
         assert_eq!(s.wanted(id, 2), 2, "never more than the room");
-        for _ in 0..5 {
-            s.record(id, 4, 0); // EMA 0.7, 0.49, 0.34, 0.24, 0.17: still above 0.15
+        for _ in 0..12 {
+            s.record(id, 2, 0);
         }
-        assert_eq!(s.wanted(id, 10), 4);
-        s.record(id, 4, 0); // 0.12
         assert_eq!(s.wanted(id, 10), 0, "paused");
-        for _ in 0..3 {
-            s.begin_step(1);
-        }
-        assert_eq!(s.wanted(id, 10), 4, "tries again");
-        assert_eq!(s.stats().num_drafts, 7);
-        assert_eq!(s.stats().num_accepted_tokens, 4);
-        assert_eq!(s.stats().accepted_per_position, vec![1, 1, 1, 1]);
+        s.begin_step(1);
+        s.begin_step(1);
+        assert_eq!(s.wanted(id, 10), 0, "still paused");
+        s.begin_step(1);
+        assert_eq!(s.wanted(id, 10), 2, "tries again from the prior");
+        assert_eq!(s.stats().num_drafts, 16);
+        assert_eq!(s.stats().num_accepted_tokens, 16);
+        assert_eq!(s.stats().accepted_per_position, vec![4, 4, 4, 4]);
         assert!(!s.begin_step(9), "too many running sequences");
         s.set_num_tokens(id, 0);
         assert_eq!(s.wanted(id, 10), 0);
