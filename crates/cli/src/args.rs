@@ -82,8 +82,9 @@ pub struct EngineArgs {
     /// Speculate only while at most N sequences run (default 8).
     #[arg(long, value_name = "N")]
     pub speculative_max_batch: Option<usize>,
-    /// Cost of one draft token as a fraction of a decode step (default: 0.25 for n-gram,
-    /// 0.25 + draft/target weight size for a draft model); 0 always drafts K tokens.
+    /// Cost of one draft token as a fraction of a decode step, on top of 0.2 per verifying
+    /// step (default: 0.2 for n-gram, 0.2 + draft/target weight size for a draft model);
+    /// 0 always drafts K tokens.
     #[arg(long, value_name = "C")]
     pub speculative_draft_cost: Option<f64>,
     /// Longest sequence (prompt + output) allowed; at most the model's context length.

@@ -91,6 +91,9 @@ pub fn enable(
     }
     if let Some(c) = args.speculative_draft_cost {
         config.draft_cost = c;
+        if c == 0.0 {
+            config.verify_cost = 0.0;
+        }
     }
     let block_size = args.block_size as usize;
     let (proposer, what): (Box<dyn tandem_engine::speculative::Proposer>, String) = match method {

@@ -91,6 +91,7 @@ fn run(
             num_tokens: k,
             max_batch_size: 64,
             draft_cost,
+            verify_cost: draft_cost,
             ..SpeculativeConfig::default()
         };
         engine.enable_speculation(c, proposer).expect("valid");

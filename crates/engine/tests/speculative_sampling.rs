@@ -42,6 +42,7 @@ fn outputs(spec: Option<Box<dyn Proposer>>) -> (Vec<Vec<TokenId>>, SpecStats) {
             num_tokens: 3,
             max_batch_size: 1024,
             draft_cost: 0.0,
+            verify_cost: 0.0,
             ..SpeculativeConfig::default()
         };
         engine.enable_speculation(c, p).expect("valid");

@@ -18,22 +18,29 @@ pub struct SpeculativeConfig {
     /// Speculate only while at most this many sequences are running: past it the extra rows
     /// cost more than the steps they save.
     pub max_batch_size: usize,
-    /// What one draft token costs (proposing it and verifying its row), as a fraction of a
-    /// plain decode step, `>= 0`. Each request drafts the number of tokens that maximises
-    /// its expected tokens per unit of cost under its observed acceptance, and none (for
-    /// `pause_steps` steps) when no number pays. 0: always draft `num_tokens`.
+    /// What a step with drafts costs beyond a plain decode step, as fractions of a plain
+    /// decode step: `verify_cost` once (the multi-token path) plus `draft_cost` per draft
+    /// token (proposing it and verifying its row). Each request drafts the number of tokens
+    /// that maximises its expected tokens per unit of cost under its observed acceptance,
+    /// and none (for `pause_steps` steps) when no number pays. Both 0: always draft
+    /// `num_tokens`.
+    pub verify_cost: f64,
+    /// See `verify_cost`.
     pub draft_cost: f64,
     /// Steps a request stops drafting when drafting does not pay, before it tries again.
     pub pause_steps: u64,
 }
 
 impl Default for SpeculativeConfig {
-    /// k = 4, up to 8 running sequences, n-gram-like draft cost 0.25, pauses of 32 steps.
+    /// k = 4, up to 8 running sequences, the costs of n-gram drafts measured on the default
+    /// model (0.2 + 0.2 per draft: a step verifying 4 drafts takes twice a decode step),
+    /// pauses of 32 steps.
     fn default() -> SpeculativeConfig {
         SpeculativeConfig {
             num_tokens: 4,
             max_batch_size: 8,
-            draft_cost: 0.25,
+            verify_cost: 0.2,
+            draft_cost: 0.2,
             pause_steps: 32,
         }
     }
@@ -48,11 +55,12 @@ impl SpeculativeConfig {
                 self.num_tokens
             )));
         }
-        if !(self.draft_cost.is_finite() && self.draft_cost >= 0.0) {
-            return Err(EngineError::InvalidConfig(format!(
-                "the draft cost must be finite and >= 0, got {}",
-                self.draft_cost
-            )));
+        for (name, c) in [("draft", self.draft_cost), ("verify", self.verify_cost)] {
+            if !(c.is_finite() && c >= 0.0) {
+                return Err(EngineError::InvalidConfig(format!(
+                    "the {name} cost must be finite and >= 0, got {c}"
+                )));
+            }
         }
         Ok(())
     }
@@ -123,14 +131,15 @@ impl Default for RequestSpec {
 }
 
 /// The number of drafts in `0..=k_max` that maximises expected emitted tokens per cost,
-/// `(1 + a + ... + a^k) / (1 + cost * k)`, for per-draft acceptance `a`.
-pub fn best_num_drafts(a: f64, cost: f64, k_max: usize) -> usize {
+/// `(1 + a + ... + a^k) / (1 + fixed + per_draft * k)` (and 1 for `k = 0`), for per-draft
+/// acceptance `a`.
+pub fn best_num_drafts(a: f64, fixed: f64, per_draft: f64, k_max: usize) -> usize {
     let (mut best, mut best_rate) = (0, 1.0);
     let (mut tokens, mut power) = (1.0, 1.0);
     for k in 1..=k_max {
         power *= a;
         tokens += power;
-        let rate = tokens / (1.0 + cost * k as f64);
+        let rate = tokens / (1.0 + fixed + per_draft * k as f64);
         if rate > best_rate {
             (best, best_rate) = (k, rate);
         }
@@ -195,16 +204,17 @@ impl Speculation {
     /// When drafting does not pay at its observed acceptance, the request pauses.
     pub fn wanted(&mut self, id: SeqId, room: usize) -> usize {
         let step = self.step;
-        let (cost, pause) = (self.config.draft_cost, self.config.pause_steps);
+        let (fixed, cost) = (self.config.verify_cost, self.config.draft_cost);
+        let pause = self.config.pause_steps;
         let r = self.requests.entry(id).or_default();
         if r.paused_until > step {
             return 0;
         }
         let k_max = r.k_override.unwrap_or(self.config.num_tokens);
-        let k = if cost == 0.0 || k_max == 0 {
+        let k = if (fixed == 0.0 && cost == 0.0) || k_max == 0 {
             k_max
         } else {
-            best_num_drafts(r.evidence.0 / r.evidence.1, cost, k_max)
+            best_num_drafts(r.evidence.0 / r.evidence.1, fixed, cost, k_max)
         };
         if k == 0 && k_max > 0 {
             r.paused_until = step + pause;
@@ -263,12 +273,12 @@ mod tests {
 
     #[test]
     fn the_number_of_drafts_follows_acceptance_and_cost() {
-        assert_eq!(best_num_drafts(0.9, 0.25, 8), 6);
-        assert_eq!(best_num_drafts(0.5, 0.25, 8), 1);
-        assert_eq!(best_num_drafts(0.7, 0.25, 8), 2);
-        assert_eq!(best_num_drafts(0.15, 0.25, 8), 0, "1.15 / 1.25 < 1");
-        assert_eq!(best_num_drafts(1.0, 0.0, 5), 5);
-        assert_eq!(best_num_drafts(0.99, 0.25, 3), 3, "capped");
+        assert_eq!(best_num_drafts(0.9, 0.2, 0.2, 8), 7);
+        assert_eq!(best_num_drafts(0.7, 0.2, 0.2, 8), 3);
+        assert_eq!(best_num_drafts(0.5, 0.2, 0.2, 8), 2);
+        assert_eq!(best_num_drafts(0.3, 0.2, 0.2, 8), 0, "1.3 / 1.4 < 1");
+        assert_eq!(best_num_drafts(1.0, 0.0, 0.0, 5), 5);
+        assert_eq!(best_num_drafts(0.99, 0.2, 0.2, 3), 3, "capped");
     }
 
     #[test]
@@ -280,7 +290,7 @@ mod tests {
         let mut s = Speculation::new(config, Box::new(NgramProposer::default())).expect("ok");
         let id = SeqId(1);
         assert!(s.begin_step(1));
-        assert_eq!(s.wanted(id, 10), 2, "the prior (0.7) asks for 2");
+        assert_eq!(s.wanted(id, 10), 3, "the prior (0.7) asks for 3");
         for _ in 0..4 {
             s.record(id, 4, 4);
         }
@@ -294,7 +304,7 @@ mod tests {
         s.begin_step(1);
         assert_eq!(s.wanted(id, 10), 0, "still paused");
         s.begin_step(1);
-        assert_eq!(s.wanted(id, 10), 2, "tries again from the prior");
+        assert_eq!(s.wanted(id, 10), 3, "tries again from the prior");
         assert_eq!(s.stats().num_drafts, 16);
         assert_eq!(s.stats().num_accepted_tokens, 16);
         assert_eq!(s.stats().accepted_per_position, vec![4, 4, 4, 4]);
