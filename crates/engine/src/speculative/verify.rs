@@ -162,3 +162,96 @@ fn judge_sampled(
         .map(Some)
         .ok_or(SamplerError::NoCandidates)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NEVER: &dyn Fn(u32) -> bool = &|_| false;
+
+    fn greedy_verify(
+        rows: &[&[f32]],
+        drafts: &[u32],
+        params: &SamplingParams,
+        state: &mut SamplerState,
+        limits: &Limits<'_>,
+    ) -> Vec<u32> {
+        let d = DraftRows {
+            rows,
+            drafts,
+            dists: None,
+        };
+        verify(d, params, state, 0, limits)
+            .expect("finite rows")
+            .iter()
+            .map(|t| t.token)
+            .collect()
+    }
+
+    #[test]
+    fn all_accepted_drafts_get_a_bonus_token() {
+        let row: &[f32] = &[0.0, 3.0, 1.0];
+        let rows = [row, row, row];
+        let limits = Limits {
+            max_new: 10,
+            is_stop: NEVER,
+        };
+        let mut state = SamplerState::new(0, &[]);
+        let out = greedy_verify(
+            &rows,
+            &[1, 1],
+            &SamplingParams::greedy(),
+            &mut state,
+            &limits,
+        );
+        assert_eq!(out, vec![1, 1, 1]);
+        assert_eq!(state.output_count(1), 0, "the history is restored");
+    }
+
+    #[test]
+    fn stop_tokens_and_max_new_cut_an_accepted_run() {
+        let row: &[f32] = &[0.0, 3.0, 1.0];
+        let rows = [row, row, row, row];
+        let mut state = SamplerState::new(0, &[]);
+        let stop_on_1: &dyn Fn(u32) -> bool = &|t| t == 1;
+        let limits = Limits {
+            max_new: 10,
+            is_stop: stop_on_1,
+        };
+        let greedy = SamplingParams::greedy();
+        assert_eq!(
+            greedy_verify(&rows, &[1, 1, 1], &greedy, &mut state, &limits),
+            vec![1]
+        );
+        let limits = Limits {
+            max_new: 2,
+            is_stop: NEVER,
+        };
+        assert_eq!(
+            greedy_verify(&rows, &[1, 1, 1], &greedy, &mut state, &limits),
+            vec![1, 1]
+        );
+    }
+
+    #[test]
+    fn penalties_see_the_preceding_drafts() {
+        // Token 1 leads token 2 by 0.5; once token 1 is in the history, a frequency penalty
+        // of 1 puts token 2 ahead, so the second draft (1 again) is rejected for 2.
+        let row: &[f32] = &[0.0, 3.0, 2.5];
+        let rows = [row, row, row];
+        let params = SamplingParams {
+            frequency_penalty: 1.0,
+            ..SamplingParams::greedy()
+        };
+        let limits = Limits {
+            max_new: 10,
+            is_stop: NEVER,
+        };
+        let mut state = SamplerState::new(0, &[]);
+        assert_eq!(
+            greedy_verify(&rows, &[1, 1], &params, &mut state, &limits),
+            vec![1, 2]
+        );
+        assert_eq!(state.output_count(1), 0, "the history is restored");
+    }
+}
