@@ -181,6 +181,7 @@ impl Generation {
                     finish: None,
                 })
             }
+            RequestEvent::PromptLogprobs { .. } => None,
             RequestEvent::Finished(reason) => {
                 let tail = choice.stream.finish();
                 let fin = if tail.stopped.is_some() {

@@ -27,6 +27,7 @@ fn reference_greedy(prompt: &[u32], max_tokens: usize) -> Vec<u32> {
                 ..RequestParams::default()
             },
             sample_index: 0,
+            prompt_logprobs: None,
         })
         .expect("accepted");
     let mut out = Vec::new();
