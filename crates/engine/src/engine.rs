@@ -50,7 +50,7 @@ pub struct GenerationRequest {
     /// `Some(k)`: also score every prompt token (its logprob, rank and `k` alternatives, at
     /// most [`crate::sampler::MAX_TOP_LOGPROBS`]), see [`EngineEvent::PromptLogprobs`]. Then
     /// `limits.max_tokens` may be 0: the request ends after its prompt with `Length`.
-    /// Not with beam search; with `n > 1` only the first id gets them.
+    /// Not with beam search; with `n > 1` every sample gets them (computed once).
     pub prompt_logprobs: Option<usize>,
 }
 

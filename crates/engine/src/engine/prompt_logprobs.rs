@@ -23,7 +23,8 @@
 //! `entries[0]` and is always >= 1 (position 0 has no logprob: nothing predicts it). The
 //! chunks of one request are contiguous and in order, and every index `1..prompt_len` is
 //! emitted exactly once: a preempted request recomputes its prompt without emitting again. A
-//! one-token prompt emits nothing. `n > 1` groups emit under the group's first id only.
+//! one-token prompt emits nothing. The members of an `n > 1` group share the prompt: each
+//! gets the same events (computed once).
 //! A position the request never computes (a future prefix-cache hit that skips it) would
 //! leave a gap that `start` makes visible; the cache must not skip positions of such requests.
 
@@ -100,7 +101,7 @@ pub(super) struct PromptLogprobs {
 pub(super) struct Extracted {
     /// The logits of the rows the plan itself asked for, in the plan's order.
     pub(super) sampling: Logits,
-    /// One event per sequence that got prompt rows.
+    /// One event per sequence that got prompt rows (and per pending sibling of its group).
     pub(super) events: Vec<EngineEvent>,
     /// Sequences whose prompt rows were not finite, with the reason.
     pub(super) failed: Vec<(SeqId, String)>,
@@ -190,11 +191,14 @@ impl PromptLogprobs {
             match scored {
                 Ok(entries) => {
                     p.next = r.first + r.len;
-                    events.push(EngineEvent::PromptLogprobs {
-                        seq_id: r.seq_id,
+                    // The group's pending siblings share the prompt: each gets a copy.
+                    let group =
+                        std::iter::once(&r.seq_id).chain(scheduler.pending_siblings(r.seq_id));
+                    events.extend(group.map(|&seq_id| EngineEvent::PromptLogprobs {
+                        seq_id,
                         start: r.first,
-                        entries,
-                    });
+                        entries: entries.clone(),
+                    }));
                 }
                 Err(e) => failed.push((r.seq_id, format!("prompt logprobs: {e}"))),
             }
