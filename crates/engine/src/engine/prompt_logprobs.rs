@@ -159,12 +159,6 @@ impl PromptLogprobs {
         plan_rows: &[usize],
         scheduler: &Scheduler,
     ) -> Extracted {
-        let index = |flat: usize| {
-            logits
-                .rows()
-                .binary_search(&flat)
-                .expect("every planned and prompt row has logits")
-        };
         let mut events = Vec::with_capacity(rows.len());
         let mut failed = Vec::new();
         for r in rows {
@@ -175,19 +169,7 @@ impl PromptLogprobs {
                 (Some(p), Some(seq)) => (p, seq),
                 _ => continue,
             };
-            let prompt = &seq.tokens()[..seq.prompt_len()];
-            let scored: std::result::Result<Vec<PromptTokenLogprob>, _> = (0..r.len)
-                .map(|j| {
-                    let token = prompt[r.first + j];
-                    let s = score_row(&logits, index(r.first_row + j), token, p.top_k, true)?;
-                    Ok::<_, tandem_model::ModelError>(PromptTokenLogprob {
-                        token,
-                        logprob: s.logprob,
-                        rank: s.rank.expect("asked for the rank"),
-                        top: s.top,
-                    })
-                })
-                .collect();
+            let scored = score_rows(&logits, r, &seq.tokens()[..seq.prompt_len()], p.top_k);
             match scored {
                 Ok(entries) => {
                     p.next = r.first + r.len;
@@ -214,6 +196,32 @@ impl PromptLogprobs {
             failed,
         }
     }
+}
+
+/// The scores of the prompt tokens `r` predicts, from the forward's `logits`.
+fn score_rows(
+    logits: &Logits,
+    r: &PromptRows,
+    prompt: &[TokenId],
+    top_k: usize,
+) -> tandem_model::Result<Vec<PromptTokenLogprob>> {
+    (0..r.len)
+        .map(|j| {
+            let flat = r.first_row + j;
+            let row = logits
+                .rows()
+                .binary_search(&flat)
+                .expect("every prompt row has logits");
+            let token = prompt[r.first + j];
+            let s = score_row(logits, row, token, top_k, true)?;
+            Ok(PromptTokenLogprob {
+                token,
+                logprob: s.logprob,
+                rank: s.rank.expect("asked for the rank"),
+                top: s.top,
+            })
+        })
+        .collect()
 }
 
 /// Adds the prompt rows to the batch's explicit output rows (kept increasing).

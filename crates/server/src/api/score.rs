@@ -58,6 +58,7 @@ use super::App;
 use crate::engine_thread::{GroupEvent, RequestEvent, SubmitError};
 use crate::error::{ApiError, ApiResult};
 use tandem_engine::FinishReason;
+use tokio::sync::mpsc::UnboundedReceiver;
 
 /// The fields of a score request (unknown fields are ignored).
 #[derive(Debug, Default, Deserialize)]
@@ -282,8 +283,27 @@ async fn run_items(
         SubmitError::Refused(e) => ApiError::from_engine(&e, "input"),
         SubmitError::Unavailable => ApiError::unavailable(e.to_string()),
     })?;
-    let mut scores: Vec<Vec<PromptTokenLogprob>> = vec![Vec::new(); items.len()];
-    let mut open = items.len();
+    let scores = collect_scores(&mut events, items.len()).await?;
+    for (i, (s, item)) in scores.iter().zip(items).enumerate() {
+        if s.len() + 1 != item.tokens.len() {
+            return Err(ApiError::internal(format!(
+                "item {i}: {} of {} positions were scored",
+                s.len(),
+                item.tokens.len() - 1
+            )));
+        }
+    }
+    Ok(scores)
+}
+
+/// The prompt scores of `num_items` prompt-only requests, from their events until all
+/// finished.
+async fn collect_scores(
+    events: &mut UnboundedReceiver<GroupEvent>,
+    num_items: usize,
+) -> ApiResult<Vec<Vec<PromptTokenLogprob>>> {
+    let mut scores: Vec<Vec<PromptTokenLogprob>> = vec![Vec::new(); num_items];
+    let mut open = num_items;
     while open > 0 {
         let Some(GroupEvent { index, event }) = events.recv().await else {
             return Err(ApiError::unavailable("the engine stopped"));
@@ -305,15 +325,6 @@ async fn run_items(
                 return Err(ApiError::unavailable("the request was aborted"))
             }
             RequestEvent::Token { .. } => {}
-        }
-    }
-    for (i, (s, item)) in scores.iter().zip(items).enumerate() {
-        if s.len() + 1 != item.tokens.len() {
-            return Err(ApiError::internal(format!(
-                "item {i}: {} of {} positions were scored",
-                s.len(),
-                item.tokens.len() - 1
-            )));
         }
     }
     Ok(scores)
