@@ -374,3 +374,33 @@ fn bad_score_and_echo_requests_get_400s() {
     assert!(idle(&get(addr, "/health").json()));
     server.shutdown().expect("clean shutdown");
 }
+
+#[test]
+fn every_choice_of_n_echoes_the_shared_prompt() {
+    let server = start_server(&fixture_path(), |_| {});
+    let addr = server.addr();
+    let lm = load(&fixture_path());
+    let ids: Vec<u32> = vec![9, 30, 77, 150, 4];
+    let body = json!({"prompt": ids, "echo": true, "logprobs": 1, "max_tokens": 3, "n": 2,
+                      "seed": 5, "temperature": 1.0, "ignore_eos": true});
+    let r = post(addr, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let prompt_text = lm.tokenizer.decode(&ids, false).expect("decodes");
+    let reference = reference(&lm, &ids, 1);
+    for c in v["choices"].as_array().expect("choices") {
+        assert!(c["text"].as_str().expect("text").starts_with(&prompt_text));
+        let lp = &c["logprobs"]["token_logprobs"];
+        assert!(lp[0].is_null());
+        for (i, p) in reference.positions.iter().enumerate().skip(1) {
+            let p = p.as_ref().expect("scored");
+            assert_f32(
+                &lp[i],
+                p.logprob,
+                &format!("choice {} token {i}", c["index"]),
+            );
+        }
+        assert_eq!(lp.as_array().expect("list").len(), ids.len() + 3);
+    }
+    server.shutdown().expect("clean shutdown");
+}
