@@ -70,6 +70,7 @@ pub fn run(engine: &mut Engine, prompts: Vec<Vec<TokenId>>, gen_len: usize) -> R
                 ..RequestParams::default()
             },
             sample_index: 0,
+            prompt_logprobs: None,
         })?;
     }
     let mut firsts = std::collections::HashSet::new();

@@ -102,6 +102,7 @@ fn submit(
                 sampling: job.sampling,
                 limits: job.limits,
                 sample_index: 0,
+                prompt_logprobs: None,
             },
         );
         let admitted = match beam {
@@ -218,6 +219,7 @@ pub fn run_jobs(
                     );
                     observer.finished(r.index, generated);
                 }
+                EngineEvent::PromptLogprobs { .. } => {} // `generate` never asks for them
             }
         }
     }

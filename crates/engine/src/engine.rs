@@ -13,6 +13,11 @@
 //! Beam search ([`Engine::add_beam_request`], see `engine/beams.rs` and
 //! [`crate::beam_search`]) is the other decoding mode: beams are managed sequences sharing
 //! prefix blocks, stepped together once all their logits are out.
+//!
+//! Prompt logprobs ([`GenerationRequest::prompt_logprobs`], see `engine/prompt_logprobs.rs`):
+//! the prompt's rows are scored as they are prefilled and arrive as
+//! [`EngineEvent::PromptLogprobs`]; with `max_tokens == 0` the request ends right after its
+//! prompt (a scoring request).
 
 use std::collections::HashMap;
 
@@ -28,8 +33,11 @@ use crate::sequence::{FinishReason, RequestParams, SeqId};
 use crate::step_plan::{to_forward_batch, StepResult};
 
 mod beams;
+mod prompt_logprobs;
 mod sampling;
 mod speculation;
+
+pub use prompt_logprobs::PromptTokenLogprob;
 
 /// One generation request: its prompt, how to choose tokens, and when to stop.
 #[derive(Debug, Clone)]
@@ -40,6 +48,11 @@ pub struct GenerationRequest {
     /// Which sample of its prompt this is (0 for the first; `n > 1` requests number their
     /// samples), so that seeded siblings draw from distinct, reproducible streams.
     pub sample_index: u64,
+    /// `Some(k)`: also score every prompt token (its logprob, rank and `k` alternatives, at
+    /// most [`crate::sampler::MAX_TOP_LOGPROBS`]), see [`EngineEvent::PromptLogprobs`]. Then
+    /// `limits.max_tokens` may be 0: the request ends after its prompt with `Length`.
+    /// Not with beam search; with `n > 1` every sample gets them (computed once).
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// What a client learns from a step, in order per request.
@@ -55,6 +68,14 @@ pub enum EngineEvent {
     },
     /// The request finished; its KV blocks are already released.
     Finished { seq_id: SeqId, reason: FinishReason },
+    /// Scores of prompt tokens `start..start + entries.len()` (`start >= 1`: nothing predicts
+    /// prompt token 0), computed this step; chunks arrive in order, each index once, before
+    /// the request's other events of the step (see `engine/prompt_logprobs.rs`).
+    PromptLogprobs {
+        seq_id: SeqId,
+        start: usize,
+        entries: Vec<PromptTokenLogprob>,
+    },
 }
 
 /// A request's sampling side, kept beside the scheduler's sequence.
@@ -73,6 +94,8 @@ pub struct Engine {
     requests: HashMap<SeqId, ActiveRequest>,
     /// Beam search requests.
     beams: beams::Beams,
+    /// Requests still owed prompt logprobs.
+    prompt_logprobs: prompt_logprobs::PromptLogprobs,
     /// Seeds the random streams of requests that bring no seed of their own.
     seed: u64,
     /// Speculative decoding, when enabled (see `engine/speculation.rs`).
@@ -91,6 +114,7 @@ impl Engine {
             scheduler,
             requests: HashMap::new(),
             beams: beams::Beams::default(),
+            prompt_logprobs: prompt_logprobs::PromptLogprobs::default(),
             seed,
             spec: None,
         })
@@ -121,6 +145,9 @@ impl Engine {
         self.validate(&req)?;
         let prompt_ids: Vec<u32> = req.prompt.iter().map(|t| t.0).collect();
         let ids = self.scheduler.add_group(req.prompt, req.limits, n)?;
+        if let Some(k) = req.prompt_logprobs {
+            self.prompt_logprobs.register(ids[0], k);
+        }
         // A seeded request's stream depends only on its seed and sample index, never on what
         // else is running; an unseeded one gets a stream of its own from the engine seed.
         let base = req
@@ -139,6 +166,7 @@ impl Engine {
     /// The refusals of a sampled request (the scheduler adds its own).
     fn validate(&self, req: &GenerationRequest) -> Result<()> {
         req.sampling.validate(self.model.config.vocab_size)?;
+        prompt_logprobs::validate(req)?;
         self.check_prompt(req)
     }
 
@@ -195,10 +223,26 @@ impl Engine {
         for &(src, dst) in &plan.block_copies {
             self.kv.copy_block(src, dst);
         }
-        let (events, sampled) = match self.model.forward(&to_forward_batch(&plan), &mut self.kv) {
-            Ok(logits) => {
+        let mut batch = to_forward_batch(&plan);
+        let plan_rows = batch.output_rows();
+        let prompt_rows = self.prompt_logprobs.plan_rows(&plan, &self.scheduler);
+        prompt_logprobs::widen_output(&mut batch, &prompt_rows);
+        let mut out = Vec::new();
+        let (events, sampled) = match self.model.forward(&batch, &mut self.kv) {
+            Ok(mut logits) => {
+                let mut failed = Vec::new();
+                if !prompt_rows.is_empty() {
+                    let x = self.prompt_logprobs.extract(
+                        logits,
+                        &prompt_rows,
+                        &plan_rows,
+                        &self.scheduler,
+                    );
+                    (logits, out, failed) = (x.sampling, x.events, x.failed);
+                }
                 let samples = self.sample_plan(&plan, &logits);
-                let mut events = self.end_failed(samples.failed);
+                failed.extend(samples.failed);
+                let mut events = self.end_failed(failed);
                 events.extend(self.scheduler.update(&StepResult {
                     step: plan.step,
                     outputs: samples.outputs,
@@ -210,8 +254,9 @@ impl Engine {
                 (self.scheduler.fail_step(&message), HashMap::new())
             }
         };
-        let mut out = self.translate(events, sampled);
+        out.extend(self.translate(events, sampled));
         out.extend(self.advance_beams()?);
+        self.prompt_logprobs.retain_live(&self.scheduler);
         Ok(out)
     }
 }

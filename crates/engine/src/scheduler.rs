@@ -145,24 +145,20 @@ impl Scheduler {
         !self.seqs.is_empty()
     }
 
-    /// Queues a request. Refuses, changing nothing, an empty prompt, `max_tokens == 0`, and a
-    /// prompt that can never run: longer than `max_model_len` or needing more blocks than the
-    /// whole pool.
+    /// Queues a request. Refuses, changing nothing, an empty prompt and a prompt that can never
+    /// run: longer than `max_model_len` or needing more blocks than the whole pool. With
+    /// `max_tokens == 0` only the prompt is computed (for its prompt logprobs): the sequence
+    /// then finishes with `Length`, no token sampled.
     pub fn add_request(&mut self, prompt: Vec<TokenId>, params: RequestParams) -> Result<SeqId> {
-        self.check_request(&prompt, &params)?;
+        self.check_request(&prompt)?;
         Ok(self.push_request(prompt, params, false))
     }
 
     /// The refusals of [`Scheduler::add_request`].
-    fn check_request(&self, prompt: &[TokenId], params: &RequestParams) -> Result<()> {
+    fn check_request(&self, prompt: &[TokenId]) -> Result<()> {
         let len = prompt.len();
         if len == 0 {
             return Err(EngineError::EmptyPrompt);
-        }
-        if params.max_tokens == 0 {
-            return Err(EngineError::InvalidParams(
-                "max_tokens must be at least 1".into(),
-            ));
         }
         if len > self.config.max_model_len {
             return Err(EngineError::PromptTooLong {
@@ -379,7 +375,11 @@ impl Scheduler {
         Grant {
             seq_id: id,
             num_new,
-            num_output_rows: if reaches_end { 1 + seq.num_draft() } else { 0 },
+            num_output_rows: if reaches_end && seq.params().max_tokens > 0 {
+                1 + seq.num_draft()
+            } else {
+                0
+            },
             siblings,
         }
     }

@@ -61,7 +61,8 @@ pub enum SchedulingPolicy {
 /// tokens are chosen lives in [`crate::sampler::SamplingParams`].)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestParams {
-    /// Output tokens to generate at most; at least 1.
+    /// Output tokens to generate at most. 0 computes the prompt only (for its prompt logprobs;
+    /// the engine refuses it otherwise) and finishes with `Length`.
     pub max_tokens: usize,
     /// Keep generating past the model's EOS tokens.
     pub ignore_eos: bool,

@@ -50,6 +50,7 @@ fn request(prompt: Vec<TokenId>, max_tokens: usize, stop: Vec<TokenId>) -> Gener
             ..RequestParams::default()
         },
         sample_index: 0,
+        prompt_logprobs: None,
     }
 }
 
@@ -148,6 +149,7 @@ fn drain(
                     beams.insert(seq_id, h);
                 }
                 EngineEvent::Finished { .. } => {}
+                EngineEvent::PromptLogprobs { .. } => panic!("no request asked for them"),
             }
         }
     }

@@ -65,6 +65,7 @@ fn request(prompt: &[TokenId], i: usize, sampled: bool) -> GenerationRequest {
         sampling,
         limits,
         sample_index: 0,
+        prompt_logprobs: None,
     }
 }
 

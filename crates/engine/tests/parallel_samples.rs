@@ -49,6 +49,7 @@ fn request(prompt: Vec<TokenId>, seed: u64, max_tokens: usize) -> GenerationRequ
             ..RequestParams::default()
         },
         sample_index: 0,
+        prompt_logprobs: None,
     }
 }
 

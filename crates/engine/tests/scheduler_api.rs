@@ -71,10 +71,6 @@ fn impossible_prompts_are_refused_and_leak_nothing() {
         s.add_request(vec![], params(1)),
         Err(EngineError::EmptyPrompt)
     );
-    assert!(matches!(
-        s.add_request(toks(3), params(0)),
-        Err(EngineError::InvalidParams(_))
-    ));
     assert!(!s.has_unfinished());
     assert!(s.allocator().is_idle());
     assert!(s.schedule().expect("nothing in flight").is_empty());
@@ -95,6 +91,38 @@ fn impossible_prompts_are_refused_and_leak_nothing() {
             },
         ]
     );
+    assert!(s.allocator().is_idle());
+}
+
+#[test]
+fn prompt_only_requests_finish_after_their_prompt() {
+    let mut c = SchedulerConfig::new(16, 4, 64);
+    c.max_num_batched_tokens = 4;
+    let mut s = Scheduler::new(c).expect("valid config");
+    assert!(matches!(
+        s.add_group(toks(3), params(0), 2),
+        Err(EngineError::InvalidParams(m)) if m.contains("max_tokens")
+    ));
+    assert!(matches!(
+        s.add_managed(toks(3), params(0), 2),
+        Err(EngineError::InvalidParams(m)) if m.contains("max_tokens")
+    ));
+    let id = s
+        .add_request(toks(6), params(0))
+        .expect("a prompt-only request");
+    let (plan, events) = step(&mut s, 5);
+    assert_eq!(shape(&plan), vec![(id.0, 0, 4, 0)]);
+    assert!(events.is_empty());
+    let (plan, events) = step(&mut s, 5);
+    assert_eq!(shape(&plan), vec![(id.0, 4, 2, 0)], "no row is sampled");
+    assert_eq!(
+        events,
+        vec![SeqEvent::Finished {
+            seq_id: id,
+            reason: FinishReason::Length
+        }]
+    );
+    assert!(!s.has_unfinished());
     assert!(s.allocator().is_idle());
 }
 

@@ -66,6 +66,7 @@ fn request(prompt: &[TokenId], i: usize) -> GenerationRequest {
             ..RequestParams::default()
         },
         sample_index: 0,
+        prompt_logprobs: None,
     }
 }
 

@@ -68,6 +68,7 @@ fn outputs(spec: Option<Box<dyn Proposer>>) -> (Vec<Vec<TokenId>>, SpecStats) {
                 ..RequestParams::default()
             },
             sample_index: 0,
+            prompt_logprobs: None,
         };
         ids.insert(engine.add_request(req).expect("admitted"), i);
     }
@@ -106,6 +107,7 @@ fn generate(
             ..RequestParams::default()
         },
         sample_index: 0,
+        prompt_logprobs: None,
     };
     engine.add_request(req).expect("admitted");
     let mut out = Vec::new();

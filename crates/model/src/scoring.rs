@@ -51,7 +51,7 @@ impl Default for ScoreOptions {
 pub struct PositionScore {
     pub logprob: f32,
     /// 1 + the number of vocabulary entries strictly more likely than the actual token
-    /// (only with `top_k > 0`).
+    /// (`tandem score`: only with `top_k > 0`; the engine's prompt logprobs: always).
     pub rank: Option<usize>,
     /// The `top_k` most likely tokens and their log-probabilities, most likely first.
     pub top: Vec<(TokenId, f32)>,
@@ -170,38 +170,54 @@ fn score_span(
     Ok(())
 }
 
-/// The score of `actual` under logits row `row`.
+/// The score of `actual` under logits row `row`, as `tandem score` reports it: the rank only
+/// when `top_k > 0` (see [`score_row`]).
 pub fn position_score(
     logits: &Logits,
     row: usize,
     actual: TokenId,
     top_k: usize,
 ) -> Result<PositionScore> {
+    score_row(logits, row, actual, top_k, top_k > 0)
+}
+
+/// The one implementation of a position's score (teacher-forced scoring and the engine's
+/// prompt logprobs both call it, so their numbers are bitwise equal): the log-softmax of
+/// logits row `row` (see [`Logits::log_probs`]) read at `actual`; with `with_rank`, the rank
+/// of `actual` (1 + the number of entries strictly more likely); and the `top_k` most likely
+/// tokens, most likely first, ties to the lower id. Errors when the row is not finite.
+pub fn score_row(
+    logits: &Logits,
+    row: usize,
+    actual: TokenId,
+    top_k: usize,
+    with_rank: bool,
+) -> Result<PositionScore> {
     let lp = logits
         .log_probs(row)
         .ok_or_else(|| ModelError::Batch(format!("non-finite logits at row {row}")))?;
     let logprob = lp[actual.0 as usize];
-    if top_k == 0 {
-        return Ok(PositionScore {
-            logprob,
-            rank: None,
-            top: Vec::new(),
-        });
+    let rank = with_rank.then(|| 1 + lp.iter().filter(|&&v| v > logprob).count());
+    Ok(PositionScore {
+        logprob,
+        rank,
+        top: top_alternatives(&lp, top_k),
+    })
+}
+
+/// The `k` largest entries of `lp` as `(id, logprob)`, largest first, ties to the lower id.
+fn top_alternatives(lp: &[f32], k: usize) -> Vec<(TokenId, f32)> {
+    let k = k.min(lp.len());
+    if k == 0 {
+        return Vec::new();
     }
-    let rank = 1 + lp.iter().filter(|&&v| v > logprob).count();
     let mut order: Vec<u32> = (0..lp.len() as u32).collect();
-    let k = top_k.min(order.len());
     let by_logprob = |a: &u32, b: &u32| lp[*b as usize].total_cmp(&lp[*a as usize]).then(a.cmp(b));
     order.select_nth_unstable_by(k - 1, by_logprob);
     order.truncate(k);
     order.sort_by(by_logprob);
-    let top = order
+    order
         .into_iter()
         .map(|i| (TokenId(i), lp[i as usize]))
-        .collect();
-    Ok(PositionScore {
-        logprob,
-        rank: Some(rank),
-        top,
-    })
+        .collect()
 }

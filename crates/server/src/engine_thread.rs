@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
+use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest, PromptTokenLogprob};
 use tandem_engine::{EngineError, FinishReason, SeqId};
 use tandem_model::batch::TokenId;
 use tokio::sync::{mpsc as tmpsc, oneshot};
@@ -33,6 +33,12 @@ pub enum RequestEvent {
         token: TokenId,
         logprob: f32,
         top_logprobs: Vec<(TokenId, f32)>,
+    },
+    /// Scores of prompt tokens `start..start + entries.len()` (`start >= 1`), for a request
+    /// that asked for prompt logprobs; chunks arrive in order before any `Token`.
+    PromptLogprobs {
+        start: usize,
+        entries: Vec<PromptTokenLogprob>,
     },
     /// The request ended (its blocks are free).
     Finished(FinishReason),
@@ -324,6 +330,11 @@ impl Worker {
                 },
             ),
             EngineEvent::Finished { seq_id, reason } => (seq_id, RequestEvent::Finished(reason)),
+            EngineEvent::PromptLogprobs {
+                seq_id,
+                start,
+                entries,
+            } => (seq_id, RequestEvent::PromptLogprobs { start, entries }),
         };
         let finished = matches!(event, RequestEvent::Finished(_));
         let Some(route) = self.routes.get(&seq_id) else {

@@ -8,19 +8,22 @@
 
 use std::sync::Arc;
 
+use crate::echo::{EchoPrompt, PromptSide};
 use crate::text::{TextOptions, TextStream};
+use tandem_engine::engine::PromptTokenLogprob;
 use tandem_engine::{FinishReason, SeqId};
 use tandem_model::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::engine_thread::{EngineHandle, GroupEvent, RequestEvent};
 
-/// A generated token with its raw-distribution logprob and alternatives (most likely
-/// first).
+/// A generated (or echoed prompt) token with its raw-distribution logprob and alternatives
+/// (most likely first). `logprob` is `None` only for an echoed prompt token without a score
+/// (the first one: nothing predicts it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenInfo {
     pub id: u32,
-    pub logprob: f32,
+    pub logprob: Option<f32>,
     pub top: Vec<(u32, f32)>,
 }
 
@@ -59,13 +62,16 @@ impl Finish {
 }
 
 /// New text of one choice, the tokens generated since its previous update, and its finish
-/// reason on its last update.
+/// reason on its last update. A choice's first update also carries its echoed prompt (text
+/// and tokens first) and all its prompt scores (see [`crate::echo`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChoiceUpdate {
     pub index: usize,
     pub text: String,
     pub tokens: Vec<TokenInfo>,
     pub finish: Option<Finish>,
+    /// Scores of prompt indices `1..` (first update only; empty unless asked for).
+    pub prompt: Vec<PromptTokenLogprob>,
 }
 
 #[derive(Debug)]
@@ -76,6 +82,7 @@ struct Choice {
     pending: Vec<TokenInfo>,
     num_tokens: usize,
     finished: bool,
+    prompt: PromptSide,
 }
 
 /// The running choices of one HTTP request. Dropping it aborts whatever still runs (the
@@ -106,6 +113,7 @@ impl Generation {
                 pending: Vec::new(),
                 num_tokens: 0,
                 finished: false,
+                prompt: PromptSide::default(),
             })
             .collect();
         let remaining = choices.len();
@@ -115,6 +123,14 @@ impl Generation {
             choices,
             remaining,
         }
+    }
+
+    /// Echoes `echo[i]` in choice `i`'s first update (see [`crate::echo`]).
+    pub fn with_echo(mut self, echo: Vec<Option<EchoPrompt>>) -> Generation {
+        for (c, e) in self.choices.iter_mut().zip(echo) {
+            c.prompt = PromptSide::new(e);
+        }
+        self
     }
 
     /// Tokens generated so far by each choice (up to its stop).
@@ -129,9 +145,12 @@ impl Generation {
                 // The engine thread is gone without telling: end the first open choice.
                 let index = self.choices.iter().position(|c| !c.finished)?;
                 let fin = Finish::Error("the engine stopped".into());
-                return Some(self.finish(index, String::new(), fin));
+                let mut update = self.finish(index, String::new(), fin);
+                self.choices[index].prompt.first_update(&mut update);
+                return Some(update);
             };
-            if let Some(update) = self.apply(index, event) {
+            if let Some(mut update) = self.apply(index, event) {
+                self.choices[index].prompt.first_update(&mut update);
                 return Some(update);
             }
         }
@@ -152,7 +171,7 @@ impl Generation {
                 choice.num_tokens += 1;
                 choice.pending.push(TokenInfo {
                     id: token.0,
-                    logprob,
+                    logprob: Some(logprob),
                     top: top_logprobs.iter().map(|&(t, l)| (t.0, l)).collect(),
                 });
                 let delta = match choice.stream.push(token.0) {
@@ -179,7 +198,15 @@ impl Generation {
                     text: delta.text,
                     tokens,
                     finish: None,
+                    prompt: Vec::new(),
                 })
+            }
+            RequestEvent::PromptLogprobs { start, entries } => {
+                let Err(e) = choice.prompt.push(start, entries) else {
+                    return None;
+                };
+                self.engine.abort(choice.seq);
+                Some(self.finish(index, String::new(), Finish::Error(e)))
             }
             RequestEvent::Finished(reason) => {
                 let tail = choice.stream.finish();
@@ -202,6 +229,7 @@ impl Generation {
             text,
             tokens: std::mem::take(&mut choice.pending),
             finish: Some(finish),
+            prompt: Vec::new(),
         }
     }
 }

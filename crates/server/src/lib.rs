@@ -5,6 +5,7 @@
 //!   aborts its requests within one step;
 //! - [`generation`]: one HTTP request's choices, token events -> text (detokenizer + stop
 //!   strings from [`text`]) -> updates, shared by streamed and non-streamed responses;
+//!   [`echo`]: a choice's echoed prompt and prompt scores, on its first update;
 //! - [`api`]: routes, validation (400 naming the field, 413, 404), API key, SSE;
 //! - [`server`]: [`serve`] (until SIGINT/SIGTERM) and [`start`] (tests, embedding) on a
 //!   small tokio runtime that leaves the cores to the kernels.
@@ -15,6 +16,7 @@ pub use tandem_engine as engine;
 
 pub mod api;
 pub mod config;
+pub mod echo;
 pub mod engine_thread;
 pub mod error;
 pub mod generation;

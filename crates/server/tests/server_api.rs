@@ -27,6 +27,7 @@ fn reference_greedy(prompt: &[u32], max_tokens: usize) -> Vec<u32> {
                 ..RequestParams::default()
             },
             sample_index: 0,
+            prompt_logprobs: None,
         })
         .expect("accepted");
     let mut out = Vec::new();
@@ -376,7 +377,7 @@ fn client_mistakes_get_openai_error_bodies() {
     assert_error(&c(json!({"prompt": vec![5u32; 300]})), 400, Some("prompt"));
     assert_error(&c(json!({"max_tokens": 100000})), 400, Some("max_tokens"));
     assert_error(&c(json!({"model": "gpt-4"})), 404, Some("model"));
-    assert_error(&c(json!({"echo": true})), 400, Some("echo"));
+    assert_error(&c(json!({"max_tokens": 0})), 400, Some("max_tokens"));
     let chat = |b: Value| post(addr, "/v1/chat/completions", &b);
     assert_error(&chat(json!({"messages": []})), 400, Some("messages"));
     assert_error(&chat(json!({})), 400, Some("messages"));

@@ -20,7 +20,7 @@ use tandem_model::logits::Logits;
 
 use super::{Engine, EngineEvent, GenerationRequest};
 use crate::beam_search::{top_k_logprobs, BeamHypothesis, BeamParams, BeamSearch, LiveBeam};
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::sequence::{FinishReason, SeqId};
 
 /// One live beam: its sequence, cumulative logprob and, once computed, its candidates.
@@ -56,6 +56,11 @@ impl Engine {
     /// from [`Engine::take_beam_result`]. Nothing is started when it is refused.
     pub fn add_beam_request(&mut self, req: GenerationRequest, beam: BeamParams) -> Result<SeqId> {
         beam.validate()?;
+        if req.prompt_logprobs.is_some() {
+            return Err(EngineError::InvalidParams(
+                "prompt logprobs are not supported with beam search".into(),
+            ));
+        }
         self.check_prompt(&req)?;
         let config = self.scheduler.config();
         let room = config.max_seq_len().saturating_sub(req.prompt.len());

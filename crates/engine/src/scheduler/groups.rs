@@ -28,8 +28,13 @@ impl Scheduler {
         params: RequestParams,
         n: usize,
     ) -> Result<Vec<SeqId>> {
-        self.check_request(&prompt, &params)?;
+        self.check_request(&prompt)?;
         self.check_width("n", n)?;
+        if n > 1 && params.max_tokens == 0 {
+            return Err(EngineError::InvalidParams(
+                "n > 1 needs max_tokens of at least 1".into(),
+            ));
+        }
         let parent = self.push_request(prompt, params, false);
         let siblings: Vec<SeqId> = (1..n).map(|_| self.fresh_id()).collect();
         let mut ids = vec![parent];
@@ -48,8 +53,13 @@ impl Scheduler {
         params: RequestParams,
         width: usize,
     ) -> Result<SeqId> {
-        self.check_request(&prompt, &params)?;
+        self.check_request(&prompt)?;
         self.check_width("beam width", width)?;
+        if params.max_tokens == 0 {
+            return Err(EngineError::InvalidParams(
+                "beam search needs max_tokens of at least 1".into(),
+            ));
+        }
         let id = self.push_request(prompt, params, true);
         self.reserve.insert(id, width);
         Ok(id)

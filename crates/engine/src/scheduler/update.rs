@@ -31,6 +31,15 @@ impl Scheduler {
                 continue; // aborted while the step was in flight
             };
             seq.advance_computed(g.num_new);
+            if seq.params().max_tokens == 0 && seq.num_uncomputed() == 0 {
+                // A prompt-only request (prompt logprobs): done once its prompt is computed.
+                self.finish(g.seq_id, FinishReason::Length);
+                events.push(SeqEvent::Finished {
+                    seq_id: g.seq_id,
+                    reason: FinishReason::Length,
+                });
+                continue;
+            }
             let Some(tokens) = outputs.get(&g.seq_id) else {
                 continue; // a prompt chunk, or a managed sequence
             };

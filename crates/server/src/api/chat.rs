@@ -152,6 +152,7 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
         prompt_tokens: prompt.len(),
         model,
         logprobs,
+        echo: None,
     };
     respond::run_plan(&app, &plan, sub).await
 }

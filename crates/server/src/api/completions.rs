@@ -10,8 +10,9 @@ use serde_json::Value;
 use tandem_model::batch::TokenId;
 
 use super::body::{fields, json_object};
+use super::echo::PromptOptions;
 use super::format::Endpoint;
-use super::sampling::{CommonFields, GenerationPlan};
+use super::sampling::CommonFields;
 use super::{respond, App};
 use crate::error::{ApiError, ApiResult};
 
@@ -23,6 +24,7 @@ pub const MAX_PROMPTS: usize = 64;
 struct CompletionFields {
     logprobs: Option<u32>,
     echo: Option<bool>,
+    prompt_logprobs: Option<u32>,
     suffix: Option<String>,
     add_special_tokens: Option<bool>,
 }
@@ -39,15 +41,12 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
     let common: CommonFields = fields(&value)?;
     let own: CompletionFields = fields(&value)?;
     let model = app.check_model(common.model.as_deref())?;
-    if own.echo == Some(true) {
-        return Err(ApiError::field("echo", "echo is not supported yet"));
-    }
     if own.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::field("suffix", "suffix is not supported"));
     }
     let logprobs = own.logprobs.map(|k| k as usize);
-    let limits = &app.limits;
-    let plan = GenerationPlan::new(&common, logprobs, limits.vocab_size, &limits.eos_token_ids)?;
+    let options = PromptOptions::new(own.echo, logprobs, own.prompt_logprobs)?;
+    let plan = options.plan(&common, &app)?;
     let prompt = value
         .get("prompt")
         .ok_or_else(|| ApiError::field("prompt", "is required"))?;
@@ -56,13 +55,11 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
     let sub = respond::Submission {
         endpoint: Endpoint::Completions,
         prompt_field: "prompt",
-        requests: prompts
-            .iter()
-            .map(|p| plan.request(p, max_tokens))
-            .collect(),
+        requests: options.requests(&plan, &prompts, max_tokens),
         prompt_tokens: prompts.iter().map(Vec::len).sum(),
         model,
         logprobs,
+        echo: options.echo_plan(&app, prompt, &prompts, plan.n)?,
     };
     respond::run_plan(&app, &plan, sub).await
 }

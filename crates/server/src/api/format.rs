@@ -1,6 +1,7 @@
 //! The JSON shapes of completion and chat responses, streamed chunks and logprobs.
 
 use serde_json::{json, Map, Value};
+use tandem_engine::engine::PromptTokenLogprob;
 use tandem_model::tokenizer::Tokenizer;
 
 use crate::generation::{Finish, TokenInfo};
@@ -21,6 +22,8 @@ pub struct ResponseMeta {
     pub model: String,
     /// Alternatives per token when logprobs were asked for.
     pub logprobs: Option<usize>,
+    /// vLLM's `prompt_logprobs` when asked for (completions; see `api/echo.rs`).
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// One choice, complete (non-streaming).
@@ -29,10 +32,12 @@ pub struct ChoiceResult {
     pub text: String,
     pub tokens: Vec<TokenInfo>,
     pub finish: Option<Finish>,
+    /// Scores of prompt indices `1..` (when asked for).
+    pub prompt: Vec<PromptTokenLogprob>,
 }
 
 /// A token's text: its bytes, lossily decoded (a token may hold part of a character).
-fn token_text(tok: &Tokenizer, id: u32) -> String {
+pub(super) fn token_text(tok: &Tokenizer, id: u32) -> String {
     tok.token_bytes(id)
         .map(|b| String::from_utf8_lossy(b).into_owned())
         .unwrap_or_default()
@@ -93,8 +98,12 @@ impl ResponseMeta {
                 let logprobs = self.logprobs(tok, &c.tokens, &mut 0);
                 let finish = c.finish.as_ref().map(Finish::as_str);
                 match self.endpoint {
-                    Endpoint::Completions => json!({"index": index, "text": c.text,
-                        "logprobs": logprobs, "finish_reason": finish}),
+                    Endpoint::Completions => {
+                        let mut choice = json!({"index": index, "text": c.text,
+                            "logprobs": logprobs, "finish_reason": finish});
+                        self.add_prompt_logprobs(&mut choice, tok, &c.prompt);
+                        choice
+                    }
                     Endpoint::Chat => json!({"index": index,
                         "message": {"role": "assistant", "content": c.text},
                         "logprobs": logprobs, "finish_reason": finish}),
@@ -152,8 +161,9 @@ pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
 }
 
 /// The legacy completions format: `tokens`, `token_logprobs`, `top_logprobs` (a dict per
-/// token of the alternatives plus the chosen token, as OpenAI does), `text_offset`
-/// (character offsets of each token's text in the choice's text).
+/// token of the alternatives plus the chosen token, as OpenAI does; `null` with the logprob
+/// of an echoed first prompt token), `text_offset` (character offsets of each token's text
+/// in the choice's text).
 fn legacy_logprobs(tok: &Tokenizer, tokens: &[TokenInfo], offset: &mut usize) -> Value {
     let mut texts = Vec::with_capacity(tokens.len());
     let mut offsets = Vec::with_capacity(tokens.len());
@@ -162,11 +172,16 @@ fn legacy_logprobs(tok: &Tokenizer, tokens: &[TokenInfo], offset: &mut usize) ->
         let text = token_text(tok, t.id);
         offsets.push(*offset);
         *offset += text.chars().count();
+        let Some(logprob) = t.logprob else {
+            tops.push(Value::Null);
+            texts.push(text);
+            continue;
+        };
         let mut top = Map::new();
         for &(id, lp) in &t.top {
             top.entry(token_text(tok, id)).or_insert(json!(lp));
         }
-        top.entry(text.clone()).or_insert(json!(t.logprob));
+        top.entry(text.clone()).or_insert(json!(logprob));
         tops.push(Value::Object(top));
         texts.push(text);
     }

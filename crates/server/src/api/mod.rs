@@ -6,6 +6,7 @@
 //! | `GET /v1/models`, `GET /v1/models/{id}` | the served model |
 //! | `POST /v1/completions` | text completions ([`completions`]) |
 //! | `POST /v1/chat/completions` | chat completions ([`chat`]) |
+//! | `POST /v1/score` | teacher-forced scores of known text ([`score`]) |
 //! | `POST /tokenize`, `POST /detokenize` | vLLM-style tokenizer access ([`tokenize`]) |
 //!
 //! `/health` answers `{"status": "ok", "running", "waiting", "in_flight", "disconnects",
@@ -16,10 +17,13 @@
 pub mod body;
 pub mod chat;
 pub mod completions;
+pub mod echo;
 pub mod format;
 pub mod respond;
 pub mod routes;
 pub mod sampling;
+pub mod score;
+pub mod score_format;
 pub mod tokenize;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use tandem_model::tokenizer::Tokenizer;
 
+use super::echo::EchoPlan;
 use super::format::{usage, ChoiceResult, Endpoint, ResponseMeta};
 use super::sampling::GenerationPlan;
 use super::App;
@@ -31,6 +32,8 @@ pub struct Submission {
     pub prompt_tokens: usize,
     pub model: String,
     pub logprobs: Option<usize>,
+    /// Echoed prompts and prompt scores (completions only).
+    pub echo: Option<EchoPlan>,
 }
 
 /// Submits the requests to the engine and answers with one body or an SSE stream: the part
@@ -43,7 +46,11 @@ pub async fn run_plan(app: &App, plan: &GenerationPlan, sub: Submission) -> ApiR
     let num_choices = seqs.len();
     let text = vec![plan.text.clone(); num_choices];
     let tokenizer = app.prompts.tokenizer().clone();
-    let generation = Generation::new(app.engine.clone(), seqs, events, &tokenizer, &text);
+    let mut generation = Generation::new(app.engine.clone(), seqs, events, &tokenizer, &text);
+    let prompt_logprobs = sub.echo.as_ref().and_then(|e| e.prompt_logprobs);
+    if let Some(e) = sub.echo {
+        generation = generation.with_echo(e.per_choice);
+    }
     let prefix = match sub.endpoint {
         Endpoint::Chat => "chatcmpl",
         Endpoint::Completions => "cmpl",
@@ -54,6 +61,7 @@ pub async fn run_plan(app: &App, plan: &GenerationPlan, sub: Submission) -> ApiR
         created: super::unix_time(),
         model: sub.model,
         logprobs: sub.logprobs,
+        prompt_logprobs,
     };
     Ok(if plan.stream {
         stream(
@@ -83,6 +91,7 @@ pub async fn complete(
         let c = &mut choices[u.index];
         c.text.push_str(&u.text);
         c.tokens.extend(u.tokens);
+        c.prompt.extend(u.prompt);
         if let Some(Finish::Error(e)) = &u.finish {
             return ApiError::internal(format!("generation failed: {e}")).into_response();
         }
@@ -146,6 +155,11 @@ impl SseState {
         let mut chunk = self
             .meta
             .chunk(u.index, &u.text, logprobs, u.finish.as_ref(), role);
+        if role {
+            let choice = &mut chunk["choices"][0];
+            self.meta
+                .add_prompt_logprobs(choice, &self.tokenizer, &u.prompt);
+        }
         if self.include_usage {
             chunk["usage"] = Value::Null;
         }

@@ -9,7 +9,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde_json::json;
 
-use super::{chat, completions, tokenize, App};
+use super::{chat, completions, score, tokenize, App};
 use crate::error::ApiError;
 
 /// All routes over `app`.
@@ -20,6 +20,7 @@ pub fn router(app: App) -> Router {
         .route("/v1/models/{*id}", get(model))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/score", post(score::score))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_api_key));

@@ -186,6 +186,7 @@ impl GenerationPlan {
                 ..self.limits.clone()
             },
             sample_index: 0,
+            prompt_logprobs: None,
         };
         (request, self.n)
     }

@@ -8,7 +8,9 @@ is missing (install it with `pip install openai`).
 """
 
 import argparse
+import json
 import sys
+import urllib.request
 
 try:
     import openai
@@ -74,6 +76,43 @@ def stops(client, model, text):
     check(all(stop not in p for p in pieces), "stop string streamed")
 
 
+def post_json(base_url, path, body):
+    req = urllib.request.Request(base_url.rstrip("/") + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.load(r)
+
+
+def echo_scores(client, model, base_url):
+    """lm-evaluation-harness's log-likelihood request: echo + logprobs on token ids, with
+    max_tokens 0 and 1; the prompt's logprobs equal /v1/score's on the same ids."""
+    ids = [5, 17, 42, 99, 7, 250, 31, 64]
+    scored = post_json(base_url, "/score", {"model": model, "input": ids, "top_logprobs": 1})
+    want = scored["data"][0]["token_logprobs"]
+    check(want[0] is None and len(want) == len(ids), f"score {scored}")
+    for max_tokens in (0, 1):
+        c = client.completions.create(model=model, prompt=ids, echo=True, logprobs=1,
+                                      max_tokens=max_tokens, temperature=0).choices[0]
+        lp = c.logprobs
+        check(len(lp.tokens) == len(ids) + max_tokens, f"{len(lp.tokens)} tokens")
+        check(lp.token_logprobs[: len(ids)] == want, f"echo {lp.token_logprobs} vs score {want}")
+        check(lp.top_logprobs[0] is None and all(lp.top_logprobs[1:]), "top_logprobs")
+        check(c.finish_reason == "length", c.finish_reason)
+        if max_tokens == 1:
+            gen = lp.token_logprobs[-1]
+            check(gen == max(lp.top_logprobs[-1].values()), "greedy token is the most likely")
+    # A context and its continuation, as lm-eval sums token_logprobs[ctxlen:].
+    ctx, cont = ids[:3], ids[3:]
+    part = post_json(base_url, "/score", {"context": ctx, "continuations": [cont]})["data"][0]
+    check(part["token_logprobs"] == want[3:], "continuation scores")
+    check(abs(part["sum_logprob"] - sum(want[3:])) < 1e-9, "continuation sum")
+    # Streaming sends the echoed prompt first; the text equals the non-streamed text.
+    args = dict(model=model, prompt=ids, echo=True, max_tokens=1, temperature=0)
+    full = client.completions.create(**args).choices[0].text
+    chunks = [c.choices[0].text for c in client.completions.create(stream=True, **args) if c.choices]
+    check("".join(chunks) == full, f"echo stream {chunks} vs {full!r}")
+
+
 def errors(client, model):
     cases = [
         (dict(prompt="x", temperature=-1), "temperature"),
@@ -110,6 +149,7 @@ def main():
     chat(client, a.model)
     seeds(client, a.model)
     stops(client, a.model, text)
+    echo_scores(client, a.model, a.base_url)
     errors(client, a.model)
     print("openai client checks passed")
 

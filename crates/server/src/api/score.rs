@@ -1,0 +1,331 @@
+//! `POST /v1/score` (tandem's own): the teacher-forced forward pass over HTTP — the
+//! log-probability of every token of known text, with ranks, alternatives, sums and
+//! perplexity; the same numbers as `tandem score`.
+//!
+//! **Request** (a JSON object), either
+//! - `input`: a string, a list of token ids, or a list of items each a string or a list of
+//!   token ids (one scored sequence per item), or
+//! - `context` (a string or token ids) and `continuations` (a non-empty list of strings or
+//!   token-id lists): each continuation is scored after the context. The context and each
+//!   continuation are tokenized separately and their ids concatenated (as
+//!   lm-evaluation-harness does), and only the continuation's tokens are reported;
+//!
+//! plus optional `top_logprobs` (alternatives per position, default 0, at most 20),
+//! `add_special_tokens` (default true: text inputs and the context get the model's special
+//! tokens — BOS when its metadata asks for it — like `tandem score`; continuations never
+//! do) and `model`. Refused with 400: no or both input forms, an item without tokens, more
+//! items than the server's `max_score_items`, an item longer than the maximum model length
+//! (the message names both lengths), token ids outside the vocabulary, `top_logprobs` over
+//! its bound.
+//!
+//! **Response**:
+//! ```json
+//! {"id": "score-...", "object": "score", "created": 1700000000, "model": "m",
+//!  "data": [{"index": 0, "tokens": [504, 3575], "token_texts": ["The", " capital"],
+//!            "token_logprobs": [null, -7.21], "ranks": [null, 12],
+//!            "num_tokens": 2, "num_scored": 1, "sum_logprob": -7.21,
+//!            "mean_logprob": -7.21, "perplexity": 1352.9, "greedy": false}],
+//!  "usage": {"prompt_tokens": 2, "completion_tokens": 0, "total_tokens": 2}}
+//! ```
+//! `token_logprobs[i]` is `log p(tokens[i] | everything before it)` in nats; `null` for the
+//! first token of an `input` (nothing predicts it; with a BOS, the BOS is that token).
+//! `ranks[i]` is 1 + the number of vocabulary entries strictly more likely. With
+//! `top_logprobs: k > 0` each item also has `"top_logprobs"`: per position `null` or a list
+//! of `{"id", "token", "logprob"}`, most likely first. For `context` + `continuations`, item
+//! `i` is continuation `i`: `tokens` are its tokens only (all scored) and
+//! `"context_tokens"` gives the context's length. `mean_logprob` and `perplexity`
+//! (`exp(-mean)`) are `null` when nothing was scored; `greedy` is true when every scored
+//! token has rank 1 (lm-evaluation-harness's `is_greedy`). `usage.prompt_tokens` counts
+//! every token computed.
+//!
+//! Every item runs through the engine as a prompt-only request (`max_tokens: 0` with prompt
+//! logprobs), so scoring batches with generation; a client that disconnects aborts them.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tandem_engine::engine::{GenerationRequest, PromptTokenLogprob};
+use tandem_engine::sampler::{SamplingParams, MAX_TOP_LOGPROBS};
+use tandem_engine::RequestParams;
+use tandem_model::batch::TokenId;
+
+use super::body::{fields, json_object};
+use super::score_format::{item_json, ScoredItem};
+use super::App;
+use crate::engine_thread::{GroupEvent, RequestEvent, SubmitError};
+use crate::error::{ApiError, ApiResult};
+use tandem_engine::FinishReason;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// The fields of a score request (unknown fields are ignored).
+#[derive(Debug, Default, Deserialize)]
+struct ScoreFields {
+    model: Option<String>,
+    input: Option<Value>,
+    context: Option<Value>,
+    continuations: Option<Value>,
+    top_logprobs: Option<u32>,
+    add_special_tokens: Option<bool>,
+}
+
+/// One sequence to score: its tokens, and how many leading ones are context (not reported).
+#[derive(Debug, Clone, PartialEq)]
+struct Item {
+    tokens: Vec<TokenId>,
+    context: usize,
+}
+
+pub async fn score(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
+    match run(app, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
+    let value = json_object(body, app.config.max_body_bytes)?;
+    let f: ScoreFields = fields(&value)?;
+    let model = app.check_model(f.model.as_deref())?;
+    let top_k = f.top_logprobs.unwrap_or(0) as usize;
+    if top_k > MAX_TOP_LOGPROBS {
+        return Err(ApiError::field(
+            "top_logprobs",
+            format!("at most {MAX_TOP_LOGPROBS} alternatives, got {top_k}"),
+        ));
+    }
+    let items = parse_items(&app, &f)?;
+    let scores = run_items(&app, &items, top_k).await?;
+    let data: Vec<Value> = items
+        .iter()
+        .zip(scores)
+        .enumerate()
+        .map(|(index, (item, scores))| {
+            let scored = ScoredItem {
+                tokens: &item.tokens,
+                context: item.context,
+                scores: &scores,
+                top_k,
+            };
+            item_json(app.prompts.tokenizer(), index, &scored)
+        })
+        .collect();
+    let total: usize = items.iter().map(|i| i.tokens.len()).sum();
+    let body = json!({
+        "id": app.response_id("score"),
+        "object": "score",
+        "created": super::unix_time(),
+        "model": model,
+        "data": data,
+        "usage": {"prompt_tokens": total, "completion_tokens": 0, "total_tokens": total},
+    });
+    Ok(axum::Json(body).into_response())
+}
+
+/// The sequences to score, validated.
+fn parse_items(app: &App, f: &ScoreFields) -> ApiResult<Vec<Item>> {
+    let add_special = f.add_special_tokens.unwrap_or(true);
+    let items = match (&f.input, &f.context, &f.continuations) {
+        (Some(input), None, None) => list(input, "input")?
+            .into_iter()
+            .map(|v| {
+                let tokens = tokens(app, v, add_special, "input")?;
+                Ok(Item { tokens, context: 0 })
+            })
+            .collect::<ApiResult<Vec<Item>>>()?,
+        (None, Some(context), Some(continuations)) => {
+            let ctx = tokens(app, context, add_special, "context")?;
+            let conts = match continuations {
+                Value::Array(a) if !a.is_empty() && !a.iter().all(Value::is_u64) => {
+                    a.iter().collect()
+                }
+                _ => {
+                    return Err(ApiError::field(
+                        "continuations",
+                        "must be a non-empty list of strings or lists of token ids",
+                    ))
+                }
+            };
+            continuation_items(app, &ctx, conts)?
+        }
+        _ => {
+            return Err(ApiError::bad_request(
+                "give either `input`, or `context` with `continuations`",
+                Some("input"),
+            ))
+        }
+    };
+    check_items(
+        app,
+        &items,
+        if f.input.is_some() {
+            "input"
+        } else {
+            "continuations"
+        },
+    )?;
+    Ok(items)
+}
+
+/// The context followed by each continuation (tokenized without special tokens).
+fn continuation_items(app: &App, ctx: &[TokenId], conts: Vec<&Value>) -> ApiResult<Vec<Item>> {
+    conts
+        .into_iter()
+        .map(|v| {
+            let cont = tokens(app, v, false, "continuations")?;
+            if cont.is_empty() {
+                return Err(ApiError::field(
+                    "continuations",
+                    "a continuation has no tokens",
+                ));
+            }
+            let mut tokens = ctx.to_vec();
+            tokens.extend(cont);
+            Ok(Item {
+                tokens,
+                context: ctx.len(),
+            })
+        })
+        .collect()
+}
+
+/// The items of `input`: one string or id list, or a list of them.
+fn list<'v>(v: &'v Value, param: &str) -> ApiResult<Vec<&'v Value>> {
+    match v {
+        Value::String(_) => Ok(vec![v]),
+        Value::Array(a) if a.is_empty() => Err(ApiError::field(param, "is empty")),
+        Value::Array(a) if a.iter().all(Value::is_u64) => Ok(vec![v]),
+        Value::Array(a) => Ok(a.iter().collect()),
+        _ => Err(shape_error(param)),
+    }
+}
+
+fn shape_error(param: &str) -> ApiError {
+    ApiError::field(
+        param,
+        "must be a string, a list of token ids, or a list of strings or lists of token ids",
+    )
+}
+
+/// The ids of one string or id list (ids checked against the vocabulary).
+fn tokens(app: &App, v: &Value, add_special: bool, param: &str) -> ApiResult<Vec<TokenId>> {
+    match v {
+        Value::String(s) => app.prompts.text(s, add_special, param),
+        Value::Array(a) => {
+            let ids: Vec<u32> = a
+                .iter()
+                .map(|x| {
+                    x.as_u64()
+                        .and_then(|x| u32::try_from(x).ok())
+                        .ok_or_else(|| shape_error(param))
+                })
+                .collect::<ApiResult<_>>()?;
+            app.prompts.check_ids(&ids, param)?;
+            Ok(ids.into_iter().map(TokenId).collect())
+        }
+        _ => Err(shape_error(param)),
+    }
+}
+
+/// Refuses too many items, empty ones and ones longer than the model's context.
+fn check_items(app: &App, items: &[Item], param: &str) -> ApiResult<()> {
+    let max_items = app.config.max_score_items;
+    if items.len() > max_items {
+        return Err(ApiError::field(
+            param,
+            format!("at most {max_items} items, got {}", items.len()),
+        ));
+    }
+    let max_len = app.limits.max_model_len;
+    for (i, item) in items.iter().enumerate() {
+        if item.tokens.is_empty() {
+            return Err(ApiError::field(param, format!("item {i} has no tokens")));
+        }
+        if item.tokens.len() > max_len {
+            return Err(ApiError::field(
+                param,
+                format!(
+                    "item {i} has {} tokens, more than the maximum model length of {max_len}",
+                    item.tokens.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs every item as a prompt-only engine request; returns each item's prompt scores
+/// (prompt indices `1..`).
+async fn run_items(
+    app: &App,
+    items: &[Item],
+    top_k: usize,
+) -> ApiResult<Vec<Vec<PromptTokenLogprob>>> {
+    let requests = items
+        .iter()
+        .map(|item| {
+            let request = GenerationRequest {
+                prompt: item.tokens.clone(),
+                sampling: SamplingParams::greedy(),
+                limits: RequestParams {
+                    max_tokens: 0,
+                    ..RequestParams::default()
+                },
+                sample_index: 0,
+                prompt_logprobs: Some(top_k),
+            };
+            (request, 1)
+        })
+        .collect();
+    let (_, mut events) = app.engine.submit(requests).await.map_err(|e| match e {
+        SubmitError::Refused(e) => ApiError::from_engine(&e, "input"),
+        SubmitError::Unavailable => ApiError::unavailable(e.to_string()),
+    })?;
+    let scores = collect_scores(&mut events, items.len()).await?;
+    for (i, (s, item)) in scores.iter().zip(items).enumerate() {
+        if s.len() + 1 != item.tokens.len() {
+            return Err(ApiError::internal(format!(
+                "item {i}: {} of {} positions were scored",
+                s.len(),
+                item.tokens.len() - 1
+            )));
+        }
+    }
+    Ok(scores)
+}
+
+/// The prompt scores of `num_items` prompt-only requests, from their events until all
+/// finished.
+async fn collect_scores(
+    events: &mut UnboundedReceiver<GroupEvent>,
+    num_items: usize,
+) -> ApiResult<Vec<Vec<PromptTokenLogprob>>> {
+    let mut scores: Vec<Vec<PromptTokenLogprob>> = vec![Vec::new(); num_items];
+    let mut open = num_items;
+    while open > 0 {
+        let Some(GroupEvent { index, event }) = events.recv().await else {
+            return Err(ApiError::unavailable("the engine stopped"));
+        };
+        match event {
+            RequestEvent::PromptLogprobs { start, entries } if start == scores[index].len() + 1 => {
+                scores[index].extend(entries);
+            }
+            RequestEvent::PromptLogprobs { start, .. } => {
+                return Err(ApiError::internal(format!(
+                    "item {index}: prompt logprobs for index {start} arrived out of order"
+                )))
+            }
+            RequestEvent::Finished(FinishReason::Length) => open -= 1,
+            RequestEvent::Finished(FinishReason::Error(e)) => {
+                return Err(ApiError::internal(format!("item {index} failed: {e}")))
+            }
+            RequestEvent::Finished(_) => {
+                return Err(ApiError::unavailable("the request was aborted"))
+            }
+            RequestEvent::Token { .. } => {}
+        }
+    }
+    Ok(scores)
+}
