@@ -24,6 +24,8 @@ pub struct Job {
     pub text: TextOptions,
     pub n: usize,
     pub beam: Option<BeamParams>,
+    /// Per-request draft tokens per step with speculative decoding (None: the engine's).
+    pub num_speculative_tokens: Option<usize>,
 }
 
 impl Job {
@@ -95,6 +97,7 @@ fn submit(
         }));
         let stream = TextStream::new(tokenizer.clone(), job.text.clone());
         let beam = job.beam;
+        let spec_k = job.num_speculative_tokens;
         let (n, request) = (
             job.n,
             GenerationRequest {
@@ -112,6 +115,11 @@ fn submit(
         match admitted {
             Ok(ids) => {
                 for (k, id) in ids.into_iter().enumerate() {
+                    if let (Some(spec_k), None) = (spec_k, beam) {
+                        engine
+                            .set_num_speculative_tokens(id, spec_k)
+                            .expect("a request just admitted is live");
+                    }
                     let r = Running {
                         index: first + k,
                         stream: stream.clone(),

@@ -57,6 +57,8 @@ pub struct SamplingOverrides {
     pub include_stop_str_in_output: Option<bool>,
     pub beam_width: Option<usize>,
     pub length_penalty: Option<f32>,
+    /// This request's own number of draft tokens per step (0: no speculation).
+    pub num_speculative_tokens: Option<usize>,
 }
 
 /// `stop` as one string or a list, as in the OpenAI API.
@@ -181,6 +183,7 @@ impl PromptBuilder {
             text,
             n,
             beam,
+            num_speculative_tokens: o.num_speculative_tokens,
         })
     }
 }

@@ -121,3 +121,44 @@ fn bad_speculative_flags_are_refused() {
         assert!(err.contains(needle), "{flags:?}: {err}");
     }
 }
+
+#[test]
+fn a_jsonl_line_can_set_its_own_number_of_drafts() {
+    let m = model();
+    let dir = std::env::temp_dir().join(format!("tandem-spec-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let input = dir.join("in.jsonl");
+    let line = |k: usize| {
+        serde_json::json!({"prompt": PROMPT, "max_tokens": 16, "temperature": 0.0,
+                           "num_speculative_tokens": k})
+        .to_string()
+    };
+    std::fs::write(&input, format!("{}\n{}\n", line(0), line(6))).expect("write input");
+    let out = tandem(&[
+        "generate",
+        "--model",
+        &m,
+        "--kv-cache-memory",
+        "256MiB",
+        "--input",
+        input.to_str().expect("UTF-8 path"),
+        "--speculative",
+        "ngram",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .expect("UTF-8")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(
+        lines[0]["token_ids"], lines[1]["token_ids"],
+        "same greedy output"
+    );
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
