@@ -23,7 +23,9 @@ use super::{Proposal, ProposalInput, Proposer};
 use crate::block_allocator::BlockAllocator;
 use crate::block_table::BlockTable;
 use crate::error::{EngineError, Result};
-use crate::sampler::{processed_distribution, SamplerState, StreamRng, TokenDistribution};
+use crate::sampler::{
+    processed_argmax, processed_distribution, SamplerState, StreamRng, TokenDistribution,
+};
 use crate::sequence::SeqId;
 
 /// Salt separating the draft stream from the request's own stream of the same seed.
@@ -181,25 +183,35 @@ impl DraftModelProposer {
                 .expect("jobs are for tracked sequences");
             seq.cached.append(&mut job.feed);
             let n_out = input.num_output_tokens + job.drafts.len();
-            let Ok(q) =
-                processed_distribution(logits.row(row), input.sampling, &mut seq.state, n_out)
-            else {
+            let Some(token) = draw(logits.row(row), input, seq, n_out, &mut job.dists) else {
                 job.want = job.drafts.len(); // an unusable row: stop drafting this sequence
                 continue;
             };
-            let u = seq.rng.next_f64();
-            let Some(token) = q.draw(u) else {
-                job.want = job.drafts.len();
-                continue;
-            };
             job.drafts.push(TokenId(token));
-            job.dists.push(q);
             if job.drafts.len() < job.want {
                 job.feed.push(TokenId(token));
             }
         }
         Ok(())
     }
+}
+
+/// The next draft from a draft-model row: the processed argmax for a greedy request, else a
+/// draw from the processed distribution (pushed to `dists`). `None` for an unusable row.
+fn draw(
+    row: &[f32],
+    input: &ProposalInput<'_>,
+    seq: &mut DraftSeq,
+    num_output: usize,
+    dists: &mut Vec<TokenDistribution>,
+) -> Option<u32> {
+    if input.sampling.is_greedy() {
+        return processed_argmax(row, input.sampling, &mut seq.state, num_output).ok();
+    }
+    let q = processed_distribution(row, input.sampling, &mut seq.state, num_output).ok()?;
+    let token = q.draw(seq.rng.next_f64())?;
+    dists.push(q);
+    Some(token)
 }
 
 impl Proposer for DraftModelProposer {
