@@ -192,6 +192,13 @@ impl Sequence {
         self.num_draft
     }
 
+    /// Leading tokens that are both computed and committed (not drafts): the only ones whose
+    /// blocks a prefix cache may register, since drafts can still be rolled back.
+    pub fn num_committed_computed(&self) -> usize {
+        self.num_computed_tokens
+            .min(self.tokens.len() - self.num_draft)
+    }
+
     /// The status.
     pub fn status(&self) -> &SeqStatus {
         &self.status
@@ -301,6 +308,7 @@ mod tests {
         s.block_table_mut().ensure_capacity(7).expect("room");
         s.advance_computed(7);
         assert_eq!(a.num_free(), 4);
+        assert_eq!(s.num_committed_computed(), 4, "drafts are not committed");
         s.commit_drafts(1);
         assert_eq!(s.tokens(), &toks(&[1, 2, 3, 4, 5])[..]);
         assert_eq!(s.output(), &toks(&[4, 5])[..]);
