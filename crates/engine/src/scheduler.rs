@@ -3,8 +3,9 @@
 //!
 //! Each step [`Scheduler::schedule`] grants every running sequence (in order) up to
 //! `min(num_tokens - num_computed_tokens, long_prefill_token_threshold, budget left)` new
-//! tokens, leasing the KV blocks those tokens need. When the pool is dry it preempts by
-//! recompute the *last* running sequence (the latest arrival under FCFS, the least urgent
+//! tokens, leasing the KV blocks those tokens need. When the pool is dry it first drops the
+//! sequence's speculative drafts (if any), then preempts by recompute the *last* running
+//! sequence (the latest arrival under FCFS, the least urgent
 //! under priority, since `running` is kept in that order): its blocks are freed, its
 //! `num_computed_tokens` reset to 0, and it is queued again ahead of its peers. If nobody was
 //! preempted, waiting sequences are then admitted in order while budget, blocks and the
@@ -288,7 +289,7 @@ impl Scheduler {
                 i += 1; // parked: a managed sequence waiting for its owner
                 continue;
             }
-            let num_new = self.grant_size(id, *budget);
+            let mut num_new = self.grant_size(id, *budget);
             loop {
                 if let Some(c) = self.prepare_write(id, num_new) {
                     copies.extend(c);
@@ -296,6 +297,10 @@ impl Scheduler {
                     *budget -= num_new;
                     i += 1;
                     break;
+                }
+                if let Some(n) = self.drop_drafts(id, num_new) {
+                    num_new = n; // speculation never preempts: its drafts go first
+                    continue;
                 }
                 // The victim is last in service order, so never an already granted sequence.
                 let victim = self.running.pop().expect("the current sequence is running");
