@@ -227,7 +227,8 @@ pub fn run_jobs(
                     );
                     observer.finished(r.index, generated);
                 }
-                EngineEvent::PromptLogprobs { .. } => {} // `generate` never asks for them
+                // `generate` never asks for prompt logprobs and reports no cache use.
+                EngineEvent::PromptLogprobs { .. } | EngineEvent::Admitted { .. } => {}
             }
         }
     }

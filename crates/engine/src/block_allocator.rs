@@ -1,22 +1,40 @@
-//! The logical KV block allocator (DESIGN §2.3): block ids, reference counts and an O(1)
-//! free list over a fixed pool of `num_blocks` blocks of `block_size` token slots each.
+//! The logical KV block allocator (DESIGN §2.3): block ids, reference counts, an O(1) free
+//! queue and the prefix cache's index over a fixed pool of `num_blocks` blocks of
+//! `block_size` token slots each.
 //!
 //! The physical K/V data lives in the model crate's `KvStore`; this only decides which
 //! block ids are in use and by how many holders.
 //!
+//! Prefix caching: a full block may be *registered* under a [`BlockKey`] (see
+//! [`crate::prefix_cache`]). A registered block whose last holder lets go stays in the index
+//! and keeps its contents while it waits in the free queue (cached-free); a later request
+//! with the same prefix takes it back with [`BlockAllocator::acquire_cached`] in O(1). Free
+//! blocks holding nothing reusable sit at the front of the queue and are handed out first;
+//! cached-free blocks join the back in the order they are freed, so allocation evicts the
+//! least recently freed one (and a sequence's table releases its tail first, so its most
+//! specific blocks go before its shared head).
+//!
 //! Invariants (checked by [`BlockAllocator::check_invariants`] and the property tests):
-//! - `num_free() + (number of blocks with refcount > 0) == num_total()`;
-//! - a block's refcount is 0 if and only if it is on the free list, and it is on the free
-//!   list at most once.
+//! - `num_free() + (number of blocks with refcount > 0) == num_total()` (`num_free` counts
+//!   cached-free blocks);
+//! - a block's refcount is 0 if and only if it is in the free queue, at most once;
+//! - every index entry names a block registered under that key, and every registered block
+//!   is in the index under its key.
 //!
 //! Sequences should not call [`BlockAllocator::free`] by hand: they hold their blocks in a
 //! [`crate::block_table::BlockTable`], which releases them on drop on every exit path.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use tandem_model::batch::BlockId;
+use tandem_model::batch::{BlockId, TokenId};
 
 use crate::error::{EngineError, Result};
+use crate::prefix_cache::{BlockKey, CachedBlock};
+
+mod free_queue;
+
+use free_queue::FreeQueue;
 
 /// The shared pool state behind every [`BlockAllocator`] handle.
 #[derive(Debug)]
@@ -25,8 +43,32 @@ struct Pool {
     block_size: usize,
     /// `[num_blocks]` holders of each block; 0 means free.
     refcounts: Vec<u32>,
-    /// Stack of free block ids: push and pop are O(1), no allocation after start-up.
-    free: Vec<BlockId>,
+    /// Free blocks: reusable-nothing at the front, cached-free at the back (LRU order).
+    free: FreeQueue,
+    /// `[num_blocks]` what a registered block holds.
+    cached: Vec<Option<CachedBlock>>,
+    /// Registered blocks by key.
+    index: HashMap<BlockKey, BlockId>,
+    /// Cached-free blocks handed out for other contents since start.
+    evictions: u64,
+}
+
+impl Pool {
+    /// Takes the front free block, evicting what it cached, and gives it refcount 1.
+    fn take_free(&mut self) -> Option<BlockId> {
+        let id = self.free.pop_front()?;
+        let i = id.0 as usize;
+        assert_eq!(
+            self.refcounts[i], 0,
+            "block {i} in the free queue has holders"
+        );
+        if let Some(c) = self.cached[i].take() {
+            self.index.remove(&c.key);
+            self.evictions += 1;
+        }
+        self.refcounts[i] = 1;
+        Some(id)
+    }
 }
 
 /// A cheap, cloneable handle to one pool of KV blocks. All clones see the same pool.
@@ -47,18 +89,20 @@ impl BlockAllocator {
                  (num_blocks {num_blocks}, block_size {block_size})"
             )));
         }
-        let max = u32::MAX as usize;
+        let max = u32::MAX as usize - 1;
         if num_blocks > max {
             return Err(EngineError::InvalidConfig(format!(
                 "num_blocks {num_blocks} exceeds {max}"
             )));
         }
-        // Reversed so that allocation hands out 0, 1, 2, ... on a fresh pool.
-        let free = (0..num_blocks as u32).rev().map(BlockId).collect();
+        // In id order, so that allocation hands out 0, 1, 2, ... on a fresh pool.
         let pool = Pool {
             block_size,
             refcounts: vec![0; num_blocks],
-            free,
+            free: FreeQueue::full(num_blocks),
+            cached: vec![None; num_blocks],
+            index: HashMap::new(),
+            evictions: 0,
         };
         Ok(BlockAllocator {
             pool: Arc::new(Mutex::new(pool)),
@@ -81,9 +125,19 @@ impl BlockAllocator {
         self.lock().refcounts.len()
     }
 
-    /// Blocks with refcount 0.
+    /// Blocks with refcount 0, cached-free ones included.
     pub fn num_free(&self) -> usize {
         self.lock().free.len()
+    }
+
+    /// Registered blocks (held or cached-free).
+    pub fn num_cached(&self) -> usize {
+        self.lock().index.len()
+    }
+
+    /// Cached-free blocks evicted (handed out for other contents) since start.
+    pub fn num_evictions(&self) -> u64 {
+        self.lock().evictions
     }
 
     /// Blocks needed to hold `num_tokens` token slots.
@@ -93,12 +147,7 @@ impl BlockAllocator {
 
     /// Takes a free block and gives it refcount 1; `None` when the pool is dry. O(1).
     pub fn allocate(&self) -> Option<BlockId> {
-        let mut pool = self.lock();
-        let id = pool.free.pop()?;
-        let rc = &mut pool.refcounts[id.0 as usize];
-        assert_eq!(*rc, 0, "block {} on the free list has holders", id.0);
-        *rc = 1;
-        Some(id)
+        self.lock().take_free()
     }
 
     /// Takes `n` free blocks at once, or none when fewer than `n` are free.
@@ -107,14 +156,7 @@ impl BlockAllocator {
         if pool.free.len() < n {
             return None;
         }
-        let at = pool.free.len() - n;
-        let ids: Vec<BlockId> = pool.free.drain(at..).rev().collect();
-        for id in &ids {
-            let rc = &mut pool.refcounts[id.0 as usize];
-            assert_eq!(*rc, 0, "block {} on the free list has holders", id.0);
-            *rc = 1;
-        }
-        Some(ids)
+        Some((0..n).filter_map(|_| pool.take_free()).collect())
     }
 
     /// Adds a holder to an allocated block (fork, prefix sharing). O(1).
@@ -131,14 +173,20 @@ impl BlockAllocator {
         }
     }
 
-    /// Drops one holder of a block; at refcount 0 the block returns to the free list. O(1).
+    /// Drops one holder of a block; at refcount 0 the block returns to the free queue (at
+    /// the back while it is registered, so its contents stay reusable). O(1).
     pub fn free(&self, id: BlockId) -> Result<()> {
         let mut pool = self.lock();
-        match pool.refcounts.get_mut(id.0 as usize) {
+        let i = id.0 as usize;
+        match pool.refcounts.get_mut(i) {
             Some(rc) if *rc > 0 => {
                 *rc -= 1;
                 if *rc == 0 {
-                    pool.free.push(id);
+                    if pool.cached[i].is_some() {
+                        pool.free.push_back(id);
+                    } else {
+                        pool.free.push_front(id);
+                    }
                 }
                 Ok(())
             }
@@ -146,12 +194,83 @@ impl BlockAllocator {
         }
     }
 
+    /// Registers a held, full block under `key` (its parent's key and its token ids kept to
+    /// verify later hits). Does nothing when the block is already registered or another
+    /// block holds `key` (two requests computed the same prefix at once). Returns whether
+    /// the block was registered.
+    pub fn register(
+        &self,
+        id: BlockId,
+        parent: BlockKey,
+        key: BlockKey,
+        tokens: &[TokenId],
+    ) -> bool {
+        let mut pool = self.lock();
+        let i = id.0 as usize;
+        let held = pool.refcounts.get(i).is_some_and(|&rc| rc > 0);
+        if !held || pool.cached[i].is_some() || pool.index.contains_key(&key) {
+            return false;
+        }
+        pool.index.insert(key, id);
+        pool.cached[i] = Some(CachedBlock {
+            key,
+            parent,
+            tokens: tokens.into(),
+        });
+        true
+    }
+
+    /// A prefix-cache hit: the block registered under `key`, if its stored parent key and
+    /// tokens equal `parent` and `tokens`, with one more holder (taken out of the free queue
+    /// when it was cached-free). The caller owns that reference. O(1) plus the comparison.
+    pub fn acquire_cached(
+        &self,
+        parent: BlockKey,
+        key: BlockKey,
+        tokens: &[TokenId],
+    ) -> Option<BlockId> {
+        let mut pool = self.lock();
+        let id = *pool.index.get(&key)?;
+        let i = id.0 as usize;
+        let c = pool.cached[i].as_ref()?;
+        if c.parent != parent || *c.tokens != *tokens {
+            return None;
+        }
+        if pool.refcounts[i] == 0 {
+            pool.free.remove(id);
+        }
+        pool.refcounts[i] += 1;
+        Some(id)
+    }
+
+    /// Forgets every registered block (held blocks keep their contents, cached-free blocks
+    /// become plain free blocks at the front of the queue). Returns how many were forgotten.
+    pub fn reset_prefix_cache(&self) -> usize {
+        let mut pool = self.lock();
+        let n = pool.index.len();
+        pool.index.clear();
+        for i in 0..pool.cached.len() {
+            if pool.cached[i].take().is_some() && pool.refcounts[i] == 0 {
+                let id = BlockId(i as u32);
+                pool.free.remove(id);
+                pool.free.push_front(id);
+            }
+        }
+        n
+    }
+
     /// The number of holders of `id`; `None` for an id outside the pool.
     pub fn refcount(&self, id: BlockId) -> Option<u32> {
         self.lock().refcounts.get(id.0 as usize).copied()
     }
 
-    /// True when every block is free (every refcount is 0).
+    /// The key `id` is registered under, if any.
+    pub fn cached_key(&self, id: BlockId) -> Option<BlockKey> {
+        let pool = self.lock();
+        pool.cached.get(id.0 as usize)?.as_ref().map(|c| c.key)
+    }
+
+    /// True when every block is free (every refcount is 0; cached-free blocks are free).
     pub fn is_idle(&self) -> bool {
         let pool = self.lock();
         pool.free.len() == pool.refcounts.len()
@@ -161,15 +280,23 @@ impl BlockAllocator {
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         let pool = self.lock();
         let mut on_free_list = vec![false; pool.refcounts.len()];
-        for id in &pool.free {
+        let mut seen = 0;
+        for id in pool.free.iter() {
             let i = id.0 as usize;
             if i >= on_free_list.len() {
-                return Err(format!("free list holds block {i} outside the pool"));
+                return Err(format!("free queue holds block {i} outside the pool"));
             }
             if on_free_list[i] {
-                return Err(format!("block {i} is on the free list twice"));
+                return Err(format!("block {i} is in the free queue twice"));
             }
             on_free_list[i] = true;
+            seen += 1;
+        }
+        if seen != pool.free.len() {
+            return Err(format!(
+                "free queue links {seen} blocks but counts {}",
+                pool.free.len()
+            ));
         }
         for (i, (&rc, &free)) in pool.refcounts.iter().zip(&on_free_list).enumerate() {
             if (rc == 0) != free {
@@ -177,6 +304,19 @@ impl BlockAllocator {
                     "block {i} has refcount {rc} but free-list flag {free}"
                 ));
             }
+        }
+        for (key, id) in &pool.index {
+            match &pool.cached[id.0 as usize] {
+                Some(c) if c.key == *key && c.tokens.len() == pool.block_size => {}
+                other => return Err(format!("index entry for block {} holds {other:?}", id.0)),
+            }
+        }
+        let registered = pool.cached.iter().filter(|c| c.is_some()).count();
+        if registered != pool.index.len() {
+            return Err(format!(
+                "{registered} registered blocks but {} index entries",
+                pool.index.len()
+            ));
         }
         Ok(())
     }

@@ -127,11 +127,15 @@ impl BlockTable {
         }
     }
 
-    /// Appends an already allocated block, taking a new reference on it (prefix-cache hit).
-    pub fn push_shared(&mut self, id: BlockId) -> crate::error::Result<()> {
-        self.allocator.share(id)?;
+    /// Appends a block whose reference the caller hands over (a prefix-cache hit from
+    /// [`BlockAllocator::acquire_cached`]); the table releases it like its other blocks.
+    pub fn push_acquired(&mut self, id: BlockId) {
         self.blocks.push(id);
-        Ok(())
+    }
+
+    /// The allocator this table draws from.
+    pub fn allocator(&self) -> &BlockAllocator {
+        &self.allocator
     }
 
     /// A second table over the same blocks; each block gains one holder.

@@ -68,6 +68,9 @@ pub enum EngineEvent {
     },
     /// The request finished; its KV blocks are already released.
     Finished { seq_id: SeqId, reason: FinishReason },
+    /// The request was admitted for the first time and `cached_tokens` of its prompt were
+    /// found in the prefix cache (only with the prefix cache on; before its other events).
+    Admitted { seq_id: SeqId, cached_tokens: usize },
     /// Scores of prompt tokens `start..start + entries.len()` (`start >= 1`: nothing predicts
     /// prompt token 0), computed this step; chunks arrive in order, each index once, before
     /// the request's other events of the step (see `engine/prompt_logprobs.rs`).
@@ -107,7 +110,8 @@ impl Engine {
     pub fn new(model: Model, config: SchedulerConfig, seed: u64) -> Result<Engine> {
         let kv = KvStore::new(&model.config, config.block_size, config.num_blocks)
             .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
-        let scheduler = Scheduler::new(config)?;
+        let mut scheduler = Scheduler::new(config)?;
+        scheduler.set_model_identity(model_identity(&model));
         Ok(Engine {
             model,
             kv,
@@ -223,14 +227,25 @@ impl Engine {
         for &(src, dst) in &plan.block_copies {
             self.kv.copy_block(src, dst);
         }
+        let mut out: Vec<EngineEvent> = plan
+            .first_admissions
+            .iter()
+            .filter(|(id, _)| self.requests.contains_key(id))
+            .map(|&(seq_id, cached_tokens)| EngineEvent::Admitted {
+                seq_id,
+                cached_tokens,
+            })
+            .collect();
+        let (cached_events, mut failed) =
+            self.prompt_logprobs
+                .from_cache(&plan, &self.scheduler, &self.model, &self.kv);
+        out.extend(cached_events);
         let mut batch = to_forward_batch(&plan);
         let plan_rows = batch.output_rows();
         let prompt_rows = self.prompt_logprobs.plan_rows(&plan, &self.scheduler);
         prompt_logprobs::widen_output(&mut batch, &prompt_rows);
-        let mut out = Vec::new();
         let (events, sampled) = match self.model.forward(&batch, &mut self.kv) {
             Ok(mut logits) => {
-                let mut failed = Vec::new();
                 if !prompt_rows.is_empty() {
                     let x = self.prompt_logprobs.extract(
                         logits,
@@ -238,7 +253,9 @@ impl Engine {
                         &plan_rows,
                         &self.scheduler,
                     );
-                    (logits, out, failed) = (x.sampling, x.events, x.failed);
+                    logits = x.sampling;
+                    out.extend(x.events);
+                    failed.extend(x.failed);
                 }
                 let samples = self.sample_plan(&plan, &logits);
                 failed.extend(samples.failed);
@@ -259,6 +276,16 @@ impl Engine {
         self.prompt_logprobs.retain_live(&self.scheduler);
         Ok(out)
     }
+}
+
+/// A number that differs between models (architecture, shapes, weights' size and a sample
+/// of their bytes), so that prefix-cache keys of one model never match another's.
+fn model_identity(model: &Model) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    format!("{:?}", model.config).hash(&mut h);
+    model.weight_bytes().hash(&mut h);
+    h.finish()
 }
 
 /// One round of the SplitMix64 mixer: spreads nearby integers over the 64-bit range.

@@ -22,6 +22,7 @@ pub mod block_allocator;
 pub mod block_table;
 pub mod engine;
 pub mod error;
+pub mod prefix_cache;
 pub mod scheduler;
 pub mod scheduler_config;
 pub mod sequence;

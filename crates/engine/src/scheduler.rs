@@ -39,6 +39,7 @@ use tandem_model::batch::{BlockId, TokenId};
 use crate::block_allocator::BlockAllocator;
 use crate::block_table::BlockTable;
 use crate::error::{EngineError, Result};
+use crate::prefix_cache::PrefixHasher;
 use crate::scheduler_config::SchedulerConfig;
 use crate::sequence::{FinishReason, RequestParams, SchedulingPolicy, SeqId, SeqStatus, Sequence};
 use crate::step_plan::{ScheduledSeq, StepPlan};
@@ -50,6 +51,10 @@ pub struct SchedulerStats {
     pub num_steps: u64,
     /// Recompute preemptions.
     pub num_preemptions: u64,
+    /// Tokens looked up in the prefix cache at admissions (`vllm:prefix_cache_queries`).
+    pub prefix_cache_queries: u64,
+    /// Of those, tokens found cached (`vllm:prefix_cache_hits`).
+    pub prefix_cache_hits: u64,
 }
 
 /// One sequence's grant in the step in flight.
@@ -89,6 +94,8 @@ pub struct Scheduler {
     pending: HashMap<SeqId, Vec<SeqId>>,
     /// Running slots a managed root needs at admission (its beam width).
     reserve: HashMap<SeqId, usize>,
+    /// Block keys for the prefix cache; `None` when it is off.
+    prefix_hasher: Option<PrefixHasher>,
 }
 
 impl Scheduler {
@@ -96,6 +103,7 @@ impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Result<Scheduler> {
         config.validate()?;
         let allocator = BlockAllocator::new(config.num_blocks, config.block_size)?;
+        let prefix_hasher = config.enable_prefix_caching.then(|| PrefixHasher::new(0));
         Ok(Scheduler {
             config,
             allocator,
@@ -108,7 +116,17 @@ impl Scheduler {
             stats: SchedulerStats::default(),
             pending: HashMap::new(),
             reserve: HashMap::new(),
+            prefix_hasher,
         })
+    }
+
+    /// Sets the model identity the prefix cache's keys start from (cached blocks of another
+    /// model can then never match). Forgets what is cached.
+    pub fn set_model_identity(&mut self, model_identity: u64) {
+        if self.prefix_hasher.is_some() {
+            self.prefix_hasher = Some(PrefixHasher::new(model_identity));
+            self.reset_prefix_cache();
+        }
     }
 
     /// The configuration.
@@ -254,9 +272,16 @@ impl Scheduler {
         let mut grants = Vec::new();
         let mut preempted = Vec::new();
         let mut block_copies = Vec::new();
+        let mut first_admissions = Vec::new();
         self.schedule_running(&mut budget, &mut grants, &mut preempted, &mut block_copies);
         if preempted.is_empty() {
-            self.schedule_waiting(&mut budget, &mut grants, &mut block_copies, &mut preempted);
+            let mut admitted = Admitted {
+                grants: &mut grants,
+                copies: &mut block_copies,
+                preempted: &mut preempted,
+                first: &mut first_admissions,
+            };
+            self.schedule_waiting(&mut budget, &mut admitted);
         }
         let step = self.next_step;
         let seqs = grants.iter().map(|g| self.scheduled_seq(g)).collect();
@@ -270,6 +295,7 @@ impl Scheduler {
             seqs,
             preempted,
             block_copies,
+            first_admissions,
         })
     }
 
@@ -314,31 +340,33 @@ impl Scheduler {
     }
 
     /// Admits waiting sequences in order while budget, blocks and the sequence cap allow
-    /// (a group's parent needs a running slot for each of its members).
-    fn schedule_waiting(
-        &mut self,
-        budget: &mut usize,
-        grants: &mut Vec<Grant>,
-        copies: &mut Vec<(BlockId, BlockId)>,
-        preempted: &mut Vec<SeqId>,
-    ) {
+    /// (a group's parent needs a running slot for each of its members). A sequence holding
+    /// no block first adopts its cached prefix blocks (see `scheduler/prefix.rs`).
+    fn schedule_waiting(&mut self, budget: &mut usize, out: &mut Admitted<'_>) {
         while *budget > 0 {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
             let fits = self.running.len() + self.slots_needed(id) <= self.config.max_num_seqs;
+            let hit = if fits { self.lookup_prefix(id) } else { 0 };
             let num_new = self.grant_size(id, *budget);
             let Some(c) = fits.then(|| self.prepare_write(id, num_new)).flatten() else {
-                if self.evict_parked(preempted) {
+                self.seq_mut(id).release_cached();
+                if self.evict_parked(out.preempted) {
                     continue;
                 }
                 break;
             };
-            copies.extend(c);
+            out.copies.extend(c);
+            let first = self.seqs[&id].prefix().num_cached_tokens.is_none();
+            self.count_lookup(id, hit);
+            if first && self.prefix_hasher.is_some() {
+                out.first.push((id, hit.min(self.seqs[&id].prompt_len())));
+            }
             self.seq_mut(id).set_status(SeqStatus::Running);
             self.waiting.pop_front();
             self.insert_running(id);
-            grants.push(self.grant(id, num_new));
+            out.grants.push(self.grant(id, num_new));
             *budget -= num_new;
         }
     }
@@ -479,6 +507,16 @@ impl Scheduler {
     }
 }
 
+/// Where admissions of one `schedule` call go.
+struct Admitted<'a> {
+    grants: &'a mut Vec<Grant>,
+    copies: &'a mut Vec<(BlockId, BlockId)>,
+    preempted: &'a mut Vec<SeqId>,
+    /// First admissions with the prefix cache on, with their cached prompt tokens.
+    first: &'a mut Vec<(SeqId, usize)>,
+}
+
 mod drafts;
 mod groups;
+mod prefix;
 mod update;

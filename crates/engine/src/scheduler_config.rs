@@ -25,11 +25,13 @@ pub struct SchedulerConfig {
     pub block_size: usize,
     /// The model's end-of-sequence tokens.
     pub eos_token_ids: Vec<TokenId>,
+    /// Reuse the KV blocks of prefixes already computed (DESIGN §2.3).
+    pub enable_prefix_caching: bool,
 }
 
 impl SchedulerConfig {
     /// A configuration with the given pool and context and vLLM-like defaults: a budget of
-    /// 2048 tokens, 256 sequences, no chunk cap below the budget, FCFS.
+    /// 2048 tokens, 256 sequences, no chunk cap below the budget, FCFS, prefix caching on.
     pub fn new(num_blocks: usize, block_size: usize, max_model_len: usize) -> SchedulerConfig {
         SchedulerConfig {
             max_num_batched_tokens: 2048,
@@ -40,6 +42,7 @@ impl SchedulerConfig {
             num_blocks,
             block_size,
             eos_token_ids: Vec::new(),
+            enable_prefix_caching: true,
         }
     }
 

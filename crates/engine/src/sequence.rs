@@ -14,6 +14,7 @@
 use tandem_model::batch::TokenId;
 
 use crate::block_table::BlockTable;
+use crate::prefix_cache::BlockKey;
 
 /// A sequence's id, unique for the scheduler's lifetime; also its arrival order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -70,6 +71,9 @@ pub struct RequestParams {
     pub stop_token_ids: Vec<TokenId>,
     /// Smaller is more urgent under [`SchedulingPolicy::Priority`]; ignored under FCFS.
     pub priority: i32,
+    /// Prefix-cache isolation key: requests share cached KV blocks only with requests of the
+    /// same salt (`None` is a salt of its own).
+    pub cache_salt: Option<String>,
 }
 
 impl Default for RequestParams {
@@ -79,6 +83,7 @@ impl Default for RequestParams {
             ignore_eos: false,
             stop_token_ids: Vec::new(),
             priority: 0,
+            cache_salt: None,
         }
     }
 }
@@ -99,6 +104,19 @@ pub struct Sequence {
     /// Driven by its owner (a beam search): the scheduler computes its tokens but never
     /// appends sampled tokens, applies stop conditions, or expects an output for it.
     managed: bool,
+    /// Prefix-cache state, see [`PrefixState`].
+    prefix: PrefixState,
+}
+
+/// What a sequence knows of the prefix cache.
+#[derive(Debug, Clone, Default)]
+pub struct PrefixState {
+    /// Keys of the leading full blocks of `tokens`, computed once (block `i`'s key at `i`).
+    pub keys: Vec<BlockKey>,
+    /// Leading blocks of the current table already in the cache (hit or registered).
+    pub num_registered: usize,
+    /// Prompt tokens found in the cache when the sequence was first admitted.
+    pub num_cached_tokens: Option<usize>,
 }
 
 impl Sequence {
@@ -120,6 +138,7 @@ impl Sequence {
             params,
             block_table: table,
             managed: false,
+            prefix: PrefixState::default(),
         }
     }
 
@@ -139,6 +158,7 @@ impl Sequence {
             params: self.params.clone(),
             block_table: self.block_table.fork(),
             managed: self.managed,
+            prefix: self.prefix.clone(),
         }
     }
 
@@ -219,10 +239,47 @@ impl Sequence {
         &mut self.block_table
     }
 
+    /// The prefix-cache state.
+    pub fn prefix(&self) -> &PrefixState {
+        &self.prefix
+    }
+
+    /// The prefix-cache state, to record hits and registrations.
+    pub fn prefix_mut(&mut self) -> &mut PrefixState {
+        &mut self.prefix
+    }
+
+    /// Takes blocks found in the prefix cache for the first `num_tokens` tokens (whole
+    /// blocks) of a sequence that holds no block yet: the table takes over the references,
+    /// and those tokens count as computed.
+    pub fn adopt_cached(&mut self, blocks: &[tandem_model::batch::BlockId], num_tokens: usize) {
+        assert!(
+            self.block_table.is_empty() && self.num_computed_tokens == 0,
+            "cached blocks start an empty sequence"
+        );
+        assert!(
+            num_tokens < self.tokens.len(),
+            "the last token is always computed"
+        );
+        for &b in blocks {
+            self.block_table.push_acquired(b);
+        }
+        self.num_computed_tokens = num_tokens;
+        self.prefix.num_registered = blocks.len();
+    }
+
+    /// Undoes [`Sequence::adopt_cached`] when admission fails after it: releases the blocks.
+    pub fn release_cached(&mut self) {
+        self.block_table.clear();
+        self.num_computed_tokens = 0;
+        self.prefix.num_registered = 0;
+    }
+
     /// Sets the status; leaving `Running` for anything but `Running` releases every block.
     pub fn set_status(&mut self, status: SeqStatus) {
         if status != SeqStatus::Running {
             self.block_table.clear();
+            self.prefix.num_registered = 0;
         }
         self.status = status;
     }
@@ -279,6 +336,9 @@ impl Sequence {
         self.num_draft = self.num_draft.saturating_sub(dropped);
         self.num_computed_tokens = self.num_computed_tokens.min(num_tokens);
         self.block_table.truncate_to_tokens(num_tokens);
+        let full = num_tokens / self.block_table.allocator().block_size();
+        self.prefix.keys.truncate(full);
+        self.prefix.num_registered = self.prefix.num_registered.min(full);
     }
 }
 

@@ -48,6 +48,9 @@ pub struct StepPlan {
     /// `(src, dst)` KV block copies (copy-on-write of shared blocks) the runner performs,
     /// in order, before the forward pass.
     pub block_copies: Vec<(BlockId, BlockId)>,
+    /// Sequences admitted for the first time this step with the prefix cache on, and how
+    /// many of their prompt tokens it held (possibly 0).
+    pub first_admissions: Vec<(SeqId, usize)>,
 }
 
 impl StepPlan {
@@ -140,6 +143,7 @@ mod tests {
     #[test]
     fn forward_batch_tiles_spans_and_selects_last_rows() {
         let plan = StepPlan {
+            first_admissions: Vec::new(),
             step: 3,
             seqs: vec![
                 ScheduledSeq {

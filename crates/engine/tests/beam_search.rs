@@ -148,7 +148,7 @@ fn drain(
                         .expect("result after Finished");
                     beams.insert(seq_id, h);
                 }
-                EngineEvent::Finished { .. } => {}
+                EngineEvent::Finished { .. } | EngineEvent::Admitted { .. } => {}
                 EngineEvent::PromptLogprobs { .. } => panic!("no request asked for them"),
             }
         }

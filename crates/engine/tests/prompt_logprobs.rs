@@ -104,6 +104,10 @@ fn collect(events: Vec<EngineEvent>, ids: &HashMap<SeqId, usize>, out: &mut [Out
                 assert!(o.finish.is_none(), "finished once");
                 o.finish = Some(reason);
             }
+            EngineEvent::Admitted { seq_id, .. } => {
+                let o = &out[ids[&seq_id]];
+                assert!(o.prompt.is_empty() && o.tokens.is_empty(), "admitted first");
+            }
         }
     }
 }
@@ -347,7 +351,7 @@ fn groups_one_token_prompts_and_refusals() {
                     seq_id, entries, ..
                 } => *scores.entry(seq_id).or_default() += entries.len(),
                 EngineEvent::Finished { .. } => finished += 1,
-                EngineEvent::Token { .. } => {}
+                EngineEvent::Token { .. } | EngineEvent::Admitted { .. } => {}
             }
         }
     }

@@ -3,6 +3,14 @@
 //! Which block belongs to which sequence is decided elsewhere (the engine's block
 //! allocator); here a block is just storage. A token at position `p` of a sequence with
 //! block table `t` lives in slot `t[p / block_size] * block_size + p % block_size`.
+//!
+//! Beside the keys and values, each slot keeps the token's final hidden state (after the
+//! final norm: the LM head's input), so that the logits of a position whose K/V were reused
+//! from the prefix cache can be produced again, bitwise equal, by the LM head alone
+//! ([`crate::transformer::Model::logits_at_slots`]) — scoring a cached prompt costs one
+//! matrix product per position instead of a whole forward pass. It adds `hidden_size` floats
+//! per token to the `2 * num_layers * kv_dim` of the keys and values (about 5% for the
+//! default model).
 
 use crate::batch::BlockId;
 use crate::config::ModelConfig;
@@ -19,6 +27,10 @@ pub struct KvStore {
     keys: Vec<Vec<f32>>,
     /// Per layer: `[num_blocks * block_size, kv_dim]`.
     values: Vec<Vec<f32>>,
+    /// Floats of one final hidden state.
+    hidden_size: usize,
+    /// `[num_blocks * block_size, hidden_size]` final (normed) hidden states.
+    hidden: Vec<f32>,
 }
 
 impl KvStore {
@@ -35,18 +47,24 @@ impl KvStore {
             .and_then(|s| s.checked_mul(kv_dim))
             .ok_or_else(|| ModelError::Batch("KV store size overflows".into()))?;
         let layer = || vec![0.0f32; per_layer];
+        let hidden_size = config.hidden_size;
+        let hidden_len = (num_blocks * block_size)
+            .checked_mul(hidden_size)
+            .ok_or_else(|| ModelError::Batch("KV store size overflows".into()))?;
         Ok(KvStore {
             block_size,
             num_blocks,
             kv_dim,
+            hidden_size,
+            hidden: vec![0.0f32; hidden_len],
             keys: (0..config.num_layers).map(|_| layer()).collect(),
             values: (0..config.num_layers).map(|_| layer()).collect(),
         })
     }
 
-    /// Bytes one token occupies across all layers (keys and values).
+    /// Bytes one token occupies: keys and values of all layers, and its final hidden state.
     pub fn bytes_per_token(config: &ModelConfig) -> usize {
-        2 * config.num_layers * config.kv_dim() * std::mem::size_of::<f32>()
+        (2 * config.num_layers * config.kv_dim() + config.hidden_size) * std::mem::size_of::<f32>()
     }
 
     pub fn block_size(&self) -> usize {
@@ -72,6 +90,18 @@ impl KvStore {
         let r = slot * self.kv_dim..(slot + 1) * self.kv_dim;
         self.keys[layer][r.clone()].copy_from_slice(key);
         self.values[layer][r].copy_from_slice(value);
+    }
+
+    /// Stores one token's final hidden state (`[hidden_size]`) at `slot`.
+    pub fn write_hidden(&mut self, slot: usize, row: &[f32]) {
+        let h = self.hidden_size;
+        self.hidden[slot * h..(slot + 1) * h].copy_from_slice(row);
+    }
+
+    /// The final hidden state stored at `slot`.
+    pub fn hidden_row(&self, slot: usize) -> &[f32] {
+        let h = self.hidden_size;
+        &self.hidden[slot * h..(slot + 1) * h]
     }
 
     /// Keys of `layer`: `[num_slots, kv_dim]`.
@@ -107,5 +137,7 @@ impl KvStore {
         for layer in self.keys.iter_mut().chain(self.values.iter_mut()) {
             layer.copy_within(s * len..(s + 1) * len, d * len);
         }
+        let len = self.block_size * self.hidden_size;
+        self.hidden.copy_within(s * len..(s + 1) * len, d * len);
     }
 }

@@ -188,7 +188,22 @@ impl Model {
             self.attention_block(l, layer, &layout, &mut a, kv);
             self.mlp_block(layer, &mut a);
         }
-        Ok(self.logits(batch, &a.x))
+        // Every token's final hidden state is kept beside its K/V (see `KvStore`).
+        self.norm_rows(&a.x, &self.w.final_norm, &mut a.xn);
+        let h = c.hidden_size;
+        for (t, &slot) in layout.write_slots.iter().enumerate() {
+            kv.write_hidden(slot, &a.xn[t * h..(t + 1) * h]);
+        }
+        let rows = batch.output_rows();
+        let selected = rows.clone();
+        Ok(self.lm_head(rows, |i| &a.xn[selected[i] * h..(selected[i] + 1) * h]))
+    }
+
+    /// The logits of the tokens whose final hidden states sit in `slots` of `kv` (rows
+    /// numbered `0..slots.len()`): bitwise what the forward pass that computed them returned,
+    /// because the LM head's result for a row does not depend on the other rows.
+    pub fn logits_at_slots(&self, kv: &KvStore, slots: &[usize]) -> Logits {
+        self.lm_head((0..slots.len()).collect(), |i| kv.hidden_row(slots[i]))
     }
 
     fn attention_block(
@@ -286,15 +301,13 @@ impl Model {
         }
     }
 
-    /// Final norm and output projection of the selected rows.
-    fn logits(&self, batch: &ForwardBatch, x: &[f32]) -> Logits {
+    /// The output projection of final hidden states: row `i` of the result (numbered
+    /// `rows[i]`) from `hidden(i)`.
+    fn lm_head<'a>(&self, rows: Vec<usize>, hidden: impl Fn(usize) -> &'a [f32]) -> Logits {
         let c = &self.config;
-        let rows = batch.output_rows();
         let mut normed = vec![0.0f32; rows.len() * c.hidden_size]; // [rows, hidden]
-        for (i, &r) in rows.iter().enumerate() {
-            let src = &x[r * c.hidden_size..(r + 1) * c.hidden_size];
-            let dst = &mut normed[i * c.hidden_size..(i + 1) * c.hidden_size];
-            rms_norm(src, &self.w.final_norm, c.rms_norm_eps, dst);
+        for (i, dst) in normed.chunks_exact_mut(c.hidden_size).enumerate() {
+            dst.copy_from_slice(hidden(i));
         }
         let mut data = vec![0.0f32; rows.len() * c.vocab_size]; // [rows, vocab]
         matmul(

@@ -335,6 +335,7 @@ impl Worker {
                 start,
                 entries,
             } => (seq_id, RequestEvent::PromptLogprobs { start, entries }),
+            EngineEvent::Admitted { .. } => return,
         };
         let finished = matches!(event, RequestEvent::Finished(_));
         let Some(route) = self.routes.get(&seq_id) else {

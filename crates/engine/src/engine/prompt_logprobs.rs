@@ -25,14 +25,21 @@
 //! emitted exactly once: a preempted request recomputes its prompt without emitting again. A
 //! one-token prompt emits nothing. The members of an `n > 1` group share the prompt: each
 //! gets the same events (computed once).
-//! A position the request never computes (a future prefix-cache hit that skips it) would
-//! leave a gap that `start` makes visible; the cache must not skip positions of such requests.
+//!
+//! Prefix-cache hits: positions whose K/V were reused from the cache are not computed by
+//! this request's forward passes, but their final hidden states are in the KV store beside
+//! their K/V, so [`PromptLogprobs::from_cache`] gets their logits from the LM head alone
+//! ([`Model::logits_at_slots`], bitwise equal to the forward's rows) in the step that admits
+//! the request, before the rows of its first computed chunk. The events are the same as
+//! without the cache; the cost of those positions drops to one LM-head row each.
 
 use std::collections::HashMap;
 
 use tandem_model::batch::{ForwardBatch, OutputSelection, TokenId};
+use tandem_model::kv_store::KvStore;
 use tandem_model::logits::Logits;
 use tandem_model::scoring::score_row;
+use tandem_model::transformer::Model;
 
 use super::{EngineEvent, GenerationRequest};
 use crate::error::{EngineError, Result};
@@ -117,6 +124,58 @@ impl PromptLogprobs {
     pub(super) fn retain_live(&mut self, scheduler: &Scheduler) {
         self.pending
             .retain(|id, _| scheduler.sequence(*id).is_some());
+    }
+
+    /// Emits the prompt logprobs of positions the plan's sequences took from the prefix
+    /// cache (below their `num_computed`, not yet emitted), from the final hidden states
+    /// stored with their K/V. Call before [`PromptLogprobs::plan_rows`].
+    pub(super) fn from_cache(
+        &mut self,
+        plan: &StepPlan,
+        scheduler: &Scheduler,
+        model: &Model,
+        kv: &KvStore,
+    ) -> (Vec<EngineEvent>, Vec<(SeqId, String)>) {
+        let mut events = Vec::new();
+        let mut failed = Vec::new();
+        if self.pending.is_empty() {
+            return (events, failed);
+        }
+        for s in &plan.seqs {
+            let (Some(p), Some(seq)) = (
+                self.pending.get_mut(&s.seq_id),
+                scheduler.sequence(s.seq_id),
+            ) else {
+                continue;
+            };
+            let lo = p.next - 1;
+            let hi = s.num_computed.min(seq.prompt_len() - 1);
+            if lo >= hi {
+                continue;
+            }
+            let slots: Vec<usize> = (lo..hi).map(|pos| kv.slot(&s.block_table, pos)).collect();
+            let logits = model.logits_at_slots(kv, &slots);
+            let r = PromptRows {
+                seq_id: s.seq_id,
+                first_row: 0,
+                first: lo + 1,
+                len: hi - lo,
+            };
+            match score_rows(&logits, &r, &seq.tokens()[..seq.prompt_len()], p.top_k) {
+                Ok(entries) => {
+                    p.next = hi + 1;
+                    let group =
+                        std::iter::once(&s.seq_id).chain(scheduler.pending_siblings(s.seq_id));
+                    events.extend(group.map(|&seq_id| EngineEvent::PromptLogprobs {
+                        seq_id,
+                        start: r.first,
+                        entries: entries.clone(),
+                    }));
+                }
+                Err(e) => failed.push((s.seq_id, format!("prompt logprobs: {e}"))),
+            }
+        }
+        (events, failed)
     }
 
     /// The prompt rows of `plan` still to emit, in plan order.

@@ -31,7 +31,10 @@ impl Scheduler {
                 continue; // aborted while the step was in flight
             };
             seq.advance_computed(g.num_new);
-            if seq.params().max_tokens == 0 && seq.num_uncomputed() == 0 {
+            let prompt_only = seq.params().max_tokens == 0 && seq.num_uncomputed() == 0;
+            // Before anything can finish it and release its blocks.
+            self.register_blocks(g.seq_id);
+            if prompt_only {
                 // A prompt-only request (prompt logprobs): done once its prompt is computed.
                 self.finish(g.seq_id, FinishReason::Length);
                 events.push(SeqEvent::Finished {

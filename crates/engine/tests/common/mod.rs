@@ -132,37 +132,56 @@ pub struct Outcome {
     pub num_accepted_drafts: usize,
 }
 
-/// Checks the plan against the limits and the pool (property (e) and block exclusivity).
+/// Checks the plan against the limits and the pool (property (e) and block exclusivity): a
+/// block the step writes into belongs to that sequence alone; blocks before its write
+/// range may be shared (prefix-cache hits), since nobody writes them.
 pub fn check_plan(plan: &StepPlan, c: &SchedulerConfig) {
     assert!(plan.num_batched_tokens() <= c.max_num_batched_tokens);
     assert!(plan.seqs.len() <= c.max_num_seqs);
     let mut ids = HashSet::new();
-    let mut blocks = HashSet::new();
+    let mut holders: HashMap<BlockId, usize> = HashMap::new();
     for s in &plan.seqs {
         assert!(!s.is_empty());
         assert!(s.len() <= c.long_prefill_token_threshold);
         assert!(ids.insert(s.seq_id), "a sequence is scheduled once");
         assert!(s.block_table.len() * c.block_size >= s.num_computed + s.len());
+        let mut own = HashSet::new();
         for b in &s.block_table {
-            assert!(blocks.insert(*b), "block {b:?} is held by two sequences");
+            assert!(own.insert(*b), "block {b:?} appears twice in one table");
+            *holders.entry(*b).or_default() += 1;
+        }
+    }
+    for s in &plan.seqs {
+        let first = s.num_computed / c.block_size;
+        let last = (s.num_computed + s.len() - 1) / c.block_size;
+        for b in &s.block_table[first..=last] {
+            assert_eq!(
+                holders[b], 1,
+                "block {b:?} is written while another sequence holds it"
+            );
         }
     }
 }
 
-/// Blocks the live sequences hold must be exactly the allocated ones.
+/// Blocks the live sequences hold must be exactly the allocated ones, each with as many
+/// holders as tables list it.
 fn check_pool(sched: &Scheduler, live: &[SeqId]) {
     let a = sched.allocator();
     a.check_invariants().expect("allocator invariants");
-    let held: usize = live
-        .iter()
-        .filter_map(|id| sched.sequence(*id))
-        .map(|s| s.block_table().len())
-        .sum();
+    let mut holders: HashMap<BlockId, u32> = HashMap::new();
+    for s in live.iter().filter_map(|id| sched.sequence(*id)) {
+        for b in s.block_table().blocks() {
+            *holders.entry(*b).or_default() += 1;
+        }
+    }
     assert_eq!(
-        held,
+        holders.len(),
         a.num_total() - a.num_free(),
         "leaked or double-counted blocks"
     );
+    for (b, n) in holders {
+        assert_eq!(a.refcount(b), Some(n), "refcount of {b:?}");
+    }
 }
 
 /// Runs a workload through the scheduler and the fake model.

@@ -166,6 +166,7 @@ impl GenerationPlan {
                 ignore_eos,
                 stop_token_ids: stop_token_ids.into_iter().map(TokenId).collect(),
                 priority: 0,
+                cache_salt: None,
             },
             text: TextOptions {
                 skip_special_tokens: f.skip_special_tokens.unwrap_or(true),

@@ -1,0 +1,123 @@
+//! The scheduler's side of prefix caching (DESIGN §2.3): a lookup when a sequence is admitted
+//! and a registration when a step completes full blocks.
+//!
+//! - Lookup ([`Scheduler::lookup_prefix`]): for a sequence holding no block (fresh, or
+//!   preempted and re-admitted), the longest run of leading full blocks of its committed
+//!   tokens found in the cache is adopted (each block gains a holder, cached-free ones leave
+//!   the free queue) and counts as computed; at least the last token is always left to
+//!   compute, because its logits are needed. If the admission then fails, the blocks are
+//!   released again.
+//! - Registration ([`Scheduler::register_blocks`]): after a step, every block whose tokens
+//!   are all computed and committed (never speculative drafts) is registered under its
+//!   chained key, before a finish could release it.
+//!
+//! The cache never changes results: a block's K/V are a function of the token ids up to its
+//! end, which its chained key and the hit's token comparison pin down (DESIGN §3 row 4).
+
+use super::Scheduler;
+use crate::sequence::SeqId;
+
+impl Scheduler {
+    /// Adopts the cached leading blocks of `id` if it holds no block yet; returns the tokens
+    /// now counted as computed (a multiple of the block size, below its token count).
+    pub(super) fn lookup_prefix(&mut self, id: SeqId) -> usize {
+        let Some(hasher) = self.prefix_hasher.as_ref() else {
+            return 0;
+        };
+        let bs = self.config.block_size;
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return 0;
+        };
+        if !seq.block_table().is_empty() || seq.num_computed_tokens() > 0 {
+            return 0;
+        }
+        let committed = seq.num_tokens() - seq.num_draft();
+        let max_blocks = committed.saturating_sub(1) / bs;
+        let root = hasher.root(seq.params().cache_salt.as_deref());
+        let mut keys = std::mem::take(&mut seq.prefix_mut().keys);
+        hasher.extend_keys(&mut keys, root, seq.tokens(), bs, max_blocks);
+        let allocator = seq.block_table().allocator().clone();
+        let mut hits = Vec::new();
+        for i in 0..max_blocks {
+            let parent = if i == 0 { root } else { keys[i - 1] };
+            let tokens = &seq.tokens()[i * bs..(i + 1) * bs];
+            match allocator.acquire_cached(parent, keys[i], tokens) {
+                Some(block) => hits.push(block),
+                None => break,
+            }
+        }
+        seq.prefix_mut().keys = keys;
+        let num_hit = hits.len() * bs;
+        if num_hit > 0 {
+            seq.adopt_cached(&hits, num_hit);
+        }
+        num_hit
+    }
+
+    /// Counts a successful admission's lookup: `hit` of the sequence's tokens were cached.
+    pub(super) fn count_lookup(&mut self, id: SeqId, hit: usize) {
+        if self.prefix_hasher.is_none() {
+            return;
+        }
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        self.stats.prefix_cache_queries += (seq.num_tokens() - seq.num_draft()) as u64;
+        self.stats.prefix_cache_hits += hit as u64;
+        let prompt_len = seq.prompt_len();
+        let first = &mut seq.prefix_mut().num_cached_tokens;
+        if first.is_none() {
+            *first = Some(hit.min(prompt_len));
+        }
+    }
+
+    /// Registers the blocks of `id` that are now full of computed, committed tokens.
+    pub(super) fn register_blocks(&mut self, id: SeqId) {
+        let Some(hasher) = self.prefix_hasher.as_ref() else {
+            return;
+        };
+        let bs = self.config.block_size;
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        let full = seq.num_committed_computed() / bs;
+        let from = seq.prefix().num_registered;
+        if full <= from {
+            return;
+        }
+        let root = hasher.root(seq.params().cache_salt.as_deref());
+        let mut keys = std::mem::take(&mut seq.prefix_mut().keys);
+        hasher.extend_keys(&mut keys, root, seq.tokens(), bs, full);
+        let table = seq.block_table();
+        for i in from..full {
+            let parent = if i == 0 { root } else { keys[i - 1] };
+            let tokens = &seq.tokens()[i * bs..(i + 1) * bs];
+            table
+                .allocator()
+                .register(table.blocks()[i], parent, keys[i], tokens);
+        }
+        let prefix = seq.prefix_mut();
+        prefix.keys = keys;
+        prefix.num_registered = full;
+    }
+
+    /// Forgets every cached block (admin reset); running sequences register their full
+    /// blocks again after their next step. Returns the number of blocks forgotten.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        for seq in self.seqs.values_mut() {
+            seq.prefix_mut().num_registered = 0;
+        }
+        self.allocator.reset_prefix_cache()
+    }
+
+    /// Whether the prefix cache is on.
+    pub fn prefix_caching(&self) -> bool {
+        self.prefix_hasher.is_some()
+    }
+
+    /// Prompt tokens of `id` found in the prefix cache at its first admission (`None` before
+    /// it was admitted or with the cache off).
+    pub fn num_cached_tokens(&self, id: SeqId) -> Option<usize> {
+        self.seqs.get(&id)?.prefix().num_cached_tokens
+    }
+}
