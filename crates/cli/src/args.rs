@@ -69,7 +69,8 @@ pub struct EngineArgs {
     #[arg(long, value_name = "N", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub block_size: u32,
-    /// Disable prefix caching.
+    /// Disable prefix caching (reuse of the KV blocks of prompts already computed; on by
+    /// default, it never changes results).
     #[arg(long)]
     pub no_prefix_caching: bool,
     /// Speculative decoding proposer: `ngram` (prompt lookup, matches of 1 to 3 tokens),

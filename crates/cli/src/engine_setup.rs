@@ -79,12 +79,14 @@ pub fn build_engine(
         config.max_num_batched_tokens = n;
     }
     config.eos_token_ids = eos;
+    config.enable_prefix_caching = !args.no_prefix_caching;
     eprintln!(
-        "tandem: KV cache {} blocks x {block_size} tokens = {} tokens ({:.0} MiB), {} threads",
+        "tandem: KV cache {} blocks x {block_size} tokens = {} tokens ({:.0} MiB), {} threads, prefix caching {}",
         num_blocks,
         num_blocks * block_size,
         (num_blocks as u64 * per_block) as f64 / (1 << 20) as f64,
-        model.threads()
+        model.threads(),
+        if config.enable_prefix_caching { "on" } else { "off" }
     );
     let mut engine = Engine::new(model, config, seed)?;
     if let Some((method, draft)) = spec {

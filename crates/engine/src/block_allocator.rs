@@ -325,6 +325,7 @@ impl BlockAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::prefix_cache::BlockKey;
 
     #[test]
     fn allocates_every_block_once_then_runs_dry() {
@@ -372,5 +373,54 @@ mod tests {
     fn rejects_empty_pool() {
         assert!(BlockAllocator::new(0, 16).is_err());
         assert!(BlockAllocator::new(4, 0).is_err());
+    }
+
+    fn toks(v: &[u32]) -> Vec<TokenId> {
+        v.iter().copied().map(TokenId).collect()
+    }
+
+    #[test]
+    fn cached_free_blocks_are_reused_by_a_hit_and_evicted_least_recently_freed_first() {
+        let a = BlockAllocator::new(4, 2).expect("valid pool");
+        let (root, k1, k2) = (BlockKey(1), BlockKey(11), BlockKey(12));
+        let b1 = a.allocate().expect("free");
+        let b2 = a.allocate().expect("free");
+        assert!(a.register(b1, root, k1, &toks(&[1, 2])));
+        assert!(a.register(b2, k1, k2, &toks(&[3, 4])));
+        assert!(!a.register(b2, k1, k2, &toks(&[3, 4])), "registered once");
+        // The tail first, as a block table releases: b2 is freed before b1.
+        a.free(b2).expect("held");
+        a.free(b1).expect("held");
+        assert_eq!((a.num_free(), a.num_cached()), (4, 2));
+        a.check_invariants().expect("consistent");
+        // A hit verifies the parent key and the tokens.
+        assert_eq!(a.acquire_cached(root, k1, &toks(&[1, 9])), None);
+        assert_eq!(a.acquire_cached(BlockKey(2), k1, &toks(&[1, 2])), None);
+        assert_eq!(a.acquire_cached(root, k1, &toks(&[1, 2])), Some(b1));
+        assert_eq!((a.refcount(b1), a.num_free()), (Some(1), 3));
+        a.free(b1).expect("held");
+        // Plain free blocks go first, then the least recently freed cached one (b2).
+        let fresh = a.allocate_n(2).expect("two plain blocks");
+        assert!(!fresh.contains(&b1) && !fresh.contains(&b2));
+        assert_eq!(a.allocate(), Some(b2));
+        assert_eq!(a.num_evictions(), 1);
+        assert_eq!(a.acquire_cached(k1, k2, &toks(&[3, 4])), None, "evicted");
+        assert_eq!(a.cached_key(b1), Some(k1), "b1 is still cached");
+        a.check_invariants().expect("consistent");
+    }
+
+    #[test]
+    fn a_key_is_held_by_one_block_and_reset_forgets_everything() {
+        let a = BlockAllocator::new(3, 1).expect("valid pool");
+        let (x, y) = (a.allocate().expect("free"), a.allocate().expect("free"));
+        assert!(a.register(x, BlockKey(0), BlockKey(5), &toks(&[7])));
+        assert!(!a.register(y, BlockKey(0), BlockKey(5), &toks(&[7])), "duplicate key");
+        a.free(x).expect("held");
+        assert_eq!(a.reset_prefix_cache(), 1);
+        assert_eq!(a.num_cached(), 0);
+        assert_eq!(a.acquire_cached(BlockKey(0), BlockKey(5), &toks(&[7])), None);
+        a.free(y).expect("held");
+        assert!(a.is_idle());
+        a.check_invariants().expect("consistent");
     }
 }

@@ -211,6 +211,12 @@ impl Engine {
         Ok(())
     }
 
+    /// Forgets every cached prefix block (the admin reset of the prefix cache); returns how
+    /// many blocks were forgotten. Results never change: only the cost of the next prefills.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        self.scheduler.reset_prefix_cache()
+    }
+
     /// Whether any request is waiting or running.
     pub fn has_unfinished(&self) -> bool {
         self.scheduler.has_unfinished()

@@ -130,6 +130,8 @@ pub struct Outcome {
     pub num_steps: u64,
     /// Draft tokens the fake verifier accepted.
     pub num_accepted_drafts: usize,
+    /// Tokens found in the prefix cache at admissions.
+    pub prefix_cache_hits: u64,
 }
 
 /// Checks the plan against the limits and the pool (property (e) and block exclusivity): a
@@ -256,6 +258,8 @@ pub fn run(config: &SchedulerConfig, reqs: &[Req]) -> Outcome {
     for b in 0..a.num_total() {
         assert_eq!(a.refcount(BlockId(b as u32)), Some(0));
     }
+    a.check_invariants().expect("allocator invariants when idle");
+    o.prefix_cache_hits = sched.stats().prefix_cache_hits;
     o.num_preemptions = sched.stats().num_preemptions;
     o.num_steps = sched.stats().num_steps;
     o
