@@ -4,7 +4,8 @@
 //! (in steps of at most `--max-num-batched-tokens` tokens), then G decode steps run all B
 //! sequences at once, each feeding back its greedy token (EOS ignored). One JSON line per
 //! configuration. `--engine` (or `--speculative`) measures through the engine instead
-//! (`bench_engine.rs`), with the speculative decoding counters.
+//! (`bench_engine.rs`), with the speculative decoding counters; `--prefix-cache` measures
+//! what the prefix cache saves (`bench_prefix.rs`).
 
 use std::time::Instant;
 
@@ -45,6 +46,14 @@ pub struct BenchArgs {
     /// Engine mode: every prompt is this file's text (instead of --prompt-len tokens).
     #[arg(long, value_name = "FILE")]
     prompt_file: Option<std::path::PathBuf>,
+    /// Measure the prefix cache instead: time to first token with a cached vs a cold
+    /// --prompt-len prefix, and scoring 4 continuations of a context of half that length
+    /// with vs without the cache (see `bench_prefix.rs`).
+    #[arg(long)]
+    prefix_cache: bool,
+    /// Rounds per measurement in --prefix-cache mode (medians are reported).
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    repeat: usize,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -56,6 +65,11 @@ struct Measured {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    if a.prefix_cache {
+        let lm = a.model.load()?;
+        let mut engine = build_engine(lm.model, lm.eos_token_ids.clone(), &a.engine, 0)?;
+        return crate::bench_prefix::run(&mut engine, &a.prompt_lens, a.repeat);
+    }
     if a.through_engine || a.engine.speculative.is_some() {
         return run_engine(a);
     }

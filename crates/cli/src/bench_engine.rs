@@ -71,6 +71,7 @@ pub fn run(engine: &mut Engine, prompts: Vec<Vec<TokenId>>, gen_len: usize) -> R
             },
             sample_index: 0,
             prompt_logprobs: None,
+            prompt_logprobs_start: 1,
         })?;
     }
     let mut firsts = std::collections::HashSet::new();

@@ -106,6 +106,7 @@ fn submit(
                 limits: job.limits,
                 sample_index: 0,
                 prompt_logprobs: None,
+                prompt_logprobs_start: 1,
             },
         );
         let admitted = match beam {

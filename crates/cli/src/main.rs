@@ -3,6 +3,7 @@
 mod args;
 mod bench_cmd;
 mod bench_engine;
+mod bench_prefix;
 mod chat_cmd;
 mod engine_setup;
 mod generate_cmd;

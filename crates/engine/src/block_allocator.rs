@@ -414,11 +414,17 @@ mod tests {
         let a = BlockAllocator::new(3, 1).expect("valid pool");
         let (x, y) = (a.allocate().expect("free"), a.allocate().expect("free"));
         assert!(a.register(x, BlockKey(0), BlockKey(5), &toks(&[7])));
-        assert!(!a.register(y, BlockKey(0), BlockKey(5), &toks(&[7])), "duplicate key");
+        assert!(
+            !a.register(y, BlockKey(0), BlockKey(5), &toks(&[7])),
+            "duplicate key"
+        );
         a.free(x).expect("held");
         assert_eq!(a.reset_prefix_cache(), 1);
         assert_eq!(a.num_cached(), 0);
-        assert_eq!(a.acquire_cached(BlockKey(0), BlockKey(5), &toks(&[7])), None);
+        assert_eq!(
+            a.acquire_cached(BlockKey(0), BlockKey(5), &toks(&[7])),
+            None
+        );
         a.free(y).expect("held");
         assert!(a.is_idle());
         a.check_invariants().expect("consistent");

@@ -53,6 +53,11 @@ pub struct GenerationRequest {
     /// `limits.max_tokens` may be 0: the request ends after its prompt with `Length`.
     /// Not with beam search; with `n > 1` every sample gets them (computed once).
     pub prompt_logprobs: Option<usize>,
+    /// With `prompt_logprobs`: the first prompt index to score (0 and 1 both mean every
+    /// scorable index). Scoring a continuation of a context asks for the continuation's
+    /// indices only; the context's positions then cost nothing when the prefix cache holds
+    /// them. At most the prompt length.
+    pub prompt_logprobs_start: usize,
 }
 
 /// What a client learns from a step, in order per request.
@@ -150,7 +155,8 @@ impl Engine {
         let prompt_ids: Vec<u32> = req.prompt.iter().map(|t| t.0).collect();
         let ids = self.scheduler.add_group(req.prompt, req.limits, n)?;
         if let Some(k) = req.prompt_logprobs {
-            self.prompt_logprobs.register(ids[0], k);
+            self.prompt_logprobs
+                .register(ids[0], k, req.prompt_logprobs_start);
         }
         // A seeded request's stream depends only on its seed and sample index, never on what
         // else is running; an unseeded one gets a stream of its own from the engine seed.
@@ -244,7 +250,7 @@ impl Engine {
             .collect();
         let (cached_events, mut failed) =
             self.prompt_logprobs
-                .from_cache(&plan, &self.scheduler, &self.model, &self.kv);
+                .score_cached(&plan, &self.scheduler, &self.model, &self.kv);
         out.extend(cached_events);
         let mut batch = to_forward_batch(&plan);
         let plan_rows = batch.output_rows();

@@ -14,7 +14,7 @@
 //! still be rolled back and never enter the cache.
 
 use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{BuildHasher, Hash};
 
 use tandem_model::batch::TokenId;
 
@@ -52,12 +52,8 @@ impl PrefixHasher {
     }
 
     fn key_of(&self, value: impl Hash + Copy) -> BlockKey {
-        let half = |s: &RandomState| {
-            let mut h = s.build_hasher();
-            value.hash(&mut h);
-            h.finish()
-        };
-        BlockKey(u128::from(half(&self.lo)) | (u128::from(half(&self.hi)) << 64))
+        let (lo, hi) = (self.lo.hash_one(value), self.hi.hash_one(value));
+        BlockKey(u128::from(lo) | (u128::from(hi) << 64))
     }
 
     /// The key a sequence's first block chains from: model identity and cache salt.

@@ -51,6 +51,7 @@ fn request(prompt: Vec<TokenId>, max_tokens: usize, stop: Vec<TokenId>) -> Gener
         },
         sample_index: 0,
         prompt_logprobs: None,
+        prompt_logprobs_start: 1,
     }
 }
 

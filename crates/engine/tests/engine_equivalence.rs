@@ -66,6 +66,7 @@ fn request(prompt: &[TokenId], i: usize, sampled: bool) -> GenerationRequest {
         limits,
         sample_index: 0,
         prompt_logprobs: None,
+        prompt_logprobs_start: 1,
     }
 }
 

@@ -50,6 +50,7 @@ fn request(prompt: Vec<TokenId>, seed: u64, max_tokens: usize) -> GenerationRequ
         },
         sample_index: 0,
         prompt_logprobs: None,
+        prompt_logprobs_start: 1,
     }
 }
 

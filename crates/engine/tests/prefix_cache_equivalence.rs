@@ -24,6 +24,8 @@ struct Out {
     prompt: Vec<PromptTokenLogprob>,
     /// From `EngineEvent::Admitted` (not compared: it is what differs between paths).
     cached: Option<usize>,
+    /// The prompt index of `prompt[0]`.
+    start: usize,
 }
 
 const BLOCK: usize = 16;
@@ -37,14 +39,21 @@ fn config(num_blocks: usize, caching: bool) -> SchedulerConfig {
 }
 
 fn toks(range: std::ops::Range<u32>, mul: u32, add: u32) -> Vec<TokenId> {
-    range.map(|j| TokenId((j * mul + add) % 49_000 + 10)).collect()
+    range
+        .map(|j| TokenId((j * mul + add) % 49_000 + 10))
+        .collect()
 }
 
 /// A 70-token shared head (4 full blocks + 6), tails of different lengths; greedy generation
 /// with prompt logprobs (top 3) and a scoring-only request (max_tokens 0).
 fn requests() -> Vec<GenerationRequest> {
     let head = toks(0..70, 37, 11);
-    let tails = [toks(0..5, 13, 1), toks(0..29, 7, 3), Vec::new(), toks(0..1, 1, 9)];
+    let tails = [
+        toks(0..5, 13, 1),
+        toks(0..29, 7, 3),
+        Vec::new(),
+        toks(0..1, 1, 9),
+    ];
     let mut reqs: Vec<GenerationRequest> = tails
         .iter()
         .map(|t| {
@@ -60,6 +69,7 @@ fn requests() -> Vec<GenerationRequest> {
                 },
                 sample_index: 0,
                 prompt_logprobs: Some(3),
+                prompt_logprobs_start: 1,
             }
         })
         .collect();
@@ -87,6 +97,7 @@ fn requests() -> Vec<GenerationRequest> {
             ..SamplingParams::default()
         },
         prompt_logprobs: None,
+        prompt_logprobs_start: 1,
         ..reqs[0].clone()
     });
     reqs
@@ -96,30 +107,51 @@ fn requests() -> Vec<GenerationRequest> {
 fn run_batch(engine: &mut Engine, reqs: &[GenerationRequest], batch: &[usize], out: &mut [Out]) {
     let mut ids: Vec<(SeqId, usize)> = Vec::new();
     for &i in batch {
-        ids.push((engine.add_request(reqs[i].clone()).expect("valid request"), i));
+        ids.push((
+            engine.add_request(reqs[i].clone()).expect("valid request"),
+            i,
+        ));
     }
     let index = |id: SeqId| ids.iter().find(|(s, _)| *s == id).map(|&(_, i)| i);
     while engine.has_unfinished() {
         for e in engine.step().expect("step") {
             match e {
-                EngineEvent::Token { seq_id, token, logprob, .. } => {
+                EngineEvent::Token {
+                    seq_id,
+                    token,
+                    logprob,
+                    ..
+                } => {
                     let o = &mut out[index(seq_id).expect("ours")];
                     o.tokens.push(token);
                     o.logprobs.push(logprob);
                 }
-                EngineEvent::PromptLogprobs { seq_id, start, entries } => {
+                EngineEvent::PromptLogprobs {
+                    seq_id,
+                    start,
+                    entries,
+                } => {
                     let o = &mut out[index(seq_id).expect("ours")];
-                    assert_eq!(start, o.prompt.len() + 1, "contiguous prompt chunks");
+                    if o.prompt.is_empty() {
+                        o.start = start;
+                    }
+                    assert_eq!(start, o.start + o.prompt.len(), "contiguous prompt chunks");
                     o.prompt.extend(entries);
                 }
-                EngineEvent::Admitted { seq_id, cached_tokens } => {
+                EngineEvent::Admitted {
+                    seq_id,
+                    cached_tokens,
+                } => {
                     let o = &mut out[index(seq_id).expect("ours")];
                     assert!(o.cached.is_none(), "admitted once");
                     o.cached = Some(cached_tokens);
                 }
                 EngineEvent::Finished { seq_id, reason } => {
                     let i = index(seq_id).expect("ours");
-                    assert!(!matches!(reason, tandem_engine::FinishReason::Error(_)), "{i}: {reason:?}");
+                    assert!(
+                        !matches!(reason, tandem_engine::FinishReason::Error(_)),
+                        "{i}: {reason:?}"
+                    );
                 }
             }
         }
@@ -133,13 +165,36 @@ fn assert_same(name: &str, got: &[Out], want: &[Out]) {
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         assert_eq!(g.tokens, w.tokens, "{name}: request {i} tokens");
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&g.logprobs), bits(&w.logprobs), "{name}: request {i} logprobs");
-        assert_eq!(g.prompt.len(), w.prompt.len(), "{name}: request {i} prompt scores");
+        assert_eq!(
+            bits(&g.logprobs),
+            bits(&w.logprobs),
+            "{name}: request {i} logprobs"
+        );
+        assert_eq!(
+            g.prompt.len(),
+            w.prompt.len(),
+            "{name}: request {i} prompt scores"
+        );
         for (k, (a, b)) in g.prompt.iter().zip(&w.prompt).enumerate() {
             assert_eq!(a.token, b.token);
-            assert_eq!(a.logprob.to_bits(), b.logprob.to_bits(), "{name}: request {i} prompt index {}", k + 1);
-            assert_eq!(a.rank, b.rank, "{name}: request {i} prompt index {} rank", k + 1);
-            assert_eq!(a.top, b.top, "{name}: request {i} prompt index {} top", k + 1);
+            assert_eq!(
+                a.logprob.to_bits(),
+                b.logprob.to_bits(),
+                "{name}: request {i} prompt index {}",
+                k + 1
+            );
+            assert_eq!(
+                a.rank,
+                b.rank,
+                "{name}: request {i} prompt index {} rank",
+                k + 1
+            );
+            assert_eq!(
+                a.top,
+                b.top,
+                "{name}: request {i} prompt index {} top",
+                k + 1
+            );
         }
     }
 }
@@ -156,7 +211,10 @@ fn cache_hits_misses_evictions_and_disabled_cache_give_identical_results() {
     for i in 0..n {
         run_batch(&mut off, &reqs, &[i], &mut want);
     }
-    assert!(want.iter().all(|o| o.cached.is_none()), "no Admitted events with the cache off");
+    assert!(
+        want.iter().all(|o| o.cached.is_none()),
+        "no Admitted events with the cache off"
+    );
     assert_eq!(off.scheduler().stats().prefix_cache_queries, 0);
 
     // Warm: one engine, one request after the other: every later request hits the head.
@@ -167,11 +225,46 @@ fn cache_hits_misses_evictions_and_disabled_cache_give_identical_results() {
     }
     assert_same("warm", &warm, &want);
     assert_eq!(warm[0].cached, Some(0), "cold start");
-    assert_eq!(warm[1].cached, Some(64), "4 full blocks of the 70-token head");
-    assert_eq!(warm[4].cached, Some(16), "partial hit: the first block only");
-    assert_eq!(warm[5].cached, Some(96), "the same prompt as request 1: all but the last token's block");
+    assert_eq!(
+        warm[1].cached,
+        Some(64),
+        "4 full blocks of the 70-token head"
+    );
+    assert_eq!(
+        warm[4].cached,
+        Some(16),
+        "partial hit: the first block only"
+    );
+    assert_eq!(
+        warm[5].cached,
+        Some(96),
+        "the same prompt as request 1: all but the last token's block"
+    );
     let stats = on.scheduler().stats();
     assert!(stats.prefix_cache_hits > 0 && stats.prefix_cache_hits <= stats.prefix_cache_queries);
+
+    // Scoring from index 75 only (a continuation after a cached context): the same numbers
+    // as the full scoring's tail, nothing before it.
+    let tail_only = GenerationRequest {
+        prompt_logprobs_start: 75,
+        ..reqs[5].clone()
+    };
+    let mut tail = vec![Out::default(); 1];
+    run_batch(&mut on, std::slice::from_ref(&tail_only), &[0], &mut tail);
+    assert_eq!(tail[0].start, 75);
+    assert_eq!(
+        tail[0].prompt,
+        want[5].prompt[74..].to_vec(),
+        "indices 75.. only"
+    );
+    let refused = GenerationRequest {
+        prompt_logprobs_start: reqs[5].prompt.len() + 1,
+        ..reqs[5].clone()
+    };
+    assert!(
+        on.add_request(refused).is_err(),
+        "a start beyond the prompt is refused"
+    );
 
     // All at once, then all again on the warm engine (full hits while others run).
     let mut batched = vec![Out::default(); n];

@@ -21,7 +21,11 @@ const MAX_MODEL_LEN: usize = 48;
 
 fn heads() -> Vec<Vec<TokenId>> {
     (0..3u32)
-        .map(|h| (0..(8 + 9 * h)).map(|j| TokenId((h * 11 + j * 3) % VOCAB)).collect())
+        .map(|h| {
+            (0..(8 + 9 * h))
+                .map(|j| TokenId((h * 11 + j * 3) % VOCAB))
+                .collect()
+        })
         .collect()
 }
 
@@ -35,22 +39,24 @@ fn req_strategy() -> impl Strategy<Value = Req> {
         prop::bool::weighted(0.25),
         prop::bool::weighted(0.3),
     )
-        .prop_map(|(head, tail, max_tokens, arrival, abort_at, speculate, salted)| {
-            let mut prompt = heads().get(head).cloned().unwrap_or_default();
-            prompt.extend(tail.into_iter().map(TokenId));
-            Req {
-                prompt,
-                params: RequestParams {
-                    max_tokens,
-                    ignore_eos: true,
-                    cache_salt: salted.then(|| "tenant-b".to_string()),
-                    ..RequestParams::default()
-                },
-                arrival,
-                abort_at: abort_at.filter(|&a| a >= arrival),
-                speculate,
-            }
-        })
+        .prop_map(
+            |(head, tail, max_tokens, arrival, abort_at, speculate, salted)| {
+                let mut prompt = heads().get(head).cloned().unwrap_or_default();
+                prompt.extend(tail.into_iter().map(TokenId));
+                Req {
+                    prompt,
+                    params: RequestParams {
+                        max_tokens,
+                        ignore_eos: true,
+                        cache_salt: salted.then(|| "tenant-b".to_string()),
+                        ..RequestParams::default()
+                    },
+                    arrival,
+                    abort_at: abort_at.filter(|&a| a >= arrival),
+                    speculate,
+                }
+            },
+        )
 }
 
 fn config_strategy(pool: std::ops::Range<usize>) -> impl Strategy<Value = SchedulerConfig> {
@@ -62,7 +68,8 @@ fn config_strategy(pool: std::ops::Range<usize>) -> impl Strategy<Value = Schedu
         pool,
     )
         .prop_map(|(budget, seqs, threshold, block_size, pool_tokens)| {
-            let mut c = SchedulerConfig::new(pool_tokens.div_ceil(block_size), block_size, MAX_MODEL_LEN);
+            let mut c =
+                SchedulerConfig::new(pool_tokens.div_ceil(block_size), block_size, MAX_MODEL_LEN);
             c.max_num_batched_tokens = budget;
             c.max_num_seqs = seqs;
             c.long_prefill_token_threshold = threshold;
@@ -130,23 +137,35 @@ fn req(prompt: Vec<TokenId>, arrival: usize, salt: Option<&str>) -> Req {
 }
 
 fn with_tail(head: &[TokenId], tail: &[u32]) -> Vec<TokenId> {
-    head.iter().copied().chain(tail.iter().copied().map(TokenId)).collect()
+    head.iter()
+        .copied()
+        .chain(tail.iter().copied().map(TokenId))
+        .collect()
 }
 
 #[test]
 fn a_later_request_hits_the_full_blocks_of_a_finished_ones_prompt() {
     let head = &heads()[2]; // 26 tokens: 6 full blocks of 4
     let c = SchedulerConfig::new(64, 4, MAX_MODEL_LEN);
-    let reqs = [req(with_tail(head, &[1, 2]), 0, None), req(with_tail(head, &[3]), 20, None)];
+    let reqs = [
+        req(with_tail(head, &[1, 2]), 0, None),
+        req(with_tail(head, &[3]), 20, None),
+    ];
     let o = run(&c, &reqs);
     assert_alone_equivalent(&reqs, &o);
     // The second prompt (27 tokens) finds the first's 6 full prompt blocks.
     assert_eq!(o.prefix_cache_hits, 24);
     // The same prompt again hits all but its last token's block.
-    let same = [req(with_tail(head, &[1, 2]), 0, None), req(with_tail(head, &[1, 2]), 20, None)];
+    let same = [
+        req(with_tail(head, &[1, 2]), 0, None),
+        req(with_tail(head, &[1, 2]), 20, None),
+    ];
     let o = run(&c, &same);
     assert_alone_equivalent(&same, &o);
-    assert_eq!(o.prefix_cache_hits, 24, "28 tokens: 7 blocks, the last is left to compute");
+    assert_eq!(
+        o.prefix_cache_hits, 24,
+        "28 tokens: 7 blocks, the last is left to compute"
+    );
 }
 
 #[test]
@@ -161,7 +180,10 @@ fn different_salts_never_share_a_block() {
     ];
     let o = run(&c, &reqs);
     assert_alone_equivalent(&reqs, &o);
-    assert_eq!(o.prefix_cache_hits, 24, "only the second \"a\" request hits");
+    assert_eq!(
+        o.prefix_cache_hits, 24,
+        "only the second \"a\" request hits"
+    );
 }
 
 #[test]
@@ -173,26 +195,47 @@ fn eviction_takes_the_most_specific_blocks_first_and_failed_steps_cache_nothing(
     let b: Vec<TokenId> = (0..30).map(|j| TokenId((j * 7 + 5) % VOCAB)).collect();
     let mut s = Scheduler::new(c).expect("valid");
     for prompt in [&a, &b, &a] {
-        s.add_request(prompt.clone(), RequestParams { max_tokens: 1, ..RequestParams::default() })
-            .expect("fits");
+        s.add_request(
+            prompt.clone(),
+            RequestParams {
+                max_tokens: 1,
+                ..RequestParams::default()
+            },
+        )
+        .expect("fits");
         while s.has_unfinished() {
             s.schedule().expect("plan");
             s.fail_step("not run"); // released without computing: nothing may be registered
         }
     }
-    assert_eq!(s.stats().prefix_cache_hits, 0, "nothing computed, nothing cached");
+    assert_eq!(
+        s.stats().prefix_cache_hits,
+        0,
+        "nothing computed, nothing cached"
+    );
     assert_eq!(s.allocator().num_cached(), 0);
     assert!(s.allocator().is_idle());
     // Now computed for real. `a` (30 + 4 tokens, 33 computed) leaves 8 full blocks cached
     // and frees its tail first; `b` needs 9 blocks: the 2 plain free ones, then the 7 least
     // recently freed cached ones, which are `a`'s most specific blocks. Only `a`'s head
     // block survives for the third request.
-    let reqs = [req(a.clone(), 0, None), req(b.clone(), 20, None), req(a.clone(), 40, None)];
+    let reqs = [
+        req(a.clone(), 0, None),
+        req(b.clone(), 20, None),
+        req(a.clone(), 40, None),
+    ];
     let mut c = SchedulerConfig::new(10, 4, 40);
     c.eos_token_ids = vec![common::EOS];
     let o = run(&c, &reqs);
     for (i, r) in reqs.iter().enumerate() {
-        assert_eq!(o.outputs[i], alone(&r.prompt, &r.params, 40).0, "request {i}");
+        assert_eq!(
+            o.outputs[i],
+            alone(&r.prompt, &r.params, 40).0,
+            "request {i}"
+        );
     }
-    assert_eq!(o.prefix_cache_hits, 4, "a's head block survives b's evictions");
+    assert_eq!(
+        o.prefix_cache_hits, 4,
+        "a's head block survives b's evictions"
+    );
 }

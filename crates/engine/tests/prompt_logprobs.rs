@@ -64,6 +64,7 @@ fn requests(n: usize, vocab: usize) -> Vec<GenerationRequest> {
                 },
                 sample_index: 0,
                 prompt_logprobs: scored.then_some(i % 6),
+                prompt_logprobs_start: 1,
             }
         })
         .collect()
@@ -177,6 +178,7 @@ fn check_paths(load: fn() -> Model, n: usize) {
         .iter()
         .map(|r| GenerationRequest {
             prompt_logprobs: None,
+            prompt_logprobs_start: 1,
             limits: RequestParams {
                 max_tokens: r.limits.max_tokens.max(1),
                 ..r.limits.clone()
@@ -265,6 +267,7 @@ fn a_preempted_request_emits_its_prompt_once() {
             },
             sample_index: 0,
             prompt_logprobs: Some(2),
+            prompt_logprobs_start: 1,
         })
         .collect();
     let c = config(&model, 15, 64, 4); // 60 slots: 2 x 40 tokens do not fit
@@ -294,6 +297,7 @@ fn groups_one_token_prompts_and_refusals() {
         },
         sample_index: 0,
         prompt_logprobs: Some(1),
+        prompt_logprobs_start: 1,
     };
     let refused = |engine: &mut Engine, r: GenerationRequest, field: &str| {
         let err = engine.add_request(r).expect_err("refused");
@@ -303,6 +307,7 @@ fn groups_one_token_prompts_and_refusals() {
         &mut engine,
         GenerationRequest {
             prompt_logprobs: Some(21),
+            prompt_logprobs_start: 1,
             ..base.clone()
         },
         "prompt_logprobs",
@@ -313,6 +318,7 @@ fn groups_one_token_prompts_and_refusals() {
     };
     let plain_zero = GenerationRequest {
         prompt_logprobs: None,
+        prompt_logprobs_start: 1,
         limits: no_output.clone(),
         ..base.clone()
     };

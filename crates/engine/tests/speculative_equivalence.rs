@@ -67,6 +67,7 @@ fn request(prompt: &[TokenId], i: usize) -> GenerationRequest {
         },
         sample_index: 0,
         prompt_logprobs: None,
+        prompt_logprobs_start: 1,
     }
 }
 

@@ -69,6 +69,7 @@ fn outputs(spec: Option<Box<dyn Proposer>>) -> (Vec<Vec<TokenId>>, SpecStats) {
             },
             sample_index: 0,
             prompt_logprobs: None,
+            prompt_logprobs_start: 1,
         };
         ids.insert(engine.add_request(req).expect("admitted"), i);
     }
@@ -108,6 +109,7 @@ fn generate(
         },
         sample_index: 0,
         prompt_logprobs: None,
+        prompt_logprobs_start: 1,
     };
     engine.add_request(req).expect("admitted");
     let mut out = Vec::new();

@@ -28,6 +28,7 @@ fn reference_greedy(prompt: &[u32], max_tokens: usize) -> Vec<u32> {
             },
             sample_index: 0,
             prompt_logprobs: None,
+            prompt_logprobs_start: 1,
         })
         .expect("accepted");
     let mut out = Vec::new();

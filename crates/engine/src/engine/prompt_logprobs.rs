@@ -21,14 +21,14 @@
 //! Events: one `PromptLogprobs` per step in which a chunk of the prompt is computed, before
 //! that request's `Token`/`Finished` events of the same step; `start` is the prompt index of
 //! `entries[0]` and is always >= 1 (position 0 has no logprob: nothing predicts it). The
-//! chunks of one request are contiguous and in order, and every index `1..prompt_len` is
-//! emitted exactly once: a preempted request recomputes its prompt without emitting again. A
+//! chunks of one request are contiguous and in order, and every index `1..prompt_len` (from
+//! [`GenerationRequest::prompt_logprobs_start`] on, when that is larger) is emitted exactly once: a preempted request recomputes its prompt without emitting again. A
 //! one-token prompt emits nothing. The members of an `n > 1` group share the prompt: each
 //! gets the same events (computed once).
 //!
 //! Prefix-cache hits: positions whose K/V were reused from the cache are not computed by
 //! this request's forward passes, but their final hidden states are in the KV store beside
-//! their K/V, so [`PromptLogprobs::from_cache`] gets their logits from the LM head alone
+//! their K/V, so [`PromptLogprobs::score_cached`] gets their logits from the LM head alone
 //! ([`Model::logits_at_slots`], bitwise equal to the forward's rows) in the step that admits
 //! the request, before the rows of its first computed chunk. The events are the same as
 //! without the cache; the cost of those positions drops to one LM-head row each.
@@ -72,6 +72,13 @@ pub(super) fn validate(req: &GenerationRequest) -> Result<()> {
         None if req.limits.max_tokens == 0 => Err(EngineError::InvalidParams(
             "max_tokens must be at least 1 unless prompt logprobs are requested".into(),
         )),
+        Some(_) if req.prompt_logprobs_start > req.prompt.len() => {
+            Err(EngineError::InvalidParams(format!(
+                "prompt_logprobs_start {} is beyond the prompt's {} tokens",
+                req.prompt_logprobs_start,
+                req.prompt.len()
+            )))
+        }
         _ => Ok(()),
     }
 }
@@ -115,9 +122,11 @@ pub(super) struct Extracted {
 }
 
 impl PromptLogprobs {
-    /// Registers a queued request that asked for `top_k` alternatives per prompt position.
-    pub(super) fn register(&mut self, id: SeqId, top_k: usize) {
-        self.pending.insert(id, Pending { top_k, next: 1 });
+    /// Registers a queued request that asked for `top_k` alternatives per prompt position,
+    /// from prompt index `start` on.
+    pub(super) fn register(&mut self, id: SeqId, top_k: usize, start: usize) {
+        let next = start.max(1);
+        self.pending.insert(id, Pending { top_k, next });
     }
 
     /// Forgets requests that are no longer live (finished or aborted).
@@ -129,7 +138,7 @@ impl PromptLogprobs {
     /// Emits the prompt logprobs of positions the plan's sequences took from the prefix
     /// cache (below their `num_computed`, not yet emitted), from the final hidden states
     /// stored with their K/V. Call before [`PromptLogprobs::plan_rows`].
-    pub(super) fn from_cache(
+    pub(super) fn score_cached(
         &mut self,
         plan: &StepPlan,
         scheduler: &Scheduler,

@@ -258,7 +258,8 @@ pub fn run(config: &SchedulerConfig, reqs: &[Req]) -> Outcome {
     for b in 0..a.num_total() {
         assert_eq!(a.refcount(BlockId(b as u32)), Some(0));
     }
-    a.check_invariants().expect("allocator invariants when idle");
+    a.check_invariants()
+        .expect("allocator invariants when idle");
     o.prefix_cache_hits = sched.stats().prefix_cache_hits;
     o.num_preemptions = sched.stats().num_preemptions;
     o.num_steps = sched.stats().num_steps;

@@ -188,6 +188,7 @@ impl GenerationPlan {
             },
             sample_index: 0,
             prompt_logprobs: None,
+            prompt_logprobs_start: 1,
         };
         (request, self.n)
     }

@@ -275,6 +275,7 @@ async fn run_items(
                 },
                 sample_index: 0,
                 prompt_logprobs: Some(top_k),
+                prompt_logprobs_start: 1,
             };
             (request, 1)
         })
