@@ -243,6 +243,16 @@ impl BlockAllocator {
         Some(id)
     }
 
+    /// Whether [`BlockAllocator::acquire_cached`] would hit, without taking anything.
+    pub fn is_cached(&self, parent: BlockKey, key: BlockKey, tokens: &[TokenId]) -> bool {
+        let pool = self.lock();
+        pool.index.get(&key).is_some_and(|id| {
+            pool.cached[id.0 as usize]
+                .as_ref()
+                .is_some_and(|c| c.parent == parent && *c.tokens == *tokens)
+        })
+    }
+
     /// Forgets every registered block (held blocks keep their contents, cached-free blocks
     /// become plain free blocks at the front of the queue). Returns how many were forgotten.
     pub fn reset_prefix_cache(&self) -> usize {

@@ -341,12 +341,18 @@ impl Scheduler {
 
     /// Admits waiting sequences in order while budget, blocks and the sequence cap allow
     /// (a group's parent needs a running slot for each of its members). A sequence holding
-    /// no block first adopts its cached prefix blocks (see `scheduler/prefix.rs`).
+    /// no block first adopts its cached prefix blocks; one whose prefix a running sequence
+    /// is computing right now waits for it (see `scheduler/prefix.rs`).
     fn schedule_waiting(&mut self, budget: &mut usize, out: &mut Admitted<'_>) {
         while *budget > 0 {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
+            if self.prefix_in_flight(id) {
+                // Its prefix is being computed: it is admitted once that is cached, and
+                // nobody behind it overtakes it meanwhile.
+                break;
+            }
             let fits = self.running.len() + self.slots_needed(id) <= self.config.max_num_seqs;
             let hit = if fits { self.lookup_prefix(id) } else { 0 };
             let num_new = self.grant_size(id, *budget);

@@ -239,3 +239,20 @@ fn eviction_takes_the_most_specific_blocks_first_and_failed_steps_cache_nothing(
         "a's head block survives b's evictions"
     );
 }
+
+#[test]
+fn requests_submitted_together_share_the_prefix_one_of_them_computes() {
+    let head = &heads()[2]; // 26 tokens: 6 full blocks of 4
+    let mut c = SchedulerConfig::new(64, 4, MAX_MODEL_LEN);
+    c.long_prefill_token_threshold = 8; // the head takes several steps to compute
+    let reqs: Vec<Req> = (0..4u32)
+        .map(|k| req(with_tail(head, &[k, k + 1]), 0, None))
+        .collect();
+    let o = run(&c, &reqs);
+    assert_alone_equivalent(&reqs, &o);
+    assert_eq!(
+        o.prefix_cache_hits,
+        3 * 24,
+        "the others wait for the first's head blocks"
+    );
+}

@@ -270,6 +270,7 @@ fn priority_orders_admission_and_picks_the_least_urgent_victim() {
     let mut c = SchedulerConfig::new(6, 2, 12); // pool: 12 tokens
     c.policy = SchedulingPolicy::Priority;
     c.max_num_seqs = 2;
+    c.enable_prefix_caching = false; // identical prompts: keep the three independent
     let mut s = Scheduler::new(c).expect("valid config");
     let low = s
         .add_request(

@@ -11,6 +11,14 @@
 //!   are all computed and committed (never speculative drafts) is registered under its
 //!   chained key, before a finish could release it.
 //!
+//! - Cache-aware admission ([`Scheduler::prefix_in_flight`]): a waiting sequence whose next
+//!   uncached block is being computed right now by a running sequence (the same key, not yet
+//!   complete) waits until that block is registered instead of computing it a second time —
+//!   several continuations of one context submitted together share the context's prefill.
+//!   Nobody behind it in the queue overtakes it meanwhile (admission order is kept), and it
+//!   cannot starve: the running sequence is served first every step, so the block completes
+//!   within a few steps (or the sequence leaves `running`, which ends the wait).
+//!
 //! The cache never changes results: a block's K/V are a function of the token ids up to its
 //! end, which its chained key and the hit's token comparison pin down (DESIGN §3 row 4).
 
@@ -52,6 +60,42 @@ impl Scheduler {
             seq.adopt_cached(&hits, num_hit);
         }
         num_hit
+    }
+
+    /// Whether waiting `id`'s first block not in the cache is being computed by a running
+    /// sequence right now (see the module doc). Computes `id`'s block keys once.
+    pub(super) fn prefix_in_flight(&mut self, id: SeqId) -> bool {
+        let Some(hasher) = self.prefix_hasher.as_ref() else {
+            return false;
+        };
+        let bs = self.config.block_size;
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return false;
+        };
+        if !seq.block_table().is_empty() {
+            return false;
+        }
+        let max_blocks = (seq.num_tokens() - seq.num_draft()).saturating_sub(1) / bs;
+        let root = hasher.root(seq.params().cache_salt.as_deref());
+        let mut keys = std::mem::take(&mut seq.prefix_mut().keys);
+        hasher.extend_keys(&mut keys, root, seq.tokens(), bs, max_blocks);
+        let cached = (0..max_blocks)
+            .take_while(|&i| {
+                let parent = if i == 0 { root } else { keys[i - 1] };
+                let tokens = &seq.tokens()[i * bs..(i + 1) * bs];
+                self.allocator.is_cached(parent, keys[i], tokens)
+            })
+            .count();
+        let next = keys.get(cached).copied();
+        seq.prefix_mut().keys = keys;
+        let Some(next) = next else {
+            return false; // fully cached (or nothing to share)
+        };
+        self.running.iter().any(|r| {
+            let s = &self.seqs[r];
+            s.num_computed_tokens() < (cached + 1) * bs
+                && s.prefix().keys.get(cached) == Some(&next)
+        })
     }
 
     /// Counts a successful admission's lookup: `hit` of the sequence's tokens were cached.
