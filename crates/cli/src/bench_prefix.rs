@@ -8,7 +8,9 @@
 //! - `score`: 4 continuations of 16 tokens scored against a P/2-token context (prompt
 //!   logprobs of the continuation's tokens, no output, as `/v1/score` asks for a context
 //!   with continuations), submitted one after the other: cold = the cache reset before each,
-//!   warm = the cache kept (the first continuation computes the context, the others reuse it).
+//!   warm = the cache kept (the first continuation computes the context, the others reuse it);
+//!   `together` = all four submitted at once on an empty cache (the others wait for the
+//!   first's context blocks).
 //!
 //! Run it with the cache on (the default); the cold rounds reset it.
 
@@ -57,7 +59,7 @@ pub fn run(engine: &mut Engine, prompt_lens: &[usize], repeat: usize) -> Result<
                 request(t, 0, Some(1), p / 2)
             })
             .collect();
-        let (mut cold, mut warm) = (Vec::new(), Vec::new());
+        let (mut cold, mut warm, mut together) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..repeat.max(1) {
             let mut total = 0.0;
             for r in &scoring {
@@ -67,13 +69,16 @@ pub fn run(engine: &mut Engine, prompt_lens: &[usize], repeat: usize) -> Result<
             cold.push(total);
             engine.reset_prefix_cache();
             warm.push(timed(engine, &scoring)?);
+            engine.reset_prefix_cache();
+            together.push(timed_together(engine, &scoring)?);
         }
-        let (c, w) = (median(&mut cold), median(&mut warm));
+        let (c, w, t) = (median(&mut cold), median(&mut warm), median(&mut together));
         println!(
             "{}",
             json!({"mode": "prefix_cache", "case": "score", "context_len": p / 2,
                    "continuations": 4, "continuation_len": 16, "cold_s": c, "warm_s": w,
-                   "warm_over_cold": w / c, "repeat": repeat})
+                   "warm_over_cold": w / c, "together_s": t, "together_over_cold": t / c,
+                   "repeat": repeat})
         );
     }
     Ok(())
@@ -115,6 +120,18 @@ fn timed(engine: &mut Engine, reqs: &[GenerationRequest]) -> Result<f64> {
                 }
             }
         }
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// Submits `reqs` together and runs them to completion; returns the seconds taken.
+fn timed_together(engine: &mut Engine, reqs: &[GenerationRequest]) -> Result<f64> {
+    let start = Instant::now();
+    for r in reqs {
+        engine.add_request(r.clone())?;
+    }
+    while engine.has_unfinished() {
+        engine.step()?;
     }
     Ok(start.elapsed().as_secs_f64())
 }
