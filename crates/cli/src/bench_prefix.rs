@@ -5,6 +5,8 @@
 //! - `ttft`: a request of P shared tokens + 16 of its own (one output token), after
 //!   [`Engine::reset_prefix_cache`] (cold) and after another request with the same P tokens
 //!   (warm);
+//! - `isolation`: tenant A's cold TTFT, then tenant B (another `cache_salt`) with the same
+//!   prompt, which must be just as cold (a ratio near 1 reveals nothing to B);
 //! - `score`: 4 continuations of 16 tokens scored against a P/2-token context (prompt
 //!   logprobs of the continuation's tokens, no output, as `/v1/score` asks for a context
 //!   with continuations), submitted one after the other: cold = the cache reset before each,
@@ -49,6 +51,29 @@ pub fn run(engine: &mut Engine, prompt_lens: &[usize], repeat: usize) -> Result<
             "{}",
             json!({"mode": "prefix_cache", "case": "ttft", "prefix_len": p, "tail_len": 16,
                    "cold_s": c, "warm_s": w, "speedup": c / w, "repeat": repeat})
+        );
+
+        // Isolation: tenant B's TTFT after tenant A ran the very same prompt is a cold TTFT.
+        let (mut cold, mut other) = (Vec::new(), Vec::new());
+        for r in 0..repeat.max(1) {
+            let prompt = with_tail(1000 + r);
+            let tenant = |salt: &str| GenerationRequest {
+                limits: RequestParams {
+                    cache_salt: Some(salt.to_string()),
+                    ..request(prompt.clone(), 1, None, 1).limits
+                },
+                ..request(prompt.clone(), 1, None, 1)
+            };
+            engine.reset_prefix_cache();
+            cold.push(timed(engine, &[tenant("a")])?);
+            other.push(timed(engine, &[tenant("b")])?);
+        }
+        let (c, o) = (median(&mut cold), median(&mut other));
+        println!(
+            "{}",
+            json!({"mode": "prefix_cache", "case": "isolation", "prefix_len": p, "tail_len": 16,
+                   "tenant_a_cold_s": c, "tenant_b_after_a_s": o, "ratio": o / c,
+                   "repeat": repeat})
         );
 
         let context = prompt_tokens(2, p / 2, vocab);
