@@ -270,3 +270,35 @@ fn group_sizes_are_checked() {
     assert!(err.to_string().contains("max_num_seqs"), "{err}");
     assert!(!engine.has_unfinished());
 }
+
+/// A group whose prompt is in the prefix cache forks from the cached blocks and still
+/// generates what separate requests generate alone (the prefix cache is on by default).
+#[test]
+fn a_group_on_a_cached_prompt_equals_separate_requests() {
+    let n = 3;
+    let req = request(prompt(10, 4), 31, 6);
+    let mut engine = Engine::new(fixture_model(), config(64, 4096, 4), 3).expect("engine");
+    for round in 0..2 {
+        let ids = engine.add_request_n(req.clone(), n).expect("admitted");
+        let mut out = HashMap::new();
+        let mut cached = None;
+        while engine.has_unfinished() {
+            let events = engine.step().expect("step");
+            for e in &events {
+                if let EngineEvent::Admitted { cached_tokens, .. } = e {
+                    cached = Some(*cached_tokens);
+                }
+            }
+            collect(events, &mut out);
+        }
+        assert_eq!(
+            cached,
+            Some(if round == 0 { 0 } else { 8 }),
+            "round {round}"
+        );
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(out[id], alone(&req, i as u64), "round {round}, sample {i}");
+        }
+        assert!(engine.scheduler().allocator().is_idle());
+    }
+}
