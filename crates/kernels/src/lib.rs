@@ -9,6 +9,7 @@
 pub mod cpu;
 pub mod dot16;
 pub mod dtype;
+pub mod exp_sum;
 pub mod isa;
 pub mod matmul;
 pub mod ops;

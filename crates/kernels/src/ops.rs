@@ -107,7 +107,7 @@ pub fn log_softmax(x: &[f32], out: &mut [f32]) -> Option<()> {
     if !max.is_finite() || x.iter().any(|v| !v.is_finite()) {
         return None;
     }
-    let sum: f64 = x.iter().map(|&v| ((v - max) as f64).exp()).sum();
+    let sum = crate::exp_sum::exp_sum(x, max);
     let lse = max as f64 + sum.ln();
     for (o, &v) in out.iter_mut().zip(x) {
         *o = (v as f64 - lse) as f32;

@@ -13,7 +13,7 @@ pub(crate) struct RawLogSoftmax {
 
 impl RawLogSoftmax {
     /// Computes `logsumexp(row)` as `max + ln(sum exp(row - max))` (the subtraction in f32,
-    /// the sum in f64, in index order). Errors on an empty row or any NaN or infinity.
+    /// the sum in f64 by the kernels' `exp_sum`, the one `tandem score` uses). Errors on an empty row or any NaN or infinity.
     pub(crate) fn of(row: &[f32]) -> Result<RawLogSoftmax, SamplerError> {
         if row.is_empty() {
             return Err(SamplerError::EmptyLogits);
@@ -22,7 +22,7 @@ impl RawLogSoftmax {
         if !max.is_finite() || row.iter().any(|v| !v.is_finite()) {
             return Err(SamplerError::NonFiniteLogits);
         }
-        let sum: f64 = row.iter().map(|&v| ((v - max) as f64).exp()).sum();
+        let sum = tandem_kernels::exp_sum::exp_sum(row, max);
         Ok(RawLogSoftmax {
             lse: max as f64 + sum.ln(),
         })
