@@ -19,8 +19,8 @@ use crate::isa::{self, Isa};
 
 const LOG2_E: f64 = std::f64::consts::LOG2_E;
 /// ln 2 split so that `k * LN2_HI` is exact for |k| < 2^20.
-const LN2_HI: f64 = 6.931_471_803_691_238_164_9e-1;
-const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
+const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEE0_0000); // 6.93147180369123816490e-1
+const LN2_LO: f64 = f64::from_bits(0x3DEA_39EF_3579_3C76); // 1.90821492927058770002e-10
 /// 1.5 · 2^52: adding it rounds a small float to an integer held in the low mantissa bits.
 const SHIFTER: f64 = 6_755_399_441_055_744.0;
 const MIN_X: f64 = -708.0;
