@@ -40,6 +40,9 @@ pub enum RequestEvent {
         start: usize,
         entries: Vec<PromptTokenLogprob>,
     },
+    /// The request was admitted; `cached_tokens` of its prompt came from the prefix cache
+    /// (sent once, before its other events, only with the prefix cache on).
+    Admitted { cached_tokens: usize },
     /// The request ended (its blocks are free).
     Finished(FinishReason),
 }
@@ -73,6 +76,8 @@ enum Command {
         reply: oneshot::Sender<Result<Vec<SeqId>, EngineError>>,
     },
     Abort(SeqId),
+    /// Forget every cached prefix block; replies with how many were forgotten.
+    ResetPrefixCache(oneshot::Sender<usize>),
     Shutdown,
 }
 
@@ -103,6 +108,7 @@ impl std::fmt::Debug for Command {
         match self {
             Command::Submit { requests, .. } => write!(f, "Submit({} prompts)", requests.len()),
             Command::Abort(id) => write!(f, "Abort({id:?})"),
+            Command::ResetPrefixCache(_) => write!(f, "ResetPrefixCache"),
             Command::Shutdown => write!(f, "Shutdown"),
         }
     }
@@ -137,6 +143,16 @@ impl EngineHandle {
     pub fn abort(&self, id: SeqId) {
         // A send error means the engine is gone, which ended the request anyway.
         let _ = self.commands.send(Command::Abort(id));
+    }
+
+    /// Empties the prefix cache (results never change, only the cost of later prefills);
+    /// returns the number of blocks it forgot.
+    pub async fn reset_prefix_cache(&self) -> Result<usize, SubmitError> {
+        let (reply, reply_rx) = oneshot::channel();
+        self.commands
+            .send(Command::ResetPrefixCache(reply))
+            .map_err(|_| SubmitError::Unavailable)?;
+        reply_rx.await.map_err(|_| SubmitError::Unavailable)
     }
 
     /// Asks the thread to abort everything and exit.
@@ -247,6 +263,10 @@ impl Worker {
                 self.abort(id);
                 false
             }
+            Command::ResetPrefixCache(reply) => {
+                let _ = reply.send(self.engine.reset_prefix_cache());
+                false
+            }
             Command::Shutdown => true,
         }
     }
@@ -335,7 +355,10 @@ impl Worker {
                 start,
                 entries,
             } => (seq_id, RequestEvent::PromptLogprobs { start, entries }),
-            EngineEvent::Admitted { .. } => return,
+            EngineEvent::Admitted {
+                seq_id,
+                cached_tokens,
+            } => (seq_id, RequestEvent::Admitted { cached_tokens }),
         };
         let finished = matches!(event, RequestEvent::Finished(_));
         let Some(route) = self.routes.get(&seq_id) else {

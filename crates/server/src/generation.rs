@@ -93,6 +93,8 @@ pub struct Generation {
     engine: EngineHandle,
     choices: Vec<Choice>,
     remaining: usize,
+    /// Prompt tokens the prefix cache held, over the choices' prompts.
+    cached_tokens: usize,
 }
 
 impl Generation {
@@ -122,6 +124,7 @@ impl Generation {
             engine,
             choices,
             remaining,
+            cached_tokens: 0,
         }
     }
 
@@ -131,6 +134,11 @@ impl Generation {
             c.prompt = PromptSide::new(e);
         }
         self
+    }
+
+    /// Prompt tokens found in the prefix cache (`usage.prompt_tokens_details.cached_tokens`).
+    pub fn cached_tokens(&self) -> usize {
+        self.cached_tokens
     }
 
     /// Tokens generated so far by each choice (up to its stop).
@@ -200,6 +208,10 @@ impl Generation {
                     finish: None,
                     prompt: Vec::new(),
                 })
+            }
+            RequestEvent::Admitted { cached_tokens } => {
+                self.cached_tokens += cached_tokens;
+                None
             }
             RequestEvent::PromptLogprobs { start, entries } => {
                 let Err(e) = choice.prompt.push(start, entries) else {

@@ -71,7 +71,8 @@ fn greedy_completion_matches_engine_and_stream_matches_non_stream() {
     assert_eq!(
         v["usage"],
         json!({"prompt_tokens": ids.len(), "completion_tokens": 20,
-                                  "total_tokens": ids.len() + 20})
+               "total_tokens": ids.len() + 20,
+               "prompt_tokens_details": {"cached_tokens": 0}})
     );
 
     // The same prompt as token ids, and as a one-element list of lists.

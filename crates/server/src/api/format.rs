@@ -151,12 +151,14 @@ impl ResponseMeta {
     }
 }
 
-/// `{"prompt_tokens", "completion_tokens", "total_tokens"}`.
-pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+/// `{"prompt_tokens", "completion_tokens", "total_tokens",
+/// "prompt_tokens_details": {"cached_tokens"}}` (prompt tokens the prefix cache held).
+pub fn usage(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -> Value {
     json!({
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     })
 }
 

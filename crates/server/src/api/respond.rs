@@ -101,7 +101,7 @@ pub async fn complete(
     let body = meta.response(
         &tokenizer,
         &choices,
-        usage(prompt_tokens, completion_tokens),
+        usage(prompt_tokens, completion_tokens, generation.cached_tokens()),
     );
     axum::Json(body).into_response()
 }
@@ -135,7 +135,8 @@ impl SseState {
         let Some(u) = self.generation.next().await else {
             if self.include_usage {
                 let n = self.generation.num_tokens().iter().sum();
-                let chunk = self.meta.usage_chunk(usage(self.prompt_tokens, n));
+                let cached = self.generation.cached_tokens();
+                let chunk = self.meta.usage_chunk(usage(self.prompt_tokens, n, cached));
                 self.queue.push_back(frame(&chunk));
             }
             self.queue

@@ -23,6 +23,7 @@ pub fn router(app: App) -> Router {
         .route("/v1/score", post(score::score))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_api_key));
     Router::new()
         .route("/health", get(health))
@@ -31,6 +32,15 @@ pub fn router(app: App) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(app)
+}
+
+/// `POST /reset_prefix_cache` (vLLM's admin route): empties the prefix cache;
+/// answers `{"reset_blocks": n}`.
+async fn reset_prefix_cache(State(app): State<App>) -> Response {
+    match app.engine.reset_prefix_cache().await {
+        Ok(n) => axum::Json(json!({ "reset_blocks": n })).into_response(),
+        Err(e) => ApiError::unavailable(e.to_string()).into_response(),
+    }
 }
 
 async fn not_found(uri: Uri) -> Response {

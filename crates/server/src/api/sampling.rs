@@ -19,6 +19,8 @@ pub const MAX_N: u64 = 16;
 pub const MAX_LOGIT_BIAS: usize = 1024;
 /// Most entries in `stop_token_ids`.
 pub const MAX_STOP_TOKEN_IDS: usize = 64;
+/// Longest `cache_salt`, in bytes.
+pub const MAX_CACHE_SALT_BYTES: usize = 256;
 
 /// `stop` as one string or a list, as in the OpenAI API.
 #[derive(Debug, Clone, Deserialize)]
@@ -61,6 +63,9 @@ pub struct CommonFields {
     pub user: Option<String>,
     pub best_of: Option<u64>,
     pub use_beam_search: Option<bool>,
+    /// Prefix-cache isolation: requests share cached KV blocks only with requests of the
+    /// same salt (vLLM's field; for tenants that must not learn of each other's prompts).
+    pub cache_salt: Option<String>,
 }
 
 /// What a request asks for, validated, before its prompts are known.
@@ -114,6 +119,17 @@ impl GenerationPlan {
                 format!("at most {MAX_TOP_LOGPROBS} alternatives, got {k}"),
             ));
         }
+        if let Some(salt) = &f.cache_salt {
+            if salt.is_empty() || salt.len() > MAX_CACHE_SALT_BYTES {
+                return Err(ApiError::field(
+                    "cache_salt",
+                    format!(
+                        "must be 1 to {MAX_CACHE_SALT_BYTES} bytes, got {}",
+                        salt.len()
+                    ),
+                ));
+            }
+        }
         let stop_token_ids = f.stop_token_ids.clone().unwrap_or_default();
         if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
             return Err(ApiError::field(
@@ -166,7 +182,7 @@ impl GenerationPlan {
                 ignore_eos,
                 stop_token_ids: stop_token_ids.into_iter().map(TokenId).collect(),
                 priority: 0,
-                cache_salt: None,
+                cache_salt: f.cache_salt.clone(),
             },
             text: TextOptions {
                 skip_special_tokens: f.skip_special_tokens.unwrap_or(true),

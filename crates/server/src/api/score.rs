@@ -78,6 +78,14 @@ struct Item {
     context: usize,
 }
 
+impl Item {
+    /// The first prompt index the engine scores: 1 (index 0 has no score), or the
+    /// context's length when there is a context.
+    fn first_scored(&self) -> usize {
+        self.context.max(1)
+    }
+}
+
 pub async fn score(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
     match run(app, body).await {
         Ok(r) => r,
@@ -106,6 +114,7 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
             let scored = ScoredItem {
                 tokens: &item.tokens,
                 context: item.context,
+                first: item.first_scored(),
                 scores: &scores,
                 top_k,
             };
@@ -275,7 +284,9 @@ async fn run_items(
                 },
                 sample_index: 0,
                 prompt_logprobs: Some(top_k),
-                prompt_logprobs_start: 1,
+                // A context's own positions are not reported: with the prefix cache they
+                // then cost nothing (see `GenerationRequest::prompt_logprobs_start`).
+                prompt_logprobs_start: item.first_scored(),
             };
             (request, 1)
         })
@@ -284,25 +295,27 @@ async fn run_items(
         SubmitError::Refused(e) => ApiError::from_engine(&e, "input"),
         SubmitError::Unavailable => ApiError::unavailable(e.to_string()),
     })?;
-    let scores = collect_scores(&mut events, items.len()).await?;
+    let firsts: Vec<usize> = items.iter().map(Item::first_scored).collect();
+    let scores = collect_scores(&mut events, &firsts).await?;
     for (i, (s, item)) in scores.iter().zip(items).enumerate() {
-        if s.len() + 1 != item.tokens.len() {
+        let want = item.tokens.len() - item.first_scored();
+        if s.len() != want {
             return Err(ApiError::internal(format!(
-                "item {i}: {} of {} positions were scored",
+                "item {i}: {} of {want} positions were scored",
                 s.len(),
-                item.tokens.len() - 1
             )));
         }
     }
     Ok(scores)
 }
 
-/// The prompt scores of `num_items` prompt-only requests, from their events until all
-/// finished.
+/// The prompt scores of the prompt-only requests (item `i` scored from prompt index
+/// `firsts[i]`), from their events until all finished.
 async fn collect_scores(
     events: &mut UnboundedReceiver<GroupEvent>,
-    num_items: usize,
+    firsts: &[usize],
 ) -> ApiResult<Vec<Vec<PromptTokenLogprob>>> {
+    let num_items = firsts.len();
     let mut scores: Vec<Vec<PromptTokenLogprob>> = vec![Vec::new(); num_items];
     let mut open = num_items;
     while open > 0 {
@@ -310,7 +323,9 @@ async fn collect_scores(
             return Err(ApiError::unavailable("the engine stopped"));
         };
         match event {
-            RequestEvent::PromptLogprobs { start, entries } if start == scores[index].len() + 1 => {
+            RequestEvent::PromptLogprobs { start, entries }
+                if start == firsts[index] + scores[index].len() =>
+            {
                 scores[index].extend(entries);
             }
             RequestEvent::PromptLogprobs { start, .. } => {
@@ -325,7 +340,7 @@ async fn collect_scores(
             RequestEvent::Finished(_) => {
                 return Err(ApiError::unavailable("the request was aborted"))
             }
-            RequestEvent::Token { .. } => {}
+            RequestEvent::Token { .. } | RequestEvent::Admitted { .. } => {}
         }
     }
     Ok(scores)

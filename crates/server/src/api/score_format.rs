@@ -8,12 +8,14 @@ use tandem_model::tokenizer::Tokenizer;
 use super::format::token_text;
 
 /// A scored sequence: its tokens, its context length (positions before it are not
-/// reported), the engine's scores of prompt indices `1..tokens.len()`, and the alternatives
-/// per position asked for.
+/// reported), the engine's scores of prompt indices `first..tokens.len()` (`first` is 1, or
+/// the context length when only the continuation was scored), and the alternatives per
+/// position asked for.
 #[derive(Debug)]
 pub struct ScoredItem<'a> {
     pub tokens: &'a [TokenId],
     pub context: usize,
+    pub first: usize,
     pub scores: &'a [PromptTokenLogprob],
     pub top_k: usize,
 }
@@ -30,7 +32,8 @@ pub struct Totals {
 impl ScoredItem<'_> {
     /// The score of reported position `i` (`None` for position 0 of the whole sequence).
     fn score(&self, i: usize) -> Option<&PromptTokenLogprob> {
-        i.checked_sub(1).and_then(|j| self.scores.get(j))
+        i.checked_sub(self.first.max(1))
+            .and_then(|j| self.scores.get(j))
     }
 
     /// The reported positions: the ones after the context.
