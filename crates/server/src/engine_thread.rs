@@ -25,6 +25,8 @@ use tandem_engine::{EngineError, FinishReason, SeqId};
 use tandem_model::batch::TokenId;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
+use crate::metrics::{MetricsSnapshot, ServingMetrics};
+
 /// What happened to one request of a group.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RequestEvent {
@@ -52,7 +54,7 @@ pub struct GroupEvent {
 }
 
 /// Engine state for `/health`, refreshed after every loop turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct EngineSnapshot {
     /// False once the engine thread has died or shut down.
     pub alive: bool,
@@ -64,6 +66,8 @@ pub struct EngineSnapshot {
     pub in_flight: usize,
     /// Requests aborted since start because their client went away.
     pub disconnects: u64,
+    /// Counters and latency histograms for `/metrics`.
+    pub metrics: MetricsSnapshot,
 }
 
 enum Command {
@@ -147,8 +151,8 @@ impl EngineHandle {
     /// The latest engine state.
     pub fn snapshot(&self) -> EngineSnapshot {
         match self.snapshot.lock() {
-            Ok(s) => *s,
-            Err(poisoned) => *poisoned.into_inner(),
+            Ok(s) => s.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
         }
     }
 }
@@ -163,6 +167,7 @@ pub fn spawn_engine(engine: Engine) -> std::io::Result<(EngineHandle, JoinHandle
         snapshot: snapshot.clone(),
         alive: true,
         disconnects: 0,
+        metrics: ServingMetrics::default(),
     };
     worker.publish();
     let join = std::thread::Builder::new()
@@ -183,6 +188,7 @@ struct Worker {
     snapshot: Arc<Mutex<EngineSnapshot>>,
     alive: bool,
     disconnects: u64,
+    metrics: ServingMetrics,
 }
 
 impl Worker {
@@ -232,8 +238,11 @@ impl Worker {
                 events,
                 reply,
             } => {
+                let prompt_lens: Vec<(usize, usize)> =
+                    requests.iter().map(|(r, n)| (r.prompt.len(), *n)).collect();
                 let result = self.add_group(requests, &events);
                 if let Ok(ids) = &result {
+                    self.count_added(ids, &prompt_lens);
                     for (index, id) in ids.iter().enumerate() {
                         let events = events.clone();
                         self.routes.insert(*id, Route { events, index });
@@ -278,8 +287,19 @@ impl Worker {
         Ok(ids)
     }
 
+    /// Starts the clocks of added requests; a prompt's tokens count once for its samples.
+    fn count_added(&mut self, ids: &[SeqId], prompt_lens: &[(usize, usize)]) {
+        let mut ids = ids.iter();
+        for &(len, n) in prompt_lens {
+            for (i, &id) in ids.by_ref().take(n).enumerate() {
+                self.metrics.on_added(id, if i == 0 { len } else { 0 });
+            }
+        }
+    }
+
     fn abort(&mut self, id: SeqId) {
         if self.routes.remove(&id).is_some() {
+            self.metrics.on_finished(id, &FinishReason::Abort);
             // UnknownSeq means it finished in the meantime: nothing left to free.
             let _ = self.engine.abort(id);
         }
@@ -321,15 +341,18 @@ impl Worker {
                 token,
                 logprob,
                 top_logprobs,
-            } => (
-                seq_id,
+            } => (seq_id, {
+                self.metrics.on_token(seq_id);
                 RequestEvent::Token {
                     token,
                     logprob,
                     top_logprobs,
-                },
-            ),
-            EngineEvent::Finished { seq_id, reason } => (seq_id, RequestEvent::Finished(reason)),
+                }
+            }),
+            EngineEvent::Finished { seq_id, reason } => {
+                self.metrics.on_finished(seq_id, &reason);
+                (seq_id, RequestEvent::Finished(reason))
+            }
             EngineEvent::PromptLogprobs {
                 seq_id,
                 start,
@@ -358,6 +381,7 @@ impl Worker {
             if self.alive {
                 let _ = self.engine.abort(id);
             }
+            self.metrics.on_finished(id, &reason);
             let _ = route.events.send(GroupEvent {
                 index: route.index,
                 event: RequestEvent::Finished(reason.clone()),
@@ -375,6 +399,9 @@ impl Worker {
             kv_total_blocks: s.allocator().num_total(),
             in_flight: self.routes.len(),
             disconnects: self.disconnects,
+            metrics: self
+                .metrics
+                .snapshot(s.stats().num_preemptions, self.engine.spec_stats()),
         };
         match self.snapshot.lock() {
             Ok(mut g) => *g = snap,

@@ -8,6 +8,7 @@
 //! | `POST /v1/chat/completions` | chat completions ([`chat`]) |
 //! | `POST /v1/score` | teacher-forced scores of known text ([`score`]) |
 //! | `POST /tokenize`, `POST /detokenize` | vLLM-style tokenizer access ([`tokenize`]) |
+//! | `GET /metrics` | Prometheus metrics with vLLM's names ([`crate::metrics`]) |
 //!
 //! `/health` answers `{"status": "ok", "running", "waiting", "in_flight", "disconnects",
 //! "kv_free_blocks", "kv_total_blocks"}`: sequences running and waiting in the scheduler,

@@ -11,6 +11,7 @@ use serde_json::json;
 
 use super::{chat, completions, score, tokenize, App};
 use crate::error::ApiError;
+use crate::metrics::{render, Gauges};
 
 /// All routes over `app`.
 pub fn router(app: App) -> Router {
@@ -23,6 +24,7 @@ pub fn router(app: App) -> Router {
         .route("/v1/score", post(score::score))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_api_key));
     Router::new()
         .route("/health", get(health))
@@ -87,6 +89,23 @@ async fn health(State(app): State<App>) -> Response {
         "kv_total_blocks": s.kv_total_blocks,
     });
     (status, axum::Json(body)).into_response()
+}
+
+/// Prometheus text exposition of the serving metrics (see [`crate::metrics`]).
+async fn metrics(State(app): State<App>) -> Response {
+    let s = app.engine.snapshot();
+    let gauges = Gauges {
+        running: s.running,
+        waiting: s.waiting,
+        kv_used_blocks: s.kv_total_blocks.saturating_sub(s.kv_free_blocks),
+        kv_total_blocks: s.kv_total_blocks,
+    };
+    let text = render(app.config.served_name(), gauges, &s.metrics);
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        text,
+    )
+        .into_response()
 }
 
 fn model_card(app: &App) -> serde_json::Value {
