@@ -18,10 +18,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest, PromptTokenLogprob};
-use tandem_engine::{EngineError, FinishReason, SeqId};
+use tandem_engine::{EngineError, FinishReason, SeqId, SeqStatus};
 use tandem_model::batch::TokenId;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
@@ -292,7 +292,8 @@ impl Worker {
         let mut ids = ids.iter();
         for &(len, n) in prompt_lens {
             for (i, &id) in ids.by_ref().take(n).enumerate() {
-                self.metrics.on_added(id, if i == 0 { len } else { 0 });
+                self.metrics
+                    .on_added(id, if i == 0 { len } else { 0 }, i == 0);
             }
         }
     }
@@ -320,8 +321,16 @@ impl Worker {
     }
 
     fn step(&mut self) {
+        let started = Instant::now();
         match catch_unwind(AssertUnwindSafe(|| self.engine.step())) {
             Ok(Ok(events)) => {
+                let scheduler = self.engine.scheduler();
+                // Gone from the scheduler means finished (aborts forget their clock first).
+                self.metrics.on_step(started, |id| {
+                    scheduler
+                        .sequence(id)
+                        .is_none_or(|s| *s.status() != SeqStatus::Waiting)
+                });
                 for e in events {
                     self.dispatch(e);
                 }

@@ -9,7 +9,9 @@
 //! Latencies are measured on the engine thread, from the moment a request is added to the
 //! engine: time to first token (`vllm:time_to_first_token_seconds`), the gap between
 //! consecutive tokens of one request (`vllm:inter_token_latency_seconds`), and add-to-finish
-//! (`vllm:e2e_request_latency_seconds`).
+//! (`vllm:e2e_request_latency_seconds`); and, per prompt (a request's `n` samples share one
+//! queue), the time from its admission to the start of the first step that scheduled it
+//! (`vllm:request_queue_time_seconds`).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -27,8 +29,8 @@ const ITL_BUCKETS: &[f64] = &[
     40.0, 80.0,
 ];
 const E2E_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-    240.0, 480.0, 960.0, 1920.0, 7680.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
 ];
 
 /// A cumulative histogram over fixed upper bounds (seconds).
@@ -82,31 +84,26 @@ impl Histogram {
 struct RequestClock {
     added: Instant,
     last_token: Option<Instant>,
+    /// True until the request is first scheduled, for requests whose queue time counts
+    /// (the first sample of each prompt).
+    queued: bool,
 }
 
 /// Finished requests by reason, in `vllm:request_success_total`'s label order.
 const REASONS: [&str; 4] = ["stop", "length", "abort", "error"];
 
 /// Counters and histograms owned by the engine thread.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ServingMetrics {
     clocks: HashMap<SeqId, RequestClock>,
     counters: MetricsSnapshot,
 }
 
-impl Default for ServingMetrics {
-    fn default() -> Self {
-        ServingMetrics {
-            clocks: HashMap::new(),
-            counters: MetricsSnapshot::default(),
-        }
-    }
-}
-
 impl ServingMetrics {
     /// A request (one sample of a group) was added with a prompt of `prompt_tokens`.
     /// Samples of one prompt count its tokens once: pass 0 for the siblings.
-    pub fn on_added(&mut self, id: SeqId, prompt_tokens: usize) {
+    /// The first sample's queue time is measured (see [`ServingMetrics::on_step`]).
+    pub fn on_added(&mut self, id: SeqId, prompt_tokens: usize, first_sample: bool) {
         let now = Instant::now();
         self.counters.prompt_tokens += prompt_tokens as u64;
         self.clocks.insert(
@@ -114,8 +111,22 @@ impl ServingMetrics {
             RequestClock {
                 added: now,
                 last_token: None,
+                queued: first_sample,
             },
         );
+    }
+
+    /// A step that began at `started` ran; `scheduled(id)` tells whether a request has left
+    /// the waiting queue by now (it ran in this step or an earlier one). Each queued request
+    /// that has gets its queue time, `started - added`.
+    pub fn on_step(&mut self, started: Instant, scheduled: impl Fn(SeqId) -> bool) {
+        for (&id, clock) in self.clocks.iter_mut().filter(|(_, c)| c.queued) {
+            if scheduled(id) {
+                clock.queued = false;
+                let waited = started.saturating_duration_since(clock.added);
+                self.counters.queue.observe(waited.as_secs_f64());
+            }
+        }
     }
 
     /// Request `id` generated a token.
@@ -147,7 +158,9 @@ impl ServingMetrics {
             FinishReason::Error(_) => 3,
         };
         self.counters.finished[slot] += 1;
-        self.counters.e2e.observe(clock.added.elapsed().as_secs_f64());
+        self.counters
+            .e2e
+            .observe(clock.added.elapsed().as_secs_f64());
     }
 
     /// The counters with the engine's own life-time counters filled in.
@@ -171,6 +184,7 @@ pub struct MetricsSnapshot {
     pub ttft: Histogram,
     pub itl: Histogram,
     pub e2e: Histogram,
+    pub queue: Histogram,
 }
 
 impl Default for MetricsSnapshot {
@@ -184,6 +198,7 @@ impl Default for MetricsSnapshot {
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
+            queue: Histogram::new(E2E_BUCKETS),
         }
     }
 }
@@ -233,9 +248,21 @@ pub fn render(model_name: &str, gauges: Gauges, m: &MetricsSnapshot) -> String {
         let _ = writeln!(out, "{name}{{{labels}}} {value}");
     }
     let counter_rows: [(&str, &str, u64); 6] = [
-        ("vllm:prompt_tokens_total", "Prompt tokens admitted.", m.prompt_tokens),
-        ("vllm:generation_tokens_total", "Tokens generated.", m.generation_tokens),
-        ("vllm:num_preemptions_total", "Recompute preemptions.", m.preemptions),
+        (
+            "vllm:prompt_tokens_total",
+            "Prompt tokens admitted.",
+            m.prompt_tokens,
+        ),
+        (
+            "vllm:generation_tokens_total",
+            "Tokens generated.",
+            m.generation_tokens,
+        ),
+        (
+            "vllm:num_preemptions_total",
+            "Recompute preemptions.",
+            m.preemptions,
+        ),
         (
             "vllm:spec_decode_num_drafts_total",
             "Verifications of a sequence with at least one draft token.",
@@ -278,6 +305,12 @@ pub fn render(model_name: &str, gauges: Gauges, m: &MetricsSnapshot) -> String {
         &mut out,
         "vllm:e2e_request_latency_seconds",
         "Time from a request's admission to its end.",
+        &labels,
+    );
+    m.queue.render(
+        &mut out,
+        "vllm:request_queue_time_seconds",
+        "Time a request spent waiting before its first scheduled step.",
         &labels,
     );
     out

@@ -92,14 +92,23 @@ fn counters_move_by_what_the_requests_did_and_gauges_return_to_zero() {
         4.0
     );
     // Every request had a first token; 16 tokens over 4 requests leave 12 gaps.
-    let ttft = value(&m, &format!("vllm:time_to_first_token_seconds_count{{{l}}}"));
+    let ttft = value(
+        &m,
+        &format!("vllm:time_to_first_token_seconds_count{{{l}}}"),
+    );
     assert_eq!(ttft, 4.0);
     assert_eq!(
-        value(&m, &format!("vllm:inter_token_latency_seconds_count{{{l}}}")),
+        value(
+            &m,
+            &format!("vllm:inter_token_latency_seconds_count{{{l}}}")
+        ),
         12.0
     );
     assert_eq!(
-        value(&m, &format!("vllm:e2e_request_latency_seconds_count{{{l}}}")),
+        value(
+            &m,
+            &format!("vllm:e2e_request_latency_seconds_count{{{l}}}")
+        ),
         4.0
     );
     assert_eq!(
@@ -108,6 +117,17 @@ fn counters_move_by_what_the_requests_did_and_gauges_return_to_zero() {
             &format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"+Inf\"}}")
         ),
         4.0
+    );
+    // Queue time is per prompt: three requests of one prompt each.
+    assert_eq!(
+        value(&m, &format!("vllm:request_queue_time_seconds_count{{{l}}}")),
+        3.0
+    );
+    let e2e_sum = value(&m, &format!("vllm:e2e_request_latency_seconds_sum{{{l}}}"));
+    let queue_sum = value(&m, &format!("vllm:request_queue_time_seconds_sum{{{l}}}"));
+    assert!(
+        queue_sum >= 0.0 && queue_sum <= e2e_sum,
+        "queue {queue_sum} e2e {e2e_sum}"
     );
     for gauge in [
         "vllm:num_requests_running",
