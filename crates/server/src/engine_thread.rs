@@ -74,7 +74,7 @@ enum Command {
     Submit {
         requests: Vec<SampleGroup>,
         events: tmpsc::UnboundedSender<GroupEvent>,
-        reply: oneshot::Sender<Result<Vec<SeqId>, EngineError>>,
+        reply: oneshot::Sender<Result<Vec<SeqId>, SubmitError>>,
     },
     Abort(SeqId),
     Shutdown,
@@ -93,6 +93,9 @@ pub enum SubmitError {
     /// The engine is not running (shutting down or failed).
     #[error("the engine is not running")]
     Unavailable,
+    /// The waiting queue is full (it holds this many sequences at most).
+    #[error("the waiting queue is full ({0} requests)")]
+    QueueFull(usize),
 }
 
 /// The handlers' side of the engine thread. Cheap to clone.
@@ -132,7 +135,7 @@ impl EngineHandle {
             .map_err(|_| SubmitError::Unavailable)?;
         match reply_rx.await {
             Ok(Ok(ids)) => Ok((ids, rx)),
-            Ok(Err(e)) => Err(SubmitError::Refused(e)),
+            Ok(Err(e)) => Err(e),
             Err(_) => Err(SubmitError::Unavailable),
         }
     }
@@ -157,8 +160,13 @@ impl EngineHandle {
     }
 }
 
-/// Starts the engine thread.
-pub fn spawn_engine(engine: Engine) -> std::io::Result<(EngineHandle, JoinHandle<()>)> {
+/// Starts the engine thread; submissions that would make more than `max_waiting` sequences
+/// wait are refused with [`SubmitError::QueueFull`] (one is always admitted into an empty
+/// queue, however many prompts it has).
+pub fn spawn_engine(
+    engine: Engine,
+    max_waiting: usize,
+) -> std::io::Result<(EngineHandle, JoinHandle<()>)> {
     let (commands, rx) = mpsc::channel();
     let snapshot = Arc::new(Mutex::new(EngineSnapshot::default()));
     let mut worker = Worker {
@@ -168,6 +176,7 @@ pub fn spawn_engine(engine: Engine) -> std::io::Result<(EngineHandle, JoinHandle
         alive: true,
         disconnects: 0,
         metrics: ServingMetrics::default(),
+        max_waiting,
     };
     worker.publish();
     let join = std::thread::Builder::new()
@@ -189,6 +198,7 @@ struct Worker {
     alive: bool,
     disconnects: u64,
     metrics: ServingMetrics,
+    max_waiting: usize,
 }
 
 impl Worker {
@@ -265,12 +275,16 @@ impl Worker {
         &mut self,
         requests: Vec<SampleGroup>,
         events: &tmpsc::UnboundedSender<GroupEvent>,
-    ) -> Result<Vec<SeqId>, EngineError> {
+    ) -> Result<Vec<SeqId>, SubmitError> {
         if !self.alive {
-            return Err(EngineError::InvalidConfig("the engine has failed".into()));
+            return Err(SubmitError::Unavailable);
         }
         if events.is_closed() {
             return Ok(Vec::new());
+        }
+        let waiting = self.engine.scheduler().num_waiting();
+        if waiting > 0 && waiting + requests.len() > self.max_waiting {
+            return Err(SubmitError::QueueFull(self.max_waiting));
         }
         let mut ids = Vec::with_capacity(requests.len());
         for (r, n) in requests {
@@ -280,7 +294,7 @@ impl Worker {
                     for id in ids {
                         let _ = self.engine.abort(id);
                     }
-                    return Err(e);
+                    return Err(SubmitError::Refused(e));
                 }
             }
         }
