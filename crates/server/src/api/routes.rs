@@ -15,7 +15,7 @@ use crate::metrics::{render, Gauges};
 
 /// All routes over `app`.
 pub fn router(app: App) -> Router {
-    let limit = app.config.max_body_bytes;
+    let limit = app.config.limits.max_body_bytes;
     let protected = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
@@ -102,7 +102,10 @@ async fn metrics(State(app): State<App>) -> Response {
     };
     let text = render(app.config.served_name(), gauges, &s.metrics);
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         text,
     )
         .into_response()

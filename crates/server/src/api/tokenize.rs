@@ -34,7 +34,7 @@ struct DetokenizeFields {
 
 pub async fn tokenize(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
     let run = || -> ApiResult<Response> {
-        let f: TokenizeFields = fields(&json_object(body, app.config.max_body_bytes)?)?;
+        let f: TokenizeFields = fields(&json_object(body, app.config.limits.max_body_bytes)?)?;
         app.check_model(f.model.as_deref())?;
         let ids = match (f.prompt, f.messages) {
             (Some(p), None) => {
@@ -64,7 +64,7 @@ pub async fn tokenize(State(app): State<App>, body: Result<Bytes, BytesRejection
 
 pub async fn detokenize(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
     let run = || -> ApiResult<Response> {
-        let f: DetokenizeFields = fields(&json_object(body, app.config.max_body_bytes)?)?;
+        let f: DetokenizeFields = fields(&json_object(body, app.config.limits.max_body_bytes)?)?;
         app.check_model(f.model.as_deref())?;
         app.prompts.check_ids(&f.tokens, "tokens")?;
         let text = app
