@@ -1,8 +1,9 @@
-//! The router: routes, the API-key check, `/health`, `/v1/models`, and JSON 404/405.
+//! The router: routes, the API-key check, `x-request-id`, `/health`, `/v1/models`, and
+//! JSON 404/405.
 
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{header, Request, StatusCode, Uri};
+use axum::http::{header, HeaderValue, Request, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -24,6 +25,7 @@ pub fn router(app: App) -> Router {
         .route("/v1/score", post(score::score))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_api_key));
     Router::new()
@@ -32,7 +34,32 @@ pub fn router(app: App) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(app.clone(), request_id))
         .with_state(app)
+}
+
+/// The `x-request-id` header.
+const REQUEST_ID: &str = "x-request-id";
+
+/// Echoes the request's `x-request-id` on its response (every route, errors included), or
+/// a fresh one when it brings none or one that is not 1 to 128 visible ASCII characters.
+async fn request_id(State(app): State<App>, req: Request<Body>, next: Next) -> Response {
+    let given = req
+        .headers()
+        .get(REQUEST_ID)
+        .filter(|v| {
+            let b = v.as_bytes();
+            (1..=128).contains(&b.len()) && b.iter().all(|c| c.is_ascii_graphic())
+        })
+        .cloned();
+    let id = match given {
+        Some(v) => v,
+        None => HeaderValue::from_str(&app.response_id("req"))
+            .unwrap_or_else(|_| HeaderValue::from_static("req")),
+    };
+    let mut response = next.run(req).await;
+    response.headers_mut().insert(REQUEST_ID, id);
+    response
 }
 
 async fn not_found(uri: Uri) -> Response {
