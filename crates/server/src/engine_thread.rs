@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use tandem_engine::beam_search::{BeamHypothesis, BeamParams};
 use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest, PromptTokenLogprob};
 use tandem_engine::{EngineError, FinishReason, SeqId, SeqStatus};
 use tandem_model::batch::TokenId;
@@ -42,6 +43,8 @@ pub enum RequestEvent {
         start: usize,
         entries: Vec<PromptTokenLogprob>,
     },
+    /// A beam search request's hypotheses, best first, just before its `Finished`.
+    Beams(Vec<BeamHypothesis>),
     /// The request ended (its blocks are free).
     Finished(FinishReason),
 }
@@ -73,6 +76,12 @@ pub struct EngineSnapshot {
 enum Command {
     Submit {
         requests: Vec<SampleGroup>,
+        events: tmpsc::UnboundedSender<GroupEvent>,
+        reply: oneshot::Sender<Result<Vec<SeqId>, SubmitError>>,
+    },
+    SubmitBeam {
+        request: GenerationRequest,
+        beam: BeamParams,
         events: tmpsc::UnboundedSender<GroupEvent>,
         reply: oneshot::Sender<Result<Vec<SeqId>, SubmitError>>,
     },
@@ -109,6 +118,7 @@ impl std::fmt::Debug for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Command::Submit { requests, .. } => write!(f, "Submit({} prompts)", requests.len()),
+            Command::SubmitBeam { beam, .. } => write!(f, "SubmitBeam(width {})", beam.width),
             Command::Abort(id) => write!(f, "Abort({id:?})"),
             Command::Shutdown => write!(f, "Shutdown"),
         }
@@ -124,14 +134,41 @@ impl EngineHandle {
         &self,
         requests: Vec<SampleGroup>,
     ) -> Result<(Vec<SeqId>, tmpsc::UnboundedReceiver<GroupEvent>), SubmitError> {
+        self.send(|events, reply| Command::Submit {
+            requests,
+            events,
+            reply,
+        })
+        .await
+    }
+
+    /// Queues a beam search over `request.prompt` (see `Engine::add_beam_request`): its
+    /// events (index 0) are one `Beams` and one `Finished`; dropping the receiver aborts it.
+    pub async fn submit_beam(
+        &self,
+        request: GenerationRequest,
+        beam: BeamParams,
+    ) -> Result<(Vec<SeqId>, tmpsc::UnboundedReceiver<GroupEvent>), SubmitError> {
+        self.send(|events, reply| Command::SubmitBeam {
+            request,
+            beam,
+            events,
+            reply,
+        })
+        .await
+    }
+
+    async fn send(
+        &self,
+        command: impl FnOnce(
+            tmpsc::UnboundedSender<GroupEvent>,
+            oneshot::Sender<Result<Vec<SeqId>, SubmitError>>,
+        ) -> Command,
+    ) -> Result<(Vec<SeqId>, tmpsc::UnboundedReceiver<GroupEvent>), SubmitError> {
         let (events, rx) = tmpsc::unbounded_channel();
         let (reply, reply_rx) = oneshot::channel();
         self.commands
-            .send(Command::Submit {
-                requests,
-                events,
-                reply,
-            })
+            .send(command(events, reply))
             .map_err(|_| SubmitError::Unavailable)?;
         match reply_rx.await {
             Ok(Ok(ids)) => Ok((ids, rx)),
@@ -253,12 +290,29 @@ impl Worker {
                 let result = self.add_group(requests, &events);
                 if let Ok(ids) = &result {
                     self.count_added(ids, &prompt_lens);
-                    for (index, id) in ids.iter().enumerate() {
-                        let events = events.clone();
-                        self.routes.insert(*id, Route { events, index });
-                    }
+                    self.route(ids, &events);
                 }
                 // A handler gone before the reply leaves a closed receiver, swept next.
+                let _ = reply.send(result);
+                false
+            }
+            Command::SubmitBeam {
+                request,
+                beam,
+                events,
+                reply,
+            } => {
+                let len = request.prompt.len();
+                let result = self.admit(1, &events).and_then(|()| {
+                    self.engine
+                        .add_beam_request(request, beam)
+                        .map(|id| vec![id])
+                        .map_err(SubmitError::Refused)
+                });
+                if let Ok(ids) = &result {
+                    self.count_added(ids, &[(len, 1)]);
+                    self.route(ids, &events);
+                }
                 let _ = reply.send(result);
                 false
             }
@@ -270,22 +324,38 @@ impl Worker {
         }
     }
 
+    /// Sends the events of `ids[i]` to `events` with index `i`.
+    fn route(&mut self, ids: &[SeqId], events: &tmpsc::UnboundedSender<GroupEvent>) {
+        for (index, id) in ids.iter().enumerate() {
+            let events = events.clone();
+            self.routes.insert(*id, Route { events, index });
+        }
+    }
+
+    /// Whether `prompts` more may queue: refused when the engine is dead or the queue full;
+    /// `Err(Unavailable)` also stands for "the client is already gone" (nothing to add).
+    fn admit(
+        &self,
+        prompts: usize,
+        events: &tmpsc::UnboundedSender<GroupEvent>,
+    ) -> Result<(), SubmitError> {
+        if !self.alive || events.is_closed() {
+            return Err(SubmitError::Unavailable);
+        }
+        let waiting = self.engine.scheduler().num_waiting();
+        if waiting > 0 && waiting + prompts > self.max_waiting {
+            return Err(SubmitError::QueueFull(self.max_waiting));
+        }
+        Ok(())
+    }
+
     /// Adds every request or none.
     fn add_group(
         &mut self,
         requests: Vec<SampleGroup>,
         events: &tmpsc::UnboundedSender<GroupEvent>,
     ) -> Result<Vec<SeqId>, SubmitError> {
-        if !self.alive {
-            return Err(SubmitError::Unavailable);
-        }
-        if events.is_closed() {
-            return Ok(Vec::new());
-        }
-        let waiting = self.engine.scheduler().num_waiting();
-        if waiting > 0 && waiting + requests.len() > self.max_waiting {
-            return Err(SubmitError::QueueFull(self.max_waiting));
-        }
+        self.admit(requests.len(), events)?;
         let mut ids = Vec::with_capacity(requests.len());
         for (r, n) in requests {
             match self.engine.add_request_n(r, n) {
@@ -374,6 +444,14 @@ impl Worker {
             }),
             EngineEvent::Finished { seq_id, reason } => {
                 self.metrics.on_finished(seq_id, &reason);
+                if let Some(beams) = self.engine.take_beam_result(seq_id) {
+                    if let Some(route) = self.routes.get(&seq_id) {
+                        let _ = route.events.send(GroupEvent {
+                            index: route.index,
+                            event: RequestEvent::Beams(beams),
+                        });
+                    }
+                }
                 (seq_id, RequestEvent::Finished(reason))
             }
             EngineEvent::PromptLogprobs {

@@ -12,7 +12,7 @@ use tandem_model::chat_template::ChatMessage;
 use super::body::{fields, json_object};
 use super::format::Endpoint;
 use super::sampling::{CommonFields, GenerationPlan};
-use super::{respond, App};
+use super::{beam, respond, App};
 use crate::error::{ApiError, ApiResult};
 
 /// Most messages in one conversation.
@@ -150,6 +150,17 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
     let room = limits.max_model_len - prompt.len();
     let default_max = bounds.max_output_tokens.map_or(room, |cap| cap.min(room));
     let max_tokens = plan.max_tokens.unwrap_or(default_max);
+    if common.use_beam_search == Some(true) {
+        beam::check(&plan, &[("logprobs", logprobs.is_some())])?;
+        let req = beam::BeamRequest {
+            endpoint: Endpoint::Chat,
+            prompt: &prompt,
+            max_tokens,
+            length_penalty: common.length_penalty.unwrap_or(1.0),
+            model,
+        };
+        return beam::run(&app, &plan, req).await;
+    }
     let sub = respond::Submission {
         endpoint: Endpoint::Chat,
         prompt_field: "messages",

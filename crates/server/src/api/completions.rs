@@ -13,7 +13,7 @@ use super::body::{fields, json_object};
 use super::echo::PromptOptions;
 use super::format::Endpoint;
 use super::sampling::CommonFields;
-use super::{respond, App};
+use super::{beam, respond, App};
 use crate::error::{ApiError, ApiResult};
 
 /// The fields only completions have.
@@ -57,6 +57,25 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
     let max_tokens = plan
         .max_tokens
         .unwrap_or(bounds.max_output_tokens.map_or(16, |cap| cap.min(16)));
+    if common.use_beam_search == Some(true) {
+        beam::check(
+            &plan,
+            &[
+                ("echo", options.echo),
+                ("logprobs", logprobs.is_some()),
+                ("prompt_logprobs", options.prompt_logprobs.is_some()),
+                ("prompt", prompts.len() > 1),
+            ],
+        )?;
+        let req = beam::BeamRequest {
+            endpoint: Endpoint::Completions,
+            prompt: &prompts[0],
+            max_tokens,
+            length_penalty: common.length_penalty.unwrap_or(1.0),
+            model,
+        };
+        return beam::run(&app, &plan, req).await;
+    }
     let sub = respond::Submission {
         endpoint: Endpoint::Completions,
         prompt_field: "prompt",

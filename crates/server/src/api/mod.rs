@@ -17,6 +17,7 @@
 //! requests whose client is still attached, requests aborted because their client went
 //! away (since start), and the KV pool. When idle, `kv_free_blocks == kv_total_blocks`.
 
+pub mod beam;
 pub mod body;
 pub mod chat;
 pub mod completions;

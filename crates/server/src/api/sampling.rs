@@ -61,7 +61,10 @@ pub struct CommonFields {
     /// Accepted and ignored (an end-user id for abuse monitoring).
     pub user: Option<String>,
     pub best_of: Option<u64>,
+    /// Beam search of width `n` (see [`super::beam`]).
     pub use_beam_search: Option<bool>,
+    /// Beam search's length normalisation exponent (default 1.0).
+    pub length_penalty: Option<f32>,
 }
 
 /// What a request asks for, validated, before its prompts are known.
@@ -214,10 +217,10 @@ impl GenerationPlan {
 
 /// Refuses what is not implemented rather than silently doing something else.
 fn check_unsupported(f: &CommonFields, n: u64) -> ApiResult<()> {
-    if f.use_beam_search == Some(true) {
+    if f.length_penalty.is_some() && f.use_beam_search != Some(true) {
         return Err(ApiError::field(
-            "use_beam_search",
-            "beam search is not supported",
+            "length_penalty",
+            "only applies with use_beam_search",
         ));
     }
     if let Some(b) = f.best_of.filter(|&b| b != n) {

@@ -336,7 +336,7 @@ async fn collect_scores(
             RequestEvent::Finished(_) => {
                 return Err(ApiError::unavailable("the request was aborted"))
             }
-            RequestEvent::Token { .. } => {}
+            RequestEvent::Token { .. } | RequestEvent::Beams(_) => {}
         }
     }
     Ok(scores)
