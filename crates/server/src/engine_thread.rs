@@ -80,7 +80,7 @@ enum Command {
         reply: oneshot::Sender<Result<Vec<SeqId>, SubmitError>>,
     },
     SubmitBeam {
-        request: GenerationRequest,
+        request: Box<GenerationRequest>,
         beam: BeamParams,
         events: tmpsc::UnboundedSender<GroupEvent>,
         reply: oneshot::Sender<Result<Vec<SeqId>, SubmitError>>,
@@ -150,7 +150,7 @@ impl EngineHandle {
         beam: BeamParams,
     ) -> Result<(Vec<SeqId>, tmpsc::UnboundedReceiver<GroupEvent>), SubmitError> {
         self.send(|events, reply| Command::SubmitBeam {
-            request,
+            request: Box::new(request),
             beam,
             events,
             reply,
@@ -305,7 +305,7 @@ impl Worker {
                 let len = request.prompt.len();
                 let result = self.admit(1, &events).and_then(|()| {
                     self.engine
-                        .add_beam_request(request, beam)
+                        .add_beam_request(*request, beam)
                         .map(|id| vec![id])
                         .map_err(SubmitError::Refused)
                 });
