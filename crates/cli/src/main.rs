@@ -11,6 +11,7 @@ mod generation;
 mod prompting;
 mod score_cmd;
 mod serve_cmd;
+mod serve_limits;
 mod speculation_setup;
 
 use clap::{Parser, Subcommand};

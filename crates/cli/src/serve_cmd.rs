@@ -10,6 +10,7 @@ use tandem_server::ServerConfig;
 
 use crate::args::{EngineArgs, ModelArgs};
 use crate::engine_setup::build_engine;
+use crate::serve_limits::{KeyArgs, LimitArgs};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -21,17 +22,20 @@ pub struct ServeArgs {
     /// Port to listen on (0 picks a free one; the address is printed on stderr).
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Require `Authorization: Bearer KEY` on every route except /health.
-    #[arg(long, value_name = "KEY")]
-    api_key: Option<String>,
+    #[command(flatten)]
+    key: KeyArgs,
     /// Seed of the random streams of requests that bring no seed.
     #[arg(long, value_name = "S", default_value_t = 0)]
     seed: u64,
     #[command(flatten)]
     engine: EngineArgs,
+    #[command(flatten)]
+    limits: LimitArgs,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
+    let api_key = a.key.key()?;
+    let limits = a.limits.limits()?;
     let lm = a.model.load()?;
     let tokenizer = Arc::new(lm.tokenizer);
     let engine = build_engine(lm.model, lm.eos_token_ids.clone(), &a.engine, a.seed)?;
@@ -47,7 +51,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let mut config = ServerConfig::new(names[0].clone());
     config.model_names = names;
     config.addr = SocketAddr::new(a.host, a.port);
-    config.api_key = a.api_key.filter(|k| !k.is_empty());
+    config.api_key = api_key;
+    config.limits = limits;
     let server = tandem_server::start_with_signals(engine, tokenizer, lm.chat_template, config)?;
     eprintln!(
         "tandem: serving {} at http://{} (model name `{}`)",

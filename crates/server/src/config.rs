@@ -2,11 +2,9 @@
 
 use std::net::SocketAddr;
 
-/// Default limit on a request body, in bytes.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
-
-/// Default limit on the sequences of one `/v1/score` request.
-pub const DEFAULT_MAX_SCORE_ITEMS: usize = 64;
+pub use crate::limits::{
+    RequestLimits, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_SCORE_ITEMS, DEFAULT_MAX_WAITING_REQUESTS,
+};
 
 /// How the HTTP side runs. The engine's own limits live in the engine.
 #[derive(Debug, Clone)]
@@ -19,25 +17,22 @@ pub struct ServerConfig {
     /// The model's names: the first is the one `/v1/models` lists; requests may use any.
     /// A request without `model` gets the first.
     pub model_names: Vec<String>,
-    /// Request bodies above this many bytes get 413.
-    pub max_body_bytes: usize,
     /// Worker threads of the async runtime (the kernels need the cores; 1 or 2 suffice).
     pub http_threads: usize,
-    /// Most sequences one `/v1/score` request may score.
-    pub max_score_items: usize,
+    /// What one request may ask for, and the waiting queue's bound.
+    pub limits: RequestLimits,
 }
 
 impl ServerConfig {
-    /// Defaults: 127.0.0.1:8000, no API key, the given model name, 4 MiB bodies, 2 threads,
-    /// 64 sequences per `/v1/score` request.
+    /// Defaults: 127.0.0.1:8000, no API key, the given model name, 2 threads, the default
+    /// [`RequestLimits`].
     pub fn new(model_name: impl Into<String>) -> ServerConfig {
         ServerConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 8000)),
             api_key: None,
             model_names: vec![model_name.into()],
-            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             http_threads: 2,
-            max_score_items: DEFAULT_MAX_SCORE_ITEMS,
+            limits: RequestLimits::default(),
         }
     }
 

@@ -18,12 +18,15 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use tandem_engine::beam_search::{BeamHypothesis, BeamParams};
 use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest, PromptTokenLogprob};
-use tandem_engine::{EngineError, FinishReason, SeqId};
+use tandem_engine::{EngineError, FinishReason, SeqId, SeqStatus};
 use tandem_model::batch::TokenId;
 use tokio::sync::{mpsc as tmpsc, oneshot};
+
+use crate::metrics::{MetricsSnapshot, ServingMetrics};
 
 /// What happened to one request of a group.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,6 +46,8 @@ pub enum RequestEvent {
     /// The request was admitted; `cached_tokens` of its prompt came from the prefix cache
     /// (sent once, before its other events, only with the prefix cache on).
     Admitted { cached_tokens: usize },
+    /// A beam search request's hypotheses, best first, just before its `Finished`.
+    Beams(Vec<BeamHypothesis>),
     /// The request ended (its blocks are free).
     Finished(FinishReason),
 }
@@ -55,7 +60,7 @@ pub struct GroupEvent {
 }
 
 /// Engine state for `/health`, refreshed after every loop turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct EngineSnapshot {
     /// False once the engine thread has died or shut down.
     pub alive: bool,
@@ -67,13 +72,21 @@ pub struct EngineSnapshot {
     pub in_flight: usize,
     /// Requests aborted since start because their client went away.
     pub disconnects: u64,
+    /// Counters and latency histograms for `/metrics`.
+    pub metrics: MetricsSnapshot,
 }
 
 enum Command {
     Submit {
         requests: Vec<SampleGroup>,
         events: tmpsc::UnboundedSender<GroupEvent>,
-        reply: oneshot::Sender<Result<Vec<SeqId>, EngineError>>,
+        reply: oneshot::Sender<Result<Vec<SeqId>, SubmitError>>,
+    },
+    SubmitBeam {
+        request: Box<GenerationRequest>,
+        beam: BeamParams,
+        events: tmpsc::UnboundedSender<GroupEvent>,
+        reply: oneshot::Sender<Result<Vec<SeqId>, SubmitError>>,
     },
     Abort(SeqId),
     /// Forget every cached prefix block; replies with how many were forgotten.
@@ -94,6 +107,9 @@ pub enum SubmitError {
     /// The engine is not running (shutting down or failed).
     #[error("the engine is not running")]
     Unavailable,
+    /// The waiting queue is full (it holds this many sequences at most).
+    #[error("the waiting queue is full ({0} requests)")]
+    QueueFull(usize),
 }
 
 /// The handlers' side of the engine thread. Cheap to clone.
@@ -107,6 +123,7 @@ impl std::fmt::Debug for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Command::Submit { requests, .. } => write!(f, "Submit({} prompts)", requests.len()),
+            Command::SubmitBeam { beam, .. } => write!(f, "SubmitBeam(width {})", beam.width),
             Command::Abort(id) => write!(f, "Abort({id:?})"),
             Command::ResetPrefixCache(_) => write!(f, "ResetPrefixCache"),
             Command::Shutdown => write!(f, "Shutdown"),
@@ -123,18 +140,45 @@ impl EngineHandle {
         &self,
         requests: Vec<SampleGroup>,
     ) -> Result<(Vec<SeqId>, tmpsc::UnboundedReceiver<GroupEvent>), SubmitError> {
+        self.send(|events, reply| Command::Submit {
+            requests,
+            events,
+            reply,
+        })
+        .await
+    }
+
+    /// Queues a beam search over `request.prompt` (see `Engine::add_beam_request`): its
+    /// events (index 0) are one `Beams` and one `Finished`; dropping the receiver aborts it.
+    pub async fn submit_beam(
+        &self,
+        request: GenerationRequest,
+        beam: BeamParams,
+    ) -> Result<(Vec<SeqId>, tmpsc::UnboundedReceiver<GroupEvent>), SubmitError> {
+        self.send(|events, reply| Command::SubmitBeam {
+            request: Box::new(request),
+            beam,
+            events,
+            reply,
+        })
+        .await
+    }
+
+    async fn send(
+        &self,
+        command: impl FnOnce(
+            tmpsc::UnboundedSender<GroupEvent>,
+            oneshot::Sender<Result<Vec<SeqId>, SubmitError>>,
+        ) -> Command,
+    ) -> Result<(Vec<SeqId>, tmpsc::UnboundedReceiver<GroupEvent>), SubmitError> {
         let (events, rx) = tmpsc::unbounded_channel();
         let (reply, reply_rx) = oneshot::channel();
         self.commands
-            .send(Command::Submit {
-                requests,
-                events,
-                reply,
-            })
+            .send(command(events, reply))
             .map_err(|_| SubmitError::Unavailable)?;
         match reply_rx.await {
             Ok(Ok(ids)) => Ok((ids, rx)),
-            Ok(Err(e)) => Err(SubmitError::Refused(e)),
+            Ok(Err(e)) => Err(e),
             Err(_) => Err(SubmitError::Unavailable),
         }
     }
@@ -163,14 +207,19 @@ impl EngineHandle {
     /// The latest engine state.
     pub fn snapshot(&self) -> EngineSnapshot {
         match self.snapshot.lock() {
-            Ok(s) => *s,
-            Err(poisoned) => *poisoned.into_inner(),
+            Ok(s) => s.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
         }
     }
 }
 
-/// Starts the engine thread.
-pub fn spawn_engine(engine: Engine) -> std::io::Result<(EngineHandle, JoinHandle<()>)> {
+/// Starts the engine thread; submissions that would make more than `max_waiting` sequences
+/// wait are refused with [`SubmitError::QueueFull`] (one is always admitted into an empty
+/// queue, however many prompts it has).
+pub fn spawn_engine(
+    engine: Engine,
+    max_waiting: usize,
+) -> std::io::Result<(EngineHandle, JoinHandle<()>)> {
     let (commands, rx) = mpsc::channel();
     let snapshot = Arc::new(Mutex::new(EngineSnapshot::default()));
     let mut worker = Worker {
@@ -179,6 +228,8 @@ pub fn spawn_engine(engine: Engine) -> std::io::Result<(EngineHandle, JoinHandle
         snapshot: snapshot.clone(),
         alive: true,
         disconnects: 0,
+        metrics: ServingMetrics::default(),
+        max_waiting,
     };
     worker.publish();
     let join = std::thread::Builder::new()
@@ -199,6 +250,8 @@ struct Worker {
     snapshot: Arc<Mutex<EngineSnapshot>>,
     alive: bool,
     disconnects: u64,
+    metrics: ServingMetrics,
+    max_waiting: usize,
 }
 
 impl Worker {
@@ -248,14 +301,34 @@ impl Worker {
                 events,
                 reply,
             } => {
+                let prompt_lens: Vec<(usize, usize)> =
+                    requests.iter().map(|(r, n)| (r.prompt.len(), *n)).collect();
                 let result = self.add_group(requests, &events);
                 if let Ok(ids) = &result {
-                    for (index, id) in ids.iter().enumerate() {
-                        let events = events.clone();
-                        self.routes.insert(*id, Route { events, index });
-                    }
+                    self.count_added(ids, &prompt_lens);
+                    self.route(ids, &events);
                 }
                 // A handler gone before the reply leaves a closed receiver, swept next.
+                let _ = reply.send(result);
+                false
+            }
+            Command::SubmitBeam {
+                request,
+                beam,
+                events,
+                reply,
+            } => {
+                let len = request.prompt.len();
+                let result = self.admit(1, &events).and_then(|()| {
+                    self.engine
+                        .add_beam_request(*request, beam)
+                        .map(|id| vec![id])
+                        .map_err(SubmitError::Refused)
+                });
+                if let Ok(ids) = &result {
+                    self.count_added(ids, &[(len, 1)]);
+                    self.route(ids, &events);
+                }
                 let _ = reply.send(result);
                 false
             }
@@ -271,18 +344,38 @@ impl Worker {
         }
     }
 
+    /// Sends the events of `ids[i]` to `events` with index `i`.
+    fn route(&mut self, ids: &[SeqId], events: &tmpsc::UnboundedSender<GroupEvent>) {
+        for (index, id) in ids.iter().enumerate() {
+            let events = events.clone();
+            self.routes.insert(*id, Route { events, index });
+        }
+    }
+
+    /// Whether `prompts` more may queue: refused when the engine is dead or the queue full;
+    /// `Err(Unavailable)` also stands for "the client is already gone" (nothing to add).
+    fn admit(
+        &self,
+        prompts: usize,
+        events: &tmpsc::UnboundedSender<GroupEvent>,
+    ) -> Result<(), SubmitError> {
+        if !self.alive || events.is_closed() {
+            return Err(SubmitError::Unavailable);
+        }
+        let waiting = self.engine.scheduler().num_waiting();
+        if waiting > 0 && waiting + prompts > self.max_waiting {
+            return Err(SubmitError::QueueFull(self.max_waiting));
+        }
+        Ok(())
+    }
+
     /// Adds every request or none.
     fn add_group(
         &mut self,
         requests: Vec<SampleGroup>,
         events: &tmpsc::UnboundedSender<GroupEvent>,
-    ) -> Result<Vec<SeqId>, EngineError> {
-        if !self.alive {
-            return Err(EngineError::InvalidConfig("the engine has failed".into()));
-        }
-        if events.is_closed() {
-            return Ok(Vec::new());
-        }
+    ) -> Result<Vec<SeqId>, SubmitError> {
+        self.admit(requests.len(), events)?;
         let mut ids = Vec::with_capacity(requests.len());
         for (r, n) in requests {
             match self.engine.add_request_n(r, n) {
@@ -291,15 +384,27 @@ impl Worker {
                     for id in ids {
                         let _ = self.engine.abort(id);
                     }
-                    return Err(e);
+                    return Err(SubmitError::Refused(e));
                 }
             }
         }
         Ok(ids)
     }
 
+    /// Starts the clocks of added requests; a prompt's tokens count once for its samples.
+    fn count_added(&mut self, ids: &[SeqId], prompt_lens: &[(usize, usize)]) {
+        let mut ids = ids.iter();
+        for &(len, n) in prompt_lens {
+            for (i, &id) in ids.by_ref().take(n).enumerate() {
+                self.metrics
+                    .on_added(id, if i == 0 { len } else { 0 }, i == 0);
+            }
+        }
+    }
+
     fn abort(&mut self, id: SeqId) {
         if self.routes.remove(&id).is_some() {
+            self.metrics.on_finished(id, &FinishReason::Abort);
             // UnknownSeq means it finished in the meantime: nothing left to free.
             let _ = self.engine.abort(id);
         }
@@ -320,8 +425,16 @@ impl Worker {
     }
 
     fn step(&mut self) {
+        let started = Instant::now();
         match catch_unwind(AssertUnwindSafe(|| self.engine.step())) {
             Ok(Ok(events)) => {
+                let scheduler = self.engine.scheduler();
+                // Gone from the scheduler means finished (aborts forget their clock first).
+                self.metrics.on_step(started, |id| {
+                    scheduler
+                        .sequence(id)
+                        .is_none_or(|s| *s.status() != SeqStatus::Waiting)
+                });
                 for e in events {
                     self.dispatch(e);
                 }
@@ -341,15 +454,26 @@ impl Worker {
                 token,
                 logprob,
                 top_logprobs,
-            } => (
-                seq_id,
+            } => (seq_id, {
+                self.metrics.on_token(seq_id);
                 RequestEvent::Token {
                     token,
                     logprob,
                     top_logprobs,
-                },
-            ),
-            EngineEvent::Finished { seq_id, reason } => (seq_id, RequestEvent::Finished(reason)),
+                }
+            }),
+            EngineEvent::Finished { seq_id, reason } => {
+                self.metrics.on_finished(seq_id, &reason);
+                if let Some(beams) = self.engine.take_beam_result(seq_id) {
+                    if let Some(route) = self.routes.get(&seq_id) {
+                        let _ = route.events.send(GroupEvent {
+                            index: route.index,
+                            event: RequestEvent::Beams(beams),
+                        });
+                    }
+                }
+                (seq_id, RequestEvent::Finished(reason))
+            }
             EngineEvent::PromptLogprobs {
                 seq_id,
                 start,
@@ -382,6 +506,7 @@ impl Worker {
             if self.alive {
                 let _ = self.engine.abort(id);
             }
+            self.metrics.on_finished(id, &reason);
             let _ = route.events.send(GroupEvent {
                 index: route.index,
                 event: RequestEvent::Finished(reason.clone()),
@@ -399,6 +524,9 @@ impl Worker {
             kv_total_blocks: s.allocator().num_total(),
             in_flight: self.routes.len(),
             disconnects: self.disconnects,
+            metrics: self
+                .metrics
+                .snapshot(s.stats().num_preemptions, self.engine.spec_stats()),
         };
         match self.snapshot.lock() {
             Ok(mut g) => *g = snap,

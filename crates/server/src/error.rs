@@ -109,6 +109,19 @@ impl ApiError {
         }
     }
 
+    /// 429 when the waiting queue is full (answered with `Retry-After`).
+    pub fn queue_full(max_waiting: usize) -> ApiError {
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: format!(
+                "the server is busy: {max_waiting} requests are already waiting; retry later"
+            ),
+            kind: "rate_limit_error",
+            param: None,
+            code: Some("queue_full"),
+        }
+    }
+
     /// 503 when the engine is gone (shutting down or failed).
     pub fn unavailable(message: impl Into<String>) -> ApiError {
         ApiError {
@@ -165,9 +178,22 @@ impl ApiError {
     }
 }
 
+/// Seconds a client should wait before retrying a 429 or 503.
+pub const RETRY_AFTER_SECONDS: &str = "1";
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if matches!(
+            self.status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        ) {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_AFTER_SECONDS),
+            );
+        }
+        response
     }
 }
 

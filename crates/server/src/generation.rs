@@ -220,6 +220,8 @@ impl Generation {
                 self.engine.abort(choice.seq);
                 Some(self.finish(index, String::new(), Finish::Error(e)))
             }
+            // Beam results go to `api/beam.rs`, never to a sampled generation.
+            RequestEvent::Beams(_) => None,
             RequestEvent::Finished(reason) => {
                 let tail = choice.stream.finish();
                 let fin = if tail.stopped.is_some() {

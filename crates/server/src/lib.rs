@@ -20,6 +20,8 @@ pub mod echo;
 pub mod engine_thread;
 pub mod error;
 pub mod generation;
+pub mod limits;
+pub mod metrics;
 pub mod prompt;
 pub mod server;
 pub mod text;

@@ -16,11 +16,13 @@ use crate::error::{ApiError, ApiResult, ServerError};
 pub struct PromptBuilder {
     tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
+    template_source: Option<String>,
 }
 
 impl PromptBuilder {
     /// `template`: the chat template's source, when the model has one.
     pub fn new(tokenizer: Arc<Tokenizer>, template: Option<&str>) -> Result<Self, ServerError> {
+        let template_source = template;
         let template = template
             .map(|src| {
                 ChatTemplate::new(
@@ -34,7 +36,13 @@ impl PromptBuilder {
         Ok(Self {
             tokenizer,
             template,
+            template_source: template_source.map(str::to_string),
         })
+    }
+
+    /// The chat template's source, when the model has one.
+    pub fn template_source(&self) -> Option<&str> {
+        self.template_source.as_deref()
     }
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {

@@ -125,6 +125,7 @@ fn start_inner(
     config: ServerConfig,
     signals: bool,
 ) -> Result<RunningServer, ServerError> {
+    config.limits.validate().map_err(ServerError::Startup)?;
     let limits = ModelLimits {
         vocab_size: engine.model().config.vocab_size,
         max_model_len: engine.scheduler().config().max_model_len,
@@ -144,8 +145,8 @@ fn start_inner(
     let listener = std::net::TcpListener::bind(config.addr).map_err(bind_err)?;
     listener.set_nonblocking(true).map_err(bind_err)?;
     let addr = listener.local_addr().map_err(bind_err)?;
-    let (handle, engine_thread) =
-        spawn_engine(engine).map_err(|e| ServerError::Startup(e.to_string()))?;
+    let (handle, engine_thread) = spawn_engine(engine, config.limits.max_waiting_requests)
+        .map_err(|e| ServerError::Startup(e.to_string()))?;
     let threads = config.http_threads.max(1);
     let served_name = config.served_name().to_string();
     let app = Arc::new(AppState::new(handle.clone(), prompts, limits, config));

@@ -336,29 +336,9 @@ fn tokenizer_routes_models_and_health() {
     server.shutdown().expect("clean shutdown");
 }
 
-fn assert_error(r: &Reply, status: u16, param: Option<&str>) {
-    assert_eq!(r.status, status, "{}", r.body);
-    let v = r.json();
-    let e = v["error"]
-        .as_object()
-        .unwrap_or_else(|| panic!("no error object: {}", r.body));
-    for key in ["message", "type", "param", "code"] {
-        assert!(e.contains_key(key), "error body lacks {key}: {}", r.body);
-    }
-    assert!(!e["message"].as_str().expect("message").is_empty());
-    if let Some(p) = param {
-        assert_eq!(e["param"], p, "{}", r.body);
-        assert!(
-            e["message"].as_str().expect("message").contains(p),
-            "{}",
-            r.body
-        );
-    }
-}
-
 #[test]
 fn client_mistakes_get_openai_error_bodies() {
-    let server = start_server(&fixture_path(), |c| c.max_body_bytes = 64 * 1024);
+    let server = start_server(&fixture_path(), |c| c.limits.max_body_bytes = 64 * 1024);
     let addr = server.addr();
     let c = |extra: Value| {
         let mut b = json!({"prompt": "hi", "max_tokens": 4});

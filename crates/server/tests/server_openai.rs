@@ -1,5 +1,6 @@
 //! The server checked with the official `openai` Python client (tests/py/), over real
-//! HTTP, with the small fixture model.
+//! HTTP: the API with the small fixture model, and the error statuses (401, 404, 413, 429)
+//! with the default model (slow enough to keep one request running while the queue fills).
 
 mod server_common;
 
@@ -7,9 +8,8 @@ use std::process::Command;
 
 use server_common::*;
 
-#[test]
-fn official_openai_client_works_against_the_server() {
-    let server = start_server(&fixture_path(), |_| {});
+/// Runs the Python checks against `server` with `extra` arguments; panics on failure.
+fn run_python(server: &tandem_server::RunningServer, extra: &[&str]) {
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/test_openai_client.py");
     let out = Command::new("python3")
@@ -18,6 +18,7 @@ fn official_openai_client_works_against_the_server() {
         .arg(format!("http://{}/v1", server.addr()))
         .arg("--model")
         .arg("test-model")
+        .args(extra)
         .output()
         .expect("python3 runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -31,6 +32,28 @@ fn official_openai_client_works_against_the_server() {
         out.status.success(),
         "openai client checks failed:\n{stdout}\n{stderr}"
     );
+}
+
+#[test]
+fn official_openai_client_works_against_the_server() {
+    let server = start_server(&fixture_path(), |_| {});
+    run_python(&server, &[]);
     wait_health(server.addr(), std::time::Duration::from_secs(5), idle);
+    server.shutdown().expect("clean shutdown");
+}
+
+#[test]
+fn official_openai_client_sees_401_404_413_and_429() {
+    let server = start_server_with(
+        &default_model_path(),
+        |s| s.max_num_seqs = 1,
+        |c| {
+            c.api_key = Some("py-key".into());
+            c.limits.max_body_bytes = 64 * 1024;
+            c.limits.max_waiting_requests = 1;
+        },
+    );
+    run_python(&server, &["--api-key", "py-key", "--limits"]);
+    wait_health(server.addr(), std::time::Duration::from_secs(30), idle);
     server.shutdown().expect("clean shutdown");
 }

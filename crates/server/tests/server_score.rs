@@ -309,7 +309,7 @@ fn assert_400(r: &Reply, param: &str, needles: &[&str]) {
 
 #[test]
 fn bad_score_and_echo_requests_get_400s() {
-    let server = start_server(&fixture_path(), |c| c.max_score_items = 2);
+    let server = start_server(&fixture_path(), |c| c.limits.max_score_items = 2);
     let addr = server.addr();
     let s = |b: Value| post(addr, "/v1/score", &b);
     assert_400(

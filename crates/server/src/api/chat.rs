@@ -7,13 +7,12 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use tandem_engine::sampler::MAX_TOP_LOGPROBS;
 use tandem_model::chat_template::ChatMessage;
 
 use super::body::{fields, json_object};
 use super::format::Endpoint;
 use super::sampling::{CommonFields, GenerationPlan};
-use super::{respond, App};
+use super::{beam, respond, App};
 use crate::error::{ApiError, ApiResult};
 
 /// Most messages in one conversation.
@@ -94,15 +93,12 @@ pub fn to_messages(messages: Vec<MessageIn>) -> ApiResult<Vec<ChatMessage>> {
         .collect()
 }
 
+/// `top_logprobs` (bounded by the plan) when `logprobs` is set.
 fn top_logprobs(own: &ChatFields) -> ApiResult<Option<usize>> {
     match (own.logprobs.unwrap_or(false), own.top_logprobs) {
         (false, Some(k)) if k > 0 => Err(ApiError::field(
             "top_logprobs",
             "requires logprobs to be true",
-        )),
-        (true, Some(k)) if k as usize > MAX_TOP_LOGPROBS => Err(ApiError::field(
-            "top_logprobs",
-            format!("must be at most {MAX_TOP_LOGPROBS}, got {k}"),
         )),
         (true, k) => Ok(Some(k.unwrap_or(0) as usize)),
         (false, _) => Ok(None),
@@ -110,16 +106,23 @@ fn top_logprobs(own: &ChatFields) -> ApiResult<Option<usize>> {
 }
 
 async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
-    let value = json_object(body, app.config.max_body_bytes)?;
+    let value = json_object(body, app.config.limits.max_body_bytes)?;
     let mut common: CommonFields = fields(&value)?;
     let own: ChatFields = fields(&value)?;
     let model = app.check_model(common.model.as_deref())?;
-    if own.max_completion_tokens.is_some() {
-        common.max_tokens = own.max_completion_tokens;
+    let bounds = &app.config.limits;
+    if let Some(m) = own.max_completion_tokens {
+        if let Some(cap) = bounds.max_output_tokens.filter(|&cap| m > cap as u64) {
+            return Err(ApiError::field(
+                "max_completion_tokens",
+                format!("must be at most {cap}, got {m}"),
+            ));
+        }
+        common.max_tokens = Some(m);
     }
     let logprobs = top_logprobs(&own)?;
     let limits = &app.limits;
-    let plan = GenerationPlan::new(&common, logprobs, limits.vocab_size, &limits.eos_token_ids)?;
+    let plan = GenerationPlan::new(&common, logprobs, "top_logprobs", limits, bounds)?;
     let messages = own
         .messages
         .ok_or_else(|| ApiError::field("messages", "is required"))?;
@@ -133,18 +136,31 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
             "the rendered conversation has no tokens",
         ));
     }
-    let room = limits.max_model_len.saturating_sub(prompt.len());
-    if room == 0 {
+    let max_prompt = bounds.prompt_tokens(limits.max_model_len);
+    if prompt.len() > max_prompt {
         return Err(ApiError::field(
             "messages",
             format!(
-                "the conversation has {} tokens, leaving no room in the maximum model length of {}",
+                "the conversation has {} tokens, more than the {max_prompt} allowed (maximum model length {})",
                 prompt.len(),
                 limits.max_model_len
             ),
         ));
     }
-    let max_tokens = plan.max_tokens.unwrap_or(room);
+    let room = limits.max_model_len - prompt.len();
+    let default_max = bounds.max_output_tokens.map_or(room, |cap| cap.min(room));
+    let max_tokens = plan.max_tokens.unwrap_or(default_max);
+    if common.use_beam_search == Some(true) {
+        beam::check(&plan, &[("logprobs", logprobs.is_some())])?;
+        let req = beam::BeamRequest {
+            endpoint: Endpoint::Chat,
+            prompt: &prompt,
+            max_tokens,
+            length_penalty: common.length_penalty.unwrap_or(1.0),
+            model,
+        };
+        return beam::run(&app, &plan, req).await;
+    }
     let sub = respond::Submission {
         endpoint: Endpoint::Chat,
         prompt_field: "messages",

@@ -13,11 +13,8 @@ use super::body::{fields, json_object};
 use super::echo::PromptOptions;
 use super::format::Endpoint;
 use super::sampling::CommonFields;
-use super::{respond, App};
+use super::{beam, respond, App};
 use crate::error::{ApiError, ApiResult};
-
-/// Most prompts in one request.
-pub const MAX_PROMPTS: usize = 64;
 
 /// The fields only completions have.
 #[derive(Debug, Default, Deserialize)]
@@ -37,7 +34,7 @@ pub async fn completions(State(app): State<App>, body: Result<Bytes, BytesReject
 }
 
 async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
-    let value = json_object(body, app.config.max_body_bytes)?;
+    let value = json_object(body, app.config.limits.max_body_bytes)?;
     let common: CommonFields = fields(&value)?;
     let own: CompletionFields = fields(&value)?;
     let model = app.check_model(common.model.as_deref())?;
@@ -45,13 +42,40 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
         return Err(ApiError::field("suffix", "suffix is not supported"));
     }
     let logprobs = own.logprobs.map(|k| k as usize);
-    let options = PromptOptions::new(own.echo, logprobs, own.prompt_logprobs)?;
+    let bounds = &app.config.limits;
+    let options = PromptOptions::new(
+        own.echo,
+        logprobs,
+        own.prompt_logprobs,
+        bounds.max_top_logprobs,
+    )?;
     let plan = options.plan(&common, &app)?;
     let prompt = value
         .get("prompt")
         .ok_or_else(|| ApiError::field("prompt", "is required"))?;
     let prompts = parse_prompts(&app, prompt, own.add_special_tokens.unwrap_or(true))?;
-    let max_tokens = plan.max_tokens.unwrap_or(16);
+    let max_tokens = plan
+        .max_tokens
+        .unwrap_or(bounds.max_output_tokens.map_or(16, |cap| cap.min(16)));
+    if common.use_beam_search == Some(true) {
+        beam::check(
+            &plan,
+            &[
+                ("echo", options.echo),
+                ("logprobs", logprobs.is_some()),
+                ("prompt_logprobs", options.prompt_logprobs.is_some()),
+                ("prompt", prompts.len() > 1),
+            ],
+        )?;
+        let req = beam::BeamRequest {
+            endpoint: Endpoint::Completions,
+            prompt: &prompts[0],
+            max_tokens,
+            length_penalty: common.length_penalty.unwrap_or(1.0),
+            model,
+        };
+        return beam::run(&app, &plan, req).await;
+    }
     let sub = respond::Submission {
         endpoint: Endpoint::Completions,
         prompt_field: "prompt",
@@ -79,12 +103,15 @@ fn parse_prompts(app: &App, prompt: &Value, add_special: bool) -> ApiResult<Vec<
         Value::Array(a) => a.iter().collect(),
         _ => return Err(bad()),
     };
-    if items.len() > MAX_PROMPTS {
+    let max_prompts = app.config.limits.max_prompts;
+    if items.len() > max_prompts {
         return Err(ApiError::field(
             "prompt",
-            format!("at most {MAX_PROMPTS} prompts, got {}", items.len()),
+            format!("at most {max_prompts} prompts, got {}", items.len()),
         ));
     }
+    let max_len = app.limits.max_model_len;
+    let max_tokens = app.config.limits.prompt_tokens(max_len);
     items
         .into_iter()
         .map(|item| {
@@ -107,12 +134,11 @@ fn parse_prompts(app: &App, prompt: &Value, add_special: bool) -> ApiResult<Vec<
             if ids.is_empty() {
                 return Err(ApiError::field("prompt", "has no tokens"));
             }
-            let max = app.limits.max_model_len;
-            if ids.len() >= max {
+            if ids.len() > max_tokens {
                 return Err(ApiError::field(
                     "prompt",
                     format!(
-                        "has {} tokens, leaving no room in the maximum model length of {max}",
+                        "has {} tokens, more than the {max_tokens} allowed (maximum model length {max_len})",
                         ids.len()
                     ),
                 ));

@@ -18,7 +18,6 @@
 
 use serde_json::{json, Map, Value};
 use tandem_engine::engine::PromptTokenLogprob;
-use tandem_engine::sampler::MAX_TOP_LOGPROBS;
 use tandem_model::batch::TokenId;
 use tandem_model::tokenizer::Tokenizer;
 
@@ -49,17 +48,18 @@ pub struct EchoPlan {
 }
 
 impl PromptOptions {
-    /// Validates `prompt_logprobs` (at most [`MAX_TOP_LOGPROBS`]).
+    /// Validates `prompt_logprobs` (at most `max_top_logprobs`).
     pub fn new(
         echo: Option<bool>,
         logprobs: Option<usize>,
         prompt_logprobs: Option<u32>,
+        max_top_logprobs: usize,
     ) -> ApiResult<Self> {
         let prompt_logprobs = prompt_logprobs.map(|k| k as usize);
-        if let Some(k) = prompt_logprobs.filter(|&k| k > MAX_TOP_LOGPROBS) {
+        if let Some(k) = prompt_logprobs.filter(|&k| k > max_top_logprobs) {
             return Err(ApiError::field(
                 "prompt_logprobs",
-                format!("at most {MAX_TOP_LOGPROBS} alternatives, got {k}"),
+                format!("at most {max_top_logprobs} alternatives, got {k}"),
             ));
         }
         Ok(PromptOptions {
@@ -72,7 +72,6 @@ impl PromptOptions {
     /// The generation plan, allowing `max_tokens: 0` when the prompt itself is the answer
     /// (`echo` or `prompt_logprobs`).
     pub fn plan(&self, common: &CommonFields, app: &App) -> ApiResult<GenerationPlan> {
-        let limits = &app.limits;
         let zero = common.max_tokens == Some(0);
         if zero && !self.echo && self.prompt_logprobs.is_none() {
             return Err(ApiError::field(
@@ -97,8 +96,9 @@ impl PromptOptions {
         let mut plan = GenerationPlan::new(
             common,
             self.logprobs,
-            limits.vocab_size,
-            &limits.eos_token_ids,
+            "logprobs",
+            &app.limits,
+            &app.config.limits,
         )?;
         if zero {
             plan.max_tokens = Some(0);

@@ -7,13 +7,17 @@
 //! | `POST /v1/completions` | text completions ([`completions`]) |
 //! | `POST /v1/chat/completions` | chat completions ([`chat`]) |
 //! | `POST /v1/score` | teacher-forced scores of known text ([`score`]) |
-//! | `POST /tokenize`, `POST /detokenize` | vLLM-style tokenizer access ([`tokenize`]) |
+//! | `POST /tokenize`, `POST /detokenize`, `GET /tokenizer_info` | vLLM-style tokenizer access ([`tokenize`]) |
+//! | `GET /metrics` | Prometheus metrics with vLLM's names ([`crate::metrics`]) |
+//!
+//! Every response carries the request's `x-request-id` header (a fresh id when it has none).
 //!
 //! `/health` answers `{"status": "ok", "running", "waiting", "in_flight", "disconnects",
 //! "kv_free_blocks", "kv_total_blocks"}`: sequences running and waiting in the scheduler,
 //! requests whose client is still attached, requests aborted because their client went
 //! away (since start), and the KV pool. When idle, `kv_free_blocks == kv_total_blocks`.
 
+pub mod beam;
 pub mod body;
 pub mod chat;
 pub mod completions;

@@ -39,10 +39,11 @@ pub struct Submission {
 /// Submits the requests to the engine and answers with one body or an SSE stream: the part
 /// the completions and chat endpoints share.
 pub async fn run_plan(app: &App, plan: &GenerationPlan, sub: Submission) -> ApiResult<Response> {
-    let (seqs, events) = app.engine.submit(sub.requests).await.map_err(|e| match e {
-        SubmitError::Refused(e) => ApiError::from_engine(&e, sub.prompt_field),
-        SubmitError::Unavailable => ApiError::unavailable(e.to_string()),
-    })?;
+    let (seqs, events) = app
+        .engine
+        .submit(sub.requests)
+        .await
+        .map_err(|e| submit_error(e, sub.prompt_field))?;
     let num_choices = seqs.len();
     let text = vec![plan.text.clone(); num_choices];
     let tokenizer = app.prompts.tokenizer().clone();
@@ -64,17 +65,25 @@ pub async fn run_plan(app: &App, plan: &GenerationPlan, sub: Submission) -> ApiR
         prompt_logprobs,
     };
     Ok(if plan.stream {
-        stream(
-            generation,
-            meta,
-            tokenizer,
-            sub.prompt_tokens,
-            num_choices,
-            plan.include_usage,
-        )
+        let usage = UsageReport {
+            prompt_tokens: sub.prompt_tokens,
+            final_chunk: plan.include_usage,
+            every_chunk: plan.continuous_usage,
+        };
+        stream(generation, meta, tokenizer, usage, num_choices)
     } else {
         complete(generation, meta, tokenizer, sub.prompt_tokens, num_choices).await
     })
+}
+
+/// The answer to a refused submission: 400 naming the field for a client mistake, 429 for a
+/// full queue, 503 when the engine is gone. `prompt_field` names the prompt's field.
+pub fn submit_error(e: SubmitError, prompt_field: &str) -> ApiError {
+    match e {
+        SubmitError::Refused(e) => ApiError::from_engine(&e, prompt_field),
+        SubmitError::QueueFull(max) => ApiError::queue_full(max),
+        SubmitError::Unavailable => ApiError::unavailable(e.to_string()),
+    }
 }
 
 /// Runs the generation to the end and answers one JSON body; a choice that failed in the
@@ -106,13 +115,23 @@ pub async fn complete(
     axum::Json(body).into_response()
 }
 
+/// Where a stream reports usage (`stream_options`).
+#[derive(Debug, Clone, Copy)]
+pub struct UsageReport {
+    pub prompt_tokens: usize,
+    /// A last chunk with no choices and the final usage; `"usage": null` on the others
+    /// (`include_usage`).
+    pub final_chunk: bool,
+    /// The usage so far on every chunk (`continuous_usage_stats`).
+    pub every_chunk: bool,
+}
+
 /// State of one SSE body.
 struct SseState {
     generation: Generation,
     meta: ResponseMeta,
     tokenizer: Arc<Tokenizer>,
-    prompt_tokens: usize,
-    include_usage: bool,
+    usage: UsageReport,
     /// Frames ready to send, in order.
     queue: std::collections::VecDeque<Bytes>,
     /// Per choice: whether its first chunk went out (chat sends the role first), and the
@@ -133,10 +152,8 @@ impl SseState {
             return false;
         }
         let Some(u) = self.generation.next().await else {
-            if self.include_usage {
-                let n = self.generation.num_tokens().iter().sum();
-                let cached = self.generation.cached_tokens();
-                let chunk = self.meta.usage_chunk(usage(self.prompt_tokens, n, cached));
+            if self.usage.final_chunk {
+                let chunk = self.meta.usage_chunk(self.usage_so_far());
                 self.queue.push_back(frame(&chunk));
             }
             self.queue
@@ -161,11 +178,20 @@ impl SseState {
             self.meta
                 .add_prompt_logprobs(choice, &self.tokenizer, &u.prompt);
         }
-        if self.include_usage {
+        if self.usage.every_chunk {
+            chunk["usage"] = self.usage_so_far();
+        } else if self.usage.final_chunk {
             chunk["usage"] = Value::Null;
         }
         self.queue.push_back(frame(&chunk));
         true
+    }
+
+    /// The usage object counting the tokens generated so far.
+    fn usage_so_far(&self) -> Value {
+        let n = self.generation.num_tokens().iter().sum();
+        let cached = self.generation.cached_tokens();
+        usage(self.usage.prompt_tokens, n, cached)
     }
 }
 
@@ -174,16 +200,14 @@ pub fn stream(
     generation: Generation,
     meta: ResponseMeta,
     tokenizer: Arc<Tokenizer>,
-    prompt_tokens: usize,
+    usage: UsageReport,
     num_choices: usize,
-    include_usage: bool,
 ) -> Response {
     let state = SseState {
         generation,
         meta,
         tokenizer,
-        prompt_tokens,
-        include_usage,
+        usage,
         queue: Default::default(),
         started: vec![false; num_choices],
         offsets: vec![0; num_choices],

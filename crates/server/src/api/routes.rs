@@ -1,8 +1,9 @@
-//! The router: routes, the API-key check, `/health`, `/v1/models`, and JSON 404/405.
+//! The router: routes, the API-key check, `x-request-id`, `/health`, `/v1/models`, and
+//! JSON 404/405.
 
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{header, Request, StatusCode, Uri};
+use axum::http::{header, HeaderValue, Request, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -11,10 +12,11 @@ use serde_json::json;
 
 use super::{chat, completions, score, tokenize, App};
 use crate::error::ApiError;
+use crate::metrics::{render, Gauges};
 
 /// All routes over `app`.
 pub fn router(app: App) -> Router {
-    let limit = app.config.max_body_bytes;
+    let limit = app.config.limits.max_body_bytes;
     let protected = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
@@ -24,6 +26,8 @@ pub fn router(app: App) -> Router {
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/tokenizer_info", get(tokenize::tokenizer_info))
+        .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_api_key));
     Router::new()
         .route("/health", get(health))
@@ -31,6 +35,7 @@ pub fn router(app: App) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(app.clone(), request_id))
         .with_state(app)
 }
 
@@ -41,6 +46,30 @@ async fn reset_prefix_cache(State(app): State<App>) -> Response {
         Ok(n) => axum::Json(json!({ "reset_blocks": n })).into_response(),
         Err(e) => ApiError::unavailable(e.to_string()).into_response(),
     }
+}
+
+/// The `x-request-id` header.
+const REQUEST_ID: &str = "x-request-id";
+
+/// Echoes the request's `x-request-id` on its response (every route, errors included), or
+/// a fresh one when it brings none or one that is not 1 to 128 visible ASCII characters.
+async fn request_id(State(app): State<App>, req: Request<Body>, next: Next) -> Response {
+    let given = req
+        .headers()
+        .get(REQUEST_ID)
+        .filter(|v| {
+            let b = v.as_bytes();
+            (1..=128).contains(&b.len()) && b.iter().all(|c| c.is_ascii_graphic())
+        })
+        .cloned();
+    let id = match given {
+        Some(v) => v,
+        None => HeaderValue::from_str(&app.response_id("req"))
+            .unwrap_or_else(|_| HeaderValue::from_static("req")),
+    };
+    let mut response = next.run(req).await;
+    response.headers_mut().insert(REQUEST_ID, id);
+    response
 }
 
 async fn not_found(uri: Uri) -> Response {
@@ -97,6 +126,26 @@ async fn health(State(app): State<App>) -> Response {
         "kv_total_blocks": s.kv_total_blocks,
     });
     (status, axum::Json(body)).into_response()
+}
+
+/// Prometheus text exposition of the serving metrics (see [`crate::metrics`]).
+async fn metrics(State(app): State<App>) -> Response {
+    let s = app.engine.snapshot();
+    let gauges = Gauges {
+        running: s.running,
+        waiting: s.waiting,
+        kv_used_blocks: s.kv_total_blocks.saturating_sub(s.kv_free_blocks),
+        kv_total_blocks: s.kv_total_blocks,
+    };
+    let text = render(app.config.served_name(), gauges, &s.metrics);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }
 
 fn model_card(app: &App) -> serde_json::Value {

@@ -5,18 +5,16 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 use tandem_engine::engine::GenerationRequest;
-use tandem_engine::sampler::{SamplingParams, MAX_TOP_LOGPROBS};
+use tandem_engine::sampler::SamplingParams;
 use tandem_engine::RequestParams;
 use tandem_model::batch::TokenId;
 
+use super::ModelLimits;
 use crate::engine_thread::SampleGroup;
 use crate::error::{ApiError, ApiResult};
+use crate::limits::RequestLimits;
 use crate::text::{StopStrings, TextOptions};
 
-/// Most choices per prompt (`n`).
-pub const MAX_N: u64 = 16;
-/// Most entries in `logit_bias`.
-pub const MAX_LOGIT_BIAS: usize = 1024;
 /// Most entries in `stop_token_ids`.
 pub const MAX_STOP_TOKEN_IDS: usize = 64;
 /// Longest `cache_salt`, in bytes.
@@ -33,7 +31,10 @@ pub enum StopField {
 /// `stream_options`.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct StreamOptions {
+    /// A last chunk with the request's usage (and `"usage": null` on the others).
     pub include_usage: Option<bool>,
+    /// Usage so far on every chunk (vLLM's extension).
+    pub continuous_usage_stats: Option<bool>,
 }
 
 /// Fields every generation request may carry (unknown fields are ignored).
@@ -62,10 +63,13 @@ pub struct CommonFields {
     /// Accepted and ignored (an end-user id for abuse monitoring).
     pub user: Option<String>,
     pub best_of: Option<u64>,
+    /// Beam search of width `n` (see [`super::beam`]).
     pub use_beam_search: Option<bool>,
     /// Prefix-cache isolation: requests share cached KV blocks only with requests of the
     /// same salt (vLLM's field; for tenants that must not learn of each other's prompts).
     pub cache_salt: Option<String>,
+    /// Beam search's length normalisation exponent (default 1.0).
+    pub length_penalty: Option<f32>,
 }
 
 /// What a request asks for, validated, before its prompts are known.
@@ -74,6 +78,8 @@ pub struct GenerationPlan {
     pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
+    /// Usage on every chunk.
+    pub continuous_usage: bool,
     /// `None`: the endpoint's default (16 for completions, the rest of the context for chat).
     pub max_tokens: Option<usize>,
     pub sampling: SamplingParams,
@@ -82,20 +88,22 @@ pub struct GenerationPlan {
 }
 
 impl GenerationPlan {
-    /// Validates the shared fields. `logprobs`: how many alternatives per token the endpoint
-    /// asked for (`None`: no logprobs). `vocab_size` bounds token ids; `eos` are the model's
-    /// end-of-sequence ids.
+    /// Validates the shared fields against the model and the server's bounds. `logprobs`:
+    /// how many alternatives per token the endpoint asked for (`None`: no logprobs);
+    /// `logprobs_param` names that field (`logprobs`, `top_logprobs`).
     pub fn new(
         f: &CommonFields,
         logprobs: Option<usize>,
-        vocab_size: usize,
-        eos: &[u32],
+        logprobs_param: &str,
+        model: &ModelLimits,
+        bounds: &RequestLimits,
     ) -> ApiResult<GenerationPlan> {
         let n = f.n.unwrap_or(1);
-        if !(1..=MAX_N).contains(&n) {
+        let max_n = bounds.max_n as u64;
+        if !(1..=max_n).contains(&n) {
             return Err(ApiError::field(
                 "n",
-                format!("must be between 1 and {MAX_N}, got {n}"),
+                format!("must be between 1 and {max_n}, got {n}"),
             ));
         }
         check_unsupported(f, n)?;
@@ -104,6 +112,14 @@ impl GenerationPlan {
             Some(m) => Some(usize::try_from(m).unwrap_or(usize::MAX)),
             None => None,
         };
+        if let (Some(m), Some(cap)) = (max_tokens, bounds.max_output_tokens) {
+            if m > cap {
+                return Err(ApiError::field(
+                    "max_tokens",
+                    format!("must be at most {cap}, got {m}"),
+                ));
+            }
+        }
         let min_tokens = f
             .min_tokens
             .map_or(0, |m| usize::try_from(m).unwrap_or(usize::MAX));
@@ -113,10 +129,11 @@ impl GenerationPlan {
                 format!("must be at most max_tokens ({m}), got {min_tokens}"),
             ));
         }
-        if let Some(k) = logprobs.filter(|&k| k > MAX_TOP_LOGPROBS) {
+        let max_k = bounds.max_top_logprobs;
+        if let Some(k) = logprobs.filter(|&k| k > max_k) {
             return Err(ApiError::field(
-                "logprobs",
-                format!("at most {MAX_TOP_LOGPROBS} alternatives, got {k}"),
+                logprobs_param,
+                format!("at most {max_k} alternatives, got {k}"),
             ));
         }
         if let Some(salt) = &f.cache_salt {
@@ -149,32 +166,38 @@ impl GenerationPlan {
             repetition_penalty: f.repetition_penalty.unwrap_or(1.0),
             presence_penalty: f.presence_penalty.unwrap_or(0.0),
             frequency_penalty: f.frequency_penalty.unwrap_or(0.0),
-            logit_bias: logit_bias(f.logit_bias.as_ref())?,
+            logit_bias: logit_bias(f.logit_bias.as_ref(), bounds.max_logit_bias)?,
             seed: f.seed.map(|s| s as u64),
             logprobs: logprobs.is_some(),
             top_logprobs: logprobs.unwrap_or(0),
             min_tokens,
             ignore_eos,
             stop_token_ids: stop_token_ids.clone(),
-            eos_token_ids: eos.to_vec(),
+            eos_token_ids: model.eos_token_ids.clone(),
         };
         sampling
-            .validate(vocab_size)
+            .validate(model.vocab_size)
             .map_err(|e| ApiError::from_engine(&e.into(), "prompt"))?;
         let stop = match &f.stop {
             None => Vec::new(),
             Some(StopField::One(s)) => vec![s.clone()],
             Some(StopField::Many(v)) => v.clone(),
         };
-        let stop = StopStrings::new(stop).map_err(|e| ApiError::field("stop", e))?;
+        let stop = StopStrings::with_limits(stop, bounds.max_stop_strings, bounds.max_stop_length)
+            .map_err(|e| ApiError::field("stop", e))?;
+        let stream = f.stream.unwrap_or(false);
+        let options = f.stream_options.clone().unwrap_or_default();
+        if f.stream_options.is_some() && !stream {
+            return Err(ApiError::field(
+                "stream_options",
+                "is only allowed with stream: true",
+            ));
+        }
         Ok(GenerationPlan {
             n: n as usize,
-            stream: f.stream.unwrap_or(false),
-            include_usage: f
-                .stream_options
-                .as_ref()
-                .and_then(|o| o.include_usage)
-                .unwrap_or(false),
+            stream,
+            include_usage: options.include_usage.unwrap_or(false),
+            continuous_usage: options.continuous_usage_stats.unwrap_or(false),
             max_tokens,
             sampling,
             limits: RequestParams {
@@ -212,10 +235,10 @@ impl GenerationPlan {
 
 /// Refuses what is not implemented rather than silently doing something else.
 fn check_unsupported(f: &CommonFields, n: u64) -> ApiResult<()> {
-    if f.use_beam_search == Some(true) {
+    if f.length_penalty.is_some() && f.use_beam_search != Some(true) {
         return Err(ApiError::field(
-            "use_beam_search",
-            "beam search is not supported",
+            "length_penalty",
+            "only applies with use_beam_search",
         ));
     }
     if let Some(b) = f.best_of.filter(|&b| b != n) {
@@ -227,15 +250,16 @@ fn check_unsupported(f: &CommonFields, n: u64) -> ApiResult<()> {
     Ok(())
 }
 
-/// `logit_bias`: token id strings to biases in [-100, 100].
-fn logit_bias(map: Option<&HashMap<String, f32>>) -> ApiResult<Vec<(u32, f32)>> {
+/// `logit_bias`: at most `max` token id strings to biases in [-100, 100] (the ids are
+/// checked against the vocabulary with the other sampling parameters).
+fn logit_bias(map: Option<&HashMap<String, f32>>, max: usize) -> ApiResult<Vec<(u32, f32)>> {
     let Some(map) = map else {
         return Ok(Vec::new());
     };
-    if map.len() > MAX_LOGIT_BIAS {
+    if map.len() > max {
         return Err(ApiError::field(
             "logit_bias",
-            format!("at most {MAX_LOGIT_BIAS} entries, got {}", map.len()),
+            format!("at most {max} entries, got {}", map.len()),
         ));
     }
     let mut out: Vec<(u32, f32)> =
@@ -255,9 +279,57 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn model() -> ModelLimits {
+        ModelLimits {
+            vocab_size: 100,
+            max_model_len: 64,
+            eos_token_ids: vec![2],
+        }
+    }
+
     fn plan(v: serde_json::Value) -> ApiResult<GenerationPlan> {
         let f: CommonFields = crate::api::body::fields(&v)?;
-        GenerationPlan::new(&f, None, 100, &[2])
+        GenerationPlan::new(&f, None, "logprobs", &model(), &RequestLimits::default())
+    }
+
+    #[test]
+    fn configured_bounds_name_the_field() {
+        let bounds = RequestLimits {
+            max_n: 2,
+            max_output_tokens: Some(8),
+            max_stop_strings: 1,
+            max_stop_length: 3,
+            max_logit_bias: 1,
+            max_top_logprobs: 2,
+            ..RequestLimits::default()
+        };
+        for (body, logprobs, field) in [
+            (json!({"n": 3}), None, "n"),
+            (json!({"max_tokens": 9}), None, "max_tokens"),
+            (json!({"stop": ["a", "b"]}), None, "stop"),
+            (json!({"stop": "abcd"}), None, "stop"),
+            (
+                json!({"logit_bias": {"1": 1.0, "2": 1.0}}),
+                None,
+                "logit_bias",
+            ),
+            (json!({}), Some(3), "logprobs"),
+            (
+                json!({"stream_options": {"include_usage": true}}),
+                None,
+                "stream_options",
+            ),
+        ] {
+            let f: CommonFields = crate::api::body::fields(&body).expect("fields");
+            let e = GenerationPlan::new(&f, logprobs, "logprobs", &model(), &bounds).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field), "{body}: {e:?}");
+            assert_eq!(e.status, 400);
+        }
+        let f: CommonFields =
+            crate::api::body::fields(&json!({"n": 2, "max_tokens": 8, "stop": "abc",
+                                             "logit_bias": {"1": 1.0}}))
+            .expect("fields");
+        assert!(GenerationPlan::new(&f, Some(2), "logprobs", &model(), &bounds).is_ok());
     }
 
     #[test]

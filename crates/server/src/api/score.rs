@@ -48,14 +48,14 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tandem_engine::engine::{GenerationRequest, PromptTokenLogprob};
-use tandem_engine::sampler::{SamplingParams, MAX_TOP_LOGPROBS};
+use tandem_engine::sampler::SamplingParams;
 use tandem_engine::RequestParams;
 use tandem_model::batch::TokenId;
 
 use super::body::{fields, json_object};
 use super::score_format::{item_json, ScoredItem};
 use super::App;
-use crate::engine_thread::{GroupEvent, RequestEvent, SubmitError};
+use crate::engine_thread::{GroupEvent, RequestEvent};
 use crate::error::{ApiError, ApiResult};
 use tandem_engine::FinishReason;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -94,14 +94,15 @@ pub async fn score(State(app): State<App>, body: Result<Bytes, BytesRejection>) 
 }
 
 async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
-    let value = json_object(body, app.config.max_body_bytes)?;
+    let value = json_object(body, app.config.limits.max_body_bytes)?;
     let f: ScoreFields = fields(&value)?;
     let model = app.check_model(f.model.as_deref())?;
     let top_k = f.top_logprobs.unwrap_or(0) as usize;
-    if top_k > MAX_TOP_LOGPROBS {
+    let max_k = app.config.limits.max_top_logprobs;
+    if top_k > max_k {
         return Err(ApiError::field(
             "top_logprobs",
-            format!("at most {MAX_TOP_LOGPROBS} alternatives, got {top_k}"),
+            format!("at most {max_k} alternatives, got {top_k}"),
         ));
     }
     let items = parse_items(&app, &f)?;
@@ -240,7 +241,7 @@ fn tokens(app: &App, v: &Value, add_special: bool, param: &str) -> ApiResult<Vec
 
 /// Refuses too many items, empty ones and ones longer than the model's context.
 fn check_items(app: &App, items: &[Item], param: &str) -> ApiResult<()> {
-    let max_items = app.config.max_score_items;
+    let max_items = app.config.limits.max_score_items;
     if items.len() > max_items {
         return Err(ApiError::field(
             param,
@@ -248,6 +249,7 @@ fn check_items(app: &App, items: &[Item], param: &str) -> ApiResult<()> {
         ));
     }
     let max_len = app.limits.max_model_len;
+    let max_prompt = app.config.limits.max_prompt_tokens.unwrap_or(max_len);
     for (i, item) in items.iter().enumerate() {
         if item.tokens.is_empty() {
             return Err(ApiError::field(param, format!("item {i} has no tokens")));
@@ -257,6 +259,15 @@ fn check_items(app: &App, items: &[Item], param: &str) -> ApiResult<()> {
                 param,
                 format!(
                     "item {i} has {} tokens, more than the maximum model length of {max_len}",
+                    item.tokens.len()
+                ),
+            ));
+        }
+        if item.tokens.len() > max_prompt {
+            return Err(ApiError::field(
+                param,
+                format!(
+                    "item {i} has {} tokens, more than the {max_prompt} allowed by the server",
                     item.tokens.len()
                 ),
             ));
@@ -291,10 +302,11 @@ async fn run_items(
             (request, 1)
         })
         .collect();
-    let (_, mut events) = app.engine.submit(requests).await.map_err(|e| match e {
-        SubmitError::Refused(e) => ApiError::from_engine(&e, "input"),
-        SubmitError::Unavailable => ApiError::unavailable(e.to_string()),
-    })?;
+    let (_, mut events) = app
+        .engine
+        .submit(requests)
+        .await
+        .map_err(|e| super::respond::submit_error(e, "input"))?;
     let firsts: Vec<usize> = items.iter().map(Item::first_scored).collect();
     let scores = collect_scores(&mut events, &firsts).await?;
     for (i, (s, item)) in scores.iter().zip(items).enumerate() {
@@ -340,7 +352,8 @@ async fn collect_scores(
             RequestEvent::Finished(_) => {
                 return Err(ApiError::unavailable("the request was aborted"))
             }
-            RequestEvent::Token { .. } | RequestEvent::Admitted { .. } => {}
+            RequestEvent::Token { .. } | RequestEvent::Admitted { .. } | RequestEvent::Beams(_) => {
+            }
         }
     }
     Ok(scores)

@@ -3,7 +3,11 @@
 //! - `/tokenize` `{"prompt": str, "add_special_tokens": bool = true}` or
 //!   `{"messages": [...], "add_generation_prompt": bool = true}` ->
 //!   `{"count", "max_model_len", "tokens": [int]}`;
-//! - `/detokenize` `{"tokens": [int]}` -> `{"prompt": str}` (special tokens kept).
+//! - `/detokenize` `{"tokens": [int]}` -> `{"prompt": str}` (special tokens kept);
+//! - `GET /tokenizer_info` -> `{"tokenizer_class", "name", "vocab_size",
+//!   "model_max_length", "bos_token", "bos_token_id", "eos_token", "eos_token_id",
+//!   "eos_token_ids", "add_bos_token", "add_eos_token", "chat_template"}` (absent tokens
+//!   and template are `null`; `eos_token_ids` lists every id that ends a generation).
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -34,7 +38,7 @@ struct DetokenizeFields {
 
 pub async fn tokenize(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
     let run = || -> ApiResult<Response> {
-        let f: TokenizeFields = fields(&json_object(body, app.config.max_body_bytes)?)?;
+        let f: TokenizeFields = fields(&json_object(body, app.config.limits.max_body_bytes)?)?;
         app.check_model(f.model.as_deref())?;
         let ids = match (f.prompt, f.messages) {
             (Some(p), None) => {
@@ -64,7 +68,7 @@ pub async fn tokenize(State(app): State<App>, body: Result<Bytes, BytesRejection
 
 pub async fn detokenize(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
     let run = || -> ApiResult<Response> {
-        let f: DetokenizeFields = fields(&json_object(body, app.config.max_body_bytes)?)?;
+        let f: DetokenizeFields = fields(&json_object(body, app.config.limits.max_body_bytes)?)?;
         app.check_model(f.model.as_deref())?;
         app.prompts.check_ids(&f.tokens, "tokens")?;
         let text = app
@@ -75,4 +79,24 @@ pub async fn detokenize(State(app): State<App>, body: Result<Bytes, BytesRejecti
         Ok(axum::Json(json!({"prompt": text})).into_response())
     };
     run().unwrap_or_else(IntoResponse::into_response)
+}
+
+pub async fn tokenizer_info(State(app): State<App>) -> Response {
+    let t = app.prompts.tokenizer();
+    let eos_ids = t.eos_ids();
+    axum::Json(json!({
+        "tokenizer_class": t.description(),
+        "name": app.config.served_name(),
+        "vocab_size": t.vocab_size(),
+        "model_max_length": app.limits.max_model_len,
+        "bos_token": t.bos_token(),
+        "bos_token_id": t.bos_id(),
+        "eos_token": t.eos_token(),
+        "eos_token_id": eos_ids.first(),
+        "eos_token_ids": eos_ids,
+        "add_bos_token": t.add_bos(),
+        "add_eos_token": t.add_eos(),
+        "chat_template": app.prompts.template_source(),
+    }))
+    .into_response()
 }

@@ -24,7 +24,8 @@ pub enum StopStringError {
 /// A validated list of stop strings.
 ///
 /// Invariants: at most [`MAX_STOP_STRINGS`] strings, each non-empty and at most
-/// [`MAX_STOP_STRING_BYTES`] bytes; `max_len` is the longest one's length in bytes (0 when
+/// [`MAX_STOP_STRING_BYTES`] bytes (or the bounds given to [`StopStrings::with_limits`]);
+/// `max_len` is the longest one's length in bytes (0 when
 /// there are none).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StopStrings {
@@ -33,28 +34,42 @@ pub struct StopStrings {
 }
 
 impl StopStrings {
-    /// Validates `strings` (kept in the given order; duplicates are allowed).
+    /// Validates `strings` (kept in the given order; duplicates are allowed) against the
+    /// default bounds [`MAX_STOP_STRINGS`] and [`MAX_STOP_STRING_BYTES`].
     pub fn new<I, S>(strings: I) -> Result<Self, StopStringError>
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
+        Self::with_limits(strings, MAX_STOP_STRINGS, MAX_STOP_STRING_BYTES)
+    }
+
+    /// Validates `strings` against at most `max_count` strings of at most `max_bytes` bytes.
+    pub fn with_limits<I, S>(
+        strings: I,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> Result<Self, StopStringError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
         let strings: Vec<String> = strings.into_iter().map(Into::into).collect();
-        if strings.len() > MAX_STOP_STRINGS {
+        if strings.len() > max_count {
             return Err(StopStringError::TooMany {
                 count: strings.len(),
-                max: MAX_STOP_STRINGS,
+                max: max_count,
             });
         }
         for (index, s) in strings.iter().enumerate() {
             if s.is_empty() {
                 return Err(StopStringError::Empty { index });
             }
-            if s.len() > MAX_STOP_STRING_BYTES {
+            if s.len() > max_bytes {
                 return Err(StopStringError::TooLong {
                     index,
                     len: s.len(),
-                    max: MAX_STOP_STRING_BYTES,
+                    max: max_bytes,
                 });
             }
         }
@@ -154,7 +169,7 @@ pub struct TextDelta {
 /// because the held-back text is exactly the longest tail that is a proper prefix of some
 /// stop string, so every occurrence is seen whole in the buffer the moment it completes.
 /// Without `include_stop_str_in_output`, no byte of the matched occurrence is ever
-/// emitted. Held-back text is shorter than [`MAX_STOP_STRING_BYTES`] between calls.
+/// emitted. Held-back text is shorter than the longest stop string between calls.
 #[derive(Debug, Clone)]
 pub struct StopStringMatcher {
     stops: StopStrings,

@@ -2,6 +2,9 @@
 """Checks a running tandem server with the official `openai` Python client.
 
 Usage: python3 test_openai_client.py --base-url http://127.0.0.1:PORT/v1 --model NAME
+       python3 test_openai_client.py --base-url ... --model NAME --api-key KEY --limits
+         (a server with that key, a 64 KiB body limit, one running sequence and a waiting
+         queue of one: checks 401, 404, 413 and 429 with the SDK's exception types)
 
 Exit status: 0 when every check passes, 1 on a failed check, 3 when the `openai` package
 is missing (install it with `pip install openai`).
@@ -10,6 +13,8 @@ is missing (install it with `pip install openai`).
 import argparse
 import json
 import sys
+import threading
+import time
 import urllib.request
 
 try:
@@ -136,13 +141,85 @@ def errors(client, model):
         raise AssertionError("no error for an unknown model")
 
 
+def get_json(base_url, path):
+    root = base_url.rstrip("/").removesuffix("/v1")
+    with urllib.request.urlopen(root + path, timeout=30) as r:
+        return json.load(r)
+
+
+def request_ids(client, model):
+    raw = client.completions.with_raw_response.create(
+        model=model, prompt="hi", max_tokens=2, extra_headers={"x-request-id": "py-trace-7"})
+    check(raw.headers.get("x-request-id") == "py-trace-7", f"x-request-id {raw.headers}")
+    check(raw.parse().choices[0].text is not None, "parsed body")
+
+
+def limits(client, model, base_url):
+    """401, 404, 413 and 429, each with the SDK's exception type and an OpenAI error body."""
+    bad = openai.OpenAI(base_url=base_url, api_key="wrong-key", max_retries=0, timeout=60)
+    try:
+        bad.completions.create(model=model, prompt="x", max_tokens=1)
+    except openai.AuthenticationError as e:
+        check(e.status_code == 401 and e.body.get("code") == "invalid_api_key", f"401 {e.body}")
+    else:
+        raise AssertionError("no error for a wrong key")
+    try:
+        client.models.retrieve("no-such-model")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404, "404 for an unknown model card")
+    else:
+        raise AssertionError("no error for an unknown model card")
+    try:
+        client.completions.create(model=model, prompt="a " * (40 * 1024), max_tokens=1)
+    except openai.APIStatusError as e:
+        check(e.status_code == 413, f"status {e.status_code}")
+        check(not isinstance(e, openai.InternalServerError), "413 is not a server error")
+    else:
+        raise AssertionError("no error for an oversized body")
+
+    # One long stream runs, one request waits (the queue holds one): the next gets 429.
+    long = client.completions.create(model=model, prompt="Tell a long story.", max_tokens=400,
+                                     temperature=0, stream=True, extra_body={"ignore_eos": True})
+    next(iter(long))
+    waiting = {}
+
+    def wait_in_queue():
+        waiting["result"] = client.completions.create(model=model, prompt="The sky is",
+                                                      max_tokens=3, temperature=0)
+    t = threading.Thread(target=wait_in_queue)
+    t.start()
+    deadline = time.time() + 60
+    while get_json(base_url, "/health")["waiting"] != 1:
+        check(time.time() < deadline, "the second request never queued")
+        time.sleep(0.02)
+    try:
+        client.completions.create(model=model, prompt="x", max_tokens=1)
+    except openai.RateLimitError as e:
+        check(e.status_code == 429, f"status {e.status_code}")
+        check(e.body.get("code") == "queue_full", f"429 body {e.body}")
+        check(int(e.response.headers.get("retry-after", "0")) >= 1, "Retry-After")
+    else:
+        raise AssertionError("no 429 with a full queue")
+    long.close()
+    t.join(timeout=120)
+    check(waiting.get("result") is not None and waiting["result"].choices[0].finish_reason,
+          "the queued request completed")
+    done = client.completions.create(model=model, prompt="x", max_tokens=1)
+    check(done.usage.completion_tokens == 1, "service is normal after a 429")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--base-url", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--api-key", default="none")
+    p.add_argument("--limits", action="store_true")
     a = p.parse_args()
     client = openai.OpenAI(base_url=a.base_url, api_key=a.api_key, max_retries=0, timeout=120)
+    if a.limits:
+        limits(client, a.model, a.base_url)
+        print("openai client limit checks passed")
+        return
     models = [m.id for m in client.models.list()]
     check(a.model in models, f"models {models}")
     text = completions(client, a.model)
@@ -151,6 +228,7 @@ def main():
     stops(client, a.model, text)
     echo_scores(client, a.model, a.base_url)
     errors(client, a.model)
+    request_ids(client, a.model)
     print("openai client checks passed")
 
 

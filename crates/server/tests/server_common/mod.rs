@@ -35,9 +35,19 @@ pub fn load(path: &std::path::Path) -> LoadedModel {
 
 /// An engine over `lm` with room for `num_blocks` blocks of 16 tokens.
 pub fn engine(lm: LoadedModel, num_blocks: usize) -> (Engine, Arc<Tokenizer>, Option<String>) {
+    engine_with(lm, num_blocks, |_| {})
+}
+
+/// [`engine`] with `sched` adjusting the scheduler's config.
+pub fn engine_with(
+    lm: LoadedModel,
+    num_blocks: usize,
+    sched: impl FnOnce(&mut SchedulerConfig),
+) -> (Engine, Arc<Tokenizer>, Option<String>) {
     let max_len = lm.model.config.context_len.min(2048);
     let mut config = SchedulerConfig::new(num_blocks, 16, max_len);
     config.eos_token_ids = lm.eos_token_ids.clone();
+    sched(&mut config);
     let engine = Engine::new(lm.model, config, 0).expect("engine config is valid");
     (engine, Arc::new(lm.tokenizer), lm.chat_template)
 }
@@ -47,7 +57,16 @@ pub fn start_server(
     path: &std::path::Path,
     tweak: impl FnOnce(&mut ServerConfig),
 ) -> RunningServer {
-    let (engine, tokenizer, template) = engine(load(path), 256);
+    start_server_with(path, |_| {}, tweak)
+}
+
+/// [`start_server`] with `sched` adjusting the scheduler's config too.
+pub fn start_server_with(
+    path: &std::path::Path,
+    sched: impl FnOnce(&mut SchedulerConfig),
+    tweak: impl FnOnce(&mut ServerConfig),
+) -> RunningServer {
+    let (engine, tokenizer, template) = engine_with(load(path), 256, sched);
     let mut config = ServerConfig::new("test-model");
     config.addr = SocketAddr::from(([127, 0, 0, 1], 0));
     tweak(&mut config);
@@ -239,4 +258,26 @@ pub fn stream_text(frames: &[String], index: u64) -> (String, Vec<String>) {
         }
     }
     (text, finish)
+}
+
+/// Asserts an OpenAI-style error body with `status`, naming `param` (in `param` and in the
+/// message) when given.
+pub fn assert_error(r: &Reply, status: u16, param: Option<&str>) {
+    assert_eq!(r.status, status, "{}", r.body);
+    let v = r.json();
+    let e = v["error"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no error object: {}", r.body));
+    for key in ["message", "type", "param", "code"] {
+        assert!(e.contains_key(key), "error body lacks {key}: {}", r.body);
+    }
+    assert!(!e["message"].as_str().expect("message").is_empty());
+    if let Some(p) = param {
+        assert_eq!(e["param"], p, "{}", r.body);
+        assert!(
+            e["message"].as_str().expect("message").contains(p),
+            "{}",
+            r.body
+        );
+    }
 }

@@ -1,0 +1,143 @@
+//! `tandem serve` as a real process on the small fixture model: it prints its address
+//! (port 0 picks a free one), answers /health and a completion, honours --api-key-file, and
+//! exits with status 0 on SIGINT. Bad limit flags are refused before anything loads.
+#![allow(clippy::unwrap_used)] // helpers outside #[test] functions
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+fn fixture() -> String {
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../model/tests/fixtures/hf/llama_untied"
+    )
+    .to_string()
+}
+
+/// Starts `tandem serve` on a free loopback port; returns the child and its address.
+fn serve(extra: &[&str]) -> (Child, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args([
+            "serve",
+            "--model",
+            &fixture(),
+            "--port",
+            "0",
+            "--threads",
+            "1",
+        ])
+        .args(["--kv-cache-memory", "16MiB"])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run tandem serve");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    // Keep draining stderr so the server never blocks on it.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split(" at http://").nth(1) {
+                let addr = rest.split_whitespace().next().unwrap_or("").to_string();
+                let _ = tx.send(addr);
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the server prints its address");
+    (child, addr.parse().expect("a socket address"))
+}
+
+/// One HTTP/1.1 request; the status and the body.
+fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: &str,
+) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").expect("a response head");
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, body.to_string())
+}
+
+fn interrupt(child: &mut Child) -> std::process::ExitStatus {
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(killed.success());
+    for _ in 0..300 {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    panic!("tandem serve did not exit within 30 s of SIGINT");
+}
+
+#[test]
+fn serves_health_and_a_completion_then_exits_0_on_sigint() {
+    let (mut child, addr) = serve(&[]);
+    let (status, body) = http(addr, "GET", "/health", None, "");
+    assert_eq!(status, 200, "{body}");
+    let req = json!({"prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0, "ignore_eos": true});
+    let (status, body) = http(addr, "POST", "/v1/completions", None, &req.to_string());
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["usage"]["completion_tokens"], 4, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    let status = interrupt(&mut child);
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
+#[test]
+fn the_api_key_file_guards_the_api() {
+    let path = std::env::temp_dir().join(format!("tandem-serve-key-{}", std::process::id()));
+    std::fs::write(&path, "  file-s3cret\n").unwrap();
+    let (mut child, addr) = serve(&["--api-key-file", path.to_str().unwrap()]);
+    assert_eq!(http(addr, "GET", "/health", None, "").0, 200);
+    assert_eq!(http(addr, "GET", "/v1/models", None, "").0, 401);
+    assert_eq!(http(addr, "GET", "/v1/models", Some("wrong"), "").0, 401);
+    let (status, body) = http(addr, "GET", "/v1/models", Some("file-s3cret"), "");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(interrupt(&mut child).code(), Some(0));
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn bad_limit_flags_are_refused_naming_the_flag() {
+    for (args, flag) in [
+        (vec!["--max-n", "0"], "--max-n"),
+        (vec!["--max-top-logprobs", "21"], "--max-top-logprobs"),
+        (
+            vec!["--max-waiting-requests", "0"],
+            "--max-waiting-requests",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tandem"))
+            .args(["serve", "--model", &fixture(), "--port", "0"])
+            .args(&args)
+            .output()
+            .expect("run tandem serve");
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+    }
+}

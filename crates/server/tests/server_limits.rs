@@ -1,0 +1,151 @@
+//! The configurable bounds on requests (`ServerConfig::limits`, the `tandem serve --max-*`
+//! flags) over real HTTP: each bound refuses one past it with a 400 naming the field, admits
+//! the request at it, and leaves the engine idle.
+
+mod server_common;
+
+use serde_json::{json, Value};
+use server_common::*;
+use tandem_server::limits::RequestLimits;
+
+fn tight() -> RequestLimits {
+    RequestLimits {
+        max_n: 2,
+        max_output_tokens: Some(6),
+        max_prompt_tokens: Some(40),
+        max_prompts: 2,
+        max_stop_strings: 2,
+        max_stop_length: 4,
+        max_logit_bias: 2,
+        max_top_logprobs: 3,
+        max_score_items: 2,
+        ..RequestLimits::default()
+    }
+}
+
+fn with(base: Value, extra: Value) -> Value {
+    let mut b = base;
+    for (k, v) in extra.as_object().expect("object") {
+        b[k] = v.clone();
+    }
+    b
+}
+
+#[test]
+fn each_bound_refuses_one_past_it_naming_the_field_and_admits_it_at_the_bound() {
+    let server = start_server(&fixture_path(), |c| c.limits = tight());
+    let addr = server.addr();
+    let base = json!({"prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0});
+    let completion = |extra: Value| post(addr, "/v1/completions", &with(base.clone(), extra));
+    // (past the bound, at the bound, field)
+    let cases = [
+        (json!({"n": 3}), json!({"n": 2}), "n"),
+        (
+            json!({"max_tokens": 7}),
+            json!({"max_tokens": 6}),
+            "max_tokens",
+        ),
+        (
+            json!({"prompt": vec![5u32; 41]}),
+            json!({"prompt": vec![5u32; 40]}),
+            "prompt",
+        ),
+        (
+            json!({"prompt": [[5], [6], [7]]}),
+            json!({"prompt": [[5], [6]]}),
+            "prompt",
+        ),
+        (
+            json!({"stop": ["a", "b", "c"]}),
+            json!({"stop": ["a", "b"]}),
+            "stop",
+        ),
+        (json!({"stop": "abcde"}), json!({"stop": "abcd"}), "stop"),
+        (
+            json!({"logit_bias": {"1": 1, "2": 1, "3": 1}}),
+            json!({"logit_bias": {"1": 1, "2": 1}}),
+            "logit_bias",
+        ),
+        (json!({"logprobs": 4}), json!({"logprobs": 3}), "logprobs"),
+        (
+            json!({"prompt_logprobs": 4}),
+            json!({"prompt_logprobs": 3}),
+            "prompt_logprobs",
+        ),
+    ];
+    for (past, at, field) in cases {
+        assert_error(&completion(past.clone()), 400, Some(field));
+        let r = completion(at.clone());
+        assert_eq!(r.status, 200, "{at}: {}", r.body);
+    }
+    // Ids outside the 320-token vocabulary are refused whatever the bounds.
+    assert_error(
+        &completion(json!({"logit_bias": {"320": 1}})),
+        400,
+        Some("logit_bias"),
+    );
+    // stream_options only with stream.
+    assert_error(
+        &completion(json!({"stream_options": {"include_usage": true}})),
+        400,
+        Some("stream_options"),
+    );
+
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let chat = |extra: Value| {
+        let b = with(json!({"messages": msgs, "temperature": 0}), extra);
+        post(addr, "/v1/chat/completions", &b)
+    };
+    assert_error(
+        &chat(json!({"max_completion_tokens": 7})),
+        400,
+        Some("max_completion_tokens"),
+    );
+    assert_error(
+        &chat(json!({"logprobs": true, "top_logprobs": 4})),
+        400,
+        Some("top_logprobs"),
+    );
+    let long = json!([{"role": "user", "content": "a b c d e f g h i j ".repeat(6)}]);
+    assert_error(&chat(json!({"messages": long})), 400, Some("messages"));
+    // Chat without max_tokens gets the rest of the context, capped by the bound.
+    let r = chat(json!({"ignore_eos": true}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["usage"]["completion_tokens"], 6, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+
+    let score = |input: Value| post(addr, "/v1/score", &json!({"input": input}));
+    assert_error(&score(json!([[5, 6], [7, 8], [9, 10]])), 400, Some("input"));
+    assert_error(&score(json!([vec![5u32; 41]])), 400, Some("input"));
+    assert_eq!(score(json!([[5, 6], [7, 8]])).status, 200);
+
+    assert!(idle(&get(addr, "/health").json()));
+    server.shutdown().expect("clean shutdown");
+}
+
+#[test]
+fn prompts_beyond_the_context_are_refused_even_without_a_bound() {
+    // The fixture's context is 256 tokens.
+    let server = start_server(&fixture_path(), |_| {});
+    let addr = server.addr();
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": vec![5u32; 256], "max_tokens": 1}),
+    );
+    assert_error(&r, 400, Some("prompt"));
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": vec![5u32; 250], "max_tokens": 7}),
+    );
+    assert_error(&r, 400, Some("max_tokens"));
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": vec![5u32; 255], "max_tokens": 1}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    server.shutdown().expect("clean shutdown");
+}
