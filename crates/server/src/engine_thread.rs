@@ -524,9 +524,7 @@ impl Worker {
             kv_total_blocks: s.allocator().num_total(),
             in_flight: self.routes.len(),
             disconnects: self.disconnects,
-            metrics: self
-                .metrics
-                .snapshot(s.stats().num_preemptions, self.engine.spec_stats()),
+            metrics: self.metrics.snapshot(s.stats(), self.engine.spec_stats()),
         };
         match self.snapshot.lock() {
             Ok(mut g) => *g = snap,

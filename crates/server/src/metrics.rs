@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use tandem_engine::speculative::SpecStats;
-use tandem_engine::{FinishReason, SeqId};
+use tandem_engine::{FinishReason, SchedulerStats, SeqId};
 
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -164,9 +164,11 @@ impl ServingMetrics {
     }
 
     /// The counters with the engine's own life-time counters filled in.
-    pub fn snapshot(&self, preemptions: u64, spec: SpecStats) -> MetricsSnapshot {
+    pub fn snapshot(&self, scheduler: SchedulerStats, spec: SpecStats) -> MetricsSnapshot {
         let mut s = self.counters.clone();
-        s.preemptions = preemptions;
+        s.preemptions = scheduler.num_preemptions;
+        s.prefix_cache_queries = scheduler.prefix_cache_queries;
+        s.prefix_cache_hits = scheduler.prefix_cache_hits;
         s.spec = spec;
         s
     }
@@ -180,6 +182,9 @@ pub struct MetricsSnapshot {
     /// Finished requests by reason: stop, length, abort, error.
     pub finished: [u64; 4],
     pub preemptions: u64,
+    /// Tokens looked up in the prefix cache at admissions, and those found.
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
     pub spec: SpecStats,
     pub ttft: Histogram,
     pub itl: Histogram,
@@ -194,6 +199,8 @@ impl Default for MetricsSnapshot {
             generation_tokens: 0,
             finished: [0; 4],
             preemptions: 0,
+            prefix_cache_queries: 0,
+            prefix_cache_hits: 0,
             spec: SpecStats::default(),
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
@@ -247,7 +254,7 @@ pub fn render(model_name: &str, gauges: Gauges, m: &MetricsSnapshot) -> String {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
         let _ = writeln!(out, "{name}{{{labels}}} {value}");
     }
-    let counter_rows: [(&str, &str, u64); 6] = [
+    let counter_rows: [(&str, &str, u64); 8] = [
         (
             "vllm:prompt_tokens_total",
             "Prompt tokens admitted.",
@@ -262,6 +269,16 @@ pub fn render(model_name: &str, gauges: Gauges, m: &MetricsSnapshot) -> String {
             "vllm:num_preemptions_total",
             "Recompute preemptions.",
             m.preemptions,
+        ),
+        (
+            "vllm:prefix_cache_queries_total",
+            "Prompt tokens looked up in the prefix cache at admission.",
+            m.prefix_cache_queries,
+        ),
+        (
+            "vllm:prefix_cache_hits_total",
+            "Prompt tokens found in the prefix cache at admission.",
+            m.prefix_cache_hits,
         ),
         (
             "vllm:spec_decode_num_drafts_total",

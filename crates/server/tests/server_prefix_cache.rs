@@ -71,6 +71,22 @@ fn cached_prompts_report_their_tokens_and_answer_identically() {
     let warm = complete(addr, json!({}));
     assert_eq!(cached(&warm), 32, "two full blocks of the 40-token prompt");
     assert_eq!(result(&warm), result(&cold));
+    // `/metrics`: 80 prompt tokens looked up, 32 found (vLLM's counters).
+    let m = get(addr, "/metrics");
+    assert_eq!(m.status, 200, "{}", m.body);
+    let value = |name: &str| -> f64 {
+        let line = m
+            .body
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in {}", m.body));
+        line.rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .expect("a number")
+    };
+    assert_eq!(value("vllm:prefix_cache_queries_total"), 80.0);
+    assert_eq!(value("vllm:prefix_cache_hits_total"), 32.0);
 
     // Tenants: another salt sees nothing; its own second request hits.
     let a = complete(addr, json!({"cache_salt": "tenant-a"}));
