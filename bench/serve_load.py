@@ -160,7 +160,7 @@ def start_server(kind, a, port):
         slots = max(a.concurrency)
         cmd = [str(a.llama_bin / "llama-server"), "-m", a.model, "-t", str(a.threads), "-tb",
                str(a.threads), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
-               "-c", str(slots * 512), "-cb", "--no-webui"]
+               "-c", str(slots * 512), "-cb", "--no-webui"] + a.llama_extra.split()
     print("# " + " ".join(cmd), file=sys.stderr)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc
@@ -206,6 +206,7 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--llama-bin", type=Path, help="llama.cpp build/bin (default: build it)")
+    p.add_argument("--llama-extra", default="", help="more llama-server flags, e.g. '--poll 0'")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--requests-per-slot", type=int, default=2)
