@@ -48,6 +48,22 @@ impl Lanes16 for Z {
     }
     #[inline]
     #[target_feature(enable = "avx512f")]
+    unsafe fn max(self, o: Self) -> Self {
+        Z(_mm512_max_ps(self.0, o.0))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn min(self, o: Self) -> Self {
+        Z(_mm512_min_ps(self.0, o.0))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn shifted_exponent(self, bias: u32) -> Self {
+        let bits = _mm512_sub_epi32(_mm512_castps_si512(self.0), _mm512_set1_epi32(bias as i32));
+        Z(_mm512_castsi512_ps(_mm512_slli_epi32::<23>(bits)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
     unsafe fn from_u8(b: __m128i) -> Self {
         Z(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)))
     }

@@ -25,6 +25,12 @@ pub(super) trait Lanes16: Copy {
     unsafe fn add(self, o: Self) -> Self;
     unsafe fn sub(self, o: Self) -> Self;
     unsafe fn mul(self, o: Self) -> Self;
+    /// Lane-wise `self > o ? self : o` (so a NaN in `o` is kept).
+    unsafe fn max(self, o: Self) -> Self;
+    /// Lane-wise `self < o ? self : o` (so a NaN in `o` is kept).
+    unsafe fn min(self, o: Self) -> Self;
+    /// Lane-wise `f32::from_bits(bits(self).wrapping_sub(bias) << 23)`.
+    unsafe fn shifted_exponent(self, bias: u32) -> Self;
     /// The 16 bytes of `b` as unsigned integers, converted exactly.
     unsafe fn from_u8(b: __m128i) -> Self;
     /// The 16 bytes of `b` as signed integers, converted exactly.

@@ -1,0 +1,155 @@
+//! The SIMD form of [`crate::attention`]'s group kernel, generic over the 16-lane vector.
+//!
+//! It performs the operations of the scalar reference in the same order, lane by lane: the
+//! dots in the 16-lane order of [`crate::dot16`] (scalar tail, same tree), `exp` as the
+//! vector form of [`crate::attention::exp_fixed`] on the 16 scores of a block at once, and the
+//! value accumulation with 16 head dimensions per vector (a rounded multiply, then a rounded
+//! add, positions in increasing order). The results are bitwise equal to the scalar
+//! reference. Each K row is loaded once per block for all the group's query heads, and each
+//! block's V rows are reused from L1 by every query head.
+
+use super::lanes::Lanes16;
+use crate::attention::exp_consts::{EXP_BIAS, LN2_HI, LN2_LO, LOG2E, MAX_X, MIN_X, P, ROUND};
+use crate::attention::{add_in_order, block_max, KvView, GROUP_MAX, POS_BLOCK};
+use crate::dot16::{mac_tail, tree_sum, LANES};
+
+/// As [`crate::attention::attend_group_scalar`] (bitwise equal).
+///
+/// # Safety
+/// The CPU must support `V`'s features. Shapes are asserted.
+#[inline(always)]
+pub(super) unsafe fn attend_group<V: Lanes16>(
+    q: &[f32],
+    kv: &KvView<'_>,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let d = kv.head_dim;
+    let g = q.len() / d;
+    assert!(
+        g <= GROUP_MAX && q.len() == g * d && out.len() == q.len(),
+        "attend_group: {} query elements, {} outputs, head_dim {d}",
+        q.len(),
+        out.len()
+    );
+    let full = d - d % LANES;
+    out.fill(0.0);
+    let mut m = [f32::NEG_INFINITY; GROUP_MAX];
+    let mut l = [0.0f32; GROUP_MAX];
+    // Scores, then probabilities, of the block; lanes past the block's end are ignored.
+    let mut p = [[0.0f32; POS_BLOCK]; GROUP_MAX];
+    let mut v_rows: [&[f32]; POS_BLOCK] = [&[]; POS_BLOCK];
+    for block in kv.slots.chunks(POS_BLOCK) {
+        let nb = block.len();
+        for (j, &slot) in block.iter().enumerate() {
+            let k = kv.key(slot);
+            for i in 0..g {
+                p[i][j] = dot::<V>(&q[i * d..][..d], k, full) * scale;
+            }
+            v_rows[j] = kv.value(slot);
+        }
+        for i in 0..g {
+            let acc = &mut out[i * d..][..d];
+            let (m_new, c) = block_max(m[i], &p[i][..nb]);
+            if let Some(c) = c {
+                l[i] *= c;
+                scale_row::<V>(acc, c, full);
+            }
+            m[i] = m_new;
+            let s = V::load(p[i].as_ptr()).sub(V::splat(m_new));
+            exp::<V>(s).store(p[i].as_mut_ptr());
+            l[i] = add_in_order(l[i], &p[i][..nb]);
+        }
+        for i in 0..g {
+            let acc = &mut out[i * d..][..d];
+            let pi = &p[i][..nb];
+            let o = acc.as_mut_ptr();
+            for c in (0..full).step_by(LANES) {
+                let mut a = V::load(o.add(c));
+                for (&w, v) in pi.iter().zip(&v_rows) {
+                    a = a.add(V::splat(w).mul(V::load(v.as_ptr().add(c))));
+                }
+                a.store(o.add(c));
+            }
+            for (c, a) in acc.iter_mut().enumerate().skip(full) {
+                for (&w, v) in pi.iter().zip(&v_rows) {
+                    *a += w * v[c];
+                }
+            }
+        }
+    }
+    for i in 0..g {
+        let inv = 1.0 / l[i];
+        scale_row::<V>(&mut out[i * d..][..d], inv, full);
+    }
+}
+
+/// `q · k` in the order of [`crate::dot16::dot_1`]; `full` is `len` rounded down to 16.
+///
+/// # Safety
+/// The CPU must support `V`'s features; `q.len() == k.len()`.
+#[inline(always)]
+unsafe fn dot<V: Lanes16>(q: &[f32], k: &[f32], full: usize) -> f32 {
+    debug_assert_eq!(q.len(), k.len());
+    let mut acc = V::zero();
+    for c in (0..full).step_by(LANES) {
+        acc = acc.add(V::load(q.as_ptr().add(c)).mul(V::load(k.as_ptr().add(c))));
+    }
+    if full == q.len() {
+        acc.tree_sum()
+    } else {
+        let mut lanes = acc.to_array();
+        mac_tail(&mut lanes, q, k);
+        tree_sum(&lanes)
+    }
+}
+
+/// `row[d] *= c` for every element (`full`: the length rounded down to 16).
+///
+/// # Safety
+/// The CPU must support `V`'s features.
+#[inline(always)]
+unsafe fn scale_row<V: Lanes16>(row: &mut [f32], c: f32, full: usize) {
+    let o = row.as_mut_ptr();
+    let cv = V::splat(c);
+    for i in (0..full).step_by(LANES) {
+        V::load(o.add(i)).mul(cv).store(o.add(i));
+    }
+    for a in &mut row[full..] {
+        *a *= c;
+    }
+}
+
+/// [`crate::attention::exp_fixed`] on every lane (the same operations, so the same bits).
+///
+/// # Safety
+/// The CPU must support `V`'s features.
+#[inline(always)]
+unsafe fn exp<V: Lanes16>(x: V) -> V {
+    let x = V::splat(MIN_X).max(x);
+    let x = V::splat(MAX_X).min(x);
+    let t = x.mul(V::splat(LOG2E)).add(V::splat(ROUND));
+    let n = t.sub(V::splat(ROUND));
+    let r = x.sub(n.mul(V::splat(LN2_HI))).sub(n.mul(V::splat(LN2_LO)));
+    let z = r.mul(r);
+    let mut y = V::splat(P[0]);
+    for &c in &P[1..] {
+        y = y.mul(r).add(V::splat(c));
+    }
+    let y = y.mul(z).add(r).add(V::splat(1.0));
+    y.mul(t.shifted_exponent(EXP_BIAS))
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+pub(super) unsafe fn attend_group_avx512(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
+    attend_group::<super::avx512::Z>(q, kv, scale, out)
+}
+
+/// # Safety
+/// AVX2, FMA and F16C must be available.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn attend_group_avx2(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
+    attend_group::<super::avx2::Y>(q, kv, scale, out)
+}
