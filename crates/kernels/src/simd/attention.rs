@@ -41,12 +41,23 @@ pub(super) unsafe fn attend_group<V: Lanes16>(
     let mut v_rows: [&[f32]; POS_BLOCK] = [&[]; POS_BLOCK];
     for block in kv.slots.chunks(POS_BLOCK) {
         let nb = block.len();
+        // Past the block's end, the first row stands in (its lanes are ignored).
+        let mut k_rows: [&[f32]; POS_BLOCK] = [kv.key(block[0]); POS_BLOCK];
         for (j, &slot) in block.iter().enumerate() {
-            let k = kv.key(slot);
-            for i in 0..g {
-                p[i][j] = dot::<V>(&q[i * d..][..d], k, full) * scale;
-            }
+            k_rows[j] = kv.key(slot);
             v_rows[j] = kv.value(slot);
+        }
+        for i in 0..g {
+            let qi = &q[i * d..][..d];
+            if full == d {
+                scores::<V>(qi, &k_rows)
+                    .mul(V::splat(scale))
+                    .store(p[i].as_mut_ptr());
+            } else {
+                for (s, k) in p[i].iter_mut().zip(&k_rows[..nb]) {
+                    *s = dot::<V>(qi, k, full) * scale;
+                }
+            }
         }
         for i in 0..g {
             let acc = &mut out[i * d..][..d];
@@ -61,26 +72,72 @@ pub(super) unsafe fn attend_group<V: Lanes16>(
             l[i] = add_in_order(l[i], &p[i][..nb]);
         }
         for i in 0..g {
-            let acc = &mut out[i * d..][..d];
-            let pi = &p[i][..nb];
-            let o = acc.as_mut_ptr();
-            for c in (0..full).step_by(LANES) {
-                let mut a = V::load(o.add(c));
-                for (&w, v) in pi.iter().zip(&v_rows) {
-                    a = a.add(V::splat(w).mul(V::load(v.as_ptr().add(c))));
-                }
-                a.store(o.add(c));
-            }
-            for (c, a) in acc.iter_mut().enumerate().skip(full) {
-                for (&w, v) in pi.iter().zip(&v_rows) {
-                    *a += w * v[c];
-                }
-            }
+            accumulate::<V>(&mut out[i * d..][..d], &p[i][..nb], &v_rows[..nb], full);
         }
     }
     for i in 0..g {
         let inv = 1.0 / l[i];
         scale_row::<V>(&mut out[i * d..][..d], inv, full);
+    }
+}
+
+/// The dots of `q` with the 16 rows `k`, lane `j` holding `q · k[j]` in the order of
+/// [`crate::dot16::dot_1`] (every row as long as `q`, a multiple of 16): 16 independent
+/// accumulators, summed by one transposing tree.
+///
+/// # Safety
+/// The CPU must support `V`'s features; every `k[j].len() == q.len()`, a multiple of 16.
+#[inline(always)]
+unsafe fn scores<V: Lanes16>(q: &[f32], k: &[&[f32]; POS_BLOCK]) -> V {
+    let mut acc = [V::zero(); POS_BLOCK];
+    for c in (0..q.len()).step_by(LANES) {
+        let qv = V::load(q.as_ptr().add(c));
+        for j in 0..POS_BLOCK {
+            acc[j] = acc[j].add(qv.mul(V::load(k[j].as_ptr().add(c))));
+        }
+    }
+    V::tree_sum_16(&acc)
+}
+
+/// `acc[d] += p[j] · v[j][d]` for `j` in increasing order (a rounded multiply, then a
+/// rounded add), four vectors of dimensions at a time so that four addition chains overlap.
+///
+/// # Safety
+/// The CPU must support `V`'s features; every `v[j].len() == acc.len()`; `full` is that
+/// length rounded down to 16.
+#[inline(always)]
+unsafe fn accumulate<V: Lanes16>(acc: &mut [f32], p: &[f32], v: &[&[f32]], full: usize) {
+    const TILE: usize = 4;
+    let o = acc.as_mut_ptr();
+    let mut c = 0;
+    while c + TILE * LANES <= full {
+        let mut a = [V::zero(); TILE];
+        for (t, a) in a.iter_mut().enumerate() {
+            *a = V::load(o.add(c + t * LANES));
+        }
+        for (&w, row) in p.iter().zip(v) {
+            let wv = V::splat(w);
+            for (t, a) in a.iter_mut().enumerate() {
+                *a = a.add(wv.mul(V::load(row.as_ptr().add(c + t * LANES))));
+            }
+        }
+        for (t, a) in a.iter().enumerate() {
+            a.store(o.add(c + t * LANES));
+        }
+        c += TILE * LANES;
+    }
+    while c < full {
+        let mut a = V::load(o.add(c));
+        for (&w, row) in p.iter().zip(v) {
+            a = a.add(V::splat(w).mul(V::load(row.as_ptr().add(c))));
+        }
+        a.store(o.add(c));
+        c += LANES;
+    }
+    for (c, a) in acc.iter_mut().enumerate().skip(full) {
+        for (&w, row) in p.iter().zip(v) {
+            *a += w * row[c];
+        }
     }
 }
 

@@ -112,6 +112,15 @@ impl Lanes16 for Y {
     unsafe fn tree_sum(self) -> f32 {
         tree_sum_8(_mm256_add_ps(self.0, self.1))
     }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn tree_sum_16(a: &[Self; 16]) -> Self {
+        let mut sums = [0.0f32; 16];
+        for (s, v) in sums.iter_mut().zip(a) {
+            *s = v.tree_sum();
+        }
+        Self::load(sums.as_ptr())
+    }
 }
 
 /// 8 little-endian bfloat16 values from `p` (16 bytes), converted exactly.

@@ -97,6 +97,18 @@ impl Lanes16 for Z {
         let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(self.0)));
         super::avx2::tree_sum_8(_mm256_add_ps(lo, hi))
     }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tree_sum_16(a: &[Self; 16]) -> Self {
+        // `tree_sum_16` below puts the sum of its `a[4j + m]` in lane `4m + j`.
+        let mut t = [_mm512_setzero_ps(); 16];
+        for m in 0..4 {
+            for j in 0..4 {
+                t[4 * j + m] = a[4 * m + j].0;
+            }
+        }
+        Z(tree_sum_16(t))
+    }
 }
 
 // The entry points below are what the kernel table points at.
