@@ -8,6 +8,8 @@
 //! reference. Each K row is loaded once per block for all the group's query heads, and each
 //! block's V rows are reused from L1 by every query head.
 
+use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+
 use super::lanes::Lanes16;
 use crate::attention::exp_consts::{EXP_BIAS, LN2_HI, LN2_LO, LOG2E, MAX_X, MIN_X, P, ROUND};
 use crate::attention::{add_in_order, block_max, KvView, GROUP_MAX, POS_BLOCK};
@@ -39,8 +41,12 @@ pub(super) unsafe fn attend_group<V: Lanes16>(
     // Scores, then probabilities, of the block; lanes past the block's end are ignored.
     let mut p = [[0.0f32; POS_BLOCK]; GROUP_MAX];
     let mut v_rows: [&[f32]; POS_BLOCK] = [&[]; POS_BLOCK];
-    for block in kv.slots.chunks(POS_BLOCK) {
+    let blocks = kv.slots.chunks(POS_BLOCK);
+    for (block, next) in blocks.clone().zip(blocks.skip(1).map(Some).chain([None])) {
         let nb = block.len();
+        if let Some(next) = next {
+            prefetch_rows(kv, next);
+        }
         // Past the block's end, the first row stands in (its lanes are ignored).
         let mut k_rows: [&[f32]; POS_BLOCK] = [kv.key(block[0]); POS_BLOCK];
         for (j, &slot) in block.iter().enumerate() {
@@ -137,6 +143,22 @@ unsafe fn accumulate<V: Lanes16>(acc: &mut [f32], p: &[f32], v: &[&[f32]], full:
     for (c, a) in acc.iter_mut().enumerate().skip(full) {
         for (&w, row) in p.iter().zip(v) {
             *a += w * row[c];
+        }
+    }
+}
+
+/// Asks for the K and V rows of `slots` to be brought into L1 (in decode they come from
+/// memory, at addresses the hardware prefetcher cannot guess).
+#[inline(always)]
+fn prefetch_rows(kv: &KvView<'_>, slots: &[usize]) {
+    let bytes = kv.head_dim * std::mem::size_of::<f32>();
+    for &slot in slots {
+        for row in [kv.key(slot), kv.value(slot)] {
+            let p = row.as_ptr().cast::<i8>();
+            for off in (0..bytes).step_by(64) {
+                // SAFETY: prefetching never faults; the address lies within `row`.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off)) };
+            }
         }
     }
 }
