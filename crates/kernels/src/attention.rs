@@ -168,7 +168,7 @@ pub(crate) mod exp_consts {
     /// `1.5 · 2^23`: adding it rounds to an integer (ties to even) held in the low mantissa.
     pub const ROUND: f32 = 12_582_912.0;
     /// `ln 2` split so that `n · LN2_HI` is exact for `|n| ≤ 127` (Cody–Waite).
-    pub const LN2_HI: f32 = 0.693_359_375;
+    pub const LN2_HI: f32 = f32::from_bits(0x3F31_8000); // 0.693359375, 9 significant bits
     pub const LN2_LO: f32 = -2.121_944_4e-4;
     /// `exp(r) ≈ 1 + r + r² · P(r)` on `|r| ≤ ln 2 / 2`, highest degree first.
     pub const P: [f32; 6] = [
