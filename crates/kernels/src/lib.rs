@@ -2,10 +2,12 @@
 //!
 //! This is the only crate with `unsafe` code. It holds the quantized block formats
 //! ([`dtype`], [`quant`]), the scalar reference operations and their SIMD variants chosen at
-//! run time ([`isa`]), matrix products over quantized weights ([`matmul`]) and the persistent
-//! thread pool ([`thread_pool`]). It knows nothing of models or requests.
+//! run time ([`isa`]), matrix products over quantized weights ([`matmul`]), the attention of
+//! a query group over its KV rows ([`attention`]) and the persistent thread pool
+//! ([`thread_pool`]). It knows nothing of models or requests.
 #![allow(unsafe_code)]
 
+pub mod attention;
 pub mod cpu;
 pub mod dot16;
 pub mod dtype;

@@ -1,11 +1,13 @@
 //! Causal grouped-query attention of new tokens over a paged KV store.
 //!
 //! Every new token attends to positions `0..=pos` of its own sequence, read from the store
-//! through the sequence's slots (its own K/V were written before this runs). The reduction
-//! order over positions and head dimensions is fixed per token, so a token's result is the
-//! same whether it is computed alone, in a chunk, or beside other sequences.
+//! through the sequence's slots (its own K/V were written before this runs). The work is split
+//! into tasks of (token, KV head, query heads of its group) on the pool, each computed by the
+//! kernels' one-pass attention ([`tandem_kernels::attention`]), whose reduction order is fixed
+//! per query head and context length: a token's result is the same whether it is computed
+//! alone, in a chunk, beside other sequences, or with any task split.
 
-use tandem_kernels::ops::dot_fixed;
+use tandem_kernels::attention::{attend, KvView};
 use tandem_kernels::parallel::for_each_chunk_mut;
 use tandem_kernels::ThreadPool;
 
@@ -28,6 +30,10 @@ pub struct HeadShape {
     pub head_dim: usize,
 }
 
+/// Tasks per thread below which a group's query heads are split into separate tasks (each
+/// then reads the group's K/V rows itself, but both cores get work in single-token decode).
+const MIN_TASKS_PER_THREAD: usize = 2;
+
 /// `out[t, h] = softmax_j(q[t, h] . k[j, kvh] * scale) . v[j, kvh]` over `j <= pos(t)`.
 ///
 /// `q`, `out`: `[num_tokens, num_heads * head_dim]`; `keys`, `values`:
@@ -46,38 +52,29 @@ pub fn causal_attention(
         num_kv_heads,
         head_dim,
     } = shape;
-    let q_dim = num_heads * head_dim;
-    let kv_dim = num_kv_heads * head_dim;
     let group = num_heads / num_kv_heads;
+    let num_tokens = layout.positions.len();
+    let heads_per_task = if num_tokens * num_kv_heads >= MIN_TASKS_PER_THREAD * pool.n_threads() {
+        group
+    } else {
+        1
+    };
+    let task_len = heads_per_task * head_dim;
+    let tasks_per_token = num_heads / heads_per_task;
     let scale = 1.0 / (head_dim as f32).sqrt();
-    for_each_chunk_mut(pool, out, q_dim, |t, out_row| {
+    for_each_chunk_mut(pool, out, task_len, |i, out_heads| {
+        let (t, first_head) = (i / tasks_per_token, i % tasks_per_token * heads_per_task);
         let pos = layout.positions[t];
-        let slots = &layout.seq_slots[layout.token_seq[t]][..=pos];
-        let mut scores = vec![0.0f32; slots.len()]; // [pos + 1]
-        for h in 0..num_heads {
-            let kv_off = (h / group) * head_dim;
-            let q_head = &q[t * q_dim + h * head_dim..][..head_dim];
-            for (s, &slot) in scores.iter_mut().zip(slots) {
-                let k = &keys[slot * kv_dim + kv_off..][..head_dim];
-                *s = dot_fixed(q_head, k) * scale;
-            }
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut denom = 0.0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                denom += *s;
-            }
-            let o = &mut out_row[h * head_dim..(h + 1) * head_dim];
-            o.fill(0.0);
-            for (&w, &slot) in scores.iter().zip(slots) {
-                let v = &values[slot * kv_dim + kv_off..][..head_dim];
-                for (a, &b) in o.iter_mut().zip(v) {
-                    *a += w * b;
-                }
-            }
-            let inv = 1.0 / denom;
-            o.iter_mut().for_each(|a| *a *= inv);
-        }
+        let kv = KvView {
+            keys,
+            values,
+            row_stride: num_kv_heads * head_dim,
+            offset: first_head / group * head_dim,
+            head_dim,
+            slots: &layout.seq_slots[layout.token_seq[t]][..=pos],
+        };
+        let q_at = (t * num_heads + first_head) * head_dim;
+        attend(&q[q_at..q_at + task_len], &kv, scale, out_heads);
     });
 }
 
@@ -156,6 +153,46 @@ mod tests {
                         "token {t} head {h}: {g} vs {w}"
                     );
                 }
+            }
+        }
+    }
+
+    /// A token computed alone (one task per query head) gets the bits it gets beside other
+    /// tokens (one task per GQA group), whatever the thread count.
+    #[test]
+    fn a_token_alone_equals_the_token_in_a_batch() {
+        let (heads, kv_heads, d) = (6, 2, 20);
+        let f = |i: usize| ((i * 7919 % 1000) as f32 / 500.0) - 1.0;
+        let keys: Vec<f32> = (0..9 * kv_heads * d).map(|i| f(i + 5)).collect();
+        let values: Vec<f32> = (0..9 * kv_heads * d).map(|i| f(i + 17)).collect();
+        let slots = vec![vec![8, 1, 4, 6, 0, 3], vec![2, 5, 7]];
+        let shape = HeadShape {
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim: d,
+        };
+        let q: Vec<f32> = (0..4 * heads * d).map(|i| f(i + 31)).collect();
+        let run = |threads: usize, positions: &[usize], token_seq: &[usize], q: &[f32]| {
+            let mut out = vec![f32::NAN; q.len()];
+            let layout = AttentionLayout {
+                positions,
+                token_seq,
+                seq_slots: &slots,
+            };
+            let pool = ThreadPool::new(threads);
+            causal_attention(&pool, shape, &layout, q, &keys, &values, &mut out);
+            out
+        };
+        let batch = run(2, &[3, 4, 5, 2], &[0, 0, 0, 1], &q);
+        let row = heads * d;
+        for (t, (pos, seq)) in [(3, 0), (4, 0), (5, 0), (2, 1)].into_iter().enumerate() {
+            for threads in [1, 2, 3] {
+                let alone = run(threads, &[pos], &[seq], &q[t * row..][..row]);
+                let same = alone
+                    .iter()
+                    .zip(&batch[t * row..][..row])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "token {t} with {threads} threads");
             }
         }
     }

@@ -48,6 +48,28 @@ impl Lanes16 for Y {
     }
     #[inline]
     #[target_feature(enable = "avx2")]
+    unsafe fn max(self, o: Self) -> Self {
+        Y(_mm256_max_ps(self.0, o.0), _mm256_max_ps(self.1, o.1))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn min(self, o: Self) -> Self {
+        Y(_mm256_min_ps(self.0, o.0), _mm256_min_ps(self.1, o.1))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn shifted_exponent(self, bias: u32) -> Self {
+        // Not a closure: closures do not inherit the target features.
+        let b = _mm256_set1_epi32(bias as i32);
+        let lo = _mm256_sub_epi32(_mm256_castps_si256(self.0), b);
+        let hi = _mm256_sub_epi32(_mm256_castps_si256(self.1), b);
+        Y(
+            _mm256_castsi256_ps(_mm256_slli_epi32::<23>(lo)),
+            _mm256_castsi256_ps(_mm256_slli_epi32::<23>(hi)),
+        )
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
     unsafe fn from_u8(b: __m128i) -> Self {
         let hi = _mm_unpackhi_epi64(b, b);
         Y(
@@ -89,6 +111,15 @@ impl Lanes16 for Y {
     #[target_feature(enable = "avx2")]
     unsafe fn tree_sum(self) -> f32 {
         tree_sum_8(_mm256_add_ps(self.0, self.1))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn tree_sum_16(a: &[Self; 16]) -> Self {
+        let mut sums = [0.0f32; 16];
+        for (s, v) in sums.iter_mut().zip(a) {
+            *s = v.tree_sum();
+        }
+        Self::load(sums.as_ptr())
     }
 }
 

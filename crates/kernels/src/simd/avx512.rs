@@ -48,6 +48,22 @@ impl Lanes16 for Z {
     }
     #[inline]
     #[target_feature(enable = "avx512f")]
+    unsafe fn max(self, o: Self) -> Self {
+        Z(_mm512_max_ps(self.0, o.0))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn min(self, o: Self) -> Self {
+        Z(_mm512_min_ps(self.0, o.0))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn shifted_exponent(self, bias: u32) -> Self {
+        let bits = _mm512_sub_epi32(_mm512_castps_si512(self.0), _mm512_set1_epi32(bias as i32));
+        Z(_mm512_castsi512_ps(_mm512_slli_epi32::<23>(bits)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
     unsafe fn from_u8(b: __m128i) -> Self {
         Z(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)))
     }
@@ -80,6 +96,18 @@ impl Lanes16 for Z {
         let lo = _mm512_castps512_ps256(self.0);
         let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(self.0)));
         super::avx2::tree_sum_8(_mm256_add_ps(lo, hi))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tree_sum_16(a: &[Self; 16]) -> Self {
+        // `tree_sum_16` below puts the sum of its `a[4j + m]` in lane `4m + j`.
+        let mut t = [_mm512_setzero_ps(); 16];
+        for m in 0..4 {
+            for j in 0..4 {
+                t[4 * j + m] = a[4 * m + j].0;
+            }
+        }
+        Z(tree_sum_16(t))
     }
 }
 

@@ -25,6 +25,12 @@ pub(super) trait Lanes16: Copy {
     unsafe fn add(self, o: Self) -> Self;
     unsafe fn sub(self, o: Self) -> Self;
     unsafe fn mul(self, o: Self) -> Self;
+    /// Lane-wise `self > o ? self : o` (so a NaN in `o` is kept).
+    unsafe fn max(self, o: Self) -> Self;
+    /// Lane-wise `self < o ? self : o` (so a NaN in `o` is kept).
+    unsafe fn min(self, o: Self) -> Self;
+    /// Lane-wise `f32::from_bits(bits(self).wrapping_sub(bias) << 23)`.
+    unsafe fn shifted_exponent(self, bias: u32) -> Self;
     /// The 16 bytes of `b` as unsigned integers, converted exactly.
     unsafe fn from_u8(b: __m128i) -> Self;
     /// The 16 bytes of `b` as signed integers, converted exactly.
@@ -38,4 +44,6 @@ pub(super) trait Lanes16: Copy {
     /// The sum of the lanes by exactly the tree of [`crate::dot16::tree_sum`]
     /// (`v[l] + v[l + 8]`, then `+ v[l + 4]`, `+ v[l + 2]`, `+ v[l + 1]`): bitwise equal to it.
     unsafe fn tree_sum(self) -> f32;
+    /// Lane `p` holds `a[p].tree_sum()` (bitwise: the same additions).
+    unsafe fn tree_sum_16(a: &[Self; 16]) -> Self;
 }

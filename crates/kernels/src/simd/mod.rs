@@ -1,7 +1,7 @@
-//! The per-ISA kernel table used by [`crate::matmul`]: row dequantization, the 1-row, 4-row,
+//! The per-ISA kernel table used by [`crate::matmul`] and [`crate::attention`]: row dequantization, the 1-row, 4-row,
 //! 4-row × 2-token and 4-row × 4-token f32 dots, the fused dequantize-and-dot of 1 or 4
 //! stored rows (SIMD only; used for single-token calls), and the int8 row kernel (int8 ISAs
-//! only).
+//! only), and the attention of one query group (`attention`; bitwise equal to scalar).
 //!
 //! | ISA           | f32 path vs scalar | Q4_0/Q4_1/Q8_0 weights                         |
 //! |---------------|--------------------|------------------------------------------------|
@@ -23,6 +23,8 @@
 //! order fixed by the row length: results never depend on `n_tokens` or the thread split.
 
 #[cfg(target_arch = "x86_64")]
+mod attention;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -35,9 +37,11 @@ mod kernels;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
 
+use crate::attention::KvView;
 use crate::isa::Isa;
 use crate::{dot16, quant, DType};
 
+type AttendFn = unsafe fn(&[f32], &KvView<'_>, f32, &mut [f32]);
 type DequantFn = unsafe fn(DType, &[u8], &mut [f32]);
 type Dot1Fn = unsafe fn(&[f32], &[f32]) -> f32;
 type Dot4Fn = unsafe fn([&[f32]; 4], &[f32]) -> [f32; 4];
@@ -68,6 +72,7 @@ pub(crate) struct Kernels {
     /// Only where 16 accumulators fit in registers (AVX-512).
     dot4x4: Option<Dot4x4Fn>,
     fused: Option<Fused>,
+    attend: AttendFn,
     /// The int8 row dot for Q4_0 / Q4_1 / Q8_0 weights (int8 ISAs only).
     #[cfg(target_arch = "x86_64")]
     int8: Option<Int8Fn>,
@@ -87,6 +92,7 @@ impl Kernels {
                 dot4x2: None,
                 dot4x4: None,
                 fused: None,
+                attend: crate::attention::attend_group_scalar,
                 #[cfg(target_arch = "x86_64")]
                 int8: None,
             }),
@@ -111,6 +117,7 @@ impl Kernels {
                     one: avx2::dot_row,
                     four: avx2::dot_rows_4,
                 }),
+                attend: attention::attend_group_avx2,
                 int8: None,
             }),
             #[cfg(target_arch = "x86_64")]
@@ -124,6 +131,7 @@ impl Kernels {
                     one: avx512::dot_row,
                     four: avx512::dot_rows_4,
                 }),
+                attend: attention::attend_group_avx512,
                 int8: None,
             }),
             #[cfg(not(target_arch = "x86_64"))]
@@ -136,6 +144,13 @@ impl Kernels {
         // SAFETY: `new` built this table only after checking the CPU's features; the kernel
         // asserts the lengths itself.
         unsafe { (self.dequant)(dtype, src, dst) }
+    }
+
+    /// As [`crate::attention::attend_group_scalar`] (bitwise equal): at most
+    /// [`crate::attention::GROUP_MAX`] query heads over one KV head's context.
+    pub(crate) fn attend_group(&self, q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
+        // SAFETY: as in `dequantize_row`; the kernel asserts the shapes.
+        unsafe { (self.attend)(q, kv, scale, out) }
     }
 
     /// As [`dot16::dot_1`] (bitwise equal).

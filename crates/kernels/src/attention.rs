@@ -1,0 +1,240 @@
+//! Attention of a group of query heads over the K/V rows of one sequence, in one pass with an
+//! online (streaming) softmax.
+//!
+//! The query heads of a GQA group share one KV head, so they are computed together and every
+//! K/V row is read once per group. Positions are processed in blocks of [`POS_BLOCK`]; for
+//! each query head and block, in this order (the numeric contract; every variant performs
+//! exactly these f32 operations):
+//!
+//! 1. `s[j] = dot(q, k[j]) · scale` for the block's positions `j`, with the fixed 16-lane order
+//!    of [`crate::dot16`] over the head dimension;
+//! 2. `m' = max(m, s[0], s[1], …)` folded left to right with [`f32::max`] (`m` starts at −∞);
+//! 3. if `m` was finite and `m' > m`: `c = exp(m − m')`, `l ← l · c`, `acc[d] ← acc[d] · c`;
+//! 4. `p[j] = exp(s[j] − m')`, then `l ← l + p[j]` in increasing `j`;
+//! 5. `acc[d] ← acc[d] + p[j] · v[j][d]` in increasing `j` (a rounded multiply, then a rounded
+//!    add; never a fused multiply-add);
+//!
+//! and finally `out[d] = acc[d] · (1 / l)`. `exp` is [`exp_fixed`], a polynomial made of
+//! plain multiplications and additions, so a SIMD lane computes the same bits as the scalar
+//! function. The order depends only on the context length: a query's result does not depend
+//! on the other queries of the group, the batch, the chunking or the thread split, and the
+//! SIMD variants are **bitwise equal** to the scalar reference ([`attend_group_scalar`]).
+
+use crate::dot16;
+use crate::isa::{self, Isa};
+use crate::simd::Kernels;
+
+/// Context positions per block of the online softmax (fixed: part of the numeric contract).
+pub const POS_BLOCK: usize = 16;
+
+/// Most query heads one kernel call handles; larger groups are split (results unchanged:
+/// every query head is computed on its own).
+pub const GROUP_MAX: usize = 8;
+
+/// The K/V rows of one KV head over a sequence's context, read through its slots.
+#[derive(Debug, Clone, Copy)]
+pub struct KvView<'a> {
+    /// `[num_slots, row_stride]` keys of one layer.
+    pub keys: &'a [f32],
+    /// `[num_slots, row_stride]` values of one layer.
+    pub values: &'a [f32],
+    /// Elements per slot (all KV heads: `num_kv_heads · head_dim`).
+    pub row_stride: usize,
+    /// Where this KV head starts within a slot's row.
+    pub offset: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// The slot of each context position, in position order (not empty).
+    pub slots: &'a [usize],
+}
+
+impl KvView<'_> {
+    /// The key of `slot` for this head (`head_dim` elements).
+    #[inline(always)]
+    pub(crate) fn key(&self, slot: usize) -> &[f32] {
+        &self.keys[slot * self.row_stride + self.offset..][..self.head_dim]
+    }
+
+    /// The value of `slot` for this head (`head_dim` elements).
+    #[inline(always)]
+    pub(crate) fn value(&self, slot: usize) -> &[f32] {
+        &self.values[slot * self.row_stride + self.offset..][..self.head_dim]
+    }
+}
+
+/// `out[i] = softmax_j(q[i] · k[j] · scale) · v[j]` over the context of `kv`, for every query
+/// head `i` of `q` (`[g, head_dim]`; `out` alike), with the process-wide kernels
+/// ([`isa::active`]).
+///
+/// Panics if the shapes do not match or the context is empty (caller bugs).
+pub fn attend(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
+    attend_with(isa::active(), q, kv, scale, out);
+}
+
+/// [`attend`] with the kernels of `isa` (bitwise equal for every ISA; for tests and
+/// benchmarks that compare variants in one process).
+///
+/// Panics if the shapes do not match, the context is empty or this CPU cannot run `isa`.
+pub fn attend_with(isa: Isa, q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
+    let d = kv.head_dim;
+    assert!(
+        d > 0 && q.len() == out.len() && q.len().is_multiple_of(d),
+        "attend: q has {} elements, out {}, head_dim {d}",
+        q.len(),
+        out.len()
+    );
+    assert!(
+        kv.offset + d <= kv.row_stride,
+        "attend: head at {} + {d} exceeds the row of {}",
+        kv.offset,
+        kv.row_stride
+    );
+    assert!(!kv.slots.is_empty(), "attend: empty context");
+    let kernels = Kernels::new(isa)
+        .unwrap_or_else(|| panic!("attend: this CPU cannot run the {isa} kernels"));
+    let chunk = GROUP_MAX * d;
+    for (qg, og) in q.chunks(chunk).zip(out.chunks_mut(chunk)) {
+        kernels.attend_group(qg, kv, scale, og);
+    }
+}
+
+/// The scalar reference of [`attend`] for at most [`GROUP_MAX`] query heads, in the order of
+/// the module docs. Shapes are checked by [`attend_with`].
+pub(crate) fn attend_group_scalar(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
+    let d = kv.head_dim;
+    let g = q.len() / d;
+    assert!(g <= GROUP_MAX, "attend_group: {g} query heads");
+    out.fill(0.0);
+    let mut m = [f32::NEG_INFINITY; GROUP_MAX];
+    let mut l = [0.0f32; GROUP_MAX];
+    let mut p = [[0.0f32; POS_BLOCK]; GROUP_MAX];
+    for block in kv.slots.chunks(POS_BLOCK) {
+        for (j, &slot) in block.iter().enumerate() {
+            let k = kv.key(slot);
+            for (i, qi) in q.chunks_exact(d).enumerate() {
+                p[i][j] = dot16::dot_1(qi, k) * scale;
+            }
+        }
+        for (i, acc) in out.chunks_exact_mut(d).enumerate() {
+            let s = &mut p[i][..block.len()];
+            let (m_new, c) = block_max(m[i], s);
+            if let Some(c) = c {
+                l[i] *= c;
+                acc.iter_mut().for_each(|a| *a *= c);
+            }
+            m[i] = m_new;
+            for x in s.iter_mut() {
+                *x = exp_fixed(*x - m_new);
+            }
+            l[i] = add_in_order(l[i], s);
+        }
+        for (j, &slot) in block.iter().enumerate() {
+            let v = kv.value(slot);
+            for (i, acc) in out.chunks_exact_mut(d).enumerate() {
+                for (a, &b) in acc.iter_mut().zip(v) {
+                    *a += p[i][j] * b;
+                }
+            }
+        }
+    }
+    for (i, acc) in out.chunks_exact_mut(d).enumerate() {
+        let inv = 1.0 / l[i];
+        acc.iter_mut().for_each(|a| *a *= inv);
+    }
+}
+
+/// Steps 2 and 3 of the module docs: the new running maximum after the block's scores `s`,
+/// and the factor `exp(m − m')` that rescales the running sums when the maximum grew from a
+/// finite value (`None`: no rescaling).
+#[inline(always)]
+pub(crate) fn block_max(m: f32, s: &[f32]) -> (f32, Option<f32>) {
+    let m_new = s.iter().copied().fold(m, f32::max);
+    let c = (m > f32::NEG_INFINITY && m_new > m).then(|| exp_fixed(m - m_new));
+    (m_new, c)
+}
+
+/// `l + p[0] + p[1] + …`, left to right.
+#[inline(always)]
+pub(crate) fn add_in_order(l: f32, p: &[f32]) -> f32 {
+    p.iter().fold(l, |acc, &x| acc + x)
+}
+
+/// The constants of [`exp_fixed`] (shared with its SIMD form).
+pub(crate) mod exp_consts {
+    /// Inputs are clamped to `[MIN_X, MAX_X]` (results stay normal and finite).
+    pub const MIN_X: f32 = -87.0;
+    pub const MAX_X: f32 = 88.0;
+    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
+    /// `1.5 · 2^23`: adding it rounds to an integer (ties to even) held in the low mantissa.
+    pub const ROUND: f32 = 12_582_912.0;
+    /// `ln 2` split so that `n · LN2_HI` is exact for `|n| ≤ 127` (Cody–Waite).
+    pub const LN2_HI: f32 = f32::from_bits(0x3F31_8000); // 0.693359375, 9 significant bits
+    pub const LN2_LO: f32 = -2.121_944_4e-4;
+    /// `exp(r) ≈ 1 + r + r² · P(r)` on `|r| ≤ ln 2 / 2`, highest degree first.
+    pub const P: [f32; 6] = [
+        1.987_569_1e-4,
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        0.166_666_65,
+        0.5,
+    ];
+    /// `bits(ROUND) − 127`: subtracting it from `bits(ROUND + n)` leaves the biased exponent
+    /// of `2^n`.
+    pub const EXP_BIAS: u32 = 0x4B40_0000 - 127;
+}
+
+/// `e^x` to about 2 ulp for `x` in `[-87, 88]` (inputs outside are clamped; NaN stays NaN),
+/// from multiplications and additions only: `x = n · ln 2 + r`, a degree-7 polynomial for
+/// `e^r`, times `2^n` built from its exponent bits. The SIMD kernels run the same operations
+/// lane by lane, so they give the same bits.
+#[inline(always)]
+pub fn exp_fixed(x: f32) -> f32 {
+    use exp_consts::*;
+    // `a > b ? a : b` (the SIMD max/min operand order), which keeps a NaN `x`.
+    let x = if MIN_X > x { MIN_X } else { x };
+    let x = if MAX_X < x { MAX_X } else { x };
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let z = r * r;
+    let mut y = P[0];
+    for c in &P[1..] {
+        y = y * r + c;
+    }
+    let y = y * z + r + 1.0;
+    let pow2 = f32::from_bits(t.to_bits().wrapping_sub(EXP_BIAS) << 23);
+    y * pow2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_fixed_is_close_to_exp() {
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let want = (x as f64).exp();
+            let got = exp_fixed(x) as f64;
+            assert!(
+                ((got - want) / want).abs() < 3e-7,
+                "exp({x}) = {got}, want {want}"
+            );
+            x += 0.0137;
+        }
+        assert_eq!(exp_fixed(0.0), 1.0);
+        assert!(exp_fixed(f32::NAN).is_nan());
+        assert!(exp_fixed(f32::NEG_INFINITY) < 1e-37);
+        assert!(exp_fixed(1000.0).is_finite());
+    }
+
+    #[test]
+    fn block_max_rescales_only_when_a_finite_maximum_grows() {
+        assert_eq!(block_max(f32::NEG_INFINITY, &[1.0, 3.0, 2.0]), (3.0, None));
+        assert_eq!(block_max(3.0, &[1.0, 2.0]), (3.0, None));
+        let (m, c) = block_max(1.0, &[0.0, 2.0]);
+        assert_eq!(m, 2.0);
+        assert_eq!(c, Some(exp_fixed(-1.0)));
+    }
+}

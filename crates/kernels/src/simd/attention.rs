@@ -1,0 +1,234 @@
+//! The SIMD form of [`crate::attention`]'s group kernel, generic over the 16-lane vector.
+//!
+//! It performs the operations of the scalar reference in the same order, lane by lane: the
+//! dots in the 16-lane order of [`crate::dot16`] (scalar tail, same tree), `exp` as the
+//! vector form of [`crate::attention::exp_fixed`] on the 16 scores of a block at once, and the
+//! value accumulation with 16 head dimensions per vector (a rounded multiply, then a rounded
+//! add, positions in increasing order). The results are bitwise equal to the scalar
+//! reference. Each K row is loaded once per block for all the group's query heads, and each
+//! block's V rows are reused from L1 by every query head.
+
+use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+
+use super::lanes::Lanes16;
+use crate::attention::exp_consts::{EXP_BIAS, LN2_HI, LN2_LO, LOG2E, MAX_X, MIN_X, P, ROUND};
+use crate::attention::{add_in_order, block_max, KvView, GROUP_MAX, POS_BLOCK};
+use crate::dot16::{mac_tail, tree_sum, LANES};
+
+/// As [`crate::attention::attend_group_scalar`] (bitwise equal).
+///
+/// # Safety
+/// The CPU must support `V`'s features. Shapes are asserted.
+#[inline(always)]
+pub(super) unsafe fn attend_group<V: Lanes16>(
+    q: &[f32],
+    kv: &KvView<'_>,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let d = kv.head_dim;
+    let g = q.len() / d;
+    assert!(
+        g <= GROUP_MAX && q.len() == g * d && out.len() == q.len(),
+        "attend_group: {} query elements, {} outputs, head_dim {d}",
+        q.len(),
+        out.len()
+    );
+    let full = d - d % LANES;
+    out.fill(0.0);
+    let mut m = [f32::NEG_INFINITY; GROUP_MAX];
+    let mut l = [0.0f32; GROUP_MAX];
+    // Scores, then probabilities, of the block; lanes past the block's end are ignored.
+    let mut p = [[0.0f32; POS_BLOCK]; GROUP_MAX];
+    let mut v_rows: [&[f32]; POS_BLOCK] = [&[]; POS_BLOCK];
+    let blocks = kv.slots.chunks(POS_BLOCK);
+    for (block, next) in blocks.clone().zip(blocks.skip(1).map(Some).chain([None])) {
+        let nb = block.len();
+        if let Some(next) = next {
+            prefetch_rows(kv, next);
+        }
+        // Past the block's end, the first row stands in (its lanes are ignored).
+        let mut k_rows: [&[f32]; POS_BLOCK] = [kv.key(block[0]); POS_BLOCK];
+        for (j, &slot) in block.iter().enumerate() {
+            k_rows[j] = kv.key(slot);
+            v_rows[j] = kv.value(slot);
+        }
+        for i in 0..g {
+            let qi = &q[i * d..][..d];
+            if full == d {
+                scores::<V>(qi, &k_rows)
+                    .mul(V::splat(scale))
+                    .store(p[i].as_mut_ptr());
+            } else {
+                for (s, k) in p[i].iter_mut().zip(&k_rows[..nb]) {
+                    *s = dot::<V>(qi, k, full) * scale;
+                }
+            }
+        }
+        for i in 0..g {
+            let acc = &mut out[i * d..][..d];
+            let (m_new, c) = block_max(m[i], &p[i][..nb]);
+            if let Some(c) = c {
+                l[i] *= c;
+                scale_row::<V>(acc, c, full);
+            }
+            m[i] = m_new;
+            let s = V::load(p[i].as_ptr()).sub(V::splat(m_new));
+            exp::<V>(s).store(p[i].as_mut_ptr());
+            l[i] = add_in_order(l[i], &p[i][..nb]);
+        }
+        for i in 0..g {
+            accumulate::<V>(&mut out[i * d..][..d], &p[i][..nb], &v_rows[..nb], full);
+        }
+    }
+    for i in 0..g {
+        let inv = 1.0 / l[i];
+        scale_row::<V>(&mut out[i * d..][..d], inv, full);
+    }
+}
+
+/// The dots of `q` with the 16 rows `k`, lane `j` holding `q · k[j]` in the order of
+/// [`crate::dot16::dot_1`] (every row as long as `q`, a multiple of 16): 16 independent
+/// accumulators, summed by one transposing tree.
+///
+/// # Safety
+/// The CPU must support `V`'s features; every `k[j].len() == q.len()`, a multiple of 16.
+#[inline(always)]
+unsafe fn scores<V: Lanes16>(q: &[f32], k: &[&[f32]; POS_BLOCK]) -> V {
+    let mut acc = [V::zero(); POS_BLOCK];
+    for c in (0..q.len()).step_by(LANES) {
+        let qv = V::load(q.as_ptr().add(c));
+        for j in 0..POS_BLOCK {
+            acc[j] = acc[j].add(qv.mul(V::load(k[j].as_ptr().add(c))));
+        }
+    }
+    V::tree_sum_16(&acc)
+}
+
+/// `acc[d] += p[j] · v[j][d]` for `j` in increasing order (a rounded multiply, then a
+/// rounded add), four vectors of dimensions at a time so that four addition chains overlap.
+///
+/// # Safety
+/// The CPU must support `V`'s features; every `v[j].len() == acc.len()`; `full` is that
+/// length rounded down to 16.
+#[inline(always)]
+unsafe fn accumulate<V: Lanes16>(acc: &mut [f32], p: &[f32], v: &[&[f32]], full: usize) {
+    const TILE: usize = 4;
+    let o = acc.as_mut_ptr();
+    let mut c = 0;
+    while c + TILE * LANES <= full {
+        let mut a = [V::zero(); TILE];
+        for (t, a) in a.iter_mut().enumerate() {
+            *a = V::load(o.add(c + t * LANES));
+        }
+        for (&w, row) in p.iter().zip(v) {
+            let wv = V::splat(w);
+            for (t, a) in a.iter_mut().enumerate() {
+                *a = a.add(wv.mul(V::load(row.as_ptr().add(c + t * LANES))));
+            }
+        }
+        for (t, a) in a.iter().enumerate() {
+            a.store(o.add(c + t * LANES));
+        }
+        c += TILE * LANES;
+    }
+    while c < full {
+        let mut a = V::load(o.add(c));
+        for (&w, row) in p.iter().zip(v) {
+            a = a.add(V::splat(w).mul(V::load(row.as_ptr().add(c))));
+        }
+        a.store(o.add(c));
+        c += LANES;
+    }
+    for (c, a) in acc.iter_mut().enumerate().skip(full) {
+        for (&w, row) in p.iter().zip(v) {
+            *a += w * row[c];
+        }
+    }
+}
+
+/// Asks for the K and V rows of `slots` to be brought into L1 (in decode they come from
+/// memory, at addresses the hardware prefetcher cannot guess).
+#[inline(always)]
+fn prefetch_rows(kv: &KvView<'_>, slots: &[usize]) {
+    let bytes = kv.head_dim * std::mem::size_of::<f32>();
+    for &slot in slots {
+        for row in [kv.key(slot), kv.value(slot)] {
+            let p = row.as_ptr().cast::<i8>();
+            for off in (0..bytes).step_by(64) {
+                // SAFETY: prefetching never faults; the address lies within `row`.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off)) };
+            }
+        }
+    }
+}
+
+/// `q · k` in the order of [`crate::dot16::dot_1`]; `full` is `len` rounded down to 16.
+///
+/// # Safety
+/// The CPU must support `V`'s features; `q.len() == k.len()`.
+#[inline(always)]
+unsafe fn dot<V: Lanes16>(q: &[f32], k: &[f32], full: usize) -> f32 {
+    debug_assert_eq!(q.len(), k.len());
+    let mut acc = V::zero();
+    for c in (0..full).step_by(LANES) {
+        acc = acc.add(V::load(q.as_ptr().add(c)).mul(V::load(k.as_ptr().add(c))));
+    }
+    if full == q.len() {
+        acc.tree_sum()
+    } else {
+        let mut lanes = acc.to_array();
+        mac_tail(&mut lanes, q, k);
+        tree_sum(&lanes)
+    }
+}
+
+/// `row[d] *= c` for every element (`full`: the length rounded down to 16).
+///
+/// # Safety
+/// The CPU must support `V`'s features.
+#[inline(always)]
+unsafe fn scale_row<V: Lanes16>(row: &mut [f32], c: f32, full: usize) {
+    let o = row.as_mut_ptr();
+    let cv = V::splat(c);
+    for i in (0..full).step_by(LANES) {
+        V::load(o.add(i)).mul(cv).store(o.add(i));
+    }
+    for a in &mut row[full..] {
+        *a *= c;
+    }
+}
+
+/// [`crate::attention::exp_fixed`] on every lane (the same operations, so the same bits).
+///
+/// # Safety
+/// The CPU must support `V`'s features.
+#[inline(always)]
+unsafe fn exp<V: Lanes16>(x: V) -> V {
+    let x = V::splat(MIN_X).max(x);
+    let x = V::splat(MAX_X).min(x);
+    let t = x.mul(V::splat(LOG2E)).add(V::splat(ROUND));
+    let n = t.sub(V::splat(ROUND));
+    let r = x.sub(n.mul(V::splat(LN2_HI))).sub(n.mul(V::splat(LN2_LO)));
+    let z = r.mul(r);
+    let mut y = V::splat(P[0]);
+    for &c in &P[1..] {
+        y = y.mul(r).add(V::splat(c));
+    }
+    let y = y.mul(z).add(r).add(V::splat(1.0));
+    y.mul(t.shifted_exponent(EXP_BIAS))
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+pub(super) unsafe fn attend_group_avx512(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
+    attend_group::<super::avx512::Z>(q, kv, scale, out)
+}
+
+/// # Safety
+/// AVX2, FMA and F16C must be available.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn attend_group_avx2(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
+    attend_group::<super::avx2::Y>(q, kv, scale, out)
+}

@@ -1,0 +1,221 @@
+//! The attention kernel (`tandem_kernels::attention`): every SIMD variant is bitwise equal to
+//! the scalar reference on random shapes (head sizes and context lengths that are no multiple
+//! of the vector width or of the position block, groups larger than one kernel call, scattered
+//! slots); the scalar reference matches the definition computed in f64; and a query head's
+//! result does not depend on the other heads computed with it.
+
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a test failure
+
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use tandem_kernels::attention::{attend_with, KvView};
+use tandem_kernels::Isa;
+
+/// A random layer of a KV store and one sequence's context in it.
+struct Case {
+    head_dim: usize,
+    num_kv_heads: usize,
+    kv_head: usize,
+    keys: Vec<f32>,
+    values: Vec<f32>,
+    slots: Vec<usize>,
+    /// `[group, head_dim]`
+    q: Vec<f32>,
+}
+
+impl Case {
+    fn new(seed: u64, head_dim: usize, group: usize, context: usize, spread: f32) -> Case {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let num_kv_heads = rng.random_range(1..=3);
+        let kv_head = rng.random_range(0..num_kv_heads);
+        let n_slots = context + rng.random_range(0..8);
+        let row = num_kv_heads * head_dim;
+        let mut draw = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| rng.random_range(-1.0f32..1.0) * spread)
+                .collect()
+        };
+        let keys = draw(n_slots * row);
+        let values = draw(n_slots * row);
+        let q = draw(group * head_dim);
+        let mut slots: Vec<usize> = (0..n_slots).collect();
+        slots.shuffle(&mut rng);
+        slots.truncate(context);
+        Case {
+            head_dim,
+            num_kv_heads,
+            kv_head,
+            keys,
+            values,
+            slots,
+            q,
+        }
+    }
+
+    fn view(&self) -> KvView<'_> {
+        KvView {
+            keys: &self.keys,
+            values: &self.values,
+            row_stride: self.num_kv_heads * self.head_dim,
+            offset: self.kv_head * self.head_dim,
+            head_dim: self.head_dim,
+            slots: &self.slots,
+        }
+    }
+
+    fn scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+
+    fn run(&self, isa: Isa, q: &[f32]) -> Vec<f32> {
+        let mut out = vec![f32::NAN; q.len()];
+        attend_with(isa, q, &self.view(), self.scale(), &mut out);
+        out
+    }
+
+    /// The definition in f64 for query head `i`: softmax of the scaled dots, times V.
+    fn definition(&self, i: usize) -> Vec<f64> {
+        let d = self.head_dim;
+        let kv = self.view();
+        let row = |buf: &[f32], s: usize| -> Vec<f64> {
+            buf[s * kv.row_stride + kv.offset..][..d]
+                .iter()
+                .map(|&x| f64::from(x))
+                .collect()
+        };
+        let q: Vec<f64> = self.q[i * d..][..d].iter().map(|&x| f64::from(x)).collect();
+        let scores: Vec<f64> = self
+            .slots
+            .iter()
+            .map(|&s| {
+                let k = row(&self.keys, s);
+                q.iter().zip(&k).map(|(a, b)| a * b).sum::<f64>() / (d as f64).sqrt()
+            })
+            .collect();
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+        let z: f64 = w.iter().sum();
+        let mut out = vec![0.0; d];
+        for (wj, &s) in w.iter().zip(&self.slots) {
+            for (o, v) in out.iter_mut().zip(row(&self.values, s)) {
+                *o += wj * v / z;
+            }
+        }
+        out
+    }
+}
+
+fn assert_bits(a: &[f32], b: &[f32], what: &str) -> Result<(), TestCaseError> {
+    prop_assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        prop_assert_eq!(
+            x.to_bits(),
+            y.to_bits(),
+            "{}: element {}: {} vs {}",
+            what,
+            i,
+            x,
+            y
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn simd_variants_equal_scalar_bitwise(
+        seed in any::<u64>(),
+        head_dim in prop_oneof![Just(64usize), Just(128), 1usize..100],
+        group in 1usize..12,
+        context in 1usize..80,
+        spread in prop_oneof![Just(1.0f32), Just(4.0), Just(0.01)],
+    ) {
+        let case = Case::new(seed, head_dim, group, context, spread);
+        let want = case.run(Isa::Scalar, &case.q);
+        for isa in Isa::available() {
+            assert_bits(&case.run(isa, &case.q), &want, isa.name())?;
+        }
+    }
+
+    #[test]
+    fn scalar_matches_the_definition(
+        seed in any::<u64>(),
+        head_dim in prop_oneof![Just(64usize), 1usize..100],
+        group in 1usize..10,
+        context in 1usize..80,
+        spread in prop_oneof![Just(1.0f32), Just(3.0)],
+    ) {
+        let case = Case::new(seed, head_dim, group, context, spread);
+        let got = case.run(Isa::Scalar, &case.q);
+        for i in 0..group {
+            let want = case.definition(i);
+            for (k, (g, w)) in got[i * head_dim..][..head_dim].iter().zip(&want).enumerate() {
+                // The output is a convex combination of values of magnitude <= spread; the
+                // scores' rounding (|s| <= spread^2 sqrt(d)) moves the weights relatively.
+                let tol = 2e-6 * f64::from(spread) * (1.0 + f64::from(spread * spread) * (head_dim as f64).sqrt());
+                prop_assert!((f64::from(*g) - w).abs() <= tol, "head {} dim {}: {} vs {}", i, k, g, w);
+            }
+        }
+    }
+
+    #[test]
+    fn a_head_does_not_depend_on_its_group(
+        seed in any::<u64>(),
+        head_dim in prop_oneof![Just(64usize), 1usize..70],
+        group in 2usize..12,
+        context in 1usize..50,
+    ) {
+        let case = Case::new(seed, head_dim, group, context, 1.0);
+        for isa in Isa::available() {
+            let together = case.run(isa, &case.q);
+            for i in 0..group {
+                let alone = case.run(isa, &case.q[i * head_dim..][..head_dim]);
+                assert_bits(&together[i * head_dim..][..head_dim], &alone, isa.name())?;
+            }
+        }
+    }
+}
+
+/// A context whose scores grow block after block (the running maximum is rescaled many
+/// times) and one where the largest score comes first (never rescaled) agree with the
+/// definition, and the NaN of a poisoned key reaches the output.
+#[test]
+fn rescaling_and_nan() {
+    for increasing in [true, false] {
+        let mut case = Case::new(7, 64, 3, 70, 1.0);
+        for (j, &s) in case.slots.clone().iter().enumerate() {
+            let w = if increasing {
+                j as f32
+            } else {
+                (70 - j) as f32
+            } * 0.05;
+            for x in &mut case.keys[s * case.num_kv_heads * 64 + case.kv_head * 64..][..64] {
+                *x = x.abs() * w;
+            }
+        }
+        case.q.iter_mut().for_each(|x| *x = x.abs());
+        let want = case.run(Isa::Scalar, &case.q);
+        for i in 0..3 {
+            for (g, w) in want[i * 64..][..64].iter().zip(case.definition(i)) {
+                assert!((f64::from(*g) - w).abs() < 1e-5, "{g} vs {w}");
+            }
+        }
+        for isa in Isa::available() {
+            let got = case.run(isa, &case.q);
+            assert!(got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
+    let mut case = Case::new(8, 32, 2, 20, 1.0);
+    let s = case.slots[5];
+    case.keys[s * case.num_kv_heads * 32 + case.kv_head * 32] = f32::NAN;
+    for isa in Isa::available() {
+        assert!(case.run(isa, &case.q).iter().all(|x| x.is_nan()), "{isa}");
+    }
+}
