@@ -12,6 +12,12 @@ usage:
   bench/serve_load.py --compare --model M.gguf [--threads 2] [--reps 2]
       start `tandem serve` and llama.cpp's `llama-server` (bench/build_llama_cpp.sh) in turn on
       the same GGUF and threads, alternating, and print per-level medians and ratios
+  bench/serve_load.py --compare-prefix-cache --model M.gguf --system-prompt-words 400
+      start `tandem serve` with the prefix cache on and with --no-prefix-caching in turn,
+      alternating, every prompt behind the same system prompt, and print the ratios on/off
+
+--system-prompt-words N puts the same N-word text (a shared system prompt) before every
+request's own ~100 tokens.
 """
 import argparse
 import asyncio
@@ -100,9 +106,20 @@ async def one_request(url, model, prompt, max_tokens):
     return times, usage
 
 
+SYSTEM_PROMPT_WORDS = 0
+
+
+def system_prompt():
+    """The shared prefix of every prompt (empty unless --system-prompt-words)."""
+    if SYSTEM_PROMPT_WORDS == 0:
+        return ""
+    return prompt_text(random.Random(12345), SYSTEM_PROMPT_WORDS) + "\n\n"
+
+
 async def run_level(url, model, concurrency, requests, max_tokens, time_limit, seed):
     rng = random.Random(seed)
-    prompts = [prompt_text(rng) for _ in range(requests)]
+    shared = system_prompt()
+    prompts = [shared + prompt_text(rng) for _ in range(requests)]
     queue = list(range(requests))
     results = []
     deadline = time.perf_counter() + time_limit
@@ -156,6 +173,10 @@ def start_server(kind, a, port):
     if kind == "tandem":
         cmd = [str(ROOT / "target/release/tandem"), "serve", "--model", a.model, "--threads",
                str(a.threads), "--port", str(port), "--max-num-seqs", str(max(a.concurrency))]
+    elif kind == "tandem-no-cache":
+        cmd = [str(ROOT / "target/release/tandem"), "serve", "--model", a.model, "--threads",
+               str(a.threads), "--port", str(port), "--max-num-seqs", str(max(a.concurrency)),
+               "--no-prefix-caching"]
     else:
         slots = max(a.concurrency)
         cmd = [str(a.llama_bin / "llama-server"), "-m", a.model, "-t", str(a.threads), "-tb",
@@ -164,6 +185,35 @@ def start_server(kind, a, port):
     print("# " + " ".join(cmd), file=sys.stderr)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc
+
+
+def compare_prefix_cache(a):
+    """tandem with the prefix cache on vs off, alternating, per-level medians and ratios."""
+    kinds = ["tandem", "tandem-no-cache"]
+    runs = {k: [] for k in kinds}
+    for rep in range(a.reps):
+        for kind in kinds:
+            port = 18000 + random.Random().randrange(20000)
+            proc = start_server(kind, a, port)
+            try:
+                url = f"http://127.0.0.1:{port}"
+                wait_ready(url, proc)
+                for row in measure(url, "model", a):
+                    row.update({"server": kind, "rep": rep,
+                                "system_prompt_words": SYSTEM_PROMPT_WORDS})
+                    print(json.dumps(row), flush=True)
+                    runs[kind].append(row)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+    print("\n| concurrency | metric | cache on | cache off | on / off |")
+    print("| --- | --- | --- | --- | --- |")
+    for c in a.concurrency:
+        for k in ["out_tok_per_s", "req_per_s", "ttft_p50", "ttft_p90", "itl_p50"]:
+            on = statistics.median(r[k] for r in runs["tandem"] if r["concurrency"] == c)
+            off = statistics.median(r[k] for r in runs["tandem-no-cache"] if r["concurrency"] == c)
+            unit = "" if k.endswith("per_s") else " s"
+            print(f"| {c} | {k} | {on:.4g}{unit} | {off:.4g}{unit} | {on / off:.2f} |")
 
 
 def compare(a):
@@ -203,6 +253,8 @@ def main():
     p.add_argument("--url", help="a running server (loopback)")
     p.add_argument("--model", default="model", help="GGUF path (--compare) or model name (--url)")
     p.add_argument("--compare", action="store_true")
+    p.add_argument("--compare-prefix-cache", action="store_true")
+    p.add_argument("--system-prompt-words", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--llama-bin", type=Path, help="llama.cpp build/bin (default: build it)")
@@ -213,7 +265,11 @@ def main():
     p.add_argument("--min-requests", type=int, default=4)
     p.add_argument("--time-limit", type=float, default=300.0, help="seconds per level at most")
     a = p.parse_args()
-    if a.compare:
+    global SYSTEM_PROMPT_WORDS
+    SYSTEM_PROMPT_WORDS = a.system_prompt_words
+    if a.compare_prefix_cache:
+        compare_prefix_cache(a)
+    elif a.compare:
         compare(a)
     elif a.url:
         for row in measure(a.url.rstrip("/"), a.model, a):
