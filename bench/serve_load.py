@@ -198,7 +198,7 @@ def compare_prefix_cache(a):
             try:
                 url = f"http://127.0.0.1:{port}"
                 wait_ready(url, proc)
-                for row in measure(url, "model", a):
+                for row in measure(url, a.model, a):
                     row.update({"server": kind, "rep": rep,
                                 "system_prompt_words": SYSTEM_PROMPT_WORDS})
                     print(json.dumps(row), flush=True)
