@@ -172,14 +172,8 @@ impl PromptLogprobs {
             };
             match score_rows(&logits, &r, &seq.tokens()[..seq.prompt_len()], p.top_k) {
                 Ok(entries) => {
-                    p.next = hi + 1;
-                    let group =
-                        std::iter::once(&s.seq_id).chain(scheduler.pending_siblings(s.seq_id));
-                    events.extend(group.map(|&seq_id| EngineEvent::PromptLogprobs {
-                        seq_id,
-                        start: r.first,
-                        entries: entries.clone(),
-                    }));
+                    p.next = r.first + r.len;
+                    group_events(&mut events, scheduler, &r, entries);
                 }
                 Err(e) => failed.push((s.seq_id, format!("prompt logprobs: {e}"))),
             }
@@ -241,14 +235,7 @@ impl PromptLogprobs {
             match scored {
                 Ok(entries) => {
                     p.next = r.first + r.len;
-                    // The group's pending siblings share the prompt: each gets a copy.
-                    let group =
-                        std::iter::once(&r.seq_id).chain(scheduler.pending_siblings(r.seq_id));
-                    events.extend(group.map(|&seq_id| EngineEvent::PromptLogprobs {
-                        seq_id,
-                        start: r.first,
-                        entries: entries.clone(),
-                    }));
+                    group_events(&mut events, scheduler, &r, entries);
                 }
                 Err(e) => failed.push((r.seq_id, format!("prompt logprobs: {e}"))),
             }
@@ -264,6 +251,22 @@ impl PromptLogprobs {
             failed,
         }
     }
+}
+
+/// One `PromptLogprobs` event for `r`'s sequence and one for each pending sibling of its
+/// group (they share the prompt: each gets a copy).
+fn group_events(
+    events: &mut Vec<EngineEvent>,
+    scheduler: &Scheduler,
+    r: &PromptRows,
+    entries: Vec<PromptTokenLogprob>,
+) {
+    let group = std::iter::once(&r.seq_id).chain(scheduler.pending_siblings(r.seq_id));
+    events.extend(group.map(|&seq_id| EngineEvent::PromptLogprobs {
+        seq_id,
+        start: r.first,
+        entries: entries.clone(),
+    }));
 }
 
 /// The scores of the prompt tokens `r` predicts, from the forward's `logits`.
