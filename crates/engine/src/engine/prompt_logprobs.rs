@@ -235,7 +235,7 @@ impl PromptLogprobs {
             match scored {
                 Ok(entries) => {
                     p.next = r.first + r.len;
-                    group_events(&mut events, scheduler, &r, entries);
+                    group_events(&mut events, scheduler, r, entries);
                 }
                 Err(e) => failed.push((r.seq_id, format!("prompt logprobs: {e}"))),
             }
