@@ -14,7 +14,7 @@
 use tandem_model::batch::TokenId;
 
 use crate::block_table::BlockTable;
-use crate::prefix_cache::BlockKey;
+use crate::prefix_cache::{BlockKey, PrefixHasher};
 
 /// A sequence's id, unique for the scheduler's lifetime; also its arrival order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -247,6 +247,36 @@ impl Sequence {
     /// The prefix-cache state, to record hits and registrations.
     pub fn prefix_mut(&mut self) -> &mut PrefixState {
         &mut self.prefix
+    }
+
+    /// Computes (once) the prefix-cache keys of the first `n` full blocks of `block_size`
+    /// tokens; returns the root key they chain from (model identity and cache salt).
+    pub fn ensure_block_keys(
+        &mut self,
+        hasher: &PrefixHasher,
+        block_size: usize,
+        n: usize,
+    ) -> BlockKey {
+        let root = hasher.root(self.params.cache_salt.as_deref());
+        hasher.extend_keys(&mut self.prefix.keys, root, &self.tokens, block_size, n);
+        root
+    }
+
+    /// Full block `i` as the prefix cache sees it: its parent's key (`root` for block 0),
+    /// its own key and its tokens. Needs [`Sequence::ensure_block_keys`] up to `i` first.
+    pub fn keyed_block(
+        &self,
+        root: BlockKey,
+        i: usize,
+        block_size: usize,
+    ) -> (BlockKey, BlockKey, &[TokenId]) {
+        let keys = &self.prefix.keys;
+        let parent = if i == 0 { root } else { keys[i - 1] };
+        (
+            parent,
+            keys[i],
+            &self.tokens[i * block_size..(i + 1) * block_size],
+        )
     }
 
     /// Takes blocks found in the prefix cache for the first `num_tokens` tokens (whole

@@ -23,7 +23,13 @@
 //! end, which its chained key and the hit's token comparison pin down (DESIGN §3 row 4).
 
 use super::Scheduler;
-use crate::sequence::SeqId;
+use crate::sequence::{SeqId, Sequence};
+
+/// The most leading full blocks of `seq` the cache may supply: its committed tokens but the
+/// last, which is always computed (its logits are needed).
+fn max_cached_blocks(seq: &Sequence, block_size: usize) -> usize {
+    (seq.num_tokens() - seq.num_draft()).saturating_sub(1) / block_size
+}
 
 impl Scheduler {
     /// Adopts the cached leading blocks of `id` if it holds no block yet; returns the tokens
@@ -39,22 +45,16 @@ impl Scheduler {
         if !seq.block_table().is_empty() || seq.num_computed_tokens() > 0 {
             return 0;
         }
-        let committed = seq.num_tokens() - seq.num_draft();
-        let max_blocks = committed.saturating_sub(1) / bs;
-        let root = hasher.root(seq.params().cache_salt.as_deref());
-        let mut keys = std::mem::take(&mut seq.prefix_mut().keys);
-        hasher.extend_keys(&mut keys, root, seq.tokens(), bs, max_blocks);
-        let allocator = seq.block_table().allocator().clone();
+        let max_blocks = max_cached_blocks(seq, bs);
+        let root = seq.ensure_block_keys(hasher, bs, max_blocks);
         let mut hits = Vec::new();
         for i in 0..max_blocks {
-            let parent = if i == 0 { root } else { keys[i - 1] };
-            let tokens = &seq.tokens()[i * bs..(i + 1) * bs];
-            match allocator.acquire_cached(parent, keys[i], tokens) {
+            let (parent, key, tokens) = seq.keyed_block(root, i, bs);
+            match self.allocator.acquire_cached(parent, key, tokens) {
                 Some(block) => hits.push(block),
                 None => break,
             }
         }
-        seq.prefix_mut().keys = keys;
         let num_hit = hits.len() * bs;
         if num_hit > 0 {
             seq.adopt_cached(&hits, num_hit);
@@ -75,19 +75,15 @@ impl Scheduler {
         if !seq.block_table().is_empty() {
             return false;
         }
-        let max_blocks = (seq.num_tokens() - seq.num_draft()).saturating_sub(1) / bs;
-        let root = hasher.root(seq.params().cache_salt.as_deref());
-        let mut keys = std::mem::take(&mut seq.prefix_mut().keys);
-        hasher.extend_keys(&mut keys, root, seq.tokens(), bs, max_blocks);
+        let max_blocks = max_cached_blocks(seq, bs);
+        let root = seq.ensure_block_keys(hasher, bs, max_blocks);
         let cached = (0..max_blocks)
             .take_while(|&i| {
-                let parent = if i == 0 { root } else { keys[i - 1] };
-                let tokens = &seq.tokens()[i * bs..(i + 1) * bs];
-                self.allocator.is_cached(parent, keys[i], tokens)
+                let (parent, key, tokens) = seq.keyed_block(root, i, bs);
+                self.allocator.is_cached(parent, key, tokens)
             })
             .count();
-        let next = keys.get(cached).copied();
-        seq.prefix_mut().keys = keys;
+        let next = seq.prefix().keys.get(cached).copied();
         let Some(next) = next else {
             return false; // fully cached (or nothing to share)
         };
@@ -129,20 +125,13 @@ impl Scheduler {
         if full <= from {
             return;
         }
-        let root = hasher.root(seq.params().cache_salt.as_deref());
-        let mut keys = std::mem::take(&mut seq.prefix_mut().keys);
-        hasher.extend_keys(&mut keys, root, seq.tokens(), bs, full);
-        let table = seq.block_table();
+        let root = seq.ensure_block_keys(hasher, bs, full);
         for i in from..full {
-            let parent = if i == 0 { root } else { keys[i - 1] };
-            let tokens = &seq.tokens()[i * bs..(i + 1) * bs];
-            table
-                .allocator()
-                .register(table.blocks()[i], parent, keys[i], tokens);
+            let (parent, key, tokens) = seq.keyed_block(root, i, bs);
+            self.allocator
+                .register(seq.block_table().blocks()[i], parent, key, tokens);
         }
-        let prefix = seq.prefix_mut();
-        prefix.keys = keys;
-        prefix.num_registered = full;
+        seq.prefix_mut().num_registered = full;
     }
 
     /// Forgets every cached block (admin reset); running sequences register their full
