@@ -113,11 +113,6 @@ pub fn matmul_with(
         return;
     }
     let chunk = chunk_rows(w.rows, pool.n_threads());
-    #[cfg(target_arch = "x86_64")]
-    if kernels.has_int8(w.dtype) {
-        matmul_int8(&kernels, pool, w, row_bytes, x, y, n_tokens, chunk);
-        return;
-    }
     if n_tokens == 1 && kernels.has_fused_rows() {
         for_each_column_chunk(pool, y, n_tokens, w.rows, chunk, |rows, out| {
             fused_rows(&kernels, w, row_bytes, x, rows, out);
@@ -159,35 +154,6 @@ fn chunk_rows(rows: usize, n_threads: usize) -> usize {
 thread_local! {
     /// Per-thread dequantization scratch, reused across calls (grows, never shrinks).
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// The int8 path: quantizes every token row once, then `y[t, r] = dot_q8(W[r], xq[t])`.
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)] // the matmul's arguments plus two derived sizes
-fn matmul_int8(
-    kernels: &Kernels,
-    pool: &ThreadPool,
-    w: &WeightView<'_>,
-    row_bytes: usize,
-    x: &[f32],     // [n_tokens, cols]
-    y: &mut [f32], // [n_tokens, rows]
-    n_tokens: usize,
-    chunk: usize,
-) {
-    use crate::simd::{quantize_activations, Q8_BLOCK};
-    let mut xq = Vec::new(); // [n_tokens, cols / 32]
-    quantize_activations(x, &mut xq);
-    debug_assert_eq!(xq.len(), n_tokens * (w.cols / Q8_BLOCK));
-    for_each_column_chunk(pool, y, n_tokens, w.rows, chunk, |rows, out| {
-        let mut col = vec![0.0f32; n_tokens]; // [n_tokens]: one output column
-        for (j, r) in rows.enumerate() {
-            let src = &w.data[r * row_bytes..(r + 1) * row_bytes];
-            kernels.row_q8(w.dtype, src, &xq, &mut col);
-            for (t, &v) in col.iter().enumerate() {
-                out.set(t, j, v);
-            }
-        }
-    });
 }
 
 /// `out[0, r] = W[r] · x` for `r` in `rows` with the fused kernels (one token; no scratch),
@@ -233,7 +199,7 @@ fn with_scratch(len: usize, f: impl FnOnce(&mut [f32])) {
 
 /// Splits the columns of `y` (`[n_tokens, rows]`) into chunks of `chunk` consecutive columns
 /// and runs `f(columns, view)` for each on the pool; `view` writes only those columns.
-fn for_each_column_chunk<F>(
+pub(crate) fn for_each_column_chunk<F>(
     pool: &ThreadPool,
     y: &mut [f32], // [n_tokens, rows]
     n_tokens: usize,
@@ -268,7 +234,7 @@ unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
 /// Write access to columns `start..end` of a `[n_tokens, stride]` f32 matrix.
-struct ColumnsMut<'a> {
+pub(crate) struct ColumnsMut<'a> {
     base: *mut f32,
     n_tokens: usize,
     stride: usize,
@@ -294,7 +260,7 @@ impl ColumnsMut<'_> {
 
     /// Sets element `[t, columns.start + j]`.
     #[inline(always)]
-    fn set(&mut self, t: usize, j: usize, v: f32) {
+    pub(crate) fn set(&mut self, t: usize, j: usize, v: f32) {
         let c = self.columns.start + j;
         assert!(
             t < self.n_tokens && c < self.columns.end,

@@ -15,6 +15,7 @@ pub mod kv_store;
 pub mod loader;
 pub mod logits;
 pub mod model_builder;
+mod packed_weights;
 pub mod safetensors;
 pub mod scoring;
 pub mod tokenizer;

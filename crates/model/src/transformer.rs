@@ -3,7 +3,7 @@
 
 use tandem_kernels::ops::{add_inplace, rms_norm, rms_norm_inplace, rope_head, swiglu_inplace};
 use tandem_kernels::parallel::for_each_chunk_mut;
-use tandem_kernels::{matmul, ThreadPool, WeightView};
+use tandem_kernels::ThreadPool;
 
 use crate::attention::{causal_attention, AttentionLayout, HeadShape};
 use crate::batch::ForwardBatch;
@@ -11,6 +11,7 @@ use crate::config::{ModelConfig, RopeStyle};
 use crate::error::Result;
 use crate::kv_store::KvStore;
 use crate::logits::Logits;
+use crate::packed_weights::PackedWeights;
 use crate::weights::{TensorHandle, TensorSet};
 
 /// The weights of one decoder layer. Matrices stay in their stored format; the small
@@ -50,6 +51,8 @@ pub struct Model {
     pub config: ModelConfig,
     tensors: TensorSet,
     w: ModelWeights,
+    /// The matrices repacked for the int8 kernels (none under an exact kernel variant).
+    packed: PackedWeights,
     pool: ThreadPool,
 }
 
@@ -135,10 +138,12 @@ impl Model {
         threads: usize,
     ) -> Model {
         let pool = ThreadPool::new(threads);
+        let packed = PackedWeights::prepare(&tensors, &w, &pool);
         Model {
             config,
             tensors,
             w,
+            packed,
             pool,
         }
     }
@@ -162,11 +167,14 @@ impl Model {
         self.tensors.total_bytes()
     }
 
-    fn matrix(&self, h: TensorHandle) -> WeightView<'_> {
-        self.tensors
-            .by_handle(h)
-            .matrix()
-            .expect("matrix shapes are validated at load time")
+    /// Bytes of weights repacked for the int8 kernels (held beside the mapped file).
+    pub fn packed_bytes(&self) -> usize {
+        self.packed.bytes()
+    }
+
+    /// `y = x · Wᵀ` for matrix `h` over `n` rows of `x`.
+    fn matmul(&self, h: TensorHandle, x: &[f32], y: &mut [f32], n: usize) {
+        self.packed.matmul(&self.tensors, &self.pool, h, x, y, n);
     }
 
     /// Runs the transformer over `batch`: writes every new token's K/V into `kv` and returns
@@ -217,9 +225,9 @@ impl Model {
         let c = &self.config;
         let n = layout.positions.len();
         self.norm_rows(&a.x, &w.attn_norm, &mut a.xn);
-        matmul(&self.pool, &self.matrix(w.q), &a.xn, &mut a.q, n);
-        matmul(&self.pool, &self.matrix(w.k), &a.xn, &mut a.k, n);
-        matmul(&self.pool, &self.matrix(w.v), &a.xn, &mut a.v, n);
+        let (h, ys) = ([w.q, w.k, w.v], [&mut a.q[..], &mut a.k[..], &mut a.v[..]]);
+        self.packed
+            .matmuls(&self.tensors, &self.pool, h, &a.xn, ys, n);
         if let Some([bq, bk, bv]) = &w.qkv_bias {
             add_bias(&mut a.q, bq);
             add_bias(&mut a.k, bk);
@@ -260,17 +268,18 @@ impl Model {
             values,
             &mut a.attn,
         );
-        matmul(&self.pool, &self.matrix(w.o), &a.attn, &mut a.out, n);
+        self.matmul(w.o, &a.attn, &mut a.out, n);
         add_inplace(&mut a.x, &a.out);
     }
 
     fn mlp_block(&self, w: &LayerWeights, a: &mut Activations) {
         let n = a.x.len() / self.config.hidden_size;
         self.norm_rows(&a.x, &w.ffn_norm, &mut a.xn);
-        matmul(&self.pool, &self.matrix(w.gate), &a.xn, &mut a.gate, n);
-        matmul(&self.pool, &self.matrix(w.up), &a.xn, &mut a.up, n);
+        let (h, ys) = ([w.gate, w.up], [&mut a.gate[..], &mut a.up[..]]);
+        self.packed
+            .matmuls(&self.tensors, &self.pool, h, &a.xn, ys, n);
         swiglu_inplace(&mut a.gate, &a.up);
-        matmul(&self.pool, &self.matrix(w.down), &a.gate, &mut a.out, n);
+        self.matmul(w.down, &a.gate, &mut a.out, n);
         add_inplace(&mut a.x, &a.out);
     }
 
@@ -310,13 +319,7 @@ impl Model {
             dst.copy_from_slice(hidden(i));
         }
         let mut data = vec![0.0f32; rows.len() * c.vocab_size]; // [rows, vocab]
-        matmul(
-            &self.pool,
-            &self.matrix(self.w.lm_head),
-            &normed,
-            &mut data,
-            rows.len(),
-        );
+        self.matmul(self.w.lm_head, &normed, &mut data, rows.len());
         Logits::new(rows, c.vocab_size, data)
     }
 }

@@ -19,7 +19,8 @@ pub struct MappedFile {
 }
 
 impl MappedFile {
-    /// Maps `path` read-only. This is the crate's one audited `unsafe` block.
+    /// Maps `path` read-only. This and [`MappedFile::release`] are the crate's audited `unsafe`
+    /// blocks.
     pub fn open(path: &Path) -> Result<MappedFile> {
         let io_err = |source| ModelError::Io {
             path: path.to_path_buf(),
@@ -44,6 +45,28 @@ impl MappedFile {
 
     pub fn bytes(&self) -> &[u8] {
         &self.mmap
+    }
+
+    /// Drops this process's resident pages of bytes `range` (rounded out to whole pages); a
+    /// later read faults them back in from the file, unchanged. For tensors read once at load
+    /// time (repacked), so that they do not count twice in resident memory. Best effort: an
+    /// error leaves the pages where they are.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        if range.end > self.mmap.len() || range.is_empty() {
+            return;
+        }
+        // SAFETY: the map is read-only and private and this process never writes to it, so
+        // every page is clean: MADV_DONTNEED only unmaps them, and the next access reads the
+        // same bytes back from the file. Slices borrowed from `bytes()` stay valid and keep
+        // their contents.
+        #[allow(unsafe_code)]
+        let _ = unsafe {
+            self.mmap.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                range.start,
+                range.len(),
+            )
+        };
     }
 }
 
@@ -108,7 +131,7 @@ impl<'a> TensorRef<'a> {
 }
 
 /// A resolved tensor of a [`TensorSet`], cheap to keep and to look up again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TensorHandle(usize);
 
 /// All tensors of a model, by name, over one or more mapped files.
@@ -188,6 +211,12 @@ impl TensorSet {
             shape: &e.shape,
             data,
         }
+    }
+
+    /// Drops the resident pages of the tensor's bytes (see [`MappedFile::release`]).
+    pub fn release_pages(&self, h: TensorHandle) {
+        let e = &self.entries[h.0].1;
+        self.files[e.file].release(e.offset..e.offset + e.len);
     }
 
     /// Like [`TensorSet::get`] but a missing tensor is an error.

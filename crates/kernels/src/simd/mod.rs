@@ -31,15 +31,16 @@ mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod decode;
 #[cfg(target_arch = "x86_64")]
-mod int8;
-#[cfg(target_arch = "x86_64")]
 mod kernels;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
+#[cfg(target_arch = "x86_64")]
+mod packed_vnni;
 
 use crate::attention::KvView;
 use crate::isa::Isa;
-use crate::{dot16, quant, DType};
+use crate::packed::{PackedMatrix, QuantizedRows};
+use crate::{dot16, packed, quant, DType};
 
 type AttendFn = unsafe fn(&[f32], &KvView<'_>, f32, &mut [f32]);
 type DequantFn = unsafe fn(DType, &[u8], &mut [f32]);
@@ -48,10 +49,7 @@ type Dot4Fn = unsafe fn([&[f32]; 4], &[f32]) -> [f32; 4];
 type Dot4x2Fn = unsafe fn([&[f32]; 4], [&[f32]; 2]) -> [[f32; 4]; 2];
 type Dot4x4Fn = unsafe fn([&[f32]; 4], [&[f32]; 4]) -> [[f32; 4]; 4];
 type DotRowFn = unsafe fn(DType, &[u8], &[f32]) -> f32;
-#[cfg(target_arch = "x86_64")]
-pub(crate) use int8::{quantize_activations, Q8Block, QK as Q8_BLOCK};
-#[cfg(target_arch = "x86_64")]
-type Int8Fn = unsafe fn(DType, &[u8], &[Q8Block], &mut [f32]);
+type PackedFn = unsafe fn(&PackedMatrix, usize, &QuantizedRows, &mut [f32]);
 type DotRows4Fn = unsafe fn(DType, [&[u8]; 4], &[f32]) -> [f32; 4];
 
 /// The fused dequantize-and-dot kernels (1 and 4 stored rows with one activation row).
@@ -73,9 +71,9 @@ pub(crate) struct Kernels {
     dot4x4: Option<Dot4x4Fn>,
     fused: Option<Fused>,
     attend: AttendFn,
-    /// The int8 row dot for Q4_0 / Q4_1 / Q8_0 weights (int8 ISAs only).
-    #[cfg(target_arch = "x86_64")]
-    int8: Option<Int8Fn>,
+    /// The int8 product of one packed row group with every token (the scalar reference
+    /// unless the ISA has int8 kernels).
+    packed: PackedFn,
 }
 
 impl Kernels {
@@ -93,17 +91,16 @@ impl Kernels {
                 dot4x4: None,
                 fused: None,
                 attend: crate::attention::attend_group_scalar,
-                #[cfg(target_arch = "x86_64")]
-                int8: None,
+                packed: packed::reference::group,
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2Int8 => Some(Kernels {
-                int8: Some(int8::rows_avx2),
+                packed: packed::reference::group,
                 ..Kernels::new(Isa::Avx2)?
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Int8 => Some(Kernels {
-                int8: Some(int8::rows_vnni),
+                packed: packed_vnni::group,
                 ..Kernels::new(Isa::Avx512)?
             }),
             #[cfg(target_arch = "x86_64")]
@@ -118,7 +115,7 @@ impl Kernels {
                     four: avx2::dot_rows_4,
                 }),
                 attend: attention::attend_group_avx2,
-                int8: None,
+                packed: packed::reference::group,
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => Some(Kernels {
@@ -132,7 +129,7 @@ impl Kernels {
                     four: avx512::dot_rows_4,
                 }),
                 attend: attention::attend_group_avx512,
-                int8: None,
+                packed: packed::reference::group,
             }),
             #[cfg(not(target_arch = "x86_64"))]
             _ => None,
@@ -187,21 +184,17 @@ impl Kernels {
         }
     }
 
-    /// Whether [`Kernels::row_q8`] applies to weights of `dtype` (an int8 ISA and a
-    /// Q4_0 / Q4_1 / Q8_0 type).
-    #[cfg(target_arch = "x86_64")]
-    pub(crate) fn has_int8(&self, dtype: DType) -> bool {
-        self.int8.is_some() && matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
-    }
-
-    /// `out[t] = W_row · xq[t]` for every token (`xq`: `[n_tokens, cols / 32]`, `out`:
-    /// `[n_tokens]`) with the int8 kernel (see `int8`); only when [`Kernels::has_int8`] holds.
-    #[cfg(target_arch = "x86_64")]
-    pub(crate) fn row_q8(&self, dtype: DType, src: &[u8], xq: &[Q8Block], out: &mut [f32]) {
-        assert!(self.has_int8(dtype), "row_q8: no int8 kernel for {dtype}");
-        let f = self.int8.expect("checked by has_int8");
+    /// `out[t·16 + j] = W[16g + j] · x[t]` for every token of `xq` (`out`: `[n_tokens, 16]`),
+    /// bitwise equal to [`packed::reference::group`].
+    pub(crate) fn packed_group(
+        &self,
+        w: &PackedMatrix,
+        g: usize,
+        xq: &QuantizedRows,
+        out: &mut [f32],
+    ) {
         // SAFETY: as in `dequantize_row`; the kernel asserts the shapes.
-        unsafe { f(dtype, src, xq, out) }
+        unsafe { (self.packed)(w, g, xq, out) }
     }
 
     /// Whether there are fused dequantize-and-dot kernels (else callers use scratch rows).

@@ -1,6 +1,7 @@
-//! The opt-in int8 variants against the scalar reference: within the error bound of 8-bit
-//! activation rounding, on random shapes and 1..20 tokens; batch- and thread-invariant
-//! bitwise; and equal to the exact variants for the types they do not handle.
+//! The int8 product of packed matrices (`tandem_kernels::packed`): every ISA's kernel is
+//! bitwise equal to the scalar reference on random shapes (rows that are no multiple of the
+//! 16-row group, 1..20 tokens); results are batch- and thread-invariant bitwise; and they lie
+//! within the error bound of 8-bit activation rounding from the exact f32 product.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a test failure
 
@@ -10,23 +11,24 @@ use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tandem_kernels::quant::{dequantize_row, quantize_row};
-use tandem_kernels::{matmul_with, DType, Isa, ThreadPool, WeightView};
+use tandem_kernels::{
+    matmul_packed_with, matmul_with, DType, Isa, PackedMatrix, ThreadPool, WeightView,
+};
 
 fn pool(threads: usize) -> &'static ThreadPool {
     static POOLS: [OnceLock<ThreadPool>; 4] = [const { OnceLock::new() }; 4];
     POOLS[threads].get_or_init(|| ThreadPool::new(threads))
 }
 
-fn int8_isas() -> Vec<Isa> {
-    Isa::available()
-        .into_iter()
-        .filter(|i| !i.is_exact())
-        .collect()
-}
-
 fn run(isa: Isa, threads: usize, w: &WeightView<'_>, x: &[f32], n_tokens: usize) -> Vec<f32> {
     let mut y = vec![f32::NAN; n_tokens * w.rows]; // [n_tokens, rows]
     matmul_with(isa, pool(threads), w, x, &mut y, n_tokens);
+    y
+}
+
+fn run_packed(isa: Isa, threads: usize, w: &PackedMatrix, x: &[f32], n_tokens: usize) -> Vec<f32> {
+    let mut y = vec![f32::NAN; n_tokens * w.rows()]; // [n_tokens, rows]
+    matmul_packed_with(isa, pool(threads), w, x, &mut y, n_tokens);
     y
 }
 
@@ -50,10 +52,10 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
     #[test]
-    fn int8_is_within_the_rounding_bound_and_invariant(
+    fn packed_int8_equals_its_reference_and_is_within_the_rounding_bound(
         dtype in prop::sample::select(vec![DType::Q4_0, DType::Q4_1, DType::Q8_0]),
         blocks in 1usize..10,
-        rows in 1usize..12,
+        rows in 1usize..40,
         n_tokens in 1usize..21,
         seed in any::<u64>(),
     ) {
@@ -66,27 +68,37 @@ proptest! {
             quantize_row(dtype, &v, row);
         }
         let w = WeightView::new(dtype, rows, cols, &data).unwrap();
-        let x: Vec<f32> = (0..n_tokens * cols).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+        let packed = PackedMatrix::pack(&w, pool(2)).unwrap();
+        // Some all-zero activation blocks (scale 0) among the random ones.
+        let x: Vec<f32> = (0..n_tokens * cols)
+            .map(|i| if (i / 32) % 7 == 3 { 0.0 } else { rng.random_range(-3.0f32..3.0) })
+            .collect();
         let exact = run(Isa::Scalar, 1, &w, &x, n_tokens);
-        for isa in int8_isas() {
-            let got = run(isa, 1, &w, &x, n_tokens);
+        let reference = run_packed(Isa::Scalar, 1, &packed, &x, n_tokens);
+        for t in 0..n_tokens {
+            let xt = &x[t * cols..(t + 1) * cols];
+            for r in 0..rows {
+                let mut wr = vec![0.0f32; cols];
+                dequantize_row(dtype, &data[r * row_bytes..(r + 1) * row_bytes], &mut wr);
+                let (g, e) = (reference[t * rows + r], exact[t * rows + r]);
+                prop_assert!(
+                    (g - e).abs() <= bound(&wr, xt),
+                    "{} t={} r={}: {} vs {} (bound {})", dtype, t, r, g, e, bound(&wr, xt)
+                );
+            }
+        }
+        for isa in Isa::available() {
+            let got = run_packed(isa, 1, &packed, &x, n_tokens);
+            for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
+                prop_assert_eq!(a.to_bits(), b.to_bits(), "{} {} at {}", isa, dtype, i);
+            }
             for t in 0..n_tokens {
-                let xt = &x[t * cols..(t + 1) * cols];
-                for r in 0..rows {
-                    let mut wr = vec![0.0f32; cols];
-                    dequantize_row(dtype, &data[r * row_bytes..(r + 1) * row_bytes], &mut wr);
-                    let (g, e) = (got[t * rows + r], exact[t * rows + r]);
-                    prop_assert!(
-                        (g - e).abs() <= bound(&wr, xt),
-                        "{} {} t={} r={}: {} vs {} (bound {})", isa, dtype, t, r, g, e, bound(&wr, xt)
-                    );
-                }
-                let alone = run(isa, 2, &w, xt, 1);
+                let alone = run_packed(isa, 2, &packed, &x[t * cols..(t + 1) * cols], 1);
                 for r in 0..rows {
                     prop_assert_eq!(alone[r].to_bits(), got[t * rows + r].to_bits());
                 }
             }
-            let threaded = run(isa, 3, &w, &x, n_tokens);
+            let threaded = run_packed(isa, 3, &packed, &x, n_tokens);
             for (a, b) in threaded.iter().zip(&got) {
                 prop_assert_eq!(a.to_bits(), b.to_bits());
             }
@@ -94,11 +106,36 @@ proptest! {
     }
 }
 
-/// Types without an int8 kernel take the exact path of the same width: bitwise scalar.
 #[test]
-fn other_types_stay_exact_under_int8_isas() {
+fn only_the_int8_block_types_pack() {
+    for dtype in [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q4_K,
+        DType::Q6_K,
+    ] {
+        let cols = 256;
+        let data = vec![0u8; 2 * dtype.bytes_for(cols).unwrap()];
+        let w = WeightView::new(dtype, 2, cols, &data).unwrap();
+        assert!(!PackedMatrix::packs(dtype));
+        assert!(PackedMatrix::pack(&w, pool(1)).is_none(), "{dtype}");
+    }
+}
+
+/// The stored-weight product stays exact under the int8 ISAs (only packed matrices take the
+/// int8 kernels).
+#[test]
+fn stored_weights_stay_exact_under_int8_isas() {
     let mut rng = StdRng::seed_from_u64(5);
-    for dtype in [DType::F32, DType::F16, DType::Q4_K, DType::Q6_K] {
+    for dtype in [
+        DType::F32,
+        DType::F16,
+        DType::Q4_K,
+        DType::Q6_K,
+        DType::Q4_1,
+        DType::Q8_0,
+    ] {
         let cols = 256;
         let row_bytes = dtype.bytes_for(cols).unwrap();
         let mut data = vec![0u8; 6 * row_bytes];
@@ -111,7 +148,7 @@ fn other_types_stay_exact_under_int8_isas() {
             .map(|_| rng.random_range(-1.0f32..1.0))
             .collect();
         let exact = run(Isa::Scalar, 1, &w, &x, 3);
-        for isa in int8_isas() {
+        for isa in Isa::available().into_iter().filter(|i| !i.is_exact()) {
             let got = run(isa, 2, &w, &x, 3);
             assert!(
                 got.iter()
@@ -121,9 +158,4 @@ fn other_types_stay_exact_under_int8_isas() {
             );
         }
     }
-}
-
-#[test]
-fn int8_isas_are_never_the_default() {
-    assert!(Isa::best().is_exact());
 }

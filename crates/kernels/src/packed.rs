@@ -1,0 +1,270 @@
+//! The int8 matrix product: Q4_0 / Q4_1 / Q8_0 weights repacked once at load time into groups
+//! of 16 rows, multiplied by activations rounded to 8 bits (as llama.cpp does), with integer
+//! dot products (AVX-512 VNNI `vpdpbusd`, or AVX2 `vpmaddubsw` + `vpmaddwd`).
+//!
+//! **Layout.** A [`PackedMatrix`] stores its rows in groups of [`GROUP_ROWS`] (the last group
+//! padded with zero rows). Group `g` is a run of records, one per 32-column block `b`, each
+//! [`PackedMatrix::record_bytes`] long (a multiple of 64):
+//! - 4-bit types: 4 vectors of 64 bytes, then 16 × f16 `d`, then 16 × f16 `m` (Q4_1; zero for
+//!   Q4_0). Vector `k`, lane `j` (4 bytes) holds the stored bytes `4k .. 4k + 4` of row
+//!   `16g + j`'s block: low nibbles are elements `4k ..`, high nibbles elements `16 + 4k ..`.
+//! - Q8_0: 8 vectors of 64 bytes, then 16 × f16 `d`; vector `k`, lane `j` holds elements
+//!   `4k .. 4k + 4` of row `16g + j`, each byte offset by 128 (`q ^ 0x80`, unsigned).
+//!
+//! So one `vpdpbusd` of a weight vector with 4 broadcast activation bytes gives, in lane `j`,
+//! 4 products of row `j`: 16 rows advance together and no horizontal sum is ever needed.
+//!
+//! **Order (fixed per row and token, whatever the batch, the grouping or the thread split).**
+//! For row `r`, token `t`, block `b` in increasing order, with `q_w` the stored unsigned
+//! weights (nibbles, or Q8_0's `q + 128`), `q_x`, `d_x`, `Σq_x` and `s_x = d_x·Σq_x` the
+//! block's quantized activations (see [`QuantizedRows`]):
+//! 1. `i = Σ q_w·q_x − c·Σq_x` exactly in `i32` (`c` = 0 for Q4_1, 8 for Q4_0, 128 for Q8_0);
+//! 2. `acc = fma(f32(i), d_w·d_x, acc)` (the product `d_w·d_x` rounded first);
+//! 3. Q4_1 only: `off = fma(m_w, s_x, off)`.
+//!
+//! The result is `acc` (Q4_0, Q8_0) or `acc + off` (Q4_1). [`reference`] does exactly this one
+//! scalar at a time; every SIMD variant is bitwise equal to it. Against the exact f32 path the
+//! error is the activation rounding: at most `Σ |w_i|·d_x/2` per row and token.
+
+mod activations;
+pub(crate) mod reference;
+
+use std::ops::Range;
+
+pub use activations::QuantizedRows;
+
+use crate::isa::{self, Isa};
+use crate::matmul::{for_each_column_chunk, WeightView};
+use crate::simd::Kernels;
+use crate::{DType, ThreadPool};
+
+/// Rows that advance together: the 16 lanes of one 512-bit register of `i32`.
+pub const GROUP_ROWS: usize = 16;
+/// Columns per block (of the weights and of the quantized activations).
+pub const BLOCK: usize = 32;
+
+/// One 64-byte line; records are whole lines so that every vector load is aligned.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// A Q4_0 / Q4_1 / Q8_0 matrix `[rows, cols]` in the int8 kernels' layout (module docs).
+pub struct PackedMatrix {
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    lines: Vec<Line>,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedMatrix")
+            .field("dtype", &self.dtype)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PackedMatrix {
+    /// Whether weights of `dtype` can be packed.
+    pub fn packs(dtype: DType) -> bool {
+        matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+    }
+
+    /// Repacks `w`; `None` if its type is not one [`PackedMatrix::packs`]. The groups are
+    /// packed in parallel on `pool`.
+    pub fn pack(w: &WeightView<'_>, pool: &ThreadPool) -> Option<PackedMatrix> {
+        if !Self::packs(w.dtype) {
+            return None;
+        }
+        let groups = w.rows.div_ceil(GROUP_ROWS);
+        let blocks = w.cols / BLOCK;
+        let record = record_bytes(w.dtype);
+        let group_lines = blocks * record / 64;
+        let mut lines = vec![Line([0; 64]); groups * group_lines];
+        let row_bytes = w.dtype.bytes_for(w.cols).expect("a validated weight view");
+        let block_bytes = w.dtype.block_bytes();
+        if group_lines > 0 {
+            crate::parallel::for_each_chunk_mut(pool, &mut lines, group_lines, |g, dst| {
+                let dst = lines_as_bytes(dst);
+                for j in 0..GROUP_ROWS.min(w.rows - g * GROUP_ROWS) {
+                    let r = g * GROUP_ROWS + j;
+                    let row = &w.data[r * row_bytes..(r + 1) * row_bytes];
+                    for (b, src) in row.chunks_exact(block_bytes).enumerate() {
+                        pack_block(w.dtype, src, j, &mut dst[b * record..(b + 1) * record]);
+                    }
+                }
+            });
+        }
+        Some(PackedMatrix {
+            dtype: w.dtype,
+            rows: w.rows,
+            cols: w.cols,
+            lines,
+        })
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// Bytes of one group's record for one block.
+    pub fn record_bytes(&self) -> usize {
+        record_bytes(self.dtype)
+    }
+    /// Bytes of memory held.
+    pub fn bytes(&self) -> usize {
+        self.lines.len() * 64
+    }
+    fn blocks(&self) -> usize {
+        self.cols / BLOCK
+    }
+    /// The records of group `g`, block after block.
+    pub(crate) fn group(&self, g: usize) -> &[u8] {
+        let n = self.blocks() * self.record_bytes() / 64;
+        lines_as_bytes_ref(&self.lines[g * n..(g + 1) * n])
+    }
+}
+
+/// Bytes of one record: 16 rows' quants, then their scales, rounded up to whole lines.
+fn record_bytes(dtype: DType) -> usize {
+    match dtype {
+        DType::Q8_0 => 512 + 64,
+        _ => 256 + 64,
+    }
+}
+
+/// Writes row `j`'s stored block `src` into the record `dst` (module docs).
+fn pack_block(dtype: DType, src: &[u8], j: usize, dst: &mut [u8]) {
+    match dtype {
+        DType::Q8_0 => {
+            for k in 0..8 {
+                for p in 0..4 {
+                    dst[64 * k + 4 * j + p] = src[2 + 4 * k + p] ^ 0x80;
+                }
+            }
+            dst[512 + 2 * j..512 + 2 * j + 2].copy_from_slice(&src[..2]);
+        }
+        DType::Q4_0 => {
+            for k in 0..4 {
+                dst[64 * k + 4 * j..64 * k + 4 * j + 4].copy_from_slice(&src[2 + 4 * k..6 + 4 * k]);
+            }
+            dst[256 + 2 * j..256 + 2 * j + 2].copy_from_slice(&src[..2]);
+        }
+        DType::Q4_1 => {
+            for k in 0..4 {
+                dst[64 * k + 4 * j..64 * k + 4 * j + 4].copy_from_slice(&src[4 + 4 * k..8 + 4 * k]);
+            }
+            dst[256 + 2 * j..256 + 2 * j + 2].copy_from_slice(&src[..2]);
+            dst[288 + 2 * j..288 + 2 * j + 2].copy_from_slice(&src[2..4]);
+        }
+        _ => unreachable!("pack_block: {dtype} is not packed (checked by `pack`)"),
+    }
+}
+
+fn lines_as_bytes(lines: &mut [Line]) -> &mut [u8] {
+    let len = lines.len() * 64;
+    // SAFETY: `Line` is `repr(C)` around `[u8; 64]` (size 64, no padding), so the slice is
+    // `len` initialized bytes, borrowed mutably for the same lifetime.
+    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast(), len) }
+}
+
+fn lines_as_bytes_ref(lines: &[Line]) -> &[u8] {
+    // SAFETY: as in `lines_as_bytes`.
+    unsafe { std::slice::from_raw_parts(lines.as_ptr().cast(), lines.len() * 64) }
+}
+
+/// `y[t, r] = W[r] · x[t]` with the int8 kernels of the process-wide ISA ([`isa::active`];
+/// the scalar [`reference`] when it has none). `x`: `[n_tokens, cols]`, `y`: `[n_tokens, rows]`.
+pub fn matmul_packed(
+    pool: &ThreadPool,
+    w: &PackedMatrix,
+    x: &[f32],
+    y: &mut [f32],
+    n_tokens: usize,
+) {
+    matmul_packed_with(isa::active(), pool, w, x, y, n_tokens);
+}
+
+/// [`matmul_packed`] with the kernels of `isa` (all bitwise equal); panics if this CPU
+/// cannot run `isa` or the shapes do not match.
+pub fn matmul_packed_with(
+    isa: Isa,
+    pool: &ThreadPool,
+    w: &PackedMatrix,
+    x: &[f32],
+    y: &mut [f32],
+    n_tokens: usize,
+) {
+    assert_eq!(
+        x.len(),
+        n_tokens * w.cols,
+        "matmul_packed: x must be [n_tokens, cols]"
+    );
+    assert_eq!(
+        y.len(),
+        n_tokens * w.rows,
+        "matmul_packed: y must be [n_tokens, rows]"
+    );
+    let xq = QuantizedRows::new(x, n_tokens, w.cols);
+    matmul_quantized_with(isa, pool, w, &xq, y);
+}
+
+/// [`matmul_packed`] of activations already quantized (several matrices that read the same
+/// input quantize it once): `y`: `[xq.n_tokens(), rows]`.
+pub fn matmul_quantized(pool: &ThreadPool, w: &PackedMatrix, xq: &QuantizedRows, y: &mut [f32]) {
+    matmul_quantized_with(isa::active(), pool, w, xq, y);
+}
+
+/// [`matmul_quantized`] with the kernels of `isa`.
+pub fn matmul_quantized_with(
+    isa: Isa,
+    pool: &ThreadPool,
+    w: &PackedMatrix,
+    xq: &QuantizedRows,
+    y: &mut [f32],
+) {
+    let kernels = Kernels::new(isa)
+        .unwrap_or_else(|| panic!("matmul_quantized_with: this CPU cannot run the {isa} kernels"));
+    let n_tokens = xq.n_tokens();
+    assert_eq!(
+        xq.cols(),
+        w.cols,
+        "matmul_quantized: x must have the matrix's columns"
+    );
+    assert_eq!(
+        y.len(),
+        n_tokens * w.rows,
+        "matmul_quantized: y must be [n_tokens, rows]"
+    );
+    if n_tokens == 0 || w.rows == 0 {
+        return;
+    }
+    let groups = w.rows.div_ceil(GROUP_ROWS);
+    let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
+    let chunk = per_task * GROUP_ROWS;
+    for_each_column_chunk(pool, y, n_tokens, w.rows, chunk, |rows, out| {
+        let mut tile = vec![0.0f32; n_tokens * GROUP_ROWS]; // [n_tokens, 16]
+        for g in group_range(&rows) {
+            kernels.packed_group(w, g, xq, &mut tile);
+            let first = g * GROUP_ROWS;
+            let live = GROUP_ROWS.min(w.rows - first);
+            for (t, lanes) in tile.chunks_exact(GROUP_ROWS).enumerate() {
+                for (j, &v) in lanes[..live].iter().enumerate() {
+                    out.set(t, first - rows.start + j, v);
+                }
+            }
+        }
+    });
+}
+
+/// The groups whose rows start in `rows` (a chunk starts on a group boundary).
+fn group_range(rows: &Range<usize>) -> Range<usize> {
+    rows.start / GROUP_ROWS..rows.end.div_ceil(GROUP_ROWS)
+}

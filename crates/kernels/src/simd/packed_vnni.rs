@@ -1,0 +1,140 @@
+//! The int8 kernel on packed matrices with AVX-512 VNNI: one `zmm` of `i32` holds the 16 rows
+//! of a group, `vpdpbusd` adds 4 products per row per instruction (weights unsigned, the 4
+//! broadcast activation bytes signed). Bitwise equal to `packed::reference` (integer sums are
+//! exact; the f32 steps are the same operations in the same order).
+
+use std::arch::x86_64::*;
+
+use crate::packed::reference::{quant_bytes, weight_bias};
+use crate::packed::{PackedMatrix, QuantizedRows, BLOCK, GROUP_ROWS};
+use crate::DType;
+
+/// Tokens whose sums advance together over one decoded weight record.
+const TILE: usize = 4;
+/// How many records ahead of the one being read to prefetch.
+const PREFETCH_RECORDS: usize = 4;
+
+/// `out[t·16 + j] = W[16g + j] · x[t]` for every token of `xq` (as `packed::reference::group`).
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW, VL and VNNI, and F16C. Shapes are asserted.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+pub(super) unsafe fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f32]) {
+    assert!(
+        xq.cols() == w.cols() && out.len() == xq.n_tokens() * GROUP_ROWS,
+        "packed vnni: shapes do not match"
+    );
+    match w.dtype() {
+        DType::Q4_1 => tiles::<false, true>(w, g, xq, out),
+        DType::Q4_0 => tiles::<false, false>(w, g, xq, out),
+        DType::Q8_0 => tiles::<true, false>(w, g, xq, out),
+        other => unreachable!("packed vnni: {other} is never packed"),
+    }
+}
+
+/// Every token of `xq`, [`TILE`] at a time, then the remainder.
+#[inline(always)]
+unsafe fn tiles<const Q8: bool, const MIN: bool>(
+    w: &PackedMatrix,
+    g: usize,
+    xq: &QuantizedRows,
+    out: &mut [f32],
+) {
+    let n = xq.n_tokens();
+    let mut t0 = 0;
+    while t0 + TILE <= n {
+        tile::<TILE, Q8, MIN>(w, g, xq, t0, out);
+        t0 += TILE;
+    }
+    match n - t0 {
+        3 => tile::<3, Q8, MIN>(w, g, xq, t0, out),
+        2 => tile::<2, Q8, MIN>(w, g, xq, t0, out),
+        1 => tile::<1, Q8, MIN>(w, g, xq, t0, out),
+        _ => {}
+    }
+}
+
+/// The 4 activation bytes at `p` in every lane.
+#[inline(always)]
+unsafe fn broadcast4(p: *const i8) -> __m512i {
+    _mm512_set1_epi32(p.cast::<i32>().read_unaligned())
+}
+
+/// Tokens `t0 .. t0 + T` against group `g`.
+#[inline(always)]
+unsafe fn tile<const T: usize, const Q8: bool, const MIN: bool>(
+    w: &PackedMatrix,
+    g: usize,
+    xq: &QuantizedRows,
+    t0: usize,
+    out: &mut [f32],
+) {
+    let dtype = w.dtype();
+    let (record, quants) = (w.record_bytes(), quant_bytes(dtype));
+    let bias = weight_bias(dtype);
+    let records = w.group(g);
+    let blocks = records.len() / record;
+    let q: [*const i8; T] = std::array::from_fn(|i| xq.q(t0 + i).as_ptr());
+    let d: [&[f32]; T] = std::array::from_fn(|i| xq.d(t0 + i));
+    let sum: [&[i32]; T] = std::array::from_fn(|i| xq.sum(t0 + i));
+    let sx: [&[f32]; T] = std::array::from_fn(|i| xq.sx(t0 + i));
+    let mut acc = [_mm512_setzero_ps(); T];
+    let mut off = [_mm512_setzero_ps(); T];
+    let nibble = _mm512_set1_epi8(0x0f);
+    for b in 0..blocks {
+        let rec = records.as_ptr().add(b * record);
+        // One stream per thread, but the hardware prefetcher does not run far enough ahead
+        // of a single-token pass (bound by memory): fetch a few records ahead. Prefetches
+        // never fault, even past the end of the matrix.
+        let ahead = rec.wrapping_add(PREFETCH_RECORDS * record);
+        for line in (0..record).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
+        }
+        // Weight vector `k` pairs with activation bytes `4k ..` (Q8_0: vectors 4..8 are
+        // elements 16..32; 4-bit: the high nibbles of vector k − 4 are).
+        let mut wv = [_mm512_setzero_si512(); 8];
+        for k in 0..4 {
+            let v = _mm512_load_si512(rec.add(64 * k).cast());
+            if Q8 {
+                wv[k] = v;
+                wv[4 + k] = _mm512_load_si512(rec.add(64 * (4 + k)).cast());
+            } else {
+                wv[k] = _mm512_and_si512(v, nibble);
+                wv[4 + k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
+            }
+        }
+        let dw = _mm512_cvtph_ps(_mm256_load_si256(rec.add(quants).cast()));
+        let mw = if MIN {
+            _mm512_cvtph_ps(_mm256_load_si256(rec.add(quants + 32).cast()))
+        } else {
+            _mm512_setzero_ps()
+        };
+        for t in 0..T {
+            let x = q[t].add(b * BLOCK);
+            let mut lo = _mm512_setzero_si512();
+            let mut hi = _mm512_setzero_si512();
+            for k in 0..4 {
+                lo = _mm512_dpbusd_epi32(lo, wv[k], broadcast4(x.add(4 * k)));
+                hi = _mm512_dpbusd_epi32(hi, wv[4 + k], broadcast4(x.add(16 + 4 * k)));
+            }
+            let mut i = _mm512_add_epi32(lo, hi);
+            if bias != 0 {
+                i = _mm512_sub_epi32(i, _mm512_set1_epi32(bias * sum[t][b]));
+            }
+            let dd = _mm512_mul_ps(dw, _mm512_set1_ps(d[t][b]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), dd, acc[t]);
+            if MIN {
+                off[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[t][b]), off[t]);
+            }
+        }
+    }
+    for t in 0..T {
+        let y = if MIN {
+            _mm512_add_ps(acc[t], off[t])
+        } else {
+            acc[t]
+        };
+        let at = (t0 + t) * GROUP_ROWS;
+        _mm512_storeu_ps(out[at..at + GROUP_ROWS].as_mut_ptr(), y);
+    }
+}
