@@ -21,12 +21,14 @@ pub enum Isa {
     Avx2,
     /// 512-bit AVX-512 (needs AVX-512 F, BW and VL, and F16C).
     Avx512,
-    /// [`Isa::Avx2`], except that Q4_0 / Q4_1 / Q8_0 weights are multiplied in int8 with
-    /// activations quantized to 8 bits (`vpmaddubsw`): faster, **not** bitwise equal to scalar.
+    /// [`Isa::Avx2`], except that Q4_0 / Q4_1 / Q8_0 weights, packed at load time, are
+    /// multiplied in int8 with activations quantized to 8 bits (`vpmaddubsw`): faster, bitwise
+    /// equal to the scalar int8 reference ([`crate::packed`]), **not** to the exact product.
     Avx2Int8,
-    /// [`Isa::Avx512`], except that Q4_0 / Q4_1 / Q8_0 weights are multiplied in int8 with
-    /// activations quantized to 8 bits (VNNI `vpdpbusd`; also needs AVX512-VNNI): faster,
-    /// **not** bitwise equal to scalar.
+    /// [`Isa::Avx512`], except that Q4_0 / Q4_1 / Q8_0 weights, packed at load time, are
+    /// multiplied in int8 with activations quantized to 8 bits (VNNI `vpdpbusd`; also needs
+    /// AVX512-VNNI): the default where available; bitwise equal to the scalar int8
+    /// reference, **not** to the exact product.
     Avx512Int8,
 }
 
@@ -63,8 +65,19 @@ impl Isa {
         Isa::ALL.into_iter().filter(|i| i.is_available()).collect()
     }
 
-    /// The fastest available exact variant (the default; int8 variants are opt-in).
+    /// The default: the fastest available variant. That is an int8 one wherever the CPU has
+    /// AVX2 (activations rounded to 8 bits for Q4_0 / Q4_1 / Q8_0 weights, as llama.cpp does;
+    /// still batch-, chunk- and thread-invariant bitwise, see [`crate::packed`]); the exact
+    /// variants are a `--kernels` choice away ([`Isa::best_exact`]).
     pub fn best() -> Isa {
+        [Isa::Avx512Int8, Isa::Avx2Int8]
+            .into_iter()
+            .find(|i| i.is_available())
+            .unwrap_or_else(Isa::best_exact)
+    }
+
+    /// The fastest available variant whose every result is bitwise equal to [`Isa::Scalar`].
+    pub fn best_exact() -> Isa {
         Isa::ALL
             .into_iter()
             .filter(|i| i.is_exact())
@@ -215,7 +228,8 @@ mod tests {
 
     #[test]
     fn best_is_available_and_exact_and_scalar_always_is() {
-        assert!(Isa::best().is_available() && Isa::best().is_exact());
+        assert!(Isa::best().is_available());
+        assert!(Isa::best_exact().is_available() && Isa::best_exact().is_exact());
         assert_eq!(Isa::available()[0], Isa::Scalar);
         assert!(Isa::available().contains(&Isa::best()));
     }
