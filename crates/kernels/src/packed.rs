@@ -82,7 +82,7 @@ impl PackedMatrix {
         let blocks = w.cols / BLOCK;
         let record = record_bytes(w.dtype);
         let group_lines = blocks * record / 64;
-        let mut lines = vec![Line([0; 64]); groups * group_lines];
+        let mut lines = huge_page_lines(groups * group_lines);
         let row_bytes = w.dtype.bytes_for(w.cols).expect("a validated weight view");
         let block_bytes = w.dtype.block_bytes();
         if group_lines > 0 {
@@ -166,6 +166,34 @@ fn pack_block(dtype: DType, src: &[u8], j: usize, dst: &mut [u8]) {
         }
         _ => unreachable!("pack_block: {dtype} is not packed (checked by `pack`)"),
     }
+}
+
+/// `n` zeroed lines, backed by transparent huge pages where the kernel offers them: the
+/// single-token pass streams every weight once per step, and 4 KiB pages would cost a TLB miss
+/// every 64 lines.
+fn huge_page_lines(n: usize) -> Vec<Line> {
+    let mut lines: Vec<Line> = Vec::with_capacity(n);
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = lines.as_ptr() as usize;
+        let end = start + n * 64;
+        let (first, last) = (start.next_multiple_of(HUGE), end / HUGE * HUGE);
+        if last > first {
+            // SAFETY: `[first, last)` lies inside the vector's allocation, which nothing has
+            // touched yet; MADV_HUGEPAGE only changes how the kernel backs those pages, never
+            // their contents. Failure is harmless (the advice is ignored).
+            unsafe {
+                libc::madvise(
+                    first as *mut libc::c_void,
+                    last - first,
+                    libc::MADV_HUGEPAGE,
+                );
+            }
+        }
+    }
+    lines.resize(n, Line([0; 64]));
+    lines
 }
 
 fn lines_as_bytes(lines: &mut [Line]) -> &mut [u8] {
