@@ -270,6 +270,20 @@ impl ColumnsMut<'_> {
         // other thread accesses (contract of `new`).
         unsafe { *self.base.add(t * self.stride + c) = v };
     }
+
+    /// Sets elements `[t, columns.start + j ..]` to `vs`.
+    #[inline(always)]
+    pub(crate) fn set_run(&mut self, t: usize, j: usize, vs: &[f32]) {
+        let c = self.columns.start + j;
+        assert!(
+            t < self.n_tokens && c + vs.len() <= self.columns.end,
+            "column view: out of bounds"
+        );
+        // SAFETY: as in `set`: the run lies in row `t` within this view's columns.
+        unsafe {
+            std::ptr::copy_nonoverlapping(vs.as_ptr(), self.base.add(t * self.stride + c), vs.len())
+        };
+    }
 }
 
 #[cfg(test)]

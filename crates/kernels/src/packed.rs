@@ -31,7 +31,8 @@ pub(crate) mod reference;
 
 use std::ops::Range;
 
-pub use activations::QuantizedRows;
+pub(crate) use activations::quantize_row;
+pub use activations::{BlockScale, QuantizedRows};
 
 use crate::isa::{self, Isa};
 use crate::matmul::{for_each_column_chunk, WeightView};
@@ -240,7 +241,7 @@ pub fn matmul_packed_with(
         n_tokens * w.rows,
         "matmul_packed: y must be [n_tokens, rows]"
     );
-    let xq = QuantizedRows::new(x, n_tokens, w.cols);
+    let xq = QuantizedRows::quantize_with(isa, pool, x, n_tokens, w.cols);
     matmul_quantized_with(isa, pool, w, &xq, y);
 }
 
@@ -284,9 +285,7 @@ pub fn matmul_quantized_with(
             let first = g * GROUP_ROWS;
             let live = GROUP_ROWS.min(w.rows - first);
             for (t, lanes) in tile.chunks_exact(GROUP_ROWS).enumerate() {
-                for (j, &v) in lanes[..live].iter().enumerate() {
-                    out.set(t, first - rows.start + j, v);
-                }
+                out.set_run(t, first - rows.start, &lanes[..live]);
             }
         }
     });

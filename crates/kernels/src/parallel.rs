@@ -5,7 +5,8 @@ use crate::ThreadPool;
 /// A raw pointer that may cross threads; each task derives a disjoint sub-slice from it.
 struct SharedMut<T>(*mut T);
 
-// SAFETY: only used by `for_each_chunk_mut`, whose tasks touch pairwise disjoint ranges.
+// SAFETY: only used by `for_each_chunk_mut` and `for_each_chunk_pair_mut`, whose tasks touch
+// pairwise disjoint ranges.
 unsafe impl<T: Send> Sync for SharedMut<T> {}
 
 impl<T> SharedMut<T> {
@@ -39,6 +40,35 @@ where
         // give disjoint ranges; `data` is borrowed mutably for the whole call.
         let chunk = unsafe { ptr.slice(start, n) };
         f(i, chunk);
+    });
+}
+
+/// [`for_each_chunk_mut`] over two buffers cut into the same number of chunks: calls
+/// `f(i, a_i, b_i)` with chunk `i` of `a` (`a_len` long) and of `b` (`b_len` long).
+pub fn for_each_chunk_pair_mut<A, B, F>(
+    pool: &ThreadPool,
+    a: &mut [A],
+    a_len: usize,
+    b: &mut [B],
+    b_len: usize,
+    f: F,
+) where
+    A: Send,
+    B: Send,
+    F: Fn(usize, &mut [A], &mut [B]) + Sync,
+{
+    assert!(
+        a_len > 0 && b_len > 0 && a.len() % a_len == 0 && a.len() / a_len * b_len == b.len(),
+        "for_each_chunk_pair_mut: the buffers do not hold the same number of whole chunks"
+    );
+    let n_chunks = a.len() / a_len;
+    let (pa, pb) = (SharedMut(a.as_mut_ptr()), SharedMut(b.as_mut_ptr()));
+    pool.run(n_chunks, |i| {
+        // SAFETY: `i < n_chunks` and both buffers hold exactly `n_chunks` whole chunks, so
+        // each range lies in its buffer; distinct `i` give disjoint ranges; both buffers are
+        // borrowed mutably for the whole call.
+        let (ca, cb) = unsafe { (pa.slice(i * a_len, a_len), pb.slice(i * b_len, b_len)) };
+        f(i, ca, cb);
     });
 }
 

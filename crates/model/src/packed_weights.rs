@@ -83,7 +83,7 @@ impl PackedWeights {
         let packed: Option<Vec<&PackedMatrix>> = hs.iter().map(|h| self.by_tensor.get(h)).collect();
         match packed {
             Some(ws) if n > 0 && ws.iter().all(|w| w.cols() == ws[0].cols()) => {
-                let xq = QuantizedRows::new(x, n, ws[0].cols());
+                let xq = QuantizedRows::quantize(pool, x, n, ws[0].cols());
                 for (w, y) in ws.into_iter().zip(ys) {
                     matmul_quantized(pool, w, &xq, y);
                 }

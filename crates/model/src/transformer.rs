@@ -278,7 +278,10 @@ impl Model {
         let (h, ys) = ([w.gate, w.up], [&mut a.gate[..], &mut a.up[..]]);
         self.packed
             .matmuls(&self.tensors, &self.pool, h, &a.xn, ys, n);
-        swiglu_inplace(&mut a.gate, &a.up);
+        let ff = self.config.intermediate_size;
+        for_each_chunk_mut(&self.pool, &mut a.gate, ff, |t, gate| {
+            swiglu_inplace(gate, &a.up[t * ff..(t + 1) * ff]);
+        });
         self.matmul(w.down, &a.gate, &mut a.out, n);
         add_inplace(&mut a.x, &a.out);
     }

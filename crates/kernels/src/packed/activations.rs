@@ -1,55 +1,95 @@
 //! Activation rows rounded to 8 bits, one scale per block of 32, as the int8 kernels read them.
 
 use super::BLOCK;
+use crate::isa::{self, Isa};
+use crate::parallel::for_each_chunk_pair_mut;
+use crate::simd::Kernels;
+use crate::ThreadPool;
+
+/// The scale of one quantized block of 32 activations.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BlockScale {
+    /// `d = max|x| / 127`.
+    pub d: f32,
+    /// `Σ q` over the block.
+    pub sum: i32,
+    /// `d · Σ q` (one rounded product).
+    pub sx: f32,
+}
 
 /// `n_tokens` activation rows quantized per block of [`BLOCK`] columns:
 /// `x ≈ q·d` with `d = max|x| / 127` and `q = round(x · (1/d))` (to nearest, ties to even;
-/// an all-zero block has `d = 0`, `q = 0`). Each token's row is quantized on its own: its values never
-/// depend on the other rows.
+/// an all-zero block has `d = 0`, `q = 0`). Each token's row is quantized on its own: its values
+/// never depend on the other rows.
 #[derive(Debug, Clone)]
 pub struct QuantizedRows {
     cols: usize,
     /// `[n_tokens, cols]`.
     q: Vec<i8>,
-    /// `[n_tokens, cols / 32]`: the scale `d`.
-    d: Vec<f32>,
-    /// `[n_tokens, cols / 32]`: `Σ q` over the block.
-    sum: Vec<i32>,
-    /// `[n_tokens, cols / 32]`: `d · Σ q` (one rounded product).
-    sx: Vec<f32>,
+    /// `[n_tokens, cols / 32]`.
+    scales: Vec<BlockScale>,
 }
 
 impl QuantizedRows {
-    /// Quantizes `x` (`[n_tokens, cols]`, `cols` a multiple of 32).
+    /// Quantizes `x` (`[n_tokens, cols]`, `cols` a multiple of 32) with the scalar reference.
     pub fn new(x: &[f32], n_tokens: usize, cols: usize) -> QuantizedRows {
+        let mut rows = QuantizedRows::zeroed(x, n_tokens, cols);
+        if cols > 0 {
+            let per_row = cols / BLOCK;
+            for ((x, q), s) in x
+                .chunks_exact(cols)
+                .zip(rows.q.chunks_exact_mut(cols))
+                .zip(rows.scales.chunks_exact_mut(per_row))
+            {
+                quantize_row(x, q, s);
+            }
+        }
+        rows
+    }
+
+    /// [`QuantizedRows::new`] with the kernels of `isa` (bitwise equal), one task per token
+    /// on `pool`.
+    pub fn quantize_with(
+        isa: Isa,
+        pool: &ThreadPool,
+        x: &[f32],
+        n_tokens: usize,
+        cols: usize,
+    ) -> QuantizedRows {
+        let kernels = Kernels::new(isa)
+            .unwrap_or_else(|| panic!("quantize_with: this CPU cannot run the {isa} kernels"));
+        let mut rows = QuantizedRows::zeroed(x, n_tokens, cols);
+        if cols > 0 && n_tokens > 0 {
+            let per_row = cols / BLOCK;
+            for_each_chunk_pair_mut(
+                pool,
+                &mut rows.q,
+                cols,
+                &mut rows.scales,
+                per_row,
+                |t, q, s| {
+                    kernels.quantize_row(&x[t * cols..(t + 1) * cols], q, s);
+                },
+            );
+        }
+        rows
+    }
+
+    /// [`QuantizedRows::quantize_with`] the process-wide kernels.
+    pub fn quantize(pool: &ThreadPool, x: &[f32], n_tokens: usize, cols: usize) -> QuantizedRows {
+        QuantizedRows::quantize_with(isa::active(), pool, x, n_tokens, cols)
+    }
+
+    fn zeroed(x: &[f32], n_tokens: usize, cols: usize) -> QuantizedRows {
         assert!(
             cols.is_multiple_of(BLOCK) && x.len() == n_tokens * cols,
             "quantized rows: x must be [n_tokens, cols] with cols a multiple of {BLOCK}"
         );
-        let n_blocks = x.len() / BLOCK;
-        let mut rows = QuantizedRows {
+        QuantizedRows {
             cols,
             q: vec![0; x.len()],
-            d: Vec::with_capacity(n_blocks),
-            sum: Vec::with_capacity(n_blocks),
-            sx: Vec::with_capacity(n_blocks),
-        };
-        for (xb, qb) in x.chunks_exact(BLOCK).zip(rows.q.chunks_exact_mut(BLOCK)) {
-            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d == 0.0 { 0.0 } else { 1.0 / d };
-            let mut sum = 0i32;
-            for (q, &v) in qb.iter_mut().zip(xb) {
-                *q = round_to_i8(v * id);
-            }
-            for &q in qb.iter() {
-                sum += i32::from(q);
-            }
-            rows.d.push(d);
-            rows.sum.push(sum);
-            rows.sx.push(d * sum as f32);
+            scales: vec![BlockScale::default(); x.len() / BLOCK],
         }
-        rows
     }
 
     /// Number of token rows.
@@ -66,22 +106,36 @@ impl QuantizedRows {
         &self.q[t * self.cols..(t + 1) * self.cols]
     }
 
-    /// Token `t`'s per-block scales `d`.
-    pub fn d(&self, t: usize) -> &[f32] {
+    /// Token `t`'s block scales.
+    pub fn scales(&self, t: usize) -> &[BlockScale] {
         let n = self.cols / BLOCK;
-        &self.d[t * n..(t + 1) * n]
+        &self.scales[t * n..(t + 1) * n]
     }
+}
 
-    /// Token `t`'s per-block sums `Σ q`.
-    pub fn sum(&self, t: usize) -> &[i32] {
-        let n = self.cols / BLOCK;
-        &self.sum[t * n..(t + 1) * n]
-    }
-
-    /// Token `t`'s per-block `d · Σ q`.
-    pub fn sx(&self, t: usize) -> &[f32] {
-        let n = self.cols / BLOCK;
-        &self.sx[t * n..(t + 1) * n]
+/// The scalar reference for one row: `x` (`32·k` values) into `q` and `k` block scales.
+pub(crate) fn quantize_row(x: &[f32], q: &mut [i8], scales: &mut [BlockScale]) {
+    assert!(
+        x.len() == q.len() && x.len() == scales.len() * BLOCK,
+        "quantize_row: shapes do not match"
+    );
+    for ((xb, qb), s) in x
+        .chunks_exact(BLOCK)
+        .zip(q.chunks_exact_mut(BLOCK))
+        .zip(scales.iter_mut())
+    {
+        let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+        for (q, &v) in qb.iter_mut().zip(xb) {
+            *q = round_to_i8(v * id);
+        }
+        let sum = qb.iter().map(|&v| i32::from(v)).sum::<i32>();
+        *s = BlockScale {
+            d,
+            sum,
+            sx: d * sum as f32,
+        };
     }
 }
 
@@ -126,11 +180,12 @@ mod tests {
         x[5] = 1.27;
         x[40] = 0.5;
         let q = QuantizedRows::new(&x, 1, 64);
-        assert_eq!(q.d(0), &[2.54 / 127.0, 0.5 / 127.0]);
+        assert_eq!(q.scales(0)[0].d, 2.54 / 127.0);
+        assert_eq!(q.scales(0)[1].d, 0.5 / 127.0);
         assert_eq!(q.q(0)[3], -127);
         assert_eq!(q.q(0)[5], 64); // 63.5 ties to even
         assert_eq!(q.q(0)[40], 127);
-        assert_eq!(q.sum(0), &[-63, 127]);
-        assert_eq!(q.sx(0)[1], 0.5 / 127.0 * 127.0);
+        assert_eq!((q.scales(0)[0].sum, q.scales(0)[1].sum), (-63, 127));
+        assert_eq!(q.scales(0)[1].sx, 0.5 / 127.0 * 127.0);
     }
 }

@@ -38,11 +38,11 @@ pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f
     let bias = weight_bias(dtype);
     let records = w.group(g);
     for (t, lanes) in out.chunks_exact_mut(GROUP_ROWS).enumerate() {
-        let (q, d, sum, sx) = (xq.q(t), xq.d(t), xq.sum(t), xq.sx(t));
+        let (q, scales) = (xq.q(t), xq.scales(t));
         for (j, y) in lanes.iter_mut().enumerate() {
             let mut acc = 0.0f32;
             let mut off = 0.0f32;
-            for (b, rec) in records.chunks_exact(record).enumerate() {
+            for ((b, rec), s) in records.chunks_exact(record).enumerate().zip(scales) {
                 let x = &q[b * BLOCK..(b + 1) * BLOCK];
                 let mut i = 0i32;
                 for k in 0..quants / 64 {
@@ -56,11 +56,11 @@ pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f
                         }
                     }
                 }
-                i -= bias * sum[b];
+                i -= bias * s.sum;
                 let dw = f16_at(rec, quants + 2 * j);
-                acc = (i as f32).mul_add(dw * d[b], acc);
+                acc = (i as f32).mul_add(dw * s.d, acc);
                 if dtype == DType::Q4_1 {
-                    off = f16_at(rec, quants + 32 + 2 * j).mul_add(sx[b], off);
+                    off = f16_at(rec, quants + 32 + 2 * j).mul_add(s.sx, off);
                 }
             }
             *y = if dtype == DType::Q4_1 { acc + off } else { acc };

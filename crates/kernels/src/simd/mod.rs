@@ -39,7 +39,7 @@ mod packed_vnni;
 
 use crate::attention::KvView;
 use crate::isa::Isa;
-use crate::packed::{PackedMatrix, QuantizedRows};
+use crate::packed::{BlockScale, PackedMatrix, QuantizedRows};
 use crate::{dot16, packed, quant, DType};
 
 type AttendFn = unsafe fn(&[f32], &KvView<'_>, f32, &mut [f32]);
@@ -50,6 +50,7 @@ type Dot4x2Fn = unsafe fn([&[f32]; 4], [&[f32]; 2]) -> [[f32; 4]; 2];
 type Dot4x4Fn = unsafe fn([&[f32]; 4], [&[f32]; 4]) -> [[f32; 4]; 4];
 type DotRowFn = unsafe fn(DType, &[u8], &[f32]) -> f32;
 type PackedFn = unsafe fn(&PackedMatrix, usize, &QuantizedRows, &mut [f32]);
+type QuantizeFn = unsafe fn(&[f32], &mut [i8], &mut [BlockScale]);
 type DotRows4Fn = unsafe fn(DType, [&[u8]; 4], &[f32]) -> [f32; 4];
 
 /// The fused dequantize-and-dot kernels (1 and 4 stored rows with one activation row).
@@ -74,6 +75,8 @@ pub(crate) struct Kernels {
     /// The int8 product of one packed row group with every token (the scalar reference
     /// unless the ISA has int8 kernels).
     packed: PackedFn,
+    /// The quantization of one activation row for the int8 kernels.
+    quantize: QuantizeFn,
 }
 
 impl Kernels {
@@ -92,6 +95,7 @@ impl Kernels {
                 fused: None,
                 attend: crate::attention::attend_group_scalar,
                 packed: packed::reference::group,
+                quantize: packed::quantize_row,
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2Int8 => Some(Kernels {
@@ -101,6 +105,7 @@ impl Kernels {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Int8 => Some(Kernels {
                 packed: packed_vnni::group,
+                quantize: packed_vnni::quantize_row,
                 ..Kernels::new(Isa::Avx512)?
             }),
             #[cfg(target_arch = "x86_64")]
@@ -116,6 +121,7 @@ impl Kernels {
                 }),
                 attend: attention::attend_group_avx2,
                 packed: packed::reference::group,
+                quantize: packed::quantize_row,
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => Some(Kernels {
@@ -130,6 +136,7 @@ impl Kernels {
                 }),
                 attend: attention::attend_group_avx512,
                 packed: packed::reference::group,
+                quantize: packed_vnni::quantize_row,
             }),
             #[cfg(not(target_arch = "x86_64"))]
             _ => None,
@@ -195,6 +202,13 @@ impl Kernels {
     ) {
         // SAFETY: as in `dequantize_row`; the kernel asserts the shapes.
         unsafe { (self.packed)(w, g, xq, out) }
+    }
+
+    /// One activation row quantized for the int8 kernels, bitwise equal to
+    /// [`packed::quantize_row`].
+    pub(crate) fn quantize_row(&self, x: &[f32], q: &mut [i8], scales: &mut [BlockScale]) {
+        // SAFETY: as in `dequantize_row`; the kernel asserts the shapes.
+        unsafe { (self.quantize)(x, q, scales) }
     }
 
     /// Whether there are fused dequantize-and-dot kernels (else callers use scratch rows).

@@ -6,7 +6,7 @@
 use std::arch::x86_64::*;
 
 use crate::packed::reference::{quant_bytes, weight_bias};
-use crate::packed::{PackedMatrix, QuantizedRows, BLOCK, GROUP_ROWS};
+use crate::packed::{BlockScale, PackedMatrix, QuantizedRows, BLOCK, GROUP_ROWS};
 use crate::DType;
 
 /// Tokens whose sums advance together over one decoded weight record.
@@ -75,9 +75,7 @@ unsafe fn tile<const T: usize, const Q8: bool, const MIN: bool>(
     let records = w.group(g);
     let blocks = records.len() / record;
     let q: [*const i8; T] = std::array::from_fn(|i| xq.q(t0 + i).as_ptr());
-    let d: [&[f32]; T] = std::array::from_fn(|i| xq.d(t0 + i));
-    let sum: [&[i32]; T] = std::array::from_fn(|i| xq.sum(t0 + i));
-    let sx: [&[f32]; T] = std::array::from_fn(|i| xq.sx(t0 + i));
+    let scales: [&[BlockScale]; T] = std::array::from_fn(|i| xq.scales(t0 + i));
     let mut acc = [_mm512_setzero_ps(); T];
     let mut off = [_mm512_setzero_ps(); T];
     let nibble = _mm512_set1_epi8(0x0f);
@@ -117,14 +115,15 @@ unsafe fn tile<const T: usize, const Q8: bool, const MIN: bool>(
                 lo = _mm512_dpbusd_epi32(lo, wv[k], broadcast4(x.add(4 * k)));
                 hi = _mm512_dpbusd_epi32(hi, wv[4 + k], broadcast4(x.add(16 + 4 * k)));
             }
+            let s = scales[t][b];
             let mut i = _mm512_add_epi32(lo, hi);
             if bias != 0 {
-                i = _mm512_sub_epi32(i, _mm512_set1_epi32(bias * sum[t][b]));
+                i = _mm512_sub_epi32(i, _mm512_set1_epi32(bias * s.sum));
             }
-            let dd = _mm512_mul_ps(dw, _mm512_set1_ps(d[t][b]));
+            let dd = _mm512_mul_ps(dw, _mm512_set1_ps(s.d));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), dd, acc[t]);
             if MIN {
-                off[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[t][b]), off[t]);
+                off[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(s.sx), off[t]);
             }
         }
     }
@@ -136,5 +135,46 @@ unsafe fn tile<const T: usize, const Q8: bool, const MIN: bool>(
         };
         let at = (t0 + t) * GROUP_ROWS;
         _mm512_storeu_ps(out[at..at + GROUP_ROWS].as_mut_ptr(), y);
+    }
+}
+
+/// As `packed::activations::quantize_row` (bitwise equal): the block maximum is exact, the
+/// scale the same division, `vcvtps2dq` rounds to nearest even like the reference, and the
+/// sum is exact.
+///
+/// # Safety
+/// The CPU must support AVX-512 F and BW. Shapes are asserted.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn quantize_row(x: &[f32], q: &mut [i8], scales: &mut [BlockScale]) {
+    assert!(
+        x.len() == q.len() && x.len() == scales.len() * BLOCK,
+        "quantize_row: shapes do not match"
+    );
+    let abs_mask = _mm512_set1_epi32(0x7fff_ffff);
+    for (b, s) in scales.iter_mut().enumerate() {
+        let p = x.as_ptr().add(b * BLOCK);
+        let (v0, v1) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+        let abs =
+            |v: __m512| _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), abs_mask));
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(abs(v0), abs(v1)));
+        let d = amax / 127.0;
+        let id = _mm512_set1_ps(if d == 0.0 { 0.0 } else { 1.0 / d });
+        let limit = |v: __m512i| {
+            _mm512_max_epi32(
+                _mm512_min_epi32(v, _mm512_set1_epi32(127)),
+                _mm512_set1_epi32(-127),
+            )
+        };
+        let q0 = limit(_mm512_cvtps_epi32(_mm512_mul_ps(v0, id)));
+        let q1 = limit(_mm512_cvtps_epi32(_mm512_mul_ps(v1, id)));
+        let dst = q.as_mut_ptr().add(b * BLOCK);
+        _mm_storeu_si128(dst.cast(), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128(dst.add(16).cast(), _mm512_cvtepi32_epi8(q1));
+        let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        *s = BlockScale {
+            d,
+            sum,
+            sx: d * sum as f32,
+        };
     }
 }
