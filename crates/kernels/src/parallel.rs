@@ -58,7 +58,10 @@ pub fn for_each_chunk_pair_mut<A, B, F>(
     F: Fn(usize, &mut [A], &mut [B]) + Sync,
 {
     assert!(
-        a_len > 0 && b_len > 0 && a.len() % a_len == 0 && a.len() / a_len * b_len == b.len(),
+        a_len > 0
+            && b_len > 0
+            && a.len().is_multiple_of(a_len)
+            && a.len() / a_len * b_len == b.len(),
         "for_each_chunk_pair_mut: the buffers do not hold the same number of whole chunks"
     );
     let n_chunks = a.len() / a_len;

@@ -79,6 +79,7 @@ unsafe fn tile<const T: usize, const Q8: bool, const MIN: bool>(
     let mut acc = [_mm512_setzero_ps(); T];
     let mut off = [_mm512_setzero_ps(); T];
     let nibble = _mm512_set1_epi8(0x0f);
+    #[allow(clippy::needless_range_loop)] // `b` indexes the records, the bytes and the scales
     for b in 0..blocks {
         let rec = records.as_ptr().add(b * record);
         // One stream per thread, but the hardware prefetcher does not run far enough ahead
