@@ -230,6 +230,7 @@ pub fn spawn_engine(
         disconnects: 0,
         metrics: ServingMetrics::default(),
         max_waiting,
+        outbox: Vec::new(),
     };
     worker.publish();
     let join = std::thread::Builder::new()
@@ -252,6 +253,9 @@ struct Worker {
     disconnects: u64,
     metrics: ServingMetrics,
     max_waiting: usize,
+    /// A step's events, sent only after the snapshot shows the step's effects, so a
+    /// handler that sees its request finish never reads a `/health` from before.
+    outbox: Vec<(tmpsc::UnboundedSender<GroupEvent>, GroupEvent)>,
 }
 
 impl Worker {
@@ -290,7 +294,7 @@ impl Worker {
         }
         self.end_all(FinishReason::Abort);
         self.alive = false;
-        self.publish();
+        self.flush();
     }
 
     /// Applies one command; true for shutdown.
@@ -445,6 +449,15 @@ impl Worker {
                 self.end_all(FinishReason::Error("the engine panicked".into()));
             }
         }
+        self.flush();
+    }
+
+    /// Publishes the snapshot, then sends the events held back until it shows them.
+    fn flush(&mut self) {
+        self.publish();
+        for (to, event) in self.outbox.drain(..) {
+            let _ = to.send(event);
+        }
     }
 
     fn dispatch(&mut self, e: EngineEvent) {
@@ -466,10 +479,11 @@ impl Worker {
                 self.metrics.on_finished(seq_id, &reason);
                 if let Some(beams) = self.engine.take_beam_result(seq_id) {
                     if let Some(route) = self.routes.get(&seq_id) {
-                        let _ = route.events.send(GroupEvent {
+                        let event = GroupEvent {
                             index: route.index,
                             event: RequestEvent::Beams(beams),
-                        });
+                        };
+                        self.outbox.push((route.events.clone(), event));
                     }
                 }
                 (seq_id, RequestEvent::Finished(reason))
@@ -488,13 +502,15 @@ impl Worker {
         let Some(route) = self.routes.get(&seq_id) else {
             return;
         };
-        let sent = route.events.send(GroupEvent {
+        let gone = route.events.is_closed();
+        let event = GroupEvent {
             index: route.index,
             event,
-        });
+        };
+        self.outbox.push((route.events.clone(), event));
         if finished {
             self.routes.remove(&seq_id);
-        } else if sent.is_err() {
+        } else if gone {
             self.disconnects += 1;
             self.abort(seq_id);
         }
@@ -507,10 +523,11 @@ impl Worker {
                 let _ = self.engine.abort(id);
             }
             self.metrics.on_finished(id, &reason);
-            let _ = route.events.send(GroupEvent {
+            let event = GroupEvent {
                 index: route.index,
                 event: RequestEvent::Finished(reason.clone()),
-            });
+            };
+            self.outbox.push((route.events, event));
         }
     }
 
