@@ -35,6 +35,8 @@ mod kernels;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
 #[cfg(target_arch = "x86_64")]
+mod packed_avx2;
+#[cfg(target_arch = "x86_64")]
 mod packed_vnni;
 
 use crate::attention::KvView;
@@ -99,7 +101,7 @@ impl Kernels {
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2Int8 => Some(Kernels {
-                packed: packed::reference::group,
+                packed: packed_avx2::group,
                 ..Kernels::new(Isa::Avx2)?
             }),
             #[cfg(target_arch = "x86_64")]

@@ -1,0 +1,175 @@
+//! The int8 kernel on packed matrices with AVX2 (no VNNI): the 16 rows of a group are two `ymm`
+//! halves of `i32` (rows 0..8 from bytes 0..32 of each 64-byte weight vector, rows 8..16 from
+//! bytes 32..64), and `vpmaddubsw` + `vpmaddwd` stand in for `vpdpbusd`. Bitwise equal to
+//! `packed::reference` (integer sums are exact; the f32 steps are the same operations in the
+//! same order).
+//!
+//! **No saturation.** `vpmaddubsw` saturates each `i16` sum of two products:
+//! - 4-bit weights are nibbles `0..=15` and activations lie in `-127..=127`, so a pair is at most
+//!   `2·15·127 = 3810` in magnitude, and the 8 pairs of a row's 32 products summed in `i16`
+//!   (before one `vpmaddwd`) at most `30480 < 32767`: exact.
+//! - Q8_0's stored `u = q + 128` would reach `2·255·127`. So the signed weight `q = u ^ 0x80` is
+//!   recovered and `vpmaddubsw(|q|, sign(x, q))` computes `Σ q·x` directly (pairs at most
+//!   `2·128·127 = 32512`, widened to `i32` at once): the same integer as the reference's
+//!   `Σ u·x − 128·Σx`, so no bias is subtracted.
+
+use std::arch::x86_64::*;
+
+use crate::packed::reference::{quant_bytes, weight_bias};
+use crate::packed::{BlockScale, PackedMatrix, QuantizedRows, BLOCK, GROUP_ROWS};
+use crate::DType;
+
+/// Tokens whose sums advance together over one decoded weight record.
+const TILE: usize = 4;
+/// How many records ahead of the one being read to prefetch.
+const PREFETCH_RECORDS: usize = 4;
+/// Rows per `ymm` of `i32`: a group is two halves.
+const HALF: usize = GROUP_ROWS / 2;
+
+/// `out[t·16 + j] = W[16g + j] · x[t]` for every token of `xq` (as `packed::reference::group`).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C. Shapes are asserted.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f32]) {
+    assert!(
+        xq.cols() == w.cols() && out.len() == xq.n_tokens() * GROUP_ROWS,
+        "packed avx2: shapes do not match"
+    );
+    match w.dtype() {
+        DType::Q4_1 => tiles::<false, true>(w, g, xq, out),
+        DType::Q4_0 => tiles::<false, false>(w, g, xq, out),
+        DType::Q8_0 => tiles::<true, false>(w, g, xq, out),
+        other => unreachable!("packed avx2: {other} is never packed"),
+    }
+}
+
+/// Every token of `xq`, [`TILE`] at a time, then the remainder.
+#[inline(always)]
+unsafe fn tiles<const Q8: bool, const MIN: bool>(
+    w: &PackedMatrix,
+    g: usize,
+    xq: &QuantizedRows,
+    out: &mut [f32],
+) {
+    let n = xq.n_tokens();
+    let mut t0 = 0;
+    while t0 + TILE <= n {
+        tile::<TILE, Q8, MIN>(w, g, xq, t0, out);
+        t0 += TILE;
+    }
+    match n - t0 {
+        3 => tile::<3, Q8, MIN>(w, g, xq, t0, out),
+        2 => tile::<2, Q8, MIN>(w, g, xq, t0, out),
+        1 => tile::<1, Q8, MIN>(w, g, xq, t0, out),
+        _ => {}
+    }
+}
+
+/// The 4 activation bytes at `p` in every lane.
+#[inline(always)]
+unsafe fn broadcast4(p: *const i8) -> __m256i {
+    _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
+}
+
+/// Tokens `t0 .. t0 + T` against group `g`.
+#[inline(always)]
+unsafe fn tile<const T: usize, const Q8: bool, const MIN: bool>(
+    w: &PackedMatrix,
+    g: usize,
+    xq: &QuantizedRows,
+    t0: usize,
+    out: &mut [f32],
+) {
+    let (record, quants) = (w.record_bytes(), quant_bytes(w.dtype()));
+    // `c` of the module docs (Q8_0's is folded into the signed weights instead).
+    let bias = if Q8 { 0 } else { weight_bias(w.dtype()) };
+    let records = w.group(g);
+    let blocks = records.len() / record;
+    let q: [*const i8; T] = std::array::from_fn(|i| xq.q(t0 + i).as_ptr());
+    let scales: [&[BlockScale]; T] = std::array::from_fn(|i| xq.scales(t0 + i));
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    let mut off = [[_mm256_setzero_ps(); 2]; T];
+    let nibble = _mm256_set1_epi8(0x0f);
+    let flip = _mm256_set1_epi8(0x80u8 as i8);
+    let ones = _mm256_set1_epi16(1);
+    #[allow(clippy::needless_range_loop)] // `b` indexes the records, the bytes and the scales
+    for b in 0..blocks {
+        let rec = records.as_ptr().add(b * record);
+        // As in the VNNI kernel: the hardware prefetcher does not run far enough ahead of a
+        // single-token pass; prefetches never fault, even past the end of the matrix.
+        let ahead = rec.wrapping_add(PREFETCH_RECORDS * record);
+        for line in (0..record).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
+        }
+        for h in 0..2 {
+            // Weight vector `k` (this half) pairs with activation bytes `4k ..` (Q8_0: vectors
+            // 4..8 are elements 16..32; 4-bit: the high nibbles of vector k − 4 are). For Q8_0,
+            // `wv` holds |q| and `sg` the signed q, which only lends its sign to `x`.
+            let mut wv = [_mm256_setzero_si256(); 8];
+            let mut sg = [_mm256_setzero_si256(); 8];
+            for k in 0..4 {
+                let v = _mm256_load_si256(rec.add(64 * k + 32 * h).cast());
+                if Q8 {
+                    let v4 = _mm256_load_si256(rec.add(64 * (4 + k) + 32 * h).cast());
+                    sg[k] = _mm256_xor_si256(v, flip);
+                    sg[4 + k] = _mm256_xor_si256(v4, flip);
+                    // |−128| is 0x80, which `vpmaddubsw` reads as the unsigned 128, and
+                    // sign(x, −128) = −x (never overflows: q_x ≥ −127), so even that edge
+                    // (never produced by Q8_0 quantization) gives 128·(−x) = q·x exactly.
+                    wv[k] = _mm256_abs_epi8(sg[k]);
+                    wv[4 + k] = _mm256_abs_epi8(sg[4 + k]);
+                } else {
+                    wv[k] = _mm256_and_si256(v, nibble);
+                    wv[4 + k] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble);
+                }
+            }
+            let dw = _mm256_cvtph_ps(_mm_load_si128(rec.add(quants + 16 * h).cast()));
+            let mw = if MIN {
+                _mm256_cvtph_ps(_mm_load_si128(rec.add(quants + 32 + 16 * h).cast()))
+            } else {
+                _mm256_setzero_ps()
+            };
+            for t in 0..T {
+                let x = q[t].add(b * BLOCK);
+                let mut i = if Q8 {
+                    let mut i = _mm256_setzero_si256();
+                    for k in 0..8 {
+                        let xs = _mm256_sign_epi8(broadcast4(x.add(4 * k)), sg[k]);
+                        let p = _mm256_maddubs_epi16(wv[k], xs);
+                        i = _mm256_add_epi32(i, _mm256_madd_epi16(p, ones));
+                    }
+                    i
+                } else {
+                    let mut p = _mm256_setzero_si256();
+                    for k in 0..4 {
+                        let lo = _mm256_maddubs_epi16(wv[k], broadcast4(x.add(4 * k)));
+                        let hi = _mm256_maddubs_epi16(wv[4 + k], broadcast4(x.add(16 + 4 * k)));
+                        p = _mm256_add_epi16(p, _mm256_add_epi16(lo, hi));
+                    }
+                    _mm256_madd_epi16(p, ones)
+                };
+                let s = scales[t][b];
+                if bias != 0 {
+                    i = _mm256_sub_epi32(i, _mm256_set1_epi32(bias * s.sum));
+                }
+                let dd = _mm256_mul_ps(dw, _mm256_set1_ps(s.d));
+                acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), dd, acc[t][h]);
+                if MIN {
+                    off[t][h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(s.sx), off[t][h]);
+                }
+            }
+        }
+    }
+    for t in 0..T {
+        for h in 0..2 {
+            let y = if MIN {
+                _mm256_add_ps(acc[t][h], off[t][h])
+            } else {
+                acc[t][h]
+            };
+            let at = (t0 + t) * GROUP_ROWS + h * HALF;
+            _mm256_storeu_ps(out[at..at + HALF].as_mut_ptr(), y);
+        }
+    }
+}
