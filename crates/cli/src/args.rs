@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use tandem_model::kv_store::KvDtype;
 
 /// Which model to run and on how many threads.
 #[derive(Debug, Args)]
@@ -65,6 +66,10 @@ pub struct EngineArgs {
     /// Memory for the KV cache, e.g. 2GiB.
     #[arg(long, value_name = "SIZE")]
     pub kv_cache_memory: Option<String>,
+    /// How the KV cache stores keys and values: f16 (half the memory and the bytes read per
+    /// decode step) or f32. Default: f16 with the int8 kernels, f32 with the exact ones.
+    #[arg(long, value_name = "DTYPE", value_parser = parse_kv_dtype)]
+    pub kv_cache_dtype: Option<KvDtype>,
     /// Token slots per KV block.
     #[arg(long, value_name = "N", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -149,4 +154,13 @@ pub struct SamplingArgs {
         allow_negative_numbers = true
     )]
     pub length_penalty: f32,
+}
+
+/// `f32` or `f16`.
+fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
+    match s {
+        "f32" => Ok(KvDtype::F32),
+        "f16" => Ok(KvDtype::F16),
+        other => Err(format!("unknown KV cache dtype {other:?} (f32 or f16)")),
+    }
 }

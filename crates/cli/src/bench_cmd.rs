@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
-use tandem_model::kv_store::KvStore;
+use tandem_model::kv_store::{KvDtype, KvStore};
 use tandem_model::transformer::Model;
 
 use crate::args::{EngineArgs, ModelArgs};
@@ -76,6 +76,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let lm = a.model.load()?;
     let model = &lm.model;
     let step_tokens = a.engine.max_num_batched_tokens.unwrap_or(8192).max(1);
+    let kv_dtype = a
+        .engine
+        .kv_cache_dtype
+        .unwrap_or_else(|| model.default_kv_dtype());
     for &b in &a.batches {
         for &p in &a.prompt_lens {
             anyhow::ensure!(b > 0 && p > 0, "--batch and --prompt-len must be positive");
@@ -93,8 +97,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 a.gen_len,
                 a.engine.block_size as usize,
                 step_tokens,
+                kv_dtype,
             )?;
             let weights_gb = model.weight_bytes() as f64 / 1e9;
+            // Every decode step reads each sequence's keys and values over its context
+            // (`p + step + 1` positions): on average `p + (g + 1) / 2`.
+            let c = &model.config;
+            let kv_bytes_per_pos = (2 * c.num_layers * c.kv_dim() * kv_dtype.size()) as f64;
+            let kv_gb =
+                b as f64 * (p as f64 + (a.gen_len as f64 + 1.0) / 2.0) * kv_bytes_per_pos / 1e9;
+            let steps_per_s = a.gen_len as f64 / m.decode_s;
             println!(
                 "{}",
                 json!({
@@ -103,7 +115,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     "decode_tok_per_s": (b * a.gen_len) as f64 / m.decode_s,
                     "prefill_s": m.prefill_s, "decode_s": m.decode_s,
                     "prefill_gflop_per_s": 2.0 * model.num_params() as f64 * (b * p) as f64 / m.prefill_s / 1e9,
-                    "decode_weight_gb_per_s": weights_gb * a.gen_len as f64 / m.decode_s,
+                    "decode_weight_gb_per_s": weights_gb * steps_per_s,
+                    "decode_kv_gb_per_s": kv_gb * steps_per_s,
+                    "decode_total_gb_per_s": (weights_gb + kv_gb) * steps_per_s,
+                    "kv_dtype": kv_dtype.name(), "kernels": tandem_kernels::isa::active().name(),
                 })
             );
         }
@@ -180,9 +195,10 @@ fn measure(
     g: usize,
     block_size: usize,
     step_tokens: usize,
+    kv_dtype: KvDtype,
 ) -> Result<Measured> {
     let blocks_per_seq = (p + g).div_ceil(block_size);
-    let mut kv = KvStore::new(&model.config, block_size, b * blocks_per_seq)?;
+    let mut kv = KvStore::with_dtype(&model.config, block_size, b * blocks_per_seq, kv_dtype)?;
     let tables: Vec<Vec<BlockId>> = (0..b)
         .map(|s| {
             (s * blocks_per_seq..(s + 1) * blocks_per_seq)

@@ -52,13 +52,16 @@ pub fn build_engine(
         Some(s) => parse_size(s).context("--kv-cache-memory")?,
         None => DEFAULT_KV_BYTES,
     };
+    let kv_dtype = args
+        .kv_cache_dtype
+        .unwrap_or_else(|| model.default_kv_dtype());
     let spec = speculation_setup::load_method(args, model.threads())?;
     // A draft model's KV pool holds as many tokens as the target's, out of the same budget.
-    let draft_bytes = spec
-        .as_ref()
-        .and_then(|(_, d)| d.as_ref())
-        .map_or(0, |d| KvStore::bytes_per_token(&d.config));
-    let per_block = ((KvStore::bytes_per_token(&model.config) + draft_bytes) * block_size) as u64;
+    let draft_bytes = spec.as_ref().and_then(|(_, d)| d.as_ref()).map_or(0, |d| {
+        KvStore::bytes_per_token(&d.config, d.default_kv_dtype())
+    });
+    let per_block =
+        ((KvStore::bytes_per_token(&model.config, kv_dtype) + draft_bytes) * block_size) as u64;
     let num_blocks = (bytes / per_block) as usize;
     if num_blocks == 0 {
         bail!("--kv-cache-memory {bytes} bytes holds no block of {per_block} bytes");
@@ -78,13 +81,15 @@ pub fn build_engine(
     if let Some(n) = args.max_num_batched_tokens {
         config.max_num_batched_tokens = n;
     }
+    config.kv_dtype = Some(kv_dtype);
     config.eos_token_ids = eos;
     config.enable_prefix_caching = !args.no_prefix_caching;
     eprintln!(
-        "tandem: KV cache {} blocks x {block_size} tokens = {} tokens ({:.0} MiB), {} threads, prefix caching {}",
+        "tandem: KV cache {} blocks x {block_size} tokens = {} tokens ({:.0} MiB, {}), {} threads, prefix caching {}",
         num_blocks,
         num_blocks * block_size,
         (num_blocks as u64 * per_block) as f64 / (1 << 20) as f64,
+        kv_dtype.name(),
         model.threads(),
         if config.enable_prefix_caching { "on" } else { "off" }
     );

@@ -61,6 +61,7 @@ pub fn run(a: ScoreArgs) -> Result<()> {
             .map(|(size, stride)| Window { size, stride }),
         block_size: a.engine.block_size as usize,
         max_context: a.engine.max_model_len.map(|m| m as usize),
+        kv_dtype: a.engine.kv_cache_dtype,
         ..ScoreOptions::default()
     };
     let bar = progress_bar(tokens.len());

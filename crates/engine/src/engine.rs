@@ -113,8 +113,13 @@ pub struct Engine {
 impl Engine {
     /// An engine over `model` with the KV pool and limits of `config`.
     pub fn new(model: Model, config: SchedulerConfig, seed: u64) -> Result<Engine> {
-        let kv = KvStore::new(&model.config, config.block_size, config.num_blocks)
-            .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
+        let kv = KvStore::with_dtype(
+            &model.config,
+            config.block_size,
+            config.num_blocks,
+            config.kv_dtype.unwrap_or_else(|| model.default_kv_dtype()),
+        )
+        .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
         let mut scheduler = Scheduler::new(config)?;
         scheduler.set_model_identity(model_identity(&model));
         Ok(Engine {

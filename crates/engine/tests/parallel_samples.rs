@@ -2,6 +2,8 @@
 //! (tokens and logprobs, bit for bit) what a separate request with `sample_index = i` and the
 //! same seed generates alone, whatever the pool, chunking or preemption; the prompt is
 //! computed once and its blocks are shared by refcount; every block returns to the pool.
+//! The KV cache holds f16 here (its copy-on-write of a shared partial block is exercised; the
+//! f32 cache's by `beam_search.rs` and the prefix cache tests).
 
 use std::collections::HashMap;
 
@@ -9,6 +11,7 @@ use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
 use tandem_engine::sampler::SamplingParams;
 use tandem_engine::{FinishReason, RequestParams, SchedulerConfig, SeqId};
 use tandem_model::batch::TokenId;
+use tandem_model::kv_store::KvDtype;
 use tandem_model::loader::load_model;
 use tandem_model::transformer::Model;
 
@@ -23,6 +26,7 @@ fn fixture_model() -> Model {
 
 fn config(num_blocks: usize, budget: usize, block_size: usize) -> SchedulerConfig {
     let mut c = SchedulerConfig::new(num_blocks, block_size, 256);
+    c.kv_dtype = Some(KvDtype::F16);
     c.max_num_batched_tokens = budget;
     c.long_prefill_token_threshold = budget;
     c

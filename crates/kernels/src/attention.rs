@@ -20,6 +20,8 @@
 //! on the other queries of the group, the batch, the chunking or the thread split, and the
 //! SIMD variants are **bitwise equal** to the scalar reference ([`attend_group_scalar`]).
 
+use half::f16;
+
 use crate::dot16;
 use crate::isa::{self, Isa};
 use crate::simd::Kernels;
@@ -31,13 +33,22 @@ pub const POS_BLOCK: usize = 16;
 /// every query head is computed on its own).
 pub const GROUP_MAX: usize = 8;
 
+/// One layer's keys and values, `[num_slots, row_stride]` each, in the store's element type.
+///
+/// f16 rows are widened to f32 exactly on load, so attention over f16 rows is, bit for bit,
+/// the attention over the widened rows: the numeric contract of the module docs holds for
+/// both, and every variant is bitwise equal to the scalar reference for both.
+#[derive(Debug, Clone, Copy)]
+pub enum KvRows<'a> {
+    F32 { keys: &'a [f32], values: &'a [f32] },
+    F16 { keys: &'a [f16], values: &'a [f16] },
+}
+
 /// The K/V rows of one KV head over a sequence's context, read through its slots.
 #[derive(Debug, Clone, Copy)]
 pub struct KvView<'a> {
-    /// `[num_slots, row_stride]` keys of one layer.
-    pub keys: &'a [f32],
-    /// `[num_slots, row_stride]` values of one layer.
-    pub values: &'a [f32],
+    /// The layer's rows.
+    pub rows: KvRows<'a>,
     /// Elements per slot (all KV heads: `num_kv_heads · head_dim`).
     pub row_stride: usize,
     /// Where this KV head starts within a slot's row.
@@ -48,16 +59,42 @@ pub struct KvView<'a> {
     pub slots: &'a [usize],
 }
 
-impl KvView<'_> {
+impl<'a> KvView<'a> {
+    /// This view over `keys` and `values` of one element type (the kernels' form).
+    #[inline(always)]
+    pub(crate) fn head<E>(&self, keys: &'a [E], values: &'a [E]) -> HeadRows<'a, E> {
+        HeadRows {
+            keys,
+            values,
+            row_stride: self.row_stride,
+            offset: self.offset,
+            head_dim: self.head_dim,
+            slots: self.slots,
+        }
+    }
+}
+
+/// [`KvView`] with its rows' element type resolved: what the kernels read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeadRows<'a, E> {
+    pub keys: &'a [E],
+    pub values: &'a [E],
+    pub row_stride: usize,
+    pub offset: usize,
+    pub head_dim: usize,
+    pub slots: &'a [usize],
+}
+
+impl<E> HeadRows<'_, E> {
     /// The key of `slot` for this head (`head_dim` elements).
     #[inline(always)]
-    pub(crate) fn key(&self, slot: usize) -> &[f32] {
+    pub(crate) fn key(&self, slot: usize) -> &[E] {
         &self.keys[slot * self.row_stride + self.offset..][..self.head_dim]
     }
 
     /// The value of `slot` for this head (`head_dim` elements).
     #[inline(always)]
-    pub(crate) fn value(&self, slot: usize) -> &[f32] {
+    pub(crate) fn value(&self, slot: usize) -> &[E] {
         &self.values[slot * self.row_stride + self.offset..][..self.head_dim]
     }
 }
@@ -101,6 +138,34 @@ pub fn attend_with(isa: Isa, q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [
 /// The scalar reference of [`attend`] for at most [`GROUP_MAX`] query heads, in the order of
 /// the module docs. Shapes are checked by [`attend_with`].
 pub(crate) fn attend_group_scalar(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
+    match kv.rows {
+        KvRows::F32 { keys, values } => attend_rows_scalar(q, &kv.head(keys, values), scale, out),
+        KvRows::F16 { keys, values } => {
+            // The context's rows of this head widened (exactly) to f32, in position order.
+            let head = kv.head(keys, values);
+            let widen = |row: &[f16]| row.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
+            let k: Vec<f32> = kv.slots.iter().flat_map(|&s| widen(head.key(s))).collect();
+            let v: Vec<f32> = kv
+                .slots
+                .iter()
+                .flat_map(|&s| widen(head.value(s)))
+                .collect();
+            let slots: Vec<usize> = (0..kv.slots.len()).collect();
+            let widened = HeadRows {
+                keys: &k,
+                values: &v,
+                row_stride: kv.head_dim,
+                offset: 0,
+                head_dim: kv.head_dim,
+                slots: &slots,
+            };
+            attend_rows_scalar(q, &widened, scale, out)
+        }
+    }
+}
+
+/// [`attend_group_scalar`] over f32 rows.
+fn attend_rows_scalar(q: &[f32], kv: &HeadRows<'_, f32>, scale: f32, out: &mut [f32]) {
     let d = kv.head_dim;
     let g = q.len() / d;
     assert!(g <= GROUP_MAX, "attend_group: {g} query heads");

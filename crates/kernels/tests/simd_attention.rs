@@ -2,18 +2,21 @@
 //! the scalar reference on random shapes (head sizes and context lengths that are no multiple
 //! of the vector width or of the position block, groups larger than one kernel call, scattered
 //! slots); the scalar reference matches the definition computed in f64; and a query head's
-//! result does not depend on the other heads computed with it.
+//! result does not depend on the other heads computed with it. The same over f16 rows, where
+//! the result must be bitwise the f32 attention over the rows widened to f32.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a test failure
 
+use half::f16;
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use tandem_kernels::attention::{attend_with, KvView};
+use tandem_kernels::attention::{attend_with, KvRows, KvView};
 use tandem_kernels::Isa;
 
 /// A random layer of a KV store and one sequence's context in it.
+#[derive(Clone)]
 struct Case {
     head_dim: usize,
     num_kv_heads: usize,
@@ -54,10 +57,26 @@ impl Case {
         }
     }
 
+    /// The same case with the keys and values rounded to f16 (and back: exact).
+    fn rounded_to_f16(&self) -> Case {
+        let round = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+        Case {
+            keys: round(&self.keys),
+            values: round(&self.values),
+            ..self.clone()
+        }
+    }
+
     fn view(&self) -> KvView<'_> {
-        KvView {
+        self.view_of(KvRows::F32 {
             keys: &self.keys,
             values: &self.values,
+        })
+    }
+
+    fn view_of<'a>(&'a self, rows: KvRows<'a>) -> KvView<'a> {
+        KvView {
+            rows,
             row_stride: self.num_kv_heads * self.head_dim,
             offset: self.kv_head * self.head_dim,
             head_dim: self.head_dim,
@@ -72,6 +91,19 @@ impl Case {
     fn run(&self, isa: Isa, q: &[f32]) -> Vec<f32> {
         let mut out = vec![f32::NAN; q.len()];
         attend_with(isa, q, &self.view(), self.scale(), &mut out);
+        out
+    }
+
+    /// [`Case::run`] over the keys and values stored as f16.
+    fn run_f16(&self, isa: Isa, q: &[f32]) -> Vec<f32> {
+        let to_f16 = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<f16>>();
+        let (keys, values) = (to_f16(&self.keys), to_f16(&self.values));
+        let view = self.view_of(KvRows::F16 {
+            keys: &keys,
+            values: &values,
+        });
+        let mut out = vec![f32::NAN; q.len()];
+        attend_with(isa, q, &view, self.scale(), &mut out);
         out
     }
 
@@ -136,8 +168,26 @@ proptest! {
     ) {
         let case = Case::new(seed, head_dim, group, context, spread);
         let want = case.run(Isa::Scalar, &case.q);
+        let want_f16 = case.run_f16(Isa::Scalar, &case.q);
         for isa in Isa::available() {
             assert_bits(&case.run(isa, &case.q), &want, isa.name())?;
+            assert_bits(&case.run_f16(isa, &case.q), &want_f16, isa.name())?;
+        }
+    }
+
+    /// f16 rows are widened exactly: attention over them is the f32 attention over the
+    /// rounded values, bit for bit, in every variant.
+    #[test]
+    fn f16_rows_equal_f32_rows_of_the_rounded_values(
+        seed in any::<u64>(),
+        head_dim in prop_oneof![Just(64usize), 1usize..90],
+        group in 1usize..10,
+        context in 1usize..60,
+    ) {
+        let case = Case::new(seed, head_dim, group, context, 2.0);
+        let rounded = case.rounded_to_f16();
+        for isa in Isa::available() {
+            assert_bits(&case.run_f16(isa, &case.q), &rounded.run(isa, &case.q), isa.name())?;
         }
     }
 
@@ -217,5 +267,9 @@ fn rescaling_and_nan() {
     case.keys[s * case.num_kv_heads * 32 + case.kv_head * 32] = f32::NAN;
     for isa in Isa::available() {
         assert!(case.run(isa, &case.q).iter().all(|x| x.is_nan()), "{isa}");
+        assert!(
+            case.run_f16(isa, &case.q).iter().all(|x| x.is_nan()),
+            "{isa}"
+        );
     }
 }

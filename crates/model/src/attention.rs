@@ -7,7 +7,7 @@
 //! per query head and context length: a token's result is the same whether it is computed
 //! alone, in a chunk, beside other sequences, or with any task split.
 
-use tandem_kernels::attention::{attend, KvView};
+use tandem_kernels::attention::{attend, KvRows, KvView};
 use tandem_kernels::parallel::for_each_chunk_mut;
 use tandem_kernels::ThreadPool;
 
@@ -36,15 +36,14 @@ const MIN_TASKS_PER_THREAD: usize = 2;
 
 /// `out[t, h] = softmax_j(q[t, h] . k[j, kvh] * scale) . v[j, kvh]` over `j <= pos(t)`.
 ///
-/// `q`, `out`: `[num_tokens, num_heads * head_dim]`; `keys`, `values`:
-/// `[num_slots, num_kv_heads * head_dim]`.
+/// `q`, `out`: `[num_tokens, num_heads * head_dim]`; `rows`: the layer's keys and values,
+/// `[num_slots, num_kv_heads * head_dim]` each.
 pub fn causal_attention(
     pool: &ThreadPool,
     shape: HeadShape,
     layout: &AttentionLayout<'_>,
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    rows: KvRows<'_>,
     out: &mut [f32],
 ) {
     let HeadShape {
@@ -66,8 +65,7 @@ pub fn causal_attention(
         let (t, first_head) = (i / tasks_per_token, i % tasks_per_token * heads_per_task);
         let pos = layout.positions[t];
         let kv = KvView {
-            keys,
-            values,
+            rows,
             row_stride: num_kv_heads * head_dim,
             offset: first_head / group * head_dim,
             head_dim,
@@ -135,8 +133,10 @@ mod tests {
             shape,
             &layout,
             &q,
-            &keys,
-            &values,
+            KvRows::F32 {
+                keys: &keys,
+                values: &values,
+            },
             &mut out,
         );
         for (t, &pos) in positions.iter().enumerate() {
@@ -180,7 +180,11 @@ mod tests {
                 seq_slots: &slots,
             };
             let pool = ThreadPool::new(threads);
-            causal_attention(&pool, shape, &layout, q, &keys, &values, &mut out);
+            let rows = KvRows::F32 {
+                keys: &keys,
+                values: &values,
+            };
+            causal_attention(&pool, shape, &layout, q, rows, &mut out);
             out
         };
         let batch = run(2, &[3, 4, 5, 2], &[0, 0, 0, 1], &q);

@@ -8,34 +8,90 @@
 //! final norm: the LM head's input), so that the logits of a position whose K/V were reused
 //! from the prefix cache can be produced again, bitwise equal, by the LM head alone
 //! ([`crate::transformer::Model::logits_at_slots`]) — scoring a cached prompt costs one
-//! matrix product per position instead of a whole forward pass. It adds `hidden_size` floats
-//! per token to the `2 * num_layers * kv_dim` of the keys and values (about 5% for the
-//! default model).
+//! matrix product per position instead of a whole forward pass. It adds `hidden_size` f32 per
+//! token to the `2 * num_layers * kv_dim` elements of the keys and values (about 5% of an
+//! f32 cache for the default model, 10% of an f16 one).
+//!
+//! Keys and values are stored as f32 or f16 ([`KvDtype`]); the attention kernels widen f16
+//! exactly on load, so the numeric contract of `tandem_kernels::attention` holds for both.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use tandem_kernels::attention::KvRows;
 
 use crate::batch::BlockId;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+
+/// How keys and values are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    /// 4 bytes per element: attention exactly as computed.
+    F32,
+    /// 2 bytes per element, rounded to nearest on write: half the bytes each decode step
+    /// reads per context position (the attention then runs over the rounded values).
+    F16,
+}
+
+impl KvDtype {
+    /// Bytes per stored element.
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        }
+    }
+}
+
+/// Per layer: `[num_blocks * block_size, kv_dim]` keys, and values alike.
+#[derive(Debug)]
+enum Layers {
+    F32 {
+        keys: Vec<Vec<f32>>,
+        values: Vec<Vec<f32>>,
+    },
+    F16 {
+        keys: Vec<Vec<f16>>,
+        values: Vec<Vec<f16>>,
+    },
+}
 
 /// Keys and values of every layer, in blocks of `block_size` token slots.
 #[derive(Debug)]
 pub struct KvStore {
     block_size: usize,
     num_blocks: usize,
-    /// Floats per token slot in one layer: `num_kv_heads * head_dim`.
+    /// Elements per token slot in one layer: `num_kv_heads * head_dim`.
     kv_dim: usize,
-    /// Per layer: `[num_blocks * block_size, kv_dim]`.
-    keys: Vec<Vec<f32>>,
-    /// Per layer: `[num_blocks * block_size, kv_dim]`.
-    values: Vec<Vec<f32>>,
+    layers: Layers,
     /// Floats of one final hidden state.
     hidden_size: usize,
-    /// `[num_blocks * block_size, hidden_size]` final (normed) hidden states.
+    /// `[num_blocks * block_size, hidden_size]` final (normed) hidden states (always f32:
+    /// the LM head must see exactly what the forward pass saw).
     hidden: Vec<f32>,
 }
 
 impl KvStore {
-    /// Allocates a zeroed store of `num_blocks` blocks for `config`'s layers.
+    /// Allocates a zeroed store of `num_blocks` blocks for `config`'s layers, keys and values
+    /// in f32 (see [`crate::transformer::Model::default_kv_dtype`] for a model's default).
     pub fn new(config: &ModelConfig, block_size: usize, num_blocks: usize) -> Result<KvStore> {
+        KvStore::with_dtype(config, block_size, num_blocks, KvDtype::F32)
+    }
+
+    /// [`KvStore::new`] with keys and values stored as `dtype`.
+    pub fn with_dtype(
+        config: &ModelConfig,
+        block_size: usize,
+        num_blocks: usize,
+        dtype: KvDtype,
+    ) -> Result<KvStore> {
         if block_size == 0 || num_blocks == 0 {
             return Err(ModelError::Batch(
                 "KV store needs a positive block size and count".into(),
@@ -46,25 +102,44 @@ impl KvStore {
             .checked_mul(block_size)
             .and_then(|s| s.checked_mul(kv_dim))
             .ok_or_else(|| ModelError::Batch("KV store size overflows".into()))?;
-        let layer = || vec![0.0f32; per_layer];
         let hidden_size = config.hidden_size;
         let hidden_len = (num_blocks * block_size)
             .checked_mul(hidden_size)
             .ok_or_else(|| ModelError::Batch("KV store size overflows".into()))?;
+        let n = config.num_layers;
+        let layers = match dtype {
+            KvDtype::F32 => Layers::F32 {
+                keys: (0..n).map(|_| vec![0.0; per_layer]).collect(),
+                values: (0..n).map(|_| vec![0.0; per_layer]).collect(),
+            },
+            KvDtype::F16 => Layers::F16 {
+                keys: (0..n).map(|_| vec![f16::ZERO; per_layer]).collect(),
+                values: (0..n).map(|_| vec![f16::ZERO; per_layer]).collect(),
+            },
+        };
         Ok(KvStore {
             block_size,
             num_blocks,
             kv_dim,
             hidden_size,
             hidden: vec![0.0f32; hidden_len],
-            keys: (0..config.num_layers).map(|_| layer()).collect(),
-            values: (0..config.num_layers).map(|_| layer()).collect(),
+            layers,
         })
     }
 
-    /// Bytes one token occupies: keys and values of all layers, and its final hidden state.
-    pub fn bytes_per_token(config: &ModelConfig) -> usize {
-        (2 * config.num_layers * config.kv_dim() + config.hidden_size) * std::mem::size_of::<f32>()
+    /// How keys and values are stored.
+    pub fn dtype(&self) -> KvDtype {
+        match self.layers {
+            Layers::F32 { .. } => KvDtype::F32,
+            Layers::F16 { .. } => KvDtype::F16,
+        }
+    }
+
+    /// Bytes one token occupies with keys and values as `dtype`: keys and values of all
+    /// layers, and its final hidden state (f32).
+    pub fn bytes_per_token(config: &ModelConfig, dtype: KvDtype) -> usize {
+        2 * config.num_layers * config.kv_dim() * dtype.size()
+            + config.hidden_size * std::mem::size_of::<f32>()
     }
 
     pub fn block_size(&self) -> usize {
@@ -86,10 +161,19 @@ impl KvStore {
     }
 
     /// Stores one token's key and value rows (`[kv_dim]` each) of `layer` at `slot`.
+    /// f16 stores round to nearest, ties to even.
     pub fn write(&mut self, layer: usize, slot: usize, key: &[f32], value: &[f32]) {
         let r = slot * self.kv_dim..(slot + 1) * self.kv_dim;
-        self.keys[layer][r.clone()].copy_from_slice(key);
-        self.values[layer][r].copy_from_slice(value);
+        match &mut self.layers {
+            Layers::F32 { keys, values } => {
+                keys[layer][r.clone()].copy_from_slice(key);
+                values[layer][r].copy_from_slice(value);
+            }
+            Layers::F16 { keys, values } => {
+                keys[layer][r.clone()].convert_from_f32_slice(key);
+                values[layer][r].convert_from_f32_slice(value);
+            }
+        }
     }
 
     /// Stores one token's final hidden state (`[hidden_size]`) at `slot`.
@@ -104,17 +188,21 @@ impl KvStore {
         &self.hidden[slot * h..(slot + 1) * h]
     }
 
-    /// Keys of `layer`: `[num_slots, kv_dim]`.
-    pub fn layer_keys(&self, layer: usize) -> &[f32] {
-        &self.keys[layer]
+    /// Keys and values of `layer`: `[num_slots, kv_dim]` each.
+    pub fn layer(&self, layer: usize) -> KvRows<'_> {
+        match &self.layers {
+            Layers::F32 { keys, values } => KvRows::F32 {
+                keys: &keys[layer],
+                values: &values[layer],
+            },
+            Layers::F16 { keys, values } => KvRows::F16 {
+                keys: &keys[layer],
+                values: &values[layer],
+            },
+        }
     }
 
-    /// Values of `layer`: `[num_slots, kv_dim]`.
-    pub fn layer_values(&self, layer: usize) -> &[f32] {
-        &self.values[layer]
-    }
-
-    /// Floats per slot in one layer.
+    /// Elements per slot in one layer.
     pub fn kv_dim(&self) -> usize {
         self.kv_dim
     }
@@ -133,9 +221,17 @@ impl KvStore {
         if s == d {
             return;
         }
-        let len = self.block_size * self.kv_dim; // floats per block per layer
-        for layer in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            layer.copy_within(s * len..(s + 1) * len, d * len);
+        let len = self.block_size * self.kv_dim; // elements per block per layer
+        let (src, dst) = (s * len..(s + 1) * len, d * len);
+        match &mut self.layers {
+            Layers::F32 { keys, values } => keys
+                .iter_mut()
+                .chain(values.iter_mut())
+                .for_each(|l| l.copy_within(src.clone(), dst)),
+            Layers::F16 { keys, values } => keys
+                .iter_mut()
+                .chain(values.iter_mut())
+                .for_each(|l| l.copy_within(src.clone(), dst)),
         }
         let len = self.block_size * self.hidden_size;
         self.hidden.copy_within(s * len..(s + 1) * len, d * len);

@@ -6,7 +6,7 @@
 
 use crate::batch::{BlockId, ForwardBatch, OutputSelection, TokenId};
 use crate::error::{ModelError, Result};
-use crate::kv_store::KvStore;
+use crate::kv_store::{KvDtype, KvStore};
 use crate::logits::Logits;
 use crate::transformer::Model;
 
@@ -32,6 +32,8 @@ pub struct ScoreOptions {
     pub block_size: usize,
     /// Longest sequence one forward context may hold (the model's context unless lowered).
     pub max_context: Option<usize>,
+    /// How the pass's KV store holds keys and values (`None`: the model's default).
+    pub kv_dtype: Option<KvDtype>,
 }
 
 impl Default for ScoreOptions {
@@ -42,6 +44,7 @@ impl Default for ScoreOptions {
             chunk_len: 256,
             block_size: 16,
             max_context: None,
+            kv_dtype: None,
         }
     }
 }
@@ -144,7 +147,8 @@ fn score_span(
 ) -> Result<()> {
     let seq = &tokens[start..];
     let num_blocks = seq.len().div_ceil(opts.block_size);
-    let mut kv = KvStore::new(&model.config, opts.block_size, num_blocks)?;
+    let dtype = opts.kv_dtype.unwrap_or_else(|| model.default_kv_dtype());
+    let mut kv = KvStore::with_dtype(&model.config, opts.block_size, num_blocks, dtype)?;
     let table: Vec<BlockId> = (0..num_blocks as u32).map(BlockId).collect();
     let chunk_len = opts.chunk_len.max(1);
     let mut done = 0;

@@ -9,7 +9,7 @@ use crate::attention::{causal_attention, AttentionLayout, HeadShape};
 use crate::batch::ForwardBatch;
 use crate::config::{ModelConfig, RopeStyle};
 use crate::error::Result;
-use crate::kv_store::KvStore;
+use crate::kv_store::{KvDtype, KvStore};
 use crate::logits::Logits;
 use crate::packed_weights::PackedWeights;
 use crate::weights::{TensorHandle, TensorSet};
@@ -172,6 +172,18 @@ impl Model {
         self.packed.bytes()
     }
 
+    /// How a KV store for this model holds keys and values unless told otherwise: f16 when
+    /// its matrices run through the int8 kernels (which already round activations to 8 bits;
+    /// f16 halves the bytes each decode step reads per context position), f32 when the model
+    /// runs exactly, so that an exact run stays the fp32 reference end to end.
+    pub fn default_kv_dtype(&self) -> KvDtype {
+        if self.packed_bytes() > 0 {
+            KvDtype::F16
+        } else {
+            KvDtype::F32
+        }
+    }
+
     /// `y = x · Wᵀ` for matrix `h` over `n` rows of `x`.
     fn matmul(&self, h: TensorHandle, x: &[f32], y: &mut [f32], n: usize) {
         self.packed.matmul(&self.tensors, &self.pool, h, x, y, n);
@@ -258,14 +270,12 @@ impl Model {
             token_seq: &layout.token_seq,
             seq_slots: &layout.seq_slots,
         };
-        let (keys, values) = (kv.layer_keys(l), kv.layer_values(l));
         causal_attention(
             &self.pool,
             shape,
             &attn_layout,
             &a.q,
-            keys,
-            values,
+            kv.layer(l),
             &mut a.attn,
         );
         self.matmul(w.o, &a.attn, &mut a.out, n);

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
 use tandem_model::hf_config::load_hf_config;
-use tandem_model::kv_store::KvStore;
+use tandem_model::kv_store::{KvDtype, KvStore};
 use tandem_model::model_builder::{build_model, NameScheme};
 use tandem_model::safetensors::load_safetensors_dir;
 use tandem_model::transformer::Model;
@@ -64,8 +64,19 @@ fn sequences(name: &str) -> Vec<(Vec<TokenId>, Vec<f32>)> {
 
 /// Logits of every position of `tokens`, computed in chunks of `chunk` tokens.
 fn run_chunked(model: &Model, tokens: &[TokenId], chunk: usize, block_size: usize) -> Vec<f32> {
+    run_chunked_as(model, tokens, chunk, block_size, KvDtype::F32)
+}
+
+/// [`run_chunked`] with keys and values stored as `dtype`.
+fn run_chunked_as(
+    model: &Model,
+    tokens: &[TokenId],
+    chunk: usize,
+    block_size: usize,
+    dtype: KvDtype,
+) -> Vec<f32> {
     let blocks = tokens.len().div_ceil(block_size);
-    let mut kv = KvStore::new(&model.config, block_size, blocks + 3).expect("kv");
+    let mut kv = KvStore::with_dtype(&model.config, block_size, blocks + 3, dtype).expect("kv");
     // Use a scattered block table to exercise paging.
     let table: Vec<BlockId> = (0..blocks as u32).rev().map(|b| BlockId(b + 3)).collect();
     let mut out = Vec::new();
@@ -84,6 +95,13 @@ fn run_chunked(model: &Model, tokens: &[TokenId], chunk: usize, block_size: usiz
     out
 }
 
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max)
+}
+
 #[test]
 fn logits_match_transformers_fp32() {
     for name in FIXTURES {
@@ -91,11 +109,7 @@ fn logits_match_transformers_fp32() {
         for (i, (ids, want)) in sequences(name).iter().enumerate() {
             let got = run_chunked(&model, ids, ids.len(), 16);
             assert_eq!(got.len(), want.len(), "{name} seq {i}: logits size");
-            let max_diff = got
-                .iter()
-                .zip(want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, f32::max);
+            let max_diff = max_abs_diff(&got, want);
             eprintln!("{name} seq {i}: max |Δlogit| = {max_diff:.2e}");
             assert!(
                 max_diff <= 1e-3,
@@ -105,18 +119,50 @@ fn logits_match_transformers_fp32() {
     }
 }
 
+/// An f16 KV cache: every fixture stays within what rounding keys and values to 11
+/// significant bits allows, and the rounding really happens (the logits differ from the f32
+/// cache's).
+#[test]
+fn f16_kv_stays_close_to_transformers() {
+    let mut rounded = 0;
+    for name in FIXTURES {
+        let model = load(name, 2);
+        for (i, (ids, want)) in sequences(name).iter().enumerate() {
+            let got = run_chunked_as(&model, ids, ids.len(), 16, KvDtype::F16);
+            let max_diff = max_abs_diff(&got, want);
+            eprintln!("{name} seq {i} (f16 KV): max |Δlogit| = {max_diff:.2e}");
+            assert!(
+                max_diff <= F16_KV_TOLERANCE,
+                "{name} seq {i}: max |Δlogit| = {max_diff} with an f16 KV cache"
+            );
+            rounded += usize::from(got != run_chunked(&model, ids, ids.len(), 16));
+        }
+    }
+    assert!(
+        rounded > 0,
+        "the f16 cache gave the f32 cache's logits everywhere"
+    );
+}
+
+/// Max |Δlogit| allowed with an f16 KV cache. The fixtures' logits reach about 7; keys and
+/// values carry a relative error of at most 2^-11, which moved them by at most 1.4e-2 when
+/// this was written (twice that is allowed).
+const F16_KV_TOLERANCE: f32 = 3e-2;
+
 #[test]
 fn chunked_prefill_equals_one_pass_bitwise() {
     for name in ["llama_tied", "qwen2", "qwen3"] {
         let model = load(name, 2);
         let (ids, _) = &sequences(name)[1];
-        let whole = run_chunked(&model, ids, ids.len(), 16);
-        for (chunk, block) in [(1, 16), (5, 4), (16, 16), (7, 1)] {
-            let parts = run_chunked(&model, ids, chunk, block);
-            assert!(
-                whole == parts,
-                "{name}: chunk {chunk} block {block} differs from one pass"
-            );
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            let whole = run_chunked_as(&model, ids, ids.len(), 16, dtype);
+            for (chunk, block) in [(1, 16), (5, 4), (16, 16), (7, 1)] {
+                let parts = run_chunked_as(&model, ids, chunk, block, dtype);
+                assert!(
+                    whole == parts,
+                    "{name} ({dtype:?} KV): chunk {chunk} block {block} differs from one pass"
+                );
+            }
         }
     }
 }

@@ -79,8 +79,13 @@ impl DraftModelProposer {
                 "the draft model's vocabulary ({vocab}) differs from the target's ({target_vocab})"
             )));
         }
-        let kv = KvStore::new(&model.config, block_size, num_blocks)
-            .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
+        let kv = KvStore::with_dtype(
+            &model.config,
+            block_size,
+            num_blocks,
+            model.default_kv_dtype(),
+        )
+        .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
         let allocator = BlockAllocator::new(num_blocks, block_size)?;
         Ok(DraftModelProposer {
             model,

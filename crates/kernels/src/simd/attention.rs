@@ -10,19 +10,70 @@
 
 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
 
+use half::f16;
+
 use super::lanes::Lanes16;
 use crate::attention::exp_consts::{EXP_BIAS, LN2_HI, LN2_LO, LOG2E, MAX_X, MIN_X, P, ROUND};
-use crate::attention::{add_in_order, block_max, KvView, GROUP_MAX, POS_BLOCK};
-use crate::dot16::{mac_tail, tree_sum, LANES};
+use crate::attention::{add_in_order, block_max, HeadRows, KvRows, KvView, GROUP_MAX, POS_BLOCK};
+use crate::dot16::{tree_sum, LANES};
+
+/// An element type of K/V rows: loaded 16 at a time, or one at a time, as exact f32.
+trait Element: Copy {
+    /// 16 elements from `p`, widened.
+    ///
+    /// # Safety
+    /// The CPU must support `V`'s features; `p` must be valid for 16 elements.
+    unsafe fn load<V: Lanes16>(p: *const Self) -> V;
+    fn widen(self) -> f32;
+}
+
+impl Element for f32 {
+    #[inline(always)]
+    unsafe fn load<V: Lanes16>(p: *const f32) -> V {
+        V::load(p)
+    }
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl Element for f16 {
+    #[inline(always)]
+    unsafe fn load<V: Lanes16>(p: *const f16) -> V {
+        // `f16` is a transparent little-endian `u16`.
+        V::load_f16(p.cast())
+    }
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+/// As [`crate::attention::attend_group_scalar`] (bitwise equal), for either element type.
+///
+/// # Safety
+/// The CPU must support `V`'s features. Shapes are asserted.
+#[inline(always)]
+unsafe fn attend_kv<V: Lanes16>(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
+    match kv.rows {
+        KvRows::F32 { keys, values } => {
+            attend_group::<V, f32>(q, &kv.head(keys, values), scale, out)
+        }
+        KvRows::F16 { keys, values } => {
+            attend_group::<V, f16>(q, &kv.head(keys, values), scale, out)
+        }
+    }
+}
 
 /// As [`crate::attention::attend_group_scalar`] (bitwise equal).
 ///
 /// # Safety
 /// The CPU must support `V`'s features. Shapes are asserted.
 #[inline(always)]
-pub(super) unsafe fn attend_group<V: Lanes16>(
+unsafe fn attend_group<V: Lanes16, E: Element>(
     q: &[f32],
-    kv: &KvView<'_>,
+    kv: &HeadRows<'_, E>,
     scale: f32,
     out: &mut [f32],
 ) {
@@ -40,7 +91,7 @@ pub(super) unsafe fn attend_group<V: Lanes16>(
     let mut l = [0.0f32; GROUP_MAX];
     // Scores, then probabilities, of the block; lanes past the block's end are ignored.
     let mut p = [[0.0f32; POS_BLOCK]; GROUP_MAX];
-    let mut v_rows: [&[f32]; POS_BLOCK] = [&[]; POS_BLOCK];
+    let mut v_rows: [&[E]; POS_BLOCK] = [&[]; POS_BLOCK];
     let blocks = kv.slots.chunks(POS_BLOCK);
     for (block, next) in blocks.clone().zip(blocks.skip(1).map(Some).chain([None])) {
         let nb = block.len();
@@ -48,7 +99,7 @@ pub(super) unsafe fn attend_group<V: Lanes16>(
             prefetch_rows(kv, next);
         }
         // Past the block's end, the first row stands in (its lanes are ignored).
-        let mut k_rows: [&[f32]; POS_BLOCK] = [kv.key(block[0]); POS_BLOCK];
+        let mut k_rows: [&[E]; POS_BLOCK] = [kv.key(block[0]); POS_BLOCK];
         for (j, &slot) in block.iter().enumerate() {
             k_rows[j] = kv.key(slot);
             v_rows[j] = kv.value(slot);
@@ -56,12 +107,12 @@ pub(super) unsafe fn attend_group<V: Lanes16>(
         for i in 0..g {
             let qi = &q[i * d..][..d];
             if full == d {
-                scores::<V>(qi, &k_rows)
+                scores::<V, E>(qi, &k_rows)
                     .mul(V::splat(scale))
                     .store(p[i].as_mut_ptr());
             } else {
                 for (s, k) in p[i].iter_mut().zip(&k_rows[..nb]) {
-                    *s = dot::<V>(qi, k, full) * scale;
+                    *s = dot::<V, E>(qi, k, full) * scale;
                 }
             }
         }
@@ -78,7 +129,7 @@ pub(super) unsafe fn attend_group<V: Lanes16>(
             l[i] = add_in_order(l[i], &p[i][..nb]);
         }
         for i in 0..g {
-            accumulate::<V>(&mut out[i * d..][..d], &p[i][..nb], &v_rows[..nb], full);
+            accumulate::<V, E>(&mut out[i * d..][..d], &p[i][..nb], &v_rows[..nb], full);
         }
     }
     for i in 0..g {
@@ -94,12 +145,12 @@ pub(super) unsafe fn attend_group<V: Lanes16>(
 /// # Safety
 /// The CPU must support `V`'s features; every `k[j].len() == q.len()`, a multiple of 16.
 #[inline(always)]
-unsafe fn scores<V: Lanes16>(q: &[f32], k: &[&[f32]; POS_BLOCK]) -> V {
+unsafe fn scores<V: Lanes16, E: Element>(q: &[f32], k: &[&[E]; POS_BLOCK]) -> V {
     let mut acc = [V::zero(); POS_BLOCK];
     for c in (0..q.len()).step_by(LANES) {
         let qv = V::load(q.as_ptr().add(c));
         for j in 0..POS_BLOCK {
-            acc[j] = acc[j].add(qv.mul(V::load(k[j].as_ptr().add(c))));
+            acc[j] = acc[j].add(qv.mul(E::load::<V>(k[j].as_ptr().add(c))));
         }
     }
     V::tree_sum_16(&acc)
@@ -112,7 +163,7 @@ unsafe fn scores<V: Lanes16>(q: &[f32], k: &[&[f32]; POS_BLOCK]) -> V {
 /// The CPU must support `V`'s features; every `v[j].len() == acc.len()`; `full` is that
 /// length rounded down to 16.
 #[inline(always)]
-unsafe fn accumulate<V: Lanes16>(acc: &mut [f32], p: &[f32], v: &[&[f32]], full: usize) {
+unsafe fn accumulate<V: Lanes16, E: Element>(acc: &mut [f32], p: &[f32], v: &[&[E]], full: usize) {
     const TILE: usize = 4;
     let o = acc.as_mut_ptr();
     let mut c = 0;
@@ -124,7 +175,7 @@ unsafe fn accumulate<V: Lanes16>(acc: &mut [f32], p: &[f32], v: &[&[f32]], full:
         for (&w, row) in p.iter().zip(v) {
             let wv = V::splat(w);
             for (t, a) in a.iter_mut().enumerate() {
-                *a = a.add(wv.mul(V::load(row.as_ptr().add(c + t * LANES))));
+                *a = a.add(wv.mul(E::load::<V>(row.as_ptr().add(c + t * LANES))));
             }
         }
         for (t, a) in a.iter().enumerate() {
@@ -135,14 +186,14 @@ unsafe fn accumulate<V: Lanes16>(acc: &mut [f32], p: &[f32], v: &[&[f32]], full:
     while c < full {
         let mut a = V::load(o.add(c));
         for (&w, row) in p.iter().zip(v) {
-            a = a.add(V::splat(w).mul(V::load(row.as_ptr().add(c))));
+            a = a.add(V::splat(w).mul(E::load::<V>(row.as_ptr().add(c))));
         }
         a.store(o.add(c));
         c += LANES;
     }
     for (c, a) in acc.iter_mut().enumerate().skip(full) {
         for (&w, row) in p.iter().zip(v) {
-            *a += w * row[c];
+            *a += w * row[c].widen();
         }
     }
 }
@@ -150,8 +201,8 @@ unsafe fn accumulate<V: Lanes16>(acc: &mut [f32], p: &[f32], v: &[&[f32]], full:
 /// Asks for the K and V rows of `slots` to be brought into L1 (in decode they come from
 /// memory, at addresses the hardware prefetcher cannot guess).
 #[inline(always)]
-fn prefetch_rows(kv: &KvView<'_>, slots: &[usize]) {
-    let bytes = kv.head_dim * std::mem::size_of::<f32>();
+fn prefetch_rows<E>(kv: &HeadRows<'_, E>, slots: &[usize]) {
+    let bytes = kv.head_dim * std::mem::size_of::<E>();
     for &slot in slots {
         for row in [kv.key(slot), kv.value(slot)] {
             let p = row.as_ptr().cast::<i8>();
@@ -168,17 +219,20 @@ fn prefetch_rows(kv: &KvView<'_>, slots: &[usize]) {
 /// # Safety
 /// The CPU must support `V`'s features; `q.len() == k.len()`.
 #[inline(always)]
-unsafe fn dot<V: Lanes16>(q: &[f32], k: &[f32], full: usize) -> f32 {
+unsafe fn dot<V: Lanes16, E: Element>(q: &[f32], k: &[E], full: usize) -> f32 {
     debug_assert_eq!(q.len(), k.len());
     let mut acc = V::zero();
     for c in (0..full).step_by(LANES) {
-        acc = acc.add(V::load(q.as_ptr().add(c)).mul(V::load(k.as_ptr().add(c))));
+        acc = acc.add(V::load(q.as_ptr().add(c)).mul(E::load::<V>(k.as_ptr().add(c))));
     }
     if full == q.len() {
         acc.tree_sum()
     } else {
+        // The tail as `dot16::mac_tail`: lane `i` adds `q[full + i] · k[full + i]`.
         let mut lanes = acc.to_array();
-        mac_tail(&mut lanes, q, k);
+        for ((a, &qv), &kv) in lanes.iter_mut().zip(&q[full..]).zip(&k[full..]) {
+            *a += qv * kv.widen();
+        }
         tree_sum(&lanes)
     }
 }
@@ -223,12 +277,12 @@ unsafe fn exp<V: Lanes16>(x: V) -> V {
 /// AVX-512 F/BW/VL and F16C must be available.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 pub(super) unsafe fn attend_group_avx512(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
-    attend_group::<super::avx512::Z>(q, kv, scale, out)
+    attend_kv::<super::avx512::Z>(q, kv, scale, out)
 }
 
 /// # Safety
 /// AVX2, FMA and F16C must be available.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn attend_group_avx2(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
-    attend_group::<super::avx2::Y>(q, kv, scale, out)
+    attend_kv::<super::avx2::Y>(q, kv, scale, out)
 }
