@@ -12,6 +12,7 @@ pub mod cpu;
 pub mod dot16;
 pub mod dtype;
 pub mod exp_sum;
+pub mod huge_pages;
 pub mod isa;
 pub mod matmul;
 pub mod ops;

@@ -174,25 +174,7 @@ fn pack_block(dtype: DType, src: &[u8], j: usize, dst: &mut [u8]) {
 /// every 64 lines.
 fn huge_page_lines(n: usize) -> Vec<Line> {
     let mut lines: Vec<Line> = Vec::with_capacity(n);
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let start = lines.as_ptr() as usize;
-        let end = start + n * 64;
-        let (first, last) = (start.next_multiple_of(HUGE), end / HUGE * HUGE);
-        if last > first {
-            // SAFETY: `[first, last)` lies inside the vector's allocation, which nothing has
-            // touched yet; MADV_HUGEPAGE only changes how the kernel backs those pages, never
-            // their contents. Failure is harmless (the advice is ignored).
-            unsafe {
-                libc::madvise(
-                    first as *mut libc::c_void,
-                    last - first,
-                    libc::MADV_HUGEPAGE,
-                );
-            }
-        }
-    }
+    crate::huge_pages::advise_huge_pages(lines.as_ptr() as usize, n * 64);
     lines.resize(n, Line([0; 64]));
     lines
 }

@@ -18,6 +18,7 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use tandem_kernels::attention::KvRows;
+use tandem_kernels::huge_pages::zeroed_vec;
 
 use crate::batch::BlockId;
 use crate::config::ModelConfig;
@@ -107,14 +108,16 @@ impl KvStore {
             .checked_mul(hidden_size)
             .ok_or_else(|| ModelError::Batch("KV store size overflows".into()))?;
         let n = config.num_layers;
+        // Zeroed untouched memory on huge pages: resident only once written, and a decode
+        // step's scattered block reads do not miss the TLB at every block.
         let layers = match dtype {
             KvDtype::F32 => Layers::F32 {
-                keys: (0..n).map(|_| vec![0.0; per_layer]).collect(),
-                values: (0..n).map(|_| vec![0.0; per_layer]).collect(),
+                keys: (0..n).map(|_| zeroed_vec(per_layer)).collect(),
+                values: (0..n).map(|_| zeroed_vec(per_layer)).collect(),
             },
             KvDtype::F16 => Layers::F16 {
-                keys: (0..n).map(|_| vec![f16::ZERO; per_layer]).collect(),
-                values: (0..n).map(|_| vec![f16::ZERO; per_layer]).collect(),
+                keys: (0..n).map(|_| zeroed_vec(per_layer)).collect(),
+                values: (0..n).map(|_| zeroed_vec(per_layer)).collect(),
             },
         };
         Ok(KvStore {
@@ -122,7 +125,7 @@ impl KvStore {
             num_blocks,
             kv_dim,
             hidden_size,
-            hidden: vec![0.0f32; hidden_len],
+            hidden: zeroed_vec(hidden_len),
             layers,
         })
     }
