@@ -75,7 +75,7 @@ def one_run(binary, extra, timeout):
         except subprocess.TimeoutExpired:
             proc.kill()
             _, err = proc.communicate()
-    m = re.search(r"KV cache (\d+) blocks x (\d+) tokens = (\d+) tokens \((\d+) MiB\)", err or "")
+    m = re.search(r"KV cache (\d+) blocks x (\d+) tokens = (\d+) tokens \((\d+) MiB(?:, \w+)?\)", err or "")
     kv_mib = int(m.group(4)) if m else None
     return ready, rss, kv_mib
 

@@ -2,9 +2,11 @@
 //!
 //! This is the only crate with `unsafe` code. It holds the quantized block formats
 //! ([`dtype`], [`quant`]), the scalar reference operations and their SIMD variants chosen at
-//! run time ([`isa`]), matrix products over quantized weights ([`matmul`]), the attention of
-//! a query group over its KV rows ([`attention`]) and the persistent thread pool
-//! ([`thread_pool`]). It knows nothing of models or requests.
+//! run time ([`isa`]), matrix products over quantized weights ([`matmul`], exact) and over
+//! weights repacked for integer dot products ([`packed`], the int8 path), the attention of a
+//! query group over its f32 or f16 KV rows ([`attention`]), huge-page buffers
+//! ([`huge_pages`]) and the persistent thread pool ([`thread_pool`]). It knows nothing of
+//! models or requests.
 #![allow(unsafe_code)]
 
 pub mod attention;

@@ -18,9 +18,10 @@
 //! Variants: [`Isa::Scalar`], [`Isa::Avx2`] and [`Isa::Avx512`] all perform exactly these
 //! operations (separate multiply and add, never FMA), so **these variants are bitwise equal
 //! to the scalar reference**, and results do not depend on the machine's ISA either.
-//! The opt-in int8 variants ([`Isa::Avx2Int8`], [`Isa::Avx512Int8`]) quantize the activations
-//! to 8 bits for Q4_0 / Q4_1 / Q8_0 weights (see `simd::int8` for their fixed order and
-//! error bound): still batch- and thread-invariant, but not equal to scalar.
+//! The int8 variants ([`Isa::Avx2Int8`], [`Isa::Avx512Int8`], the default where available)
+//! run Q4_0 / Q4_1 / Q8_0 weights through [`crate::packed`] instead: matrices repacked at load,
+//! activations quantized to 8 bits, integer dot products in a fixed order (see `packed` for
+//! it and the error bound): still batch- and thread-invariant, but not equal to scalar.
 
 mod blocked;
 

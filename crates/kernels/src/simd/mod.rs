@@ -1,15 +1,17 @@
 //! The per-ISA kernel table used by [`crate::matmul`] and [`crate::attention`]: row dequantization, the 1-row, 4-row,
 //! 4-row × 2-token and 4-row × 4-token f32 dots, the fused dequantize-and-dot of 1 or 4
-//! stored rows (SIMD only; used for single-token calls), and the int8 row kernel (int8 ISAs
-//! only), and the attention of one query group (`attention`; bitwise equal to scalar).
+//! stored rows (SIMD only; used for single-token calls), the int8 kernel of one packed row
+//! group and the activation quantizer (`packed_vnni`, `packed_avx2`; bitwise equal to
+//! `packed::reference`), and the attention of one query group (`attention`; bitwise equal to
+//! scalar, over f32 or f16 rows).
 //!
-//! | ISA           | f32 path vs scalar | Q4_0/Q4_1/Q8_0 weights                         |
-//! |---------------|--------------------|------------------------------------------------|
-//! | `scalar`      | reference          | reference                                      |
-//! | `avx2`        | **bitwise equal**  | bitwise equal                                  |
-//! | `avx512`      | **bitwise equal**  | bitwise equal                                  |
-//! | `avx2-int8`   | bitwise equal      | int8 (`int8` module): within the rounding bound |
-//! | `avx512-int8` | bitwise equal      | int8 (VNNI): within the rounding bound          |
+//! | ISA           | f32 path vs scalar | Q4_0/Q4_1/Q8_0 weights                                   |
+//! |---------------|--------------------|----------------------------------------------------------|
+//! | `scalar`      | reference          | reference                                                |
+//! | `avx2`        | **bitwise equal**  | bitwise equal                                            |
+//! | `avx512`      | **bitwise equal**  | bitwise equal                                            |
+//! | `avx2-int8`   | bitwise equal      | packed int8 (`vpmaddubsw`): = `packed::reference`        |
+//! | `avx512-int8` | bitwise equal      | packed int8 (VNNI `vpdpbusd`): = `packed::reference`     |
 //!
 //! The exact variants reproduce the scalar reference ([`crate::quant`]'s dequantization and
 //! [`crate::dot16`]'s fixed 16-lane order) operation for operation: AVX-512 keeps the 16
