@@ -19,9 +19,9 @@ pub struct ModelArgs {
     /// Kernel threads (default: the number of physical cores).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub threads: Option<u32>,
-    /// Kernel variant: scalar, avx2, avx512 (bitwise equal to scalar), or the faster
-    /// avx2-int8 / avx512-int8 (activations rounded to 8 bits, as llama.cpp does).
-    /// Default: the fastest exact one this CPU runs.
+    /// Kernel variant: avx512-int8 / avx2-int8 (activations rounded to 8 bits, as llama.cpp
+    /// does; the default where the CPU has them), or scalar, avx2, avx512 (the exact fp32
+    /// path, bitwise equal to each other).
     #[arg(long, value_name = "ISA")]
     pub kernels: Option<tandem_kernels::isa::Isa>,
 }
@@ -67,7 +67,8 @@ pub struct EngineArgs {
     #[arg(long, value_name = "SIZE")]
     pub kv_cache_memory: Option<String>,
     /// How the KV cache stores keys and values: f16 (half the memory and the bytes read per
-    /// decode step) or f32. Default: f16 with the int8 kernels, f32 with the exact ones.
+    /// decode step) or f32. Default: f16 when the model's matrices run through the int8
+    /// kernels, f32 when it runs exactly.
     #[arg(long, value_name = "DTYPE", value_parser = parse_kv_dtype)]
     pub kv_cache_dtype: Option<KvDtype>,
     /// Token slots per KV block.

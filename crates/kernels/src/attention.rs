@@ -6,13 +6,13 @@
 //! each query head and block, in this order (the numeric contract; every variant performs
 //! exactly these f32 operations):
 //!
-//! 1. `s[j] = dot(q, k[j]) · scale` for the block's positions `j`, with the fixed 16-lane order
-//!    of [`crate::dot16`] over the head dimension;
+//! 1. `s[j] = dot(q, k[j]) · scale` for the block's positions `j`: 16 lane sums, lane `l`
+//!    accumulating `q[c]·k[c]` for `c ≡ l (mod 16)` in increasing `c` with fused multiply-adds,
+//!    then the fixed tree of [`crate::dot16::tree_sum`];
 //! 2. `m' = max(m, s[0], s[1], …)` folded left to right with [`f32::max`] (`m` starts at −∞);
 //! 3. if `m` was finite and `m' > m`: `c = exp(m − m')`, `l ← l · c`, `acc[d] ← acc[d] · c`;
 //! 4. `p[j] = exp(s[j] − m')`, then `l ← l + p[j]` in increasing `j`;
-//! 5. `acc[d] ← acc[d] + p[j] · v[j][d]` in increasing `j` (a rounded multiply, then a rounded
-//!    add; never a fused multiply-add);
+//! 5. `acc[d] ← fma(p[j], v[j][d], acc[d])` in increasing `j` (fused: one rounding);
 //!
 //! and finally `out[d] = acc[d] · (1 / l)`. `exp` is [`exp_fixed`], a polynomial made of
 //! plain multiplications and additions, so a SIMD lane computes the same bits as the scalar
@@ -177,7 +177,7 @@ fn attend_rows_scalar(q: &[f32], kv: &HeadRows<'_, f32>, scale: f32, out: &mut [
         for (j, &slot) in block.iter().enumerate() {
             let k = kv.key(slot);
             for (i, qi) in q.chunks_exact(d).enumerate() {
-                p[i][j] = dot16::dot_1(qi, k) * scale;
+                p[i][j] = fused_dot(qi, k) * scale;
             }
         }
         for (i, acc) in out.chunks_exact_mut(d).enumerate() {
@@ -197,7 +197,7 @@ fn attend_rows_scalar(q: &[f32], kv: &HeadRows<'_, f32>, scale: f32, out: &mut [
             let v = kv.value(slot);
             for (i, acc) in out.chunks_exact_mut(d).enumerate() {
                 for (a, &b) in acc.iter_mut().zip(v) {
-                    *a += p[i][j] * b;
+                    *a = p[i][j].mul_add(b, *a);
                 }
             }
         }
@@ -206,6 +206,16 @@ fn attend_rows_scalar(q: &[f32], kv: &HeadRows<'_, f32>, scale: f32, out: &mut [
         let inv = 1.0 / l[i];
         acc.iter_mut().for_each(|a| *a *= inv);
     }
+}
+
+/// Step 1's dot of the module docs: 16 lanes of fused multiply-adds, then the tree.
+fn fused_dot(q: &[f32], k: &[f32]) -> f32 {
+    let mut acc = [0.0f32; dot16::LANES];
+    for (c, (&a, &b)) in q.iter().zip(k).enumerate() {
+        let lane = &mut acc[c % dot16::LANES];
+        *lane = a.mul_add(b, *lane);
+    }
+    dot16::tree_sum(&acc)
 }
 
 /// Steps 2 and 3 of the module docs: the new running maximum after the block's scores `s`,

@@ -150,7 +150,7 @@ unsafe fn scores<V: Lanes16, E: Element>(q: &[f32], k: &[&[E]; POS_BLOCK]) -> V 
     for c in (0..q.len()).step_by(LANES) {
         let qv = V::load(q.as_ptr().add(c));
         for j in 0..POS_BLOCK {
-            acc[j] = acc[j].add(qv.mul(E::load::<V>(k[j].as_ptr().add(c))));
+            acc[j] = qv.mul_add(E::load::<V>(k[j].as_ptr().add(c)), acc[j]);
         }
     }
     V::tree_sum_16(&acc)
@@ -175,7 +175,7 @@ unsafe fn accumulate<V: Lanes16, E: Element>(acc: &mut [f32], p: &[f32], v: &[&[
         for (&w, row) in p.iter().zip(v) {
             let wv = V::splat(w);
             for (t, a) in a.iter_mut().enumerate() {
-                *a = a.add(wv.mul(E::load::<V>(row.as_ptr().add(c + t * LANES))));
+                *a = wv.mul_add(E::load::<V>(row.as_ptr().add(c + t * LANES)), *a);
             }
         }
         for (t, a) in a.iter().enumerate() {
@@ -186,14 +186,14 @@ unsafe fn accumulate<V: Lanes16, E: Element>(acc: &mut [f32], p: &[f32], v: &[&[
     while c < full {
         let mut a = V::load(o.add(c));
         for (&w, row) in p.iter().zip(v) {
-            a = a.add(V::splat(w).mul(E::load::<V>(row.as_ptr().add(c))));
+            a = V::splat(w).mul_add(E::load::<V>(row.as_ptr().add(c)), a);
         }
         a.store(o.add(c));
         c += LANES;
     }
     for (c, a) in acc.iter_mut().enumerate().skip(full) {
         for (&w, row) in p.iter().zip(v) {
-            *a += w * row[c].widen();
+            *a = w.mul_add(row[c].widen(), *a);
         }
     }
 }
@@ -223,15 +223,15 @@ unsafe fn dot<V: Lanes16, E: Element>(q: &[f32], k: &[E], full: usize) -> f32 {
     debug_assert_eq!(q.len(), k.len());
     let mut acc = V::zero();
     for c in (0..full).step_by(LANES) {
-        acc = acc.add(V::load(q.as_ptr().add(c)).mul(E::load::<V>(k.as_ptr().add(c))));
+        acc = V::load(q.as_ptr().add(c)).mul_add(E::load::<V>(k.as_ptr().add(c)), acc);
     }
     if full == q.len() {
         acc.tree_sum()
     } else {
-        // The tail as `dot16::mac_tail`: lane `i` adds `q[full + i] · k[full + i]`.
+        // The tail: lane `i` adds `q[full + i] · k[full + i]`, fused.
         let mut lanes = acc.to_array();
         for ((a, &qv), &kv) in lanes.iter_mut().zip(&q[full..]).zip(&k[full..]) {
-            *a += qv * kv.widen();
+            *a = qv.mul_add(kv.widen(), *a);
         }
         tree_sum(&lanes)
     }

@@ -42,6 +42,14 @@ impl Lanes16 for Y {
         Y(_mm256_sub_ps(self.0, o.0), _mm256_sub_ps(self.1, o.1))
     }
     #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn mul_add(self, b: Self, c: Self) -> Self {
+        Y(
+            _mm256_fmadd_ps(self.0, b.0, c.0),
+            _mm256_fmadd_ps(self.1, b.1, c.1),
+        )
+    }
+    #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn mul(self, o: Self) -> Self {
         Y(_mm256_mul_ps(self.0, o.0), _mm256_mul_ps(self.1, o.1))

@@ -43,6 +43,11 @@ impl Lanes16 for Z {
     }
     #[inline]
     #[target_feature(enable = "avx512f")]
+    unsafe fn mul_add(self, b: Self, c: Self) -> Self {
+        Z(_mm512_fmadd_ps(self.0, b.0, c.0))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
     unsafe fn mul(self, o: Self) -> Self {
         Z(_mm512_mul_ps(self.0, o.0))
     }

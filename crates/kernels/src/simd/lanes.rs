@@ -25,6 +25,8 @@ pub(super) trait Lanes16: Copy {
     unsafe fn add(self, o: Self) -> Self;
     unsafe fn sub(self, o: Self) -> Self;
     unsafe fn mul(self, o: Self) -> Self;
+    /// Lane-wise `self · b + c` rounded once (fused multiply-add).
+    unsafe fn mul_add(self, b: Self, c: Self) -> Self;
     /// Lane-wise `self > o ? self : o` (so a NaN in `o` is kept).
     unsafe fn max(self, o: Self) -> Self;
     /// Lane-wise `self < o ? self : o` (so a NaN in `o` is kept).
