@@ -58,7 +58,8 @@ pub fn build_engine(
     let spec = speculation_setup::load_method(args, model.threads())?;
     // A draft model's KV pool holds as many tokens as the target's, out of the same budget.
     let draft_bytes = spec.as_ref().and_then(|(_, d)| d.as_ref()).map_or(0, |d| {
-        KvStore::bytes_per_token(&d.config, d.default_kv_dtype())
+        let dtype = args.kv_cache_dtype.unwrap_or_else(|| d.default_kv_dtype());
+        KvStore::bytes_per_token(&d.config, dtype)
     });
     let per_block =
         ((KvStore::bytes_per_token(&model.config, kv_dtype) + draft_bytes) * block_size) as u64;

@@ -14,6 +14,7 @@ use tandem_engine::speculative::{
 };
 use tandem_engine::{RequestParams, SchedulerConfig, SeqId};
 use tandem_model::batch::TokenId;
+use tandem_model::kv_store::KvDtype;
 use tandem_model::loader::load_model;
 use tandem_model::transformer::Model;
 
@@ -120,14 +121,18 @@ fn run(
     (out, engine.spec_stats(), engine)
 }
 
-/// A draft model proposer over `model` drafting for itself, and a handle on its pool.
+/// A draft model proposer over `model` drafting for itself (its KV cache as `kv_dtype`, or
+/// the model's default), and a handle on its pool.
 fn self_draft(
     model: Model,
     blocks: usize,
     block_size: usize,
+    kv_dtype: Option<KvDtype>,
 ) -> (Box<dyn Proposer>, BlockAllocator) {
     let vocab = model.config.vocab_size;
-    let p = DraftModelProposer::new(model, vocab, blocks, block_size).expect("draft");
+    let dtype = kv_dtype.unwrap_or_else(|| model.default_kv_dtype());
+    let p =
+        DraftModelProposer::with_kv_dtype(model, vocab, blocks, block_size, dtype).expect("draft");
     let pool = p.allocator().clone();
     (Box::new(p), pool)
 }
@@ -170,12 +175,13 @@ fn check(load: fn() -> Model, prompts: &[Vec<TokenId>]) {
         + 2;
     // (name, proposer, k, KV blocks, budget, block size, submissions per step)
     type Variant = (&'static str, bool, usize, usize, usize, usize, usize);
-    let variants: [Variant; 7] = [
+    let variants: [Variant; 8] = [
         ("ngram, all at once", false, 4, 512, 4096, 16, n),
         ("ngram, one per step", false, 3, 512, 4096, 16, 1),
         ("ngram, budget 5: drafts cut", false, 6, 512, 5, 4, n),
         ("ngram, tiny pool: preemption", false, 4, tiny, 64, 4, n),
         ("draft, all at once", true, 4, 512, 4096, 16, n),
+        ("draft with an f16 KV cache", true, 4, 512, 4096, 16, n),
         ("draft, budget 7", true, 3, 512, 7, 4, 2),
         ("draft, tiny pool: preemption", true, 5, tiny, 64, 4, n),
     ];
@@ -183,7 +189,8 @@ fn check(load: fn() -> Model, prompts: &[Vec<TokenId>]) {
         let m = load();
         let c = config(&m, blocks, budget, block_size);
         let (proposer, draft_pool): (Box<dyn Proposer>, Option<BlockAllocator>) = if draft {
-            let (p, pool) = self_draft(load(), 64, 8);
+            let dtype = name.contains("f16").then_some(KvDtype::F16);
+            let (p, pool) = self_draft(load(), 64, 8, dtype);
             (p, Some(pool))
         } else {
             (Box::new(NgramProposer::new(1, 3).expect("sizes")), None)

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 
 use tandem_model::batch::{ForwardBatch, OutputSelection, SeqSpan, TokenId};
-use tandem_model::kv_store::KvStore;
+use tandem_model::kv_store::{KvDtype, KvStore};
 use tandem_model::transformer::Model;
 
 use super::{Proposal, ProposalInput, Proposer};
@@ -65,13 +65,26 @@ pub struct DraftModelProposer {
 }
 
 impl DraftModelProposer {
-    /// A proposer over `model` with a pool of `num_blocks` blocks of `block_size` tokens.
-    /// Refuses a model whose vocabulary differs from `target_vocab`.
+    /// A proposer over `model` with a pool of `num_blocks` blocks of `block_size` tokens,
+    /// keys and values as the model's default. Refuses a model whose vocabulary differs from
+    /// `target_vocab`.
     pub fn new(
         model: Model,
         target_vocab: usize,
         num_blocks: usize,
         block_size: usize,
+    ) -> Result<DraftModelProposer> {
+        let dtype = model.default_kv_dtype();
+        DraftModelProposer::with_kv_dtype(model, target_vocab, num_blocks, block_size, dtype)
+    }
+
+    /// [`DraftModelProposer::new`] with keys and values stored as `kv_dtype`.
+    pub fn with_kv_dtype(
+        model: Model,
+        target_vocab: usize,
+        num_blocks: usize,
+        block_size: usize,
+        kv_dtype: KvDtype,
     ) -> Result<DraftModelProposer> {
         let vocab = model.config.vocab_size;
         if vocab != target_vocab {
@@ -79,13 +92,8 @@ impl DraftModelProposer {
                 "the draft model's vocabulary ({vocab}) differs from the target's ({target_vocab})"
             )));
         }
-        let kv = KvStore::with_dtype(
-            &model.config,
-            block_size,
-            num_blocks,
-            model.default_kv_dtype(),
-        )
-        .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
+        let kv = KvStore::with_dtype(&model.config, block_size, num_blocks, kv_dtype)
+            .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
         let allocator = BlockAllocator::new(num_blocks, block_size)?;
         Ok(DraftModelProposer {
             model,
