@@ -157,6 +157,14 @@ pub struct SamplingArgs {
     pub length_penalty: f32,
 }
 
+impl EngineArgs {
+    /// `--kv-cache-dtype`, else `model`'s default.
+    pub fn kv_dtype_for(&self, model: &tandem_model::transformer::Model) -> KvDtype {
+        self.kv_cache_dtype
+            .unwrap_or_else(|| model.default_kv_dtype())
+    }
+}
+
 /// `f32` or `f16`.
 fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
     match s {

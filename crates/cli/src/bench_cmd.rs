@@ -76,10 +76,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let lm = a.model.load()?;
     let model = &lm.model;
     let step_tokens = a.engine.max_num_batched_tokens.unwrap_or(8192).max(1);
-    let kv_dtype = a
-        .engine
-        .kv_cache_dtype
-        .unwrap_or_else(|| model.default_kv_dtype());
+    let kv_dtype = a.engine.kv_dtype_for(model);
     for &b in &a.batches {
         for &p in &a.prompt_lens {
             anyhow::ensure!(b > 0 && p > 0, "--batch and --prompt-len must be positive");

@@ -52,14 +52,11 @@ pub fn build_engine(
         Some(s) => parse_size(s).context("--kv-cache-memory")?,
         None => DEFAULT_KV_BYTES,
     };
-    let kv_dtype = args
-        .kv_cache_dtype
-        .unwrap_or_else(|| model.default_kv_dtype());
+    let kv_dtype = args.kv_dtype_for(&model);
     let spec = speculation_setup::load_method(args, model.threads())?;
     // A draft model's KV pool holds as many tokens as the target's, out of the same budget.
     let draft_bytes = spec.as_ref().and_then(|(_, d)| d.as_ref()).map_or(0, |d| {
-        let dtype = args.kv_cache_dtype.unwrap_or_else(|| d.default_kv_dtype());
-        KvStore::bytes_per_token(&d.config, dtype)
+        KvStore::bytes_per_token(&d.config, args.kv_dtype_for(d))
     });
     let per_block =
         ((KvStore::bytes_per_token(&model.config, kv_dtype) + draft_bytes) * block_size) as u64;

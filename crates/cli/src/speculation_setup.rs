@@ -103,9 +103,7 @@ pub fn enable(
         ),
         SpecMethod::Draft(path) => {
             let model = draft.context("the draft model is loaded with its method")?;
-            let dtype = args
-                .kv_cache_dtype
-                .unwrap_or_else(|| model.default_kv_dtype());
+            let dtype = args.kv_dtype_for(&model);
             let p = DraftModelProposer::with_kv_dtype(model, vocab, num_blocks, block_size, dtype)?;
             (Box::new(p), format!("draft model {}", path.display()))
         }

@@ -143,12 +143,15 @@ pub(crate) fn attend_group_scalar(q: &[f32], kv: &KvView<'_>, scale: f32, out: &
         KvRows::F16 { keys, values } => {
             // The context's rows of this head widened (exactly) to f32, in position order.
             let head = kv.head(keys, values);
-            let widen = |row: &[f16]| row.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
-            let k: Vec<f32> = kv.slots.iter().flat_map(|&s| widen(head.key(s))).collect();
-            let v: Vec<f32> = kv
-                .slots
-                .iter()
-                .flat_map(|&s| widen(head.value(s)))
+            let slots = kv.slots.iter();
+            let k: Vec<f32> = slots
+                .clone()
+                .flat_map(|&s| head.key(s))
+                .map(|x| x.to_f32())
+                .collect();
+            let v: Vec<f32> = slots
+                .flat_map(|&s| head.value(s))
+                .map(|x| x.to_f32())
                 .collect();
             let slots: Vec<usize> = (0..kv.slots.len()).collect();
             let widened = HeadRows {

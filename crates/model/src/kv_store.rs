@@ -18,7 +18,7 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use tandem_kernels::attention::KvRows;
-use tandem_kernels::huge_pages::zeroed_vec;
+use tandem_kernels::huge_pages::{zeroed_vec, ZeroBits};
 
 use crate::batch::BlockId;
 use crate::config::ModelConfig;
@@ -51,17 +51,35 @@ impl KvDtype {
     }
 }
 
-/// Per layer: `[num_blocks * block_size, kv_dim]` keys, and values alike.
+/// Per layer: `[num_blocks * block_size, kv_dim]` keys, and values alike, of one element type.
+#[derive(Debug)]
+struct Planes<T> {
+    keys: Vec<Vec<T>>,
+    values: Vec<Vec<T>>,
+}
+
+impl<T: ZeroBits> Planes<T> {
+    /// Zeroed untouched memory on huge pages: resident only once written, and a decode step's
+    /// scattered block reads do not miss the TLB at every block.
+    fn zeroed(num_layers: usize, per_layer: usize) -> Planes<T> {
+        Planes {
+            keys: (0..num_layers).map(|_| zeroed_vec(per_layer)).collect(),
+            values: (0..num_layers).map(|_| zeroed_vec(per_layer)).collect(),
+        }
+    }
+
+    /// Copies elements `src` to `dst..` in every layer's keys and values.
+    fn copy_within(&mut self, src: std::ops::Range<usize>, dst: usize) {
+        for layer in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            layer.copy_within(src.clone(), dst);
+        }
+    }
+}
+
 #[derive(Debug)]
 enum Layers {
-    F32 {
-        keys: Vec<Vec<f32>>,
-        values: Vec<Vec<f32>>,
-    },
-    F16 {
-        keys: Vec<Vec<f16>>,
-        values: Vec<Vec<f16>>,
-    },
+    F32(Planes<f32>),
+    F16(Planes<f16>),
 }
 
 /// Keys and values of every layer, in blocks of `block_size` token slots.
@@ -108,17 +126,9 @@ impl KvStore {
             .checked_mul(hidden_size)
             .ok_or_else(|| ModelError::Batch("KV store size overflows".into()))?;
         let n = config.num_layers;
-        // Zeroed untouched memory on huge pages: resident only once written, and a decode
-        // step's scattered block reads do not miss the TLB at every block.
         let layers = match dtype {
-            KvDtype::F32 => Layers::F32 {
-                keys: (0..n).map(|_| zeroed_vec(per_layer)).collect(),
-                values: (0..n).map(|_| zeroed_vec(per_layer)).collect(),
-            },
-            KvDtype::F16 => Layers::F16 {
-                keys: (0..n).map(|_| zeroed_vec(per_layer)).collect(),
-                values: (0..n).map(|_| zeroed_vec(per_layer)).collect(),
-            },
+            KvDtype::F32 => Layers::F32(Planes::zeroed(n, per_layer)),
+            KvDtype::F16 => Layers::F16(Planes::zeroed(n, per_layer)),
         };
         Ok(KvStore {
             block_size,
@@ -128,14 +138,6 @@ impl KvStore {
             hidden: zeroed_vec(hidden_len),
             layers,
         })
-    }
-
-    /// How keys and values are stored.
-    pub fn dtype(&self) -> KvDtype {
-        match self.layers {
-            Layers::F32 { .. } => KvDtype::F32,
-            Layers::F16 { .. } => KvDtype::F16,
-        }
     }
 
     /// Bytes one token occupies with keys and values as `dtype`: keys and values of all
@@ -168,13 +170,13 @@ impl KvStore {
     pub fn write(&mut self, layer: usize, slot: usize, key: &[f32], value: &[f32]) {
         let r = slot * self.kv_dim..(slot + 1) * self.kv_dim;
         match &mut self.layers {
-            Layers::F32 { keys, values } => {
-                keys[layer][r.clone()].copy_from_slice(key);
-                values[layer][r].copy_from_slice(value);
+            Layers::F32(p) => {
+                p.keys[layer][r.clone()].copy_from_slice(key);
+                p.values[layer][r].copy_from_slice(value);
             }
-            Layers::F16 { keys, values } => {
-                keys[layer][r.clone()].convert_from_f32_slice(key);
-                values[layer][r].convert_from_f32_slice(value);
+            Layers::F16(p) => {
+                p.keys[layer][r.clone()].convert_from_f32_slice(key);
+                p.values[layer][r].convert_from_f32_slice(value);
             }
         }
     }
@@ -194,13 +196,13 @@ impl KvStore {
     /// Keys and values of `layer`: `[num_slots, kv_dim]` each.
     pub fn layer(&self, layer: usize) -> KvRows<'_> {
         match &self.layers {
-            Layers::F32 { keys, values } => KvRows::F32 {
-                keys: &keys[layer],
-                values: &values[layer],
+            Layers::F32(p) => KvRows::F32 {
+                keys: &p.keys[layer],
+                values: &p.values[layer],
             },
-            Layers::F16 { keys, values } => KvRows::F16 {
-                keys: &keys[layer],
-                values: &values[layer],
+            Layers::F16(p) => KvRows::F16 {
+                keys: &p.keys[layer],
+                values: &p.values[layer],
             },
         }
     }
@@ -227,14 +229,8 @@ impl KvStore {
         let len = self.block_size * self.kv_dim; // elements per block per layer
         let (src, dst) = (s * len..(s + 1) * len, d * len);
         match &mut self.layers {
-            Layers::F32 { keys, values } => keys
-                .iter_mut()
-                .chain(values.iter_mut())
-                .for_each(|l| l.copy_within(src.clone(), dst)),
-            Layers::F16 { keys, values } => keys
-                .iter_mut()
-                .chain(values.iter_mut())
-                .for_each(|l| l.copy_within(src.clone(), dst)),
+            Layers::F32(p) => p.copy_within(src, dst),
+            Layers::F16(p) => p.copy_within(src, dst),
         }
         let len = self.block_size * self.hidden_size;
         self.hidden.copy_within(s * len..(s + 1) * len, d * len);

@@ -1,12 +1,12 @@
 //! The SIMD form of [`crate::attention`]'s group kernel, generic over the 16-lane vector.
 //!
 //! It performs the operations of the scalar reference in the same order, lane by lane: the
-//! dots in the 16-lane order of [`crate::dot16`] (scalar tail, same tree), `exp` as the
-//! vector form of [`crate::attention::exp_fixed`] on the 16 scores of a block at once, and the
-//! value accumulation with 16 head dimensions per vector (a rounded multiply, then a rounded
-//! add, positions in increasing order). The results are bitwise equal to the scalar
-//! reference. Each K row is loaded once per block for all the group's query heads, and each
-//! block's V rows are reused from L1 by every query head.
+//! dots as 16 lanes of fused multiply-adds (scalar tail, the tree of [`crate::dot16`]), `exp`
+//! as the vector form of [`crate::attention::exp_fixed`] on the 16 scores of a block at once,
+//! and the value accumulation with 16 head dimensions per vector (fused multiply-adds,
+//! positions in increasing order). f16 rows are widened exactly as they are loaded. The
+//! results are bitwise equal to the scalar reference. A block's K and V rows are located once
+//! for all the group's query heads, which then read them from L1.
 
 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
 
