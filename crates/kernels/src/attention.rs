@@ -33,6 +33,10 @@ pub const POS_BLOCK: usize = 16;
 /// every query head is computed on its own).
 pub const GROUP_MAX: usize = 8;
 
+/// Most query rows one call of the tile kernel ([`attend_rows`]) computes together: one per
+/// vector lane.
+pub const TILE_ROWS: usize = 16;
+
 /// One layer's keys and values, `[num_slots, row_stride]` each, in the store's element type.
 ///
 /// f16 rows are widened to f32 exactly on load, so attention over f16 rows is, bit for bit,
@@ -132,6 +136,79 @@ pub fn attend_with(isa: Isa, q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [
     let chunk = GROUP_MAX * d;
     for (qg, og) in q.chunks(chunk).zip(out.chunks_mut(chunk)) {
         kernels.attend_group(qg, kv, scale, og);
+    }
+}
+
+/// `out[i] = softmax_j(q[i] · k[j] · scale) · v[j]` over the first `context[i]` positions of
+/// `kv`, for every query row `i` of `q` (`[n, head_dim]`; `out` alike): rows of one KV head,
+/// each with its own context length (the tokens of a prefill chunk), with the process-wide
+/// kernels.
+///
+/// Each row's result is bitwise the result of [`attend`] for that row alone over
+/// `kv.slots[..context[i]]`; [`TILE_ROWS`] rows are computed together, one per vector lane,
+/// so that a block's K/V rows are read and widened once for all of them and the score dots
+/// need no horizontal sums.
+///
+/// Panics if the shapes do not match or a context length is 0 or longer than `kv.slots`.
+pub fn attend_rows(q: &[f32], context: &[usize], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
+    attend_rows_with(isa::active(), q, context, kv, scale, out);
+}
+
+/// [`attend_rows`] with the kernels of `isa` (bitwise equal for every ISA).
+///
+/// Panics as [`attend_rows`] does, or if this CPU cannot run `isa`.
+pub fn attend_rows_with(
+    isa: Isa,
+    q: &[f32],
+    context: &[usize],
+    kv: &KvView<'_>,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let d = kv.head_dim;
+    assert!(
+        d > 0 && q.len() == out.len() && q.len() == context.len() * d,
+        "attend_rows: q has {} elements, out {}, {} rows of {d}",
+        q.len(),
+        out.len(),
+        context.len()
+    );
+    assert!(
+        kv.offset + d <= kv.row_stride,
+        "attend_rows: head at {} + {d} exceeds the row of {}",
+        kv.offset,
+        kv.row_stride
+    );
+    assert!(
+        context.iter().all(|&c| c >= 1 && c <= kv.slots.len()),
+        "attend_rows: context lengths must lie in 1..={}",
+        kv.slots.len()
+    );
+    let kernels = Kernels::new(isa)
+        .unwrap_or_else(|| panic!("attend_rows: this CPU cannot run the {isa} kernels"));
+    let chunk = TILE_ROWS * d;
+    let tiles = q.chunks(chunk).zip(out.chunks_mut(chunk));
+    for ((qt, ot), ct) in tiles.zip(context.chunks(TILE_ROWS)) {
+        kernels.attend_tile(qt, ct, kv, scale, ot);
+    }
+}
+
+/// The scalar form of the tile kernel: every row on its own through the reference.
+pub(crate) fn attend_tile_scalar(
+    q: &[f32],
+    context: &[usize],
+    kv: &KvView<'_>,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let d = kv.head_dim;
+    let rows = q.chunks_exact(d).zip(out.chunks_exact_mut(d));
+    for ((qi, oi), &n) in rows.zip(context) {
+        let view = KvView {
+            slots: &kv.slots[..n],
+            ..*kv
+        };
+        attend_group_scalar(qi, &view, scale, oi);
     }
 }
 

@@ -5,8 +5,8 @@ use crate::ThreadPool;
 /// A raw pointer that may cross threads; each task derives a disjoint sub-slice from it.
 struct SharedMut<T>(*mut T);
 
-// SAFETY: only used by `for_each_chunk_mut` and `for_each_chunk_pair_mut`, whose tasks touch
-// pairwise disjoint ranges.
+// SAFETY: only used by `for_each_chunk_mut`, `for_each_part_mut` and `for_each_chunk_pair_mut`,
+// whose tasks touch pairwise disjoint ranges.
 unsafe impl<T: Send> Sync for SharedMut<T> {}
 
 impl<T> SharedMut<T> {
@@ -40,6 +40,31 @@ where
         // give disjoint ranges; `data` is borrowed mutably for the whole call.
         let chunk = unsafe { ptr.slice(start, n) };
         f(i, chunk);
+    });
+}
+
+/// Calls `f(i, part_i)` for every part `data[bounds[i]..bounds[i + 1]]`, spreading the parts
+/// over the pool: chunks of varying length. `bounds` must start at 0, end at `data.len()` and
+/// never decrease.
+pub fn for_each_part_mut<T, F>(pool: &ThreadPool, data: &mut [T], bounds: &[usize], f: F)
+where
+    T: Send,
+    F: Fn(usize, &mut [T]) + Sync,
+{
+    assert!(
+        bounds.first() == Some(&0)
+            && bounds.last() == Some(&data.len())
+            && bounds.windows(2).all(|w| w[0] <= w[1]),
+        "for_each_part_mut: bounds must rise from 0 to the buffer's length"
+    );
+    let ptr = SharedMut(data.as_mut_ptr());
+    pool.run(bounds.len() - 1, |i| {
+        let (start, end) = (bounds[i], bounds[i + 1]);
+        // SAFETY: `i + 1 < bounds.len()`, the bounds rise from 0 to `data.len()`, so
+        // `[start, end)` lies within `data` and distinct `i` give disjoint ranges; `data` is
+        // borrowed mutably for the whole call.
+        let part = unsafe { ptr.slice(start, end - start) };
+        f(i, part);
     });
 }
 
@@ -89,5 +114,25 @@ mod tests {
         for (j, x) in v.iter().enumerate() {
             assert_eq!(*x, j / 10 + 1);
         }
+    }
+
+    #[test]
+    fn every_part_is_visited_once() {
+        let pool = ThreadPool::new(2);
+        let mut v = vec![0usize; 20];
+        let bounds = [0, 3, 3, 11, 20];
+        for_each_part_mut(&pool, &mut v, &bounds, |i, c| {
+            c.iter_mut().for_each(|x| *x += i + 1)
+        });
+        let want: Vec<usize> = (0..20)
+            .map(|j| {
+                bounds
+                    .windows(2)
+                    .position(|w| w[0] <= j && j < w[1])
+                    .unwrap()
+                    + 1
+            })
+            .collect();
+        assert_eq!(v, want);
     }
 }

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use tandem_kernels::attention::{attend_with, KvRows, KvView};
+use tandem_kernels::attention::{attend_rows_with, attend_with, KvRows, KvView};
 use tandem_kernels::Isa;
 
 /// A random layer of a KV store and one sequence's context in it.
@@ -81,6 +81,39 @@ impl Case {
             offset: self.kv_head * self.head_dim,
             head_dim: self.head_dim,
             slots: &self.slots,
+        }
+    }
+
+    /// The rows of `q` through the tile kernel, row `i` over the first `context[i]` slots,
+    /// over f32 rows or (`half`) the rows stored as f16.
+    fn run_rows(&self, isa: Isa, context: &[usize], half: bool) -> Vec<f32> {
+        let to_f16 = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<f16>>();
+        let (keys, values) = (to_f16(&self.keys), to_f16(&self.values));
+        let view = if half {
+            self.view_of(KvRows::F16 {
+                keys: &keys,
+                values: &values,
+            })
+        } else {
+            self.view()
+        };
+        let mut out = vec![f32::NAN; self.q.len()];
+        attend_rows_with(isa, &self.q, context, &view, self.scale(), &mut out);
+        out
+    }
+
+    /// Row `i` of `q` alone through the group kernel over the first `n` slots.
+    fn run_row_alone(&self, isa: Isa, i: usize, n: usize, half: bool) -> Vec<f32> {
+        let d = self.head_dim;
+        let short = Case {
+            slots: self.slots[..n].to_vec(),
+            ..self.clone()
+        };
+        let q = &self.q[i * d..][..d];
+        if half {
+            short.run_f16(isa, q)
+        } else {
+            short.run(isa, q)
         }
     }
 
@@ -230,6 +263,35 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(120))]
+
+    /// The tile kernel gives every row the bits of the scalar reference for that row alone
+    /// over its own context: rows beside longer and shorter ones, several tiles, head sizes
+    /// that are no multiple of 16 and one too large for the tile's buffers, f32 and f16 rows.
+    #[test]
+    fn tile_rows_equal_each_row_alone(
+        seed in any::<u64>(),
+        head_dim in prop_oneof![Just(64usize), Just(260), 1usize..100],
+        rows in 1usize..40,
+        context in 1usize..70,
+        spread in prop_oneof![Just(1.0f32), Just(4.0)],
+    ) {
+        let case = Case::new(seed, head_dim, rows, context, spread);
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x5EED);
+        let lens: Vec<usize> = (0..rows).map(|_| rng.random_range(1..=context)).collect();
+        for half in [false, true] {
+            let want: Vec<f32> = (0..rows)
+                .flat_map(|i| case.run_row_alone(Isa::Scalar, i, lens[i], half))
+                .collect();
+            for isa in Isa::available() {
+                let got = case.run_rows(isa, &lens, half);
+                assert_bits(&got, &want, &format!("{} f16={}", isa.name(), half))?;
+            }
+        }
+    }
+}
+
 /// A context whose scores grow block after block (the running maximum is rescaled many
 /// times) and one where the largest score comes first (never rescaled) agree with the
 /// definition, and the NaN of a poisoned key reaches the output.
@@ -254,19 +316,24 @@ fn rescaling_and_nan() {
                 assert!((f64::from(*g) - w).abs() < 1e-5, "{g} vs {w}");
             }
         }
+        let full = [70; 3];
         for isa in Isa::available() {
-            let got = case.run(isa, &case.q);
-            assert!(got
-                .iter()
-                .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits()));
+            for got in [case.run(isa, &case.q), case.run_rows(isa, &full, false)] {
+                assert!(got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()));
+            }
         }
     }
-    let mut case = Case::new(8, 32, 2, 20, 1.0);
+    let mut case = Case::new(8, 32, 3, 20, 1.0);
     let s = case.slots[5];
     case.keys[s * case.num_kv_heads * 32 + case.kv_head * 32] = f32::NAN;
     for isa in Isa::available() {
         assert!(case.run(isa, &case.q).iter().all(|x| x.is_nan()), "{isa}");
+        let tile = case.run_rows(isa, &[20, 5, 3], false);
+        assert!(tile[..32].iter().all(|x| x.is_nan()), "{isa}");
+        assert!(tile[32..].iter().all(|x| x.is_finite()), "{isa}");
         assert!(
             case.run_f16(isa, &case.q).iter().all(|x| x.is_nan()),
             "{isa}"

@@ -1,14 +1,19 @@
 //! Causal grouped-query attention of new tokens over a paged KV store.
 //!
 //! Every new token attends to positions `0..=pos` of its own sequence, read from the store
-//! through the sequence's slots (its own K/V were written before this runs). The work is split
-//! into tasks of (token, KV head, query heads of its group) on the pool, each computed by the
-//! kernels' one-pass attention ([`tandem_kernels::attention`]), whose reduction order is fixed
-//! per query head and context length: a token's result is the same whether it is computed
-//! alone, in a chunk, beside other sequences, or with any task split.
+//! through the sequence's slots (its own K/V were written before this runs). When every
+//! sequence brings one token (decode), the work is split into tasks of (token, KV head, query
+//! heads of its group), each computed by the kernels' one-pass group attention; when a
+//! sequence brings several (prefill, scoring, speculative verification), into tasks of up to
+//! [`TILE_ROWS`] consecutive tokens of one sequence, whose rows of each query head go through
+//! the tile kernel together, so that a block of K/V rows is read once for all of them.
+//!
+//! Both kernels follow the one reduction order of [`tandem_kernels::attention`], fixed per
+//! query head and context length, and are bitwise equal: a token's result is the same whether
+//! it is computed alone, in a chunk, beside other sequences, or with any task split.
 
-use tandem_kernels::attention::{attend, KvRows, KvView};
-use tandem_kernels::parallel::for_each_chunk_mut;
+use tandem_kernels::attention::{attend, attend_rows, KvRows, KvView, TILE_ROWS};
+use tandem_kernels::parallel::{for_each_chunk_mut, for_each_part_mut};
 use tandem_kernels::ThreadPool;
 
 /// Where each new token of the batch sits: its position and its sequence's slot list.
@@ -46,6 +51,10 @@ pub fn causal_attention(
     rows: KvRows<'_>,
     out: &mut [f32],
 ) {
+    let runs = layout.token_seq.windows(2).any(|w| w[0] == w[1]);
+    if runs {
+        return tiled_attention(pool, shape, layout, q, rows, out);
+    }
     let HeadShape {
         num_heads,
         num_kv_heads,
@@ -73,6 +82,65 @@ pub fn causal_attention(
         };
         let q_at = (t * num_heads + first_head) * head_dim;
         attend(&q[q_at..q_at + task_len], &kv, scale, out_heads);
+    });
+}
+
+/// [`causal_attention`] in tasks of up to [`TILE_ROWS`] consecutive tokens of one sequence,
+/// every query head of them through the tile kernel.
+fn tiled_attention(
+    pool: &ThreadPool,
+    shape: HeadShape,
+    layout: &AttentionLayout<'_>,
+    q: &[f32],
+    rows: KvRows<'_>,
+    out: &mut [f32],
+) {
+    let HeadShape {
+        num_heads,
+        num_kv_heads,
+        head_dim: d,
+    } = shape;
+    let group = num_heads / num_kv_heads;
+    let token_len = num_heads * d;
+    let seqs = layout.token_seq;
+    // Task boundaries in tokens: a new task at every change of sequence and every
+    // `TILE_ROWS` tokens.
+    let mut bounds = vec![0];
+    for t in 1..seqs.len() {
+        let start = bounds.last().copied().unwrap_or(0);
+        if seqs[t] != seqs[t - 1] || t - start == TILE_ROWS {
+            bounds.push(t);
+        }
+    }
+    bounds.push(seqs.len());
+    let tokens = bounds.clone();
+    bounds.iter_mut().for_each(|b| *b *= token_len);
+    let scale = 1.0 / (d as f32).sqrt();
+    for_each_part_mut(pool, out, &bounds, |i, out_tokens| {
+        let first = tokens[i];
+        let n = tokens[i + 1] - first;
+        let positions = &layout.positions[first..first + n];
+        let context: Vec<usize> = positions.iter().map(|&p| p + 1).collect();
+        let longest = context.iter().copied().max().unwrap_or(0);
+        let slots = &layout.seq_slots[seqs[first]][..longest];
+        let mut q_rows = vec![0.0f32; n * d];
+        let mut out_rows = vec![0.0f32; n * d];
+        for h in 0..num_heads {
+            for (r, row) in q_rows.chunks_exact_mut(d).enumerate() {
+                row.copy_from_slice(&q[(first + r) * token_len + h * d..][..d]);
+            }
+            let kv = KvView {
+                rows,
+                row_stride: num_kv_heads * d,
+                offset: h / group * d,
+                head_dim: d,
+                slots,
+            };
+            attend_rows(&q_rows, &context, &kv, scale, &mut out_rows);
+            for (r, row) in out_rows.chunks_exact(d).enumerate() {
+                out_tokens[r * token_len + h * d..][..d].copy_from_slice(row);
+            }
+        }
     });
 }
 

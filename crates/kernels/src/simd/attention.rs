@@ -18,7 +18,7 @@ use crate::attention::{add_in_order, block_max, HeadRows, KvRows, KvView, GROUP_
 use crate::dot16::{tree_sum, LANES};
 
 /// An element type of K/V rows: loaded 16 at a time, or one at a time, as exact f32.
-trait Element: Copy {
+pub(super) trait Element: Copy {
     /// 16 elements from `p`, widened.
     ///
     /// # Safety
@@ -55,7 +55,12 @@ impl Element for f16 {
 /// # Safety
 /// The CPU must support `V`'s features. Shapes are asserted.
 #[inline(always)]
-unsafe fn attend_kv<V: Lanes16>(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
+pub(super) unsafe fn attend_kv<V: Lanes16>(
+    q: &[f32],
+    kv: &KvView<'_>,
+    scale: f32,
+    out: &mut [f32],
+) {
     match kv.rows {
         KvRows::F32 { keys, values } => {
             attend_group::<V, f32>(q, &kv.head(keys, values), scale, out)
@@ -163,7 +168,12 @@ unsafe fn scores<V: Lanes16, E: Element>(q: &[f32], k: &[&[E]; POS_BLOCK]) -> V 
 /// The CPU must support `V`'s features; every `v[j].len() == acc.len()`; `full` is that
 /// length rounded down to 16.
 #[inline(always)]
-unsafe fn accumulate<V: Lanes16, E: Element>(acc: &mut [f32], p: &[f32], v: &[&[E]], full: usize) {
+pub(super) unsafe fn accumulate<V: Lanes16, E: Element>(
+    acc: &mut [f32],
+    p: &[f32],
+    v: &[&[E]],
+    full: usize,
+) {
     const TILE: usize = 4;
     let o = acc.as_mut_ptr();
     let mut c = 0;
@@ -242,7 +252,7 @@ unsafe fn dot<V: Lanes16, E: Element>(q: &[f32], k: &[E], full: usize) -> f32 {
 /// # Safety
 /// The CPU must support `V`'s features.
 #[inline(always)]
-unsafe fn scale_row<V: Lanes16>(row: &mut [f32], c: f32, full: usize) {
+pub(super) unsafe fn scale_row<V: Lanes16>(row: &mut [f32], c: f32, full: usize) {
     let o = row.as_mut_ptr();
     let cv = V::splat(c);
     for i in (0..full).step_by(LANES) {
@@ -258,7 +268,7 @@ unsafe fn scale_row<V: Lanes16>(row: &mut [f32], c: f32, full: usize) {
 /// # Safety
 /// The CPU must support `V`'s features.
 #[inline(always)]
-unsafe fn exp<V: Lanes16>(x: V) -> V {
+pub(super) unsafe fn exp<V: Lanes16>(x: V) -> V {
     let x = V::splat(MIN_X).max(x);
     let x = V::splat(MAX_X).min(x);
     let t = x.mul(V::splat(LOG2E)).add(V::splat(ROUND));

@@ -30,6 +30,8 @@
 #[cfg(target_arch = "x86_64")]
 mod attention;
 #[cfg(target_arch = "x86_64")]
+mod attention_tile;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -50,6 +52,7 @@ use crate::packed::{BlockScale, PackedMatrix, QuantizedRows};
 use crate::{dot16, packed, quant, DType};
 
 type AttendFn = unsafe fn(&[f32], &KvView<'_>, f32, &mut [f32]);
+type AttendTileFn = unsafe fn(&[f32], &[usize], &KvView<'_>, f32, &mut [f32]);
 type DequantFn = unsafe fn(DType, &[u8], &mut [f32]);
 type Dot1Fn = unsafe fn(&[f32], &[f32]) -> f32;
 type Dot4Fn = unsafe fn([&[f32]; 4], &[f32]) -> [f32; 4];
@@ -79,6 +82,7 @@ pub(crate) struct Kernels {
     dot4x4: Option<Dot4x4Fn>,
     fused: Option<Fused>,
     attend: AttendFn,
+    attend_tile: AttendTileFn,
     /// The int8 product of one packed row group with every token (the scalar reference
     /// unless the ISA has int8 kernels).
     packed: PackedFn,
@@ -101,6 +105,7 @@ impl Kernels {
                 dot4x4: None,
                 fused: None,
                 attend: crate::attention::attend_group_scalar,
+                attend_tile: crate::attention::attend_tile_scalar,
                 packed: packed::reference::group,
                 quantize: packed::quantize_row,
             }),
@@ -127,6 +132,7 @@ impl Kernels {
                     four: avx2::dot_rows_4,
                 }),
                 attend: attention::attend_group_avx2,
+                attend_tile: attention_tile::attend_tile_avx2,
                 packed: packed::reference::group,
                 quantize: packed::quantize_row,
             }),
@@ -142,6 +148,7 @@ impl Kernels {
                     four: avx512::dot_rows_4,
                 }),
                 attend: attention::attend_group_avx512,
+                attend_tile: attention_tile::attend_tile_avx512,
                 packed: packed::reference::group,
                 quantize: packed_vnni::quantize_row,
             }),
@@ -162,6 +169,20 @@ impl Kernels {
     pub(crate) fn attend_group(&self, q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
         // SAFETY: as in `dequantize_row`; the kernel asserts the shapes.
         unsafe { (self.attend)(q, kv, scale, out) }
+    }
+
+    /// As [`crate::attention::attend_tile_scalar`] (bitwise equal): at most
+    /// [`crate::attention::TILE_ROWS`] query rows of one KV head, each over its own context.
+    pub(crate) fn attend_tile(
+        &self,
+        q: &[f32],
+        context: &[usize],
+        kv: &KvView<'_>,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        // SAFETY: as in `dequantize_row`; the kernel asserts the shapes.
+        unsafe { (self.attend_tile)(q, context, kv, scale, out) }
     }
 
     /// As [`dot16::dot_1`] (bitwise equal).
