@@ -4,9 +4,9 @@
 //! ([`dtype`], [`quant`]), the scalar reference operations and their SIMD variants chosen at
 //! run time ([`isa`]), matrix products over quantized weights ([`matmul`], exact) and over
 //! weights repacked for integer dot products ([`packed`], the int8 path), the attention of a
-//! query group over its f32 or f16 KV rows ([`attention`]), huge-page buffers
-//! ([`huge_pages`]) and the persistent thread pool ([`thread_pool`]). It knows nothing of
-//! models or requests.
+//! query group, or of a tile of a prefill chunk's tokens, over f32 or f16 KV rows
+//! ([`attention`]), huge-page buffers ([`huge_pages`]) and the persistent thread pool
+//! ([`thread_pool`]). It knows nothing of models or requests.
 #![allow(unsafe_code)]
 
 pub mod attention;
