@@ -3,6 +3,8 @@
 //! Each function works on one row (one token) and has a fixed reduction order, so a row's
 //! result never depends on what other rows are in the batch.
 
+use crate::attention::exp_fixed;
+
 /// Sums `x` in a fixed order: 8 interleaved partial sums combined pairwise.
 /// The order depends only on `x.len()`, which keeps results batch-invariant.
 pub fn sum_fixed(x: &[f32]) -> f32 {
@@ -61,11 +63,15 @@ pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
     }
 }
 
-/// SwiGLU: `gate[i] = silu(gate[i]) * up[i]`, in place in `gate`.
+/// SwiGLU: `gate[i] = silu(gate[i]) * up[i]`, in place in `gate`, with
+/// `silu(x) = x / (1 + e^(-x))`.
+///
+/// `e^x` is [`exp_fixed`] (about 2 ulp; plain multiplications and additions, no libm call), so
+/// the loop vectorizes and gives the same bits everywhere.
 pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "swiglu: length mismatch");
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+        *g = *g / (1.0 + exp_fixed(-*g)) * u;
     }
 }
 
@@ -136,6 +142,25 @@ mod tests {
         rms_norm(&x, &w, 0.0, &mut out);
         let rms = (out.iter().map(|v| v * v).sum::<f32>() / 64.0).sqrt();
         assert!((rms - 1.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn swiglu_matches_its_definition() {
+        let mut x = -120.0f32;
+        while x < 120.0 {
+            let mut gate = [x];
+            swiglu_inplace(&mut gate, &[1.5]);
+            let xd = f64::from(x);
+            let want = xd / (1.0 + (-xd).exp()) * 1.5;
+            // Relative to the result, or absolute where it underflows towards 0.
+            let tol = 1e-6 * want.abs().max(1e-30);
+            assert!(
+                (f64::from(gate[0]) - want).abs() <= tol.max(1e-35),
+                "silu({x}) * 1.5 = {}, want {want}",
+                gate[0]
+            );
+            x += 0.0731;
+        }
     }
 
     #[test]
