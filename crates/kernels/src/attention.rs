@@ -37,6 +37,10 @@ pub const GROUP_MAX: usize = 8;
 /// vector lane.
 pub const TILE_ROWS: usize = 16;
 
+/// Largest head the tile kernel takes (its buffers live on the stack); rows of larger heads
+/// go through the group kernel one by one (bitwise the same).
+pub(crate) const TILE_HEAD_DIM_MAX: usize = 256;
+
 /// One layer's keys and values, `[num_slots, row_stride]` each, in the store's element type.
 ///
 /// f16 rows are widened to f32 exactly on load, so attention over f16 rows is, bit for bit,
@@ -64,6 +68,17 @@ pub struct KvView<'a> {
 }
 
 impl<'a> KvView<'a> {
+    /// Panics, naming `caller`, unless this head lies within a slot's row.
+    fn assert_head_in_row(&self, caller: &str) {
+        assert!(
+            self.offset + self.head_dim <= self.row_stride,
+            "{caller}: head at {} + {} exceeds the row of {}",
+            self.offset,
+            self.head_dim,
+            self.row_stride
+        );
+    }
+
     /// This view over `keys` and `values` of one element type (the kernels' form).
     #[inline(always)]
     pub(crate) fn head<E>(&self, keys: &'a [E], values: &'a [E]) -> HeadRows<'a, E> {
@@ -124,12 +139,7 @@ pub fn attend_with(isa: Isa, q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [
         q.len(),
         out.len()
     );
-    assert!(
-        kv.offset + d <= kv.row_stride,
-        "attend: head at {} + {d} exceeds the row of {}",
-        kv.offset,
-        kv.row_stride
-    );
+    kv.assert_head_in_row("attend");
     assert!(!kv.slots.is_empty(), "attend: empty context");
     let kernels = Kernels::new(isa)
         .unwrap_or_else(|| panic!("attend: this CPU cannot run the {isa} kernels"));
@@ -173,12 +183,7 @@ pub fn attend_rows_with(
         out.len(),
         context.len()
     );
-    assert!(
-        kv.offset + d <= kv.row_stride,
-        "attend_rows: head at {} + {d} exceeds the row of {}",
-        kv.offset,
-        kv.row_stride
-    );
+    kv.assert_head_in_row("attend_rows");
     assert!(
         context.iter().all(|&c| c >= 1 && c <= kv.slots.len()),
         "attend_rows: context lengths must lie in 1..={}",
@@ -186,6 +191,12 @@ pub fn attend_rows_with(
     );
     let kernels = Kernels::new(isa)
         .unwrap_or_else(|| panic!("attend_rows: this CPU cannot run the {isa} kernels"));
+    if d > TILE_HEAD_DIM_MAX {
+        each_row_alone(q, context, kv, scale, out, |qi, view, s, oi| {
+            kernels.attend_group(qi, view, s, oi)
+        });
+        return;
+    }
     let chunk = TILE_ROWS * d;
     let tiles = q.chunks(chunk).zip(out.chunks_mut(chunk));
     for ((qt, ot), ct) in tiles.zip(context.chunks(TILE_ROWS)) {
@@ -201,6 +212,20 @@ pub(crate) fn attend_tile_scalar(
     scale: f32,
     out: &mut [f32],
 ) {
+    each_row_alone(q, context, kv, scale, out, attend_group_scalar);
+}
+
+/// `attend_one(q[i], kv over its first context[i] slots, scale, out[i])` for every row.
+fn each_row_alone<F>(
+    q: &[f32],
+    context: &[usize],
+    kv: &KvView<'_>,
+    scale: f32,
+    out: &mut [f32],
+    attend_one: F,
+) where
+    F: Fn(&[f32], &KvView<'_>, f32, &mut [f32]),
+{
     let d = kv.head_dim;
     let rows = q.chunks_exact(d).zip(out.chunks_exact_mut(d));
     for ((qi, oi), &n) in rows.zip(context) {
@@ -208,7 +233,7 @@ pub(crate) fn attend_tile_scalar(
             slots: &kv.slots[..n],
             ..*kv
         };
-        attend_group_scalar(qi, &view, scale, oi);
+        attend_one(qi, &view, scale, oi);
     }
 }
 

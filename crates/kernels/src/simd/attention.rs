@@ -55,12 +55,7 @@ impl Element for f16 {
 /// # Safety
 /// The CPU must support `V`'s features. Shapes are asserted.
 #[inline(always)]
-pub(super) unsafe fn attend_kv<V: Lanes16>(
-    q: &[f32],
-    kv: &KvView<'_>,
-    scale: f32,
-    out: &mut [f32],
-) {
+unsafe fn attend_kv<V: Lanes16>(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
     match kv.rows {
         KvRows::F32 { keys, values } => {
             attend_group::<V, f32>(q, &kv.head(keys, values), scale, out)

@@ -12,14 +12,16 @@
 //! and are left out of its sum and values, which are updated row by row as in the group
 //! kernel. A block's K and V rows are widened to f32 once for all the rows.
 
-use super::attention::{accumulate, attend_kv, exp, scale_row, Element};
+use super::attention::{accumulate, exp, scale_row, Element};
 use super::lanes::Lanes16;
-use crate::attention::{exp_fixed, HeadRows, KvRows, KvView, POS_BLOCK, TILE_ROWS};
+use crate::attention::{
+    exp_fixed, HeadRows, KvRows, KvView, POS_BLOCK, TILE_HEAD_DIM_MAX, TILE_ROWS,
+};
 use crate::dot16::LANES;
 
-/// Largest head the tile kernel handles (its buffers live on the stack); larger heads go
-/// through the group kernel row by row (bitwise the same).
-const HEAD_DIM_MAX: usize = 256;
+/// Largest head the tile kernel handles (its buffers live on the stack; larger heads never
+/// reach it, see [`crate::attention::attend_rows_with`]).
+const HEAD_DIM_MAX: usize = TILE_HEAD_DIM_MAX;
 
 /// A buffer on a cache-line boundary (so that no vector load of it straddles two lines).
 #[repr(align(64))]
@@ -37,18 +39,6 @@ unsafe fn attend_kv_tile<V: Lanes16>(
     scale: f32,
     out: &mut [f32],
 ) {
-    let d = kv.head_dim;
-    if d > HEAD_DIM_MAX {
-        let rows = q.chunks_exact(d).zip(out.chunks_exact_mut(d));
-        for ((qi, oi), &n) in rows.zip(context) {
-            let view = KvView {
-                slots: &kv.slots[..n],
-                ..*kv
-            };
-            attend_kv::<V>(qi, &view, scale, oi);
-        }
-        return;
-    }
     match kv.rows {
         KvRows::F32 { keys, values } => {
             attend_tile::<V, f32>(q, context, &kv.head(keys, values), scale, out)
