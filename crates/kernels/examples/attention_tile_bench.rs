@@ -24,7 +24,9 @@ fn main() {
         .max(TILE_ROWS);
     let row = KV_HEADS * HEAD_DIM;
     let value = |i: usize| ((i * 7919 % 1013) as f32 / 506.0) - 1.0;
-    let keys: Vec<f16> = (0..context * row).map(|i| f16::from_f32(value(i))).collect();
+    let keys: Vec<f16> = (0..context * row)
+        .map(|i| f16::from_f32(value(i)))
+        .collect();
     let values: Vec<f16> = (0..context * row)
         .map(|i| f16::from_f32(value(i + 7)))
         .collect();
@@ -44,7 +46,9 @@ fn main() {
     let q_tile: Vec<f32> = (0..TILE_ROWS * HEAD_DIM)
         .map(|i| value(i + 3) * 0.3)
         .collect();
-    let lens: Vec<usize> = (0..TILE_ROWS).map(|i| context + 1 + i - TILE_ROWS).collect();
+    let lens: Vec<usize> = (0..TILE_ROWS)
+        .map(|i| context + 1 + i - TILE_ROWS)
+        .collect();
     let mut out = vec![0.0f32; TILE_ROWS * HEAD_DIM];
     let blocks = context.div_ceil(POS_BLOCK);
     let reps = (4_000_000 / context).max(1);

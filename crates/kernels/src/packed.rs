@@ -1,30 +1,40 @@
-//! The int8 matrix product: Q4_0 / Q4_1 / Q8_0 weights repacked once at load time into groups
-//! of 16 rows, multiplied by activations rounded to 8 bits (as llama.cpp does), with integer
-//! dot products (AVX-512 VNNI `vpdpbusd`, or AVX2 `vpmaddubsw` + `vpmaddwd`).
+//! The int8 matrix product: Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights repacked once at load
+//! time into groups of 16 rows, multiplied by activations rounded to 8 bits (as llama.cpp
+//! does), with integer dot products (AVX-512 VNNI `vpdpbusd`, or AVX2 `vpmaddubsw` +
+//! `vpmaddwd`).
 //!
 //! **Layout.** A [`PackedMatrix`] stores its rows in groups of [`GROUP_ROWS`] (the last group
 //! padded with zero rows). Group `g` is a run of records, one per 32-column block `b`, each
 //! [`PackedMatrix::record_bytes`] long (a multiple of 64):
-//! - 4-bit types: 4 vectors of 64 bytes, then 16 × f16 `d`, then 16 × f16 `m` (Q4_1; zero for
-//!   Q4_0). Vector `k`, lane `j` (4 bytes) holds the stored bytes `4k .. 4k + 4` of row
-//!   `16g + j`'s block: low nibbles are elements `4k ..`, high nibbles elements `16 + 4k ..`.
-//! - Q8_0: 8 vectors of 64 bytes, then 16 × f16 `d`; vector `k`, lane `j` holds elements
-//!   `4k .. 4k + 4` of row `16g + j`, each byte offset by 128 (`q ^ 0x80`, unsigned).
+//! - 4-bit types: 4 vectors of 64 bytes, then the 16 rows' scales `d`, then their mins `m`
+//!   (f16 for Q4_0 and Q4_1, Q4_0's `m` zero; f32 for Q4_K, whose 32-column sub-block `s` has
+//!   `d = d·sc[s]` and `m = −dmin·m[s]`, products exact in f32 but not in f16). Vector `k`,
+//!   lane `j` (4 bytes) holds bytes `4k .. 4k + 4` of row `16g + j`'s block in Q4_0's order:
+//!   low nibbles are elements `4k ..`, high nibbles elements `16 + 4k ..`.
+//! - 8-bit types: 8 vectors of 64 bytes; vector `k`, lane `j` holds elements `4k .. 4k + 4` of
+//!   row `16g + j` as unsigned bytes (Q8_0: `q + 128`; Q6_K: its 6-bit `q`), then the scales:
+//!   Q8_0 16 × f16 `d`; Q6_K 16 × f32 `d_lo` (elements 0..16) and 16 × f32 `d_hi`
+//!   (elements 16..32), each `d·sc` of its group of 16.
 //!
 //! So one `vpdpbusd` of a weight vector with 4 broadcast activation bytes gives, in lane `j`,
 //! 4 products of row `j`: 16 rows advance together and no horizontal sum is ever needed.
 //!
 //! **Order (fixed per row and token, whatever the batch, the grouping or the thread split).**
 //! For row `r`, token `t`, block `b` in increasing order, with `q_w` the stored unsigned
-//! weights (nibbles, or Q8_0's `q + 128`), `q_x`, `d_x`, `Σq_x` and `s_x = d_x·Σq_x` the
-//! block's quantized activations (see [`QuantizedRows`]):
-//! 1. `i = Σ q_w·q_x − c·Σq_x` exactly in `i32` (`c` = 0 for Q4_1, 8 for Q4_0, 128 for Q8_0);
+//! weights, `q_x`, `d_x`, `Σq_x`, `Σ_lo q_x` (its first 16) and `s_x = d_x·Σq_x` the block's
+//! quantized activations (see [`QuantizedRows`]):
+//! 1. `i = Σ q_w·q_x − c·Σq_x` exactly in `i32` (`c` = 0 for Q4_1 and Q4_K, 8 for Q4_0, 128
+//!    for Q8_0);
 //! 2. `acc = fma(f32(i), d_w·d_x, acc)` (the product `d_w·d_x` rounded first);
-//! 3. Q4_1 only: `off = fma(m_w, s_x, off)`.
+//! 3. Q4_1 and Q4_K only: `off = fma(m_w, s_x, off)`.
 //!
-//! The result is `acc` (Q4_0, Q8_0) or `acc + off` (Q4_1). [`reference`] does exactly this one
-//! scalar at a time; every SIMD variant is bitwise equal to it. Against the exact f32 path the
-//! error is the activation rounding: at most `Σ |w_i|·d_x/2` per row and token.
+//! Q6_K instead takes its two halves in turn: `i_lo = Σ_{0..16} q_w·q_x − 32·Σ_lo q_x`,
+//! `acc = fma(f32(i_lo), d_lo·d_x, acc)`, then the same for elements 16..32 with
+//! `Σq_x − Σ_lo q_x` and `d_hi`.
+//!
+//! The result is `acc`, or `acc + off` with mins. [`reference`] does exactly this one scalar
+//! at a time; every SIMD variant is bitwise equal to it. Against the exact f32 path the error
+//! is the activation rounding: at most `Σ |w_i|·d_x/2` per row and token.
 
 mod activations;
 pub(crate) mod reference;
@@ -49,7 +59,7 @@ pub const BLOCK: usize = 32;
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
-/// A Q4_0 / Q4_1 / Q8_0 matrix `[rows, cols]` in the int8 kernels' layout (module docs).
+/// A Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K matrix `[rows, cols]` in the int8 kernels' layout (module docs).
 pub struct PackedMatrix {
     dtype: DType,
     rows: usize,
@@ -70,7 +80,10 @@ impl std::fmt::Debug for PackedMatrix {
 impl PackedMatrix {
     /// Whether weights of `dtype` can be packed.
     pub fn packs(dtype: DType) -> bool {
-        matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+        matches!(
+            dtype,
+            DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4_K | DType::Q6_K
+        )
     }
 
     /// Repacks `w`; `None` if its type is not one [`PackedMatrix::packs`]. The groups are
@@ -86,6 +99,8 @@ impl PackedMatrix {
         let mut lines = huge_page_lines(groups * group_lines);
         let row_bytes = w.dtype.bytes_for(w.cols).expect("a validated weight view");
         let block_bytes = w.dtype.block_bytes();
+        // Records per stored block (K-quant blocks hold 256 columns).
+        let span = w.dtype.block_len() / BLOCK * record;
         if group_lines > 0 {
             crate::parallel::for_each_chunk_mut(pool, &mut lines, group_lines, |g, dst| {
                 let dst = lines_as_bytes(dst);
@@ -93,7 +108,7 @@ impl PackedMatrix {
                     let r = g * GROUP_ROWS + j;
                     let row = &w.data[r * row_bytes..(r + 1) * row_bytes];
                     for (b, src) in row.chunks_exact(block_bytes).enumerate() {
-                        pack_block(w.dtype, src, j, &mut dst[b * record..(b + 1) * record]);
+                        pack_block(w.dtype, src, j, &mut dst[b * span..(b + 1) * span]);
                     }
                 }
             });
@@ -137,13 +152,44 @@ impl PackedMatrix {
 fn record_bytes(dtype: DType) -> usize {
     match dtype {
         DType::Q8_0 => 512 + 64,
+        DType::Q6_K => 512 + 128,
+        DType::Q4_K => 256 + 128,
         _ => 256 + 64,
     }
 }
 
-/// Writes row `j`'s stored block `src` into the record `dst` (module docs).
+/// Writes row `j`'s stored block `src` into its records `dst` (module docs): one record for
+/// the 32-column types, 8 for the K-quants' 256 columns.
 fn pack_block(dtype: DType, src: &[u8], j: usize, dst: &mut [u8]) {
     match dtype {
+        DType::Q4_K => {
+            let record = record_bytes(dtype);
+            crate::quant::q4_k_sub_blocks(src, |s, d, m, q| {
+                let rec = &mut dst[s * record..(s + 1) * record];
+                for k in 0..4 {
+                    for p in 0..4 {
+                        let e = 4 * k + p;
+                        rec[64 * k + 4 * j + p] = q[e] | (q[16 + e] << 4);
+                    }
+                }
+                rec[256 + 4 * j..256 + 4 * j + 4].copy_from_slice(&d.to_le_bytes());
+                rec[320 + 4 * j..320 + 4 * j + 4].copy_from_slice(&(-m).to_le_bytes());
+            });
+        }
+        DType::Q6_K => {
+            let record = record_bytes(dtype);
+            crate::quant::q6_k_groups(src, |i0, d, q| {
+                let (b, half) = (i0 / BLOCK, i0 % BLOCK / 16);
+                let rec = &mut dst[b * record..(b + 1) * record];
+                for (e, &v) in q.iter().enumerate() {
+                    let (k, p) = ((16 * half + e) / 4, e % 4);
+                    // `v = q − 32` with the 6-bit `q`: the stored byte is `q`.
+                    rec[64 * k + 4 * j + p] = (v + 32) as u8;
+                }
+                let at = 512 + 64 * half + 4 * j;
+                rec[at..at + 4].copy_from_slice(&d.to_le_bytes());
+            });
+        }
         DType::Q8_0 => {
             for k in 0..8 {
                 for p in 0..4 {

@@ -13,6 +13,8 @@ pub struct BlockScale {
     pub d: f32,
     /// `Σ q` over the block.
     pub sum: i32,
+    /// `Σ q` over the block's first 16 values (for Q6_K's groups of 16).
+    pub sum_lo: i32,
     /// `d · Σ q` (one rounded product).
     pub sx: f32,
 }
@@ -130,10 +132,12 @@ pub(crate) fn quantize_row(x: &[f32], q: &mut [i8], scales: &mut [BlockScale]) {
         for (q, &v) in qb.iter_mut().zip(xb) {
             *q = round_to_i8(v * id);
         }
-        let sum = qb.iter().map(|&v| i32::from(v)).sum::<i32>();
+        let sum_of = |q: &[i8]| q.iter().map(|&v| i32::from(v)).sum::<i32>();
+        let sum = sum_of(qb);
         *s = BlockScale {
             d,
             sum,
+            sum_lo: sum_of(&qb[..16]),
             sx: d * sum as f32,
         };
     }
@@ -186,6 +190,7 @@ mod tests {
         assert_eq!(q.q(0)[5], 64); // 63.5 ties to even
         assert_eq!(q.q(0)[40], 127);
         assert_eq!((q.scales(0)[0].sum, q.scales(0)[1].sum), (-63, 127));
+        assert_eq!((q.scales(0)[0].sum_lo, q.scales(0)[1].sum_lo), (-63, 127));
         assert_eq!(q.scales(0)[1].sx, 0.5 / 127.0 * 127.0);
     }
 }

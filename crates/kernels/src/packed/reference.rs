@@ -5,25 +5,38 @@ use super::{PackedMatrix, QuantizedRows, BLOCK, GROUP_ROWS};
 use crate::DType;
 
 /// The offset subtracted from each stored weight to get its signed value times the block
-/// scale's unit: `c` in the module docs (Q4_1's offset is its `m` term instead).
+/// scale's unit: `c` in the module docs (Q4_1's and Q4_K's offset is their `m` term instead;
+/// Q6_K subtracts 32 per half).
 pub(crate) fn weight_bias(dtype: DType) -> i32 {
     match dtype {
         DType::Q4_0 => 8,
         DType::Q8_0 => 128,
+        DType::Q6_K => 32,
         _ => 0,
     }
 }
 
-/// Bytes of quants at the start of a record (then the f16 scales, then Q4_1's f16 mins).
+/// Bytes of quants at the start of a record (then the scales, then the mins where there are).
 pub(crate) fn quant_bytes(dtype: DType) -> usize {
     match dtype {
-        DType::Q8_0 => 512,
+        DType::Q8_0 | DType::Q6_K => 512,
         _ => 256,
     }
 }
 
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+/// Whether the record's scales (and mins) are f32 (the K-quants) rather than f16.
+pub(crate) fn f32_scales(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_K | DType::Q6_K)
+}
+
+/// Scale (or min) number `i` of the 16-row table at byte `at`, f16 or f32.
+fn scale_at(rec: &[u8], at: usize, i: usize, f32_table: bool) -> f32 {
+    if f32_table {
+        let b = &rec[at + 4 * i..at + 4 * i + 4];
+        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    } else {
+        half::f16::from_le_bytes([rec[at + 2 * i], rec[at + 2 * i + 1]]).to_f32()
+    }
 }
 
 /// `out[t·16 + j] = W[16g + j] · x[t]` for every token of `xq` (`out`: `[n_tokens, 16]`;
@@ -36,6 +49,11 @@ pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f
     let dtype = w.dtype();
     let (record, quants) = (w.record_bytes(), quant_bytes(dtype));
     let bias = weight_bias(dtype);
+    let wide = f32_scales(dtype);
+    // Bytes of one scale table (16 rows).
+    let table = if wide { 64 } else { 32 };
+    let bytes8 = matches!(dtype, DType::Q8_0 | DType::Q6_K);
+    let has_min = matches!(dtype, DType::Q4_1 | DType::Q4_K);
     let records = w.group(g);
     for (t, lanes) in out.chunks_exact_mut(GROUP_ROWS).enumerate() {
         let (q, scales) = (xq.q(t), xq.scales(t));
@@ -44,26 +62,44 @@ pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f
             let mut off = 0.0f32;
             for ((b, rec), s) in records.chunks_exact(record).enumerate().zip(scales) {
                 let x = &q[b * BLOCK..(b + 1) * BLOCK];
-                let mut i = 0i32;
+                // Integer sums over elements 0..16 and 16..32.
+                let (mut lo, mut hi) = (0i32, 0i32);
                 for k in 0..quants / 64 {
                     for p in 0..4 {
                         let byte = i32::from(rec[64 * k + 4 * j + p]);
-                        if dtype == DType::Q8_0 {
-                            i += byte * i32::from(x[4 * k + p]);
+                        if bytes8 {
+                            let e = 4 * k + p;
+                            let part = byte * i32::from(x[e]);
+                            if e < 16 {
+                                lo += part;
+                            } else {
+                                hi += part;
+                            }
                         } else {
-                            i += (byte & 0x0f) * i32::from(x[4 * k + p]);
-                            i += (byte >> 4) * i32::from(x[16 + 4 * k + p]);
+                            lo += (byte & 0x0f) * i32::from(x[4 * k + p]);
+                            hi += (byte >> 4) * i32::from(x[16 + 4 * k + p]);
                         }
                     }
                 }
-                i -= bias * s.sum;
-                let dw = f16_at(rec, quants + 2 * j);
+                if dtype == DType::Q6_K {
+                    let i_lo = lo - bias * s.sum_lo;
+                    let i_hi = hi - bias * (s.sum - s.sum_lo);
+                    let (d_lo, d_hi) = (
+                        scale_at(rec, quants, j, true),
+                        scale_at(rec, quants + table, j, true),
+                    );
+                    acc = (i_lo as f32).mul_add(d_lo * s.d, acc);
+                    acc = (i_hi as f32).mul_add(d_hi * s.d, acc);
+                    continue;
+                }
+                let i = lo + hi - bias * s.sum;
+                let dw = scale_at(rec, quants, j, wide);
                 acc = (i as f32).mul_add(dw * s.d, acc);
-                if dtype == DType::Q4_1 {
-                    off = f16_at(rec, quants + 32 + 2 * j).mul_add(s.sx, off);
+                if has_min {
+                    off = scale_at(rec, quants + table, j, wide).mul_add(s.sx, off);
                 }
             }
-            *y = if dtype == DType::Q4_1 { acc + off } else { acc };
+            *y = if has_min { acc + off } else { acc };
         }
     }
 }

@@ -46,6 +46,19 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// The 8 sub-blocks of one Q4_K block (144 bytes): `f(s, d·sc[s], dmin·m[s], q)` with the 32
+/// 4-bit values of sub-block `s`, so that `x = (d·sc[s])·q − dmin·m[s]` (both factors exact in
+/// f32).
+pub(crate) fn q4_k_sub_blocks(block: &[u8], f: impl FnMut(usize, f32, f32, [u8; 32])) {
+    q4_k::sub_blocks(block, f);
+}
+
+/// The 16 groups of one Q6_K block (210 bytes): `f(i0, d·sc, q)` with the signed 6-bit values
+/// `q − 32` of elements `i0 .. i0 + 16`, so that `x = (d·sc)·(q − 32)` (`d·sc` exact in f32).
+pub(crate) fn q6_k_groups(block: &[u8], f: impl FnMut(usize, f32, &[i8; 16])) {
+    q6_k::groups(block, f);
+}
+
 /// Dot product of the stored row `src` (as `dtype`) with the activations `x`, computed block by
 /// block without materialising the dequantized row. `x.len()` is the element count.
 ///

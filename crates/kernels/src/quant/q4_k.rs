@@ -52,6 +52,20 @@ fn for_each_sub_block(b: &[u8], mut f: impl FnMut(usize, f32, f32, &[u8], u32)) 
     }
 }
 
+/// The sub-blocks of one block `b` (144 bytes): `f(s, d·sc[s], dmin·m[s], q)` with the 32
+/// 4-bit values of sub-block `s` (exact: `d·sc` and `dmin·m` are products of an f16 and a
+/// 6-bit integer). For the int8 kernels' repacking.
+pub(super) fn sub_blocks(b: &[u8], mut f: impl FnMut(usize, f32, f32, [u8; SUB])) {
+    for_each_sub_block(b, |s, ds, dm, nibbles, shift| {
+        f(
+            s,
+            ds,
+            dm,
+            std::array::from_fn(|l| (nibbles[l] >> shift) & 0x0f),
+        );
+    });
+}
+
 pub(super) fn dequantize(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
         for_each_sub_block(b, |s, ds, dm, nibbles, shift| {

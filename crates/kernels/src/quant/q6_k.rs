@@ -37,6 +37,13 @@ fn for_each_group(b: &[u8], mut f: impl FnMut(usize, f32, &[i8; 16])) {
     }
 }
 
+/// The groups of 16 elements of one block `b` (210 bytes) sharing a scale: `f(i0, d·sc, q)`
+/// with the signed values `q − 32` of elements `i0 .. i0 + 16` (exact: `d·sc` is the product
+/// of an f16 and an 8-bit integer). For the int8 kernels' repacking.
+pub(super) fn groups(b: &[u8], f: impl FnMut(usize, f32, &[i8; 16])) {
+    for_each_group(b, f);
+}
+
 pub(super) fn dequantize(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
         for_each_group(b, |i0, ds, q| {

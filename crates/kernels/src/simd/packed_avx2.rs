@@ -12,6 +12,9 @@
 //!   recovered and `vpmaddubsw(|q|, sign(x, q))` computes `Σ q·x` directly (pairs at most
 //!   `2·128·127 = 32512`, widened to `i32` at once): the same integer as the reference's
 //!   `Σ u·x − 128·Σx`, so no bias is subtracted.
+//! - Q6_K's stored bytes are its 6-bit `q` (`0..=63`): a pair is at most `2·63·127 = 16002`,
+//!   and each `vpmaddubsw` result is widened to `i32` at once (per half of 16 elements, as
+//!   its two scales need).
 
 use std::arch::x86_64::*;
 
@@ -37,16 +40,20 @@ pub(super) unsafe fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: 
         "packed avx2: shapes do not match"
     );
     match w.dtype() {
-        DType::Q4_1 => tiles::<false, true>(w, g, xq, out),
-        DType::Q4_0 => tiles::<false, false>(w, g, xq, out),
-        DType::Q8_0 => tiles::<true, false>(w, g, xq, out),
+        DType::Q4_1 => tiles::<false, true, false, false>(w, g, xq, out),
+        DType::Q4_0 => tiles::<false, false, false, false>(w, g, xq, out),
+        DType::Q8_0 => tiles::<true, false, false, false>(w, g, xq, out),
+        DType::Q4_K => tiles::<false, true, true, false>(w, g, xq, out),
+        DType::Q6_K => tiles::<true, false, true, true>(w, g, xq, out),
         other => unreachable!("packed avx2: {other} is never packed"),
     }
 }
 
-/// Every token of `xq`, [`TILE`] at a time, then the remainder.
+/// Every token of `xq`, [`TILE`] at a time, then the remainder. `Q8`: 8-bit weights (else
+/// nibbles); `MIN`: a min table; `WIDE`: f32 scale tables (else f16); `HALVES`: Q6_K's two
+/// scales per record, one per 16 elements.
 #[inline(always)]
-unsafe fn tiles<const Q8: bool, const MIN: bool>(
+unsafe fn tiles<const Q8: bool, const MIN: bool, const WIDE: bool, const HALVES: bool>(
     w: &PackedMatrix,
     g: usize,
     xq: &QuantizedRows,
@@ -55,13 +62,13 @@ unsafe fn tiles<const Q8: bool, const MIN: bool>(
     let n = xq.n_tokens();
     let mut t0 = 0;
     while t0 + TILE <= n {
-        tile::<TILE, Q8, MIN>(w, g, xq, t0, out);
+        tile::<TILE, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out);
         t0 += TILE;
     }
     match n - t0 {
-        3 => tile::<3, Q8, MIN>(w, g, xq, t0, out),
-        2 => tile::<2, Q8, MIN>(w, g, xq, t0, out),
-        1 => tile::<1, Q8, MIN>(w, g, xq, t0, out),
+        3 => tile::<3, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
+        2 => tile::<2, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
+        1 => tile::<1, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
         _ => {}
     }
 }
@@ -74,7 +81,13 @@ unsafe fn broadcast4(p: *const i8) -> __m256i {
 
 /// Tokens `t0 .. t0 + T` against group `g`.
 #[inline(always)]
-unsafe fn tile<const T: usize, const Q8: bool, const MIN: bool>(
+unsafe fn tile<
+    const T: usize,
+    const Q8: bool,
+    const MIN: bool,
+    const WIDE: bool,
+    const HALVES: bool,
+>(
     w: &PackedMatrix,
     g: usize,
     xq: &QuantizedRows,
@@ -83,7 +96,11 @@ unsafe fn tile<const T: usize, const Q8: bool, const MIN: bool>(
 ) {
     let (record, quants) = (w.record_bytes(), quant_bytes(w.dtype()));
     // `c` of the module docs (Q8_0's is folded into the signed weights instead).
-    let bias = if Q8 { 0 } else { weight_bias(w.dtype()) };
+    let bias = if Q8 && !HALVES {
+        0
+    } else {
+        weight_bias(w.dtype())
+    };
     let records = w.group(g);
     let blocks = records.len() / record;
     let q: [*const i8; T] = std::array::from_fn(|i| xq.q(t0 + i).as_ptr());
@@ -110,7 +127,12 @@ unsafe fn tile<const T: usize, const Q8: bool, const MIN: bool>(
             let mut sg = [_mm256_setzero_si256(); 8];
             for k in 0..4 {
                 let v = _mm256_load_si256(rec.add(64 * k + 32 * h).cast());
-                if Q8 {
+                if HALVES {
+                    // Q6_K's bytes are its unsigned 6-bit values: pairs of products stay
+                    // within `2·63·127`, and each is widened to `i32` at once.
+                    wv[k] = v;
+                    wv[4 + k] = _mm256_load_si256(rec.add(64 * (4 + k) + 32 * h).cast());
+                } else if Q8 {
                     let v4 = _mm256_load_si256(rec.add(64 * (4 + k) + 32 * h).cast());
                     sg[k] = _mm256_xor_si256(v, flip);
                     sg[4 + k] = _mm256_xor_si256(v4, flip);
@@ -124,14 +146,47 @@ unsafe fn tile<const T: usize, const Q8: bool, const MIN: bool>(
                     wv[4 + k] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble);
                 }
             }
-            let dw = _mm256_cvtph_ps(_mm_load_si128(rec.add(quants + 16 * h).cast()));
-            let mw = if MIN {
-                _mm256_cvtph_ps(_mm_load_si128(rec.add(quants + 32 + 16 * h).cast()))
+            // The scale table, then the second one (mins, or Q6_K's scales of elements
+            // 16..32), this half's 8 rows of each.
+            let (dw, mw) = if WIDE {
+                let second = if MIN || HALVES {
+                    _mm256_load_ps(rec.add(quants + 64 + 32 * h).cast())
+                } else {
+                    _mm256_setzero_ps()
+                };
+                (_mm256_load_ps(rec.add(quants + 32 * h).cast()), second)
             } else {
-                _mm256_setzero_ps()
+                let second = if MIN || HALVES {
+                    _mm256_cvtph_ps(_mm_load_si128(rec.add(quants + 32 + 16 * h).cast()))
+                } else {
+                    _mm256_setzero_ps()
+                };
+                (
+                    _mm256_cvtph_ps(_mm_load_si128(rec.add(quants + 16 * h).cast())),
+                    second,
+                )
             };
             for t in 0..T {
                 let x = q[t].add(b * BLOCK);
+                if HALVES {
+                    let mut lo = _mm256_setzero_si256();
+                    let mut hi = _mm256_setzero_si256();
+                    for k in 0..4 {
+                        let p = _mm256_maddubs_epi16(wv[k], broadcast4(x.add(4 * k)));
+                        lo = _mm256_add_epi32(lo, _mm256_madd_epi16(p, ones));
+                        let p = _mm256_maddubs_epi16(wv[4 + k], broadcast4(x.add(16 + 4 * k)));
+                        hi = _mm256_add_epi32(hi, _mm256_madd_epi16(p, ones));
+                    }
+                    let s = scales[t][b];
+                    let i_lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(bias * s.sum_lo));
+                    let i_hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(bias * (s.sum - s.sum_lo)));
+                    let dx = _mm256_set1_ps(s.d);
+                    let d_lo = _mm256_mul_ps(dw, dx);
+                    acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i_lo), d_lo, acc[t][h]);
+                    let d_hi = _mm256_mul_ps(mw, dx);
+                    acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i_hi), d_hi, acc[t][h]);
+                    continue;
+                }
                 let mut i = if Q8 {
                     let mut i = _mm256_setzero_si256();
                     for k in 0..8 {

@@ -25,16 +25,20 @@ pub(super) unsafe fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: 
         "packed vnni: shapes do not match"
     );
     match w.dtype() {
-        DType::Q4_1 => tiles::<false, true>(w, g, xq, out),
-        DType::Q4_0 => tiles::<false, false>(w, g, xq, out),
-        DType::Q8_0 => tiles::<true, false>(w, g, xq, out),
+        DType::Q4_1 => tiles::<false, true, false, false>(w, g, xq, out),
+        DType::Q4_0 => tiles::<false, false, false, false>(w, g, xq, out),
+        DType::Q8_0 => tiles::<true, false, false, false>(w, g, xq, out),
+        DType::Q4_K => tiles::<false, true, true, false>(w, g, xq, out),
+        DType::Q6_K => tiles::<true, false, true, true>(w, g, xq, out),
         other => unreachable!("packed vnni: {other} is never packed"),
     }
 }
 
-/// Every token of `xq`, [`TILE`] at a time, then the remainder.
+/// Every token of `xq`, [`TILE`] at a time, then the remainder. `Q8`: 8-bit weights (else
+/// nibbles); `MIN`: a min table; `WIDE`: f32 scale tables (else f16); `HALVES`: Q6_K's two
+/// scales per record, one per 16 elements.
 #[inline(always)]
-unsafe fn tiles<const Q8: bool, const MIN: bool>(
+unsafe fn tiles<const Q8: bool, const MIN: bool, const WIDE: bool, const HALVES: bool>(
     w: &PackedMatrix,
     g: usize,
     xq: &QuantizedRows,
@@ -43,13 +47,13 @@ unsafe fn tiles<const Q8: bool, const MIN: bool>(
     let n = xq.n_tokens();
     let mut t0 = 0;
     while t0 + TILE <= n {
-        tile::<TILE, Q8, MIN>(w, g, xq, t0, out);
+        tile::<TILE, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out);
         t0 += TILE;
     }
     match n - t0 {
-        3 => tile::<3, Q8, MIN>(w, g, xq, t0, out),
-        2 => tile::<2, Q8, MIN>(w, g, xq, t0, out),
-        1 => tile::<1, Q8, MIN>(w, g, xq, t0, out),
+        3 => tile::<3, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
+        2 => tile::<2, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
+        1 => tile::<1, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
         _ => {}
     }
 }
@@ -62,7 +66,13 @@ unsafe fn broadcast4(p: *const i8) -> __m512i {
 
 /// Tokens `t0 .. t0 + T` against group `g`.
 #[inline(always)]
-unsafe fn tile<const T: usize, const Q8: bool, const MIN: bool>(
+unsafe fn tile<
+    const T: usize,
+    const Q8: bool,
+    const MIN: bool,
+    const WIDE: bool,
+    const HALVES: bool,
+>(
     w: &PackedMatrix,
     g: usize,
     xq: &QuantizedRows,
@@ -102,11 +112,25 @@ unsafe fn tile<const T: usize, const Q8: bool, const MIN: bool>(
                 wv[4 + k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
             }
         }
-        let dw = _mm512_cvtph_ps(_mm256_load_si256(rec.add(quants).cast()));
-        let mw = if MIN {
-            _mm512_cvtph_ps(_mm256_load_si256(rec.add(quants + 32).cast()))
+        // The scale table, then the second one (mins, or Q6_K's scales of elements 16..32).
+        // (No closure: it would not inherit the target features.)
+        let (dw, mw) = if WIDE {
+            let second = if MIN || HALVES {
+                _mm512_load_ps(rec.add(quants + 64).cast())
+            } else {
+                _mm512_setzero_ps()
+            };
+            (_mm512_load_ps(rec.add(quants).cast()), second)
         } else {
-            _mm512_setzero_ps()
+            let second = if MIN || HALVES {
+                _mm512_cvtph_ps(_mm256_load_si256(rec.add(quants + 32).cast()))
+            } else {
+                _mm512_setzero_ps()
+            };
+            (
+                _mm512_cvtph_ps(_mm256_load_si256(rec.add(quants).cast())),
+                second,
+            )
         };
         for t in 0..T {
             let x = q[t].add(b * BLOCK);
@@ -117,6 +141,16 @@ unsafe fn tile<const T: usize, const Q8: bool, const MIN: bool>(
                 hi = _mm512_dpbusd_epi32(hi, wv[4 + k], broadcast4(x.add(16 + 4 * k)));
             }
             let s = scales[t][b];
+            if HALVES {
+                let i_lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(bias * s.sum_lo));
+                let i_hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(bias * (s.sum - s.sum_lo)));
+                let dx = _mm512_set1_ps(s.d);
+                let d_lo = _mm512_mul_ps(dw, dx);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i_lo), d_lo, acc[t]);
+                let d_hi = _mm512_mul_ps(mw, dx);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i_hi), d_hi, acc[t]);
+                continue;
+            }
             let mut i = _mm512_add_epi32(lo, hi);
             if bias != 0 {
                 i = _mm512_sub_epi32(i, _mm512_set1_epi32(bias * s.sum));
@@ -171,10 +205,12 @@ pub(super) unsafe fn quantize_row(x: &[f32], q: &mut [i8], scales: &mut [BlockSc
         let dst = q.as_mut_ptr().add(b * BLOCK);
         _mm_storeu_si128(dst.cast(), _mm512_cvtepi32_epi8(q0));
         _mm_storeu_si128(dst.add(16).cast(), _mm512_cvtepi32_epi8(q1));
-        let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        let sum_lo = _mm512_reduce_add_epi32(q0);
+        let sum = sum_lo + _mm512_reduce_add_epi32(q1);
         *s = BlockScale {
             d,
             sum,
+            sum_lo,
             sx: d * sum as f32,
         };
     }
