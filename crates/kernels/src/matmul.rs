@@ -187,7 +187,7 @@ fn fused_rows(
 
 /// Runs `f` with a scratch buffer of `len` floats: the thread's reusable one, or a fresh one if
 /// that is already borrowed (a nested call).
-fn with_scratch(len: usize, f: impl FnOnce(&mut [f32])) {
+pub(crate) fn with_scratch(len: usize, f: impl FnOnce(&mut [f32])) {
     SCRATCH.with(|cell| match cell.try_borrow_mut() {
         Ok(mut buf) => {
             if buf.len() < len {
@@ -211,19 +211,47 @@ pub(crate) fn for_each_column_chunk<F>(
 ) where
     F: Fn(Range<usize>, &mut ColumnsMut<'_>) + Sync,
 {
-    assert!(
-        chunk > 0 && y.len() == n_tokens * rows,
-        "column chunks: bad shape"
-    );
-    let base = SendPtr(y.as_mut_ptr());
-    pool.run(rows.div_ceil(chunk), |task| {
-        let start = task * chunk;
-        let end = (start + chunk).min(rows);
-        // SAFETY: `y` is exclusively borrowed for this whole call, and `ThreadPool::run` calls
-        // each task index exactly once, so the column ranges of live views are disjoint; every
-        // write is bounds-checked against `start..end` and `n_tokens`.
-        let mut view = unsafe { ColumnsMut::new(base, n_tokens, rows, start..end) };
-        f(start..end, &mut view);
+    for_each_column_chunk_of(pool, [y], n_tokens, [rows], [chunk], |_, columns, view| {
+        f(columns, view)
+    });
+}
+
+/// [`for_each_column_chunk`] over `N` outputs at once (`ys[m]`: `[n_tokens, rows[m]]`, cut
+/// into chunks of `chunks[m]` columns), all chunks one job on the pool: `f(m, columns, view)`.
+pub(crate) fn for_each_column_chunk_of<const N: usize, F>(
+    pool: &ThreadPool,
+    ys: [&mut [f32]; N],
+    n_tokens: usize,
+    rows: [usize; N],
+    chunks: [usize; N],
+    f: F,
+) where
+    F: Fn(usize, Range<usize>, &mut ColumnsMut<'_>) + Sync,
+{
+    for m in 0..N {
+        assert!(
+            chunks[m] > 0 && ys[m].len() == n_tokens * rows[m],
+            "column chunks: bad shape"
+        );
+    }
+    let bases = ys.map(|y| SendPtr(y.as_mut_ptr()));
+    // Task numbers: the chunks of output 0, then those of output 1, ...
+    let mut first_task = [0usize; N];
+    let mut total = 0;
+    for m in 0..N {
+        first_task[m] = total;
+        total += rows[m].div_ceil(chunks[m]);
+    }
+    pool.run(total, |task| {
+        let m = (0..N).rev().find(|&m| first_task[m] <= task).unwrap_or(0);
+        let start = (task - first_task[m]) * chunks[m];
+        let end = (start + chunks[m]).min(rows[m]);
+        // SAFETY: each `ys[m]` is exclusively borrowed for this whole call, and
+        // `ThreadPool::run` calls each task index exactly once, so the column ranges of live
+        // views of one output are disjoint; every write is bounds-checked against
+        // `start..end` and `n_tokens`.
+        let mut view = unsafe { ColumnsMut::new(bases[m], n_tokens, rows[m], start..end) };
+        f(m, start..end, &mut view);
     });
 }
 

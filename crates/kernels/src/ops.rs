@@ -46,18 +46,23 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
         x.len() == weight.len() && x.len() == out.len(),
         "rms_norm: length mismatch"
     );
-    let mean_sq = dot_fixed(x, x) / x.len() as f32;
-    let scale = 1.0 / (mean_sq + eps).sqrt();
+    let scale = rms_scale(x, eps);
     for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
         *o = v * scale * w;
     }
 }
 
+/// RMSNorm's factor `1 / sqrt(mean(x^2) + eps)`: element `i` of the normed row is then
+/// `x[i] * scale * weight[i]` (in that order), as [`rms_norm`] computes it.
+pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    let mean_sq = dot_fixed(x, x) / x.len() as f32;
+    1.0 / (mean_sq + eps).sqrt()
+}
+
 /// In-place RMSNorm.
 pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
     assert_eq!(x.len(), weight.len(), "rms_norm_inplace: length mismatch");
-    let mean_sq = dot_fixed(x, x) / x.len() as f32;
-    let scale = 1.0 / (mean_sq + eps).sqrt();
+    let scale = rms_scale(x, eps);
     for (v, &w) in x.iter_mut().zip(weight) {
         *v = *v * scale * w;
     }

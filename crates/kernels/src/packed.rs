@@ -45,7 +45,7 @@ pub(crate) use activations::quantize_row;
 pub use activations::{BlockScale, QuantizedRows};
 
 use crate::isa::{self, Isa};
-use crate::matmul::{for_each_column_chunk, WeightView};
+use crate::matmul::{for_each_column_chunk_of, with_scratch, WeightView};
 use crate::simd::Kernels;
 use crate::{DType, ThreadPool};
 
@@ -276,7 +276,7 @@ pub fn matmul_packed_with(
 /// [`matmul_packed`] of activations already quantized (several matrices that read the same
 /// input quantize it once): `y`: `[xq.n_tokens(), rows]`.
 pub fn matmul_quantized(pool: &ThreadPool, w: &PackedMatrix, xq: &QuantizedRows, y: &mut [f32]) {
-    matmul_quantized_with(isa::active(), pool, w, xq, y);
+    matmuls_quantized_with(isa::active(), pool, [w], xq, [y]);
 }
 
 /// [`matmul_quantized`] with the kernels of `isa`.
@@ -287,35 +287,66 @@ pub fn matmul_quantized_with(
     xq: &QuantizedRows,
     y: &mut [f32],
 ) {
+    matmuls_quantized_with(isa, pool, [w], xq, [y]);
+}
+
+/// [`matmul_quantized`] of `N` matrices with the same input (`ys[m]`: `[xq.n_tokens(),
+/// ws[m].rows()]`) as one job on the pool: one start and one wait for all (the q/k/v or
+/// gate/up projections of a layer), and the tail of one matrix overlaps the next. Each
+/// result is bitwise that of [`matmul_quantized`].
+pub fn matmuls_quantized<const N: usize>(
+    pool: &ThreadPool,
+    ws: [&PackedMatrix; N],
+    xq: &QuantizedRows,
+    ys: [&mut [f32]; N],
+) {
+    matmuls_quantized_with(isa::active(), pool, ws, xq, ys);
+}
+
+/// [`matmuls_quantized`] with the kernels of `isa`.
+pub fn matmuls_quantized_with<const N: usize>(
+    isa: Isa,
+    pool: &ThreadPool,
+    ws: [&PackedMatrix; N],
+    xq: &QuantizedRows,
+    ys: [&mut [f32]; N],
+) {
     let kernels = Kernels::new(isa)
         .unwrap_or_else(|| panic!("matmul_quantized_with: this CPU cannot run the {isa} kernels"));
     let n_tokens = xq.n_tokens();
-    assert_eq!(
-        xq.cols(),
-        w.cols,
-        "matmul_quantized: x must have the matrix's columns"
-    );
-    assert_eq!(
-        y.len(),
-        n_tokens * w.rows,
-        "matmul_quantized: y must be [n_tokens, rows]"
-    );
-    if n_tokens == 0 || w.rows == 0 {
+    for (w, y) in ws.iter().zip(&ys) {
+        assert_eq!(
+            xq.cols(),
+            w.cols,
+            "matmul_quantized: x must have the matrix's columns"
+        );
+        assert_eq!(
+            y.len(),
+            n_tokens * w.rows,
+            "matmul_quantized: y must be [n_tokens, rows]"
+        );
+    }
+    if n_tokens == 0 {
         return;
     }
-    let groups = w.rows.div_ceil(GROUP_ROWS);
-    let per_task = groups.div_ceil(pool.n_threads() * 4).max(1);
-    let chunk = per_task * GROUP_ROWS;
-    for_each_column_chunk(pool, y, n_tokens, w.rows, chunk, |rows, out| {
-        let mut tile = vec![0.0f32; n_tokens * GROUP_ROWS]; // [n_tokens, 16]
-        for g in group_range(&rows) {
-            kernels.packed_group(w, g, xq, &mut tile);
-            let first = g * GROUP_ROWS;
-            let live = GROUP_ROWS.min(w.rows - first);
-            for (t, lanes) in tile.chunks_exact(GROUP_ROWS).enumerate() {
-                out.set_run(t, first - rows.start, &lanes[..live]);
+    let chunks = ws.map(|w| {
+        let groups = w.rows.div_ceil(GROUP_ROWS);
+        groups.div_ceil(pool.n_threads() * 4).max(1) * GROUP_ROWS
+    });
+    let rows = ws.map(|w| w.rows);
+    for_each_column_chunk_of(pool, ys, n_tokens, rows, chunks, |m, rows, out| {
+        let w = ws[m];
+        with_scratch(n_tokens * GROUP_ROWS, |tile| {
+            // tile: [n_tokens, 16]
+            for g in group_range(&rows) {
+                kernels.packed_group(w, g, xq, tile);
+                let first = g * GROUP_ROWS;
+                let live = GROUP_ROWS.min(w.rows - first);
+                for (t, lanes) in tile.chunks_exact(GROUP_ROWS).enumerate() {
+                    out.set_run(t, first - rows.start, &lanes[..live]);
+                }
             }
-        }
+        });
     });
 }
 

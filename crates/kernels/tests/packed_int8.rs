@@ -11,7 +11,8 @@ use std::sync::OnceLock;
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tandem_kernels::packed::QuantizedRows;
+use tandem_kernels::ops::rms_norm;
+use tandem_kernels::packed::{matmul_quantized_with, matmuls_quantized_with, QuantizedRows};
 use tandem_kernels::quant::{dequantize_row, quantize_row};
 use tandem_kernels::{
     matmul_packed_with, matmul_with, DType, Isa, PackedMatrix, ThreadPool, WeightView,
@@ -167,6 +168,92 @@ fn stored_weights_stay_exact_under_int8_isas() {
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{isa} {dtype}"
             );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// RMSNorm fused with the quantization gives the bits of norming, then quantizing, on
+    /// every ISA, also in a buffer that held a larger batch before.
+    #[test]
+    fn fused_rms_norm_quantization_equals_norm_then_quantize(
+        blocks in 1usize..12,
+        n_tokens in 1usize..9,
+        seed in any::<u64>(),
+    ) {
+        let cols = 32 * blocks;
+        let mut rng = StdRng::seed_from_u64(seed);
+        let x: Vec<f32> = (0..n_tokens * cols).map(|_| rng.random_range(-4.0f32..4.0)).collect();
+        let weight: Vec<f32> = (0..cols).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+        let eps = 1e-5;
+        let mut normed = vec![0.0f32; x.len()];
+        for (row, out) in x.chunks_exact(cols).zip(normed.chunks_exact_mut(cols)) {
+            rms_norm(row, &weight, eps, out);
+        }
+        for isa in Isa::available() {
+            let want = QuantizedRows::quantize_with(isa, pool(1), &normed, n_tokens, cols);
+            let mut fused = QuantizedRows::empty();
+            // First a larger batch into the same buffer, then the one compared.
+            let larger: Vec<f32> = (0..(n_tokens + 3) * cols).map(|i| i as f32).collect();
+            fused.rms_norm_quantize_into_with(isa, pool(2), &larger, &weight, eps, n_tokens + 3);
+            fused.rms_norm_quantize_into_with(isa, pool(2), &x, &weight, eps, n_tokens);
+            prop_assert_eq!(fused.n_tokens(), n_tokens);
+            for t in 0..n_tokens {
+                prop_assert_eq!(fused.q(t), want.q(t), "{} values of token {}", isa, t);
+                prop_assert_eq!(fused.scales(t), want.scales(t), "{} scales of token {}", isa, t);
+            }
+        }
+    }
+
+    /// Several matrices as one job give each matrix's own bits, whatever the thread count.
+    #[test]
+    fn matrices_in_one_job_equal_each_alone(
+        rows in prop::array::uniform3(1usize..70),
+        n_tokens in 1usize..6,
+        threads in 1usize..4,
+        seed in any::<u64>(),
+    ) {
+        let (dtype, cols) = (DType::Q4_1, 96);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let row_bytes = dtype.bytes_for(cols).unwrap();
+        let data: Vec<Vec<u8>> = rows
+            .iter()
+            .map(|&r| {
+                let mut data = vec![0u8; r * row_bytes];
+                for row in data.chunks_exact_mut(row_bytes) {
+                    let v: Vec<f32> = (0..cols).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+                    quantize_row(dtype, &v, row);
+                }
+                data
+            })
+            .collect();
+        let packed: Vec<PackedMatrix> = rows
+            .iter()
+            .zip(&data)
+            .map(|(&r, d)| {
+                PackedMatrix::pack(&WeightView::new(dtype, r, cols, d).unwrap(), pool(2)).unwrap()
+            })
+            .collect();
+        let x: Vec<f32> = (0..n_tokens * cols).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+        for isa in Isa::available().into_iter().filter(|i| !i.is_exact()) {
+            let xq = QuantizedRows::quantize_with(isa, pool(1), &x, n_tokens, cols);
+            let mut ys: Vec<Vec<f32>> = rows.iter().map(|&r| vec![f32::NAN; n_tokens * r]).collect();
+            let [y0, y1, y2] = &mut ys[..] else { unreachable!() };
+            matmuls_quantized_with(
+                isa,
+                pool(threads),
+                [&packed[0], &packed[1], &packed[2]],
+                &xq,
+                [&mut y0[..], &mut y1[..], &mut y2[..]],
+            );
+            for (w, y) in packed.iter().zip(&ys) {
+                let mut alone = vec![f32::NAN; y.len()];
+                matmul_quantized_with(isa, pool(1), w, &xq, &mut alone);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                prop_assert_eq!(bits(y), bits(&alone), "{}", isa);
+            }
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod model_builder;
 mod packed_weights;
 pub mod safetensors;
 pub mod scoring;
+mod scratch;
 pub mod tokenizer;
 pub mod transformer;
 pub mod weights;

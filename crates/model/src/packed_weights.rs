@@ -5,8 +5,10 @@
 
 use std::collections::HashMap;
 
-use tandem_kernels::packed::{matmul_quantized, QuantizedRows};
-use tandem_kernels::{isa, matmul, matmul_packed, PackedMatrix, ThreadPool};
+use tandem_kernels::ops::rms_norm;
+use tandem_kernels::packed::{matmuls_quantized, QuantizedRows};
+use tandem_kernels::parallel::for_each_chunk_mut;
+use tandem_kernels::{isa, matmul, PackedMatrix, ThreadPool};
 
 use crate::transformer::ModelWeights;
 use crate::weights::{TensorHandle, TensorSet};
@@ -46,7 +48,8 @@ impl PackedWeights {
     }
 
     /// `y = x · Wᵀ` for the matrix `h` (`x`: `[n, cols]`, `y`: `[n, rows]`): the int8 kernels
-    /// if it was packed, else the exact product of its stored form.
+    /// if it was packed (quantizing `x` into `xq`), else the exact product of its stored form.
+    #[allow(clippy::too_many_arguments)] // the product's operands and its scratch
     pub(crate) fn matmul(
         &self,
         tensors: &TensorSet,
@@ -55,49 +58,86 @@ impl PackedWeights {
         x: &[f32],
         y: &mut [f32],
         n: usize,
+        xq: &mut QuantizedRows,
     ) {
         match self.by_tensor.get(&h) {
-            Some(p) => matmul_packed(pool, p, x, y, n),
-            None => {
-                let view = tensors
-                    .by_handle(h)
-                    .matrix()
-                    .expect("matrix shapes are validated at load time");
-                matmul(pool, &view, x, y, n);
+            Some(p) => {
+                xq.quantize_into(pool, x, n, p.cols());
+                matmuls_quantized(pool, [p], xq, [y]);
             }
+            None => exact_matmul(tensors, pool, h, x, y, n),
         }
     }
 
-    /// [`PackedWeights::matmul`] of several matrices with the same input `x`: when all of
-    /// them are packed, `x` is quantized once for all.
-    #[allow(clippy::too_many_arguments)] // the operands of N products
-    pub(crate) fn matmuls<const N: usize>(
+    /// `ys[m] = rms_norm(x) · W_mᵀ` for the matrices `hs` (the q/k/v or gate/up projections):
+    /// when all of them are packed, the norm is fused with the activations' quantization and
+    /// the products run as one job; otherwise the normed rows are written to `xn` and each
+    /// matrix runs on its own.
+    #[allow(clippy::too_many_arguments)] // the operands of N products and their scratch
+    pub(crate) fn normed_matmuls<const N: usize>(
         &self,
         tensors: &TensorSet,
         pool: &ThreadPool,
         hs: [TensorHandle; N],
-        x: &[f32],
+        input: NormedInput<'_>,
+        scratch: (&mut [f32], &mut QuantizedRows),
         ys: [&mut [f32]; N],
-        n: usize,
     ) {
-        let packed: Option<Vec<&PackedMatrix>> = hs.iter().map(|h| self.by_tensor.get(h)).collect();
-        match packed {
-            Some(ws) if n > 0 && ws.iter().all(|w| w.cols() == ws[0].cols()) => {
-                let xq = QuantizedRows::quantize(pool, x, n, ws[0].cols());
-                for (w, y) in ws.into_iter().zip(ys) {
-                    matmul_quantized(pool, w, &xq, y);
-                }
-            }
-            _ => {
-                for (h, y) in hs.into_iter().zip(ys) {
-                    self.matmul(tensors, pool, h, x, y, n);
-                }
+        let NormedInput { x, weight, eps } = input;
+        let n = x.len() / weight.len().max(1);
+        let (xn, xq) = scratch;
+        if let Some(ws) = self.all_packed(hs) {
+            if ws.iter().all(|w| w.cols() == weight.len()) {
+                xq.rms_norm_quantize_into(pool, x, weight, eps, n);
+                matmuls_quantized(pool, ws, xq, ys);
+                return;
             }
         }
+        let h = weight.len();
+        for_each_chunk_mut(pool, xn, h, |t, row| {
+            rms_norm(&x[t * h..(t + 1) * h], weight, eps, row)
+        });
+        for (h, y) in hs.into_iter().zip(ys) {
+            self.matmul(tensors, pool, h, xn, y, n, xq);
+        }
+    }
+
+    /// The packed copies of all of `hs`, if every one was packed.
+    fn all_packed<const N: usize>(&self, hs: [TensorHandle; N]) -> Option<[&PackedMatrix; N]> {
+        let found = hs.map(|h| self.by_tensor.get(&h));
+        if found.iter().any(Option::is_none) {
+            return None;
+        }
+        Some(found.map(|w| w.expect("every matrix was found just above")))
     }
 
     /// Bytes held by the packed copies.
     pub(crate) fn bytes(&self) -> usize {
         self.by_tensor.values().map(PackedMatrix::bytes).sum()
     }
+}
+
+/// The input of a sub-layer's projections: the rows `x` (`[n, hidden]`) RMS-normed with
+/// `weight` (`[hidden]`) and `eps`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NormedInput<'a> {
+    pub x: &'a [f32],
+    pub weight: &'a [f32],
+    pub eps: f32,
+}
+
+/// `y = x · Wᵀ` with the stored form of `h`, exactly.
+fn exact_matmul(
+    tensors: &TensorSet,
+    pool: &ThreadPool,
+    h: TensorHandle,
+    x: &[f32],
+    y: &mut [f32],
+    n: usize,
+) {
+    let view = tensors
+        .by_handle(h)
+        .matrix()
+        .expect("matrix shapes are validated at load time");
+    matmul(pool, &view, x, y, n);
 }

@@ -2,6 +2,7 @@
 //! [`Model::forward`]: a [`ForwardBatch`] in, logits for the selected rows out.
 
 use tandem_kernels::ops::{add_inplace, rms_norm, rms_norm_inplace, rope_head, swiglu_inplace};
+use tandem_kernels::packed::QuantizedRows;
 use tandem_kernels::parallel::for_each_chunk_mut;
 use tandem_kernels::ThreadPool;
 
@@ -11,7 +12,8 @@ use crate::config::{ModelConfig, RopeStyle};
 use crate::error::Result;
 use crate::kv_store::{KvDtype, KvStore};
 use crate::logits::Logits;
-use crate::packed_weights::PackedWeights;
+use crate::packed_weights::{NormedInput, PackedWeights};
+use crate::scratch::{Activations, BatchLayout, RopeTable, Scratch, ScratchSlot};
 use crate::weights::{TensorHandle, TensorSet};
 
 /// The weights of one decoder layer. Matrices stay in their stored format; the small
@@ -54,79 +56,8 @@ pub struct Model {
     /// The matrices repacked for the int8 kernels (none under an exact kernel variant).
     packed: PackedWeights,
     pool: ThreadPool,
-}
-
-/// Scratch activations of one forward call.
-struct Activations {
-    /// `[n, hidden]` the residual stream.
-    x: Vec<f32>,
-    /// `[n, hidden]` normalised input of a sub-layer.
-    xn: Vec<f32>,
-    /// `[n, q_dim]`, `[n, kv_dim]`, `[n, kv_dim]`.
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    /// `[n, q_dim]` attention output.
-    attn: Vec<f32>,
-    /// `[n, intermediate]` gate and up projections.
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    /// `[n, hidden]` sub-layer output before the residual add.
-    out: Vec<f32>,
-}
-
-impl Activations {
-    fn new(c: &ModelConfig, n: usize) -> Activations {
-        let z = |w: usize| vec![0.0f32; n * w];
-        Activations {
-            x: z(c.hidden_size),
-            xn: z(c.hidden_size),
-            q: z(c.q_dim()),
-            k: z(c.kv_dim()),
-            v: z(c.kv_dim()),
-            attn: z(c.q_dim()),
-            gate: z(c.intermediate_size),
-            up: z(c.intermediate_size),
-            out: z(c.hidden_size),
-        }
-    }
-}
-
-/// Where the batch's tokens go: computed once per forward, shared by every layer.
-struct BatchLayout {
-    positions: Vec<usize>,
-    token_seq: Vec<usize>,
-    /// Per sequence, the slot of each context position.
-    seq_slots: Vec<Vec<usize>>,
-    /// `[n]` the slot each new token's K/V is written to.
-    write_slots: Vec<usize>,
-}
-
-impl BatchLayout {
-    fn new(batch: &ForwardBatch, kv: &KvStore) -> BatchLayout {
-        let positions = batch.positions();
-        let mut token_seq = Vec::with_capacity(batch.num_tokens());
-        let mut seq_slots: Vec<Vec<usize>> = Vec::with_capacity(batch.seqs.len());
-        for (i, s) in batch.seqs.iter().enumerate() {
-            token_seq.extend(std::iter::repeat_n(i, s.len));
-            seq_slots.push(
-                (0..s.context_len())
-                    .map(|p| kv.slot(&s.block_table, p))
-                    .collect(),
-            );
-        }
-        let write_slots = positions
-            .iter()
-            .zip(&token_seq)
-            .map(|(&p, &s)| seq_slots[s][p])
-            .collect::<Vec<usize>>();
-        BatchLayout {
-            positions,
-            token_seq,
-            seq_slots,
-            write_slots,
-        }
-    }
+    /// Working memory reused by every forward call.
+    scratch: ScratchSlot,
 }
 
 impl Model {
@@ -145,6 +76,7 @@ impl Model {
             w,
             packed,
             pool,
+            scratch: ScratchSlot::new(),
         }
     }
 
@@ -184,9 +116,11 @@ impl Model {
         }
     }
 
-    /// `y = x · Wᵀ` for matrix `h` over `n` rows of `x`.
-    fn matmul(&self, h: TensorHandle, x: &[f32], y: &mut [f32], n: usize) {
-        self.packed.matmul(&self.tensors, &self.pool, h, x, y, n);
+    /// `y = x · Wᵀ` for matrix `h` over `n` rows of `x` (`xq`: where the int8 kernels put
+    /// the quantized rows).
+    fn matmul(&self, h: TensorHandle, x: &[f32], y: &mut [f32], n: usize, xq: &mut QuantizedRows) {
+        self.packed
+            .matmul(&self.tensors, &self.pool, h, x, y, n, xq);
     }
 
     /// Runs the transformer over `batch`: writes every new token's K/V into `kv` and returns
@@ -195,8 +129,17 @@ impl Model {
         let c = &self.config;
         batch.validate(c.vocab_size, kv.block_size(), kv.num_blocks())?;
         let n = batch.num_tokens();
-        let layout = BatchLayout::new(batch, kv);
-        let mut a = Activations::new(c, n);
+        let mut scratch = self.scratch.take();
+        let Scratch {
+            act: a,
+            layout,
+            rope,
+            xq,
+            gathered,
+        } = &mut *scratch;
+        layout.fill(batch, kv);
+        rope.fill(&layout.positions, &self.w.inv_freqs);
+        a.resize(c, n);
         let embed = self.tensors.by_handle(self.w.embed);
         let row_bytes = embed.data.len() / c.vocab_size;
         for (t, row) in a.x.chunks_exact_mut(c.hidden_size).enumerate() {
@@ -205,41 +148,66 @@ impl Model {
             tandem_kernels::quant::dequantize_row(embed.dtype, src, row);
         }
         for (l, layer) in self.w.layers.iter().enumerate() {
-            self.attention_block(l, layer, &layout, &mut a, kv);
-            self.mlp_block(layer, &mut a);
+            self.attention_block(l, layer, layout, rope, a, xq, kv);
+            self.mlp_block(layer, a, xq);
         }
         // Every token's final hidden state is kept beside its K/V (see `KvStore`).
-        self.norm_rows(&a.x, &self.w.final_norm, &mut a.xn);
         let h = c.hidden_size;
+        let (eps, norm) = (c.rms_norm_eps, &self.w.final_norm[..]);
+        for_each_chunk_mut(&self.pool, &mut a.xn, h, |t, row| {
+            rms_norm(&a.x[t * h..(t + 1) * h], norm, eps, row)
+        });
         for (t, &slot) in layout.write_slots.iter().enumerate() {
             kv.write_hidden(slot, &a.xn[t * h..(t + 1) * h]);
         }
         let rows = batch.output_rows();
-        let selected = rows.clone();
-        Ok(self.lm_head(rows, |i| &a.xn[selected[i] * h..(selected[i] + 1) * h]))
+        gathered.clear();
+        for &r in &rows {
+            gathered.extend_from_slice(&a.xn[r * h..(r + 1) * h]);
+        }
+        Ok(self.lm_head(rows, gathered, xq))
     }
 
     /// The logits of the tokens whose final hidden states sit in `slots` of `kv` (rows
     /// numbered `0..slots.len()`): bitwise what the forward pass that computed them returned,
     /// because the LM head's result for a row does not depend on the other rows.
     pub fn logits_at_slots(&self, kv: &KvStore, slots: &[usize]) -> Logits {
-        self.lm_head((0..slots.len()).collect(), |i| kv.hidden_row(slots[i]))
+        let mut scratch = self.scratch.take();
+        let Scratch { xq, gathered, .. } = &mut *scratch;
+        gathered.clear();
+        for &slot in slots {
+            gathered.extend_from_slice(kv.hidden_row(slot));
+        }
+        self.lm_head((0..slots.len()).collect(), gathered, xq)
     }
 
+    #[allow(clippy::too_many_arguments)] // a layer, its inputs and the call's scratch
     fn attention_block(
         &self,
         l: usize,
         w: &LayerWeights,
         layout: &BatchLayout,
+        rope: &RopeTable,
         a: &mut Activations,
+        xq: &mut QuantizedRows,
         kv: &mut KvStore,
     ) {
         let c = &self.config;
         let n = layout.positions.len();
-        self.norm_rows(&a.x, &w.attn_norm, &mut a.xn);
+        let input = NormedInput {
+            x: &a.x,
+            weight: &w.attn_norm,
+            eps: c.rms_norm_eps,
+        };
         let (h, ys) = ([w.q, w.k, w.v], [&mut a.q[..], &mut a.k[..], &mut a.v[..]]);
-        self.packed
-            .matmuls(&self.tensors, &self.pool, h, &a.xn, ys, n);
+        self.packed.normed_matmuls(
+            &self.tensors,
+            &self.pool,
+            h,
+            input,
+            (&mut a.xn, &mut *xq),
+            ys,
+        );
         if let Some([bq, bk, bv]) = &w.qkv_bias {
             add_bias(&mut a.q, bq);
             add_bias(&mut a.k, bk);
@@ -253,13 +221,7 @@ impl Model {
                 rms_norm_inplace(head, nk, c.rms_norm_eps);
             }
         }
-        self.apply_rope(&layout.positions, &mut a.q, c.num_heads);
-        self.apply_rope(&layout.positions, &mut a.k, c.num_kv_heads);
-        let kv_dim = c.kv_dim();
-        for (t, &slot) in layout.write_slots.iter().enumerate() {
-            let r = t * kv_dim..(t + 1) * kv_dim;
-            kv.write(l, slot, &a.k[r.clone()], &a.v[r]);
-        }
+        self.rotate_and_store(l, layout, rope, a, kv);
         let shape = HeadShape {
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,
@@ -278,61 +240,67 @@ impl Model {
             kv.layer(l),
             &mut a.attn,
         );
-        self.matmul(w.o, &a.attn, &mut a.out, n);
+        self.matmul(w.o, &a.attn, &mut a.out, n, xq);
         add_inplace(&mut a.x, &a.out);
     }
 
-    fn mlp_block(&self, w: &LayerWeights, a: &mut Activations) {
-        let n = a.x.len() / self.config.hidden_size;
-        self.norm_rows(&a.x, &w.ffn_norm, &mut a.xn);
+    /// RoPE and the KV write, fused: token by token, its query and key heads are rotated by
+    /// its position and its key and value rows stored at its slot of layer `l`.
+    fn rotate_and_store(
+        &self,
+        l: usize,
+        layout: &BatchLayout,
+        rope: &RopeTable,
+        a: &mut Activations,
+        kv: &mut KvStore,
+    ) {
+        let c = &self.config;
+        let (d, q_dim, kv_dim) = (c.head_dim, c.q_dim(), c.kv_dim());
+        let neox = c.rope.style == RopeStyle::Neox;
+        let tokens =
+            a.q.chunks_exact_mut(q_dim)
+                .zip(a.k.chunks_exact_mut(kv_dim))
+                .zip(a.v.chunks_exact(kv_dim));
+        for (t, ((q, k), v)) in tokens.enumerate() {
+            let (cos, sin) = rope.row(t);
+            for head in q.chunks_exact_mut(d).chain(k.chunks_exact_mut(d)) {
+                rope_head(head, cos, sin, neox);
+            }
+            kv.write(l, layout.write_slots[t], k, v);
+        }
+    }
+
+    fn mlp_block(&self, w: &LayerWeights, a: &mut Activations, xq: &mut QuantizedRows) {
+        let c = &self.config;
+        let n = a.x.len() / c.hidden_size;
+        let input = NormedInput {
+            x: &a.x,
+            weight: &w.ffn_norm,
+            eps: c.rms_norm_eps,
+        };
         let (h, ys) = ([w.gate, w.up], [&mut a.gate[..], &mut a.up[..]]);
-        self.packed
-            .matmuls(&self.tensors, &self.pool, h, &a.xn, ys, n);
-        let ff = self.config.intermediate_size;
+        self.packed.normed_matmuls(
+            &self.tensors,
+            &self.pool,
+            h,
+            input,
+            (&mut a.xn, &mut *xq),
+            ys,
+        );
+        let ff = c.intermediate_size;
         for_each_chunk_mut(&self.pool, &mut a.gate, ff, |t, gate| {
             swiglu_inplace(gate, &a.up[t * ff..(t + 1) * ff]);
         });
-        self.matmul(w.down, &a.gate, &mut a.out, n);
+        self.matmul(w.down, &a.gate, &mut a.out, n, xq);
         add_inplace(&mut a.x, &a.out);
     }
 
-    /// RMSNorm of every `[hidden]` row of `x` into `out`.
-    fn norm_rows(&self, x: &[f32], weight: &[f32], out: &mut [f32]) {
-        let (h, eps) = (self.config.hidden_size, self.config.rms_norm_eps);
-        for_each_chunk_mut(&self.pool, out, h, |t, row| {
-            rms_norm(&x[t * h..(t + 1) * h], weight, eps, row)
-        });
-    }
-
-    /// Rotates every head of `x` (`[n, heads * head_dim]`) by its token's position.
-    fn apply_rope(&self, positions: &[usize], x: &mut [f32], heads: usize) {
-        let d = self.config.head_dim;
-        let neox = self.config.rope.style == RopeStyle::Neox;
-        let half = d / 2;
-        let (mut cos, mut sin) = (vec![0.0f32; half], vec![0.0f32; half]);
-        for (t, row) in x.chunks_exact_mut(heads * d).enumerate() {
-            let p = positions[t] as f64;
-            for (i, &f) in self.w.inv_freqs.iter().enumerate() {
-                let angle = p * f as f64;
-                cos[i] = angle.cos() as f32;
-                sin[i] = angle.sin() as f32;
-            }
-            for head in row.chunks_exact_mut(d) {
-                rope_head(head, &cos, &sin, neox);
-            }
-        }
-    }
-
     /// The output projection of final hidden states: row `i` of the result (numbered
-    /// `rows[i]`) from `hidden(i)`.
-    fn lm_head<'a>(&self, rows: Vec<usize>, hidden: impl Fn(usize) -> &'a [f32]) -> Logits {
+    /// `rows[i]`) from row `i` of `hidden` (`[rows, hidden_size]`).
+    fn lm_head(&self, rows: Vec<usize>, hidden: &[f32], xq: &mut QuantizedRows) -> Logits {
         let c = &self.config;
-        let mut normed = vec![0.0f32; rows.len() * c.hidden_size]; // [rows, hidden]
-        for (i, dst) in normed.chunks_exact_mut(c.hidden_size).enumerate() {
-            dst.copy_from_slice(hidden(i));
-        }
         let mut data = vec![0.0f32; rows.len() * c.vocab_size]; // [rows, vocab]
-        self.matmul(self.w.lm_head, &normed, &mut data, rows.len());
+        self.matmul(self.w.lm_head, hidden, &mut data, rows.len(), xq);
         Logits::new(rows, c.vocab_size, data)
     }
 }

@@ -2,6 +2,7 @@
 
 use super::BLOCK;
 use crate::isa::{self, Isa};
+use crate::ops::rms_scale;
 use crate::parallel::for_each_chunk_pair_mut;
 use crate::simd::Kernels;
 use crate::ThreadPool;
@@ -33,9 +34,19 @@ pub struct QuantizedRows {
 }
 
 impl QuantizedRows {
+    /// No rows; a buffer for the `*_into` methods, which reuse its memory.
+    pub fn empty() -> QuantizedRows {
+        QuantizedRows {
+            cols: 0,
+            q: Vec::new(),
+            scales: Vec::new(),
+        }
+    }
+
     /// Quantizes `x` (`[n_tokens, cols]`, `cols` a multiple of 32) with the scalar reference.
     pub fn new(x: &[f32], n_tokens: usize, cols: usize) -> QuantizedRows {
-        let mut rows = QuantizedRows::zeroed(x, n_tokens, cols);
+        let mut rows = QuantizedRows::empty();
+        rows.reshape(x.len(), n_tokens, cols);
         if cols > 0 {
             let per_row = cols / BLOCK;
             for ((x, q), s) in x
@@ -58,22 +69,8 @@ impl QuantizedRows {
         n_tokens: usize,
         cols: usize,
     ) -> QuantizedRows {
-        let kernels = Kernels::new(isa)
-            .unwrap_or_else(|| panic!("quantize_with: this CPU cannot run the {isa} kernels"));
-        let mut rows = QuantizedRows::zeroed(x, n_tokens, cols);
-        if cols > 0 && n_tokens > 0 {
-            let per_row = cols / BLOCK;
-            for_each_chunk_pair_mut(
-                pool,
-                &mut rows.q,
-                cols,
-                &mut rows.scales,
-                per_row,
-                |t, q, s| {
-                    kernels.quantize_row(&x[t * cols..(t + 1) * cols], q, s);
-                },
-            );
-        }
+        let mut rows = QuantizedRows::empty();
+        rows.quantize_into_with(isa, pool, x, n_tokens, cols);
         rows
     }
 
@@ -82,16 +79,104 @@ impl QuantizedRows {
         QuantizedRows::quantize_with(isa::active(), pool, x, n_tokens, cols)
     }
 
-    fn zeroed(x: &[f32], n_tokens: usize, cols: usize) -> QuantizedRows {
+    /// [`QuantizedRows::quantize`] into this buffer (its memory reused; no allocation once it
+    /// has held as many rows).
+    pub fn quantize_into(&mut self, pool: &ThreadPool, x: &[f32], n_tokens: usize, cols: usize) {
+        self.quantize_into_with(isa::active(), pool, x, n_tokens, cols);
+    }
+
+    /// [`QuantizedRows::quantize_into`] with the kernels of `isa`.
+    pub fn quantize_into_with(
+        &mut self,
+        isa: Isa,
+        pool: &ThreadPool,
+        x: &[f32],
+        n_tokens: usize,
+        cols: usize,
+    ) {
+        self.fill_rows(isa, pool, x.len(), n_tokens, cols, |kernels, t, q, s| {
+            kernels.quantize_row(&x[t * cols..(t + 1) * cols], q, s);
+        });
+    }
+
+    /// Fused RMSNorm and quantization: the rows of [`crate::ops::rms_norm`]`(x, weight, eps)`
+    /// quantized, bitwise what quantizing the normed rows gives, without writing them out
+    /// (each block of 32 is normed on the stack and quantized at once). Process-wide kernels.
+    pub fn rms_norm_quantize_into(
+        &mut self,
+        pool: &ThreadPool,
+        x: &[f32],
+        weight: &[f32],
+        eps: f32,
+        n_tokens: usize,
+    ) {
+        self.rms_norm_quantize_into_with(isa::active(), pool, x, weight, eps, n_tokens);
+    }
+
+    /// [`QuantizedRows::rms_norm_quantize_into`] with the kernels of `isa`.
+    pub fn rms_norm_quantize_into_with(
+        &mut self,
+        isa: Isa,
+        pool: &ThreadPool,
+        x: &[f32],
+        weight: &[f32],
+        eps: f32,
+        n_tokens: usize,
+    ) {
+        let cols = weight.len();
+        self.fill_rows(isa, pool, x.len(), n_tokens, cols, |kernels, t, q, s| {
+            let row = &x[t * cols..(t + 1) * cols];
+            let scale = rms_scale(row, eps);
+            let mut normed = [0.0f32; BLOCK];
+            for (b, s) in s.iter_mut().enumerate() {
+                let at = b * BLOCK..(b + 1) * BLOCK;
+                let block = row[at.clone()].iter().zip(&weight[at.clone()]);
+                for (n, (&v, &w)) in normed.iter_mut().zip(block) {
+                    *n = v * scale * w;
+                }
+                kernels.quantize_row(&normed, &mut q[at], std::slice::from_mut(s));
+            }
+        });
+    }
+
+    /// Sizes the buffers for `n_tokens` rows of `cols` (from an input of `x_len` values) and
+    /// fills row `t` with `row(kernels, t, values, scales)`, one task per token on `pool`.
+    fn fill_rows<F>(
+        &mut self,
+        isa: Isa,
+        pool: &ThreadPool,
+        x_len: usize,
+        n_tokens: usize,
+        cols: usize,
+        row: F,
+    ) where
+        F: Fn(&Kernels, usize, &mut [i8], &mut [BlockScale]) + Sync,
+    {
+        let kernels = Kernels::new(isa)
+            .unwrap_or_else(|| panic!("quantized rows: this CPU cannot run the {isa} kernels"));
+        self.reshape(x_len, n_tokens, cols);
+        if cols > 0 && n_tokens > 0 {
+            let per_row = cols / BLOCK;
+            for_each_chunk_pair_mut(
+                pool,
+                &mut self.q,
+                cols,
+                &mut self.scales,
+                per_row,
+                |t, q, s| row(&kernels, t, q, s),
+            );
+        }
+    }
+
+    /// Sizes the buffers for `[n_tokens, cols]` (contents unspecified until written).
+    fn reshape(&mut self, x_len: usize, n_tokens: usize, cols: usize) {
         assert!(
-            cols.is_multiple_of(BLOCK) && x.len() == n_tokens * cols,
+            cols.is_multiple_of(BLOCK) && x_len == n_tokens * cols,
             "quantized rows: x must be [n_tokens, cols] with cols a multiple of {BLOCK}"
         );
-        QuantizedRows {
-            cols,
-            q: vec![0; x.len()],
-            scales: vec![BlockScale::default(); x.len() / BLOCK],
-        }
+        self.cols = cols;
+        self.q.resize(x_len, 0);
+        self.scales.resize(x_len / BLOCK, BlockScale::default());
     }
 
     /// Number of token rows.

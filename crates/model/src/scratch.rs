@@ -1,0 +1,186 @@
+//! The forward pass's working memory, kept by the model between calls.
+//!
+//! Activations, the batch's layout, its RoPE angles and its quantized activations are resized
+//! in place for each batch, so a stream of decode steps allocates nothing here once the
+//! buffers have grown to the largest batch seen (they keep that size, as an inference engine
+//! keeps its compute buffers for the largest step it runs). What a buffer held before is never
+//! read: every producer writes the whole of its output.
+
+use std::sync::{Mutex, MutexGuard, TryLockError};
+
+use tandem_kernels::packed::QuantizedRows;
+
+use crate::batch::ForwardBatch;
+use crate::config::ModelConfig;
+use crate::kv_store::KvStore;
+
+/// Everything one forward call works in.
+#[derive(Debug)]
+pub(crate) struct Scratch {
+    pub act: Activations,
+    pub layout: BatchLayout,
+    pub rope: RopeTable,
+    /// Activations quantized for the int8 kernels.
+    pub xq: QuantizedRows,
+    /// The final hidden states of the rows that get logits, gathered.
+    pub gathered: Vec<f32>,
+}
+
+impl Scratch {
+    pub fn new() -> Scratch {
+        Scratch {
+            act: Activations::default(),
+            layout: BatchLayout::default(),
+            rope: RopeTable::default(),
+            xq: QuantizedRows::empty(),
+            gathered: Vec::new(),
+        }
+    }
+}
+
+/// The model's [`Scratch`], or a fresh one for a call that finds it in use (two threads
+/// running the same model at once: both proceed, the second with its own buffers).
+#[derive(Debug)]
+pub(crate) struct ScratchSlot(Mutex<Scratch>);
+
+/// A [`Scratch`] for one call: the model's, borrowed, or one of its own.
+pub(crate) enum ScratchGuard<'a> {
+    Shared(MutexGuard<'a, Scratch>),
+    Own(Box<Scratch>),
+}
+
+impl ScratchSlot {
+    pub fn new() -> ScratchSlot {
+        ScratchSlot(Mutex::new(Scratch::new()))
+    }
+
+    pub fn take(&self) -> ScratchGuard<'_> {
+        match self.0.try_lock() {
+            Ok(guard) => ScratchGuard::Shared(guard),
+            // A call that panicked left buffers whose contents are never read anyway.
+            Err(TryLockError::Poisoned(poisoned)) => ScratchGuard::Shared(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => ScratchGuard::Own(Box::new(Scratch::new())),
+        }
+    }
+}
+
+impl std::ops::Deref for ScratchGuard<'_> {
+    type Target = Scratch;
+    fn deref(&self) -> &Scratch {
+        match self {
+            ScratchGuard::Shared(g) => g,
+            ScratchGuard::Own(s) => s,
+        }
+    }
+}
+
+impl std::ops::DerefMut for ScratchGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Scratch {
+        match self {
+            ScratchGuard::Shared(g) => g,
+            ScratchGuard::Own(s) => s,
+        }
+    }
+}
+
+/// Activations of one forward call.
+#[derive(Debug, Default)]
+pub(crate) struct Activations {
+    /// `[n, hidden]` the residual stream.
+    pub x: Vec<f32>,
+    /// `[n, hidden]` normalised input of a sub-layer (written only where a matrix runs
+    /// exactly; the int8 path norms and quantizes in one pass) and the final norm.
+    pub xn: Vec<f32>,
+    /// `[n, q_dim]`, `[n, kv_dim]`, `[n, kv_dim]`.
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    /// `[n, q_dim]` attention output.
+    pub attn: Vec<f32>,
+    /// `[n, intermediate]` gate and up projections.
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    /// `[n, hidden]` sub-layer output before the residual add.
+    pub out: Vec<f32>,
+}
+
+impl Activations {
+    /// Sizes every buffer for `n` tokens.
+    pub fn resize(&mut self, c: &ModelConfig, n: usize) {
+        let sizes = [
+            (&mut self.x, c.hidden_size),
+            (&mut self.xn, c.hidden_size),
+            (&mut self.q, c.q_dim()),
+            (&mut self.k, c.kv_dim()),
+            (&mut self.v, c.kv_dim()),
+            (&mut self.attn, c.q_dim()),
+            (&mut self.gate, c.intermediate_size),
+            (&mut self.up, c.intermediate_size),
+            (&mut self.out, c.hidden_size),
+        ];
+        for (buf, width) in sizes {
+            buf.resize(n * width, 0.0);
+        }
+    }
+}
+
+/// Where the batch's tokens go: computed once per forward, shared by every layer.
+#[derive(Debug, Default)]
+pub(crate) struct BatchLayout {
+    pub positions: Vec<usize>,
+    pub token_seq: Vec<usize>,
+    /// Per sequence, the slot of each context position.
+    pub seq_slots: Vec<Vec<usize>>,
+    /// `[n]` the slot each new token's K/V is written to.
+    pub write_slots: Vec<usize>,
+}
+
+impl BatchLayout {
+    /// Fills the layout for `batch`, whose blocks live in `kv`.
+    pub fn fill(&mut self, batch: &ForwardBatch, kv: &KvStore) {
+        self.positions.clear();
+        self.token_seq.clear();
+        self.write_slots.clear();
+        self.seq_slots.resize_with(batch.seqs.len(), Vec::new);
+        for (i, (s, slots)) in batch.seqs.iter().zip(&mut self.seq_slots).enumerate() {
+            self.positions.extend(s.num_cached..s.num_cached + s.len);
+            self.token_seq.extend(std::iter::repeat_n(i, s.len));
+            slots.clear();
+            slots.extend((0..s.context_len()).map(|p| kv.slot(&s.block_table, p)));
+            self.write_slots
+                .extend((s.num_cached..s.num_cached + s.len).map(|p| slots[p]));
+        }
+    }
+}
+
+/// `cos` and `sin` of every rotated pair's angle at each new token's position, computed once
+/// per forward call for all layers and both q and k.
+#[derive(Debug, Default)]
+pub(crate) struct RopeTable {
+    half: usize,
+    /// `[n, half]` each.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl RopeTable {
+    /// Angles `position · inv_freqs[i]`, in f64, rounded once to f32.
+    pub fn fill(&mut self, positions: &[usize], inv_freqs: &[f32]) {
+        self.half = inv_freqs.len();
+        self.cos.clear();
+        self.sin.clear();
+        for &p in positions {
+            for &f in inv_freqs {
+                let angle = p as f64 * f as f64;
+                self.cos.push(angle.cos() as f32);
+                self.sin.push(angle.sin() as f32);
+            }
+        }
+    }
+
+    /// Token `t`'s `(cos, sin)`, `[half]` each.
+    pub fn row(&self, t: usize) -> (&[f32], &[f32]) {
+        let r = t * self.half..(t + 1) * self.half;
+        (&self.cos[r.clone()], &self.sin[r])
+    }
+}
