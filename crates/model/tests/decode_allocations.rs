@@ -1,0 +1,118 @@
+//! The decode path allocates nothing but its answer: once a model has run steps of a given
+//! shape, a decode step's forward call makes exactly two heap allocations, the returned
+//! logits' row list and values. Activations, the batch layout, RoPE angles, quantized
+//! activations and kernel tiles all live in buffers the model and its threads keep.
+//!
+//! Every allocation of the process is counted (this binary's only test, so nothing else runs
+//! beside it), on the default model with the default (int8) kernels and f16 KV cache.
+
+use std::alloc::System;
+
+use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
+use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
+use tandem_model::kv_store::KvStore;
+use tandem_model::loader::load_gguf_model;
+use tandem_model::transformer::Model;
+
+/// The system allocator, counting every allocation and reallocation.
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// Allocations and reallocations so far, in every thread.
+fn allocations() -> usize {
+    let stats = GLOBAL.stats();
+    stats.allocations + stats.reallocations
+}
+
+const SEQS: usize = 4;
+const BLOCK: usize = 16;
+const BLOCKS_PER_SEQ: usize = 4;
+const STEPS: usize = 24;
+
+/// Prefills `SEQS` sequences (prompts of 20.. tokens) on the blocks from `first_block`, then
+/// decodes `STEPS` tokens for all of them together; returns the allocations of each decode
+/// step's forward call.
+fn decode_allocations(model: &Model, kv: &mut KvStore, first_block: u32) -> Vec<usize> {
+    let vocab = model.config.vocab_size as u32;
+    let tables: Vec<Vec<BlockId>> = (0..SEQS)
+        .map(|s| {
+            let first = first_block + (s * BLOCKS_PER_SEQ) as u32;
+            (first..first + BLOCKS_PER_SEQ as u32)
+                .map(BlockId)
+                .collect()
+        })
+        .collect();
+    let mut lens: Vec<usize> = (0..SEQS).map(|s| 20 + s).collect();
+    let mut tokens = Vec::new();
+    let mut seqs = Vec::new();
+    for (s, &len) in lens.iter().enumerate() {
+        let start = tokens.len();
+        tokens.extend((0..len).map(|i| TokenId((17 * i as u32 + 101 * s as u32 + 5) % vocab)));
+        seqs.push(SeqSpan {
+            start,
+            len,
+            num_cached: 0,
+            block_table: tables[s].clone(),
+        });
+    }
+    let prefill = ForwardBatch {
+        tokens,
+        seqs,
+        output: OutputSelection::Last,
+    };
+    let mut next: Vec<TokenId> = argmax_rows(&model.forward(&prefill, kv).expect("prefill"));
+    let mut counts = Vec::with_capacity(STEPS);
+    for _ in 0..STEPS {
+        let seqs = (0..SEQS)
+            .map(|s| SeqSpan {
+                start: s,
+                len: 1,
+                num_cached: lens[s],
+                block_table: tables[s].clone(),
+            })
+            .collect();
+        let step = ForwardBatch {
+            tokens: next.clone(),
+            seqs,
+            output: OutputSelection::Last,
+        };
+        let before = allocations();
+        let logits = model.forward(&step, kv).expect("decode step");
+        counts.push(allocations() - before);
+        next = argmax_rows(&logits);
+        lens.iter_mut().for_each(|l| *l += 1);
+    }
+    counts
+}
+
+fn argmax_rows(logits: &tandem_model::logits::Logits) -> Vec<TokenId> {
+    (0..logits.rows().len())
+        .map(|i| {
+            let row = logits.row(i);
+            let best = (0..row.len())
+                .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+                .expect("a vocabulary is not empty");
+            TokenId(best as u32)
+        })
+        .collect()
+}
+
+#[test]
+fn a_decode_step_allocates_only_its_logits() {
+    let path = tandem_model::default_model::test_model_path()
+        .expect("the default model is needed; this test does not skip");
+    let (model, _) = load_gguf_model(&path, 2).expect("load");
+    let blocks = 2 * SEQS * BLOCKS_PER_SEQ;
+    let mut kv =
+        KvStore::with_dtype(&model.config, BLOCK, blocks, model.default_kv_dtype()).expect("kv");
+    // The first sequences grow the model's buffers; the next ones, of the same shapes on
+    // other blocks, must find them ready.
+    let warm_up = decode_allocations(&model, &mut kv, 0);
+    assert!(warm_up.iter().all(|&n| n >= 2), "{warm_up:?}");
+    eprintln!("warm-up allocations per step: {warm_up:?}");
+    let steady = decode_allocations(&model, &mut kv, (SEQS * BLOCKS_PER_SEQ) as u32);
+    assert!(
+        steady.iter().all(|&n| n == 2),
+        "allocations per decode step after warm-up: {steady:?} (want 2: the logits' rows and values)"
+    );
+}
