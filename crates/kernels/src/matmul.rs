@@ -211,47 +211,90 @@ pub(crate) fn for_each_column_chunk<F>(
 ) where
     F: Fn(Range<usize>, &mut ColumnsMut<'_>) + Sync,
 {
-    for_each_column_chunk_of(pool, [y], n_tokens, [rows], [chunk], |_, columns, view| {
+    let split = ColumnSplit::Fixed { chunks: [chunk] };
+    for_each_column_chunk_of(pool, [y], n_tokens, [rows], split, |_, columns, view| {
         f(columns, view)
     });
 }
 
+/// How the columns of `N` outputs are cut into the tasks of one job. A row's result never
+/// depends on the cut (each column is computed on its own), only the speed does.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ColumnSplit<const N: usize> {
+    /// Chunks of `chunks[m]` columns of output `m`, output after output.
+    Fixed { chunks: [usize; N] },
+    /// Guided self-scheduling over units of `unit` columns, output after output: each task
+    /// takes `1 / (2 · threads)` of the units still left (at least one, never across two
+    /// outputs), so tasks shrink towards the end of the job and the last ones leave the other
+    /// threads a short wait.
+    Guided { unit: usize, threads: usize },
+}
+
+impl<const N: usize> ColumnSplit<N> {
+    /// The tasks in order: `(output, columns)`.
+    fn tasks(self, rows: [usize; N]) -> impl Iterator<Item = (usize, Range<usize>)> {
+        let (mut m, mut at) = (0, 0);
+        let unit = match self {
+            ColumnSplit::Fixed { .. } => 1,
+            ColumnSplit::Guided { unit, .. } => unit.max(1),
+        };
+        let mut left: usize = rows.iter().map(|r| r.div_ceil(unit)).sum();
+        std::iter::from_fn(move || {
+            while m < N && at >= rows[m] {
+                (m, at) = (m + 1, 0);
+            }
+            if m == N {
+                return None;
+            }
+            let len = match self {
+                ColumnSplit::Fixed { chunks } => chunks[m],
+                ColumnSplit::Guided { threads, .. } => {
+                    left.div_ceil(2 * threads.max(1)).max(1) * unit
+                }
+            };
+            let end = (at + len).min(rows[m]);
+            left -= (end - at).div_ceil(unit);
+            let columns = at..end;
+            at = end;
+            Some((m, columns))
+        })
+    }
+}
+
 /// [`for_each_column_chunk`] over `N` outputs at once (`ys[m]`: `[n_tokens, rows[m]]`, cut
-/// into chunks of `chunks[m]` columns), all chunks one job on the pool: `f(m, columns, view)`.
+/// as `split` says), all chunks one job on the pool: `f(m, columns, view)`.
 pub(crate) fn for_each_column_chunk_of<const N: usize, F>(
     pool: &ThreadPool,
     ys: [&mut [f32]; N],
     n_tokens: usize,
     rows: [usize; N],
-    chunks: [usize; N],
+    split: ColumnSplit<N>,
     f: F,
 ) where
     F: Fn(usize, Range<usize>, &mut ColumnsMut<'_>) + Sync,
 {
     for m in 0..N {
         assert!(
-            chunks[m] > 0 && ys[m].len() == n_tokens * rows[m],
+            ys[m].len() == n_tokens * rows[m],
             "column chunks: bad shape"
         );
     }
-    let bases = ys.map(|y| SendPtr(y.as_mut_ptr()));
-    // Task numbers: the chunks of output 0, then those of output 1, ...
-    let mut first_task = [0usize; N];
-    let mut total = 0;
-    for m in 0..N {
-        first_task[m] = total;
-        total += rows[m].div_ceil(chunks[m]);
+    if let ColumnSplit::Fixed { chunks } = split {
+        assert!(chunks.iter().all(|&c| c > 0), "column chunks: empty chunk");
     }
+    let bases = ys.map(|y| SendPtr(y.as_mut_ptr()));
+    let total = split.tasks(rows).count();
     pool.run(total, |task| {
-        let m = (0..N).rev().find(|&m| first_task[m] <= task).unwrap_or(0);
-        let start = (task - first_task[m]) * chunks[m];
-        let end = (start + chunks[m]).min(rows[m]);
-        // SAFETY: each `ys[m]` is exclusively borrowed for this whole call, and
+        let Some((m, columns)) = split.tasks(rows).nth(task) else {
+            return;
+        };
+        // SAFETY: each `ys[m]` is exclusively borrowed for this whole call; the tasks of a
+        // split are consecutive, non-overlapping column ranges of each output, and
         // `ThreadPool::run` calls each task index exactly once, so the column ranges of live
-        // views of one output are disjoint; every write is bounds-checked against
-        // `start..end` and `n_tokens`.
-        let mut view = unsafe { ColumnsMut::new(bases[m], n_tokens, rows[m], start..end) };
-        f(m, start..end, &mut view);
+        // views of one output are disjoint; every write is bounds-checked against the range
+        // and `n_tokens`.
+        let mut view = unsafe { ColumnsMut::new(bases[m], n_tokens, rows[m], columns.clone()) };
+        f(m, columns, &mut view);
     });
 }
 
@@ -325,6 +368,40 @@ impl ColumnsMut<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A guided split covers every column of every output exactly once, in order, in tasks
+    /// that start on unit boundaries, never span two outputs and never grow within one.
+    #[test]
+    fn guided_split_covers_each_column_once_in_shrinking_tasks() {
+        for (rows, unit, threads) in [
+            ([576, 192, 192], 16, 2),
+            ([1536, 1536, 0], 16, 2),
+            ([49152, 1, 17], 16, 3),
+            ([5, 0, 40], 4, 1),
+        ] {
+            let split = ColumnSplit::Guided { unit, threads };
+            let tasks: Vec<(usize, Range<usize>)> = split.tasks(rows).collect();
+            let mut next = [0usize; 3];
+            let mut last = (usize::MAX, usize::MAX);
+            for (m, c) in &tasks {
+                assert_eq!(c.start, next[*m], "{rows:?}: gap or overlap in output {m}");
+                assert!(c.start % unit == 0 && c.end > c.start && c.end <= rows[*m]);
+                let len = c.len();
+                if last.0 == *m && c.end < rows[*m] {
+                    assert!(
+                        len <= last.1,
+                        "{rows:?}: task of {len} after one of {}",
+                        last.1
+                    );
+                }
+                next[*m] = c.end;
+                last = (*m, len);
+            }
+            assert_eq!(next, rows, "every column of every output");
+            let bound = rows.iter().map(|r| r.div_ceil(unit)).sum::<usize>();
+            assert!(tasks.len() <= bound, "at most one task per unit");
+        }
+    }
 
     /// Small blocks and tiles put block, tile and group edges at many places (rows and tokens
     /// that are no multiple of 4, tiles of 4 and 8 tokens, blocks of 4 and 8 rows, a column

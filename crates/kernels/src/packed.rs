@@ -45,7 +45,7 @@ pub(crate) use activations::quantize_row;
 pub use activations::{BlockScale, QuantizedRows};
 
 use crate::isa::{self, Isa};
-use crate::matmul::{for_each_column_chunk_of, with_scratch, WeightView};
+use crate::matmul::{for_each_column_chunk_of, with_scratch, ColumnSplit, WeightView};
 use crate::simd::Kernels;
 use crate::{DType, ThreadPool};
 
@@ -329,12 +329,12 @@ pub fn matmuls_quantized_with<const N: usize>(
     if n_tokens == 0 {
         return;
     }
-    let chunks = ws.map(|w| {
-        let groups = w.rows.div_ceil(GROUP_ROWS);
-        groups.div_ceil(pool.n_threads() * 4).max(1) * GROUP_ROWS
-    });
+    let split = ColumnSplit::Guided {
+        unit: GROUP_ROWS,
+        threads: pool.n_threads(),
+    };
     let rows = ws.map(|w| w.rows);
-    for_each_column_chunk_of(pool, ys, n_tokens, rows, chunks, |m, rows, out| {
+    for_each_column_chunk_of(pool, ys, n_tokens, rows, split, |m, rows, out| {
         let w = ws[m];
         with_scratch(n_tokens * GROUP_ROWS, |tile| {
             // tile: [n_tokens, 16]
