@@ -2,6 +2,7 @@
 
 use super::BLOCK;
 use crate::isa::{self, Isa};
+use crate::matmul::with_scratch;
 use crate::ops::rms_scale;
 use crate::parallel::for_each_chunk_pair_mut;
 use crate::simd::Kernels;
@@ -101,7 +102,8 @@ impl QuantizedRows {
 
     /// Fused RMSNorm and quantization: the rows of [`crate::ops::rms_norm`]`(x, weight, eps)`
     /// quantized, bitwise what quantizing the normed rows gives, without writing them out
-    /// (each block of 32 is normed on the stack and quantized at once). Process-wide kernels.
+    /// (each row is normed into its thread's scratch row, still in L1 when it is quantized).
+    /// Process-wide kernels.
     pub fn rms_norm_quantize_into(
         &mut self,
         pool: &ThreadPool,
@@ -127,15 +129,12 @@ impl QuantizedRows {
         self.fill_rows(isa, pool, x.len(), n_tokens, cols, |kernels, t, q, s| {
             let row = &x[t * cols..(t + 1) * cols];
             let scale = rms_scale(row, eps);
-            let mut normed = [0.0f32; BLOCK];
-            for (b, s) in s.iter_mut().enumerate() {
-                let at = b * BLOCK..(b + 1) * BLOCK;
-                let block = row[at.clone()].iter().zip(&weight[at.clone()]);
-                for (n, (&v, &w)) in normed.iter_mut().zip(block) {
+            with_scratch(cols, |normed| {
+                for ((n, &v), &w) in normed.iter_mut().zip(row).zip(weight) {
                     *n = v * scale * w;
                 }
-                kernels.quantize_row(&normed, &mut q[at], std::slice::from_mut(s));
-            }
+                kernels.quantize_row(normed, q, s);
+            });
         });
     }
 
