@@ -217,6 +217,9 @@ pub(crate) fn for_each_column_chunk<F>(
     });
 }
 
+/// Tasks of one job whose columns are looked up in a table rather than recomputed.
+const SCHEDULE_MAX: usize = 256;
+
 /// How the columns of `N` outputs are cut into the tasks of one job. A row's result never
 /// depends on the cut (each column is computed on its own), only the speed does.
 #[derive(Debug, Clone, Copy)]
@@ -283,10 +286,22 @@ pub(crate) fn for_each_column_chunk_of<const N: usize, F>(
         assert!(chunks.iter().all(|&c| c > 0), "column chunks: empty chunk");
     }
     let bases = ys.map(|y| SendPtr(y.as_mut_ptr()));
-    let total = split.tasks(rows).count();
+    // The schedule, worked out once (on the stack; a longer one is walked per task).
+    let mut schedule = [(0usize, 0usize, 0usize); SCHEDULE_MAX];
+    let mut total = 0;
+    for (m, c) in split.tasks(rows) {
+        if let Some(slot) = schedule.get_mut(total) {
+            *slot = (m, c.start, c.end);
+        }
+        total += 1;
+    }
     pool.run(total, |task| {
-        let Some((m, columns)) = split.tasks(rows).nth(task) else {
-            return;
+        let (m, columns) = match schedule.get(task) {
+            Some(&(m, start, end)) if total <= SCHEDULE_MAX => (m, start..end),
+            _ => match split.tasks(rows).nth(task) {
+                Some(t) => t,
+                None => return,
+            },
         };
         // SAFETY: each `ys[m]` is exclusively borrowed for this whole call; the tasks of a
         // split are consecutive, non-overlapping column ranges of each output, and
@@ -368,6 +383,33 @@ impl ColumnsMut<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Jobs of more tasks than the schedule table holds still give each column to exactly one
+    /// task (the tasks past the table are worked out on the fly).
+    #[test]
+    fn every_column_is_written_once_in_long_schedules() {
+        let pool = ThreadPool::new(3);
+        for (rows, chunk) in [(300, 1), (SCHEDULE_MAX, 1), (1000, 3), (40, 7)] {
+            use std::sync::atomic::{AtomicUsize, Ordering};
+            let n_tokens = 2;
+            let mut y = vec![0.0f32; n_tokens * rows];
+            let visits: Vec<AtomicUsize> = (0..rows).map(|_| AtomicUsize::new(0)).collect();
+            for_each_column_chunk(&pool, &mut y, n_tokens, rows, chunk, |columns, out| {
+                for (j, c) in columns.clone().enumerate() {
+                    visits[c].fetch_add(1, Ordering::SeqCst);
+                    for t in 0..n_tokens {
+                        out.set(t, j, (c + 1) as f32);
+                    }
+                }
+            });
+            let counts: Vec<usize> = visits.iter().map(|v| v.load(Ordering::SeqCst)).collect();
+            assert_eq!(counts, vec![1; rows], "{rows} columns in chunks of {chunk}");
+            let want: Vec<f32> = (0..n_tokens)
+                .flat_map(|_| (1..=rows).map(|c| c as f32))
+                .collect();
+            assert_eq!(y, want, "{rows} columns in chunks of {chunk}");
+        }
+    }
 
     /// A guided split covers every column of every output exactly once, in order, in tasks
     /// that start on unit boundaries, never span two outputs and never grow within one.
