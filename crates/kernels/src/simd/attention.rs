@@ -6,7 +6,11 @@
 //! and the value accumulation with 16 head dimensions per vector (fused multiply-adds,
 //! positions in increasing order). f16 rows are widened exactly as they are loaded. The
 //! results are bitwise equal to the scalar reference. A block's K and V rows are located once
-//! for all the group's query heads, which then read them from L1.
+//! for all the group's query heads; with AVX-512's 32 registers each key vector is widened
+//! once for three heads at a time (their 3 × 8 score accumulators stay in registers) and each
+//! value vector once for four (4 × 4 output accumulators), so a GQA group pays its f16
+//! conversions once, not once per head. AVX2, with a quarter of the vectors in registers,
+//! keeps one head at a time.
 
 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
 
@@ -104,7 +108,18 @@ unsafe fn attend_group<V: Lanes16, E: Element>(
             k_rows[j] = kv.key(slot);
             v_rows[j] = kv.value(slot);
         }
-        for i in 0..g {
+        let mut first = 0;
+        if full == d && V::IN_REGISTERS >= 32 {
+            // Three heads at a time share each widened key vector.
+            while first + SCORE_HEADS <= g {
+                let sums = scores_3::<V, E>(&q[first * d..][..SCORE_HEADS * d], &k_rows);
+                for (i, sum) in sums.into_iter().enumerate() {
+                    sum.mul(V::splat(scale)).store(p[first + i].as_mut_ptr());
+                }
+                first += SCORE_HEADS;
+            }
+        }
+        for i in first..g {
             let qi = &q[i * d..][..d];
             if full == d {
                 scores::<V, E>(qi, &k_rows)
@@ -128,8 +143,24 @@ unsafe fn attend_group<V: Lanes16, E: Element>(
             exp::<V>(s).store(p[i].as_mut_ptr());
             l[i] = add_in_order(l[i], &p[i][..nb]);
         }
-        for i in 0..g {
-            accumulate::<V, E>(&mut out[i * d..][..d], &p[i][..nb], &v_rows[..nb], full);
+        // Up to four heads at a time share each widened value vector where the registers
+        // hold their 16 accumulators.
+        let at_once = if V::IN_REGISTERS >= 32 {
+            HEADS_AT_ONCE
+        } else {
+            1
+        };
+        let mut i = 0;
+        while i < g {
+            let heads = at_once.min(g - i);
+            accumulate_heads::<V, E>(
+                &mut out[i * d..][..heads * d],
+                &p[i..i + heads],
+                nb,
+                &v_rows[..nb],
+                full,
+            );
+            i += heads;
         }
     }
     for i in 0..g {
@@ -156,6 +187,107 @@ unsafe fn scores<V: Lanes16, E: Element>(q: &[f32], k: &[&[E]; POS_BLOCK]) -> V 
     V::tree_sum_16(&acc)
 }
 
+/// Query heads whose values [`accumulate_heads`] accumulates together (4 heads × 4 vectors of
+/// dimensions: 16 accumulators).
+const HEADS_AT_ONCE: usize = 4;
+
+/// [`accumulate`] for `p.len()` (at most [`HEADS_AT_ONCE`]) query heads of one GQA group at
+/// once, `acc` holding their rows one after the other: each value vector is loaded (and
+/// widened) once for all of them. Per head and dimension the operations and their order are
+/// those of [`accumulate`], so the bits are the same.
+///
+/// # Safety
+/// As [`accumulate`]; `acc.len() == p.len() · d` with `d` every `v[j].len()`.
+#[inline(always)]
+unsafe fn accumulate_heads<V: Lanes16, E: Element>(
+    acc: &mut [f32],
+    p: &[[f32; POS_BLOCK]],
+    nb: usize,
+    v: &[&[E]],
+    full: usize,
+) {
+    const TILE: usize = 4;
+    let h = p.len();
+    let d = acc.len() / h.max(1);
+    debug_assert!(h <= HEADS_AT_ONCE && acc.len() == h * d);
+    let o = acc.as_mut_ptr();
+    let mut c = 0;
+    while c + TILE * LANES <= full {
+        let mut a = [[V::zero(); TILE]; HEADS_AT_ONCE];
+        for (i, a) in a.iter_mut().enumerate().take(h) {
+            for (t, a) in a.iter_mut().enumerate() {
+                *a = V::load(o.add(i * d + c + t * LANES));
+            }
+        }
+        for (j, row) in v.iter().enumerate().take(nb) {
+            let mut vv = [V::zero(); TILE];
+            for (t, vv) in vv.iter_mut().enumerate() {
+                *vv = E::load::<V>(row.as_ptr().add(c + t * LANES));
+            }
+            for (i, a) in a.iter_mut().enumerate().take(h) {
+                let wv = V::splat(p[i][j]);
+                for (a, &vv) in a.iter_mut().zip(&vv) {
+                    *a = wv.mul_add(vv, *a);
+                }
+            }
+        }
+        for (i, a) in a.iter().enumerate().take(h) {
+            for (t, a) in a.iter().enumerate() {
+                a.store(o.add(i * d + c + t * LANES));
+            }
+        }
+        c += TILE * LANES;
+    }
+    if c < d {
+        // The dimensions left (fewer than 64): each head on its own, as `accumulate` does
+        // them.
+        for (i, p) in p.iter().enumerate() {
+            accumulate_from::<V, E>(&mut acc[i * d..(i + 1) * d], &p[..nb], v, full, c);
+        }
+    }
+}
+
+/// Query heads whose scores [`scores_3`] computes together.
+const SCORE_HEADS: usize = 3;
+
+/// [`scores`] of three query heads (`q`: `[3, d]`) at once, half a block of positions at a
+/// time (3 × 8 accumulators stay in registers): each key vector is loaded and widened once for
+/// the three. Per head and position the fused multiply-adds run in the order of [`scores`]
+/// and the same tree sums them, so the bits are the same.
+///
+/// # Safety
+/// As [`scores`], with `q.len() == 3 · d`.
+#[inline(always)]
+unsafe fn scores_3<V: Lanes16, E: Element>(q: &[f32], k: &[&[E]; POS_BLOCK]) -> [V; SCORE_HEADS] {
+    const HALF: usize = POS_BLOCK / 2;
+    let d = q.len() / SCORE_HEADS;
+    let mut acc = [[V::zero(); POS_BLOCK]; SCORE_HEADS];
+    for half in 0..2 {
+        let mut a = [[V::zero(); HALF]; SCORE_HEADS];
+        for c in (0..d).step_by(LANES) {
+            let qv: [V; SCORE_HEADS] = [
+                V::load(q.as_ptr().add(c)),
+                V::load(q.as_ptr().add(d + c)),
+                V::load(q.as_ptr().add(2 * d + c)),
+            ];
+            for j in 0..HALF {
+                let kv = E::load::<V>(k[half * HALF + j].as_ptr().add(c));
+                for i in 0..SCORE_HEADS {
+                    a[i][j] = qv[i].mul_add(kv, a[i][j]);
+                }
+            }
+        }
+        for i in 0..SCORE_HEADS {
+            acc[i][half * HALF..(half + 1) * HALF].copy_from_slice(&a[i]);
+        }
+    }
+    [
+        V::tree_sum_16(&acc[0]),
+        V::tree_sum_16(&acc[1]),
+        V::tree_sum_16(&acc[2]),
+    ]
+}
+
 /// `acc[d] += p[j] · v[j][d]` for `j` in increasing order (a rounded multiply, then a
 /// rounded add), four vectors of dimensions at a time so that four addition chains overlap.
 ///
@@ -169,9 +301,24 @@ pub(super) unsafe fn accumulate<V: Lanes16, E: Element>(
     v: &[&[E]],
     full: usize,
 ) {
+    accumulate_from::<V, E>(acc, p, v, full, 0)
+}
+
+/// [`accumulate`] of the dimensions from `start` (a multiple of 16) on.
+///
+/// # Safety
+/// As [`accumulate`].
+#[inline(always)]
+unsafe fn accumulate_from<V: Lanes16, E: Element>(
+    acc: &mut [f32],
+    p: &[f32],
+    v: &[&[E]],
+    full: usize,
+    start: usize,
+) {
     const TILE: usize = 4;
     let o = acc.as_mut_ptr();
-    let mut c = 0;
+    let mut c = start;
     while c + TILE * LANES <= full {
         let mut a = [V::zero(); TILE];
         for (t, a) in a.iter_mut().enumerate() {

@@ -10,6 +10,8 @@ use crate::DType;
 pub(super) struct Y(__m256, __m256);
 
 impl Lanes16 for Y {
+    const IN_REGISTERS: usize = 8;
+
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn zero() -> Self {

@@ -11,6 +11,8 @@ use crate::DType;
 pub(super) struct Z(__m512);
 
 impl Lanes16 for Z {
+    const IN_REGISTERS: usize = 32;
+
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn zero() -> Self {

@@ -14,6 +14,9 @@ use std::arch::x86_64::__m128i;
 /// must be valid for reading (or writing, for `store`) the stated number of bytes; no
 /// alignment is required.
 pub(super) trait Lanes16: Copy {
+    /// How many of these vectors the CPU's registers hold (32 for AVX-512, 8 for AVX2's
+    /// pairs of 8-lane registers): kernels that keep many accumulators check it.
+    const IN_REGISTERS: usize;
     /// All lanes `0.0`.
     unsafe fn zero() -> Self;
     /// All lanes `v`.
