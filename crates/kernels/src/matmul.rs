@@ -296,12 +296,13 @@ pub(crate) fn for_each_column_chunk_of<const N: usize, F>(
         total += 1;
     }
     pool.run(total, |task| {
+        // The table holds the first `SCHEDULE_MAX` tasks, in order.
         let (m, columns) = match schedule.get(task) {
-            Some(&(m, start, end)) if total <= SCHEDULE_MAX => (m, start..end),
-            _ => match split.tasks(rows).nth(task) {
-                Some(t) => t,
-                None => return,
-            },
+            Some(&(m, start, end)) => (m, start..end),
+            None => split
+                .tasks(rows)
+                .nth(task)
+                .expect("a task number below the schedule's length"),
         };
         // SAFETY: each `ys[m]` is exclusively borrowed for this whole call; the tasks of a
         // split are consecutive, non-overlapping column ranges of each output, and

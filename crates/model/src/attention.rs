@@ -101,7 +101,7 @@ pub fn causal_attention(
     };
     let n_parts = groups * parts;
     let (mut stack, mut heap) = ([0usize; STACK_PARTS + 1], Vec::new());
-    let bounds = if n_parts < STACK_PARTS {
+    let bounds = if n_parts <= STACK_PARTS {
         &mut stack[..=n_parts]
     } else {
         heap.resize(n_parts + 1, 0);

@@ -93,9 +93,9 @@ impl PackedWeights {
                 return;
             }
         }
-        let h = weight.len();
-        for_each_chunk_mut(pool, xn, h, |t, row| {
-            rms_norm(&x[t * h..(t + 1) * h], weight, eps, row)
+        let hidden = weight.len();
+        for_each_chunk_mut(pool, xn, hidden, |t, row| {
+            rms_norm(&x[t * hidden..(t + 1) * hidden], weight, eps, row)
         });
         for (h, y) in hs.into_iter().zip(ys) {
             self.matmul(tensors, pool, h, xn, y, n, xq);

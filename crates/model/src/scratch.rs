@@ -58,7 +58,10 @@ impl ScratchSlot {
         match self.0.try_lock() {
             Ok(guard) => ScratchGuard::Shared(guard),
             // A call that panicked left buffers whose contents are never read anyway.
-            Err(TryLockError::Poisoned(poisoned)) => ScratchGuard::Shared(poisoned.into_inner()),
+            Err(TryLockError::Poisoned(poisoned)) => {
+                self.0.clear_poison();
+                ScratchGuard::Shared(poisoned.into_inner())
+            }
             Err(TryLockError::WouldBlock) => ScratchGuard::Own(Box::new(Scratch::new())),
         }
     }
@@ -124,6 +127,9 @@ impl Activations {
     }
 }
 
+/// Positions by which a sequence's slot list grows.
+const SLOT_STEP: usize = 1024;
+
 /// Where the batch's tokens go: computed once per forward, shared by every layer.
 #[derive(Debug, Default)]
 pub(crate) struct BatchLayout {
@@ -141,10 +147,19 @@ impl BatchLayout {
         self.positions.clear();
         self.token_seq.clear();
         self.write_slots.clear();
-        self.seq_slots.resize_with(batch.seqs.len(), Vec::new);
+        // Slot lists are kept for as many sequences as a batch has had (the ones past this
+        // batch's are not read) and grown a step of positions at a time, so that neither a
+        // smaller batch nor a context growing by one token per step allocates.
+        if self.seq_slots.len() < batch.seqs.len() {
+            self.seq_slots.resize_with(batch.seqs.len(), Vec::new);
+        }
         for (i, (s, slots)) in batch.seqs.iter().zip(&mut self.seq_slots).enumerate() {
             self.positions.extend(s.num_cached..s.num_cached + s.len);
             self.token_seq.extend(std::iter::repeat_n(i, s.len));
+            let context = s.context_len();
+            if slots.capacity() < context {
+                slots.reserve(context.next_multiple_of(SLOT_STEP) - slots.len());
+            }
             slots.clear();
             slots.extend((0..s.context_len()).map(|p| kv.slot(&s.block_table, p)));
             self.write_slots

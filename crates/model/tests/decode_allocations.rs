@@ -1,6 +1,6 @@
-//! The decode path allocates nothing but its answer: once a model has run steps of a given
-//! shape, a decode step's forward call makes exactly two heap allocations, the returned
-//! logits' row list and values. Activations, the batch layout, RoPE angles, quantized
+//! The decode path allocates nothing but its answer: once a model has run decode steps, a
+//! decode step's forward call makes exactly two heap allocations, the returned logits' row
+//! list and values, also with fewer sequences and longer contexts than before. Activations, the batch layout, RoPE angles, quantized
 //! activations and kernel tiles all live in buffers the model and its threads keep.
 //!
 //! Every allocation of the process is counted (this binary's only test, so nothing else runs
@@ -29,12 +29,22 @@ const BLOCK: usize = 16;
 const BLOCKS_PER_SEQ: usize = 4;
 const STEPS: usize = 24;
 
-/// Prefills `SEQS` sequences (prompts of 20.. tokens) on the blocks from `first_block`, then
-/// decodes `STEPS` tokens for all of them together; returns the allocations of each decode
-/// step's forward call.
-fn decode_allocations(model: &Model, kv: &mut KvStore, first_block: u32) -> Vec<usize> {
+/// Prefills `seqs` sequences (prompts of `prompt..` tokens) on the blocks from `first_block`,
+/// then decodes `STEPS` tokens for all of them together; returns the allocations of each
+/// decode step's forward call.
+fn decode_allocations(
+    model: &Model,
+    kv: &mut KvStore,
+    first_block: u32,
+    seqs: usize,
+    prompt: usize,
+) -> Vec<usize> {
+    assert!(
+        prompt + seqs + STEPS <= BLOCK * BLOCKS_PER_SEQ,
+        "contexts fit their blocks"
+    );
     let vocab = model.config.vocab_size as u32;
-    let tables: Vec<Vec<BlockId>> = (0..SEQS)
+    let tables: Vec<Vec<BlockId>> = (0..seqs)
         .map(|s| {
             let first = first_block + (s * BLOCKS_PER_SEQ) as u32;
             (first..first + BLOCKS_PER_SEQ as u32)
@@ -42,13 +52,13 @@ fn decode_allocations(model: &Model, kv: &mut KvStore, first_block: u32) -> Vec<
                 .collect()
         })
         .collect();
-    let mut lens: Vec<usize> = (0..SEQS).map(|s| 20 + s).collect();
+    let mut lens: Vec<usize> = (0..seqs).map(|s| prompt + s).collect();
     let mut tokens = Vec::new();
-    let mut seqs = Vec::new();
+    let mut prompts = Vec::new();
     for (s, &len) in lens.iter().enumerate() {
         let start = tokens.len();
         tokens.extend((0..len).map(|i| TokenId((17 * i as u32 + 101 * s as u32 + 5) % vocab)));
-        seqs.push(SeqSpan {
+        prompts.push(SeqSpan {
             start,
             len,
             num_cached: 0,
@@ -57,13 +67,13 @@ fn decode_allocations(model: &Model, kv: &mut KvStore, first_block: u32) -> Vec<
     }
     let prefill = ForwardBatch {
         tokens,
-        seqs,
+        seqs: prompts,
         output: OutputSelection::Last,
     };
     let mut next: Vec<TokenId> = argmax_rows(&model.forward(&prefill, kv).expect("prefill"));
     let mut counts = Vec::with_capacity(STEPS);
     for _ in 0..STEPS {
-        let seqs = (0..SEQS)
+        let spans = (0..seqs)
             .map(|s| SeqSpan {
                 start: s,
                 len: 1,
@@ -73,7 +83,7 @@ fn decode_allocations(model: &Model, kv: &mut KvStore, first_block: u32) -> Vec<
             .collect();
         let step = ForwardBatch {
             tokens: next.clone(),
-            seqs,
+            seqs: spans,
             output: OutputSelection::Last,
         };
         let before = allocations();
@@ -105,12 +115,18 @@ fn a_decode_step_allocates_only_its_logits() {
     let blocks = 2 * SEQS * BLOCKS_PER_SEQ;
     let mut kv =
         KvStore::with_dtype(&model.config, BLOCK, blocks, model.default_kv_dtype()).expect("kv");
-    // The first sequences grow the model's buffers; the next ones, of the same shapes on
-    // other blocks, must find them ready.
-    let warm_up = decode_allocations(&model, &mut kv, 0);
+    // The first sequences grow the model's buffers; the next ones, fewer and with longer
+    // contexts, on other blocks, must find them ready.
+    let warm_up = decode_allocations(&model, &mut kv, 0, SEQS, 20);
     assert!(warm_up.iter().all(|&n| n >= 2), "{warm_up:?}");
     eprintln!("warm-up allocations per step: {warm_up:?}");
-    let steady = decode_allocations(&model, &mut kv, (SEQS * BLOCKS_PER_SEQ) as u32);
+    let steady = decode_allocations(
+        &model,
+        &mut kv,
+        (SEQS * BLOCKS_PER_SEQ) as u32,
+        SEQS - 1,
+        33,
+    );
     assert!(
         steady.iter().all(|&n| n == 2),
         "allocations per decode step after warm-up: {steady:?} (want 2: the logits' rows and values)"

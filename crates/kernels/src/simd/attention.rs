@@ -288,8 +288,8 @@ unsafe fn scores_3<V: Lanes16, E: Element>(q: &[f32], k: &[&[E]; POS_BLOCK]) -> 
     ]
 }
 
-/// `acc[d] += p[j] · v[j][d]` for `j` in increasing order (a rounded multiply, then a
-/// rounded add), four vectors of dimensions at a time so that four addition chains overlap.
+/// `acc[d] = fma(p[j], v[j][d], acc[d])` for `j` in increasing order (one rounding each),
+/// four vectors of dimensions at a time so that four addition chains overlap.
 ///
 /// # Safety
 /// The CPU must support `V`'s features; every `v[j].len() == acc.len()`; `full` is that
