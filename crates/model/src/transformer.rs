@@ -123,6 +123,26 @@ impl Model {
             .matmul(&self.tensors, &self.pool, h, x, y, n, xq);
     }
 
+    /// `ys[m] = rms_norm(x, norm) · W_mᵀ` for the matrices `hs` (see
+    /// [`PackedWeights::normed_matmuls`]; `scratch`: the normed rows where a matrix runs
+    /// exactly, and the quantized ones).
+    fn normed_matmuls<const N: usize>(
+        &self,
+        norm: &[f32],
+        hs: [TensorHandle; N],
+        x: &[f32],
+        scratch: (&mut [f32], &mut QuantizedRows),
+        ys: [&mut [f32]; N],
+    ) {
+        let input = NormedInput {
+            x,
+            weight: norm,
+            eps: self.config.rms_norm_eps,
+        };
+        self.packed
+            .normed_matmuls(&self.tensors, &self.pool, hs, input, scratch, ys);
+    }
+
     /// Runs the transformer over `batch`: writes every new token's K/V into `kv` and returns
     /// logits for the rows `batch.output` selects.
     pub fn forward(&self, batch: &ForwardBatch, kv: &mut KvStore) -> Result<Logits> {
@@ -194,20 +214,9 @@ impl Model {
     ) {
         let c = &self.config;
         let n = layout.positions.len();
-        let input = NormedInput {
-            x: &a.x,
-            weight: &w.attn_norm,
-            eps: c.rms_norm_eps,
-        };
-        let (h, ys) = ([w.q, w.k, w.v], [&mut a.q[..], &mut a.k[..], &mut a.v[..]]);
-        self.packed.normed_matmuls(
-            &self.tensors,
-            &self.pool,
-            h,
-            input,
-            (&mut a.xn, &mut *xq),
-            ys,
-        );
+        let ys = [&mut a.q[..], &mut a.k[..], &mut a.v[..]];
+        let scratch = (&mut a.xn[..], &mut *xq);
+        self.normed_matmuls(&w.attn_norm, [w.q, w.k, w.v], &a.x, scratch, ys);
         if let Some([bq, bk, bv]) = &w.qkv_bias {
             add_bias(&mut a.q, bq);
             add_bias(&mut a.k, bk);
@@ -273,20 +282,9 @@ impl Model {
     fn mlp_block(&self, w: &LayerWeights, a: &mut Activations, xq: &mut QuantizedRows) {
         let c = &self.config;
         let n = a.x.len() / c.hidden_size;
-        let input = NormedInput {
-            x: &a.x,
-            weight: &w.ffn_norm,
-            eps: c.rms_norm_eps,
-        };
-        let (h, ys) = ([w.gate, w.up], [&mut a.gate[..], &mut a.up[..]]);
-        self.packed.normed_matmuls(
-            &self.tensors,
-            &self.pool,
-            h,
-            input,
-            (&mut a.xn, &mut *xq),
-            ys,
-        );
+        let scratch = (&mut a.xn[..], &mut *xq);
+        let ys = [&mut a.gate[..], &mut a.up[..]];
+        self.normed_matmuls(&w.ffn_norm, [w.gate, w.up], &a.x, scratch, ys);
         let ff = c.intermediate_size;
         for_each_chunk_mut(&self.pool, &mut a.gate, ff, |t, gate| {
             swiglu_inplace(gate, &a.up[t * ff..(t + 1) * ff]);
