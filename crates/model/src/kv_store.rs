@@ -23,33 +23,7 @@ use tandem_kernels::huge_pages::{zeroed_vec, ZeroBits};
 use crate::batch::BlockId;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-
-/// How keys and values are stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvDtype {
-    /// 4 bytes per element: attention exactly as computed.
-    F32,
-    /// 2 bytes per element, rounded to nearest on write: half the bytes each decode step
-    /// reads per context position (the attention then runs over the rounded values).
-    F16,
-}
-
-impl KvDtype {
-    /// Bytes per stored element.
-    pub fn size(self) -> usize {
-        match self {
-            KvDtype::F32 => 4,
-            KvDtype::F16 => 2,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            KvDtype::F32 => "f32",
-            KvDtype::F16 => "f16",
-        }
-    }
-}
+pub use crate::runner::KvDtype;
 
 /// Per layer: `[num_blocks * block_size, kv_dim]` keys, and values alike, of one element type.
 #[derive(Debug)]
@@ -129,6 +103,11 @@ impl KvStore {
         let layers = match dtype {
             KvDtype::F32 => Layers::F32(Planes::zeroed(n, per_layer)),
             KvDtype::F16 => Layers::F16(Planes::zeroed(n, per_layer)),
+            KvDtype::Bf16 => {
+                return Err(ModelError::Batch(
+                    "the CPU KV store holds f32 or f16, not bf16".into(),
+                ))
+            }
         };
         Ok(KvStore {
             block_size,

@@ -9,10 +9,10 @@ use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, Metadata};
 use crate::gguf_config::{config_from_gguf, linear_rope_factor};
 use crate::hf_config::load_hf_config;
-use crate::model_builder::{build_model, NameScheme};
+use crate::host_model::HostModel;
+use crate::model_builder::{build_host_model, NameScheme};
 use crate::safetensors::load_safetensors_dir;
 use crate::tokenizer::{GgufVocab, Tokenizer};
-use crate::transformer::Model;
 
 /// The file format a model came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,10 +21,11 @@ pub enum ModelFormat {
     HuggingFace,
 }
 
-/// A model ready to run, with everything needed to turn text into tokens and back.
+/// A loaded model, with everything needed to turn text into tokens and back. A runner
+/// (`CpuRunner`, `CudaRunner`) prepares `host` for its device.
 #[derive(Debug)]
 pub struct LoadedModel {
-    pub model: Model,
+    pub host: HostModel,
     pub tokenizer: Tokenizer,
     /// Tokens that end generation (metadata and generation_config).
     pub eos_token_ids: Vec<TokenId>,
@@ -34,9 +35,8 @@ pub struct LoadedModel {
     pub format: ModelFormat,
 }
 
-/// Loads the model at `path` (a `.gguf` file or a directory with `config.json`), running its
-/// kernels on `threads` threads.
-pub fn load_model(path: &Path, threads: usize) -> Result<LoadedModel> {
+/// Loads the model at `path` (a `.gguf` file or a directory with `config.json`).
+pub fn load_model(path: &Path) -> Result<LoadedModel> {
     let path = path.canonicalize().map_err(|source| ModelError::Io {
         path: path.to_path_buf(),
         source,
@@ -48,10 +48,10 @@ pub fn load_model(path: &Path, threads: usize) -> Result<LoadedModel> {
                 path.display()
             )));
         }
-        return load_hf(&path, threads);
+        return load_hf(&path);
     }
     if has_gguf_magic(&path)? {
-        return load_gguf(&path, threads);
+        return load_gguf(&path);
     }
     Err(ModelError::NotAModel(format!(
         "{} is neither a GGUF file (no GGUF magic) nor a Hugging Face model directory",
@@ -74,7 +74,7 @@ fn has_gguf_magic(path: &Path) -> Result<bool> {
 }
 
 /// Loads only the weights and config of a GGUF model (no tokenizer), with its metadata.
-pub fn load_gguf_model(path: &Path, threads: usize) -> Result<(Model, Metadata)> {
+pub fn load_gguf_model(path: &Path) -> Result<(HostModel, Metadata)> {
     let mut file = GgufFile::open(path)?;
     let md = std::mem::take(&mut file.metadata);
     let tensors = file.into_tensor_set()?;
@@ -90,30 +90,24 @@ pub fn load_gguf_model(path: &Path, threads: usize) -> Result<(Model, Metadata)>
         let base = factors.take().unwrap_or_else(|| vec![1.0; half]);
         factors = Some(base.into_iter().map(|v| v * f).collect());
     }
-    let model = build_model(
-        config,
-        tensors,
-        NameScheme::Gguf,
-        factors.as_deref(),
-        threads,
-    )?;
-    Ok((model, md))
+    let host = build_host_model(config, tensors, NameScheme::Gguf, factors.as_deref())?;
+    Ok((host, md))
 }
 
-fn load_gguf(path: &Path, threads: usize) -> Result<LoadedModel> {
-    let (model, md) = load_gguf_model(path, threads)?;
+fn load_gguf(path: &Path) -> Result<LoadedModel> {
+    let (host, md) = load_gguf_model(path)?;
     let tokenizer = Tokenizer::from_gguf_vocab(&GgufVocab::from_metadata(&md)?)?;
-    if tokenizer.vocab_size() > model.config.vocab_size {
+    if tokenizer.vocab_size() > host.config.vocab_size {
         return Err(ModelError::Tokenizer(format!(
             "the tokenizer has {} tokens but the embedding only {} rows",
             tokenizer.vocab_size(),
-            model.config.vocab_size
+            host.config.vocab_size
         )));
     }
     let eos_token_ids = tokenizer.eos_ids().into_iter().map(TokenId).collect();
     let chat_template = tokenizer.chat_template().map(str::to_string);
     Ok(LoadedModel {
-        model,
+        host,
         tokenizer,
         eos_token_ids,
         chat_template,
@@ -122,7 +116,7 @@ fn load_gguf(path: &Path, threads: usize) -> Result<LoadedModel> {
     })
 }
 
-fn load_hf(dir: &Path, threads: usize) -> Result<LoadedModel> {
+fn load_hf(dir: &Path) -> Result<LoadedModel> {
     let info = load_hf_config(dir)?;
     let tensors = load_safetensors_dir(dir)?;
     let tokenizer = Tokenizer::from_hf_dir(dir)?;
@@ -133,9 +127,9 @@ fn load_hf(dir: &Path, threads: usize) -> Result<LoadedModel> {
         }
     }
     let chat_template = tokenizer.chat_template().map(str::to_string);
-    let model = build_model(info.config, tensors, NameScheme::HuggingFace, None, threads)?;
+    let host = build_host_model(info.config, tensors, NameScheme::HuggingFace, None)?;
     Ok(LoadedModel {
-        model,
+        host,
         tokenizer,
         eos_token_ids: eos.into_iter().map(TokenId).collect(),
         chat_template,

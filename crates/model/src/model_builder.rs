@@ -3,7 +3,8 @@
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::transformer::{LayerWeights, Model, ModelWeights};
+use crate::host_model::HostModel;
+use crate::transformer::{LayerWeights, ModelWeights};
 use crate::weights::{TensorHandle, TensorSet};
 
 /// How a file format names the tensors.
@@ -152,15 +153,15 @@ fn layer_weights(
     })
 }
 
-/// Builds a runnable [`Model`] from its tensors. `rope_freq_factors` (GGUF `rope_freqs`,
-/// `[head_dim / 2]`) divide the base frequencies when present.
-pub fn build_model(
+/// Resolves a model's tensors to their roles after checking every shape.
+/// `rope_freq_factors` (GGUF `rope_freqs`, `[head_dim / 2]`) divide the base frequencies
+/// when present.
+pub fn build_host_model(
     config: ModelConfig,
     tensors: TensorSet,
     scheme: NameScheme,
     rope_freq_factors: Option<&[f32]>,
-    threads: usize,
-) -> Result<Model> {
+) -> Result<HostModel> {
     config.validate().map_err(ModelError::Config)?;
     let r = Resolver { tensors: &tensors };
     let embed = r.matrix(scheme.embed(), config.vocab_size, config.hidden_size)?;
@@ -190,5 +191,9 @@ pub fn build_model(
         layers,
         inv_freqs,
     };
-    Ok(Model::new(config, tensors, weights, threads))
+    Ok(HostModel {
+        config,
+        tensors,
+        weights,
+    })
 }

@@ -10,6 +10,7 @@ use crate::attention::{causal_attention, AttentionLayout, HeadShape};
 use crate::batch::ForwardBatch;
 use crate::config::{ModelConfig, RopeStyle};
 use crate::error::Result;
+use crate::host_model::HostModel;
 use crate::kv_store::{KvDtype, KvStore};
 use crate::logits::Logits;
 use crate::packed_weights::{NormedInput, PackedWeights};
@@ -61,13 +62,14 @@ pub struct Model {
 }
 
 impl Model {
-    /// Assembles a model from resolved parts; loaders call this after validating shapes.
-    pub(crate) fn new(
-        config: ModelConfig,
-        tensors: TensorSet,
-        w: ModelWeights,
-        threads: usize,
-    ) -> Model {
+    /// Prepares a loaded model for the CPU: its kernels run on `threads` threads, and its
+    /// matrices are repacked for the int8 kernels when those are the active variant.
+    pub fn new(host: HostModel, threads: usize) -> Model {
+        let HostModel {
+            config,
+            tensors,
+            weights: w,
+        } = host;
         let pool = ThreadPool::new(threads);
         let packed = PackedWeights::prepare(&tensors, &w, &pool);
         Model {

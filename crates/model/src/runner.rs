@@ -1,0 +1,109 @@
+//! The model-runner seam: everything the engine asks of a device.
+//!
+//! The engine (scheduler, block allocator, prefix cache, sampler, speculation) speaks only of
+//! token ids and block ids. A [`ModelRunner`] owns what lives on a device: the prepared
+//! weights, the physical KV pool those block ids index, the working memory of a forward pass.
+//! The split sits where vLLM puts it (scheduler output -> one runner per device), not at a
+//! generic tensor-op layer: each runner keeps its fused kernels.
+//!
+//! Runners in this repository: [`crate::cpu_runner::CpuRunner`] (the CPU transformer and its
+//! host KV store) and, in the `tandem-cuda` crate, `CudaRunner` (weights and paged KV in GPU
+//! memory). Tests of the engine use a fake runner that needs no weights.
+
+use std::ops::Range;
+
+use crate::batch::{BlockId, ForwardBatch};
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::logits::Logits;
+
+/// How a runner's KV pool stores keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    /// 4 bytes per element: attention exactly as computed.
+    F32,
+    /// IEEE half, rounded to nearest on write (the CPU's compact format).
+    F16,
+    /// bfloat16, rounded to nearest on write (the GPU's format).
+    Bf16,
+}
+
+impl KvDtype {
+    /// Bytes per stored element.
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 | KvDtype::Bf16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+            KvDtype::Bf16 => "bf16",
+        }
+    }
+}
+
+/// The shape of a runner's KV pool, fixed when the runner is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvGeometry {
+    /// Token slots per block.
+    pub block_size: usize,
+    /// Blocks in the pool; block ids run `0..num_blocks`.
+    pub num_blocks: usize,
+    pub dtype: KvDtype,
+    /// Bytes one token slot takes across all layers (keys, values and whatever else the
+    /// runner keeps per slot, such as the final hidden state).
+    pub bytes_per_token: usize,
+}
+
+impl KvGeometry {
+    /// Token slots in the pool.
+    pub fn capacity_tokens(&self) -> usize {
+        self.block_size * self.num_blocks
+    }
+
+    /// Bytes of the whole pool.
+    pub fn bytes(&self) -> usize {
+        self.capacity_tokens() * self.bytes_per_token
+    }
+}
+
+/// What a runner must do for the engine. Every method addresses the KV pool by block ids the
+/// engine's allocator handed out; a runner never decides which block holds what.
+pub trait ModelRunner: Send + std::fmt::Debug {
+    /// The model's shapes and hyper-parameters.
+    fn config(&self) -> &ModelConfig;
+
+    /// The KV pool this runner holds.
+    fn kv_geometry(&self) -> KvGeometry;
+
+    /// Runs the transformer over `batch`: writes every new token's K/V (and final hidden
+    /// state) into the slots its block tables name and returns logits for the rows
+    /// `batch.output` selects. A batch that does not fit the pool is an error, never a panic.
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits>;
+
+    /// Copies whole blocks, `(src, dst)` in order (copy-on-write of a shared last block).
+    fn copy_blocks(&mut self, copies: &[(BlockId, BlockId)]) -> Result<()>;
+
+    /// Logits of positions `positions` of the sequence whose blocks are `block_table`, from
+    /// the final hidden states an earlier forward pass stored there (rows numbered from 0):
+    /// bitwise what that forward pass returned for them. Scoring reads the prefix cache this
+    /// way without recomputing the cached positions.
+    fn cached_logits(&mut self, block_table: &[BlockId], positions: Range<usize>)
+        -> Result<Logits>;
+
+    /// A number that differs between models (and numeric modes), so that prefix-cache keys of
+    /// one model never match another's.
+    fn model_identity(&self) -> u64;
+
+    /// One line for start-up logs: the device, its kernels and numeric mode.
+    fn describe(&self) -> String;
+}
+
+/// The slot of position `pos` of a sequence whose blocks are `block_table`.
+pub fn slot_of(block_table: &[BlockId], block_size: usize, pos: usize) -> usize {
+    block_table[pos / block_size].0 as usize * block_size + pos % block_size
+}
