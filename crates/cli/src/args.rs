@@ -38,7 +38,7 @@ impl ModelArgs {
         self.choose_kernels()?;
         let cache = tandem_model::default_model::cache_dir(self.cache_dir.as_deref())?;
         let path = tandem_model::default_model::resolve_model(self.model.as_deref(), &cache)?;
-        tandem_model::loader::load_model(&path, self.threads())
+        tandem_model::loader::load_model(&path)
             .with_context(|| format!("loading {}", path.display()))
     }
 
@@ -155,14 +155,6 @@ pub struct SamplingArgs {
         allow_negative_numbers = true
     )]
     pub length_penalty: f32,
-}
-
-impl EngineArgs {
-    /// `--kv-cache-dtype`, else `model`'s default.
-    pub fn kv_dtype_for(&self, model: &tandem_model::transformer::Model) -> KvDtype {
-        self.kv_cache_dtype
-            .unwrap_or_else(|| model.default_kv_dtype())
-    }
 }
 
 /// `f32` or `f16`.

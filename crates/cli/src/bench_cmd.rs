@@ -13,12 +13,12 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
-use tandem_model::kv_store::{KvDtype, KvStore};
-use tandem_model::transformer::Model;
+use tandem_model::runner::ModelRunner;
 
 use crate::args::{EngineArgs, ModelArgs};
 use crate::bench_engine::{self, PromptKind};
 use crate::engine_setup::build_engine;
+use crate::runner_setup::PreparedModel;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -67,39 +67,40 @@ struct Measured {
 pub fn run(a: BenchArgs) -> Result<()> {
     if a.prefix_cache {
         let lm = a.model.load()?;
-        let mut engine = build_engine(lm.model, lm.eos_token_ids.clone(), &a.engine, 0)?;
+        let mut engine = build_engine(lm.host, lm.eos_token_ids.clone(), &a.model, &a.engine, 0)?;
         return crate::bench_prefix::run(&mut engine, &a.prompt_lens, a.repeat);
     }
     if a.through_engine || a.engine.speculative.is_some() {
         return run_engine(a);
     }
     let lm = a.model.load()?;
-    let model = &lm.model;
+    let (config, num_params) = (lm.host.config.clone(), lm.host.num_params());
     let step_tokens = a.engine.max_num_batched_tokens.unwrap_or(8192).max(1);
-    let kv_dtype = a.engine.kv_dtype_for(model);
+    let block_size = a.engine.block_size as usize;
+    let mut pool_blocks = 1;
     for &b in &a.batches {
         for &p in &a.prompt_lens {
             anyhow::ensure!(b > 0 && p > 0, "--batch and --prompt-len must be positive");
-            let ctx = p + a.gen_len;
             anyhow::ensure!(
-                ctx <= model.config.context_len,
+                p + a.gen_len <= config.context_len,
                 "prompt length {p} + gen length {} exceeds the context length {}",
                 a.gen_len,
-                model.config.context_len
+                config.context_len
             );
-            let m = measure(
-                model,
-                b,
-                p,
-                a.gen_len,
-                a.engine.block_size as usize,
-                step_tokens,
-                kv_dtype,
-            )?;
-            let weights_gb = model.weight_bytes() as f64 / 1e9;
+            pool_blocks = pool_blocks.max(b * (p + a.gen_len).div_ceil(block_size));
+        }
+    }
+    // One runner whose pool holds the largest configuration; each uses blocks `0..`.
+    let prepared = PreparedModel::cpu(lm.host, a.model.threads(), a.engine.kv_cache_dtype);
+    let (kv_dtype, weight_bytes) = (prepared.kv_dtype(), prepared.weight_bytes());
+    let mut runner = prepared.into_runner(block_size, pool_blocks)?;
+    for &b in &a.batches {
+        for &p in &a.prompt_lens {
+            let m = measure(runner.as_mut(), b, p, a.gen_len, step_tokens)?;
+            let weights_gb = weight_bytes as f64 / 1e9;
             // Every decode step reads each sequence's keys and values over its context
             // (`p + step + 1` positions): on average `p + (g + 1) / 2`.
-            let c = &model.config;
+            let c = &config;
             let kv_bytes_per_pos = (2 * c.num_layers * c.kv_dim() * kv_dtype.size()) as f64;
             let kv_gb =
                 b as f64 * (p as f64 + (a.gen_len as f64 + 1.0) / 2.0) * kv_bytes_per_pos / 1e9;
@@ -107,15 +108,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
             println!(
                 "{}",
                 json!({
-                    "batch": b, "prompt_len": p, "gen_len": a.gen_len, "threads": model.threads(),
+                    "batch": b, "prompt_len": p, "gen_len": a.gen_len, "threads": a.model.threads(),
                     "prefill_tok_per_s": (b * p) as f64 / m.prefill_s,
                     "decode_tok_per_s": (b * a.gen_len) as f64 / m.decode_s,
                     "prefill_s": m.prefill_s, "decode_s": m.decode_s,
-                    "prefill_gflop_per_s": 2.0 * model.num_params() as f64 * (b * p) as f64 / m.prefill_s / 1e9,
+                    "prefill_gflop_per_s": 2.0 * num_params as f64 * (b * p) as f64 / m.prefill_s / 1e9,
                     "decode_weight_gb_per_s": weights_gb * steps_per_s,
                     "decode_kv_gb_per_s": kv_gb * steps_per_s,
                     "decode_total_gb_per_s": (weights_gb + kv_gb) * steps_per_s,
                     "kv_dtype": kv_dtype.name(), "kernels": tandem_kernels::isa::active().name(),
+                    "device": runner.describe(),
                 })
             );
         }
@@ -140,8 +142,8 @@ fn run_engine(a: BenchArgs) -> Result<()> {
         ),
         None => None,
     };
-    let mut engine = build_engine(lm.model, lm.eos_token_ids.clone(), &a.engine, 0)?;
-    let vocab = engine.model().config.vocab_size;
+    let mut engine = build_engine(lm.host, lm.eos_token_ids.clone(), &a.model, &a.engine, 0)?;
+    let vocab = engine.model_config().vocab_size;
     for &b in &a.batches {
         for &p in &a.prompt_lens {
             anyhow::ensure!(b > 0 && p > 0, "--batch and --prompt-len must be positive");
@@ -155,7 +157,7 @@ fn run_engine(a: BenchArgs) -> Result<()> {
             let r = bench_engine::run(&mut engine, prompts, a.gen_len)?;
             let mut line = json!({
                 "mode": "engine", "batch": b, "prompt_len": prompt_len, "gen_len": a.gen_len,
-                "threads": engine.model().threads(),
+                "threads": a.model.threads(),
                 "prompt_kind": if a.prompt_file.is_some() { "file" } else { a.prompt_kind.name() },
                 "speculative": a.engine.speculative,
                 "num_speculative_tokens": engine.speculation().map(|s| s.config().num_tokens),
@@ -185,17 +187,17 @@ pub(crate) fn prompt_tokens(seq: usize, len: usize, vocab: usize) -> Vec<TokenId
         .collect()
 }
 
+/// Prefill of `b` random prompts of `p` tokens, then `g` decode steps of all `b`, on blocks
+/// `0..` of `runner`'s pool.
 fn measure(
-    model: &Model,
+    runner: &mut dyn ModelRunner,
     b: usize,
     p: usize,
     g: usize,
-    block_size: usize,
     step_tokens: usize,
-    kv_dtype: KvDtype,
 ) -> Result<Measured> {
-    let blocks_per_seq = (p + g).div_ceil(block_size);
-    let mut kv = KvStore::with_dtype(&model.config, block_size, b * blocks_per_seq, kv_dtype)?;
+    let blocks_per_seq = (p + g).div_ceil(runner.kv_geometry().block_size);
+    let vocab = runner.config().vocab_size;
     let tables: Vec<Vec<BlockId>> = (0..b)
         .map(|s| {
             (s * blocks_per_seq..(s + 1) * blocks_per_seq)
@@ -203,9 +205,7 @@ fn measure(
                 .collect()
         })
         .collect();
-    let prompts: Vec<Vec<TokenId>> = (0..b)
-        .map(|s| prompt_tokens(s, p, model.config.vocab_size))
-        .collect();
+    let prompts: Vec<Vec<TokenId>> = (0..b).map(|s| prompt_tokens(s, p, vocab)).collect();
     // Prefill: pack (sequence, range) pieces into steps of at most `step_tokens` tokens.
     let started = Instant::now();
     let mut next = vec![TokenId(0); b];
@@ -235,7 +235,7 @@ fn measure(
             done[s] += n;
             finishing.push((s, done[s] == p));
         }
-        let logits = model.forward(&batch, &mut kv)?;
+        let logits = runner.forward(&batch)?;
         for (row, &(s, finished)) in finishing.iter().enumerate() {
             if finished {
                 next[s] = argmax(logits.row(row));
@@ -257,7 +257,7 @@ fn measure(
                 .collect(),
             output: OutputSelection::Last,
         };
-        let logits = model.forward(&batch, &mut kv)?;
+        let logits = runner.forward(&batch)?;
         for (s, t) in next.iter_mut().enumerate() {
             *t = argmax(logits.row(s));
         }

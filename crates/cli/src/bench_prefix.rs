@@ -32,7 +32,7 @@ pub fn run(engine: &mut Engine, prompt_lens: &[usize], repeat: usize) -> Result<
     if !engine.scheduler().prefix_caching() {
         bail!("--prefix-cache measures the prefix cache: do not pass --no-prefix-caching");
     }
-    let vocab = engine.model().config.vocab_size;
+    let vocab = engine.model_config().vocab_size;
     for &p in prompt_lens {
         let shared = prompt_tokens(1, p, vocab);
         let with_tail = |seq: usize| -> Vec<TokenId> {

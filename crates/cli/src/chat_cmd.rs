@@ -47,8 +47,9 @@ pub fn run(a: ChatArgs) -> Result<()> {
         &lm.eos_token_ids,
     )?;
     let mut engine = build_engine(
-        lm.model,
+        lm.host,
         lm.eos_token_ids.clone(),
+        &a.model,
         &a.engine,
         a.sampling.seed.unwrap_or(0),
     )?;

@@ -5,10 +5,10 @@ use anyhow::{bail, Context, Result};
 use tandem_engine::engine::Engine;
 use tandem_engine::SchedulerConfig;
 use tandem_model::batch::TokenId;
-use tandem_model::kv_store::KvStore;
-use tandem_model::transformer::Model;
+use tandem_model::host_model::HostModel;
 
-use crate::args::EngineArgs;
+use crate::args::{EngineArgs, ModelArgs};
+use crate::runner_setup::PreparedModel;
 use crate::speculation_setup;
 
 /// Default KV pool when `--kv-cache-memory` is not given.
@@ -40,10 +40,12 @@ pub fn parse_size(s: &str) -> Result<u64> {
     Ok(bytes as u64)
 }
 
-/// Builds the engine, reporting the KV pool on stderr.
+/// Builds the engine over `host` (and the draft model the flags name), reporting the
+/// runner and its KV pool on stderr.
 pub fn build_engine(
-    model: Model,
+    host: HostModel,
     eos: Vec<TokenId>,
+    model_args: &ModelArgs,
     args: &EngineArgs,
     seed: u64,
 ) -> Result<Engine> {
@@ -52,19 +54,20 @@ pub fn build_engine(
         Some(s) => parse_size(s).context("--kv-cache-memory")?,
         None => DEFAULT_KV_BYTES,
     };
-    let kv_dtype = args.kv_dtype_for(&model);
-    let spec = speculation_setup::load_method(args, model.threads())?;
+    let threads = model_args.threads();
+    let context = host.config.context_len;
+    let target = PreparedModel::cpu(host, threads, args.kv_cache_dtype);
+    let spec = speculation_setup::load_method(args, threads)?;
     // A draft model's KV pool holds as many tokens as the target's, out of the same budget.
-    let draft_bytes = spec.as_ref().and_then(|(_, d)| d.as_ref()).map_or(0, |d| {
-        KvStore::bytes_per_token(&d.config, args.kv_dtype_for(d))
-    });
-    let per_block =
-        ((KvStore::bytes_per_token(&model.config, kv_dtype) + draft_bytes) * block_size) as u64;
+    let draft_bytes = spec
+        .as_ref()
+        .and_then(|(_, d)| d.as_ref())
+        .map_or(0, PreparedModel::kv_bytes_per_token);
+    let per_block = ((target.kv_bytes_per_token() + draft_bytes) * block_size) as u64;
     let num_blocks = (bytes / per_block) as usize;
     if num_blocks == 0 {
         bail!("--kv-cache-memory {bytes} bytes holds no block of {per_block} bytes");
     }
-    let context = model.config.context_len;
     let max_model_len = match args.max_model_len {
         Some(m) if m as usize > context => {
             bail!("--max-model-len {m} exceeds the model's context length of {context}")
@@ -79,21 +82,29 @@ pub fn build_engine(
     if let Some(n) = args.max_num_batched_tokens {
         config.max_num_batched_tokens = n;
     }
-    config.kv_dtype = Some(kv_dtype);
     config.eos_token_ids = eos;
     config.enable_prefix_caching = !args.no_prefix_caching;
+    let (kv_dtype, target_weights) = (target.kv_dtype(), target.weight_bytes());
+    let runner = target.into_runner(block_size, num_blocks)?;
     eprintln!(
-        "tandem: KV cache {} blocks x {block_size} tokens = {} tokens ({:.0} MiB, {}), {} threads, prefix caching {}",
+        "tandem: {}; KV cache {} blocks x {block_size} tokens = {} tokens ({:.0} MiB, {}), prefix caching {}",
+        runner.describe(),
         num_blocks,
         num_blocks * block_size,
         (num_blocks as u64 * per_block) as f64 / (1 << 20) as f64,
         kv_dtype.name(),
-        model.threads(),
         if config.enable_prefix_caching { "on" } else { "off" }
     );
-    let mut engine = Engine::new(model, config, seed)?;
+    let mut engine = Engine::new(runner, config, seed)?;
     if let Some((method, draft)) = spec {
-        speculation_setup::enable(&mut engine, method, draft, num_blocks, args)?;
+        let draft = match draft {
+            Some(d) => {
+                let ratio = d.weight_bytes() as f64 / target_weights.max(1) as f64;
+                Some((d.into_runner(block_size, num_blocks)?, ratio))
+            }
+            None => None,
+        };
+        speculation_setup::enable(&mut engine, method, draft, args)?;
     }
     Ok(engine)
 }

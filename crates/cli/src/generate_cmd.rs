@@ -75,8 +75,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         jobs.push(job);
     }
     let mut engine = build_engine(
-        lm.model,
+        lm.host,
         lm.eos_token_ids.clone(),
+        &a.model,
         &a.engine,
         a.sampling.seed.unwrap_or(0),
     )?;

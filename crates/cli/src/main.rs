@@ -9,6 +9,7 @@ mod engine_setup;
 mod generate_cmd;
 mod generation;
 mod prompting;
+mod runner_setup;
 mod score_cmd;
 mod serve_cmd;
 mod serve_limits;

@@ -1,7 +1,7 @@
 //! `tandem score`: per-token log-probabilities of a known text (DESIGN §1.1).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -9,10 +9,14 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use tandem_model::batch::TokenId;
+use tandem_model::host_model::HostModel;
 use tandem_model::loader::LoadedModel;
-use tandem_model::scoring::{score_tokens, ScoreOptions, ScoreOutput, Window};
+use tandem_model::runner::ModelRunner;
+use tandem_model::scoring::{score_tokens, span_tokens, ScoreOptions, ScoreOutput, Window};
+use tandem_model::tokenizer::Tokenizer;
 
 use crate::args::{EngineArgs, ModelArgs};
+use crate::runner_setup::PreparedModel;
 
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["text", "file", "tokens"])))]
@@ -48,7 +52,6 @@ pub struct ScoreArgs {
 pub fn run(a: ScoreArgs) -> Result<()> {
     let started = Instant::now();
     let lm = a.model.load()?;
-    let load_time = started.elapsed();
     let tokens = input_tokens(&a, &lm)?;
     if tokens.is_empty() {
         bail!("the input has no tokens to score");
@@ -59,38 +62,57 @@ pub fn run(a: ScoreArgs) -> Result<()> {
             .window
             .zip(a.stride)
             .map(|(size, stride)| Window { size, stride }),
-        block_size: a.engine.block_size as usize,
         max_context: a.engine.max_model_len.map(|m| m as usize),
-        kv_dtype: a.engine.kv_cache_dtype,
         ..ScoreOptions::default()
     };
+    let LoadedModel {
+        host,
+        tokenizer,
+        path,
+        ..
+    } = lm;
+    let mut runner = score_runner(host, &a, &opts, tokens.len())?;
+    let load_time = started.elapsed();
     let bar = progress_bar(tokens.len());
     let started = Instant::now();
-    let out = score_tokens(&lm.model, &tokens, &opts, &mut |done, _| {
+    let out = score_tokens(runner.as_mut(), &tokens, &opts, &mut |done, _| {
         bar.set_position(done as u64)
     })?;
     bar.finish_and_clear();
     let elapsed = started.elapsed().as_secs_f64();
     let mut stdout = std::io::stdout().lock();
     if a.json {
-        writeln!(stdout, "{}", to_json(&lm, &out, a.top_k > 0))?;
+        writeln!(stdout, "{}", to_json(&path, &tokenizer, &out, a.top_k > 0))?;
     } else {
-        print_table(&mut stdout, &lm, &out)?;
+        print_table(&mut stdout, &tokenizer, &out)?;
         writeln!(
             stdout,
             "{} tokens scored in {elapsed:.3} s ({:.1} tok/s, {} threads; model loaded in {:.3} s)",
             out.tokens.len(),
             out.tokens.len() as f64 / elapsed,
-            lm.model.threads(),
+            a.model.threads(),
             load_time.as_secs_f64()
         )?;
     }
     Ok(())
 }
 
+/// A runner whose pool holds one scoring context of `num_tokens`.
+fn score_runner(
+    host: HostModel,
+    a: &ScoreArgs,
+    opts: &ScoreOptions,
+    num_tokens: usize,
+) -> Result<Box<dyn ModelRunner>> {
+    let span = span_tokens(num_tokens, opts, host.config.context_len);
+    let block_size = a.engine.block_size as usize;
+    let prepared = PreparedModel::cpu(host, a.model.threads(), a.engine.kv_cache_dtype);
+    prepared.into_runner(block_size, span.div_ceil(block_size))
+}
+
 fn input_tokens(a: &ScoreArgs, lm: &LoadedModel) -> Result<Vec<TokenId>> {
     if let Some(ids) = &a.tokens {
-        let vocab = lm.model.config.vocab_size;
+        let vocab = lm.host.config.vocab_size;
         if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
             bail!("--tokens: id {bad} is outside the vocabulary of {vocab}");
         }
@@ -118,14 +140,14 @@ fn progress_bar(total: usize) -> ProgressBar {
     bar
 }
 
-fn to_json(lm: &LoadedModel, out: &ScoreOutput, with_top: bool) -> Value {
+fn to_json(path: &Path, tok: &Tokenizer, out: &ScoreOutput, with_top: bool) -> Value {
     let logprobs: Vec<Value> = out
         .positions
         .iter()
         .map(|p| json!(p.as_ref().map(|p| p.logprob)))
         .collect();
     let mut v = json!({
-        "model": lm.path.display().to_string(),
+        "model": path.display().to_string(),
         "num_tokens": out.tokens.len(),
         "tokens": out.tokens.iter().map(|t| t.0).collect::<Vec<_>>(),
         "token_logprobs": logprobs,
@@ -141,7 +163,7 @@ fn to_json(lm: &LoadedModel, out: &ScoreOutput, with_top: bool) -> Value {
                 Some(p) => p
                     .top
                     .iter()
-                    .map(|(id, lp)| json!({"id": id.0, "token": piece(lm, *id), "logprob": lp}))
+                    .map(|(id, lp)| json!({"id": id.0, "token": piece(tok, *id), "logprob": lp}))
                     .collect(),
             })
             .collect();
@@ -155,11 +177,11 @@ fn to_json(lm: &LoadedModel, out: &ScoreOutput, with_top: bool) -> Value {
     v
 }
 
-fn piece(lm: &LoadedModel, id: TokenId) -> String {
-    lm.tokenizer.decode(&[id.0], false).unwrap_or_default()
+fn piece(tok: &Tokenizer, id: TokenId) -> String {
+    tok.decode(&[id.0], false).unwrap_or_default()
 }
 
-fn print_table(w: &mut impl Write, lm: &LoadedModel, out: &ScoreOutput) -> Result<()> {
+fn print_table(w: &mut impl Write, tok: &Tokenizer, out: &ScoreOutput) -> Result<()> {
     writeln!(
         w,
         "{:>6} {:>7} {:>10} {:>6}  token",
@@ -173,12 +195,12 @@ fn print_table(w: &mut impl Write, lm: &LoadedModel, out: &ScoreOutput) -> Resul
             ),
             None => ("-".to_string(), String::new()),
         };
-        let mut line = format!("{i:>6} {:>7} {lp:>10} {rank:>6}  {:?}", t.0, piece(lm, *t));
+        let mut line = format!("{i:>6} {:>7} {lp:>10} {rank:>6}  {:?}", t.0, piece(tok, *t));
         if let Some(p) = p.as_ref().filter(|p| !p.top.is_empty()) {
             let alts: Vec<String> = p
                 .top
                 .iter()
-                .map(|(id, l)| format!("{:?} {l:.3}", piece(lm, *id)))
+                .map(|(id, l)| format!("{:?} {l:.3}", piece(tok, *id)))
                 .collect();
             line.push_str(&format!("   top: {}", alts.join(", ")));
         }

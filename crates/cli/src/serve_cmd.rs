@@ -38,7 +38,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let limits = a.limits.limits()?;
     let lm = a.model.load()?;
     let tokenizer = Arc::new(lm.tokenizer);
-    let engine = build_engine(lm.model, lm.eos_token_ids.clone(), &a.engine, a.seed)?;
+    let engine = build_engine(
+        lm.host,
+        lm.eos_token_ids.clone(),
+        &a.model,
+        &a.engine,
+        a.seed,
+    )?;
     let mut names = Vec::new();
     if let Some(stem) = lm.path.file_name().and_then(|s| s.to_str()) {
         names.push(stem.to_string());

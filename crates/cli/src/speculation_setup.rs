@@ -7,9 +7,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use tandem_engine::engine::Engine;
 use tandem_engine::speculative::{DraftModelProposer, NgramProposer, SpeculativeConfig};
-use tandem_model::transformer::Model;
+use tandem_model::runner::ModelRunner;
 
 use crate::args::EngineArgs;
+use crate::runner_setup::PreparedModel;
 
 /// Which proposer `--speculative` names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,11 +47,12 @@ pub fn parse_method(s: &str) -> Result<SpecMethod> {
     bail!("--speculative {s}: expected `ngram`, `ngram:MIN:MAX` or `draft:PATH`")
 }
 
-/// The method named by the flags, with the draft model loaded on `threads` threads.
+/// The method named by the flags, with the draft model loaded and prepared on `threads`
+/// threads (its KV pool is sized with the target's).
 pub fn load_method(
     args: &EngineArgs,
     threads: usize,
-) -> Result<Option<(SpecMethod, Option<Model>)>> {
+) -> Result<Option<(SpecMethod, Option<PreparedModel>)>> {
     let Some(s) = args.speculative.as_deref() else {
         if args.num_speculative_tokens.is_some() {
             bail!("--num-speculative-tokens needs --speculative");
@@ -59,22 +61,22 @@ pub fn load_method(
     };
     let method = parse_method(s)?;
     let draft = match &method {
-        SpecMethod::Draft(path) => Some(
-            tandem_model::loader::load_model(path, threads)
-                .with_context(|| format!("loading the draft model {}", path.display()))?
-                .model,
-        ),
+        SpecMethod::Draft(path) => {
+            let lm = tandem_model::loader::load_model(path)
+                .with_context(|| format!("loading the draft model {}", path.display()))?;
+            Some(PreparedModel::cpu(lm.host, threads, args.kv_cache_dtype))
+        }
         SpecMethod::Ngram { .. } => None,
     };
     Ok(Some((method, draft)))
 }
 
-/// Turns speculation on in `engine`; a draft model gets a pool of `num_blocks` blocks.
+/// Turns speculation on in `engine`; `draft`: the draft model's runner and its weight size
+/// as a fraction of the target's.
 pub fn enable(
     engine: &mut Engine,
     method: SpecMethod,
-    draft: Option<Model>,
-    num_blocks: usize,
+    draft: Option<(Box<dyn ModelRunner>, f64)>,
     args: &EngineArgs,
 ) -> Result<()> {
     let mut config = SpeculativeConfig::default();
@@ -84,9 +86,8 @@ pub fn enable(
     if let Some(b) = args.speculative_max_batch {
         config.max_batch_size = b;
     }
-    let vocab = engine.model().config.vocab_size;
-    if let Some(d) = &draft {
-        let ratio = d.weight_bytes() as f64 / engine.model().weight_bytes().max(1) as f64;
+    let vocab = engine.model_config().vocab_size;
+    if let Some((_, ratio)) = &draft {
         config.draft_cost += ratio;
     }
     if let Some(c) = args.speculative_draft_cost {
@@ -95,16 +96,14 @@ pub fn enable(
             config.verify_cost = 0.0;
         }
     }
-    let block_size = args.block_size as usize;
     let (proposer, what): (Box<dyn tandem_engine::speculative::Proposer>, String) = match method {
         SpecMethod::Ngram { min, max } => (
             Box::new(NgramProposer::new(min, max)?),
             format!("n-gram lookup, n in [{min}, {max}]"),
         ),
         SpecMethod::Draft(path) => {
-            let model = draft.context("the draft model is loaded with its method")?;
-            let dtype = args.kv_dtype_for(&model);
-            let p = DraftModelProposer::with_kv_dtype(model, vocab, num_blocks, block_size, dtype)?;
+            let (runner, _) = draft.context("the draft model is loaded with its method")?;
+            let p = DraftModelProposer::new(runner, vocab)?;
             (Box::new(p), format!("draft model {}", path.display()))
         }
     };

@@ -22,8 +22,8 @@
 use std::collections::HashMap;
 
 use tandem_model::batch::TokenId;
-use tandem_model::kv_store::KvStore;
-use tandem_model::transformer::Model;
+use tandem_model::runner::ModelRunner;
+use tandem_model::ModelConfig;
 
 use crate::error::{EngineError, Result};
 use crate::sampler::{SamplerState, SamplingParams};
@@ -93,11 +93,11 @@ struct ActiveRequest {
     state: SamplerState,
 }
 
-/// The generation engine. Owns the model and the KV store; synchronous.
+/// The generation engine. Owns the model runner (weights and KV pool on their device);
+/// synchronous.
 #[derive(Debug)]
 pub struct Engine {
-    model: Model,
-    kv: KvStore,
+    runner: Box<dyn ModelRunner>,
     scheduler: Scheduler,
     requests: HashMap<SeqId, ActiveRequest>,
     /// Beam search requests.
@@ -111,20 +111,20 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// An engine over `model` with the KV pool and limits of `config`.
-    pub fn new(model: Model, config: SchedulerConfig, seed: u64) -> Result<Engine> {
-        let kv = KvStore::with_dtype(
-            &model.config,
-            config.block_size,
-            config.num_blocks,
-            config.kv_dtype.unwrap_or_else(|| model.default_kv_dtype()),
-        )
-        .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
+    /// An engine over `runner` with the limits of `config`, whose pool geometry must be the
+    /// runner's (`num_blocks`, `block_size`).
+    pub fn new(runner: Box<dyn ModelRunner>, config: SchedulerConfig, seed: u64) -> Result<Engine> {
+        let g = runner.kv_geometry();
+        if (g.num_blocks, g.block_size) != (config.num_blocks, config.block_size) {
+            return Err(EngineError::InvalidConfig(format!(
+                "the scheduler plans {} blocks of {} tokens but the runner holds {} of {}",
+                config.num_blocks, config.block_size, g.num_blocks, g.block_size
+            )));
+        }
         let mut scheduler = Scheduler::new(config)?;
-        scheduler.set_model_identity(model_identity(&model));
+        scheduler.set_model_identity(runner.model_identity());
         Ok(Engine {
-            model,
-            kv,
+            runner,
             scheduler,
             requests: HashMap::new(),
             beams: beams::Beams::default(),
@@ -134,8 +134,14 @@ impl Engine {
         })
     }
 
-    pub fn model(&self) -> &Model {
-        &self.model
+    /// The model's shapes and hyper-parameters.
+    pub fn model_config(&self) -> &ModelConfig {
+        self.runner.config()
+    }
+
+    /// The runner: the device the model runs on and its KV pool.
+    pub fn runner(&self) -> &dyn ModelRunner {
+        self.runner.as_ref()
     }
 
     pub fn scheduler(&self) -> &Scheduler {
@@ -180,7 +186,7 @@ impl Engine {
 
     /// The refusals of a sampled request (the scheduler adds its own).
     fn validate(&self, req: &GenerationRequest) -> Result<()> {
-        req.sampling.validate(self.model.config.vocab_size)?;
+        req.sampling.validate(self.runner.config().vocab_size)?;
         prompt_logprobs::validate(req)?;
         self.check_prompt(req)
     }
@@ -188,7 +194,7 @@ impl Engine {
     /// Refuses prompt tokens outside the vocabulary and prompt + `max_tokens` beyond the
     /// model length.
     fn check_prompt(&self, req: &GenerationRequest) -> Result<()> {
-        let vocab = self.model.config.vocab_size;
+        let vocab = self.runner.config().vocab_size;
         if let Some(t) = req.prompt.iter().find(|t| t.0 as usize >= vocab) {
             return Err(EngineError::InvalidParams(format!(
                 "prompt token id {} is outside the vocabulary of {vocab}",
@@ -241,8 +247,10 @@ impl Engine {
         if plan.is_empty() {
             return Ok(Vec::new());
         }
-        for &(src, dst) in &plan.block_copies {
-            self.kv.copy_block(src, dst);
+        if let Err(e) = self.runner.copy_blocks(&plan.block_copies) {
+            let message = format!("KV block copy failed: {e}");
+            let events = self.scheduler.fail_step(&message);
+            return Ok(self.translate(events, HashMap::new()));
         }
         let mut out: Vec<EngineEvent> = plan
             .first_admissions
@@ -255,13 +263,13 @@ impl Engine {
             .collect();
         let (cached_events, mut failed) =
             self.prompt_logprobs
-                .score_cached(&plan, &self.scheduler, &self.model, &self.kv);
+                .score_cached(&plan, &self.scheduler, self.runner.as_mut());
         out.extend(cached_events);
         let mut batch = to_forward_batch(&plan);
         let plan_rows = batch.output_rows();
         let prompt_rows = self.prompt_logprobs.plan_rows(&plan, &self.scheduler);
         prompt_logprobs::widen_output(&mut batch, &prompt_rows);
-        let (events, sampled) = match self.model.forward(&batch, &mut self.kv) {
+        let (events, sampled) = match self.runner.forward(&batch) {
             Ok(mut logits) => {
                 if !prompt_rows.is_empty() {
                     let x = self.prompt_logprobs.extract(
@@ -293,16 +301,6 @@ impl Engine {
         self.prompt_logprobs.retain_live(&self.scheduler);
         Ok(out)
     }
-}
-
-/// A number that differs between models (architecture, shapes, weights' size and a sample
-/// of their bytes), so that prefix-cache keys of one model never match another's.
-fn model_identity(model: &Model) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    format!("{:?}", model.config).hash(&mut h);
-    model.weight_bytes().hash(&mut h);
-    h.finish()
 }
 
 /// One round of the SplitMix64 mixer: spreads nearby integers over the 64-bit range.

@@ -1,7 +1,6 @@
 //! The scheduler's validated, immutable configuration.
 
 use tandem_model::batch::TokenId;
-use tandem_model::kv_store::KvDtype;
 
 use crate::error::{EngineError, Result};
 use crate::sequence::SchedulingPolicy;
@@ -24,9 +23,6 @@ pub struct SchedulerConfig {
     pub num_blocks: usize,
     /// Token slots per KV block.
     pub block_size: usize,
-    /// How the pool stores keys and values (`None`: the model's default,
-    /// `Model::default_kv_dtype`).
-    pub kv_dtype: Option<KvDtype>,
     /// The model's end-of-sequence tokens.
     pub eos_token_ids: Vec<TokenId>,
     /// Reuse the KV blocks of prefixes already computed (DESIGN §2.3).
@@ -35,8 +31,7 @@ pub struct SchedulerConfig {
 
 impl SchedulerConfig {
     /// A configuration with the given pool and context and vLLM-like defaults: a budget of
-    /// 2048 tokens, 256 sequences, no chunk cap below the budget, FCFS, prefix caching on,
-    /// keys and values as the model's default.
+    /// 2048 tokens, 256 sequences, no chunk cap below the budget, FCFS, prefix caching on.
     pub fn new(num_blocks: usize, block_size: usize, max_model_len: usize) -> SchedulerConfig {
         SchedulerConfig {
             max_num_batched_tokens: 2048,
@@ -46,7 +41,6 @@ impl SchedulerConfig {
             policy: SchedulingPolicy::Fcfs,
             num_blocks,
             block_size,
-            kv_dtype: None,
             eos_token_ids: Vec::new(),
             enable_prefix_caching: true,
         }

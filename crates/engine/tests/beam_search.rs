@@ -12,14 +12,10 @@ use tandem_engine::sampler::SamplingParams;
 use tandem_engine::{FinishReason, RequestParams, SchedulerConfig, SeqId};
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, TokenId};
 use tandem_model::kv_store::KvStore;
-use tandem_model::loader::load_model;
 use tandem_model::transformer::Model;
 
-fn fixture_model() -> Model {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/fixtures/hf/llama_untied");
-    load_model(&dir, 2).expect("fixture model").model
-}
+mod cpu_engine;
+use cpu_engine::{cpu_engine, fixture_model};
 
 fn config(num_blocks: usize, budget: usize, block_size: usize) -> SchedulerConfig {
     let mut c = SchedulerConfig::new(num_blocks, block_size, 256);
@@ -56,7 +52,7 @@ fn request(prompt: Vec<TokenId>, max_tokens: usize, stop: Vec<TokenId>) -> Gener
 }
 
 /// `log_softmax` of the logits after `tokens`, by a fresh full forward pass.
-fn logprobs_after(model: &Model, tokens: &[TokenId]) -> Vec<f32> {
+fn logprobs_after(model: &mut Model, tokens: &[TokenId]) -> Vec<f32> {
     let blocks = tokens.len().div_ceil(16);
     let mut kv = KvStore::new(&model.config, 16, blocks).expect("store");
     let table = (0..blocks as u32).map(BlockId).collect();
@@ -71,7 +67,7 @@ fn score(cum: f32, len: usize, lp: f32) -> f32 {
 
 /// An independent beam search: `(tokens, cum_logprob, score)`, best first.
 fn reference(
-    model: &Model,
+    model: &mut Model,
     req: &GenerationRequest,
     width: usize,
     lp: f32,
@@ -158,7 +154,7 @@ fn drain(
 }
 
 fn beam_alone(req: &GenerationRequest, p: BeamParams) -> Vec<BeamHypothesis> {
-    let mut engine = Engine::new(fixture_model(), config(64, 4096, 4), 0).expect("engine");
+    let mut engine = cpu_engine(fixture_model(), config(64, 4096, 4), 0);
     let id = engine.add_beam_request(req.clone(), p).expect("admitted");
     let (mut beams, _) = drain(&mut engine, &[id]);
     assert!(engine.scheduler().allocator().is_idle(), "blocks leaked");
@@ -188,7 +184,7 @@ fn width_one_is_greedy_decoding() {
         length_penalty: 1.0,
     };
     let got = beam_alone(&req, p);
-    let mut engine = Engine::new(fixture_model(), config(64, 4096, 4), 0).expect("engine");
+    let mut engine = cpu_engine(fixture_model(), config(64, 4096, 4), 0);
     let mut greedy = req.clone();
     greedy.sampling = SamplingParams::greedy();
     let id = engine.add_request(greedy).expect("admitted");
@@ -214,7 +210,7 @@ fn width_one_is_greedy_decoding() {
 
 #[test]
 fn widths_two_and_three_match_an_independent_beam_search() {
-    let model = fixture_model();
+    let mut model = fixture_model();
     for (width, salt, max_tokens, lp) in [
         (2, 2, 3, 1.0),
         (2, 3, 4, 0.0),
@@ -226,32 +222,32 @@ fn widths_two_and_three_match_an_independent_beam_search() {
             width,
             length_penalty: lp,
         };
-        let want = reference(&model, &req, width, lp);
+        let want = reference(&mut model, &req, width, lp);
         assert_matches(&beam_alone(&req, p), &want, &format!("W={width} lp={lp}"));
     }
 }
 
 #[test]
 fn stop_tokens_finish_hypotheses_like_the_reference() {
-    let model = fixture_model();
+    let mut model = fixture_model();
     let base = request(prompt(9, 6), 4, vec![]);
     // Make likely tokens stop tokens: the 2nd best first token, and the best second token.
-    let first = logprobs_after(&model, &base.prompt);
+    let first = logprobs_after(&mut model, &base.prompt);
     let mut order: Vec<usize> = (0..first.len()).collect();
     order.sort_by(|&a, &b| first[b].total_cmp(&first[a]));
     let mut after_best = base.prompt.clone();
     after_best.push(TokenId(order[0] as u32));
-    let second = logprobs_after(&model, &after_best);
+    let second = logprobs_after(&mut model, &after_best);
     let best_second = (0..second.len())
         .max_by(|&a, &b| second[a].total_cmp(&second[b]).then(b.cmp(&a)))
         .expect("vocab");
     let stop = vec![TokenId(order[1] as u32), TokenId(best_second as u32)];
     for (width, lp) in [(2, 1.0), (3, 0.0)] {
         let req = request(base.prompt.clone(), 4, stop.clone());
-        let want = reference(&model, &req, width, lp);
+        let want = reference(&mut model, &req, width, lp);
         let without = request(base.prompt.clone(), 4, vec![]);
         assert!(
-            want != reference(&model, &without, width, lp),
+            want != reference(&mut model, &without, width, lp),
             "the stop tokens must change the search"
         );
         let p = BeamParams {
@@ -267,7 +263,7 @@ fn beams_share_prefix_blocks_and_release_them() {
     let width = 3;
     // 6 prompt tokens in blocks of 4: one full block, one partial one.
     let req = request(prompt(6, 7), 4, vec![]);
-    let mut engine = Engine::new(fixture_model(), config(64, 4096, 4), 0).expect("engine");
+    let mut engine = cpu_engine(fixture_model(), config(64, 4096, 4), 0);
     let p = BeamParams {
         width,
         length_penalty: 1.0,
@@ -317,13 +313,12 @@ fn batched_chunked_and_preempted_beams_equal_beams_alone() {
     let alone: Vec<Vec<BeamHypothesis>> = reqs.iter().map(|(r, p)| beam_alone(r, *p)).collect();
     let sampled = request(prompt(10, 20), 7, vec![]);
     let sampled_alone = {
-        let mut e = Engine::new(fixture_model(), config(64, 4096, 4), 0).expect("engine");
+        let mut e = cpu_engine(fixture_model(), config(64, 4096, 4), 0);
         let id = e.add_request(sampled.clone()).expect("admitted");
         drain(&mut e, &[]).1.remove(&id).expect("tokens")
     };
     for (blocks, budget) in [(64, 4096), (64, 5), (9, 64)] {
-        let mut engine =
-            Engine::new(fixture_model(), config(blocks, budget, 4), 0).expect("engine");
+        let mut engine = cpu_engine(fixture_model(), config(blocks, budget, 4), 0);
         let ids: Vec<SeqId> = reqs
             .iter()
             .map(|(r, p)| engine.add_beam_request(r.clone(), *p).expect("admitted"))
@@ -352,7 +347,7 @@ fn batched_chunked_and_preempted_beams_equal_beams_alone() {
 
 #[test]
 fn abort_and_bad_params() {
-    let mut engine = Engine::new(fixture_model(), config(64, 4096, 4), 0).expect("engine");
+    let mut engine = cpu_engine(fixture_model(), config(64, 4096, 4), 0);
     let req = request(prompt(6, 30), 4, vec![]);
     let p = BeamParams {
         width: 2,

@@ -9,9 +9,13 @@ use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
 use tandem_engine::sampler::SamplingParams;
 use tandem_engine::{RequestParams, SchedulerConfig, SeqId};
 use tandem_model::batch::TokenId;
-use tandem_model::loader::load_model;
 use tandem_model::scoring::{score_tokens, ScoreOptions};
 use tandem_model::transformer::Model;
+
+use tandem_model::ModelConfig;
+
+mod cpu_engine;
+use cpu_engine::{cpu_engine, default_model, fixture_model, scoring_runner};
 
 /// Tokens and logprobs a request produced.
 type Output = (Vec<TokenId>, Vec<f32>);
@@ -19,18 +23,6 @@ type Output = (Vec<TokenId>, Vec<f32>);
 /// A way to run the prompt set: name, KV blocks, step token budget, block size, arrival
 /// order, submissions per step.
 type Path<'a> = (&'a str, usize, usize, usize, &'a [usize], usize);
-
-fn fixture_model() -> Model {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/fixtures/hf/llama_untied");
-    load_model(&dir, 2).expect("fixture model").model
-}
-
-fn default_model() -> Model {
-    let path = tandem_model::default_model::test_model_path()
-        .expect("the default model is needed; this test does not skip");
-    load_model(&path, 2).expect("default model").model
-}
 
 /// Deterministic prompts of varied lengths (33 requests: one alone vs with up to 32 others).
 fn prompts(n: usize, vocab: usize) -> Vec<Vec<TokenId>> {
@@ -78,7 +70,7 @@ fn run(
     order: &[usize],
     per_step: usize,
 ) -> (Vec<Output>, Engine) {
-    let mut engine = Engine::new(model, config, 7).expect("engine");
+    let mut engine = cpu_engine(model, config, 7);
     let mut ids: HashMap<SeqId, usize> = HashMap::new();
     let mut out: Vec<Output> = vec![(Vec::new(), Vec::new()); reqs.len()];
     let mut pending = order.iter().copied().peekable();
@@ -103,16 +95,21 @@ fn run(
     (out, engine)
 }
 
-fn config(model: &Model, num_blocks: usize, budget: usize, block_size: usize) -> SchedulerConfig {
-    let mut c = SchedulerConfig::new(num_blocks, block_size, model.config.context_len);
+fn config(
+    model: &ModelConfig,
+    num_blocks: usize,
+    budget: usize,
+    block_size: usize,
+) -> SchedulerConfig {
+    let mut c = SchedulerConfig::new(num_blocks, block_size, model.context_len);
     c.max_num_batched_tokens = budget;
     c.long_prefill_token_threshold = budget;
     c
 }
 
 fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {
-    let model = load();
-    let vocab = model.config.vocab_size;
+    let model = scoring_runner(load());
+    let vocab = model.config().vocab_size;
     let reqs: Vec<GenerationRequest> = prompts(n, vocab)
         .iter()
         .enumerate()
@@ -122,7 +119,7 @@ fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {
     let alone: Vec<Output> = (0..n)
         .map(|i| {
             let m = load();
-            let c = config(&m, 64, 4096, 16);
+            let c = config(&m.config, 64, 4096, 16);
             run(m, c, &reqs[i..=i], &[0], 1).0.remove(0)
         })
         .collect();
@@ -145,7 +142,7 @@ fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {
     ];
     for (name, blocks, budget, block_size, order, per_step) in paths {
         let m = load();
-        let c = config(&m, blocks, budget, block_size);
+        let c = config(&m.config, blocks, budget, block_size);
         let (got, engine) = run(m, c, &reqs, order, per_step);
         for i in 0..n {
             assert_eq!(
@@ -172,11 +169,11 @@ fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {
         }
     }
     // decode ≡ forward: the logprob of every generated token equals the teacher-forced score.
-    let model = load();
+    let mut model = scoring_runner(load());
     for (i, (tokens, logprobs)) in alone.iter().enumerate() {
         let full: Vec<TokenId> = reqs[i].prompt.iter().chain(tokens).copied().collect();
         let scored = score_tokens(
-            &model,
+            model.as_mut(),
             &full,
             &ScoreOptions {
                 top_k: 1,
@@ -218,9 +215,9 @@ fn greedy_generation_is_path_independent_on_the_default_model() {
 #[test]
 fn a_bad_request_is_refused_and_changes_nothing() {
     let model = fixture_model();
-    let c = config(&model, 8, 64, 4);
+    let c = config(&model.config, 8, 64, 4);
     let vocab = model.config.vocab_size;
-    let mut engine = Engine::new(model, c, 0).expect("engine");
+    let mut engine = cpu_engine(model, c, 0);
     let too_long = GenerationRequest {
         prompt: vec![TokenId(1); 40],
         ..request(&[TokenId(1)], 0, false)

@@ -12,21 +12,15 @@ use tandem_engine::sampler::SamplingParams;
 use tandem_engine::{FinishReason, RequestParams, SchedulerConfig, SeqId};
 use tandem_model::batch::TokenId;
 use tandem_model::kv_store::KvDtype;
-use tandem_model::loader::load_model;
-use tandem_model::transformer::Model;
+
+mod cpu_engine;
+use cpu_engine::{cpu_engine_with, fixture_model};
 
 /// Tokens and logprobs one sample produced.
 type Output = (Vec<TokenId>, Vec<f32>);
 
-fn fixture_model() -> Model {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/fixtures/hf/llama_untied");
-    load_model(&dir, 2).expect("fixture model").model
-}
-
 fn config(num_blocks: usize, budget: usize, block_size: usize) -> SchedulerConfig {
     let mut c = SchedulerConfig::new(num_blocks, block_size, 256);
-    c.kv_dtype = Some(KvDtype::F16);
     c.max_num_batched_tokens = budget;
     c.long_prefill_token_threshold = budget;
     c
@@ -83,7 +77,7 @@ fn collect(events: Vec<EngineEvent>, outputs: &mut HashMap<SeqId, Output>) {
 
 /// The reference: `req` with `sample_index = i`, alone in a roomy engine.
 fn alone(req: &GenerationRequest, i: u64) -> Output {
-    let mut engine = Engine::new(fixture_model(), config(64, 4096, 16), 3).expect("engine");
+    let mut engine = cpu_engine_with(fixture_model(), config(64, 4096, 16), Some(KvDtype::F16), 3);
     let id = engine
         .add_request(GenerationRequest {
             sample_index: i,
@@ -102,7 +96,12 @@ fn siblings_equal_separate_requests_and_share_the_prompt_blocks() {
     // 10 prompt tokens: two full blocks and a partial third one, shared then copied on write.
     let req = request(prompt(10, 1), 77, 7);
     let other = request(prompt(13, 2), 5, 9);
-    let mut engine = Engine::new(fixture_model(), config(64, 4096, block_size), 3).expect("engine");
+    let mut engine = cpu_engine_with(
+        fixture_model(),
+        config(64, 4096, block_size),
+        Some(KvDtype::F16),
+        3,
+    );
     let ids = engine.add_request_n(req.clone(), n).expect("admitted");
     let other_id = engine.add_request(other.clone()).expect("admitted");
     assert_eq!(ids.len(), n);
@@ -187,7 +186,8 @@ fn siblings_survive_chunking_and_preemption_in_a_tiny_pool() {
     let reference: Vec<Output> = (0..n as u64).map(|i| alone(&req, i)).collect();
     // 9 + 12 tokens need 6 blocks of 4; 8 blocks cannot hold three siblings at once.
     for budget in [3, 64] {
-        let mut engine = Engine::new(fixture_model(), config(8, budget, 4), 3).expect("engine");
+        let mut engine =
+            cpu_engine_with(fixture_model(), config(8, budget, 4), Some(KvDtype::F16), 3);
         let ids = engine.add_request_n(req.clone(), n).expect("admitted");
         let mut out = HashMap::new();
         drain(&mut engine, &mut out);
@@ -218,7 +218,7 @@ fn siblings_survive_chunking_and_preemption_in_a_tiny_pool() {
 fn greedy_siblings_agree_and_each_finishes() {
     let mut req = request(prompt(6, 4), 1, 5);
     req.sampling = SamplingParams::greedy();
-    let mut engine = Engine::new(fixture_model(), config(32, 4096, 4), 3).expect("engine");
+    let mut engine = cpu_engine_with(fixture_model(), config(32, 4096, 4), Some(KvDtype::F16), 3);
     let ids = engine.add_request_n(req.clone(), 3).expect("admitted");
     let mut finished = Vec::new();
     let mut out = HashMap::new();
@@ -243,7 +243,7 @@ fn greedy_siblings_agree_and_each_finishes() {
 #[test]
 fn aborts_before_the_fork_drop_one_sibling_or_the_whole_group() {
     let req = request(prompt(5, 5), 9, 4);
-    let mut engine = Engine::new(fixture_model(), config(32, 4096, 4), 3).expect("engine");
+    let mut engine = cpu_engine_with(fixture_model(), config(32, 4096, 4), Some(KvDtype::F16), 3);
     let ids = engine.add_request_n(req.clone(), 3).expect("admitted");
     engine
         .abort(ids[1])
@@ -265,7 +265,7 @@ fn aborts_before_the_fork_drop_one_sibling_or_the_whole_group() {
 
 #[test]
 fn group_sizes_are_checked() {
-    let mut engine = Engine::new(fixture_model(), config(32, 4096, 4), 3).expect("engine");
+    let mut engine = cpu_engine_with(fixture_model(), config(32, 4096, 4), Some(KvDtype::F16), 3);
     let req = request(prompt(5, 6), 9, 4);
     assert!(engine.add_request_n(req.clone(), 0).is_err());
     let err = engine
@@ -281,7 +281,7 @@ fn group_sizes_are_checked() {
 fn a_group_on_a_cached_prompt_equals_separate_requests() {
     let n = 3;
     let req = request(prompt(10, 4), 31, 6);
-    let mut engine = Engine::new(fixture_model(), config(64, 4096, 4), 3).expect("engine");
+    let mut engine = cpu_engine_with(fixture_model(), config(64, 4096, 4), Some(KvDtype::F16), 3);
     for round in 0..2 {
         let ids = engine.add_request_n(req.clone(), n).expect("admitted");
         let mut out = HashMap::new();

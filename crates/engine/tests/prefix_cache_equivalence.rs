@@ -7,14 +7,9 @@ use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest, PromptTokenL
 use tandem_engine::sampler::SamplingParams;
 use tandem_engine::{RequestParams, SchedulerConfig, SeqId};
 use tandem_model::batch::TokenId;
-use tandem_model::loader::load_model;
-use tandem_model::transformer::Model;
 
-fn default_model() -> Model {
-    let path = tandem_model::default_model::test_model_path()
-        .expect("the default model is needed; this test does not skip");
-    load_model(&path, 2).expect("default model").model
-}
+mod cpu_engine;
+use cpu_engine::{cpu_engine, default_model};
 
 /// What one request produced.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -206,7 +201,7 @@ fn cache_hits_misses_evictions_and_disabled_cache_give_identical_results() {
     let all: Vec<usize> = (0..n).collect();
 
     // Reference: the cache disabled, each request alone.
-    let mut off = Engine::new(default_model(), config(256, false), 7).expect("engine");
+    let mut off = cpu_engine(default_model(), config(256, false), 7);
     let mut want = vec![Out::default(); n];
     for i in 0..n {
         run_batch(&mut off, &reqs, &[i], &mut want);
@@ -218,7 +213,7 @@ fn cache_hits_misses_evictions_and_disabled_cache_give_identical_results() {
     assert_eq!(off.scheduler().stats().prefix_cache_queries, 0);
 
     // Warm: one engine, one request after the other: every later request hits the head.
-    let mut on = Engine::new(default_model(), config(256, true), 7).expect("engine");
+    let mut on = cpu_engine(default_model(), config(256, true), 7);
     let mut warm = vec![Out::default(); n];
     for i in 0..n {
         run_batch(&mut on, &reqs, &[i], &mut warm);
@@ -273,7 +268,7 @@ fn cache_hits_misses_evictions_and_disabled_cache_give_identical_results() {
     assert!(batched.iter().all(|o| o.cached.is_some_and(|c| c > 0)));
 
     // After eviction: a small pool, filled by an unrelated request between two rounds.
-    let mut small = Engine::new(default_model(), config(14, true), 7).expect("engine");
+    let mut small = cpu_engine(default_model(), config(14, true), 7);
     let mut first = vec![Out::default(); n];
     for i in 0..n {
         run_batch(&mut small, &reqs, &[i], &mut first);

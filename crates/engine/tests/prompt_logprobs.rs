@@ -11,9 +11,14 @@ use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest, PromptTokenL
 use tandem_engine::sampler::SamplingParams;
 use tandem_engine::{FinishReason, RequestParams, SchedulerConfig, SeqId};
 use tandem_model::batch::TokenId;
-use tandem_model::loader::load_model;
 use tandem_model::scoring::{score_tokens, ScoreOptions};
 use tandem_model::transformer::Model;
+
+use tandem_model::ModelConfig;
+
+mod cpu_engine;
+use cpu_engine::{cpu_engine, default_model, fixture_model, scoring_runner};
+use tandem_model::runner::ModelRunner;
 
 /// What one request produced: prompt scores (index 1 first), tokens, logprobs, finish reason.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -24,20 +29,13 @@ struct Output {
     finish: Option<FinishReason>,
 }
 
-fn fixture_model() -> Model {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/fixtures/hf/llama_untied");
-    load_model(&dir, 2).expect("fixture model").model
-}
-
-fn default_model() -> Model {
-    let path = tandem_model::default_model::test_model_path()
-        .expect("the default model is needed; this test does not skip");
-    load_model(&path, 2).expect("default model").model
-}
-
-fn config(model: &Model, num_blocks: usize, budget: usize, block_size: usize) -> SchedulerConfig {
-    let mut c = SchedulerConfig::new(num_blocks, block_size, model.config.context_len);
+fn config(
+    model: &ModelConfig,
+    num_blocks: usize,
+    budget: usize,
+    block_size: usize,
+) -> SchedulerConfig {
+    let mut c = SchedulerConfig::new(num_blocks, block_size, model.context_len);
     c.max_num_batched_tokens = budget;
     c.long_prefill_token_threshold = budget;
     c
@@ -120,7 +118,7 @@ fn run(
     reqs: &[GenerationRequest],
     per_step: usize,
 ) -> (Vec<Output>, Engine) {
-    let mut engine = Engine::new(model, c, 7).expect("engine");
+    let mut engine = cpu_engine(model, c, 7);
     let mut ids = HashMap::new();
     let mut out = vec![Output::default(); reqs.len()];
     let mut next = 0;
@@ -136,7 +134,7 @@ fn run(
 
 /// Bitwise comparison of the engine's prompt scores with `score_tokens` on the prompt.
 fn assert_matches_scoring(
-    model: &Model,
+    model: &mut dyn ModelRunner,
     req: &GenerationRequest,
     got: &[PromptTokenLogprob],
     what: &str,
@@ -171,8 +169,8 @@ fn assert_matches_scoring(
 }
 
 fn check_paths(load: fn() -> Model, n: usize) {
-    let model = load();
-    let reqs = requests(n, model.config.vocab_size);
+    let mut model = scoring_runner(load());
+    let reqs = requests(n, model.config().vocab_size);
     // Reference for the generated side: the same requests without prompt logprobs.
     let plain: Vec<GenerationRequest> = reqs
         .iter()
@@ -186,7 +184,7 @@ fn check_paths(load: fn() -> Model, n: usize) {
             ..r.clone()
         })
         .collect();
-    let (baseline, _) = run(load(), config(&model, 512, 4096, 16), &plain, n);
+    let (baseline, _) = run(load(), config(model.config(), 512, 4096, 16), &plain, n);
     let tiny = reqs
         .iter()
         .map(|r| (r.prompt.len() + r.limits.max_tokens).div_ceil(4))
@@ -203,14 +201,14 @@ fn check_paths(load: fn() -> Model, n: usize) {
     for (name, blocks, budget, block_size, per_step) in paths {
         let (got, engine) = run(
             load(),
-            config(&model, blocks, budget, block_size),
+            config(model.config(), blocks, budget, block_size),
             &reqs,
             per_step,
         );
         for (i, (r, o)) in reqs.iter().zip(&got).enumerate() {
             let what = format!("{name}: request {i}");
             if r.prompt_logprobs.is_some() {
-                assert_matches_scoring(&model, r, &o.prompt, &what);
+                assert_matches_scoring(model.as_mut(), r, &o.prompt, &what);
             } else {
                 assert!(o.prompt.is_empty(), "{what}: not asked for");
             }
@@ -270,14 +268,15 @@ fn a_preempted_request_emits_its_prompt_once() {
             prompt_logprobs_start: 1,
         })
         .collect();
-    let c = config(&model, 15, 64, 4); // 60 slots: 2 x 40 tokens do not fit
+    let c = config(&model.config, 15, 64, 4); // 60 slots: 2 x 40 tokens do not fit
+    let mut model = scoring_runner(model);
     let (got, engine) = run(fixture_model(), c, &reqs, 2);
     assert!(
         engine.scheduler().stats().num_preemptions > 0,
         "the pool must preempt"
     );
     for (i, (r, o)) in reqs.iter().zip(&got).enumerate() {
-        assert_matches_scoring(&model, r, &o.prompt, &format!("request {i}"));
+        assert_matches_scoring(model.as_mut(), r, &o.prompt, &format!("request {i}"));
         assert_eq!(o.tokens.len(), 20);
     }
 }
@@ -285,8 +284,8 @@ fn a_preempted_request_emits_its_prompt_once() {
 #[test]
 fn groups_one_token_prompts_and_refusals() {
     let model = fixture_model();
-    let c = config(&model, 64, 64, 4);
-    let mut engine = Engine::new(model, c, 0).expect("engine");
+    let c = config(&model.config, 64, 64, 4);
+    let mut engine = cpu_engine(model, c, 0);
     let base = GenerationRequest {
         prompt: vec![TokenId(3), TokenId(9), TokenId(27)],
         sampling: SamplingParams::greedy(),

@@ -18,20 +18,15 @@ use tandem_model::kv_store::KvDtype;
 use tandem_model::loader::load_model;
 use tandem_model::transformer::Model;
 
+use tandem_model::ModelConfig;
+
+use tandem_model::cpu_runner::{CpuRunner, KvSpec};
+
+mod cpu_engine;
+use cpu_engine::{cpu_engine, default_model, fixture_model};
+
 /// Per request: (token, logprob, top logprobs) for each emitted token.
 type Output = Vec<(TokenId, f32, Vec<(TokenId, f32)>)>;
-
-fn fixture_model() -> Model {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/fixtures/hf/llama_untied");
-    load_model(&dir, 2).expect("fixture model").model
-}
-
-fn default_model() -> Model {
-    let path = tandem_model::default_model::test_model_path()
-        .expect("the default model is needed; this test does not skip");
-    load_model(&path, 2).expect("default model").model
-}
 
 /// Prompts with something to copy (a repeated phrase) and without.
 fn prompts(n: usize, vocab: usize) -> Vec<Vec<TokenId>> {
@@ -72,8 +67,13 @@ fn request(prompt: &[TokenId], i: usize) -> GenerationRequest {
     }
 }
 
-fn config(model: &Model, num_blocks: usize, budget: usize, block_size: usize) -> SchedulerConfig {
-    let mut c = SchedulerConfig::new(num_blocks, block_size, model.config.context_len);
+fn config(
+    model: &ModelConfig,
+    num_blocks: usize,
+    budget: usize,
+    block_size: usize,
+) -> SchedulerConfig {
+    let mut c = SchedulerConfig::new(num_blocks, block_size, model.context_len);
     c.max_num_batched_tokens = budget;
     c.long_prefill_token_threshold = budget;
     c
@@ -88,7 +88,7 @@ fn run(
     reqs: &[GenerationRequest],
     per_step: usize,
 ) -> (Vec<Output>, SpecStats, Engine) {
-    let mut engine = Engine::new(model, config, 7).expect("engine");
+    let mut engine = cpu_engine(model, config, 7);
     if let Some((proposer, k, draft_cost)) = spec {
         let c = SpeculativeConfig {
             num_tokens: k,
@@ -130,9 +130,13 @@ fn self_draft(
     kv_dtype: Option<KvDtype>,
 ) -> (Box<dyn Proposer>, BlockAllocator) {
     let vocab = model.config.vocab_size;
-    let dtype = kv_dtype.unwrap_or_else(|| model.default_kv_dtype());
-    let p =
-        DraftModelProposer::with_kv_dtype(model, vocab, blocks, block_size, dtype).expect("draft");
+    let spec = KvSpec {
+        block_size,
+        num_blocks: blocks,
+        dtype: kv_dtype,
+    };
+    let runner = Box::new(CpuRunner::new(model, spec).expect("draft pool"));
+    let p = DraftModelProposer::new(runner, vocab).expect("draft");
     let pool = p.allocator().clone();
     (Box::new(p), pool)
 }
@@ -164,7 +168,7 @@ fn check(load: fn() -> Model, prompts: &[Vec<TokenId>]) {
         .map(|(i, p)| request(p, i))
         .collect();
     let m = load();
-    let c = config(&m, 512, 4096, 16);
+    let c = config(&m.config, 512, 4096, 16);
     let (plain, _, _) = run(m, c, None, &reqs, n);
     // A pool that holds the longest request (plus drafts) but not all of them at once.
     let tiny = reqs
@@ -187,7 +191,7 @@ fn check(load: fn() -> Model, prompts: &[Vec<TokenId>]) {
     ];
     for (name, draft, k, blocks, budget, block_size, per_step) in variants {
         let m = load();
-        let c = config(&m, blocks, budget, block_size);
+        let c = config(&m.config, blocks, budget, block_size);
         let (proposer, draft_pool): (Box<dyn Proposer>, Option<BlockAllocator>) = if draft {
             let dtype = name.contains("f16").then_some(KvDtype::F16);
             let (p, pool) = self_draft(load(), 64, 8, dtype);
@@ -240,7 +244,7 @@ fn greedy_speculation_is_transparent_on_a_fixture_model() {
 #[test]
 fn greedy_speculation_is_transparent_on_the_default_model() {
     let path = tandem_model::default_model::test_model_path().expect("the default model");
-    let tok = load_model(&path, 1).expect("default model").tokenizer;
+    let tok = load_model(&path).expect("default model").tokenizer;
     let texts = [
         "Copy the list exactly.\nList: apple, banana, cherry, grape, lemon, mango.\nCopy: apple, banana,",
         "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n",

@@ -21,6 +21,12 @@ use tandem_model::batch::TokenId;
 use tandem_model::loader::load_model;
 use tandem_model::transformer::Model;
 
+use tandem_model::cpu_runner::{CpuRunner, KvSpec};
+use tandem_model::runner::ModelRunner;
+
+mod cpu_engine;
+use cpu_engine::cpu_engine;
+
 const REQUESTS: usize = 4_000;
 const LEN: usize = 4;
 
@@ -28,7 +34,17 @@ fn fixture(name: &str) -> Model {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../model/tests/fixtures/hf")
         .join(name);
-    load_model(&dir, 1).expect("fixture model").model
+    Model::new(load_model(&dir).expect("fixture model").host, 1)
+}
+
+/// A draft runner over `model` with a pool of 4,096 blocks of 8 slots.
+fn draft_runner(model: Model) -> Box<dyn ModelRunner> {
+    let spec = KvSpec {
+        block_size: 8,
+        num_blocks: 4096,
+        dtype: None,
+    };
+    Box::new(CpuRunner::new(model, spec).expect("draft pool"))
 }
 
 /// The outputs of `REQUESTS` seeded requests, `LEN` tokens each.
@@ -36,7 +52,7 @@ fn outputs(spec: Option<Box<dyn Proposer>>) -> (Vec<Vec<TokenId>>, SpecStats) {
     let model = fixture("llama_untied");
     let mut config = SchedulerConfig::new(4096, 8, model.config.context_len);
     config.max_num_seqs = 128;
-    let mut engine = Engine::new(model, config, 3).expect("engine");
+    let mut engine = cpu_engine(model, config, 3);
     if let Some(p) = spec {
         let c = SpeculativeConfig {
             num_tokens: 3,
@@ -180,13 +196,13 @@ fn sampled_tokens_have_the_same_distribution_with_and_without_speculation() {
     let (plain, _) = outputs(None);
     let draft = fixture("llama_tied");
     let vocab = draft.config.vocab_size;
-    let p = DraftModelProposer::new(draft, vocab, 4096, 8).expect("draft");
+    let p = DraftModelProposer::new(draft_runner(draft), vocab).expect("draft");
     let (spec, stats) = outputs(Some(Box::new(p)));
     compare("other model as draft", &plain, &spec, &stats, true);
     // Drafting for itself (no penalties): q = p, so every draft is accepted and the bonus
     // token path carries the run.
     let own = fixture("llama_untied");
-    let p = DraftModelProposer::new(own, vocab, 4096, 8).expect("draft");
+    let p = DraftModelProposer::new(draft_runner(own), vocab).expect("draft");
     let (spec, stats) = outputs(Some(Box::new(p)));
     compare("self as draft", &plain, &spec, &stats, false);
     let (ngram, stats) = outputs(Some(Box::new(NgramProposer::new(1, 3).expect("ok"))));

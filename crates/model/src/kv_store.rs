@@ -126,6 +126,14 @@ impl KvStore {
             + config.hidden_size * std::mem::size_of::<f32>()
     }
 
+    /// How keys and values are stored.
+    pub fn dtype(&self) -> KvDtype {
+        match self.layers {
+            Layers::F32(_) => KvDtype::F32,
+            Layers::F16(_) => KvDtype::F16,
+        }
+    }
+
     pub fn block_size(&self) -> usize {
         self.block_size
     }

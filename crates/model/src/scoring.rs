@@ -6,9 +6,8 @@
 
 use crate::batch::{BlockId, ForwardBatch, OutputSelection, TokenId};
 use crate::error::{ModelError, Result};
-use crate::kv_store::{KvDtype, KvStore};
 use crate::logits::Logits;
-use crate::transformer::Model;
+use crate::runner::ModelRunner;
 
 /// Strided sliding windows for inputs longer than the context, as in HF's perplexity recipe:
 /// window `w` covers tokens `[w * stride, w * stride + size)`, run as a fresh sequence, and
@@ -28,12 +27,8 @@ pub struct ScoreOptions {
     pub window: Option<Window>,
     /// Tokens per forward call (bounds the logits buffer to `chunk_len * vocab` floats).
     pub chunk_len: usize,
-    /// KV block size.
-    pub block_size: usize,
     /// Longest sequence one forward context may hold (the model's context unless lowered).
     pub max_context: Option<usize>,
-    /// How the pass's KV store holds keys and values (`None`: the model's default).
-    pub kv_dtype: Option<KvDtype>,
 }
 
 impl Default for ScoreOptions {
@@ -42,9 +37,7 @@ impl Default for ScoreOptions {
             top_k: 0,
             window: None,
             chunk_len: 256,
-            block_size: 16,
             max_context: None,
-            kv_dtype: None,
         }
     }
 }
@@ -84,17 +77,27 @@ impl ScoreOutput {
     }
 }
 
-/// Scores `tokens` with `model`; `progress(done, total)` is called after every chunk.
+/// Tokens one forward context of [`score_tokens`] holds: the runner's pool needs
+/// `span_tokens(..).div_ceil(block_size)` blocks (it uses blocks `0..` of the pool).
+pub fn span_tokens(num_tokens: usize, opts: &ScoreOptions, context_len: usize) -> usize {
+    let context = opts.max_context.unwrap_or(context_len).min(context_len);
+    match opts.window {
+        Some(w) => w.size.min(num_tokens),
+        None => num_tokens.min(context),
+    }
+    .max(1)
+}
+
+/// Scores `tokens` with `runner`, whose KV pool is free for the call and holds
+/// [`span_tokens`]; `progress(done, total)` is called after every chunk.
 pub fn score_tokens(
-    model: &Model,
+    runner: &mut dyn ModelRunner,
     tokens: &[TokenId],
     opts: &ScoreOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<ScoreOutput> {
-    let context = opts
-        .max_context
-        .unwrap_or(model.config.context_len)
-        .min(model.config.context_len);
+    let context_len = runner.config().context_len;
+    let context = opts.max_context.unwrap_or(context_len).min(context_len);
     let mut positions = vec![None; tokens.len()];
     match opts.window {
         None if tokens.len() > context => {
@@ -103,7 +106,7 @@ pub fn score_tokens(
                 context_len: context,
             })
         }
-        None => score_span(model, tokens, 0, 1, opts, &mut positions, progress)?,
+        None => score_span(runner, tokens, 0, 1, opts, &mut positions, progress)?,
         Some(w) => {
             if w.size < 2 || w.stride == 0 || w.stride > w.size || w.size > context {
                 return Err(ModelError::Batch(format!(
@@ -116,7 +119,7 @@ pub fn score_tokens(
             while scored_until < tokens.len() {
                 let end = (start + w.size).min(tokens.len());
                 score_span(
-                    model,
+                    runner,
                     &tokens[..end],
                     start,
                     scored_until,
@@ -137,7 +140,7 @@ pub fn score_tokens(
 
 /// Runs `tokens[start..]` as one fresh sequence and fills `positions[first_scored..]`.
 fn score_span(
-    model: &Model,
+    runner: &mut dyn ModelRunner,
     tokens: &[TokenId],
     start: usize,
     first_scored: usize,
@@ -146,9 +149,16 @@ fn score_span(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
     let seq = &tokens[start..];
-    let num_blocks = seq.len().div_ceil(opts.block_size);
-    let dtype = opts.kv_dtype.unwrap_or_else(|| model.default_kv_dtype());
-    let mut kv = KvStore::with_dtype(&model.config, opts.block_size, num_blocks, dtype)?;
+    let geometry = runner.kv_geometry();
+    let block_size = geometry.block_size;
+    let num_blocks = seq.len().div_ceil(block_size);
+    if num_blocks > geometry.num_blocks {
+        return Err(ModelError::Batch(format!(
+            "scoring {} tokens needs {num_blocks} KV blocks of {block_size}; the pool has {}",
+            seq.len(),
+            geometry.num_blocks
+        )));
+    }
     let table: Vec<BlockId> = (0..num_blocks as u32).map(BlockId).collect();
     let chunk_len = opts.chunk_len.max(1);
     let mut done = 0;
@@ -157,10 +167,10 @@ fn score_span(
         let batch = ForwardBatch::single(
             seq[done..done + n].to_vec(),
             done,
-            table[..(done + n).div_ceil(opts.block_size)].to_vec(),
+            table[..(done + n).div_ceil(block_size)].to_vec(),
             OutputSelection::All,
         );
-        let logits = model.forward(&batch, &mut kv)?;
+        let logits = runner.forward(&batch)?;
         for row in 0..n {
             let target = start + done + row + 1; // the token this row predicts
             if target < first_scored || target >= tokens.len() {

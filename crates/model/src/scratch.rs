@@ -6,8 +6,6 @@
 //! keeps its compute buffers for the largest step it runs). What a buffer held before is never
 //! read: every producer writes the whole of its output.
 
-use std::sync::{Mutex, MutexGuard, TryLockError};
-
 use tandem_kernels::packed::QuantizedRows;
 
 use crate::batch::ForwardBatch;
@@ -26,62 +24,14 @@ pub(crate) struct Scratch {
     pub gathered: Vec<f32>,
 }
 
-impl Scratch {
-    pub fn new() -> Scratch {
+impl Default for Scratch {
+    fn default() -> Scratch {
         Scratch {
             act: Activations::default(),
             layout: BatchLayout::default(),
             rope: RopeTable::default(),
             xq: QuantizedRows::empty(),
             gathered: Vec::new(),
-        }
-    }
-}
-
-/// The model's [`Scratch`], or a fresh one for a call that finds it in use (two threads
-/// running the same model at once: both proceed, the second with its own buffers).
-#[derive(Debug)]
-pub(crate) struct ScratchSlot(Mutex<Scratch>);
-
-/// A [`Scratch`] for one call: the model's, borrowed, or one of its own.
-pub(crate) enum ScratchGuard<'a> {
-    Shared(MutexGuard<'a, Scratch>),
-    Own(Box<Scratch>),
-}
-
-impl ScratchSlot {
-    pub fn new() -> ScratchSlot {
-        ScratchSlot(Mutex::new(Scratch::new()))
-    }
-
-    pub fn take(&self) -> ScratchGuard<'_> {
-        match self.0.try_lock() {
-            Ok(guard) => ScratchGuard::Shared(guard),
-            // A call that panicked left buffers whose contents are never read anyway.
-            Err(TryLockError::Poisoned(poisoned)) => {
-                self.0.clear_poison();
-                ScratchGuard::Shared(poisoned.into_inner())
-            }
-            Err(TryLockError::WouldBlock) => ScratchGuard::Own(Box::new(Scratch::new())),
-        }
-    }
-}
-
-impl std::ops::Deref for ScratchGuard<'_> {
-    type Target = Scratch;
-    fn deref(&self) -> &Scratch {
-        match self {
-            ScratchGuard::Shared(g) => g,
-            ScratchGuard::Own(s) => s,
-        }
-    }
-}
-
-impl std::ops::DerefMut for ScratchGuard<'_> {
-    fn deref_mut(&mut self) -> &mut Scratch {
-        match self {
-            ScratchGuard::Shared(g) => g,
-            ScratchGuard::Own(s) => s,
         }
     }
 }

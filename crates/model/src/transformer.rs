@@ -14,7 +14,7 @@ use crate::host_model::HostModel;
 use crate::kv_store::{KvDtype, KvStore};
 use crate::logits::Logits;
 use crate::packed_weights::{NormedInput, PackedWeights};
-use crate::scratch::{Activations, BatchLayout, RopeTable, Scratch, ScratchSlot};
+use crate::scratch::{Activations, BatchLayout, RopeTable, Scratch};
 use crate::weights::{TensorHandle, TensorSet};
 
 /// The weights of one decoder layer. Matrices stay in their stored format; the small
@@ -58,7 +58,7 @@ pub struct Model {
     packed: PackedWeights,
     pool: ThreadPool,
     /// Working memory reused by every forward call.
-    scratch: ScratchSlot,
+    scratch: Scratch,
 }
 
 impl Model {
@@ -78,7 +78,7 @@ impl Model {
             w,
             packed,
             pool,
-            scratch: ScratchSlot::new(),
+            scratch: Scratch::default(),
         }
     }
 
@@ -147,18 +147,27 @@ impl Model {
 
     /// Runs the transformer over `batch`: writes every new token's K/V into `kv` and returns
     /// logits for the rows `batch.output` selects.
-    pub fn forward(&self, batch: &ForwardBatch, kv: &mut KvStore) -> Result<Logits> {
+    pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvStore) -> Result<Logits> {
         let c = &self.config;
         batch.validate(c.vocab_size, kv.block_size(), kv.num_blocks())?;
+        // The scratch is moved out for the call (the layers borrow the weights) and back.
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let logits = self.forward_in(batch, kv, &mut scratch);
+        self.scratch = scratch;
+        Ok(logits)
+    }
+
+    /// [`Model::forward`] of a validated batch in `scratch`.
+    fn forward_in(&self, batch: &ForwardBatch, kv: &mut KvStore, scratch: &mut Scratch) -> Logits {
+        let c = &self.config;
         let n = batch.num_tokens();
-        let mut scratch = self.scratch.take();
         let Scratch {
             act: a,
             layout,
             rope,
             xq,
             gathered,
-        } = &mut *scratch;
+        } = scratch;
         layout.fill(batch, kv);
         rope.fill(&layout.positions, &self.w.inv_freqs);
         a.resize(c, n);
@@ -187,20 +196,22 @@ impl Model {
         for &r in &rows {
             gathered.extend_from_slice(&a.xn[r * h..(r + 1) * h]);
         }
-        Ok(self.lm_head(rows, gathered, xq))
+        self.lm_head(rows, gathered, xq)
     }
 
     /// The logits of the tokens whose final hidden states sit in `slots` of `kv` (rows
     /// numbered `0..slots.len()`): bitwise what the forward pass that computed them returned,
     /// because the LM head's result for a row does not depend on the other rows.
-    pub fn logits_at_slots(&self, kv: &KvStore, slots: &[usize]) -> Logits {
-        let mut scratch = self.scratch.take();
-        let Scratch { xq, gathered, .. } = &mut *scratch;
+    pub fn logits_at_slots(&mut self, kv: &KvStore, slots: &[usize]) -> Logits {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let Scratch { xq, gathered, .. } = &mut scratch;
         gathered.clear();
         for &slot in slots {
             gathered.extend_from_slice(kv.hidden_row(slot));
         }
-        self.lm_head((0..slots.len()).collect(), gathered, xq)
+        let logits = self.lm_head((0..slots.len()).collect(), gathered, xq);
+        self.scratch = scratch;
+        logits
     }
 
     #[allow(clippy::too_many_arguments)] // a layer, its inputs and the call's scratch

@@ -33,7 +33,7 @@ const STEPS: usize = 24;
 /// then decodes `STEPS` tokens for all of them together; returns the allocations of each
 /// decode step's forward call.
 fn decode_allocations(
-    model: &Model,
+    model: &mut Model,
     kv: &mut KvStore,
     first_block: u32,
     seqs: usize,
@@ -111,17 +111,17 @@ fn argmax_rows(logits: &tandem_model::logits::Logits) -> Vec<TokenId> {
 fn a_decode_step_allocates_only_its_logits() {
     let path = tandem_model::default_model::test_model_path()
         .expect("the default model is needed; this test does not skip");
-    let (model, _) = load_gguf_model(&path, 2).expect("load");
+    let mut model = Model::new(load_gguf_model(&path).expect("load").0, 2);
     let blocks = 2 * SEQS * BLOCKS_PER_SEQ;
     let mut kv =
         KvStore::with_dtype(&model.config, BLOCK, blocks, model.default_kv_dtype()).expect("kv");
     // The first sequences grow the model's buffers; the next ones, fewer and with longer
     // contexts, on other blocks, must find them ready.
-    let warm_up = decode_allocations(&model, &mut kv, 0, SEQS, 20);
+    let warm_up = decode_allocations(&mut model, &mut kv, 0, SEQS, 20);
     assert!(warm_up.iter().all(|&n| n >= 2), "{warm_up:?}");
     eprintln!("warm-up allocations per step: {warm_up:?}");
     let steady = decode_allocations(
-        &model,
+        &mut model,
         &mut kv,
         (SEQS * BLOCKS_PER_SEQ) as u32,
         SEQS - 1,

@@ -7,6 +7,7 @@
 mod common;
 
 use tandem_model::loader::load_gguf_model;
+use tandem_model::transformer::Model;
 
 #[test]
 fn scalar_path_matches_the_fp32_dequantized_reference() {
@@ -16,8 +17,8 @@ fn scalar_path_matches_the_fp32_dequantized_reference() {
         .expect("choose the exact kernels before any kernel runs");
     let path = tandem_model::default_model::test_model_path()
         .expect("the default model is needed; this test does not skip");
-    let (model, _) = load_gguf_model(&path, 2).expect("load");
-    let f = common::fidelity(&model);
+    let model = Model::new(load_gguf_model(&path).expect("load").0, 2);
+    let f = common::fidelity(model);
     eprintln!(
         "tandem ({}) vs fp32 reference: mean |Δlogprob| {:.2e} over {} positions, top-1 agreement {:.4}; \
          llama.cpp vs fp32 reference: mean |Δlogprob| {:.5}",

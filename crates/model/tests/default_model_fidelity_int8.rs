@@ -5,6 +5,7 @@ mod common;
 
 use tandem_kernels::isa::{self, Isa};
 use tandem_model::loader::load_gguf_model;
+use tandem_model::transformer::Model;
 
 #[test]
 fn int8_path_is_no_further_from_the_reference_than_llama_cpp() {
@@ -17,8 +18,8 @@ fn int8_path_is_no_further_from_the_reference_than_llama_cpp() {
     isa::set_forced(isa).expect("choose the int8 kernels before any kernel runs");
     let path = tandem_model::default_model::test_model_path()
         .expect("the default model is needed; this test does not skip");
-    let (model, _) = load_gguf_model(&path, 2).expect("load");
-    let f = common::fidelity(&model);
+    let model = Model::new(load_gguf_model(&path).expect("load").0, 2);
+    let f = common::fidelity(model);
     eprintln!(
         "tandem ({isa}) vs fp32 reference: mean |Δlogprob| {:.5} over {} positions, top-1 agreement {:.4}; \
          llama.cpp: mean |Δlogprob| {:.5}",

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
 use tandem_model::hf_config::load_hf_config;
 use tandem_model::kv_store::{KvDtype, KvStore};
-use tandem_model::model_builder::{build_model, NameScheme};
+use tandem_model::model_builder::{build_host_model, NameScheme};
 use tandem_model::safetensors::load_safetensors_dir;
 use tandem_model::transformer::Model;
 
@@ -32,7 +32,10 @@ fn load(name: &str, threads: usize) -> Model {
     let dir = fixture_dir(name);
     let info = load_hf_config(&dir).expect("config");
     let tensors = load_safetensors_dir(&dir).expect("tensors");
-    build_model(info.config, tensors, NameScheme::HuggingFace, None, threads).expect("model")
+    Model::new(
+        build_host_model(info.config, tensors, NameScheme::HuggingFace, None).expect("model"),
+        threads,
+    )
 }
 
 /// (input ids, reference logits `[len, vocab]`) of each fixture sequence.
@@ -63,13 +66,13 @@ fn sequences(name: &str) -> Vec<(Vec<TokenId>, Vec<f32>)> {
 }
 
 /// Logits of every position of `tokens`, computed in chunks of `chunk` tokens.
-fn run_chunked(model: &Model, tokens: &[TokenId], chunk: usize, block_size: usize) -> Vec<f32> {
+fn run_chunked(model: &mut Model, tokens: &[TokenId], chunk: usize, block_size: usize) -> Vec<f32> {
     run_chunked_as(model, tokens, chunk, block_size, KvDtype::F32)
 }
 
 /// [`run_chunked`] with keys and values stored as `dtype`.
 fn run_chunked_as(
-    model: &Model,
+    model: &mut Model,
     tokens: &[TokenId],
     chunk: usize,
     block_size: usize,
@@ -105,9 +108,9 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn logits_match_transformers_fp32() {
     for name in FIXTURES {
-        let model = load(name, 2);
+        let mut model = load(name, 2);
         for (i, (ids, want)) in sequences(name).iter().enumerate() {
-            let got = run_chunked(&model, ids, ids.len(), 16);
+            let got = run_chunked(&mut model, ids, ids.len(), 16);
             assert_eq!(got.len(), want.len(), "{name} seq {i}: logits size");
             let max_diff = max_abs_diff(&got, want);
             eprintln!("{name} seq {i}: max |Δlogit| = {max_diff:.2e}");
@@ -126,16 +129,16 @@ fn logits_match_transformers_fp32() {
 fn f16_kv_stays_close_to_transformers() {
     let mut rounded = 0;
     for name in FIXTURES {
-        let model = load(name, 2);
+        let mut model = load(name, 2);
         for (i, (ids, want)) in sequences(name).iter().enumerate() {
-            let got = run_chunked_as(&model, ids, ids.len(), 16, KvDtype::F16);
+            let got = run_chunked_as(&mut model, ids, ids.len(), 16, KvDtype::F16);
             let max_diff = max_abs_diff(&got, want);
             eprintln!("{name} seq {i} (f16 KV): max |Δlogit| = {max_diff:.2e}");
             assert!(
                 max_diff <= F16_KV_TOLERANCE,
                 "{name} seq {i}: max |Δlogit| = {max_diff} with an f16 KV cache"
             );
-            rounded += usize::from(got != run_chunked(&model, ids, ids.len(), 16));
+            rounded += usize::from(got != run_chunked(&mut model, ids, ids.len(), 16));
         }
     }
     assert!(
@@ -152,12 +155,12 @@ const F16_KV_TOLERANCE: f32 = 3e-2;
 #[test]
 fn chunked_prefill_equals_one_pass_bitwise() {
     for name in ["llama_tied", "qwen2", "qwen3"] {
-        let model = load(name, 2);
+        let mut model = load(name, 2);
         let (ids, _) = &sequences(name)[1];
         for dtype in [KvDtype::F32, KvDtype::F16] {
-            let whole = run_chunked_as(&model, ids, ids.len(), 16, dtype);
+            let whole = run_chunked_as(&mut model, ids, ids.len(), 16, dtype);
             for (chunk, block) in [(1, 16), (5, 4), (16, 16), (7, 1)] {
-                let parts = run_chunked_as(&model, ids, chunk, block, dtype);
+                let parts = run_chunked_as(&mut model, ids, chunk, block, dtype);
                 assert!(
                     whole == parts,
                     "{name} ({dtype:?} KV): chunk {chunk} block {block} differs from one pass"
@@ -169,11 +172,11 @@ fn chunked_prefill_equals_one_pass_bitwise() {
 
 #[test]
 fn a_sequence_does_not_depend_on_its_batch_neighbours() {
-    let model = load("llama_untied", 2);
+    let mut model = load("llama_untied", 2);
     let seqs = sequences("llama_untied");
     let alone: Vec<Vec<f32>> = seqs
         .iter()
-        .map(|(ids, _)| run_chunked(&model, ids, ids.len(), 8))
+        .map(|(ids, _)| run_chunked(&mut model, ids, ids.len(), 8))
         .collect();
     // Both sequences in one flat batch, each with its own block table.
     let (a, b) = (&seqs[0].0, &seqs[1].0);
@@ -211,16 +214,16 @@ fn a_sequence_does_not_depend_on_its_batch_neighbours() {
 
 #[test]
 fn one_and_two_threads_agree_bitwise() {
-    let (one, two) = (load("qwen3", 1), load("qwen3", 2));
+    let (mut one, mut two) = (load("qwen3", 1), load("qwen3", 2));
     let (ids, _) = &sequences("qwen3")[0];
-    assert!(run_chunked(&one, ids, 4, 16) == run_chunked(&two, ids, 4, 16));
+    assert!(run_chunked(&mut one, ids, 4, 16) == run_chunked(&mut two, ids, 4, 16));
 }
 
 #[test]
 fn output_selection_last_and_rows_pick_the_same_logits() {
-    let model = load("llama_tied", 2);
+    let mut model = load("llama_tied", 2);
     let (ids, _) = &sequences("llama_tied")[0];
-    let all = run_chunked(&model, ids, ids.len(), 16);
+    let all = run_chunked(&mut model, ids, ids.len(), 16);
     let v = model.config.vocab_size;
     let mut kv = KvStore::new(&model.config, 16, 2).expect("kv");
     let table = vec![BlockId(0), BlockId(1)];
@@ -235,7 +238,7 @@ fn output_selection_last_and_rows_pick_the_same_logits() {
 
 #[test]
 fn malformed_batches_are_errors_not_panics() {
-    let model = load("llama_tied", 1);
+    let mut model = load("llama_tied", 1);
     let mut kv = KvStore::new(&model.config, 4, 2).expect("kv");
     let too_long = ForwardBatch::single(
         vec![TokenId(1); 9],

@@ -127,7 +127,7 @@ fn start_inner(
 ) -> Result<RunningServer, ServerError> {
     config.limits.validate().map_err(ServerError::Startup)?;
     let limits = ModelLimits {
-        vocab_size: engine.model().config.vocab_size,
+        vocab_size: engine.model_config().vocab_size,
         max_model_len: engine.scheduler().config().max_model_len,
         eos_token_ids: engine
             .scheduler()

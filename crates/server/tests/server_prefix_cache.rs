@@ -19,7 +19,8 @@ fn uncached_server() -> RunningServer {
     let mut config = SchedulerConfig::new(256, 16, 2048);
     config.eos_token_ids = lm.eos_token_ids.clone();
     config.enable_prefix_caching = false;
-    let engine = Engine::new(lm.model, config, 0).expect("engine");
+    let runner = cpu_runner(lm.host, &config);
+    let engine = Engine::new(runner, config, 0).expect("engine");
     let mut c = ServerConfig::new("test-model");
     c.addr = SocketAddr::from(([127, 0, 0, 1], 0));
     tandem_server::start(

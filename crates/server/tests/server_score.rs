@@ -12,16 +12,17 @@ use serde_json::{json, Value};
 use server_common::*;
 use tandem_model::batch::TokenId;
 use tandem_model::loader::LoadedModel;
+use tandem_model::runner::ModelRunner;
 use tandem_model::scoring::{score_tokens, ScoreOptions, ScoreOutput};
 
 /// Teacher-forced scores of `ids` with `top_k` alternatives (at least 1, for the ranks).
-fn reference(lm: &LoadedModel, ids: &[u32], top_k: usize) -> ScoreOutput {
+fn reference(scorer: &mut dyn ModelRunner, ids: &[u32], top_k: usize) -> ScoreOutput {
     let tokens: Vec<TokenId> = ids.iter().map(|&t| TokenId(t)).collect();
     let opts = ScoreOptions {
         top_k: top_k.max(1),
         ..ScoreOptions::default()
     };
-    score_tokens(&lm.model, &tokens, &opts, &mut |_, _| {}).expect("score")
+    score_tokens(scorer, &tokens, &opts, &mut |_, _| {}).expect("score")
 }
 
 /// A JSON number that must be exactly the f32 `want`.
@@ -101,6 +102,7 @@ fn score_endpoint_equals_teacher_forced_scoring_on_the_default_model() {
     let server = start_server(&path, |_| {});
     let addr = server.addr();
     let lm = load(&path);
+    let mut scorer = scoring_runner(&path);
     let texts = ["The capital of France is Paris.", "Hello"];
     let ids: Vec<Vec<u32>> = texts
         .iter()
@@ -109,13 +111,13 @@ fn score_endpoint_equals_teacher_forced_scoring_on_the_default_model() {
     let v = score(addr, json!({"input": texts, "top_logprobs": 3}));
     assert_eq!(v["object"], "score");
     for (i, ids) in ids.iter().enumerate() {
-        assert_item(&v["data"][i], &reference(&lm, ids, 3), 0, 3);
+        assert_item(&v["data"][i], &reference(scorer.as_mut(), ids, 3), 0, 3);
     }
     let total: usize = ids.iter().map(Vec::len).sum();
     assert_eq!(v["usage"]["prompt_tokens"], total);
     // Token ids, one input as a bare list; no top list without top_logprobs.
     let v = score(addr, json!({"input": ids[0]}));
-    assert_item(&v["data"][0], &reference(&lm, &ids[0], 0), 0, 0);
+    assert_item(&v["data"][0], &reference(scorer.as_mut(), &ids[0], 0), 0, 0);
     assert!(v["data"][0].get("top_logprobs").is_none());
     // Context + continuations: tokenized apart, only the continuation reported.
     let ctx = lm
@@ -132,8 +134,8 @@ fn score_endpoint_equals_teacher_forced_scoring_on_the_default_model() {
         all.extend(lm.tokenizer.encode(c, false).expect("encodes"));
         let item = &v["data"][i];
         assert_eq!(item["context_tokens"], ctx.len());
-        assert_item(item, &reference(&lm, &all, 0), ctx.len(), 0);
-        let r = reference(&lm, &all, 1);
+        assert_item(item, &reference(scorer.as_mut(), &all, 0), ctx.len(), 0);
+        let r = reference(scorer.as_mut(), &all, 1);
         let greedy = r.positions[ctx.len()..]
             .iter()
             .flatten()
@@ -145,8 +147,14 @@ fn score_endpoint_equals_teacher_forced_scoring_on_the_default_model() {
 }
 
 /// The legacy logprobs of an echoed choice against the reference over the same ids.
-fn assert_echo(choice: &Value, lm: &LoadedModel, all: &[u32], k: usize) {
-    let r = reference(lm, all, k);
+fn assert_echo(
+    choice: &Value,
+    lm: &LoadedModel,
+    scorer: &mut dyn ModelRunner,
+    all: &[u32],
+    k: usize,
+) {
+    let r = reference(scorer, all, k);
     let lp = &choice["logprobs"];
     assert!(lp["token_logprobs"][0].is_null() && lp["top_logprobs"][0].is_null());
     let tokens = lp["tokens"].as_array().expect("tokens");
@@ -181,6 +189,7 @@ fn echo_with_logprobs_equals_scoring_for_max_tokens_0_and_1() {
     let server = start_server(&path, |_| {});
     let addr = server.addr();
     let lm = load(&path);
+    let mut scorer = scoring_runner(&path);
     let ids = lm
         .tokenizer
         .encode("One, two, three, four", true)
@@ -201,7 +210,7 @@ fn echo_with_logprobs_equals_scoring_for_max_tokens_0_and_1() {
             let greedy = {
                 let mut next = ids.clone();
                 next.push(0);
-                let r = reference(&lm, &next, 1);
+                let r = reference(scorer.as_mut(), &next, 1);
                 r.positions[ids.len()].as_ref().expect("scored").top[0].0 .0
             };
             all.push(greedy);
@@ -214,13 +223,13 @@ fn echo_with_logprobs_equals_scoring_for_max_tokens_0_and_1() {
         } else {
             assert_eq!(text, prompt_text, "max_tokens 0 answers the prompt only");
         }
-        assert_echo(c, &lm, &all, 2);
+        assert_echo(c, &lm, scorer.as_mut(), &all, 2);
         assert_eq!(v["usage"]["completion_tokens"], max_tokens);
         // vLLM's prompt_logprobs: null, then {id: {logprob, rank, decoded_token}}.
         let pl = c["prompt_logprobs"].as_array().expect("prompt_logprobs");
         assert_eq!(pl.len(), ids.len());
         assert!(pl[0].is_null());
-        let r = reference(&lm, &ids, 2);
+        let r = reference(scorer.as_mut(), &ids, 2);
         for (i, p) in r.positions.iter().enumerate().skip(1) {
             let p = p.as_ref().expect("scored");
             let actual = &pl[i][ids[i].to_string()];
@@ -269,7 +278,7 @@ fn echo_with_logprobs_equals_scoring_for_max_tokens_0_and_1() {
 fn scoring_batches_with_generation_without_changing_answers() {
     let server = start_server(&fixture_path(), |_| {});
     let addr = server.addr();
-    let lm = load(&fixture_path());
+    let mut scorer = scoring_runner(&fixture_path());
     let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 320).collect();
     let gen = json!({"prompt": "once upon a time", "max_tokens": 200, "temperature": 0,
                      "ignore_eos": true});
@@ -286,8 +295,8 @@ fn scoring_batches_with_generation_without_changing_answers() {
         "generation unchanged by scoring"
     );
     for data in items {
-        assert_item(&data[0], &reference(&lm, &ids, 2), 0, 2);
-        assert_item(&data[1], &reference(&lm, &ids[..9], 2), 0, 2);
+        assert_item(&data[0], &reference(scorer.as_mut(), &ids, 2), 0, 2);
+        assert_item(&data[1], &reference(scorer.as_mut(), &ids[..9], 2), 0, 2);
     }
     assert!(idle(&wait_health(
         addr,
@@ -380,6 +389,7 @@ fn every_choice_of_n_echoes_the_shared_prompt() {
     let server = start_server(&fixture_path(), |_| {});
     let addr = server.addr();
     let lm = load(&fixture_path());
+    let mut scorer = scoring_runner(&fixture_path());
     let ids: Vec<u32> = vec![9, 30, 77, 150, 4];
     let body = json!({"prompt": ids, "echo": true, "logprobs": 1, "max_tokens": 3, "n": 2,
                       "seed": 5, "temperature": 1.0, "ignore_eos": true});
@@ -387,7 +397,7 @@ fn every_choice_of_n_echoes_the_shared_prompt() {
     assert_eq!(r.status, 200, "{}", r.body);
     let v = r.json();
     let prompt_text = lm.tokenizer.decode(&ids, false).expect("decodes");
-    let reference = reference(&lm, &ids, 1);
+    let reference = reference(scorer.as_mut(), &ids, 1);
     for c in v["choices"].as_array().expect("choices") {
         assert!(c["text"].as_str().expect("text").starts_with(&prompt_text));
         let lp = &c["logprobs"]["token_logprobs"];

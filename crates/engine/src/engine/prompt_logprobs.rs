@@ -29,17 +29,16 @@
 //! Prefix-cache hits: positions whose K/V were reused from the cache are not computed by
 //! this request's forward passes, but their final hidden states are in the KV store beside
 //! their K/V, so [`PromptLogprobs::score_cached`] gets their logits from the LM head alone
-//! ([`Model::logits_at_slots`], bitwise equal to the forward's rows) in the step that admits
+//! ([`ModelRunner::cached_logits`], bitwise equal to the forward's rows) in the step that admits
 //! the request, before the rows of its first computed chunk. The events are the same as
 //! without the cache; the cost of those positions drops to one LM-head row each.
 
 use std::collections::HashMap;
 
 use tandem_model::batch::{ForwardBatch, OutputSelection, TokenId};
-use tandem_model::kv_store::KvStore;
 use tandem_model::logits::Logits;
+use tandem_model::runner::ModelRunner;
 use tandem_model::scoring::score_row;
-use tandem_model::transformer::Model;
 
 use super::{EngineEvent, GenerationRequest};
 use crate::error::{EngineError, Result};
@@ -142,8 +141,7 @@ impl PromptLogprobs {
         &mut self,
         plan: &StepPlan,
         scheduler: &Scheduler,
-        model: &Model,
-        kv: &KvStore,
+        runner: &mut dyn ModelRunner,
     ) -> (Vec<EngineEvent>, Vec<(SeqId, String)>) {
         let mut events = Vec::new();
         let mut failed = Vec::new();
@@ -162,8 +160,13 @@ impl PromptLogprobs {
             if lo >= hi {
                 continue;
             }
-            let slots: Vec<usize> = (lo..hi).map(|pos| kv.slot(&s.block_table, pos)).collect();
-            let logits = model.logits_at_slots(kv, &slots);
+            let logits = match runner.cached_logits(&s.block_table, lo..hi) {
+                Ok(logits) => logits,
+                Err(e) => {
+                    failed.push((s.seq_id, format!("prompt logprobs: {e}")));
+                    continue;
+                }
+            };
             let r = PromptRows {
                 seq_id: s.seq_id,
                 first_row: 0,

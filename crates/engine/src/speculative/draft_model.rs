@@ -1,5 +1,6 @@
-//! Draft-model proposer: a second [`Model`] with the target's vocabulary drafts `k` tokens
-//! autoregressively, with its own KV store, block pool and per-sequence block tables.
+//! Draft-model proposer: a second model runner with the target's vocabulary drafts `k`
+//! tokens autoregressively, with its own KV pool, block allocator and per-sequence block
+//! tables.
 //!
 //! Keeping in step: for each sequence the proposer remembers which tokens its KV store holds
 //! (`cached`). Before proposing it keeps only the longest common prefix of `cached` and the
@@ -16,8 +17,7 @@
 use std::collections::HashMap;
 
 use tandem_model::batch::{ForwardBatch, OutputSelection, SeqSpan, TokenId};
-use tandem_model::kv_store::{KvDtype, KvStore};
-use tandem_model::transformer::Model;
+use tandem_model::runner::ModelRunner;
 
 use super::{Proposal, ProposalInput, Proposer};
 use crate::block_allocator::BlockAllocator;
@@ -55,49 +55,28 @@ struct Job {
     dists: Vec<TokenDistribution>,
 }
 
-/// A draft model and its KV cache.
+/// A draft model (a runner with its own KV pool) and the allocator of that pool.
 #[derive(Debug)]
 pub struct DraftModelProposer {
-    model: Model,
-    kv: KvStore,
+    runner: Box<dyn ModelRunner>,
     allocator: BlockAllocator,
     seqs: HashMap<SeqId, DraftSeq>,
 }
 
 impl DraftModelProposer {
-    /// A proposer over `model` with a pool of `num_blocks` blocks of `block_size` tokens,
-    /// keys and values as the model's default. Refuses a model whose vocabulary differs from
-    /// `target_vocab`.
-    pub fn new(
-        model: Model,
-        target_vocab: usize,
-        num_blocks: usize,
-        block_size: usize,
-    ) -> Result<DraftModelProposer> {
-        let dtype = model.default_kv_dtype();
-        DraftModelProposer::with_kv_dtype(model, target_vocab, num_blocks, block_size, dtype)
-    }
-
-    /// [`DraftModelProposer::new`] with keys and values stored as `kv_dtype`.
-    pub fn with_kv_dtype(
-        model: Model,
-        target_vocab: usize,
-        num_blocks: usize,
-        block_size: usize,
-        kv_dtype: KvDtype,
-    ) -> Result<DraftModelProposer> {
-        let vocab = model.config.vocab_size;
+    /// A proposer over the draft model `runner`, its allocator covering the runner's pool.
+    /// Refuses a model whose vocabulary differs from `target_vocab`.
+    pub fn new(runner: Box<dyn ModelRunner>, target_vocab: usize) -> Result<DraftModelProposer> {
+        let vocab = runner.config().vocab_size;
         if vocab != target_vocab {
             return Err(EngineError::InvalidConfig(format!(
                 "the draft model's vocabulary ({vocab}) differs from the target's ({target_vocab})"
             )));
         }
-        let kv = KvStore::with_dtype(&model.config, block_size, num_blocks, kv_dtype)
-            .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
-        let allocator = BlockAllocator::new(num_blocks, block_size)?;
+        let g = runner.kv_geometry();
+        let allocator = BlockAllocator::new(g.num_blocks, g.block_size)?;
         Ok(DraftModelProposer {
-            model,
-            kv,
+            runner,
             allocator,
             seqs: HashMap::new(),
         })
@@ -117,7 +96,7 @@ impl DraftModelProposer {
     /// plus `want - 1` drafts; the job, or `None` when it does not fit.
     fn prepare(&mut self, index: usize, input: &ProposalInput<'_>, want: usize) -> Option<Job> {
         let tokens = input.tokens;
-        let max_len = self.model.config.context_len;
+        let max_len = self.runner.config().context_len;
         let want = want.min(max_len.saturating_sub(tokens.len()));
         if want == 0 {
             return None;
@@ -185,8 +164,8 @@ impl DraftModelProposer {
             batch.tokens.extend_from_slice(&job.feed);
         }
         let logits = self
-            .model
-            .forward(&batch, &mut self.kv)
+            .runner
+            .forward(&batch)
             .map_err(|e| EngineError::InvalidConfig(format!("draft model forward: {e}")))?;
         for (row, job) in jobs.iter_mut().enumerate() {
             let input = &inputs[job.input];

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use tandem_model::batch::TokenId;
+use tandem_model::cpu_runner::{CpuRunner, KvSpec};
 use tandem_model::scoring::{score_tokens, ScoreOptions};
 use tandem_model::transformer::Model;
 
@@ -62,7 +63,14 @@ pub struct Fidelity {
     pub positions: usize,
 }
 
-pub fn fidelity(model: &Model) -> Fidelity {
+/// Scores the references with `model` (one scoring context of up to 4,096 tokens).
+pub fn fidelity(model: Model) -> Fidelity {
+    let spec = KvSpec {
+        block_size: 16,
+        num_blocks: 4096 / 16,
+        dtype: None,
+    };
+    let mut runner = CpuRunner::new(model, spec).expect("KV pool");
     let refs = references();
     assert!(
         refs.len() >= 5 && refs.iter().all(|r| r.tokens.len() >= 64),
@@ -74,7 +82,7 @@ pub fn fidelity(model: &Model) -> Fidelity {
             top_k: 1,
             ..ScoreOptions::default()
         };
-        let out = score_tokens(model, &r.tokens, &opts, &mut |_, _| {}).expect("score");
+        let out = score_tokens(&mut runner, &r.tokens, &opts, &mut |_, _| {}).expect("score");
         for (i, p) in out.positions.iter().enumerate() {
             let (Some(p), Some(hf), Some(ll)) = (p, r.hf_logprobs[i], r.llama_logprobs[i]) else {
                 assert!(i == 0, "position {i} lacks a score");

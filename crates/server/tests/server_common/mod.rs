@@ -13,8 +13,12 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tandem_engine::engine::Engine;
 use tandem_engine::SchedulerConfig;
+use tandem_model::cpu_runner::{CpuRunner, KvSpec};
+use tandem_model::host_model::HostModel;
 use tandem_model::loader::{load_model, LoadedModel};
+use tandem_model::runner::ModelRunner;
 use tandem_model::tokenizer::Tokenizer;
+use tandem_model::transformer::Model;
 use tandem_server::{RunningServer, ServerConfig};
 
 /// The fixture model: a random-weight two-layer Llama with a 320-token vocabulary.
@@ -30,7 +34,26 @@ pub fn default_model_path() -> PathBuf {
 
 /// Loads a model on 1 kernel thread.
 pub fn load(path: &std::path::Path) -> LoadedModel {
-    load_model(path, 1).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+    load_model(path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+}
+
+/// A runner over the model at `path` whose pool holds one scoring context of up to 2,048
+/// tokens in blocks of 16 (the reference of teacher-forced scores).
+pub fn scoring_runner(path: &std::path::Path) -> Box<dyn ModelRunner> {
+    let mut config = SchedulerConfig::new(2048 / 16, 16, 2048);
+    config.enable_prefix_caching = false;
+    cpu_runner(load(path).host, &config)
+}
+
+/// A runner over `host` on 1 kernel thread with `config`'s pool, keys and values as the
+/// model's default.
+pub fn cpu_runner(host: HostModel, config: &SchedulerConfig) -> Box<dyn ModelRunner> {
+    let spec = KvSpec {
+        block_size: config.block_size,
+        num_blocks: config.num_blocks,
+        dtype: None,
+    };
+    Box::new(CpuRunner::new(Model::new(host, 1), spec).expect("KV pool"))
 }
 
 /// An engine over `lm` with room for `num_blocks` blocks of 16 tokens.
@@ -44,11 +67,12 @@ pub fn engine_with(
     num_blocks: usize,
     sched: impl FnOnce(&mut SchedulerConfig),
 ) -> (Engine, Arc<Tokenizer>, Option<String>) {
-    let max_len = lm.model.config.context_len.min(2048);
+    let max_len = lm.host.config.context_len.min(2048);
     let mut config = SchedulerConfig::new(num_blocks, 16, max_len);
     config.eos_token_ids = lm.eos_token_ids.clone();
     sched(&mut config);
-    let engine = Engine::new(lm.model, config, 0).expect("engine config is valid");
+    let runner = cpu_runner(lm.host, &config);
+    let engine = Engine::new(runner, config, 0).expect("engine config is valid");
     (engine, Arc::new(lm.tokenizer), lm.chat_template)
 }
 

@@ -1,0 +1,114 @@
+//! The CPU backend of the model-runner seam: the transformer ([`Model`]: packed weights,
+//! thread pool, scratch) and the host KV store its forward passes read and write.
+
+use std::ops::Range;
+
+use crate::batch::{BlockId, ForwardBatch};
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::kv_store::{KvDtype, KvStore};
+use crate::logits::Logits;
+use crate::runner::{slot_of, KvGeometry, ModelRunner};
+use crate::transformer::Model;
+
+/// The size of a runner's KV pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvSpec {
+    /// Token slots per block.
+    pub block_size: usize,
+    /// Blocks in the pool.
+    pub num_blocks: usize,
+    /// How keys and values are stored (`None`: the model's default, see
+    /// [`Model::default_kv_dtype`]).
+    pub dtype: Option<KvDtype>,
+}
+
+/// A model on the CPU with its KV store.
+#[derive(Debug)]
+pub struct CpuRunner {
+    model: Model,
+    kv: KvStore,
+}
+
+impl CpuRunner {
+    /// A runner over `model` with a zeroed KV pool of `kv`'s size.
+    pub fn new(model: Model, kv: KvSpec) -> Result<CpuRunner> {
+        let dtype = kv.dtype.unwrap_or_else(|| model.default_kv_dtype());
+        let kv = KvStore::with_dtype(&model.config, kv.block_size, kv.num_blocks, dtype)?;
+        Ok(CpuRunner { model, kv })
+    }
+
+    /// The model this runner runs.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+}
+
+impl ModelRunner for CpuRunner {
+    fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    fn kv_geometry(&self) -> KvGeometry {
+        KvGeometry {
+            block_size: self.kv.block_size(),
+            num_blocks: self.kv.num_blocks(),
+            dtype: self.kv.dtype(),
+            bytes_per_token: KvStore::bytes_per_token(&self.model.config, self.kv.dtype()),
+        }
+    }
+
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits> {
+        self.model.forward(batch, &mut self.kv)
+    }
+
+    fn copy_blocks(&mut self, copies: &[(BlockId, BlockId)]) -> Result<()> {
+        let n = self.kv.num_blocks();
+        if let Some((s, d)) = copies
+            .iter()
+            .find(|(s, d)| s.0 as usize >= n || d.0 as usize >= n)
+        {
+            return Err(ModelError::Batch(format!(
+                "block copy {} -> {} outside the pool of {n} blocks",
+                s.0, d.0
+            )));
+        }
+        for &(src, dst) in copies {
+            self.kv.copy_block(src, dst);
+        }
+        Ok(())
+    }
+
+    fn cached_logits(
+        &mut self,
+        block_table: &[BlockId],
+        positions: Range<usize>,
+    ) -> Result<Logits> {
+        let bs = self.kv.block_size();
+        let (n, end) = (self.kv.num_blocks(), positions.end);
+        if end.div_ceil(bs) > block_table.len() || block_table.iter().any(|b| b.0 as usize >= n) {
+            return Err(ModelError::Batch(format!(
+                "cached positions up to {end} are not all in the given {} blocks of the pool",
+                block_table.len()
+            )));
+        }
+        let slots: Vec<usize> = positions.map(|p| slot_of(block_table, bs, p)).collect();
+        Ok(self.model.logits_at_slots(&self.kv, &slots))
+    }
+
+    fn model_identity(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        format!("{:?}", self.model.config).hash(&mut h);
+        self.model.weight_bytes().hash(&mut h);
+        h.finish()
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "cpu ({} kernels, {} threads)",
+            tandem_kernels::isa::active().name(),
+            self.model.threads()
+        )
+    }
+}
