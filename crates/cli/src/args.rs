@@ -5,6 +5,16 @@ use std::path::PathBuf;
 use clap::Args;
 use tandem_model::kv_store::KvDtype;
 
+/// A loaded model prepared for the CPU, with its tokenizer and generation settings.
+#[derive(Debug)]
+pub struct LoadedCpuModel {
+    pub model: tandem_model::transformer::Model,
+    pub tokenizer: tandem_model::tokenizer::Tokenizer,
+    pub eos_token_ids: Vec<tandem_model::batch::TokenId>,
+    pub chat_template: Option<String>,
+    pub path: PathBuf,
+}
+
 /// Which model to run and on how many threads.
 #[derive(Debug, Args)]
 pub struct ModelArgs {
@@ -32,14 +42,22 @@ impl ModelArgs {
             .map_or_else(tandem_kernels::cpu::physical_cores, |t| t as usize)
     }
 
-    /// Chooses the kernels, finds the model (fetching the default one if needed) and loads it.
-    pub fn load(&self) -> anyhow::Result<tandem_model::loader::LoadedModel> {
+    /// Chooses the kernels, finds the model (fetching the default one if needed), loads it
+    /// and prepares it for the CPU.
+    pub fn load(&self) -> anyhow::Result<LoadedCpuModel> {
         use anyhow::Context;
         self.choose_kernels()?;
         let cache = tandem_model::default_model::cache_dir(self.cache_dir.as_deref())?;
         let path = tandem_model::default_model::resolve_model(self.model.as_deref(), &cache)?;
-        tandem_model::loader::load_model(&path, self.threads())
-            .with_context(|| format!("loading {}", path.display()))
+        let lm = tandem_model::loader::load_model(&path)
+            .with_context(|| format!("loading {}", path.display()))?;
+        Ok(LoadedCpuModel {
+            model: tandem_model::transformer::Model::new(lm.host, self.threads()),
+            tokenizer: lm.tokenizer,
+            eos_token_ids: lm.eos_token_ids,
+            chat_template: lm.chat_template,
+            path: lm.path,
+        })
     }
 
     /// Applies `--kernels` (once, before any kernel runs).

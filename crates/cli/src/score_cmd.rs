@@ -9,7 +9,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use tandem_model::batch::TokenId;
-use tandem_model::loader::LoadedModel;
+use crate::args::LoadedCpuModel as LoadedModel;
 use tandem_model::scoring::{score_tokens, ScoreOptions, ScoreOutput, Window};
 
 use crate::args::{EngineArgs, ModelArgs};

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use server_common::*;
 use tandem_engine::engine::Engine;
 use tandem_engine::SchedulerConfig;
+use tandem_model::transformer::Model;
 use tandem_server::{RunningServer, ServerConfig};
 
 /// A server on the fixture model with the prefix cache off: the independent reference.
@@ -19,7 +20,7 @@ fn uncached_server() -> RunningServer {
     let mut config = SchedulerConfig::new(256, 16, 2048);
     config.eos_token_ids = lm.eos_token_ids.clone();
     config.enable_prefix_caching = false;
-    let engine = Engine::new(lm.model, config, 0).expect("engine");
+    let engine = Engine::new(Model::new(lm.host, 1), config, 0).expect("engine");
     let mut c = ServerConfig::new("test-model");
     c.addr = SocketAddr::from(([127, 0, 0, 1], 0));
     tandem_server::start(

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod python_env;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -15,6 +17,7 @@ use tandem_engine::engine::Engine;
 use tandem_engine::SchedulerConfig;
 use tandem_model::loader::{load_model, LoadedModel};
 use tandem_model::tokenizer::Tokenizer;
+use tandem_model::transformer::Model;
 use tandem_server::{RunningServer, ServerConfig};
 
 /// The fixture model: a random-weight two-layer Llama with a 320-token vocabulary.
@@ -28,9 +31,9 @@ pub fn default_model_path() -> PathBuf {
         .expect("the default model is needed; this test does not skip")
 }
 
-/// Loads a model on 1 kernel thread.
+/// Loads a model.
 pub fn load(path: &std::path::Path) -> LoadedModel {
-    load_model(path, 1).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+    load_model(path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
 }
 
 /// An engine over `lm` with room for `num_blocks` blocks of 16 tokens.
@@ -44,11 +47,12 @@ pub fn engine_with(
     num_blocks: usize,
     sched: impl FnOnce(&mut SchedulerConfig),
 ) -> (Engine, Arc<Tokenizer>, Option<String>) {
-    let max_len = lm.model.config.context_len.min(2048);
+    let max_len = lm.host.config.context_len.min(2048);
     let mut config = SchedulerConfig::new(num_blocks, 16, max_len);
     config.eos_token_ids = lm.eos_token_ids.clone();
     sched(&mut config);
-    let engine = Engine::new(lm.model, config, 0).expect("engine config is valid");
+    let model = Model::new(lm.host, 1);
+    let engine = Engine::new(model, config, 0).expect("engine config is valid");
     (engine, Arc::new(lm.tokenizer), lm.chat_template)
 }
 
