@@ -4,12 +4,12 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use crate::args::LoadedCpuModel as LoadedModel;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use tandem_model::batch::TokenId;
-use crate::args::LoadedCpuModel as LoadedModel;
 use tandem_model::scoring::{score_tokens, ScoreOptions, ScoreOutput, Window};
 
 use crate::args::{EngineArgs, ModelArgs};

@@ -33,8 +33,7 @@ pub fn openai_site_dir() -> &'static Path {
 
 fn install(root: &Path, dir: &Path) {
     check_python();
-    std::fs::create_dir_all(root)
-        .unwrap_or_else(|e| panic!("creating {}: {e}", root.display()));
+    std::fs::create_dir_all(root).unwrap_or_else(|e| panic!("creating {}: {e}", root.display()));
     let scratch = root.join(format!(
         ".py-openai-{OPENAI_VERSION}.partial-{}",
         std::process::id()
