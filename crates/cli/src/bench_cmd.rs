@@ -1,4 +1,5 @@
-//! `tandem bench`: prefill and decode throughput of the forward pass (DESIGN §1.1).
+//! `tandem bench`: prefill and decode throughput of the forward pass (README.md § generate, chat,
+//! bench).
 //!
 //! For every (batch B, prompt length P): B sequences of P random tokens are prefilled together
 //! (in steps of at most `--max-num-batched-tokens` tokens), then G decode steps run all B

@@ -1,5 +1,5 @@
 //! `tandem generate`: one prompt, or a JSONL file whose lines all run at once with continuous
-//! batching; results in input order (DESIGN §1.1).
+//! batching; results in input order (README.md § generate, chat, bench).
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-//! `tandem score`: per-token log-probabilities of a known text (DESIGN §1.1).
+//! `tandem score`: per-token log-probabilities of a known text (README.md § score).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -1,4 +1,4 @@
-//! `tandem serve`: the OpenAI-compatible HTTP server (DESIGN §1.1). Loads the model, builds
+//! `tandem serve`: the OpenAI-compatible HTTP server (README.md § serve). Loads the model, builds
 //! the engine from the engine flags, and serves until SIGINT or SIGTERM (exit status 0).
 
 use std::net::{IpAddr, SocketAddr};

@@ -1,4 +1,5 @@
-//! `tandem serve`'s bounds on requests (DESIGN §6) and its API key flags.
+//! `tandem serve`'s bounds on requests (ARCHITECTURE.md § Request bounds and errors) and its API
+//! key flags.
 
 use std::path::PathBuf;
 

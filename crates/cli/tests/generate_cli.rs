@@ -1,5 +1,5 @@
-//! `tandem generate` end to end on the default model: streamed text ≡ JSON text (DESIGN §3
-//! row 7 for the CLI), JSONL batches in input order equal to single runs, seeded sampling,
+//! `tandem generate` end to end on the default model: streamed text ≡ JSON text (ARCHITECTURE.md §
+//! Invariants, 7, for the CLI), JSONL batches in input order equal to single runs, seeded sampling,
 //! stop strings, and clear errors for bad settings.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions
 

@@ -1,5 +1,5 @@
-//! `tandem score` end to end: the real binary, real model files, the JSON contract of
-//! DESIGN §1.1, and clear errors for bad input.
+//! `tandem score` end to end: the real binary, real model files, the JSON contract of README.md §
+//! score, and clear errors for bad input.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions
 
 use std::path::{Path, PathBuf};

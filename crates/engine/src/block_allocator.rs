@@ -1,5 +1,5 @@
-//! The logical KV block allocator (DESIGN §2.3): block ids, reference counts, an O(1) free
-//! queue and the prefix cache's index over a fixed pool of `num_blocks` blocks of
+//! The logical KV block allocator (ARCHITECTURE.md § KV cache): block ids, reference counts, an
+//! O(1) free queue and the prefix cache's index over a fixed pool of `num_blocks` blocks of
 //! `block_size` token slots each.
 //!
 //! The physical K/V data lives in the model crate's `KvStore`; this only decides which
@@ -130,8 +130,9 @@ impl BlockAllocator {
         self.lock().free.len()
     }
 
-    /// Registered blocks (held or cached-free).
-    pub fn num_cached(&self) -> usize {
+    /// Blocks registered in the prefix cache (held or cached-free); see the glossary in
+    /// ARCHITECTURE.md.
+    pub fn num_registered(&self) -> usize {
         self.lock().index.len()
     }
 
@@ -401,7 +402,7 @@ mod tests {
         // The tail first, as a block table releases: b2 is freed before b1.
         a.free(b2).expect("held");
         a.free(b1).expect("held");
-        assert_eq!((a.num_free(), a.num_cached()), (4, 2));
+        assert_eq!((a.num_free(), a.num_registered()), (4, 2));
         a.check_invariants().expect("consistent");
         // A hit verifies the parent key and the tokens.
         assert_eq!(a.acquire_cached(root, k1, &toks(&[1, 9])), None);
@@ -430,7 +431,7 @@ mod tests {
         );
         a.free(x).expect("held");
         assert_eq!(a.reset_prefix_cache(), 1);
-        assert_eq!(a.num_cached(), 0);
+        assert_eq!(a.num_registered(), 0);
         assert_eq!(
             a.acquire_cached(BlockKey(0), BlockKey(5), &toks(&[7])),
             None

@@ -1,4 +1,5 @@
-//! Prefix-cache keys (DESIGN §2.3): what identifies the contents of a full KV block.
+//! Prefix-cache keys (ARCHITECTURE.md § Prefix cache): what identifies the contents of a full KV
+//! block.
 //!
 //! A full block's K/V depend on every token up to its end, so its key is chained: the key of
 //! block `i` hashes the key of block `i - 1` and block `i`'s own token ids; the chain starts

@@ -1,5 +1,5 @@
-//! The continuous-batching scheduler (DESIGN §2.2), after vLLM's v1 design: no prefill or
-//! decode phase, one token budget per step.
+//! The continuous-batching scheduler (ARCHITECTURE.md § The engine step), after vLLM's v1 design:
+//! no prefill or decode phase, one token budget per step.
 //!
 //! Each step [`Scheduler::schedule`] grants every running sequence (in order) up to
 //! `min(num_tokens - num_computed_tokens, long_prefill_token_threshold, budget left)` new

@@ -25,7 +25,7 @@ pub struct SchedulerConfig {
     pub block_size: usize,
     /// The model's end-of-sequence tokens.
     pub eos_token_ids: Vec<TokenId>,
-    /// Reuse the KV blocks of prefixes already computed (DESIGN §2.3).
+    /// Reuse the KV blocks of prefixes already computed (ARCHITECTURE.md § Prefix cache).
     pub enable_prefix_caching: bool,
 }
 

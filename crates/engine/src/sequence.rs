@@ -1,8 +1,8 @@
 //! Sequences: one generation request's tokens, progress, parameters and KV blocks.
 //!
-//! Token accounting (DESIGN §2.2): `tokens` holds prompt + output [+ draft] tokens and
-//! `num_tokens() == tokens.len()`. `num_computed_tokens` counts the leading tokens whose K/V
-//! are in the KV store. The scheduler grants `num_tokens() - num_computed_tokens` more each
+//! Token accounting (ARCHITECTURE.md § The engine step): `tokens` holds prompt + output [+ draft]
+//! tokens and `num_tokens() == tokens.len()`. `num_computed_tokens` counts the leading tokens whose
+//! K/V are in the KV store. The scheduler grants `num_tokens() - num_computed_tokens` more each
 //! step until they meet; the row of the last known token yields the logits of the next one.
 //!
 //! Speculative decoding (later) appends draft tokens at the end with [`Sequence::append_draft`];

@@ -1,6 +1,6 @@
-//! The contract between the scheduler and the runner (DESIGN §2.2): what to compute this step
-//! ([`StepPlan`]), what came out of it ([`StepResult`]), and what the clients learn
-//! ([`SeqEvent`]). [`to_forward_batch`] maps a plan onto the model's flat batch.
+//! The contract between the scheduler and the runner (ARCHITECTURE.md § The engine step): what to
+//! compute this step ([`StepPlan`]), what came out of it ([`StepResult`]), and what the clients
+//! learn ([`SeqEvent`]). [`to_forward_batch`] maps a plan onto the model's flat batch.
 
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
 

@@ -1,6 +1,6 @@
-//! The equivalence harness of DESIGN §3 for generation, on a real model file: one prompt set,
-//! many paths (alone, batched with others in any arrival order, chunked prefill at several
-//! sizes, forced preemption), all compared token for token and logprob for logprob, plus
+//! The equivalence harness (ARCHITECTURE.md § Invariants) for generation, on a real model file: one
+//! prompt set, many paths (alone, batched with others in any arrival order, chunked prefill at
+//! several sizes, forced preemption), all compared token for token and logprob for logprob, plus
 //! decode ≡ teacher-forced forward and pool accounting.
 
 use std::collections::HashMap;

@@ -1,7 +1,7 @@
-//! DESIGN §3 row 4 on the default model: a prefix-cache hit ≡ a miss ≡ the cache disabled,
-//! also after eviction, with chunked prefill on — for generation (tokens and logprobs) and
-//! for scoring (prompt logprobs: the cached positions' scores come from the final hidden
-//! states kept beside their K/V and must equal a cold computation bitwise).
+//! ARCHITECTURE.md § Invariants, 4, on the default model: a prefix-cache hit ≡ a miss ≡ the cache
+//! disabled, also after eviction, with chunked prefill on — for generation (tokens and logprobs)
+//! and for scoring (prompt logprobs: the cached positions' scores come from the final hidden states
+//! kept beside their K/V and must equal a cold computation bitwise).
 
 use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest, PromptTokenLogprob};
 use tandem_engine::sampler::SamplingParams;

@@ -1,7 +1,7 @@
-//! Prefix caching at the scheduling level (DESIGN §3 rows 4 and 8), against the fake model,
-//! whose next token is a hash of the context *read back through the block table*: a cached
-//! block with the wrong contents, a stale block reused after eviction or a wrong
-//! `num_computed` changes the output.
+//! Prefix caching at the scheduling level (ARCHITECTURE.md § Invariants, 4 and 8), against the fake
+//! model, whose next token is a hash of the context *read back through the block table*: a cached
+//! block with the wrong contents, a stale block reused after eviction or a wrong `num_computed`
+//! changes the output.
 //!
 //! - Random workloads of prompts built from a few shared heads, with random pools (tiny ones
 //!   evict and preempt), chunk sizes, aborts, speculation and two cache salts: every output
@@ -213,7 +213,7 @@ fn eviction_takes_the_most_specific_blocks_first_and_failed_steps_cache_nothing(
         0,
         "nothing computed, nothing cached"
     );
-    assert_eq!(s.allocator().num_cached(), 0);
+    assert_eq!(s.allocator().num_registered(), 0);
     assert!(s.allocator().is_idle());
     // Now computed for real. `a` (30 + 4 tokens, 33 computed) leaves 8 full blocks cached
     // and frees its tail first; `b` needs 9 blocks: the 2 plain free ones, then the 7 least

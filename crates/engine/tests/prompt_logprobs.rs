@@ -1,9 +1,9 @@
-//! Prompt logprobs through the engine (DESIGN §3 rows 1-3, 5): the scores the engine emits
-//! for prompt tokens are bitwise equal to teacher-forced scoring
-//! (`tandem_model::scoring::score_tokens`) of the same tokens, whether the prompt is
-//! prefilled whole, in chunks of 1 or 7 tokens, batched with ordinary generation requests, or
-//! recomputed after a preemption; every prompt index is emitted exactly once, in order; and
-//! asking for them changes nothing in what is generated.
+//! Prompt logprobs through the engine (ARCHITECTURE.md § Invariants, 1-3 and 5): the scores the
+//! engine emits for prompt tokens are bitwise equal to teacher-forced scoring
+//! (`tandem_model::scoring::score_tokens`) of the same tokens, whether the prompt is prefilled
+//! whole, in chunks of 1 or 7 tokens, batched with ordinary generation requests, or recomputed
+//! after a preemption; every prompt index is emitted exactly once, in order; and asking for them
+//! changes nothing in what is generated.
 
 use std::collections::HashMap;
 

@@ -1,6 +1,6 @@
-//! Scheduling-level invariants against the fake model (DESIGN §3 rows 2, 3, 5, 6, 8):
-//! every request's output equals its alone-run whatever the batch, chunking, budget, pool
-//! size, arrival order, aborts or speculation; plans respect the limits; the pool drains.
+//! Scheduling-level invariants against the fake model (ARCHITECTURE.md § Invariants, 2, 3, 5, 6,
+//! 8): every request's output equals its alone-run whatever the batch, chunking, budget, pool size,
+//! arrival order, aborts or speculation; plans respect the limits; the pool drains.
 
 mod common;
 

@@ -1,8 +1,8 @@
-//! DESIGN §3 row 6, speculation transparency: greedy decoding with speculation (n-gram and
-//! draft model) emits exactly the tokens and bitwise the logprobs (chosen and top) of plain
-//! greedy decoding, whatever the batch composition, step budget (drafts cut by the budget)
-//! or pool size (forced preemption), and leaves both KV pools empty. Each run must actually
-//! accept drafts, so the speculative path is exercised.
+//! ARCHITECTURE.md § Invariants, 6, speculation transparency: greedy decoding with speculation
+//! (n-gram and draft model) emits exactly the tokens and bitwise the logprobs (chosen and top) of
+//! plain greedy decoding, whatever the batch composition, step budget (drafts cut by the budget) or
+//! pool size (forced preemption), and leaves both KV pools empty. Each run must actually accept
+//! drafts, so the speculative path is exercised.
 
 use std::collections::HashMap;
 

@@ -1,10 +1,9 @@
-//! End to end, DESIGN §3 row 6: random sampling with speculation has the target
-//! distribution. Thousands of seeded requests at temperature 0.8 (top-k 6), on a prompt
-//! holding the model's own greedy continuation twice, run through the engine with and
-//! without speculation: another fixture model as the draft (mostly rejections and residual
-//! draws), the model itself as the draft (acceptances and bonus tokens), and n-gram lookup.
-//! The frequencies of each output position's token must agree (two-sample chi-square,
-//! p > 1e-3).
+//! End to end, ARCHITECTURE.md § Invariants, 6: random sampling with speculation has the target
+//! distribution. Thousands of seeded requests at temperature 0.8 (top-k 6), on a prompt holding the
+//! model's own greedy continuation twice, run through the engine with and without speculation:
+//! another fixture model as the draft (mostly rejections and residual draws), the model itself as
+//! the draft (acceptances and bonus tokens), and n-gram lookup. The frequencies of each output
+//! position's token must agree (two-sample chi-square, p > 1e-3).
 
 mod sampler_reference;
 

@@ -1,10 +1,10 @@
-//! Statistical test of the speculative verifier (DESIGN §3 row 6): for synthetic target rows
-//! and draft distributions, including adversarial pairs (draft mass where the target has
-//! none, one-hot drafts on impossible tokens), drafts are drawn from `q` and judged by
-//! `verify`; the first emitted token must follow the processed target distribution `p`
-//! computed independently by `sampler_reference`, and so must the second emitted token given
-//! the first (its history includes the first, for the penalties). 100,000 draws per case,
-//! chi-square p > 1e-3; the total-variation distance is printed.
+//! Statistical test of the speculative verifier (ARCHITECTURE.md § Invariants, 6): for synthetic
+//! target rows and draft distributions, including adversarial pairs (draft mass where the target
+//! has none, one-hot drafts on impossible tokens), drafts are drawn from `q` and judged by
+//! `verify`; the first emitted token must follow the processed target distribution `p` computed
+//! independently by `sampler_reference`, and so must the second emitted token given the first (its
+//! history includes the first, for the penalties). 100,000 draws per case, chi-square p > 1e-3; the
+//! total-variation distance is printed.
 
 mod sampler_reference;
 

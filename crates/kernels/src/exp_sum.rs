@@ -1,8 +1,9 @@
 //! `Σ exp(x_i − max)` over a row of logits, in f64: the denominator of every softmax and
 //! log-softmax the engine reports (sampled tokens' logprobs, prompt logprobs, `tandem score`).
 //!
-//! A vocabulary row has ~50k entries; calling the C library's `exp` on each costs ~0.5 ms per
-//! row, a few percent of a decode step and more at large batch or when scoring. Here `exp`
+//! A vocabulary row has ~50k entries; calling the C library's `exp` on each is a visible part
+//! of a decode step, more at large batch or when scoring (BENCHMARKS.md § Figures behind
+//! choices in the code). Here `exp`
 //! is computed in plain arithmetic that vectorizes: `x = k·ln2 + r` with `k` rounded to
 //! nearest (the 1.5·2^52 shift trick), `r` reduced with a two-part ln2 (fdlibm's split),
 //! `e^r` by its Taylor polynomial to degree 13 in Horner form (truncation error below

@@ -1,6 +1,6 @@
-//! `exp_sum` (DESIGN §3 row 9): every kernel variant equals the scalar code bitwise on random
-//! rows of every length (including ones that are not a multiple of the vector width), and the
-//! result is within 1e-14 (relative) of the C library's `exp` summed in f64.
+//! `exp_sum` (ARCHITECTURE.md § Invariants, 9): every kernel variant equals the scalar code bitwise
+//! on random rows of every length (including ones that are not a multiple of the vector width), and
+//! the result is within 1e-14 (relative) of the C library's `exp` summed in f64.
 
 use proptest::prelude::*;
 use tandem_kernels::exp_sum::exp_sum_with;

@@ -38,9 +38,8 @@ pub struct HeadShape {
 /// Tasks per thread that single-token decode aims for: when a batch has fewer GQA groups
 /// (tokens × KV heads), each group's query heads are split into parts, each of which reads the
 /// group's K/V rows itself, so that every thread gets work. One: a whole group per task
-/// shares the widening of its K/V rows among its heads, and three groups on two threads
-/// (the default model, one sequence) ran 5–15 % faster than two parts per group or one task
-/// per head (context 128 to 1,024, alternating).
+/// shares the widening of its K/V rows among its heads, which measured faster than two parts
+/// per group or one task per head (BENCHMARKS.md § Figures behind choices in the code).
 const MIN_TASKS_PER_THREAD: usize = 1;
 
 /// Most parts a split decode batch may have for its bounds to live on the stack (more only on

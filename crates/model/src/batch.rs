@@ -1,4 +1,5 @@
-//! The flattened, variable-length batch that every forward pass takes (DESIGN §2.1).
+//! The flattened, variable-length batch that every forward pass takes (ARCHITECTURE.md § The
+//! forward pass).
 //!
 //! Scoring, prefill, decode and speculative verification are all the same thing here: some
 //! new tokens per sequence, written into the KV store at given slots, attending to the

@@ -1,4 +1,5 @@
-//! The engine's own OS thread and the channels handlers use to reach it (DESIGN §2.4).
+//! The engine's own OS thread and the channels handlers use to reach it (ARCHITECTURE.md §
+//! Threads).
 //!
 //! Handlers send [`Command`]s in (submit a group of requests, abort one, shut down); each
 //! group gets one unbounded event channel out, its events tagged with the request's index

@@ -1,10 +1,10 @@
 //! One HTTP request's generation: its engine requests (one per choice), their token events
 //! turned into text per choice with stop strings, as a sequence of [`ChoiceUpdate`]s.
 //!
-//! Streaming and non-streaming responses are built from the same updates, so the
-//! concatenated streamed text of a choice is the non-streamed text by construction
-//! (DESIGN §3 row 7); what the text layer holds back (an incomplete UTF-8 character, a
-//! possible start of a stop string) is never sent early.
+//! Streaming and non-streaming responses are built from the same updates, so the concatenated
+//! streamed text of a choice is the non-streamed text by construction (ARCHITECTURE.md §
+//! Invariants, 7); what the text layer holds back (an incomplete UTF-8 character, a possible start
+//! of a stop string) is never sent early.
 
 use std::sync::Arc;
 

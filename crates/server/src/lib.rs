@@ -1,4 +1,5 @@
-//! tandem's OpenAI-compatible HTTP server (DESIGN §2.4, §6).
+//! tandem's OpenAI-compatible HTTP server (ARCHITECTURE.md § Threads, § Request paths and § Request
+//! bounds and errors).
 //!
 //! - [`engine_thread`]: the engine on its own OS thread; handlers reach it through
 //!   channels (requests in, per-request token events out, aborts in); a dropped client

@@ -1,6 +1,6 @@
-//! Bounds on what one request may ask for (DESIGN §6), each configurable by a `tandem serve`
-//! flag. A request over a bound gets a 400 naming the field (413 for the body size, 429 when
-//! the waiting queue is full); nothing is clamped silently.
+//! Bounds on what one request may ask for (ARCHITECTURE.md § Request bounds and errors), each
+//! configurable by a `tandem serve` flag. A request over a bound gets a 400 naming the field (413
+//! for the body size, 429 when the waiting queue is full); nothing is clamped silently.
 
 use tandem_engine::sampler::MAX_TOP_LOGPROBS;
 

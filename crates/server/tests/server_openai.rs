@@ -1,6 +1,7 @@
-//! The server checked with the official `openai` Python client (tests/py/), over real
-//! HTTP: the API with the small fixture model, and the error statuses (401, 404, 413, 429)
-//! with the default model (slow enough to keep one request running while the queue fills).
+//! The server checked with the official `openai` Python client (tests/py/; the pinned
+//! release, installed on first use into the target directory), over real HTTP: the API with
+//! the small fixture model, and the error statuses (401, 404, 413, 429) with the default
+//! model (slow enough to keep one request running while the queue fills).
 
 mod server_common;
 
@@ -8,8 +9,11 @@ use std::process::Command;
 
 use server_common::*;
 
-/// Runs the Python checks against `server` with `extra` arguments; panics on failure.
+/// Runs the Python checks against `server` with `extra` arguments; panics on failure. The
+/// pinned `openai` client comes from a private environment under the target directory,
+/// created on first use (see `server_common::python_env`).
 fn run_python(server: &tandem_server::RunningServer, extra: &[&str]) {
+    let site = python_env::openai_site_dir();
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/test_openai_client.py");
     let out = Command::new("python3")
@@ -18,7 +22,10 @@ fn run_python(server: &tandem_server::RunningServer, extra: &[&str]) {
         .arg(format!("http://{}/v1", server.addr()))
         .arg("--model")
         .arg("test-model")
+        .arg("--openai-version")
+        .arg(python_env::OPENAI_VERSION)
         .args(extra)
+        .env("PYTHONPATH", site)
         .output()
         .expect("python3 runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -26,7 +33,8 @@ fn run_python(server: &tandem_server::RunningServer, extra: &[&str]) {
     assert_ne!(
         out.status.code(),
         Some(3),
-        "the `openai` Python package is missing: install it with `pip install openai`\n{stderr}"
+        "the pinned `openai` package is not importable from {}\n{stderr}",
+        site.display()
     );
     assert!(
         out.status.success(),

@@ -1,6 +1,6 @@
-//! The prefix cache over HTTP (DESIGN §3 row 4): a repeated prompt reports its cached tokens
-//! in `usage.prompt_tokens_details.cached_tokens` and answers exactly as when cold — for
-//! generation, for `echo` + `logprobs` scoring and for `/v1/score` with a context and several
+//! The prefix cache over HTTP (ARCHITECTURE.md § Invariants, 4): a repeated prompt reports its
+//! cached tokens in `usage.prompt_tokens_details.cached_tokens` and answers exactly as when cold —
+//! for generation, for `echo` + `logprobs` scoring and for `/v1/score` with a context and several
 //! continuations; `cache_salt` isolates tenants; `POST /reset_prefix_cache` empties it.
 
 mod server_common;

@@ -1,7 +1,7 @@
 //! `TextStream` (detokenizer + stop strings) on the default model's real tokenizer: the
-//! concatenated deltas equal the non-streamed text (decode everything, cut at the first
-//! stop string), with no U+FFFD from split characters and no byte of a stop string
-//! streamed (DESIGN §3 row 7).
+//! concatenated deltas equal the non-streamed text (decode everything, cut at the first stop
+//! string), with no U+FFFD from split characters and no byte of a stop string streamed
+//! (ARCHITECTURE.md § Invariants, 7).
 
 use std::sync::{Arc, OnceLock};
 

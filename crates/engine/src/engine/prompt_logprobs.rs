@@ -1,6 +1,6 @@
-//! Prompt log-probabilities: the teacher-forced score of every prompt token, computed by the
-//! same forward passes that prefill the prompt (DESIGN §2.1: "output `All` when prompt
-//! logprobs are asked").
+//! Prompt log-probabilities: the teacher-forced score of every prompt token, computed by the same
+//! forward passes that prefill the prompt (ARCHITECTURE.md § The forward pass: their prompt rows
+//! are added to the batch's output selection).
 //!
 //! A request with [`GenerationRequest::prompt_logprobs`] `= Some(k)` gets, for every prompt
 //! position `i >= 1`, `log p(prompt[i] | prompt[..i])` from the logits row of position

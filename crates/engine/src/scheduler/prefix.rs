@@ -1,5 +1,5 @@
-//! The scheduler's side of prefix caching (DESIGN §2.3): a lookup when a sequence is admitted
-//! and a registration when a step completes full blocks.
+//! The scheduler's side of prefix caching (ARCHITECTURE.md § Prefix cache): a lookup when a
+//! sequence is admitted and a registration when a step completes full blocks.
 //!
 //! - Lookup ([`Scheduler::lookup_prefix`]): for a sequence holding no block (fresh, or
 //!   preempted and re-admitted), the longest run of leading full blocks of its committed
@@ -19,8 +19,8 @@
 //!   cannot starve: the running sequence is served first every step, so the block completes
 //!   within a few steps (or the sequence leaves `running`, which ends the wait).
 //!
-//! The cache never changes results: a block's K/V are a function of the token ids up to its
-//! end, which its chained key and the hit's token comparison pin down (DESIGN §3 row 4).
+//! The cache never changes results: a block's K/V are a function of the token ids up to its end,
+//! which its chained key and the hit's token comparison pin down (ARCHITECTURE.md § Invariants, 4).
 
 use super::Scheduler;
 use crate::sequence::{SeqId, Sequence};

@@ -32,9 +32,9 @@ pub struct SpeculativeConfig {
 }
 
 impl Default for SpeculativeConfig {
-    /// k = 4, up to 8 running sequences, the costs of n-gram drafts measured on the default
-    /// model (0.2 + 0.2 per draft: a step verifying 4 drafts takes twice a decode step),
-    /// pauses of 32 steps.
+    /// k = 4, up to 8 running sequences, the costs of n-gram drafts as measured on the
+    /// default model (0.2 + 0.2 per draft, in decode steps; BENCHMARKS.md § Figures behind
+    /// choices in the code), pauses of 32 steps.
     fn default() -> SpeculativeConfig {
         SpeculativeConfig {
             num_tokens: 4,

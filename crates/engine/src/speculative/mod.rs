@@ -1,8 +1,9 @@
-//! Speculative decoding (DESIGN §2.2, §3 row 6): a cheap [`Proposer`] guesses up to `k`
-//! tokens that follow a sequence; the target model computes the sequence's last token and the
-//! `k` drafts in one forward pass (1 + k output rows); [`verify::verify`] keeps the accepted
-//! prefix and one more token, so the emitted tokens follow exactly the distribution plain
-//! decoding samples from, and greedy output is token-for-token the same.
+//! Speculative decoding (ARCHITECTURE.md § Speculative decoding; § Invariants, 6): a cheap
+//! [`Proposer`] guesses up to `k` tokens that follow a sequence; the target model computes the
+//! sequence's last token and the `k` drafts in one forward pass (1 + k output rows);
+//! [`verify::verify`] keeps the accepted prefix and one more token, so the emitted tokens follow
+//! exactly the distribution plain decoding samples from, and greedy output is token-for-token the
+//! same.
 //!
 //! - [`ngram`]: prompt lookup: the tokens that followed the latest earlier occurrence of the
 //!   last `n` tokens (longest `n` in `[min_n, max_n]` first);

@@ -352,8 +352,8 @@ unsafe fn accumulate_from<V: Lanes16, E: Element>(
 
 /// Asks for the K and V rows of `slots` to be brought into L2 (in decode they come from
 /// memory, at addresses the hardware prefetcher cannot guess). Into L2 rather than L1: the
-/// 64 lines of a block exceed what L1 can have in flight, and a batch-8 decode's attention
-/// ran 20–25% faster so (`examples/attention_bench.rs 8 576 2`, alternating).
+/// 64 lines of a block exceed what L1 can have in flight, and batched decode attention
+/// measured faster so (BENCHMARKS.md § Figures behind choices in the code).
 #[inline(always)]
 fn prefetch_rows<E>(kv: &HeadRows<'_, E>, slots: &[usize]) {
     let bytes = kv.head_dim * std::mem::size_of::<E>();

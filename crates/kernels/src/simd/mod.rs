@@ -22,7 +22,8 @@
 //! dependency chain through the add), so the bitwise-equal form is the only one kept.
 //! The attention kernel is different: its contract itself uses fused multiply-adds (in the
 //! score dots and the value accumulation; the scalar reference calls `f32::mul_add`), which
-//! made a 4,096-token `tandem score` ~12% faster, and its variants stay bitwise equal.
+//! made long scoring measurably faster (BENCHMARKS.md § Figures behind choices in the code),
+//! and its variants stay bitwise equal.
 //!
 //! Every variant, int8 included, computes each output from its own row and token only, in an
 //! order fixed by the row length: results never depend on `n_tokens` or the thread split.

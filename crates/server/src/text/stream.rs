@@ -19,11 +19,11 @@ pub struct TextOptions {
 
 /// One request's token-to-text pipeline, used the same way by the CLI and the server.
 ///
-/// Invariant (DESIGN §3 row 7): for any ids pushed one at a time, the concatenation of the
-/// deltas of every `push` and of `finish` equals the non-streamed text: the ids decoded all
-/// at once (`Tokenizer::decode(ids, skip_special_tokens)`), then cut at the first stop
-/// string as [`StopStringMatcher`] defines it. No delta contains U+FFFD from a character
-/// split across tokens, and no byte of the matched stop string is ever emitted (unless
+/// Invariant (ARCHITECTURE.md § Invariants, 7: stream ≡ non-stream): for any ids pushed one at a
+/// time, the concatenation of the deltas of every `push` and of `finish` equals the non-streamed
+/// text: the ids decoded all at once (`Tokenizer::decode(ids, skip_special_tokens)`), then cut at
+/// the first stop string as [`StopStringMatcher`] defines it. No delta contains U+FFFD from a
+/// character split across tokens, and no byte of the matched stop string is ever emitted (unless
 /// `include_stop_str_in_output`).
 #[derive(Debug, Clone)]
 pub struct TextStream {

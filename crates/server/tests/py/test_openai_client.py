@@ -6,8 +6,12 @@ Usage: python3 test_openai_client.py --base-url http://127.0.0.1:PORT/v1 --model
          (a server with that key, a 64 KiB body limit, one running sequence and a waiting
          queue of one: checks 401, 404, 413 and 429 with the SDK's exception types)
 
+The Rust test (tests/server_openai.rs) runs this script with the pinned `openai` release
+on PYTHONPATH, installed on first use under the cargo target directory; `--openai-version V`
+makes the script refuse any other release.
+
 Exit status: 0 when every check passes, 1 on a failed check, 3 when the `openai` package
-is missing (install it with `pip install openai`).
+is missing or is not the release `--openai-version` names.
 """
 
 import argparse
@@ -20,7 +24,8 @@ import urllib.request
 try:
     import openai
 except ImportError:
-    print("the `openai` Python package is missing: pip install openai", file=sys.stderr)
+    print("the `openai` Python package is missing (the Rust test installs the pinned release;"
+          " by hand: pip install openai)", file=sys.stderr)
     sys.exit(3)
 
 
@@ -214,7 +219,12 @@ def main():
     p.add_argument("--model", required=True)
     p.add_argument("--api-key", default="none")
     p.add_argument("--limits", action="store_true")
+    p.add_argument("--openai-version", help="the `openai` release required")
     a = p.parse_args()
+    if a.openai_version and openai.__version__ != a.openai_version:
+        print(f"openai {openai.__version__} was imported (from {openai.__file__}),"
+              f" but the checks need {a.openai_version}", file=sys.stderr)
+        sys.exit(3)
     client = openai.OpenAI(base_url=a.base_url, api_key=a.api_key, max_retries=0, timeout=120)
     if a.limits:
         limits(client, a.model, a.base_url)

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod python_env;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -32,7 +34,7 @@ pub fn default_model_path() -> PathBuf {
         .expect("the default model is needed; this test does not skip")
 }
 
-/// Loads a model on 1 kernel thread.
+/// Loads a model.
 pub fn load(path: &std::path::Path) -> LoadedModel {
     load_model(path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
 }

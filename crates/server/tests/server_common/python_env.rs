@@ -1,0 +1,94 @@
+//! A private Python environment with the pinned `openai` client, for the tests that drive
+//! the server with it. Created on first use under the cargo target directory, reused
+//! afterwards; nothing is installed into the system's Python.
+//!
+//! `python3 -m pip install --target` puts the client and its dependencies in a directory of
+//! their own, which the driver script then finds through `PYTHONPATH` (no `venv` module
+//! needed, and no clash with a system Python that refuses direct installs). Concurrent
+//! creators are safe: each process installs into a scratch directory of its own and renames
+//! it into place; the rename is atomic, the first one wins and the others drop their copy.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The `openai` release the tests are written against.
+pub const OPENAI_VERSION: &str = "3.57.0";
+
+/// The directory holding the pinned `openai` package and its dependencies, to put on
+/// `PYTHONPATH`; installs it on first use. Panics with instructions when Python 3, pip or
+/// the package index is unavailable.
+pub fn openai_site_dir() -> &'static Path {
+    // One creator per test process; other processes are handled by the atomic rename.
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let dir = root.join(format!("py-openai-{OPENAI_VERSION}"));
+        if !dir.join("openai").is_dir() {
+            install(root, &dir);
+        }
+        dir
+    })
+}
+
+fn install(root: &Path, dir: &Path) {
+    check_python();
+    std::fs::create_dir_all(root).unwrap_or_else(|e| panic!("creating {}: {e}", root.display()));
+    let scratch = root.join(format!(
+        ".py-openai-{OPENAI_VERSION}.partial-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&scratch);
+    eprintln!(
+        "tests: installing openai=={OPENAI_VERSION} for the server tests into {} (first use only)",
+        dir.display()
+    );
+    let out = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-input",
+            "--target",
+        ])
+        .arg(&scratch)
+        .arg(format!("openai=={OPENAI_VERSION}"))
+        .output()
+        .expect("python3 runs");
+    if !out.status.success() {
+        let _ = std::fs::remove_dir_all(&scratch);
+        panic!(
+            "could not install openai=={OPENAI_VERSION} for the server tests ({}):\n{}\n\
+             To provide it by hand: `python3 -m pip install --target {} openai=={OPENAI_VERSION}`",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            dir.display()
+        );
+    }
+    // Fails when another process renamed its copy into place first; theirs is as good.
+    if std::fs::rename(&scratch, dir).is_err() {
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+    assert!(
+        dir.join("openai").is_dir(),
+        "{} has no openai package after installing it",
+        dir.display()
+    );
+}
+
+/// Panics with a clear message when `python3` or its pip is missing.
+fn check_python() {
+    let pip = Command::new("python3")
+        .args(["-m", "pip", "--version"])
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("the server tests need Python 3 with pip (`python3` on PATH): {e}")
+        });
+    assert!(
+        pip.status.success(),
+        "the server tests need pip for python3 (`python3 -m pip --version` failed):\n{}",
+        String::from_utf8_lossy(&pip.stderr)
+    );
+}
