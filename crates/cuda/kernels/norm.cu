@@ -25,7 +25,7 @@ extern "C" __global__ void add_rms_norm(float* x, const float* delta, const floa
         }
         __syncthreads();
     }
-    scale = 1.0f / sqrtf(row_sum_squares(xr, width, scratch) / (float)width + eps);
+    float scale = 1.0f / sqrtf(row_sum_squares(xr, width, scratch) / (float)width + eps);
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
         store_act(out, row * width + i, xr[i] * scale * weight[i]);
     }
