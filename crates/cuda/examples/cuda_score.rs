@@ -255,17 +255,19 @@ fn timing(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
             ))?;
         }
         let t0 = Instant::now();
-        for step in 0..steps {
-            let seqs = (0..batch_size)
-                .map(|i| SeqSpan {
+        for (step, &token) in tokens.iter().cycle().take(steps).enumerate() {
+            let seqs = seq_tables
+                .iter()
+                .enumerate()
+                .map(|(i, table)| SeqSpan {
                     start: i,
                     len: 1,
                     num_cached: n + step,
-                    block_table: seq_tables[i].clone(),
+                    block_table: table.clone(),
                 })
                 .collect();
             runner.forward(&ForwardBatch {
-                tokens: vec![tokens[step]; batch_size],
+                tokens: vec![token; batch_size],
                 seqs,
                 output: OutputSelection::Last,
             })?;
