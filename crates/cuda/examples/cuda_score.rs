@@ -1,0 +1,289 @@
+//! GPU checks of `CudaRunner`, driven by `scripts/gpu_check.sh`.
+//!
+//! ```text
+//! cuda_score score MODEL_DIR bf16|f32 REF_JSON OUT_JSON   # teacher-forced logprobs
+//! cuda_score check MODEL_DIR bf16|f32 REF_JSON OUT_JSON   # decode = forward, prefix, timing
+//! ```
+//! `REF_JSON` holds `{"tokens": [[id, ...], ...]}` (the reference file of
+//! `scripts/make_gpu_models.py`). Kernels are cached under `$TANDEM_KERNEL_CACHE` (default
+//! `/tmp/tandem-kernels`).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use tandem_cuda::{CudaDtype, CudaOptions, CudaRunner, KvBudget};
+use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
+use tandem_model::logits::Logits;
+use tandem_model::runner::ModelRunner;
+
+const BLOCK: usize = 16;
+const CHUNK: usize = 256;
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, cmd, model, dtype, reference, out] = &args[..] else {
+        bail!("usage: cuda_score score|check MODEL_DIR bf16|f32 REF_JSON OUT_JSON");
+    };
+    let dtype = match dtype.as_str() {
+        "bf16" => CudaDtype::Bf16,
+        "f32" => CudaDtype::F32,
+        other => bail!("unknown dtype {other}"),
+    };
+    let seqs = read_sequences(Path::new(reference))?;
+    let loaded = tandem_model::loader::load_model(Path::new(model))?;
+    let cache = std::env::var_os("TANDEM_KERNEL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp/tandem-kernels"));
+    let options = CudaOptions {
+        dtype,
+        block_size: BLOCK,
+        kv: KvBudget::Blocks(4096),
+        ..CudaOptions::new(cache)
+    };
+    let t0 = Instant::now();
+    let mut runner = CudaRunner::new(&loaded.host, options)?;
+    eprintln!(
+        "{} (ready in {:.1}s)",
+        runner.describe(),
+        t0.elapsed().as_secs_f64()
+    );
+    let result = match cmd.as_str() {
+        "score" => score_all(&mut runner, &seqs)?,
+        "check" => checks(&mut runner, &seqs)?,
+        other => bail!("unknown command {other}"),
+    };
+    std::fs::write(out, serde_json::to_string(&result)?).with_context(|| out.clone())?;
+    Ok(())
+}
+
+fn read_sequences(path: &Path) -> Result<Vec<Vec<TokenId>>> {
+    let v: Value =
+        serde_json::from_slice(&std::fs::read(path).with_context(|| path.display().to_string())?)?;
+    let seqs = v["tokens"].as_array().context("reference has no tokens")?;
+    seqs.iter()
+        .map(|s| {
+            let ids = s.as_array().context("a sequence is not a list")?;
+            ids.iter()
+                .map(|t| Ok(TokenId(t.as_u64().context("token id")? as u32)))
+                .collect()
+        })
+        .collect()
+}
+
+/// Block ids `first..first + n`.
+fn blocks(first: usize, n: usize) -> Vec<BlockId> {
+    (first..first + n).map(|b| BlockId(b as u32)).collect()
+}
+
+fn logprob(logits: &Logits, row: usize, token: TokenId) -> Result<f32> {
+    let lp = logits.log_probs(row).context("non-finite logits")?;
+    Ok(lp[token.0 as usize])
+}
+
+/// Teacher-forced logprobs of `tokens[1..]`, in chunks of `CHUNK`, in blocks from `first`.
+fn score(
+    runner: &mut CudaRunner,
+    tokens: &[TokenId],
+    first: usize,
+) -> Result<(Vec<f32>, Vec<Logits>)> {
+    let table = blocks(first, tokens.len().div_ceil(BLOCK));
+    let (mut lps, mut all) = (Vec::new(), Vec::new());
+    let mut done = 0;
+    while done < tokens.len() {
+        let n = CHUNK.min(tokens.len() - done);
+        let batch = ForwardBatch::single(
+            tokens[done..done + n].to_vec(),
+            done,
+            table[..(done + n).div_ceil(BLOCK)].to_vec(),
+            OutputSelection::All,
+        );
+        let logits = runner.forward(&batch)?;
+        for row in 0..n {
+            if let Some(&next) = tokens.get(done + row + 1) {
+                lps.push(logprob(&logits, row, next)?);
+            }
+        }
+        all.push(logits);
+        done += n;
+    }
+    Ok((lps, all))
+}
+
+fn score_all(runner: &mut CudaRunner, seqs: &[Vec<TokenId>]) -> Result<Value> {
+    let mut out = Vec::new();
+    for s in seqs {
+        out.push(score(runner, s, 0)?.0);
+    }
+    Ok(json!({ "logprobs": out }))
+}
+
+fn argmax(row: &[f32]) -> TokenId {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    TokenId(best as u32)
+}
+
+/// Greedy decode of `steps` tokens one at a time after `prompt`, then the same tokens
+/// scored in one pass: the logprobs of the generated tokens must agree.
+fn decode_vs_forward(runner: &mut CudaRunner, prompt: &[TokenId], steps: usize) -> Result<Value> {
+    let table = blocks(0, (prompt.len() + steps).div_ceil(BLOCK));
+    let first = ForwardBatch::single(
+        prompt.to_vec(),
+        0,
+        table[..prompt.len().div_ceil(BLOCK)].to_vec(),
+        OutputSelection::Last,
+    );
+    let mut logits = runner.forward(&first)?;
+    let (mut tokens, mut decode_lps) = (prompt.to_vec(), Vec::new());
+    for _ in 0..steps {
+        let next = argmax(logits.row(0));
+        decode_lps.push(logprob(&logits, 0, next)?);
+        tokens.push(next);
+        let pos = tokens.len() - 1;
+        let batch = ForwardBatch::single(
+            vec![next],
+            pos,
+            table[..(pos + 1).div_ceil(BLOCK)].to_vec(),
+            OutputSelection::Last,
+        );
+        logits = runner.forward(&batch)?;
+    }
+    let (one_pass, _) = score(runner, &tokens, table.len() + 8)?;
+    let scored = &one_pass[prompt.len() - 1..];
+    let max_diff = decode_lps
+        .iter()
+        .zip(scored)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    Ok(
+        json!({ "steps": steps, "max_abs_diff": max_diff, "generated": tokens[prompt.len()..].iter().map(|t| t.0).collect::<Vec<_>>() }),
+    )
+}
+
+/// Prefix reuse: the first half forwarded into blocks A, copied to blocks B with
+/// `copy_blocks`, the second half forwarded on B. Compared with one pass: the second half's
+/// logits, and `cached_logits` of the first half through B (bitwise).
+fn prefix_and_copy(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
+    let n = tokens.len();
+    let half = (n / 2) / BLOCK * BLOCK;
+    let nb = n.div_ceil(BLOCK);
+    let (_, one_pass) = score(runner, tokens, 0)?;
+    let full = one_pass
+        .iter()
+        .flat_map(|l| l.as_slice().iter().copied())
+        .collect::<Vec<f32>>();
+    let vocab = runner.config().vocab_size;
+    let a = blocks(nb + 8, half / BLOCK);
+    let b = blocks(2 * nb + 16, nb);
+    runner.forward(&ForwardBatch::single(
+        tokens[..half].to_vec(),
+        0,
+        a.clone(),
+        OutputSelection::Last,
+    ))?;
+    let copies: Vec<(BlockId, BlockId)> = a.iter().copied().zip(b.iter().copied()).collect();
+    runner.copy_blocks(&copies)?;
+    let rest = runner.forward(&ForwardBatch {
+        tokens: tokens[half..].to_vec(),
+        seqs: vec![SeqSpan {
+            start: 0,
+            len: n - half,
+            num_cached: half,
+            block_table: b.clone(),
+        }],
+        output: OutputSelection::All,
+    })?;
+    let rest_diff = rest
+        .as_slice()
+        .iter()
+        .zip(&full[half * vocab..])
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    let cached = runner.cached_logits(&b, 0..half)?;
+    let cached_mismatch = cached
+        .as_slice()
+        .iter()
+        .zip(&full[..half * vocab])
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    let same_blocks = runner.cached_logits(&blocks(0, nb), 0..n)?;
+    let self_mismatch = same_blocks
+        .as_slice()
+        .iter()
+        .zip(&full)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    Ok(json!({
+        "prefix_tokens": half,
+        "suffix_max_abs_logit_diff": rest_diff,
+        "cached_logits_after_copy_mismatches": cached_mismatch,
+        "cached_logits_mismatches": self_mismatch,
+    }))
+}
+
+/// Prefill and decode throughput with simple loops.
+fn timing(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
+    let n = tokens.len();
+    let table = blocks(0, n.div_ceil(BLOCK) + 16);
+    let prefill = ForwardBatch::single(tokens.to_vec(), 0, table.clone(), OutputSelection::Last);
+    runner.forward(&prefill)?;
+    let reps = 5;
+    let t = Instant::now();
+    for _ in 0..reps {
+        runner.forward(&prefill)?;
+    }
+    let prefill_tps = (reps * n) as f64 / t.elapsed().as_secs_f64();
+    let mut out = json!({ "prefill_tokens": n, "prefill_tok_s": prefill_tps });
+    for batch_size in [1usize, 16] {
+        let steps = 64;
+        let per_seq = (n + steps).div_ceil(BLOCK);
+        let seq_tables: Vec<Vec<BlockId>> = (0..batch_size)
+            .map(|i| blocks(i * per_seq, per_seq))
+            .collect();
+        for t in &seq_tables {
+            runner.forward(&ForwardBatch::single(
+                tokens.to_vec(),
+                0,
+                t.clone(),
+                OutputSelection::Last,
+            ))?;
+        }
+        let t0 = Instant::now();
+        for (step, &token) in tokens.iter().cycle().take(steps).enumerate() {
+            let seqs = seq_tables
+                .iter()
+                .enumerate()
+                .map(|(i, table)| SeqSpan {
+                    start: i,
+                    len: 1,
+                    num_cached: n + step,
+                    block_table: table.clone(),
+                })
+                .collect();
+            runner.forward(&ForwardBatch {
+                tokens: vec![token; batch_size],
+                seqs,
+                output: OutputSelection::Last,
+            })?;
+        }
+        let tps = (steps * batch_size) as f64 / t0.elapsed().as_secs_f64();
+        out[format!("decode_b{batch_size}_tok_s")] = json!(tps);
+    }
+    Ok(out)
+}
+
+fn checks(runner: &mut CudaRunner, seqs: &[Vec<TokenId>]) -> Result<Value> {
+    let s = &seqs[0];
+    let decode = decode_vs_forward(runner, &s[..64.min(s.len())], 32)?;
+    let prefix = prefix_and_copy(runner, s)?;
+    let timing = timing(runner, &s[..512.min(s.len())])?;
+    Ok(
+        json!({ "describe": runner.describe(), "weight_bytes": runner.weight_bytes(), "decode_vs_forward": decode, "prefix": prefix, "timing": timing }),
+    )
+}

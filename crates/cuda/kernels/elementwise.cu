@@ -1,0 +1,35 @@
+// Small element-wise kernels: the embedding gather, SwiGLU and the gather of stored final
+// hidden states for the LM head. One thread block per row, threads stride the row.
+
+// table: [vocab, width] act_t; tokens: [n]; x: [n, width] f32.
+extern "C" __global__ void embed_gather(const act_t* table, const int* tokens, float* x,
+                                        int width) {
+    i64 row = blockIdx.x;
+    i64 src = (i64)tokens[row] * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        x[row * width + i] = load_act(table, src + i);
+    }
+}
+
+// gate_up: [n, 2 * ff] f32, gate in the first half of a row, up in the second;
+// out: [n, ff] act_t = silu(gate) * up, computed as gate / (1 + exp(-gate)) * up.
+extern "C" __global__ void swiglu(const float* gate_up, act_t* out, int ff) {
+    i64 row = blockIdx.x;
+    const float* g = gate_up + row * 2 * ff;
+    const float* u = g + ff;
+    for (int i = threadIdx.x; i < ff; i += blockDim.x) {
+        float gi = g[i];
+        store_act(out, row * ff + i, gi / (1.0f + expf(-gi)) * u[i]);
+    }
+}
+
+// hidden_store: [num_slots, width] f32; slots: [rows]; out: [rows, width] act_t. Rows past
+// `rows` of `out` (padding up to the LM head's fixed tile) are zeroed by the caller.
+extern "C" __global__ void gather_hidden(const float* hidden_store, const i64* slots,
+                                         act_t* out, int width) {
+    i64 row = blockIdx.x;
+    const float* src = hidden_store + slots[row] * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        store_act(out, row * width + i, src[i]);
+    }
+}

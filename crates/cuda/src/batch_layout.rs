@@ -1,0 +1,174 @@
+//! The host-side description of a forward batch that the kernels read: token ids,
+//! positions, each token's sequence and KV slot, the sequences' block tables, RoPE angles
+//! and the slots of the rows that need logits. Built and checked on the host, then uploaded.
+
+use std::ops::Range;
+
+use tandem_model::batch::{BlockId, ForwardBatch};
+use tandem_model::runner::slot_of;
+
+use crate::error::CudaError;
+
+/// Index arrays of one batch, in the layouts the kernels take.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct BatchLayout {
+    /// `[n]` token ids.
+    pub tokens: Vec<i32>,
+    /// `[n]` position of each token in its sequence.
+    pub positions: Vec<i32>,
+    /// `[n]` index of each token's sequence.
+    pub token_seq: Vec<i32>,
+    /// `[n]` KV slot each token's K/V and hidden state are written to.
+    pub write_slots: Vec<i64>,
+    /// `[num_seqs, max_blocks]` block ids, rows padded with 0 past a sequence's blocks.
+    pub block_tables: Vec<i32>,
+    pub max_blocks: usize,
+    /// `[n, head_dim / 2]` cos and sin of each token's RoPE angles.
+    pub cos: Vec<f32>,
+    pub sin: Vec<f32>,
+    /// The flat rows that need logits, and `[rows]` their slots.
+    pub output_rows: Vec<usize>,
+    pub output_slots: Vec<i64>,
+}
+
+impl BatchLayout {
+    /// Lays out a batch that already passed `ForwardBatch::validate`.
+    pub fn build(
+        batch: &ForwardBatch,
+        block_size: usize,
+        inv_freqs: &[f32],
+    ) -> Result<BatchLayout, CudaError> {
+        let n = batch.num_tokens();
+        let max_blocks = batch
+            .seqs
+            .iter()
+            .map(|s| s.context_len().div_ceil(block_size))
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let mut l = BatchLayout {
+            tokens: batch.tokens.iter().map(|t| t.0 as i32).collect(),
+            positions: Vec::with_capacity(n),
+            token_seq: Vec::with_capacity(n),
+            write_slots: Vec::with_capacity(n),
+            block_tables: vec![0; batch.seqs.len() * max_blocks],
+            max_blocks,
+            cos: Vec::with_capacity(n * inv_freqs.len()),
+            sin: Vec::with_capacity(n * inv_freqs.len()),
+            output_rows: batch.output_rows(),
+            output_slots: Vec::new(),
+        };
+        for (i, s) in batch.seqs.iter().enumerate() {
+            let used = s.context_len().div_ceil(block_size);
+            for (dst, b) in l.block_tables[i * max_blocks..]
+                .iter_mut()
+                .zip(&s.block_table[..used])
+            {
+                *dst = to_i32(b.0 as usize, "block id")?;
+            }
+            for p in s.num_cached..s.context_len() {
+                l.positions.push(to_i32(p, "position")?);
+                l.token_seq.push(i as i32);
+                l.write_slots
+                    .push(slot_of(&s.block_table, block_size, p) as i64);
+            }
+        }
+        l.output_slots = l.output_rows.iter().map(|&r| l.write_slots[r]).collect();
+        rope_angles(&l.positions, inv_freqs, &mut l.cos, &mut l.sin);
+        Ok(l)
+    }
+}
+
+fn to_i32(v: usize, what: &str) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| CudaError::Unsupported(format!("{what} {v} exceeds i32")))
+}
+
+/// Appends cos and sin of `p * f` for every position `p` and inverse frequency `f`,
+/// computed in f64 and rounded to f32 (as the CPU runner computes its RoPE table).
+fn rope_angles(positions: &[i32], inv_freqs: &[f32], cos: &mut Vec<f32>, sin: &mut Vec<f32>) {
+    for &p in positions {
+        for &f in inv_freqs {
+            let angle = p as f64 * f as f64;
+            cos.push(angle.cos() as f32);
+            sin.push(angle.sin() as f32);
+        }
+    }
+}
+
+/// The slots of `positions` of a sequence whose blocks are `block_table`, checked against
+/// the pool (`num_blocks` blocks of `block_size`).
+pub(crate) fn slots_of_positions(
+    block_table: &[BlockId],
+    positions: Range<usize>,
+    block_size: usize,
+    num_blocks: usize,
+) -> Result<Vec<i64>, CudaError> {
+    let bad = |m: String| Err(CudaError::Model(tandem_model::ModelError::Batch(m)));
+    if positions.end > block_table.len() * block_size {
+        return bad(format!(
+            "positions up to {} need more than the {} blocks given",
+            positions.end,
+            block_table.len()
+        ));
+    }
+    if let Some(b) = block_table.iter().find(|b| b.0 as usize >= num_blocks) {
+        return bad(format!("block {} is outside the pool of {num_blocks}", b.0));
+    }
+    Ok(positions
+        .map(|p| slot_of(block_table, block_size, p) as i64)
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_model::batch::{OutputSelection, SeqSpan, TokenId};
+
+    fn two_sequence_batch() -> ForwardBatch {
+        ForwardBatch {
+            tokens: [5, 6, 7, 8].map(TokenId).to_vec(),
+            seqs: vec![
+                SeqSpan {
+                    start: 0,
+                    len: 3,
+                    num_cached: 2,
+                    block_table: vec![BlockId(7), BlockId(3)],
+                },
+                SeqSpan {
+                    start: 3,
+                    len: 1,
+                    num_cached: 0,
+                    block_table: vec![BlockId(1)],
+                },
+            ],
+            output: OutputSelection::Last,
+        }
+    }
+
+    #[test]
+    fn layout_maps_positions_to_slots_through_block_tables() {
+        let l = BatchLayout::build(&two_sequence_batch(), 4, &[1.0, 0.5]).expect("valid");
+        assert_eq!(l.positions, vec![2, 3, 4, 0]);
+        assert_eq!(l.token_seq, vec![0, 0, 0, 1]);
+        // block 7 holds positions 0..4 (slots 28..32), block 3 positions 4..8 (slots 12..).
+        assert_eq!(l.write_slots, vec![30, 31, 12, 4]);
+        assert_eq!(l.max_blocks, 2);
+        assert_eq!(l.block_tables, vec![7, 3, 1, 0]);
+        assert_eq!(l.output_rows, vec![2, 3]);
+        assert_eq!(l.output_slots, vec![12, 4]);
+        assert_eq!(l.cos.len(), 8);
+        assert_eq!(l.cos[1], (2.0f64 * 0.5).cos() as f32);
+        assert_eq!(l.sin[2], (3.0f64).sin() as f32);
+    }
+
+    #[test]
+    fn cached_slots_are_checked_against_table_and_pool() {
+        let table = [BlockId(2), BlockId(0)];
+        assert_eq!(
+            slots_of_positions(&table, 2..6, 4, 3).expect("fits"),
+            vec![10, 11, 0, 1]
+        );
+        assert!(slots_of_positions(&table, 0..9, 4, 3).is_err());
+        assert!(slots_of_positions(&table, 0..1, 4, 2).is_err());
+    }
+}

@@ -1,0 +1,366 @@
+//! The CUDA C kernels (`kernels/*.cu`, compiled at run time) and their launches.
+//!
+//! Every kernel takes raw device addresses (`u64`, a `CUdeviceptr`) rather than typed
+//! slices: buffers of the storage type (`act_t`: bf16 or f32, chosen when the program is
+//! compiled) and f32 buffers are passed alike. The launch wrappers below are the only place
+//! kernels are started; each documents the shapes its caller must provide, and all of them
+//! go through [`Kernels::launch`], the module's one `unsafe` block.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+
+use crate::error::CudaError;
+use crate::nvrtc_cache::load_or_compile;
+use crate::options::CudaDtype;
+
+/// A device address, as kernels receive it.
+pub(crate) type DevPtr = u64;
+
+/// The kernel files, in the order they are concatenated into one program.
+const SOURCES: [(&str, &str); 5] = [
+    ("common.cuh", include_str!("../kernels/common.cuh")),
+    ("norm.cu", include_str!("../kernels/norm.cu")),
+    ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
+    ("rope_kv.cu", include_str!("../kernels/rope_kv.cu")),
+    ("attention.cu", include_str!("../kernels/attention.cu")),
+];
+
+/// Names of the kernels the program defines.
+pub const KERNEL_NAMES: [&str; 7] = [
+    "embed_gather",
+    "add_rms_norm",
+    "final_norm_store",
+    "qkv_rope_store",
+    "paged_attention",
+    "swiglu",
+    "gather_hidden",
+];
+
+/// Threads of an attention block (`ATTN_WARPS` warps in attention.cu).
+const ATTN_THREADS: u32 = 4 * 32;
+/// Largest head dimension the attention kernel handles (`32 * ATTN_MAX_PER_LANE`).
+pub(crate) const MAX_HEAD_DIM: usize = 256;
+/// Threads of a row-wise kernel block.
+const ROW_THREADS: u32 = 256;
+
+/// The whole kernel program: every source file, concatenated.
+pub fn program_source() -> String {
+    let mut src = String::new();
+    for (name, text) in SOURCES {
+        src.push_str(&format!("// ---- {name} ----\n"));
+        src.push_str(text);
+        src.push('\n');
+    }
+    src
+}
+
+/// NVRTC options selecting the storage type of `dtype`.
+pub fn program_options(dtype: CudaDtype) -> Vec<String> {
+    let bf16 = matches!(dtype, CudaDtype::Bf16) as u8;
+    vec![format!("-DTANDEM_ACT_BF16={bf16}")]
+}
+
+/// Shape arguments of `qkv_rope_store` (`QkvShape` in rope_kv.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QkvShape {
+    pub num_heads: i32,
+    pub num_kv_heads: i32,
+    pub head_dim: i32,
+    pub neox: i32,
+    pub has_bias: i32,
+    pub has_qk_norm: i32,
+    pub eps: f32,
+}
+
+/// Shape arguments of `paged_attention` (`AttnShape` in attention.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AttnShape {
+    pub num_heads: i32,
+    pub num_kv_heads: i32,
+    pub head_dim: i32,
+    pub block_size: i32,
+    pub max_blocks: i32,
+    pub scale: f32,
+}
+
+// SAFETY: both are `repr(C)` structs of 4-byte integers and floats, laid out exactly as the
+// C structs of the same fields in the kernel sources, with no padding and no pointers.
+unsafe impl DeviceRepr for QkvShape {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for AttnShape {}
+
+/// One kernel argument.
+#[derive(Debug, Clone, Copy)]
+enum Arg {
+    Ptr(DevPtr),
+    I32(i32),
+    F32(f32),
+    Qkv(QkvShape),
+    Attn(AttnShape),
+}
+
+/// The loaded kernel functions.
+#[derive(Debug)]
+pub(crate) struct Kernels {
+    stream: Arc<CudaStream>,
+    functions: Vec<CudaFunction>,
+}
+
+impl Kernels {
+    /// Compiles (or loads from `cache_dir`) the program for the device of `stream` and
+    /// `dtype`, and looks up every kernel.
+    pub fn load(
+        stream: &Arc<CudaStream>,
+        dtype: CudaDtype,
+        cache_dir: &Path,
+    ) -> Result<Kernels, CudaError> {
+        let ctx: &Arc<CudaContext> = stream.context();
+        let (major, minor) = ctx.compute_capability()?;
+        let arch = format!("sm_{major}{minor}");
+        let cubin = load_or_compile(cache_dir, &program_source(), &arch, &program_options(dtype))?;
+        let module = ctx.load_module(Ptx::from_binary(cubin))?;
+        let functions = KERNEL_NAMES
+            .iter()
+            .map(|name| module.load_function(name))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Kernels {
+            stream: stream.clone(),
+            functions,
+        })
+    }
+
+    fn function(&self, name: &str) -> &CudaFunction {
+        let i = KERNEL_NAMES
+            .iter()
+            .position(|n| *n == name)
+            .expect("kernel names are the constants of KERNEL_NAMES");
+        &self.functions[i]
+    }
+
+    /// Launches kernel `name` on a `grid` of blocks of `block` threads.
+    fn launch(
+        &self,
+        name: &str,
+        grid: (u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> Result<(), CudaError> {
+        if grid.0 == 0 || grid.1 == 0 {
+            return Ok(());
+        }
+        let func = self.function(name);
+        let mut b = self.stream.launch_builder(func);
+        for a in args {
+            match a {
+                Arg::Ptr(p) => b.arg(p),
+                Arg::I32(v) => b.arg(v),
+                Arg::F32(v) => b.arg(v),
+                Arg::Qkv(s) => b.arg(s),
+                Arg::Attn(s) => b.arg(s),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0, grid.1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every caller below passes the arguments of the kernel's C signature, in
+        // order and of the right types, with device addresses of live allocations of this
+        // context that hold at least the extents documented on the wrapper (the forward
+        // pass sizes its buffers from the batch before launching). All work runs on the one
+        // stream, so buffers freed later (asynchronously, on the same stream) outlive it.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// `x[t] = table[tokens[t]]`. table: `[vocab, h]` act; tokens: `[n]` i32; x: `[n, h]` f32.
+    pub fn embed_gather(
+        &self,
+        table: DevPtr,
+        tokens: DevPtr,
+        x: DevPtr,
+        n: usize,
+        h: usize,
+    ) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(table),
+            Arg::Ptr(tokens),
+            Arg::Ptr(x),
+            Arg::I32(h as i32),
+        ];
+        self.launch("embed_gather", (n as u32, 1), ROW_THREADS, &args)
+    }
+
+    /// `x += delta` (when `delta` is `Some`), then `out = rms_norm(x) * weight`.
+    /// x, delta: `[n, h]` f32; weight: `[h]` f32; out: `[n, h]` act.
+    #[allow(clippy::too_many_arguments)] // the kernel's arguments
+    pub fn add_rms_norm(
+        &self,
+        x: DevPtr,
+        delta: Option<DevPtr>,
+        weight: DevPtr,
+        out: DevPtr,
+        n: usize,
+        h: usize,
+        eps: f32,
+    ) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(delta.unwrap_or(0)),
+            Arg::Ptr(weight),
+            Arg::Ptr(out),
+            Arg::I32(h as i32),
+            Arg::F32(eps),
+        ];
+        self.launch("add_rms_norm", (n as u32, 1), ROW_THREADS, &args)
+    }
+
+    /// `x += delta`, then the normed row `t` goes to `hidden_store[slots[t]]`.
+    /// x, delta: `[n, h]` f32; weight: `[h]`; slots: `[n]` i64; hidden_store: `[slots, h]` f32.
+    #[allow(clippy::too_many_arguments)] // the kernel's arguments
+    pub fn final_norm_store(
+        &self,
+        x: DevPtr,
+        delta: DevPtr,
+        weight: DevPtr,
+        slots: DevPtr,
+        hidden_store: DevPtr,
+        n: usize,
+        h: usize,
+        eps: f32,
+    ) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(delta),
+            Arg::Ptr(weight),
+            Arg::Ptr(slots),
+            Arg::Ptr(hidden_store),
+            Arg::I32(h as i32),
+            Arg::F32(eps),
+        ];
+        self.launch("final_norm_store", (n as u32, 1), ROW_THREADS, &args)
+    }
+}
+
+/// Buffers of `qkv_rope_store` for one layer (n tokens).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QkvBuffers {
+    /// `[n, q_dim + 2 * kv_dim]` f32: the fused projection output.
+    pub qkv: DevPtr,
+    /// `[q_dim + 2 * kv_dim]` f32, or `None` without bias.
+    pub bias: Option<DevPtr>,
+    /// `[2, head_dim]` f32 (q weights, then k weights), or `None`.
+    pub qk_norm: Option<DevPtr>,
+    /// `[n, head_dim / 2]` f32 each.
+    pub cos: DevPtr,
+    pub sin: DevPtr,
+    /// `[n]` i64: each token's KV slot.
+    pub slots: DevPtr,
+    /// `[n, q_dim]` f32: rotated queries.
+    pub q_out: DevPtr,
+    /// `[num_slots, kv_dim]` act: this layer's key and value planes.
+    pub k_cache: DevPtr,
+    pub v_cache: DevPtr,
+}
+
+/// Buffers of `paged_attention` for one layer (n tokens).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AttnBuffers {
+    /// `[n, q_dim]` f32.
+    pub q: DevPtr,
+    /// `[num_slots, kv_dim]` act.
+    pub k_cache: DevPtr,
+    pub v_cache: DevPtr,
+    /// `[num_seqs, max_blocks]` i32.
+    pub block_tables: DevPtr,
+    /// `[n]` i32 each: the sequence and the position of every token.
+    pub token_seq: DevPtr,
+    pub positions: DevPtr,
+    /// `[n, q_dim]` act.
+    pub out: DevPtr,
+}
+
+impl Kernels {
+    /// Bias, q/k head norms, RoPE and the K/V store of `n` tokens (see rope_kv.cu).
+    pub fn qkv_rope_store(
+        &self,
+        b: &QkvBuffers,
+        shape: QkvShape,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let heads = (shape.num_heads + 2 * shape.num_kv_heads) as u32;
+        let threads = (shape.head_dim as u32).next_multiple_of(32);
+        let args = [
+            Arg::Ptr(b.qkv),
+            Arg::Ptr(b.bias.unwrap_or(0)),
+            Arg::Ptr(b.qk_norm.unwrap_or(0)),
+            Arg::Ptr(b.cos),
+            Arg::Ptr(b.sin),
+            Arg::Ptr(b.slots),
+            Arg::Ptr(b.q_out),
+            Arg::Ptr(b.k_cache),
+            Arg::Ptr(b.v_cache),
+            Arg::Qkv(shape),
+        ];
+        self.launch("qkv_rope_store", (n as u32, heads), threads, &args)
+    }
+
+    /// Causal attention of `n` query tokens over the paged cache (see attention.cu).
+    pub fn paged_attention(
+        &self,
+        b: &AttnBuffers,
+        shape: AttnShape,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(b.q),
+            Arg::Ptr(b.k_cache),
+            Arg::Ptr(b.v_cache),
+            Arg::Ptr(b.block_tables),
+            Arg::Ptr(b.token_seq),
+            Arg::Ptr(b.positions),
+            Arg::Ptr(b.out),
+            Arg::Attn(shape),
+        ];
+        let grid = (n as u32, shape.num_heads as u32);
+        self.launch("paged_attention", grid, ATTN_THREADS, &args)
+    }
+
+    /// `out = silu(gate) * up`. gate_up: `[n, 2 * ff]` f32; out: `[n, ff]` act.
+    pub fn swiglu(
+        &self,
+        gate_up: DevPtr,
+        out: DevPtr,
+        n: usize,
+        ff: usize,
+    ) -> Result<(), CudaError> {
+        let args = [Arg::Ptr(gate_up), Arg::Ptr(out), Arg::I32(ff as i32)];
+        self.launch("swiglu", (n as u32, 1), ROW_THREADS, &args)
+    }
+
+    /// `out[r] = hidden_store[slots[r]]` for `rows` rows. slots: `[rows]` i64;
+    /// hidden_store: `[num_slots, h]` f32; out: `[rows, h]` act.
+    pub fn gather_hidden(
+        &self,
+        hidden_store: DevPtr,
+        slots: DevPtr,
+        out: DevPtr,
+        rows: usize,
+        h: usize,
+    ) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(hidden_store),
+            Arg::Ptr(slots),
+            Arg::Ptr(out),
+            Arg::I32(h as i32),
+        ];
+        self.launch("gather_hidden", (rows as u32, 1), ROW_THREADS, &args)
+    }
+}

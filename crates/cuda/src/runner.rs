@@ -1,0 +1,200 @@
+//! [`CudaRunner`]: the [`ModelRunner`] whose weights, KV pool and workspace live on a GPU.
+
+use std::ops::Range;
+
+use sha2::{Digest, Sha256};
+use tandem_model::batch::{BlockId, ForwardBatch};
+use tandem_model::host_model::HostModel;
+use tandem_model::logits::Logits;
+use tandem_model::runner::{KvGeometry, ModelRunner};
+use tandem_model::{ModelConfig, Result as ModelResult};
+
+use crate::batch_layout::{slots_of_positions, BatchLayout};
+use crate::device::Device;
+use crate::error::{catch_binding_panic, CudaError};
+use crate::forward::Workspace;
+use crate::gemm::Gemm;
+use crate::kernels::{Kernels, MAX_HEAD_DIM};
+use crate::kv_pool::{blocks_for_fraction, bytes_per_token, KvPool};
+use crate::options::{CudaDtype, CudaOptions, KvBudget};
+use crate::weights::{upload, DeviceWeights};
+
+/// A model prepared on one GPU. `Send`: every method first makes the device's context
+/// current on the calling thread.
+#[derive(Debug)]
+pub struct CudaRunner {
+    pub(crate) config: ModelConfig,
+    pub(crate) dtype: CudaDtype,
+    /// `[head_dim / 2]` RoPE inverse frequencies (llama3 scaling and rope_freqs applied).
+    pub(crate) inv_freqs: Vec<f32>,
+    // Field order is drop order: everything allocated on the device goes before `device`.
+    pub(crate) weights: DeviceWeights,
+    pub(crate) pool: KvPool,
+    pub(crate) ws: Workspace,
+    pub(crate) kernels: Kernels,
+    pub(crate) gemm: Gemm,
+    pub(crate) device: Device,
+    identity: u64,
+}
+
+impl CudaRunner {
+    /// Opens the GPU, compiles (or loads) the kernels, uploads the weights and allocates the
+    /// workspace and the KV pool. Any failure, including a machine without CUDA, is an error.
+    pub fn new(host: &HostModel, options: CudaOptions) -> Result<CudaRunner, CudaError> {
+        options.validate()?;
+        check_model(&host.config)?;
+        catch_binding_panic(|| Self::build(host, &options))
+    }
+
+    fn build(host: &HostModel, o: &CudaOptions) -> Result<CudaRunner, CudaError> {
+        let config = host.config.clone();
+        let device = Device::open(o.device_ordinal)?;
+        let stream = device.stream.clone();
+        let kernels = Kernels::load(&stream, o.dtype, &o.kernel_cache_dir)?;
+        let gemm = Gemm::new(stream.clone(), o.dtype)?;
+        let weights = upload(host, o.dtype, &stream)?;
+        let ws = Workspace::new(&stream, &config, o.dtype, o.max_batch_tokens)?;
+        let block_bytes = o.block_size * bytes_per_token(&config, o.dtype);
+        let num_blocks = match o.kv {
+            KvBudget::Blocks(n) => n,
+            KvBudget::MemoryFraction(f) => {
+                stream.synchronize()?;
+                let (free, total) = device.memory()?;
+                blocks_for_fraction(free, total, f, block_bytes)?
+            }
+        };
+        let pool = KvPool::new(&stream, &config, o.dtype, o.block_size, num_blocks)?;
+        stream.synchronize()?;
+        Ok(CudaRunner {
+            identity: identity(host, o.dtype),
+            inv_freqs: host.weights.inv_freqs.clone(),
+            dtype: o.dtype,
+            config,
+            weights,
+            pool,
+            ws,
+            kernels,
+            gemm,
+            device,
+        })
+    }
+
+    /// Bytes of device memory the weights take.
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.bytes
+    }
+
+    pub fn dtype(&self) -> CudaDtype {
+        self.dtype
+    }
+
+    /// The GPU this runner uses.
+    pub fn gpu(&self) -> &crate::GpuInfo {
+        &self.device.info
+    }
+
+    /// Waits for all queued device work (for timing).
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.device.bind()?;
+        Ok(self.device.stream.synchronize()?)
+    }
+
+    fn forward_inner(&mut self, batch: &ForwardBatch) -> Result<Logits, CudaError> {
+        batch.validate(
+            self.config.vocab_size,
+            self.pool.block_size,
+            self.pool.num_blocks,
+        )?;
+        let layout = BatchLayout::build(batch, self.pool.block_size, &self.inv_freqs)?;
+        self.device.bind()?;
+        catch_binding_panic(|| self.run_forward(&layout))
+    }
+
+    fn cached_logits_inner(
+        &mut self,
+        block_table: &[BlockId],
+        positions: Range<usize>,
+    ) -> Result<Logits, CudaError> {
+        let (bs, nb) = (self.pool.block_size, self.pool.num_blocks);
+        let slots = slots_of_positions(block_table, positions.clone(), bs, nb)?;
+        self.device.bind()?;
+        catch_binding_panic(|| self.lm_head((0..positions.len()).collect(), &slots))
+    }
+}
+
+/// Checks the shapes the kernels support.
+fn check_model(c: &ModelConfig) -> Result<(), CudaError> {
+    c.validate().map_err(CudaError::Unsupported)?;
+    if !c.head_dim.is_multiple_of(32) || c.head_dim > MAX_HEAD_DIM {
+        return Err(CudaError::Unsupported(format!(
+            "head_dim {} must be a multiple of 32 and at most {MAX_HEAD_DIM}",
+            c.head_dim
+        )));
+    }
+    Ok(())
+}
+
+/// A hash of the configuration, the numeric mode and samples of the weights.
+fn identity(host: &HostModel, dtype: CudaDtype) -> u64 {
+    let mut h = Sha256::new();
+    h.update(format!("cuda {} {:?}", dtype.name(), host.config).as_bytes());
+    for name in host.tensors.names() {
+        if let Some(t) = host.tensors.get(name) {
+            h.update(name.as_bytes());
+            h.update(&t.data[..t.data.len().min(64)]);
+        }
+    }
+    let d = h.finalize();
+    u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+}
+
+impl ModelRunner for CudaRunner {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn kv_geometry(&self) -> KvGeometry {
+        KvGeometry {
+            block_size: self.pool.block_size,
+            num_blocks: self.pool.num_blocks,
+            dtype: self.dtype.kv_dtype(),
+            bytes_per_token: bytes_per_token(&self.config, self.dtype),
+        }
+    }
+
+    fn forward(&mut self, batch: &ForwardBatch) -> ModelResult<Logits> {
+        Ok(self.forward_inner(batch)?)
+    }
+
+    fn copy_blocks(&mut self, copies: &[(BlockId, BlockId)]) -> ModelResult<()> {
+        self.device.bind().map_err(tandem_model::ModelError::from)?;
+        Ok(catch_binding_panic(|| self.pool.copy_blocks(copies))?)
+    }
+
+    fn cached_logits(
+        &mut self,
+        block_table: &[BlockId],
+        positions: Range<usize>,
+    ) -> ModelResult<Logits> {
+        Ok(self.cached_logits_inner(block_table, positions)?)
+    }
+
+    fn model_identity(&self) -> u64 {
+        self.identity
+    }
+
+    fn describe(&self) -> String {
+        let (major, minor) = self.device.info.compute_capability;
+        format!(
+            "cuda:{} {} (sm_{major}{minor}), {} weights ({:.2} GiB), NVRTC kernels + cuBLAS, \
+             KV {} x {} tokens {}",
+            self.device.info.ordinal,
+            self.device.info.name,
+            self.dtype.name(),
+            self.weights.bytes as f64 / (1u64 << 30) as f64,
+            self.pool.num_blocks,
+            self.pool.block_size,
+            self.dtype.kv_dtype().name(),
+        )
+    }
+}

@@ -1,0 +1,219 @@
+//! The model's weights on the device. Each matrix is dequantized on the host a block of rows
+//! at a time (any stored format, GGUF quants included), converted to the storage type and
+//! uploaded; q/k/v and gate/up are concatenated row-wise into one matrix each, so one
+//! matrix product computes all three (two). Norm weights and biases stay f32.
+
+use cudarc::driver::{CudaSlice, CudaStream};
+use half::bf16;
+use tandem_model::host_model::HostModel;
+use tandem_model::transformer::LayerWeights;
+use tandem_model::weights::TensorRef;
+use tandem_model::ModelConfig;
+
+use crate::error::CudaError;
+use crate::options::CudaDtype;
+
+/// Rows dequantized per step when converting a matrix.
+const ROW_BLOCK: usize = 64;
+
+/// One decoder layer on the device.
+#[derive(Debug)]
+pub(crate) struct DeviceLayer {
+    /// `[h]` f32.
+    pub attn_norm: CudaSlice<f32>,
+    /// `[q_dim + 2 * kv_dim, h]` storage type: q, k, v rows.
+    pub qkv: CudaSlice<u8>,
+    /// `[q_dim + 2 * kv_dim]` f32 (Qwen2).
+    pub qkv_bias: Option<CudaSlice<f32>>,
+    /// `[2, head_dim]` f32: q then k head-norm weights (Qwen3).
+    pub qk_norm: Option<CudaSlice<f32>>,
+    /// `[h, q_dim]` storage type.
+    pub o: CudaSlice<u8>,
+    /// `[h]` f32.
+    pub ffn_norm: CudaSlice<f32>,
+    /// `[2 * ff, h]` storage type: gate rows, then up rows.
+    pub gate_up: CudaSlice<u8>,
+    /// `[h, ff]` storage type.
+    pub down: CudaSlice<u8>,
+}
+
+/// All weights on the device.
+#[derive(Debug)]
+pub(crate) struct DeviceWeights {
+    /// `[vocab, h]` storage type.
+    pub embed: CudaSlice<u8>,
+    /// `[vocab, h]` storage type; `None` when tied to the embedding.
+    pub lm_head: Option<CudaSlice<u8>>,
+    /// `[h]` f32.
+    pub final_norm: CudaSlice<f32>,
+    pub layers: Vec<DeviceLayer>,
+    /// Bytes of device memory the weights take.
+    pub bytes: usize,
+}
+
+impl DeviceWeights {
+    /// The LM head matrix (the embedding when tied).
+    pub fn lm_head(&self) -> &CudaSlice<u8> {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+}
+
+/// Converts and uploads every weight of `host`.
+pub(crate) fn upload(
+    host: &HostModel,
+    dtype: CudaDtype,
+    stream: &std::sync::Arc<CudaStream>,
+) -> Result<DeviceWeights, CudaError> {
+    let c = &host.config;
+    let w = &host.weights;
+    let mut up = Uploader {
+        stream,
+        dtype,
+        bytes: 0,
+    };
+    let tensor = |h| host.tensors.by_handle(h);
+    let embed = up.matrices(&[(tensor(w.embed), c.vocab_size, c.hidden_size)])?;
+    let lm_head = if w.lm_head == w.embed {
+        None
+    } else {
+        Some(up.matrices(&[(tensor(w.lm_head), c.vocab_size, c.hidden_size)])?)
+    };
+    let final_norm = up.floats(&w.final_norm)?;
+    let layers = w
+        .layers
+        .iter()
+        .map(|l| upload_layer(&mut up, host, c, l))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(DeviceWeights {
+        embed,
+        lm_head,
+        final_norm,
+        layers,
+        bytes: up.bytes,
+    })
+}
+
+fn upload_layer(
+    up: &mut Uploader<'_>,
+    host: &HostModel,
+    c: &ModelConfig,
+    l: &LayerWeights,
+) -> Result<DeviceLayer, CudaError> {
+    let t = |h| host.tensors.by_handle(h);
+    let (h, q_dim, kv_dim, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let qkv = up.matrices(&[(t(l.q), q_dim, h), (t(l.k), kv_dim, h), (t(l.v), kv_dim, h)])?;
+    let gate_up = up.matrices(&[(t(l.gate), ff, h), (t(l.up), ff, h)])?;
+    let qkv_bias = match &l.qkv_bias {
+        Some(parts) => Some(up.floats(&parts.concat())?),
+        None => None,
+    };
+    let qk_norm = match &l.qk_norm {
+        Some(parts) => Some(up.floats(&parts.concat())?),
+        None => None,
+    };
+    Ok(DeviceLayer {
+        attn_norm: up.floats(&l.attn_norm)?,
+        qkv,
+        qkv_bias,
+        qk_norm,
+        o: up.matrices(&[(t(l.o), h, q_dim)])?,
+        ffn_norm: up.floats(&l.ffn_norm)?,
+        gate_up,
+        down: up.matrices(&[(t(l.down), h, ff)])?,
+    })
+}
+
+/// Uploads host data and counts the bytes.
+struct Uploader<'a> {
+    stream: &'a std::sync::Arc<CudaStream>,
+    dtype: CudaDtype,
+    bytes: usize,
+}
+
+impl Uploader<'_> {
+    fn floats(&mut self, v: &[f32]) -> Result<CudaSlice<f32>, CudaError> {
+        self.bytes += std::mem::size_of_val(v);
+        Ok(self.stream.clone_htod(v)?)
+    }
+
+    /// The matrices `(tensor, rows, cols)`, stacked row-wise, in the storage type.
+    fn matrices(
+        &mut self,
+        parts: &[(TensorRef<'_>, usize, usize)],
+    ) -> Result<CudaSlice<u8>, CudaError> {
+        let total: usize = parts.iter().map(|(_, r, c)| r * c).sum();
+        let mut host = Vec::with_capacity(total * self.dtype.size());
+        for (t, rows, cols) in parts {
+            append_converted(t, *rows, *cols, self.dtype, &mut host)?;
+        }
+        self.bytes += host.len();
+        Ok(self.stream.clone_htod(&host)?)
+    }
+}
+
+/// Appends the `[rows, cols]` matrix `t`, converted to `dtype`, to `out` (little-endian).
+pub(crate) fn append_converted(
+    t: &TensorRef<'_>,
+    rows: usize,
+    cols: usize,
+    dtype: CudaDtype,
+    out: &mut Vec<u8>,
+) -> Result<(), CudaError> {
+    if t.shape != [rows, cols] {
+        return Err(CudaError::Unsupported(format!(
+            "tensor {} has shape {:?}, expected [{rows}, {cols}]",
+            t.name, t.shape
+        )));
+    }
+    let row_bytes = t.data.len() / rows.max(1);
+    let mut buf = vec![0.0f32; ROW_BLOCK * cols]; // [ROW_BLOCK, cols]
+    for first in (0..rows).step_by(ROW_BLOCK) {
+        let n = ROW_BLOCK.min(rows - first);
+        let src = &t.data[first * row_bytes..(first + n) * row_bytes];
+        let dst = &mut buf[..n * cols];
+        tandem_kernels::quant::dequantize_row(t.dtype, src, dst);
+        encode(dst, dtype, out);
+    }
+    Ok(())
+}
+
+/// Appends `values` in the storage type: bf16 rounds to nearest, ties to even.
+pub(crate) fn encode(values: &[f32], dtype: CudaDtype, out: &mut Vec<u8>) {
+    match dtype {
+        CudaDtype::Bf16 => {
+            for &v in values {
+                out.extend_from_slice(&bf16::from_f32(v).to_bits().to_le_bytes());
+            }
+        }
+        CudaDtype::F32 => {
+            for &v in values {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_encoding_rounds_to_nearest_even() {
+        let mut out = Vec::new();
+        // 1 + 2^-8 is halfway between bf16 1.0 and 1 + 2^-7: ties to even (1.0).
+        // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: ties to even (1 + 2^-6).
+        encode(
+            &[1.0, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -2.5],
+            CudaDtype::Bf16,
+            &mut out,
+        );
+        let bits: Vec<u16> = out
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        assert_eq!(bits, vec![0x3f80, 0x3f80, 0x3f82, 0xc020]);
+        let mut f = Vec::new();
+        encode(&[1.5], CudaDtype::F32, &mut f);
+        assert_eq!(f, 1.5f32.to_le_bytes());
+    }
+}

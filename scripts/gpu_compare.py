@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Compares the CUDA backend's logprobs with torch's references.
+
+Usage: gpu_compare.py OUTDIR MODEL_DIR_ROOT NAME ...
+
+Reads MODEL_DIR_ROOT/ref_<name>.json and OUTDIR/cuda_<name>_<dtype>.json (from
+`cuda_score score`) and OUTDIR/check_<name>_<dtype>.json (from `cuda_score check`), and
+writes OUTDIR/results.json and OUTDIR/summary.txt: mean and max |logprob difference| against
+torch fp32 for tandem f32, tandem bf16 and torch bf16, plus the check results.
+Goals: f32 max <= 3e-4 and mean <= 2e-5; bf16 no worse than torch bf16.
+"""
+import json
+import os
+import sys
+
+
+def diffs(a, b):
+    flat = [abs(x - y) for sa, sb in zip(a, b) for x, y in zip(sa, sb)]
+    n_a = sum(len(s) for s in a)
+    n_b = sum(len(s) for s in b)
+    if not flat or n_a != n_b:
+        return None
+    return {"mean": sum(flat) / len(flat), "max": max(flat), "n": len(flat)}
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def compare(outdir, root, name):
+    ref = load(os.path.join(root, f"ref_{name}.json"))
+    if ref is None:
+        return {"error": "no reference"}
+    r = {"torch_bf16_vs_torch_f32": diffs(ref["bf16_logprobs"], ref["f32_logprobs"])}
+    for dtype in ["f32", "bf16"]:
+        got = load(os.path.join(outdir, f"cuda_{name}_{dtype}.json"))
+        r[f"tandem_{dtype}_vs_torch_f32"] = (
+            diffs(got["logprobs"], ref["f32_logprobs"]) if got else None)
+        r[f"check_{dtype}"] = load(os.path.join(outdir, f"check_{name}_{dtype}.json"))
+    f32 = r["tandem_f32_vs_torch_f32"]
+    bf16 = r["tandem_bf16_vs_torch_f32"]
+    torch_bf16 = r["torch_bf16_vs_torch_f32"]
+    r["f32_goal_met"] = bool(f32 and f32["max"] <= 3e-4 and f32["mean"] <= 2e-5)
+    r["bf16_goal_met"] = bool(bf16 and torch_bf16 and bf16["mean"] <= torch_bf16["mean"]
+                              and bf16["max"] <= torch_bf16["max"])
+    return r
+
+
+def fmt(d):
+    return "missing" if not d else f"mean {d['mean']:.2e}  max {d['max']:.2e}"
+
+
+def summary_lines(name, r):
+    if "error" in r:
+        return [f"{name}: {r['error']}"]
+    lines = [f"== {name}",
+             f"  tandem f32  vs torch f32: {fmt(r['tandem_f32_vs_torch_f32'])}"
+             f"  goal {'met' if r['f32_goal_met'] else 'NOT met'}",
+             f"  tandem bf16 vs torch f32: {fmt(r['tandem_bf16_vs_torch_f32'])}"
+             f"  goal {'met' if r['bf16_goal_met'] else 'NOT met'}",
+             f"  torch  bf16 vs torch f32: {fmt(r['torch_bf16_vs_torch_f32'])}"]
+    for dtype in ["f32", "bf16"]:
+        c = r[f"check_{dtype}"]
+        if not c:
+            lines.append(f"  checks {dtype}: missing")
+            continue
+        d, p, t = c["decode_vs_forward"], c["prefix"], c["timing"]
+        lines.append(
+            f"  checks {dtype}: decode=forward max|d| {d['max_abs_diff']:.2e}; prefix suffix "
+            f"max|dlogit| {p['suffix_max_abs_logit_diff']:.2e}; cached_logits mismatches "
+            f"{p['cached_logits_mismatches']} (after copy_blocks "
+            f"{p['cached_logits_after_copy_mismatches']})")
+        lines.append(
+            f"  speed {dtype}: prefill {t['prefill_tok_s']:.0f} tok/s ({t['prefill_tokens']} "
+            f"tokens), decode B=1 {t['decode_b1_tok_s']:.1f} tok/s, B=16 "
+            f"{t['decode_b16_tok_s']:.1f} tok/s")
+    return lines
+
+
+def main():
+    if len(sys.argv) < 4:
+        sys.exit(__doc__)
+    outdir, root, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+    results = {name: compare(outdir, root, name) for name in names}
+    with open(os.path.join(outdir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    lines = [line for name in names for line in summary_lines(name, results[name])]
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(outdir, "summary.txt"), "w") as f:
+        f.write(text)
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    main()
