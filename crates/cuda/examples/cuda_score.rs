@@ -168,7 +168,8 @@ fn decode_vs_forward(runner: &mut CudaRunner, prompt: &[TokenId], steps: usize) 
 
 /// Prefix reuse: the first half forwarded into blocks A, copied to blocks B with
 /// `copy_blocks`, the second half forwarded on B. Compared with one pass: the second half's
-/// logits, and `cached_logits` of the first half through B (bitwise).
+/// logits; `cached_logits` of the first half through B against the first half's own forward
+/// (bitwise), and of the one pass's blocks against the one pass (bitwise).
 fn prefix_and_copy(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
     let n = tokens.len();
     let half = (n / 2) / BLOCK * BLOCK;
@@ -181,11 +182,14 @@ fn prefix_and_copy(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value>
     let vocab = runner.config().vocab_size;
     let a = blocks(nb + 8, half / BLOCK);
     let b = blocks(2 * nb + 16, nb);
-    runner.forward(&ForwardBatch::single(
+    // The first half's own logits: what its blocks' stored hidden states must give back
+    // after the copy (bitwise; the one-pass logits may differ in the last bits, as cuBLAS
+    // picks its algorithm by shape).
+    let first_half = runner.forward(&ForwardBatch::single(
         tokens[..half].to_vec(),
         0,
         a.clone(),
-        OutputSelection::Last,
+        OutputSelection::All,
     ))?;
     let copies: Vec<(BlockId, BlockId)> = a.iter().copied().zip(b.iter().copied()).collect();
     runner.copy_blocks(&copies)?;
@@ -209,7 +213,7 @@ fn prefix_and_copy(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value>
     let cached_mismatch = cached
         .as_slice()
         .iter()
-        .zip(&full[..half * vocab])
+        .zip(first_half.as_slice())
         .filter(|(x, y)| x.to_bits() != y.to_bits())
         .count();
     let same_blocks = runner.cached_logits(&blocks(0, nb), 0..n)?;
