@@ -3,7 +3,22 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use tandem_model::batch::TokenId;
 use tandem_model::kv_store::KvDtype;
+use tandem_model::tokenizer::Tokenizer;
+use tandem_model::transformer::Model;
+
+/// A loaded model on the CPU, with what the loader found beside it.
+#[derive(Debug)]
+pub struct LoadedModel {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    /// Tokens that end generation (metadata and generation_config).
+    pub eos_token_ids: Vec<TokenId>,
+    pub chat_template: Option<String>,
+    /// The resolved path of the file or directory loaded.
+    pub path: PathBuf,
+}
 
 /// Which model to run and on how many threads.
 #[derive(Debug, Args)]
@@ -33,13 +48,20 @@ impl ModelArgs {
     }
 
     /// Chooses the kernels, finds the model (fetching the default one if needed) and loads it.
-    pub fn load(&self) -> anyhow::Result<tandem_model::loader::LoadedModel> {
+    pub fn load(&self) -> anyhow::Result<LoadedModel> {
         use anyhow::Context;
         self.choose_kernels()?;
         let cache = tandem_model::default_model::cache_dir(self.cache_dir.as_deref())?;
         let path = tandem_model::default_model::resolve_model(self.model.as_deref(), &cache)?;
-        tandem_model::loader::load_model(&path, self.threads())
-            .with_context(|| format!("loading {}", path.display()))
+        let lm = tandem_model::loader::load_model(&path)
+            .with_context(|| format!("loading {}", path.display()))?;
+        Ok(LoadedModel {
+            model: Model::new(lm.host, self.threads()),
+            tokenizer: lm.tokenizer,
+            eos_token_ids: lm.eos_token_ids,
+            chat_template: lm.chat_template,
+            path: lm.path,
+        })
     }
 
     /// Applies `--kernels` (once, before any kernel runs).

@@ -9,9 +9,9 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use tandem_model::batch::TokenId;
-use tandem_model::loader::LoadedModel;
 use tandem_model::scoring::{score_tokens, ScoreOptions, ScoreOutput, Window};
 
+use crate::args::LoadedModel;
 use crate::args::{EngineArgs, ModelArgs};
 
 #[derive(Debug, Args)]

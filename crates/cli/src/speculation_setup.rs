@@ -59,11 +59,12 @@ pub fn load_method(
     };
     let method = parse_method(s)?;
     let draft = match &method {
-        SpecMethod::Draft(path) => Some(
-            tandem_model::loader::load_model(path, threads)
+        SpecMethod::Draft(path) => Some(tandem_model::transformer::Model::new(
+            tandem_model::loader::load_model(path)
                 .with_context(|| format!("loading the draft model {}", path.display()))?
-                .model,
-        ),
+                .host,
+            threads,
+        )),
         SpecMethod::Ngram { .. } => None,
     };
     Ok(Some((method, draft)))
