@@ -11,7 +11,6 @@ use std::net::SocketAddr;
 use serde_json::{json, Value};
 use server_common::*;
 use tandem_model::batch::TokenId;
-use tandem_model::loader::LoadedModel;
 use tandem_model::scoring::{score_tokens, ScoreOptions, ScoreOutput};
 
 /// Teacher-forced scores of `ids` with `top_k` alternatives (at least 1, for the ranks).

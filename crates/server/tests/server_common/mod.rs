@@ -13,8 +13,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tandem_engine::engine::Engine;
 use tandem_engine::SchedulerConfig;
-use tandem_model::loader::{load_model, LoadedModel};
+use tandem_model::batch::TokenId;
+use tandem_model::loader::load_model;
 use tandem_model::tokenizer::Tokenizer;
+use tandem_model::transformer::Model;
 use tandem_server::{RunningServer, ServerConfig};
 
 /// The fixture model: a random-weight two-layer Llama with a 320-token vocabulary.
@@ -28,9 +30,23 @@ pub fn default_model_path() -> PathBuf {
         .expect("the default model is needed; this test does not skip")
 }
 
+/// A model loaded on the CPU with what the loader found beside it.
+pub struct LoadedModel {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub eos_token_ids: Vec<TokenId>,
+    pub chat_template: Option<String>,
+}
+
 /// Loads a model on 1 kernel thread.
 pub fn load(path: &std::path::Path) -> LoadedModel {
-    load_model(path, 1).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+    let lm = load_model(path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()));
+    LoadedModel {
+        model: Model::new(lm.host, 1),
+        tokenizer: lm.tokenizer,
+        eos_token_ids: lm.eos_token_ids,
+        chat_template: lm.chat_template,
+    }
 }
 
 /// An engine over `lm` with room for `num_blocks` blocks of 16 tokens.
