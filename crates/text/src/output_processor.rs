@@ -152,36 +152,7 @@ impl<T> OutputProcessor<T> {
         event: EngineEvent,
         emit: &mut impl FnMut(SeqId, &T, RequestOutput),
     ) {
-        let (id, delta) = match event {
-            EngineEvent::Token {
-                seq_id,
-                token,
-                logprob,
-                top_logprobs,
-            } => {
-                let Some(r) = self.requests.get_mut(&seq_id) else {
-                    return;
-                };
-                let token = GeneratedToken {
-                    token,
-                    logprob,
-                    top_logprobs,
-                };
-                (seq_id, r.state.token(token))
-            }
-            EngineEvent::PromptLogprobs {
-                seq_id,
-                start,
-                entries,
-            } => {
-                let Some(r) = self.requests.get_mut(&seq_id) else {
-                    return;
-                };
-                match r.state.prompt_logprobs(start, entries) {
-                    Ok(()) => return,
-                    Err(message) => (seq_id, r.state.fail(message)),
-                }
-            }
+        match event {
             EngineEvent::Admitted {
                 seq_id,
                 cached_tokens,
@@ -189,23 +160,67 @@ impl<T> OutputProcessor<T> {
                 if let Some(r) = self.requests.get(&seq_id) {
                     emit(seq_id, &r.tag, RequestOutput::Admitted { cached_tokens });
                 }
-                return;
             }
             EngineEvent::Finished { seq_id, reason } => {
+                // Taken even for a request no longer tracked, so no result is left behind.
                 let beams = control.take_beam_result(seq_id);
                 if let Some(mut r) = self.requests.remove(&seq_id) {
                     let delta = self.last_delta(&mut r.state, reason, beams);
                     emit(seq_id, &r.tag, RequestOutput::Delta(delta));
                 }
-                return;
             }
-        };
+            EngineEvent::Token { .. } | EngineEvent::PromptLogprobs { .. } => {
+                if let Some((id, delta)) = self.apply(event) {
+                    self.deliver(control, id, delta, emit);
+                }
+            }
+        }
+    }
+
+    /// A token or prompt scores added to its request: the delta to hand out, if any.
+    fn apply(&mut self, event: EngineEvent) -> Option<(SeqId, RequestDelta)> {
+        match event {
+            EngineEvent::Token {
+                seq_id,
+                token,
+                logprob,
+                top_logprobs,
+            } => {
+                let r = self.requests.get_mut(&seq_id)?;
+                let token = GeneratedToken {
+                    token,
+                    logprob,
+                    top_logprobs,
+                };
+                Some((seq_id, r.state.token(token)))
+            }
+            EngineEvent::PromptLogprobs {
+                seq_id,
+                start,
+                entries,
+            } => {
+                let r = self.requests.get_mut(&seq_id)?;
+                let message = r.state.prompt_logprobs(start, entries).err()?;
+                Some((seq_id, r.state.fail(message)))
+            }
+            EngineEvent::Admitted { .. } | EngineEvent::Finished { .. } => None,
+        }
+    }
+
+    /// Hands `delta` of request `id` out; a last delta (stop string, text error) also ends
+    /// the request in the engine, which is still generating it.
+    fn deliver<C: RequestControl + ?Sized>(
+        &mut self,
+        control: &mut C,
+        id: SeqId,
+        delta: RequestDelta,
+        emit: &mut impl FnMut(SeqId, &T, RequestOutput),
+    ) {
         if delta.finish.is_none() {
             if let Some(r) = self.requests.get(&id) {
                 emit(id, &r.tag, RequestOutput::Delta(delta));
             }
         } else if let Some(r) = self.requests.remove(&id) {
-            // Ended here (stop string, text error): the engine must stop generating it.
             control.end(id);
             emit(id, &r.tag, RequestOutput::Delta(delta));
         }

@@ -15,8 +15,7 @@ use tandem_engine::{FinishReason, SeqId};
 use tandem_model::batch::TokenId;
 use tandem_model::tokenizer::Tokenizer;
 use tandem_text::{
-    Finish, OutputProcessor, RequestControl, RequestDelta, RequestOutput, StopStrings,
-    TextOptions,
+    Finish, OutputProcessor, RequestControl, RequestDelta, RequestOutput, StopStrings, TextOptions,
 };
 
 fn tokenizer() -> Arc<Tokenizer> {
@@ -93,7 +92,9 @@ fn text(deltas: &[RequestDelta]) -> String {
 #[test]
 fn a_stop_string_split_across_tokens_ends_the_request_in_the_engine() {
     let tok = tokenizer();
-    let ids = tok.encode("hello world, hello there", false).expect("encodes");
+    let ids = tok
+        .encode("hello world, hello there", false)
+        .expect("encodes");
     let stop = "lo wor";
     // The stop string must span a token boundary for this test to mean anything.
     let pieces: Vec<String> = ids
@@ -119,11 +120,18 @@ fn a_stop_string_split_across_tokens_ends_the_request_in_the_engine() {
     assert_eq!(control.ended, vec![id], "the stop ends the request at once");
     assert!(p.is_empty(), "nothing is tracked after the last delta");
     // One delta per token up to the stop; the later events are ignored.
-    let tokens: Vec<u32> = d.iter().filter_map(|d| d.token.as_ref()).map(|t| t.token.0).collect();
+    let tokens: Vec<u32> = d
+        .iter()
+        .filter_map(|d| d.token.as_ref())
+        .map(|t| t.token.0)
+        .collect();
     assert_eq!(tokens, ids[..tokens.len()].to_vec());
     assert!(tokens.len() < ids.len());
     let full = tok.decode(&tokens, true).expect("decodes");
-    assert!(full.contains(stop), "the last token completed the stop: {full:?}");
+    assert!(
+        full.contains(stop),
+        "the last token completed the stop: {full:?}"
+    );
 }
 
 #[test]
@@ -144,9 +152,16 @@ fn include_stop_str_in_output_keeps_the_stop_and_tails_are_flushed() {
     let out = run(&mut p, &mut control, events);
     let first = deltas(&out, 0);
     assert_eq!(text(&first), "one two");
-    assert_eq!(first.last().and_then(|d| d.finish.clone()), Some(Finish::Stop));
+    assert_eq!(
+        first.last().and_then(|d| d.finish.clone()),
+        Some(Finish::Stop)
+    );
     let second = deltas(&out, 1);
-    assert_eq!(text(&second), "one two three", "held-back text goes out at the finish");
+    assert_eq!(
+        text(&second),
+        "one two three",
+        "held-back text goes out at the finish"
+    );
     let last = second.last().expect("a last delta");
     assert_eq!(last.finish, Some(Finish::Length));
     assert!(last.token.is_none());
@@ -242,7 +257,11 @@ fn prompt_scores_go_out_with_the_first_delta_and_gaps_fail() {
     ];
     let out = run(&mut p, &mut control, events);
     let d = deltas(&out, 0);
-    assert_eq!(d[0].prompt_logprobs.len(), 3, "all the scores, on the first delta");
+    assert_eq!(
+        d[0].prompt_logprobs.len(),
+        3,
+        "all the scores, on the first delta"
+    );
     assert!(d[1].prompt_logprobs.is_empty());
     let failed = deltas(&out, 1);
     assert_eq!(failed.len(), 1);
@@ -289,7 +308,10 @@ fn beam_hypotheses_come_back_as_text_cut_at_stop_strings() {
         .collect();
     assert_eq!(beams, vec![("good day", false), ("bad", true)]);
     assert_eq!(d[0].beams[1].score, -0.9);
-    assert_eq!(d[0].beams[1].tokens.len(), hyp("bad. day", 0.0).tokens.len());
+    assert_eq!(
+        d[0].beams[1].tokens.len(),
+        hyp("bad. day", 0.0).tokens.len()
+    );
 }
 
 #[test]

@@ -59,7 +59,11 @@ fn request(tokenizer: &Tokenizer, stop: &[&str]) -> TextRequest {
 }
 
 /// Runs `request` to the end; the deltas per sample.
-fn run(engine: &mut Engine, tokenizer: &Arc<Tokenizer>, request: TextRequest) -> Vec<Vec<RequestDelta>> {
+fn run(
+    engine: &mut Engine,
+    tokenizer: &Arc<Tokenizer>,
+    request: TextRequest,
+) -> Vec<Vec<RequestDelta>> {
     let mut outputs = OutputProcessor::new(tokenizer.clone());
     let ids = outputs.add(engine, request, |k| k).expect("admitted");
     let mut deltas: HashMap<usize, Vec<RequestDelta>> = HashMap::new();
@@ -72,7 +76,9 @@ fn run(engine: &mut Engine, tokenizer: &Arc<Tokenizer>, request: TextRequest) ->
         });
     }
     assert!(!engine.has_unfinished(), "nothing left running");
-    (0..ids.len()).map(|k| deltas.remove(&k).unwrap_or_default()).collect()
+    (0..ids.len())
+        .map(|k| deltas.remove(&k).unwrap_or_default())
+        .collect()
 }
 
 fn text(deltas: &[RequestDelta]) -> String {
@@ -80,7 +86,11 @@ fn text(deltas: &[RequestDelta]) -> String {
 }
 
 fn tokens(deltas: &[RequestDelta]) -> Vec<u32> {
-    deltas.iter().filter_map(|d| d.token.as_ref()).map(|t| t.token.0).collect()
+    deltas
+        .iter()
+        .filter_map(|d| d.token.as_ref())
+        .map(|t| t.token.0)
+        .collect()
 }
 
 #[test]
@@ -90,10 +100,20 @@ fn samples_are_their_decoded_tokens_and_a_stop_string_cuts_and_ends_one() {
     assert_eq!(free.len(), 2);
     for sample in &free {
         assert_eq!(tokens(sample).len(), MAX_TOKENS);
-        assert_eq!(text(sample), tok.decode(&tokens(sample), true).expect("decodes"));
-        assert_eq!(sample.last().and_then(|d| d.finish.clone()), Some(Finish::Length));
+        assert_eq!(
+            text(sample),
+            tok.decode(&tokens(sample), true).expect("decodes")
+        );
+        assert_eq!(
+            sample.last().and_then(|d| d.finish.clone()),
+            Some(Finish::Length)
+        );
     }
-    assert_ne!(tokens(&free[0]), tokens(&free[1]), "siblings sample their own streams");
+    assert_ne!(
+        tokens(&free[0]),
+        tokens(&free[1]),
+        "siblings sample their own streams"
+    );
 
     // A stop string from the middle of sample 0's text (on char boundaries).
     let whole = text(&free[0]);
@@ -104,8 +124,15 @@ fn samples_are_their_decoded_tokens_and_a_stop_string_cuts_and_ends_one() {
     let cut = &whole[..whole.find(stop).expect("present")];
     let stopped = run(&mut engine, &tok, request(&tok, &[stop]));
     assert_eq!(text(&stopped[0]), cut);
-    assert_eq!(stopped[0].last().and_then(|d| d.finish.clone()), Some(Finish::Stop));
+    assert_eq!(
+        stopped[0].last().and_then(|d| d.finish.clone()),
+        Some(Finish::Stop)
+    );
     let n = tokens(&stopped[0]).len();
-    assert_eq!(tokens(&stopped[0]), tokens(&free[0])[..n].to_vec(), "same seed, same tokens");
+    assert_eq!(
+        tokens(&stopped[0]),
+        tokens(&free[0])[..n].to_vec(),
+        "same seed, same tokens"
+    );
     assert!(n < MAX_TOKENS, "the stop ended it before max_tokens");
 }
