@@ -176,7 +176,8 @@ impl EngineHandle {
         }
     }
 
-    /// Ends a request now (e.g. its stop string matched). Unknown or finished ids are fine.
+    /// Ends a request now, without a last output to its handler (stop strings are ended
+    /// by the engine thread itself). Unknown or finished ids are fine.
     pub fn abort(&self, id: SeqId) {
         // A send error means the engine is gone, which ended the request anyway.
         let _ = self.commands.send(Command::Abort(id));
