@@ -1,19 +1,21 @@
 //! The generation loop shared by `generate` and `chat`: submit every job to the engine at
-//! once, step until all finish (continuous batching), turn tokens into text with stop
-//! strings, and collect results in submission order.
+//! once, step until all finish (continuous batching), and collect the output processor's
+//! deltas (text with stop strings, tokens, finish reasons, beam hypotheses; see
+//! `tandem_text`) into results in submission order.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Result;
 use tandem_engine::beam_search::BeamParams;
-use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
+use tandem_engine::engine::{Engine, GenerationRequest};
 use tandem_engine::sampler::SamplingParams;
-use tandem_engine::{FinishReason, RequestParams, SeqId};
+use tandem_engine::{FinishReason, RequestParams};
 use tandem_model::batch::TokenId;
 use tandem_model::tokenizer::Tokenizer;
-use tandem_server::text::{TextOptions, TextStream};
+use tandem_text::{
+    BeamText, Finish, OutputProcessor, RequestDelta, RequestOutput, TextOptions, TextRequest,
+};
 
 /// One prompt to run: `n` samples sharing the prompt's KV blocks, or a beam search.
 #[derive(Debug, Clone)]
@@ -62,13 +64,6 @@ pub struct JobResult {
     pub beams: Vec<BeamOutput>,
 }
 
-/// A result slot in flight.
-struct Running {
-    index: usize,
-    stream: TextStream,
-    beam: bool,
-}
-
 /// Callbacks while jobs run.
 pub trait Observer {
     /// New text of job `index`.
@@ -77,30 +72,25 @@ pub trait Observer {
     fn finished(&mut self, _index: usize, _generated: usize) {}
 }
 
-/// Submits every job; returns the result slots (job by job, sample by sample) and the
-/// requests now running. A job the engine refuses gets `error` results; the others run.
+/// Submits every job; returns the result slots (job by job, sample by sample), the requests
+/// now running being tracked by `outputs` with their slot's index. A job the engine refuses
+/// gets `error` results; the others run.
 fn submit(
     engine: &mut Engine,
-    tokenizer: &Arc<Tokenizer>,
+    outputs: &mut OutputProcessor<usize>,
     jobs: Vec<Job>,
     observer: &mut dyn Observer,
-) -> (Vec<JobResult>, HashMap<SeqId, Running>) {
+) -> Vec<JobResult> {
     let mut results = Vec::new();
-    let mut running = HashMap::new();
     for job in jobs {
         let first = results.len();
-        let count = job.num_results();
         let prompt_tokens = job.prompt.len();
-        results.extend((0..count).map(|_| JobResult {
+        results.extend((0..job.num_results()).map(|_| JobResult {
             prompt_tokens,
             ..JobResult::default()
         }));
-        let stream = TextStream::new(tokenizer.clone(), job.text.clone());
-        let beam = job.beam;
-        let spec_k = job.num_speculative_tokens;
-        let (n, request) = (
-            job.n,
-            GenerationRequest {
+        let request = TextRequest {
+            request: GenerationRequest {
                 prompt: job.prompt,
                 sampling: job.sampling,
                 limits: job.limits,
@@ -108,37 +98,20 @@ fn submit(
                 prompt_logprobs: None,
                 prompt_logprobs_start: 1,
             },
-        );
-        let admitted = match beam {
-            Some(b) => engine.add_beam_request(request, b).map(|id| vec![id]),
-            None => engine.add_request_n(request, n),
+            samples: job.n,
+            beam: job.beam,
+            text: job.text,
+            num_speculative_tokens: job.num_speculative_tokens,
         };
-        match admitted {
-            Ok(ids) => {
-                for (k, id) in ids.into_iter().enumerate() {
-                    if let (Some(spec_k), None) = (spec_k, beam) {
-                        engine
-                            .set_num_speculative_tokens(id, spec_k)
-                            .expect("a request just admitted is live");
-                    }
-                    let r = Running {
-                        index: first + k,
-                        stream: stream.clone(),
-                        beam: beam.is_some(),
-                    };
-                    running.insert(id, r);
-                }
-            }
-            Err(e) => {
-                for (index, res) in results.iter_mut().enumerate().skip(first) {
-                    res.finish_reason = "error".into();
-                    res.error = Some(e.to_string());
-                    observer.finished(index, 0);
-                }
+        if let Err(e) = outputs.add(engine, request, |k| first + k) {
+            for (index, res) in results.iter_mut().enumerate().skip(first) {
+                res.finish_reason = "error".into();
+                res.error = Some(e.to_string());
+                observer.finished(index, 0);
             }
         }
     }
-    (results, running)
+    results
 }
 
 /// Runs `jobs` together with continuous batching; results come back job by job, sample by
@@ -150,124 +123,66 @@ pub fn run_jobs(
     observer: &mut dyn Observer,
     cancel: &AtomicBool,
 ) -> Result<Vec<JobResult>> {
-    let (mut results, mut running) = submit(engine, tokenizer, jobs, observer);
+    let mut outputs = OutputProcessor::new(tokenizer.clone());
+    let mut results = submit(engine, &mut outputs, jobs, observer);
     let mut generated = 0;
-    while !running.is_empty() {
+    while !outputs.is_empty() {
         if cancel.load(Ordering::Relaxed) {
-            for (id, r) in running.drain() {
-                engine.abort(id)?;
-                finish(
-                    &mut results[r.index],
-                    r.stream,
-                    "abort",
-                    None,
-                    observer,
-                    r.index,
-                );
-            }
+            outputs.finish_all(Some(engine), FinishReason::Abort, |_, &index, output| {
+                if let RequestOutput::Delta(delta) = output {
+                    observer.text(index, &delta.text);
+                    record(&mut results[index], delta);
+                }
+            });
             break;
         }
-        for event in engine.step()? {
-            match event {
-                EngineEvent::Token {
-                    seq_id,
-                    token,
-                    logprob,
-                    ..
-                } => {
-                    let Some(r) = running.get_mut(&seq_id) else {
-                        continue;
-                    };
-                    generated += 1;
-                    let res = &mut results[r.index];
-                    res.token_ids.push(token.0);
-                    res.logprobs.push(logprob);
-                    let delta = r.stream.push(token.0)?;
-                    res.text.push_str(&delta.text);
-                    observer.text(r.index, &delta.text);
-                    if delta.stopped.is_some() {
-                        let r = running.remove(&seq_id).expect("present above");
-                        if engine.scheduler().sequence(seq_id).is_some() {
-                            engine.abort(seq_id)?;
-                        }
-                        finish(
-                            &mut results[r.index],
-                            r.stream,
-                            "stop",
-                            None,
-                            observer,
-                            r.index,
-                        );
-                        observer.finished(r.index, generated);
-                    }
-                }
-                EngineEvent::Finished { seq_id, reason } => {
-                    let Some(r) = running.remove(&seq_id) else {
-                        continue;
-                    };
-                    if r.beam {
-                        results[r.index].beams = beam_outputs(engine, tokenizer, seq_id);
-                        if let Some(best) = results[r.index].beams.first().cloned() {
-                            results[r.index].text = best.text;
-                            results[r.index].token_ids = best.token_ids;
-                        }
-                    }
-                    let (why, error) = match reason {
-                        FinishReason::Stop => ("stop", None),
-                        FinishReason::Length => ("length", None),
-                        FinishReason::Abort => ("abort", None),
-                        FinishReason::Error(e) => ("error", Some(e)),
-                    };
-                    finish(
-                        &mut results[r.index],
-                        r.stream,
-                        why,
-                        error,
-                        observer,
-                        r.index,
-                    );
-                    observer.finished(r.index, generated);
-                }
-                // `generate` never asks for prompt logprobs and reports no cache use.
-                EngineEvent::PromptLogprobs { .. } | EngineEvent::Admitted { .. } => {}
+        let events = engine.step()?;
+        outputs.process(engine, events, |_, &index, output| {
+            let RequestOutput::Delta(delta) = output else {
+                // `generate` reports no prefix-cache use.
+                return;
+            };
+            generated += usize::from(delta.token.is_some());
+            observer.text(index, &delta.text);
+            if record(&mut results[index], delta) {
+                observer.finished(index, generated);
             }
-        }
+        });
     }
     Ok(results)
 }
 
-/// The hypotheses of a finished beam search, best first, as text.
-fn beam_outputs(engine: &mut Engine, tokenizer: &Tokenizer, id: SeqId) -> Vec<BeamOutput> {
-    let hyps = engine.take_beam_result(id).unwrap_or_default();
-    hyps.into_iter()
-        .map(|h| {
-            let token_ids: Vec<u32> = h.tokens.iter().map(|t| t.0).collect();
-            let text = tokenizer.decode(&token_ids, true).unwrap_or_default();
-            BeamOutput {
-                text,
-                token_ids,
-                cum_logprob: h.cum_logprob,
-                score: h.score,
-            }
-        })
-        .collect()
+/// Adds `delta` to a job's result; true when it was the last one.
+fn record(res: &mut JobResult, delta: RequestDelta) -> bool {
+    if let Some(t) = &delta.token {
+        res.token_ids.push(t.token.0);
+        res.logprobs.push(t.logprob);
+    }
+    res.text.push_str(&delta.text);
+    if !delta.beams.is_empty() {
+        res.beams = delta.beams.into_iter().map(BeamOutput::from).collect();
+        if let Some(best) = res.beams.first() {
+            res.text = best.text.clone();
+            res.token_ids = best.token_ids.clone();
+        }
+    }
+    let Some(finish) = delta.finish else {
+        return false;
+    };
+    res.finish_reason = finish.as_str().into();
+    if let Finish::Error(e) = finish {
+        res.error = Some(e);
+    }
+    true
 }
 
-fn finish(
-    res: &mut JobResult,
-    mut stream: TextStream,
-    why: &str,
-    error: Option<String>,
-    observer: &mut dyn Observer,
-    index: usize,
-) {
-    let tail = stream.finish();
-    res.text.push_str(&tail.text);
-    observer.text(index, &tail.text);
-    res.finish_reason = if tail.stopped.is_some() {
-        "stop".into()
-    } else {
-        why.into()
-    };
-    res.error = error;
+impl From<BeamText> for BeamOutput {
+    fn from(b: BeamText) -> BeamOutput {
+        BeamOutput {
+            text: b.text,
+            token_ids: b.tokens.iter().map(|t| t.0).collect(),
+            cum_logprob: b.cum_logprob,
+            score: b.score,
+        }
+    }
 }

@@ -10,7 +10,7 @@ use tandem_engine::RequestParams;
 use tandem_model::batch::TokenId;
 use tandem_model::chat_template::{ChatMessage, ChatTemplate};
 use tandem_model::tokenizer::Tokenizer;
-use tandem_server::text::{StopStrings, TextOptions};
+use tandem_text::{StopStrings, TextOptions};
 
 use crate::args::SamplingArgs;
 use crate::generation::Job;

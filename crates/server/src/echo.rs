@@ -2,10 +2,11 @@
 //! the choice) and the prompt's scores (for `echo` with `logprobs`, and vLLM's
 //! `prompt_logprobs`).
 //!
-//! The engine sends a request's prompt scores before any of its tokens
-//! (`RequestEvent::PromptLogprobs`, prompt index 1 first). [`PromptSide`] collects them and,
-//! on the choice's *first* update (streamed or not), prepends the echoed prompt text to the
-//! update's text and the prompt tokens to its tokens, and attaches every prompt score. So a
+//! The engine sends a request's prompt scores before any of its tokens; the output processor
+//! hands them over, prompt index 1 first, with the request's first output. [`PromptSide`]
+//! keeps them and, on the choice's *first* update (streamed or not), prepends the echoed
+//! prompt text to the update's text and the prompt tokens to its tokens, and attaches every
+//! prompt score. So a
 //! stream sends the echoed prompt in its first chunk (as vLLM does), and the concatenated
 //! stream equals the non-streamed body by construction.
 
@@ -42,17 +43,10 @@ impl PromptSide {
         }
     }
 
-    /// Adds the scores of prompt indices `start..`; an error when they do not continue the
-    /// ones received (a position the engine skipped) or come after the first update.
-    pub fn push(&mut self, start: usize, entries: Vec<PromptTokenLogprob>) -> Result<(), String> {
-        if self.sent || start != self.scores.len() + 1 {
-            return Err(format!(
-                "prompt logprobs arrived for index {start}, expected {}",
-                self.scores.len() + 1
-            ));
-        }
+    /// Adds the scores that came with the choice's first output (prompt indices `1..`, in
+    /// order: the output processor checked them).
+    pub fn push(&mut self, entries: Vec<PromptTokenLogprob>) {
         self.scores.extend(entries);
-        Ok(())
     }
 
     /// Completes the choice's first update (later updates pass unchanged): the echoed text
@@ -103,12 +97,8 @@ mod tests {
             top_k: 1,
         };
         let mut side = PromptSide::new(Some(echo));
-        side.push(1, vec![score(6, -1.0)]).expect("index 1 first");
-        assert!(
-            side.push(3, vec![score(7, -2.0)]).is_err(),
-            "a gap is refused"
-        );
-        side.push(2, vec![score(7, -2.0)]).expect("contiguous");
+        side.push(vec![score(6, -1.0)]);
+        side.push(vec![score(7, -2.0)]);
         let generated = TokenInfo {
             id: 8,
             logprob: Some(-0.5),
@@ -141,8 +131,8 @@ mod tests {
         side.first_update(&mut later);
         assert_eq!(later.text, "d", "only the first update echoes");
         assert!(
-            side.push(3, vec![score(1, -1.0)]).is_err(),
-            "nothing after it"
+            later.prompt.is_empty(),
+            "scores go with the first update only"
         );
     }
 }

@@ -6,6 +6,11 @@
 //! in the group. The thread steps the engine while anything is unfinished and sleeps on
 //! the command channel otherwise.
 //!
+//! The thread's [`OutputProcessor`] turns each step's engine events into per-request
+//! outputs (text through the detokenizer and stop strings, finish reasons, prompt scores,
+//! beam hypotheses) and ends a request in the engine as soon as its stop string matches;
+//! the channels carry those outputs.
+//!
 //! **Disconnects**: a handler that goes away (client disconnected, response dropped) drops
 //! its event receiver. Before every step the thread aborts the requests whose receiver is
 //! gone, so a dropped client costs at most the step in progress; aborting frees the blocks.
@@ -14,50 +19,26 @@
 //! with an error, the engine is marked dead (health answers 503) and later submissions are
 //! refused. An `Err` from a step ends the requests in flight with an error and goes on.
 
-use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tandem_engine::beam_search::{BeamHypothesis, BeamParams};
-use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest, PromptTokenLogprob};
+use tandem_engine::beam_search::BeamParams;
+use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
 use tandem_engine::{EngineError, FinishReason, SeqId, SeqStatus};
-use tandem_model::batch::TokenId;
+use tandem_model::tokenizer::Tokenizer;
+use tandem_text::{Finish, OutputProcessor, RequestOutput, TextOptions, TextRequest};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::metrics::{MetricsSnapshot, ServingMetrics};
-
-/// What happened to one request of a group.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RequestEvent {
-    /// A generated token with its raw-distribution logprob and alternatives.
-    Token {
-        token: TokenId,
-        logprob: f32,
-        top_logprobs: Vec<(TokenId, f32)>,
-    },
-    /// Scores of prompt tokens `start..start + entries.len()` (`start >= 1`), for a request
-    /// that asked for prompt logprobs; chunks arrive in order before any `Token`.
-    PromptLogprobs {
-        start: usize,
-        entries: Vec<PromptTokenLogprob>,
-    },
-    /// The request was admitted; `cached_tokens` of its prompt came from the prefix cache
-    /// (sent once, before its other events, only with the prefix cache on).
-    Admitted { cached_tokens: usize },
-    /// A beam search request's hypotheses, best first, just before its `Finished`.
-    Beams(Vec<BeamHypothesis>),
-    /// The request ended (its blocks are free).
-    Finished(FinishReason),
-}
 
 /// An event of request `index` of its group.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupEvent {
     pub index: usize,
-    pub event: RequestEvent,
+    pub event: RequestOutput,
 }
 
 /// Engine state for `/health`, refreshed after every loop turn.
@@ -79,13 +60,7 @@ pub struct EngineSnapshot {
 
 enum Command {
     Submit {
-        requests: Vec<SampleGroup>,
-        events: tmpsc::UnboundedSender<GroupEvent>,
-        reply: oneshot::Sender<Result<Vec<SeqId>, SubmitError>>,
-    },
-    SubmitBeam {
-        request: Box<GenerationRequest>,
-        beam: BeamParams,
+        requests: Vec<TextRequest>,
         events: tmpsc::UnboundedSender<GroupEvent>,
         reply: oneshot::Sender<Result<Vec<SeqId>, SubmitError>>,
     },
@@ -124,7 +99,6 @@ impl std::fmt::Debug for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Command::Submit { requests, .. } => write!(f, "Submit({} prompts)", requests.len()),
-            Command::SubmitBeam { beam, .. } => write!(f, "SubmitBeam(width {})", beam.width),
             Command::Abort(id) => write!(f, "Abort({id:?})"),
             Command::ResetPrefixCache(_) => write!(f, "ResetPrefixCache"),
             Command::Shutdown => write!(f, "Shutdown"),
@@ -133,14 +107,25 @@ impl std::fmt::Debug for Command {
 }
 
 impl EngineHandle {
-    /// Queues `requests` (each with its sample count) as one group: all are added or, if
-    /// the engine refuses one, none. Returns the ids (prompt by prompt, samples in order;
-    /// event index `i` is `ids[i]`) and the group's event receiver; dropping the receiver
-    /// aborts whatever is still running.
+    /// Queues `requests` (each with its sample count), their text made with `text`, as one
+    /// group: all are added or, if the engine refuses one, none. Returns the ids (prompt by
+    /// prompt, samples in order; event index `i` is `ids[i]`) and the group's event
+    /// receiver; dropping the receiver aborts whatever is still running.
     pub async fn submit(
         &self,
         requests: Vec<SampleGroup>,
+        text: &TextOptions,
     ) -> Result<(Vec<SeqId>, tmpsc::UnboundedReceiver<GroupEvent>), SubmitError> {
+        let requests = requests
+            .into_iter()
+            .map(|(request, samples)| TextRequest {
+                request,
+                samples,
+                beam: None,
+                text: text.clone(),
+                num_speculative_tokens: None,
+            })
+            .collect();
         self.send(|events, reply| Command::Submit {
             requests,
             events,
@@ -150,15 +135,23 @@ impl EngineHandle {
     }
 
     /// Queues a beam search over `request.prompt` (see `Engine::add_beam_request`): its
-    /// events (index 0) are one `Beams` and one `Finished`; dropping the receiver aborts it.
+    /// one output (index 0) is its last delta, with the hypotheses as text made with `text`;
+    /// dropping the receiver aborts it.
     pub async fn submit_beam(
         &self,
         request: GenerationRequest,
         beam: BeamParams,
+        text: &TextOptions,
     ) -> Result<(Vec<SeqId>, tmpsc::UnboundedReceiver<GroupEvent>), SubmitError> {
-        self.send(|events, reply| Command::SubmitBeam {
-            request: Box::new(request),
-            beam,
+        let request = TextRequest {
+            request,
+            samples: 1,
+            beam: Some(beam),
+            text: text.clone(),
+            num_speculative_tokens: None,
+        };
+        self.send(|events, reply| Command::Submit {
+            requests: vec![request],
             events,
             reply,
         })
@@ -184,7 +177,8 @@ impl EngineHandle {
         }
     }
 
-    /// Ends a request now (e.g. its stop string matched). Unknown or finished ids are fine.
+    /// Ends a request now, without a last output to its handler (stop strings are ended
+    /// by the engine thread itself). Unknown or finished ids are fine.
     pub fn abort(&self, id: SeqId) {
         // A send error means the engine is gone, which ended the request anyway.
         let _ = self.commands.send(Command::Abort(id));
@@ -214,18 +208,20 @@ impl EngineHandle {
     }
 }
 
-/// Starts the engine thread; submissions that would make more than `max_waiting` sequences
-/// wait are refused with [`SubmitError::QueueFull`] (one is always admitted into an empty
-/// queue, however many prompts it has).
+/// Starts the engine thread, its outputs made into text with `tokenizer`; submissions that
+/// would make more than `max_waiting` sequences wait are refused with
+/// [`SubmitError::QueueFull`] (one is always admitted into an empty queue, however many
+/// prompts it has).
 pub fn spawn_engine(
     engine: Engine,
+    tokenizer: Arc<Tokenizer>,
     max_waiting: usize,
 ) -> std::io::Result<(EngineHandle, JoinHandle<()>)> {
     let (commands, rx) = mpsc::channel();
     let snapshot = Arc::new(Mutex::new(EngineSnapshot::default()));
     let mut worker = Worker {
         engine,
-        routes: HashMap::new(),
+        outputs: OutputProcessor::new(tokenizer),
         snapshot: snapshot.clone(),
         alive: true,
         disconnects: 0,
@@ -248,7 +244,8 @@ struct Route {
 
 struct Worker {
     engine: Engine,
-    routes: HashMap<SeqId, Route>,
+    /// Every routed request's output state, tagged with its route.
+    outputs: OutputProcessor<Route>,
     snapshot: Arc<Mutex<EngineSnapshot>>,
     alive: bool,
     disconnects: u64,
@@ -306,34 +303,8 @@ impl Worker {
                 events,
                 reply,
             } => {
-                let prompt_lens: Vec<(usize, usize)> =
-                    requests.iter().map(|(r, n)| (r.prompt.len(), *n)).collect();
                 let result = self.add_group(requests, &events);
-                if let Ok(ids) = &result {
-                    self.count_added(ids, &prompt_lens);
-                    self.route(ids, &events);
-                }
                 // A handler gone before the reply leaves a closed receiver, swept next.
-                let _ = reply.send(result);
-                false
-            }
-            Command::SubmitBeam {
-                request,
-                beam,
-                events,
-                reply,
-            } => {
-                let len = request.prompt.len();
-                let result = self.admit(1, &events).and_then(|()| {
-                    self.engine
-                        .add_beam_request(*request, beam)
-                        .map(|id| vec![id])
-                        .map_err(SubmitError::Refused)
-                });
-                if let Ok(ids) = &result {
-                    self.count_added(ids, &[(len, 1)]);
-                    self.route(ids, &events);
-                }
                 let _ = reply.send(result);
                 false
             }
@@ -346,14 +317,6 @@ impl Worker {
                 false
             }
             Command::Shutdown => true,
-        }
-    }
-
-    /// Sends the events of `ids[i]` to `events` with index `i`.
-    fn route(&mut self, ids: &[SeqId], events: &tmpsc::UnboundedSender<GroupEvent>) {
-        for (index, id) in ids.iter().enumerate() {
-            let events = events.clone();
-            self.routes.insert(*id, Route { events, index });
         }
     }
 
@@ -374,25 +337,36 @@ impl Worker {
         Ok(())
     }
 
-    /// Adds every request or none.
+    /// Adds every request or none; the outputs of `ids[i]` go to `events` with index `i`.
     fn add_group(
         &mut self,
-        requests: Vec<SampleGroup>,
+        requests: Vec<TextRequest>,
         events: &tmpsc::UnboundedSender<GroupEvent>,
     ) -> Result<Vec<SeqId>, SubmitError> {
         self.admit(requests.len(), events)?;
-        let mut ids = Vec::with_capacity(requests.len());
-        for (r, n) in requests {
-            match self.engine.add_request_n(r, n) {
-                Ok(added) => ids.extend(added),
+        let mut ids: Vec<SeqId> = Vec::with_capacity(requests.len());
+        let mut prompt_lens = Vec::with_capacity(requests.len());
+        for r in requests {
+            let len = r.request.prompt.len();
+            let first = ids.len();
+            let route = |k: usize| Route {
+                events: events.clone(),
+                index: first + k,
+            };
+            match self.outputs.add(&mut self.engine, r, route) {
+                Ok(added) => {
+                    prompt_lens.push((len, added.len()));
+                    ids.extend(added);
+                }
                 Err(e) => {
                     for id in ids {
-                        let _ = self.engine.abort(id);
+                        self.outputs.abort(&mut self.engine, id);
                     }
                     return Err(SubmitError::Refused(e));
                 }
             }
         }
+        self.count_added(&ids, &prompt_lens);
         Ok(ids)
     }
 
@@ -407,25 +381,27 @@ impl Worker {
         }
     }
 
-    fn abort(&mut self, id: SeqId) {
-        if self.routes.remove(&id).is_some() {
-            self.metrics.on_finished(id, &FinishReason::Abort);
-            // UnknownSeq means it finished in the meantime: nothing left to free.
-            let _ = self.engine.abort(id);
+    /// Ends a routed request without telling its handler; false when it was not routed.
+    fn abort(&mut self, id: SeqId) -> bool {
+        if self.outputs.abort(&mut self.engine, id).is_none() {
+            return false;
         }
+        self.metrics.on_finished(id, &Finish::Abort);
+        true
     }
 
     /// Aborts every request whose receiver is gone.
     fn drop_disconnected(&mut self) {
         let gone: Vec<SeqId> = self
-            .routes
-            .iter()
+            .outputs
+            .requests()
             .filter(|(_, r)| r.events.is_closed())
-            .map(|(id, _)| *id)
+            .map(|(id, _)| id)
             .collect();
         for id in gone {
-            self.disconnects += 1;
-            self.abort(id);
+            if self.abort(id) {
+                self.disconnects += 1;
+            }
         }
     }
 
@@ -440,9 +416,7 @@ impl Worker {
                         .sequence(id)
                         .is_none_or(|s| *s.status() != SeqStatus::Waiting)
                 });
-                for e in events {
-                    self.dispatch(e);
-                }
+                self.dispatch(events);
             }
             Ok(Err(e)) => self.end_all(FinishReason::Error(format!("engine step failed: {e}"))),
             Err(_) => {
@@ -461,75 +435,41 @@ impl Worker {
         }
     }
 
-    fn dispatch(&mut self, e: EngineEvent) {
-        let (seq_id, event) = match e {
-            EngineEvent::Token {
-                seq_id,
-                token,
-                logprob,
-                top_logprobs,
-            } => (seq_id, {
-                self.metrics.on_token(seq_id);
-                RequestEvent::Token {
-                    token,
-                    logprob,
-                    top_logprobs,
+    /// Counts a step's events and queues their outputs for the handlers; a request whose
+    /// handler is gone is aborted.
+    fn dispatch(&mut self, events: Vec<EngineEvent>) {
+        for e in &events {
+            match e {
+                EngineEvent::Token { seq_id, .. } => self.metrics.on_token(*seq_id),
+                EngineEvent::Finished { seq_id, reason } => {
+                    self.metrics
+                        .on_finished(*seq_id, &Finish::from(reason.clone()));
                 }
-            }),
-            EngineEvent::Finished { seq_id, reason } => {
-                self.metrics.on_finished(seq_id, &reason);
-                if let Some(beams) = self.engine.take_beam_result(seq_id) {
-                    if let Some(route) = self.routes.get(&seq_id) {
-                        let event = GroupEvent {
-                            index: route.index,
-                            event: RequestEvent::Beams(beams),
-                        };
-                        self.outbox.push((route.events.clone(), event));
-                    }
-                }
-                (seq_id, RequestEvent::Finished(reason))
+                EngineEvent::Admitted { .. } | EngineEvent::PromptLogprobs { .. } => {}
             }
-            EngineEvent::PromptLogprobs {
-                seq_id,
-                start,
-                entries,
-            } => (seq_id, RequestEvent::PromptLogprobs { start, entries }),
-            EngineEvent::Admitted {
-                seq_id,
-                cached_tokens,
-            } => (seq_id, RequestEvent::Admitted { cached_tokens }),
-        };
-        let finished = matches!(event, RequestEvent::Finished(_));
-        let Some(route) = self.routes.get(&seq_id) else {
-            return;
-        };
-        let gone = route.events.is_closed();
-        let event = GroupEvent {
-            index: route.index,
-            event,
-        };
-        self.outbox.push((route.events.clone(), event));
-        if finished {
-            self.routes.remove(&seq_id);
-        } else if gone {
-            self.disconnects += 1;
-            self.abort(seq_id);
+        }
+        let (outbox, metrics) = (&mut self.outbox, &mut self.metrics);
+        let mut gone = Vec::new();
+        self.outputs
+            .process(&mut self.engine, events, |id, route, event| {
+                if !deliver(outbox, metrics, id, route, event) {
+                    gone.push(id);
+                }
+            });
+        for id in gone {
+            if self.abort(id) {
+                self.disconnects += 1;
+            }
         }
     }
 
     /// Ends every routed request with `reason`, telling its handler.
     fn end_all(&mut self, reason: FinishReason) {
-        for (id, route) in std::mem::take(&mut self.routes) {
-            if self.alive {
-                let _ = self.engine.abort(id);
-            }
-            self.metrics.on_finished(id, &reason);
-            let event = GroupEvent {
-                index: route.index,
-                event: RequestEvent::Finished(reason.clone()),
-            };
-            self.outbox.push((route.events, event));
-        }
+        let (outbox, metrics) = (&mut self.outbox, &mut self.metrics);
+        let engine = self.alive.then_some(&mut self.engine);
+        self.outputs.finish_all(engine, reason, |id, route, event| {
+            deliver(outbox, metrics, id, route, event);
+        });
     }
 
     fn publish(&self) {
@@ -540,7 +480,7 @@ impl Worker {
             waiting: s.num_waiting(),
             kv_free_blocks: s.allocator().num_free(),
             kv_total_blocks: s.allocator().num_total(),
-            in_flight: self.routes.len(),
+            in_flight: self.outputs.len(),
             disconnects: self.disconnects,
             metrics: self.metrics.snapshot(s.stats(), self.engine.spec_stats()),
         };
@@ -549,4 +489,31 @@ impl Worker {
             Err(poisoned) => *poisoned.into_inner() = snap,
         }
     }
+}
+
+/// Queues `event` of request `id` for its handler, counting a finish; false when the
+/// request goes on but its handler is gone.
+fn deliver(
+    outbox: &mut Vec<(tmpsc::UnboundedSender<GroupEvent>, GroupEvent)>,
+    metrics: &mut ServingMetrics,
+    id: SeqId,
+    route: &Route,
+    event: RequestOutput,
+) -> bool {
+    let finished = match &event {
+        RequestOutput::Delta(d) => d.finish.as_ref(),
+        RequestOutput::Admitted { .. } => None,
+    };
+    // Stop strings and text errors end requests here; the engine's own finishes were
+    // counted already (a request's clock is counted once).
+    if let Some(finish) = finished {
+        metrics.on_finished(id, finish);
+    }
+    let finished = finished.is_some();
+    let event = GroupEvent {
+        index: route.index,
+        event,
+    };
+    outbox.push((route.events.clone(), event));
+    finished || !route.events.is_closed()
 }

@@ -1,21 +1,21 @@
-//! One HTTP request's generation: its engine requests (one per choice), their token events
-//! turned into text per choice with stop strings, as a sequence of [`ChoiceUpdate`]s.
+//! One HTTP request's generation: its engine requests (one per choice), whose outputs the
+//! engine thread's output processor already made into text (detokenizer and stop strings,
+//! see `tandem_text`), as a sequence of [`ChoiceUpdate`]s.
 //!
-//! Streaming and non-streaming responses are built from the same updates, so the concatenated
-//! streamed text of a choice is the non-streamed text by construction (ARCHITECTURE.md §
-//! Invariants, 7); what the text layer holds back (an incomplete UTF-8 character, a possible start
-//! of a stop string) is never sent early.
+//! Streaming and non-streaming responses are built from the same updates, so the
+//! concatenated streamed text of a choice is the non-streamed text by construction
+//! (ARCHITECTURE.md § Invariants, 7); what the text layer holds back (an incomplete UTF-8 character, a
+//! possible start of a stop string) is never sent early, and the tokens behind held-back
+//! text wait for the next update that has text.
 
-use std::sync::Arc;
-
-use crate::echo::{EchoPrompt, PromptSide};
-use crate::text::{TextOptions, TextStream};
 use tandem_engine::engine::PromptTokenLogprob;
-use tandem_engine::{FinishReason, SeqId};
-use tandem_model::tokenizer::Tokenizer;
+use tandem_text::RequestOutput;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::engine_thread::{EngineHandle, GroupEvent, RequestEvent};
+use crate::echo::{EchoPrompt, PromptSide};
+use crate::engine_thread::GroupEvent;
+
+pub use tandem_text::Finish;
 
 /// A generated (or echoed prompt) token with its raw-distribution logprob and alternatives
 /// (most likely first). `logprob` is `None` only for an echoed prompt token without a score
@@ -25,40 +25,6 @@ pub struct TokenInfo {
     pub id: u32,
     pub logprob: Option<f32>,
     pub top: Vec<(u32, f32)>,
-}
-
-/// Why a choice ended, as the API reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Finish {
-    /// EOS, a stop token or a stop string.
-    Stop,
-    /// `max_tokens` or the context length.
-    Length,
-    /// Aborted (server shutting down).
-    Abort,
-    /// The model or engine failed for this choice.
-    Error(String),
-}
-
-impl Finish {
-    /// The `finish_reason` string (an error reports `error`).
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Finish::Stop => "stop",
-            Finish::Length => "length",
-            Finish::Abort => "abort",
-            Finish::Error(_) => "error",
-        }
-    }
-
-    fn from_engine(reason: FinishReason) -> Finish {
-        match reason {
-            FinishReason::Stop => Finish::Stop,
-            FinishReason::Length => Finish::Length,
-            FinishReason::Abort => Finish::Abort,
-            FinishReason::Error(e) => Finish::Error(e),
-        }
-    }
 }
 
 /// New text of one choice, the tokens generated since its previous update, and its finish
@@ -74,10 +40,8 @@ pub struct ChoiceUpdate {
     pub prompt: Vec<PromptTokenLogprob>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Choice {
-    seq: SeqId,
-    stream: TextStream,
     /// Tokens not yet reported in an update.
     pending: Vec<TokenInfo>,
     num_tokens: usize,
@@ -90,7 +54,6 @@ struct Choice {
 #[derive(Debug)]
 pub struct Generation {
     events: UnboundedReceiver<GroupEvent>,
-    engine: EngineHandle,
     choices: Vec<Choice>,
     remaining: usize,
     /// Prompt tokens the prefix cache held, over the choices' prompts.
@@ -98,32 +61,13 @@ pub struct Generation {
 }
 
 impl Generation {
-    /// Wraps submitted requests `seqs` (choice `i` is `seqs[i]`) and their event receiver.
-    pub fn new(
-        engine: EngineHandle,
-        seqs: Vec<SeqId>,
-        events: UnboundedReceiver<GroupEvent>,
-        tokenizer: &Arc<Tokenizer>,
-        text: &[TextOptions],
-    ) -> Generation {
-        let choices: Vec<Choice> = seqs
-            .into_iter()
-            .zip(text)
-            .map(|(seq, options)| Choice {
-                seq,
-                stream: TextStream::new(tokenizer.clone(), options.clone()),
-                pending: Vec::new(),
-                num_tokens: 0,
-                finished: false,
-                prompt: PromptSide::default(),
-            })
-            .collect();
-        let remaining = choices.len();
+    /// Wraps the event receiver of `num_choices` submitted requests (choice `i` is event
+    /// index `i`).
+    pub fn new(events: UnboundedReceiver<GroupEvent>, num_choices: usize) -> Generation {
         Generation {
             events,
-            engine,
-            choices,
-            remaining,
+            choices: (0..num_choices).map(|_| Choice::default()).collect(),
+            remaining: num_choices,
             cached_tokens: 0,
         }
     }
@@ -153,7 +97,7 @@ impl Generation {
                 // The engine thread is gone without telling: end the first open choice.
                 let index = self.choices.iter().position(|c| !c.finished)?;
                 let fin = Finish::Error("the engine stopped".into());
-                let mut update = self.finish(index, String::new(), fin);
+                let mut update = self.update(index, String::new(), Some(fin));
                 self.choices[index].prompt.first_update(&mut update);
                 return Some(update);
             };
@@ -165,84 +109,46 @@ impl Generation {
         None
     }
 
-    fn apply(&mut self, index: usize, event: RequestEvent) -> Option<ChoiceUpdate> {
+    /// An update when `event` brings text or a finish.
+    fn apply(&mut self, index: usize, event: RequestOutput) -> Option<ChoiceUpdate> {
         let choice = self.choices.get_mut(index)?;
         if choice.finished {
             return None;
         }
-        match event {
-            RequestEvent::Token {
-                token,
-                logprob,
-                top_logprobs,
-            } => {
-                choice.num_tokens += 1;
-                choice.pending.push(TokenInfo {
-                    id: token.0,
-                    logprob: Some(logprob),
-                    top: top_logprobs.iter().map(|&(t, l)| (t.0, l)).collect(),
-                });
-                let delta = match choice.stream.push(token.0) {
-                    Ok(d) => d,
-                    Err(e) => {
-                        self.engine.abort(choice.seq);
-                        return Some(self.finish(
-                            index,
-                            String::new(),
-                            Finish::Error(e.to_string()),
-                        ));
-                    }
-                };
-                if delta.stopped.is_some() {
-                    self.engine.abort(choice.seq);
-                    return Some(self.finish(index, delta.text, Finish::Stop));
-                }
-                if delta.text.is_empty() {
-                    return None;
-                }
-                let tokens = std::mem::take(&mut choice.pending);
-                Some(ChoiceUpdate {
-                    index,
-                    text: delta.text,
-                    tokens,
-                    finish: None,
-                    prompt: Vec::new(),
-                })
-            }
-            RequestEvent::Admitted { cached_tokens } => {
+        let delta = match event {
+            RequestOutput::Admitted { cached_tokens } => {
                 self.cached_tokens += cached_tokens;
-                None
+                return None;
             }
-            RequestEvent::PromptLogprobs { start, entries } => {
-                let Err(e) = choice.prompt.push(start, entries) else {
-                    return None;
-                };
-                self.engine.abort(choice.seq);
-                Some(self.finish(index, String::new(), Finish::Error(e)))
-            }
-            // Beam results go to `api/beam.rs`, never to a sampled generation.
-            RequestEvent::Beams(_) => None,
-            RequestEvent::Finished(reason) => {
-                let tail = choice.stream.finish();
-                let fin = if tail.stopped.is_some() {
-                    Finish::Stop
-                } else {
-                    Finish::from_engine(reason)
-                };
-                Some(self.finish(index, tail.text, fin))
-            }
+            RequestOutput::Delta(delta) => delta,
+        };
+        if let Some(t) = delta.token {
+            choice.num_tokens += 1;
+            choice.pending.push(TokenInfo {
+                id: t.token.0,
+                logprob: Some(t.logprob),
+                top: t.top_logprobs.iter().map(|&(t, l)| (t.0, l)).collect(),
+            });
         }
+        choice.prompt.push(delta.prompt_logprobs);
+        if delta.text.is_empty() && delta.finish.is_none() {
+            return None;
+        }
+        Some(self.update(index, delta.text, delta.finish))
     }
 
-    fn finish(&mut self, index: usize, text: String, finish: Finish) -> ChoiceUpdate {
+    /// Choice `index`'s update with `text`, its pending tokens and `finish`.
+    fn update(&mut self, index: usize, text: String, finish: Option<Finish>) -> ChoiceUpdate {
         let choice = &mut self.choices[index];
-        choice.finished = true;
-        self.remaining -= 1;
+        if finish.is_some() {
+            choice.finished = true;
+            self.remaining -= 1;
+        }
         ChoiceUpdate {
             index,
             text,
             tokens: std::mem::take(&mut choice.pending),
-            finish: Some(finish),
+            finish,
             prompt: Vec::new(),
         }
     }

@@ -2,10 +2,11 @@
 //! bounds and errors).
 //!
 //! - [`engine_thread`]: the engine on its own OS thread; handlers reach it through
-//!   channels (requests in, per-request token events out, aborts in); a dropped client
+//!   channels (requests in, per-request outputs out, aborts in); a dropped client
 //!   aborts its requests within one step;
-//! - [`generation`]: one HTTP request's choices, token events -> text (detokenizer + stop
-//!   strings from [`text`]) -> updates, shared by streamed and non-streamed responses;
+//! - [`generation`]: one HTTP request's choices, the outputs of the engine thread's output
+//!   processor (text from `tandem_text`: detokenizer + stop strings) -> updates, shared by
+//!   streamed and non-streamed responses;
 //!   [`echo`]: a choice's echoed prompt and prompt scores, on its first update;
 //! - [`api`]: routes, validation (400 naming the field, 413, 404), API key, SSE;
 //! - [`server`]: [`serve`] (until SIGINT/SIGTERM) and [`start`] (tests, embedding) on a
@@ -25,7 +26,6 @@ pub mod limits;
 pub mod metrics;
 pub mod prompt;
 pub mod server;
-pub mod text;
 
 pub use config::ServerConfig;
 pub use error::{ApiError, ServerError};

@@ -18,7 +18,8 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use tandem_engine::speculative::SpecStats;
-use tandem_engine::{FinishReason, SchedulerStats, SeqId};
+use tandem_engine::{SchedulerStats, SeqId};
+use tandem_text::Finish;
 
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -147,15 +148,15 @@ impl ServingMetrics {
     }
 
     /// Request `id` ended with `reason` (also for aborts on client disconnect).
-    pub fn on_finished(&mut self, id: SeqId, reason: &FinishReason) {
+    pub fn on_finished(&mut self, id: SeqId, reason: &Finish) {
         let Some(clock) = self.clocks.remove(&id) else {
             return;
         };
         let slot = match reason {
-            FinishReason::Stop => 0,
-            FinishReason::Length => 1,
-            FinishReason::Abort => 2,
-            FinishReason::Error(_) => 3,
+            Finish::Stop => 0,
+            Finish::Length => 1,
+            Finish::Abort => 2,
+            Finish::Error(_) => 3,
         };
         self.counters.finished[slot] += 1;
         self.counters

@@ -137,7 +137,7 @@ fn start_inner(
             .map(|t| t.0)
             .collect(),
     };
-    let prompts = PromptBuilder::new(tokenizer, chat_template.as_deref())?;
+    let prompts = PromptBuilder::new(tokenizer.clone(), chat_template.as_deref())?;
     let bind_err = |source| ServerError::Bind {
         addr: config.addr.to_string(),
         source,
@@ -145,8 +145,9 @@ fn start_inner(
     let listener = std::net::TcpListener::bind(config.addr).map_err(bind_err)?;
     listener.set_nonblocking(true).map_err(bind_err)?;
     let addr = listener.local_addr().map_err(bind_err)?;
-    let (handle, engine_thread) = spawn_engine(engine, config.limits.max_waiting_requests)
-        .map_err(|e| ServerError::Startup(e.to_string()))?;
+    let (handle, engine_thread) =
+        spawn_engine(engine, tokenizer, config.limits.max_waiting_requests)
+            .map_err(|e| ServerError::Startup(e.to_string()))?;
     let threads = config.http_threads.max(1);
     let served_name = config.served_name().to_string();
     let app = Arc::new(AppState::new(handle.clone(), prompts, limits, config));

@@ -10,22 +10,18 @@
 //! cut the text there); its `finish_reason` is `stop` when it ended on a stop token or
 //! string, else `length`.
 
-use std::sync::Arc;
-
 use axum::response::{IntoResponse, Response};
-use tandem_engine::beam_search::{BeamHypothesis, BeamParams};
-use tandem_engine::{EngineError, FinishReason};
+use tandem_engine::beam_search::BeamParams;
+use tandem_engine::EngineError;
 use tandem_model::batch::TokenId;
-use tandem_model::tokenizer::Tokenizer;
+use tandem_text::{BeamText, Finish, RequestOutput};
 
 use super::format::{usage, ChoiceResult, Endpoint, ResponseMeta};
 use super::respond::submit_error;
 use super::sampling::GenerationPlan;
 use super::App;
-use crate::engine_thread::{RequestEvent, SubmitError};
+use crate::engine_thread::SubmitError;
 use crate::error::{ApiError, ApiResult};
-use crate::generation::Finish;
-use crate::text::{TextOptions, TextStream};
 
 /// Refuses what beam search cannot combine with; `conflicts` are `(field, present)` pairs.
 pub fn check(plan: &GenerationPlan, conflicts: &[(&str, bool)]) -> ApiResult<()> {
@@ -63,7 +59,7 @@ pub async fn run(app: &App, plan: &GenerationPlan, req: BeamRequest<'_>) -> ApiR
     };
     let (_, mut events) = app
         .engine
-        .submit_beam(request, beam)
+        .submit_beam(request, beam, &plan.text)
         .await
         .map_err(|e| match e {
             SubmitError::Refused(EngineError::InvalidParams(m)) if m.contains("width") => {
@@ -74,35 +70,29 @@ pub async fn run(app: &App, plan: &GenerationPlan, req: BeamRequest<'_>) -> ApiR
             }
             e => submit_error(e, "prompt"),
         })?;
-    let mut hypotheses = Vec::new();
-    loop {
+    let beams = loop {
         let Some(event) = events.recv().await else {
             return Err(ApiError::unavailable("the engine stopped"));
         };
-        match event.event {
-            RequestEvent::Beams(h) => hypotheses = h,
-            RequestEvent::Finished(FinishReason::Error(e)) => {
+        let RequestOutput::Delta(delta) = event.event else {
+            continue;
+        };
+        match delta.finish {
+            Some(Finish::Error(e)) => {
                 return Err(ApiError::internal(format!("beam search failed: {e}")))
             }
-            RequestEvent::Finished(FinishReason::Abort) => {
-                return Err(ApiError::unavailable("the request was aborted"))
-            }
-            RequestEvent::Finished(_) => break,
-            RequestEvent::Token { .. }
-            | RequestEvent::PromptLogprobs { .. }
-            | RequestEvent::Admitted { .. } => {}
+            Some(Finish::Abort) => return Err(ApiError::unavailable("the request was aborted")),
+            Some(_) => break delta.beams,
+            None => {}
         }
-    }
+    };
     let tokenizer = app.prompts.tokenizer().clone();
     let mut stops: Vec<u32> = plan.sampling.stop_token_ids.clone();
     if !plan.sampling.ignore_eos {
         stops.extend(&app.limits.eos_token_ids);
     }
-    let choices = hypotheses
-        .iter()
-        .map(|h| choice(&tokenizer, &plan.text, h, &stops))
-        .collect::<ApiResult<Vec<_>>>()?;
-    let completion_tokens = hypotheses.iter().map(|h| h.tokens.len()).sum();
+    let choices: Vec<ChoiceResult> = beams.iter().map(|b| choice(b, &stops)).collect();
+    let completion_tokens = beams.iter().map(|b| b.tokens.len()).sum();
     let prefix = match req.endpoint {
         Endpoint::Chat => "chatcmpl",
         Endpoint::Completions => "cmpl",
@@ -124,39 +114,16 @@ pub async fn run(app: &App, plan: &GenerationPlan, req: BeamRequest<'_>) -> ApiR
     Ok(axum::Json(body).into_response())
 }
 
-/// One hypothesis as a choice: its text through the text layer, and why it ended.
-fn choice(
-    tokenizer: &Arc<Tokenizer>,
-    options: &TextOptions,
-    h: &BeamHypothesis,
-    stops: &[u32],
-) -> ApiResult<ChoiceResult> {
-    let mut stream = TextStream::new(tokenizer.clone(), options.clone());
-    let mut text = String::new();
-    let on_stop_token = h.tokens.last().is_some_and(|t| stops.contains(&t.0));
-    let mut stopped = false;
-    for t in &h.tokens {
-        let delta = stream
-            .push(t.0)
-            .map_err(|e| ApiError::internal(format!("detokenizing a hypothesis: {e}")))?;
-        text.push_str(&delta.text);
-        if delta.stopped.is_some() {
-            stopped = true;
-            break;
-        }
-    }
-    if !stopped {
-        let tail = stream.finish();
-        text.push_str(&tail.text);
-        stopped = tail.stopped.is_some();
-    }
-    Ok(ChoiceResult {
-        text,
-        finish: Some(if stopped || on_stop_token {
+/// One hypothesis as a choice: its text (made by the output processor), and why it ended.
+fn choice(beam: &BeamText, stops: &[u32]) -> ChoiceResult {
+    let on_stop_token = beam.tokens.last().is_some_and(|t| stops.contains(&t.0));
+    ChoiceResult {
+        text: beam.text.clone(),
+        finish: Some(if beam.stopped || on_stop_token {
             Finish::Stop
         } else {
             Finish::Length
         }),
         ..ChoiceResult::default()
-    })
+    }
 }

@@ -41,13 +41,12 @@ pub struct Submission {
 pub async fn run_plan(app: &App, plan: &GenerationPlan, sub: Submission) -> ApiResult<Response> {
     let (seqs, events) = app
         .engine
-        .submit(sub.requests)
+        .submit(sub.requests, &plan.text)
         .await
         .map_err(|e| submit_error(e, sub.prompt_field))?;
     let num_choices = seqs.len();
-    let text = vec![plan.text.clone(); num_choices];
     let tokenizer = app.prompts.tokenizer().clone();
-    let mut generation = Generation::new(app.engine.clone(), seqs, events, &tokenizer, &text);
+    let mut generation = Generation::new(events, num_choices);
     let prompt_logprobs = sub.echo.as_ref().and_then(|e| e.prompt_logprobs);
     if let Some(e) = sub.echo {
         generation = generation.with_echo(e.per_choice);

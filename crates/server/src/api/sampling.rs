@@ -8,12 +8,12 @@ use tandem_engine::engine::GenerationRequest;
 use tandem_engine::sampler::SamplingParams;
 use tandem_engine::RequestParams;
 use tandem_model::batch::TokenId;
+use tandem_text::{StopStrings, TextOptions};
 
 use super::ModelLimits;
 use crate::engine_thread::SampleGroup;
 use crate::error::{ApiError, ApiResult};
 use crate::limits::RequestLimits;
-use crate::text::{StopStrings, TextOptions};
 
 /// Most entries in `stop_token_ids`.
 pub const MAX_STOP_TOKEN_IDS: usize = 64;

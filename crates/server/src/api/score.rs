@@ -55,9 +55,9 @@ use tandem_model::batch::TokenId;
 use super::body::{fields, json_object};
 use super::score_format::{item_json, ScoredItem};
 use super::App;
-use crate::engine_thread::{GroupEvent, RequestEvent};
+use crate::engine_thread::GroupEvent;
 use crate::error::{ApiError, ApiResult};
-use tandem_engine::FinishReason;
+use tandem_text::{Finish, RequestOutput, TextOptions};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// The fields of a score request (unknown fields are ignored).
@@ -304,11 +304,10 @@ async fn run_items(
         .collect();
     let (_, mut events) = app
         .engine
-        .submit(requests)
+        .submit(requests, &TextOptions::default())
         .await
         .map_err(|e| super::respond::submit_error(e, "input"))?;
-    let firsts: Vec<usize> = items.iter().map(Item::first_scored).collect();
-    let scores = collect_scores(&mut events, &firsts).await?;
+    let scores = collect_scores(&mut events, items.len()).await?;
     for (i, (s, item)) in scores.iter().zip(items).enumerate() {
         let want = item.tokens.len() - item.first_scored();
         if s.len() != want {
@@ -321,13 +320,12 @@ async fn run_items(
     Ok(scores)
 }
 
-/// The prompt scores of the prompt-only requests (item `i` scored from prompt index
-/// `firsts[i]`), from their events until all finished.
+/// The prompt scores of the `num_items` prompt-only requests, from their outputs until all
+/// finished.
 async fn collect_scores(
     events: &mut UnboundedReceiver<GroupEvent>,
-    firsts: &[usize],
+    num_items: usize,
 ) -> ApiResult<Vec<Vec<PromptTokenLogprob>>> {
-    let num_items = firsts.len();
     let mut scores: Vec<Vec<PromptTokenLogprob>> = vec![Vec::new(); num_items];
     let mut open = num_items;
     while open > 0 {
@@ -335,25 +333,20 @@ async fn collect_scores(
             return Err(ApiError::unavailable("the engine stopped"));
         };
         match event {
-            RequestEvent::PromptLogprobs { start, entries }
-                if start == firsts[index] + scores[index].len() =>
-            {
-                scores[index].extend(entries);
+            // The output processor checked that the scores continue from the item's
+            // `prompt_logprobs_start`.
+            RequestOutput::Delta(delta) => {
+                scores[index].extend(delta.prompt_logprobs);
+                match delta.finish {
+                    Some(Finish::Length) => open -= 1,
+                    Some(Finish::Error(e)) => {
+                        return Err(ApiError::internal(format!("item {index} failed: {e}")))
+                    }
+                    Some(_) => return Err(ApiError::unavailable("the request was aborted")),
+                    None => {}
+                }
             }
-            RequestEvent::PromptLogprobs { start, .. } => {
-                return Err(ApiError::internal(format!(
-                    "item {index}: prompt logprobs for index {start} arrived out of order"
-                )))
-            }
-            RequestEvent::Finished(FinishReason::Length) => open -= 1,
-            RequestEvent::Finished(FinishReason::Error(e)) => {
-                return Err(ApiError::internal(format!("item {index} failed: {e}")))
-            }
-            RequestEvent::Finished(_) => {
-                return Err(ApiError::unavailable("the request was aborted"))
-            }
-            RequestEvent::Token { .. } | RequestEvent::Admitted { .. } | RequestEvent::Beams(_) => {
-            }
+            RequestOutput::Admitted { .. } => {}
         }
     }
     Ok(scores)

@@ -144,7 +144,7 @@ pub struct StopMatch {
 }
 
 /// The text that may be emitted after one input (a text chunk for [`StopStringMatcher`], a
-/// token for [`super::TextStream`]).
+/// token for [`crate::TextStream`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TextDelta {
     /// Text that is safe to emit now (possibly empty).

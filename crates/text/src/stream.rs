@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tandem_model::tokenizer::Tokenizer;
 
-use super::{IncrementalDetokenizer, StopStringMatcher, StopStrings, TextDelta, TextError};
+use crate::{IncrementalDetokenizer, StopStringMatcher, StopStrings, TextDelta, TextError};
 
 /// How a request's generated tokens become text.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use proptest::prelude::*;
 use tandem_model::gguf::GgufFile;
 use tandem_model::tokenizer::Tokenizer;
-use tandem_server::text::{IncrementalDetokenizer, TextError};
+use tandem_text::{IncrementalDetokenizer, TextError};
 
 /// The default model's tokenizer, loaded once per test binary.
 fn tokenizer() -> Arc<Tokenizer> {

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use proptest::prelude::*;
 use tandem_model::gguf::GgufFile;
 use tandem_model::tokenizer::Tokenizer;
-use tandem_server::text::{StopStrings, TextOptions, TextStream};
+use tandem_text::{StopStrings, TextOptions, TextStream};
 
 /// The default model's tokenizer, loaded once per test binary.
 fn tokenizer() -> Arc<Tokenizer> {

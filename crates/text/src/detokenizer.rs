@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tandem_model::tokenizer::Tokenizer;
 
-use super::TextError;
+use crate::TextError;
 
 /// The most bytes a held-back incomplete UTF-8 sequence can have (a 4-byte character minus
 /// its last byte).

@@ -2,7 +2,7 @@
 //! wins, and the streaming ≡ non-streaming invariant for every way of cutting the text.
 
 use proptest::prelude::*;
-use tandem_server::text::{
+use tandem_text::{
     StopMatch, StopStringError, StopStringMatcher, StopStrings, MAX_STOP_STRINGS,
     MAX_STOP_STRING_BYTES,
 };
