@@ -24,6 +24,47 @@ pub struct ModelArgs {
     /// path, bitwise equal to each other).
     #[arg(long, value_name = "ISA")]
     pub kernels: Option<tandem_kernels::isa::Isa>,
+    /// Where the model runs: `auto` (a CUDA GPU when a driver and a device are found, else
+    /// the CPU), `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, value_name = "DEVICE", default_value = "auto", value_parser = parse_device)]
+    pub device: Device,
+    /// Numbers on a CUDA device: bf16 weights and KV cache (fp32 accumulation), or f32 (TF32
+    /// off: the exact mode for checks).
+    #[arg(long, value_name = "DTYPE", default_value = "bf16", value_parser = parse_cuda_dtype)]
+    pub dtype: tandem_cuda::CudaDtype,
+    /// Fraction of the GPU's memory this process may use (weights, activations and the KV
+    /// pool, which gets what is left), as in vLLM; used unless --kv-cache-memory is given.
+    #[arg(long, value_name = "F", default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
+}
+
+/// `--device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Auto,
+    Cpu,
+    Cuda(usize),
+}
+
+fn parse_device(s: &str) -> Result<Device, String> {
+    match s {
+        "auto" => Ok(Device::Auto),
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::Cuda(0)),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(Device::Cuda)
+            .ok_or_else(|| format!("unknown device {s:?} (auto, cpu, cuda or cuda:N)")),
+    }
+}
+
+fn parse_cuda_dtype(s: &str) -> Result<tandem_cuda::CudaDtype, String> {
+    match s {
+        "bf16" => Ok(tandem_cuda::CudaDtype::Bf16),
+        "f32" => Ok(tandem_cuda::CudaDtype::F32),
+        other => Err(format!("unknown dtype {other:?} (bf16 or f32)")),
+    }
 }
 
 impl ModelArgs {

@@ -92,9 +92,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     // One runner whose pool holds the largest configuration; each uses blocks `0..`.
-    let prepared = PreparedModel::cpu(lm.host, a.model.threads(), a.engine.kv_cache_dtype);
+    let prepared = PreparedModel::new(lm.host, &a.model, a.engine.kv_cache_dtype)?;
     let (kv_dtype, weight_bytes) = (prepared.kv_dtype(), prepared.weight_bytes());
-    let mut runner = prepared.into_runner(block_size, pool_blocks)?;
+    let mut runner = prepared.into_runner(block_size, Some(pool_blocks))?;
     for &b in &a.batches {
         for &p in &a.prompt_lens {
             let m = measure(runner.as_mut(), b, p, a.gen_len, step_tokens)?;

@@ -50,24 +50,30 @@ pub fn build_engine(
     seed: u64,
 ) -> Result<Engine> {
     let block_size = args.block_size as usize;
-    let bytes = match &args.kv_cache_memory {
-        Some(s) => parse_size(s).context("--kv-cache-memory")?,
-        None => DEFAULT_KV_BYTES,
-    };
-    let threads = model_args.threads();
     let context = host.config.context_len;
-    let target = PreparedModel::cpu(host, threads, args.kv_cache_dtype);
-    let spec = speculation_setup::load_method(args, threads)?;
+    let target = PreparedModel::new(host, model_args, args.kv_cache_dtype)?;
+    let spec = speculation_setup::load_method(args, model_args)?;
     // A draft model's KV pool holds as many tokens as the target's, out of the same budget.
     let draft_bytes = spec
         .as_ref()
         .and_then(|(_, d)| d.as_ref())
         .map_or(0, PreparedModel::kv_bytes_per_token);
     let per_block = ((target.kv_bytes_per_token() + draft_bytes) * block_size) as u64;
-    let num_blocks = (bytes / per_block) as usize;
-    if num_blocks == 0 {
-        bail!("--kv-cache-memory {bytes} bytes holds no block of {per_block} bytes");
-    }
+    let bytes = match &args.kv_cache_memory {
+        Some(s) => Some(parse_size(s).context("--kv-cache-memory")?),
+        None if target.is_cuda() => None, // what --gpu-memory-utilization leaves
+        None => Some(DEFAULT_KV_BYTES),
+    };
+    let num_blocks = match bytes {
+        Some(bytes) if bytes < per_block => {
+            bail!("--kv-cache-memory {bytes} bytes holds no block of {per_block} bytes")
+        }
+        Some(bytes) => Some((bytes / per_block) as usize),
+        None if draft_bytes > 0 => {
+            bail!("a draft model on CUDA needs --kv-cache-memory (the budget both pools share)")
+        }
+        None => None,
+    };
     let max_model_len = match args.max_model_len {
         Some(m) if m as usize > context => {
             bail!("--max-model-len {m} exceeds the model's context length of {context}")
@@ -75,7 +81,10 @@ pub fn build_engine(
         Some(m) => m as usize,
         None => context,
     };
-    let mut config = SchedulerConfig::new(num_blocks, block_size, max_model_len);
+    let (kv_dtype, target_weights) = (target.kv_dtype(), target.weight_bytes());
+    let runner = target.into_runner(block_size, num_blocks)?;
+    let g = runner.kv_geometry();
+    let mut config = SchedulerConfig::new(g.num_blocks, g.block_size, max_model_len);
     if let Some(n) = args.max_num_seqs {
         config.max_num_seqs = n;
     }
@@ -84,14 +93,12 @@ pub fn build_engine(
     }
     config.eos_token_ids = eos;
     config.enable_prefix_caching = !args.no_prefix_caching;
-    let (kv_dtype, target_weights) = (target.kv_dtype(), target.weight_bytes());
-    let runner = target.into_runner(block_size, num_blocks)?;
     eprintln!(
         "tandem: {}; KV cache {} blocks x {block_size} tokens = {} tokens ({:.0} MiB, {}), prefix caching {}",
         runner.describe(),
-        num_blocks,
-        num_blocks * block_size,
-        (num_blocks as u64 * per_block) as f64 / (1 << 20) as f64,
+        g.num_blocks,
+        g.capacity_tokens(),
+        g.bytes() as f64 / (1 << 20) as f64,
         kv_dtype.name(),
         if config.enable_prefix_caching { "on" } else { "off" }
     );
@@ -100,7 +107,7 @@ pub fn build_engine(
         let draft = match draft {
             Some(d) => {
                 let ratio = d.weight_bytes() as f64 / target_weights.max(1) as f64;
-                Some((d.into_runner(block_size, num_blocks)?, ratio))
+                Some((d.into_runner(block_size, Some(g.num_blocks))?, ratio))
             }
             None => None,
         };

@@ -106,8 +106,8 @@ fn score_runner(
 ) -> Result<Box<dyn ModelRunner>> {
     let span = span_tokens(num_tokens, opts, host.config.context_len);
     let block_size = a.engine.block_size as usize;
-    let prepared = PreparedModel::cpu(host, a.model.threads(), a.engine.kv_cache_dtype);
-    prepared.into_runner(block_size, span.div_ceil(block_size))
+    let prepared = PreparedModel::new(host, &a.model, a.engine.kv_cache_dtype)?;
+    prepared.into_runner(block_size, Some(span.div_ceil(block_size)))
 }
 
 fn input_tokens(a: &ScoreArgs, lm: &LoadedModel) -> Result<Vec<TokenId>> {

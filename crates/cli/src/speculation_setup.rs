@@ -9,7 +9,7 @@ use tandem_engine::engine::Engine;
 use tandem_engine::speculative::{DraftModelProposer, NgramProposer, SpeculativeConfig};
 use tandem_model::runner::ModelRunner;
 
-use crate::args::EngineArgs;
+use crate::args::{EngineArgs, ModelArgs};
 use crate::runner_setup::PreparedModel;
 
 /// Which proposer `--speculative` names.
@@ -47,11 +47,11 @@ pub fn parse_method(s: &str) -> Result<SpecMethod> {
     bail!("--speculative {s}: expected `ngram`, `ngram:MIN:MAX` or `draft:PATH`")
 }
 
-/// The method named by the flags, with the draft model loaded and prepared on `threads`
-/// threads (its KV pool is sized with the target's).
+/// The method named by the flags, with the draft model loaded and prepared on the target's
+/// device (its KV pool is sized with the target's).
 pub fn load_method(
     args: &EngineArgs,
-    threads: usize,
+    model_args: &ModelArgs,
 ) -> Result<Option<(SpecMethod, Option<PreparedModel>)>> {
     let Some(s) = args.speculative.as_deref() else {
         if args.num_speculative_tokens.is_some() {
@@ -64,7 +64,11 @@ pub fn load_method(
         SpecMethod::Draft(path) => {
             let lm = tandem_model::loader::load_model(path)
                 .with_context(|| format!("loading the draft model {}", path.display()))?;
-            Some(PreparedModel::cpu(lm.host, threads, args.kv_cache_dtype))
+            Some(PreparedModel::new(
+                lm.host,
+                model_args,
+                args.kv_cache_dtype,
+            )?)
         }
         SpecMethod::Ngram { .. } => None,
     };
