@@ -18,7 +18,7 @@ use crate::args::{Device, ModelArgs};
 #[derive(Debug)]
 pub enum PreparedModel {
     /// Repacked for the CPU kernels.
-    Cpu { model: Model, kv_dtype: KvDtype },
+    Cpu { model: Box<Model>, kv_dtype: KvDtype },
     /// Uploaded when the runner is built (its pool is sized from what the weights leave).
     Cuda {
         host: HostModel,
@@ -55,7 +55,7 @@ impl PreparedModel {
             },
         };
         let Some(device_ordinal) = ordinal else {
-            let model = Model::new(host, args.threads());
+            let model = Box::new(Model::new(host, args.threads()));
             let kv_dtype = kv_dtype.unwrap_or_else(|| model.default_kv_dtype());
             return Ok(PreparedModel::Cpu { model, kv_dtype });
         };
@@ -125,7 +125,7 @@ impl PreparedModel {
                     num_blocks,
                     dtype: Some(kv_dtype),
                 };
-                Ok(Box::new(CpuRunner::new(model, spec)?))
+                Ok(Box::new(CpuRunner::new(*model, spec)?))
             }
             PreparedModel::Cuda { host, mut options } => {
                 options.block_size = block_size;
