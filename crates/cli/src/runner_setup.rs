@@ -18,10 +18,13 @@ use crate::args::{Device, ModelArgs};
 #[derive(Debug)]
 pub enum PreparedModel {
     /// Repacked for the CPU kernels.
-    Cpu { model: Box<Model>, kv_dtype: KvDtype },
+    Cpu {
+        model: Box<Model>,
+        kv_dtype: KvDtype,
+    },
     /// Uploaded when the runner is built (its pool is sized from what the weights leave).
     Cuda {
-        host: HostModel,
+        host: Box<HostModel>,
         options: CudaOptions,
     },
 }
@@ -70,7 +73,10 @@ impl PreparedModel {
         options.device_ordinal = device_ordinal;
         options.dtype = args.dtype;
         options.kv = KvBudget::MemoryFraction(args.gpu_memory_utilization);
-        Ok(PreparedModel::Cuda { host, options })
+        Ok(PreparedModel::Cuda {
+            host: Box::new(host),
+            options,
+        })
     }
 
     /// Whether the model runs on a GPU (its pool can be sized from device memory).
