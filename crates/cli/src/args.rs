@@ -73,23 +73,25 @@ impl ModelArgs {
             .map_or_else(tandem_kernels::cpu::physical_cores, |t| t as usize)
     }
 
-    /// Chooses the kernels, finds the model (fetching the default one if needed) and loads it.
+    /// Checks `--kernels`, finds the model (fetching the default one if needed) and loads it.
     pub fn load(&self) -> anyhow::Result<tandem_model::loader::LoadedModel> {
         use anyhow::Context;
-        self.choose_kernels()?;
+        self.cpu_kernels()?;
         let cache = tandem_model::default_model::cache_dir(self.cache_dir.as_deref())?;
         let path = tandem_model::default_model::resolve_model(self.model.as_deref(), &cache)?;
         tandem_model::loader::load_model(&path)
             .with_context(|| format!("loading {}", path.display()))
     }
 
-    /// Applies `--kernels` (once, before any kernel runs).
-    pub fn choose_kernels(&self) -> anyhow::Result<()> {
-        if let Some(isa) = self.kernels {
-            tandem_kernels::isa::set_forced(isa)
-                .map_err(|e| anyhow::anyhow!("--kernels {isa}: {e}"))?;
+    /// The CPU kernel variant: `--kernels` if this CPU can run it, else the best it can.
+    pub fn cpu_kernels(&self) -> anyhow::Result<tandem_kernels::Isa> {
+        match self.kernels {
+            Some(isa) if !isa.is_available() => {
+                anyhow::bail!("--kernels {isa}: this CPU cannot run the {isa} kernels")
+            }
+            Some(isa) => Ok(isa),
+            None => Ok(tandem_kernels::Isa::best()),
         }
-        Ok(())
     }
 }
 

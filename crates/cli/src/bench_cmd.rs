@@ -94,6 +94,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     // One runner whose pool holds the largest configuration; each uses blocks `0..`.
     let prepared = PreparedModel::new(lm.host, &a.model, a.engine.kv_cache_dtype)?;
     let (kv_dtype, weight_bytes) = (prepared.kv_dtype(), prepared.weight_bytes());
+    let kernels = prepared.kernels_name();
     let mut runner = prepared.into_runner(block_size, Some(pool_blocks))?;
     for &b in &a.batches {
         for &p in &a.prompt_lens {
@@ -117,7 +118,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     "decode_weight_gb_per_s": weights_gb * steps_per_s,
                     "decode_kv_gb_per_s": kv_gb * steps_per_s,
                     "decode_total_gb_per_s": (weights_gb + kv_gb) * steps_per_s,
-                    "kv_dtype": kv_dtype.name(), "kernels": tandem_kernels::isa::active().name(),
+                    "kv_dtype": kv_dtype.name(), "kernels": kernels,
                     "device": runner.describe(),
                 })
             );

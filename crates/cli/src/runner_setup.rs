@@ -58,7 +58,11 @@ impl PreparedModel {
             },
         };
         let Some(device_ordinal) = ordinal else {
-            let model = Box::new(Model::new(host, args.threads()));
+            let model = Box::new(Model::with_kernels(
+                host,
+                args.threads(),
+                args.cpu_kernels()?,
+            ));
             let kv_dtype = kv_dtype.unwrap_or_else(|| model.default_kv_dtype());
             return Ok(PreparedModel::Cpu { model, kv_dtype });
         };
@@ -102,6 +106,15 @@ impl PreparedModel {
         match self {
             PreparedModel::Cpu { kv_dtype, .. } => *kv_dtype,
             PreparedModel::Cuda { options, .. } => options.dtype.kv_dtype(),
+        }
+    }
+
+    /// The kernels the model runs with: the CPU variant (`avx512-int8`, ...) or `cuda-bf16`
+    /// / `cuda-f32`.
+    pub fn kernels_name(&self) -> String {
+        match self {
+            PreparedModel::Cpu { model, .. } => model.kernels().name().to_string(),
+            PreparedModel::Cuda { options, .. } => format!("cuda-{}", options.dtype.name()),
         }
     }
 

@@ -12,10 +12,8 @@ use tandem_model::batch::TokenId;
 use tandem_model::scoring::{score_tokens, ScoreOptions};
 use tandem_model::transformer::Model;
 
-use tandem_model::ModelConfig;
-
 mod cpu_engine;
-use cpu_engine::{cpu_engine, default_model, fixture_model, scoring_runner};
+use cpu_engine::{config, cpu_engine, default_model, fixture_model, scoring_runner};
 
 /// Tokens and logprobs a request produced.
 type Output = (Vec<TokenId>, Vec<f32>);
@@ -93,18 +91,6 @@ fn run(
         }
     }
     (out, engine)
-}
-
-fn config(
-    model: &ModelConfig,
-    num_blocks: usize,
-    budget: usize,
-    block_size: usize,
-) -> SchedulerConfig {
-    let mut c = SchedulerConfig::new(num_blocks, block_size, model.context_len);
-    c.max_num_batched_tokens = budget;
-    c.long_prefill_token_threshold = budget;
-    c
 }
 
 fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {

@@ -14,10 +14,8 @@ use tandem_model::batch::TokenId;
 use tandem_model::scoring::{score_tokens, ScoreOptions};
 use tandem_model::transformer::Model;
 
-use tandem_model::ModelConfig;
-
 mod cpu_engine;
-use cpu_engine::{cpu_engine, default_model, fixture_model, scoring_runner};
+use cpu_engine::{config, cpu_engine, default_model, fixture_model, scoring_runner};
 use tandem_model::runner::ModelRunner;
 
 /// What one request produced: prompt scores (index 1 first), tokens, logprobs, finish reason.
@@ -27,18 +25,6 @@ struct Output {
     tokens: Vec<TokenId>,
     logprobs: Vec<f32>,
     finish: Option<FinishReason>,
-}
-
-fn config(
-    model: &ModelConfig,
-    num_blocks: usize,
-    budget: usize,
-    block_size: usize,
-) -> SchedulerConfig {
-    let mut c = SchedulerConfig::new(num_blocks, block_size, model.context_len);
-    c.max_num_batched_tokens = budget;
-    c.long_prefill_token_threshold = budget;
-    c
 }
 
 /// `n` requests over deterministic prompts of 1..=30 tokens: even ones ask for prompt

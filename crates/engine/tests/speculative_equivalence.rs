@@ -18,12 +18,10 @@ use tandem_model::kv_store::KvDtype;
 use tandem_model::loader::load_model;
 use tandem_model::transformer::Model;
 
-use tandem_model::ModelConfig;
-
 use tandem_model::cpu_runner::{CpuRunner, KvSpec};
 
 mod cpu_engine;
-use cpu_engine::{cpu_engine, default_model, fixture_model};
+use cpu_engine::{config, cpu_engine, default_model, fixture_model};
 
 /// Per request: (token, logprob, top logprobs) for each emitted token.
 type Output = Vec<(TokenId, f32, Vec<(TokenId, f32)>)>;
@@ -65,18 +63,6 @@ fn request(prompt: &[TokenId], i: usize) -> GenerationRequest {
         prompt_logprobs: None,
         prompt_logprobs_start: 1,
     }
-}
-
-fn config(
-    model: &ModelConfig,
-    num_blocks: usize,
-    budget: usize,
-    block_size: usize,
-) -> SchedulerConfig {
-    let mut c = SchedulerConfig::new(num_blocks, block_size, model.context_len);
-    c.max_num_batched_tokens = budget;
-    c.long_prefill_token_threshold = budget;
-    c
 }
 
 /// Runs `reqs` with `per_step` submissions per step to completion; returns the outputs, the

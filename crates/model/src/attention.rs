@@ -12,9 +12,9 @@
 //! query head and context length, and are bitwise equal: a token's result is the same whether
 //! it is computed alone, in a chunk, beside other sequences, or with any task split.
 
-use tandem_kernels::attention::{attend, attend_rows, KvRows, KvView, TILE_ROWS};
+use tandem_kernels::attention::{attend_rows_with, attend_with, KvRows, KvView, TILE_ROWS};
 use tandem_kernels::parallel::{for_each_chunk_mut, for_each_part_mut};
-use tandem_kernels::ThreadPool;
+use tandem_kernels::{Isa, ThreadPool};
 
 /// Where each new token of the batch sits: its position and its sequence's slot list.
 #[derive(Debug)]
@@ -51,6 +51,7 @@ const STACK_PARTS: usize = 128;
 /// `q`, `out`: `[num_tokens, num_heads * head_dim]`; `rows`: the layer's keys and values,
 /// `[num_slots, num_kv_heads * head_dim]` each.
 pub fn causal_attention(
+    isa: Isa,
     pool: &ThreadPool,
     shape: HeadShape,
     layout: &AttentionLayout<'_>,
@@ -60,7 +61,7 @@ pub fn causal_attention(
 ) {
     let runs = layout.token_seq.windows(2).any(|w| w[0] == w[1]);
     if runs {
-        return tiled_attention(pool, shape, layout, q, rows, out);
+        return tiled_attention(isa, pool, shape, layout, q, rows, out);
     }
     let HeadShape {
         num_heads,
@@ -84,7 +85,7 @@ pub fn causal_attention(
             slots: &layout.seq_slots[layout.token_seq[t]][..=pos],
         };
         let q_at = (t * num_heads + heads.start) * d;
-        attend(&q[q_at..q_at + heads.len() * d], &kv, scale, out_heads);
+        attend_with(isa, &q[q_at..q_at + heads.len() * d], &kv, scale, out_heads);
     };
     if parts == 1 {
         for_each_chunk_mut(pool, out, group * d, |i, out_heads| {
@@ -120,6 +121,7 @@ pub fn causal_attention(
 /// [`causal_attention`] in tasks of up to [`TILE_ROWS`] consecutive tokens of one sequence,
 /// every query head of them through the tile kernel.
 fn tiled_attention(
+    isa: Isa,
     pool: &ThreadPool,
     shape: HeadShape,
     layout: &AttentionLayout<'_>,
@@ -168,7 +170,7 @@ fn tiled_attention(
                 head_dim: d,
                 slots,
             };
-            attend_rows(&q_rows, &context, &kv, scale, &mut out_rows);
+            attend_rows_with(isa, &q_rows, &context, &kv, scale, &mut out_rows);
             for (r, row) in out_rows.chunks_exact(d).enumerate() {
                 out_tokens[r * token_len + h * d..][..d].copy_from_slice(row);
             }
@@ -229,6 +231,7 @@ mod tests {
             head_dim: d,
         };
         causal_attention(
+            Isa::best(),
             &ThreadPool::new(2),
             shape,
             &layout,
@@ -284,7 +287,7 @@ mod tests {
                 keys: &keys,
                 values: &values,
             };
-            causal_attention(&pool, shape, &layout, q, rows, &mut out);
+            causal_attention(Isa::best(), &pool, shape, &layout, q, rows, &mut out);
             out
         };
         let batch = run(2, &[3, 4, 5, 2], &[0, 0, 0, 1], &q);

@@ -107,7 +107,7 @@ impl ModelRunner for CpuRunner {
     fn describe(&self) -> String {
         format!(
             "cpu ({} kernels, {} threads)",
-            tandem_kernels::isa::active().name(),
+            self.model.kernels().name(),
             self.model.threads()
         )
     }

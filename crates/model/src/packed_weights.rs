@@ -6,26 +6,34 @@
 use std::collections::HashMap;
 
 use tandem_kernels::ops::rms_norm;
-use tandem_kernels::packed::{matmuls_quantized, QuantizedRows};
+use tandem_kernels::packed::{matmuls_quantized_with, QuantizedRows};
 use tandem_kernels::parallel::for_each_chunk_mut;
-use tandem_kernels::{isa, matmul, PackedMatrix, ThreadPool};
+use tandem_kernels::{matmul, Isa, PackedMatrix, ThreadPool};
 
 use crate::transformer::ModelWeights;
 use crate::weights::{TensorHandle, TensorSet};
 
 /// Packed copies of the matrices whose type has int8 kernels, by tensor.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct PackedWeights {
     by_tensor: HashMap<TensorHandle, PackedMatrix>,
+    /// The kernel variant every product of this model runs with.
+    isa: Isa,
 }
 
 impl PackedWeights {
-    /// Packs every matrix of `w` that the int8 kernels handle, if the active kernel variant
-    /// is an int8 one ([`tandem_kernels::Isa::is_exact`] false); otherwise packs nothing.
-    pub(crate) fn prepare(tensors: &TensorSet, w: &ModelWeights, pool: &ThreadPool) -> Self {
+    /// Packs every matrix of `w` that the int8 kernels handle, if `isa` is an int8 variant
+    /// ([`tandem_kernels::Isa::is_exact`] false); otherwise packs nothing. Every product then
+    /// runs with `isa`.
+    pub(crate) fn prepare(
+        tensors: &TensorSet,
+        w: &ModelWeights,
+        pool: &ThreadPool,
+        isa: Isa,
+    ) -> Self {
         let mut by_tensor = HashMap::new();
-        if isa::active().is_exact() {
-            return PackedWeights { by_tensor };
+        if isa.is_exact() {
+            return PackedWeights { by_tensor, isa };
         }
         let layers = w
             .layers
@@ -44,7 +52,12 @@ impl PackedWeights {
                 by_tensor.insert(h, packed);
             }
         }
-        PackedWeights { by_tensor }
+        PackedWeights { by_tensor, isa }
+    }
+
+    /// The kernel variant of this model's products.
+    pub(crate) fn isa(&self) -> Isa {
+        self.isa
     }
 
     /// `y = x · Wᵀ` for the matrix `h` (`x`: `[n, cols]`, `y`: `[n, rows]`): the int8 kernels
@@ -62,10 +75,10 @@ impl PackedWeights {
     ) {
         match self.by_tensor.get(&h) {
             Some(p) => {
-                xq.quantize_into(pool, x, n, p.cols());
-                matmuls_quantized(pool, [p], xq, [y]);
+                xq.quantize_into_with(self.isa, pool, x, n, p.cols());
+                matmuls_quantized_with(self.isa, pool, [p], xq, [y]);
             }
-            None => exact_matmul(tensors, pool, h, x, y, n),
+            None => exact_matmul(self.isa, tensors, pool, h, x, y, n),
         }
     }
 
@@ -88,8 +101,8 @@ impl PackedWeights {
         let (xn, xq) = scratch;
         if let Some(ws) = self.all_packed(hs) {
             if ws.iter().all(|w| w.cols() == weight.len()) {
-                xq.rms_norm_quantize_into(pool, x, weight, eps, n);
-                matmuls_quantized(pool, ws, xq, ys);
+                xq.rms_norm_quantize_into_with(self.isa, pool, x, weight, eps, n);
+                matmuls_quantized_with(self.isa, pool, ws, xq, ys);
                 return;
             }
         }
@@ -126,8 +139,9 @@ pub(crate) struct NormedInput<'a> {
     pub eps: f32,
 }
 
-/// `y = x · Wᵀ` with the stored form of `h`, exactly.
+/// `y = x · Wᵀ` with the stored form of `h`, exactly, with kernel variant `isa`.
 fn exact_matmul(
+    isa: Isa,
     tensors: &TensorSet,
     pool: &ThreadPool,
     h: TensorHandle,
@@ -139,5 +153,5 @@ fn exact_matmul(
         .by_handle(h)
         .matrix()
         .expect("matrix shapes are validated at load time");
-    matmul(pool, &view, x, y, n);
+    matmul::matmul_with(isa, pool, &view, x, y, n);
 }

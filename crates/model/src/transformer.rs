@@ -4,7 +4,7 @@
 use tandem_kernels::ops::{add_inplace, rms_norm, rms_norm_inplace, rope_head, swiglu_inplace};
 use tandem_kernels::packed::QuantizedRows;
 use tandem_kernels::parallel::for_each_chunk_mut;
-use tandem_kernels::ThreadPool;
+use tandem_kernels::{Isa, ThreadPool};
 
 use crate::attention::{causal_attention, AttentionLayout, HeadShape};
 use crate::batch::ForwardBatch;
@@ -62,16 +62,23 @@ pub struct Model {
 }
 
 impl Model {
-    /// Prepares a loaded model for the CPU: its kernels run on `threads` threads, and its
-    /// matrices are repacked for the int8 kernels when those are the active variant.
+    /// Prepares a loaded model for the CPU with the process's default kernel variant
+    /// ([`tandem_kernels::isa::active`]); see [`Model::with_kernels`].
     pub fn new(host: HostModel, threads: usize) -> Model {
+        Model::with_kernels(host, threads, tandem_kernels::isa::active())
+    }
+
+    /// Prepares a loaded model for the CPU: its kernels run as `isa` on `threads` threads,
+    /// and its matrices are repacked for the int8 kernels when `isa` is an int8 variant.
+    /// The caller checks that the CPU can run `isa` ([`Isa::is_available`]).
+    pub fn with_kernels(host: HostModel, threads: usize, isa: Isa) -> Model {
         let HostModel {
             config,
             tensors,
             weights: w,
         } = host;
         let pool = ThreadPool::new(threads);
-        let packed = PackedWeights::prepare(&tensors, &w, &pool);
+        let packed = PackedWeights::prepare(&tensors, &w, &pool, isa);
         Model {
             config,
             tensors,
@@ -82,18 +89,14 @@ impl Model {
         }
     }
 
+    /// The kernel variant this model's products and attention run with.
+    pub fn kernels(&self) -> Isa {
+        self.packed.isa()
+    }
+
     /// Number of worker threads the kernels use.
     pub fn threads(&self) -> usize {
         self.pool.n_threads()
-    }
-
-    /// Number of weights in the matrices a token passes through (all layers and the LM head;
-    /// the embedding lookup is not a matrix product). Used for FLOP estimates.
-    pub fn num_params(&self) -> usize {
-        let c = &self.config;
-        let per_layer = c.hidden_size * (2 * c.q_dim() + 2 * c.kv_dim())
-            + 3 * c.hidden_size * c.intermediate_size;
-        c.num_layers * per_layer + c.vocab_size * c.hidden_size
     }
 
     /// Total bytes of weights.
@@ -255,6 +258,7 @@ impl Model {
             seq_slots: &layout.seq_slots,
         };
         causal_attention(
+            self.packed.isa(),
             &self.pool,
             shape,
             &attn_layout,

@@ -10,6 +10,7 @@ use tandem_model::kv_store::KvDtype;
 use tandem_model::loader::load_model;
 use tandem_model::runner::ModelRunner;
 use tandem_model::transformer::Model;
+use tandem_model::ModelConfig;
 
 /// The untied Llama HF fixture on 2 threads.
 pub fn fixture_model() -> Model {
@@ -22,6 +23,20 @@ pub fn fixture_model() -> Model {
 pub fn default_model() -> Model {
     let path = tandem_model::default_model::test_model_path().expect("default model");
     Model::new(load_model(&path).expect("default model").host, 2)
+}
+
+/// A pool of `num_blocks` blocks of `block_size` tokens for `model`'s context, with a token
+/// budget of `budget` per step (also the chunk cap, so smaller budgets chunk prefills).
+pub fn config(
+    model: &ModelConfig,
+    num_blocks: usize,
+    budget: usize,
+    block_size: usize,
+) -> SchedulerConfig {
+    let mut c = SchedulerConfig::new(num_blocks, block_size, model.context_len);
+    c.max_num_batched_tokens = budget;
+    c.long_prefill_token_threshold = budget;
+    c
 }
 
 /// A CPU runner over `model` with `config`'s pool, keys and values as `kv_dtype` (else the
