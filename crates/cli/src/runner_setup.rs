@@ -51,6 +51,12 @@ impl PreparedModel {
                     eprintln!("tandem: --device auto: a CUDA driver but no GPU; using the CPU");
                     None
                 }
+                Err(tandem_cuda::CudaError::LibraryNotFound { library, .. }) => {
+                    eprintln!(
+                        "tandem: --device auto: no CUDA ({library} not found); using the CPU"
+                    );
+                    None
+                }
                 Err(e) => {
                     eprintln!("tandem: --device auto: no CUDA ({e}); using the CPU");
                     None

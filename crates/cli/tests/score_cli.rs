@@ -251,3 +251,45 @@ fn bad_model_paths_get_clear_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("outside the vocabulary"));
 }
+
+/// `--device cuda` without a CUDA driver is one clear line naming the library; with one, it
+/// scores like the CPU (f32: the fixture's logprobs within 1e-4). `--device auto` always works.
+#[test]
+fn cuda_device_scores_or_names_the_missing_driver() {
+    let model = fixture("llama_untied");
+    let model = model.to_str().unwrap();
+    let args = [
+        "score",
+        "--model",
+        model,
+        "--tokens",
+        "1,5,9,13,17",
+        "--json",
+    ];
+    let cpu = json_ok(&[&args[..], &["--device", "cpu", "--kernels", "scalar"]].concat());
+    let auto = json_ok(&[&args[..], &["--device", "auto"]].concat());
+    assert_eq!(auto["num_tokens"], cpu["num_tokens"]);
+    let out = tandem(&[&args[..], &["--device", "cuda", "--dtype", "f32"]].concat());
+    match tandem_cuda::probe() {
+        Err(_) => {
+            assert!(
+                !out.status.success(),
+                "--device cuda must fail without a driver"
+            );
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+            assert!(
+                err.contains("libcuda") && err.contains("--device cuda"),
+                "{err}"
+            );
+        }
+        Ok(_) => {
+            let gpu: Value = serde_json::from_slice(&out.stdout).expect("JSON from CUDA");
+            let (a, b) = (&gpu["token_logprobs"], &cpu["token_logprobs"]);
+            for i in 1..5 {
+                let d = (a[i].as_f64().unwrap() - b[i].as_f64().unwrap()).abs();
+                assert!(d < 1e-4, "position {i}: {d}");
+            }
+        }
+    }
+}
