@@ -22,6 +22,15 @@ impl Architecture {
         }
     }
 
+    /// The GGUF `general.architecture` name.
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+        }
+    }
+
     /// Parses a Hugging Face `architectures[0]` class name.
     pub fn from_hf_class(name: &str) -> Option<Architecture> {
         match name {
@@ -31,7 +40,25 @@ impl Architecture {
             _ => None,
         }
     }
+
+    /// Parses a Hugging Face `model_type`.
+    pub fn from_hf_model_type(name: &str) -> Option<Architecture> {
+        match name {
+            "llama" | "mistral" => Some(Architecture::Llama),
+            "qwen2" => Some(Architecture::Qwen2),
+            "qwen3" => Some(Architecture::Qwen3),
+            _ => None,
+        }
+    }
 }
+
+/// The supported GGUF `general.architecture` names.
+pub const GGUF_ARCHITECTURES: &str = "llama, qwen2, qwen3";
+/// The supported Hugging Face `architectures` classes.
+pub const HF_CLASSES: &str =
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+/// The supported Hugging Face `model_type` values.
+pub const HF_MODEL_TYPES: &str = "llama, mistral, qwen2, qwen3";
 
 /// How RoPE pairs up the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

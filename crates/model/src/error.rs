@@ -19,8 +19,42 @@ pub enum ModelError {
     Safetensors(String),
     #[error("model config: {0}")]
     Config(String),
-    #[error("unsupported architecture `{0}` (supported: llama, qwen2, qwen3)")]
-    UnsupportedArchitecture(String),
+    #[error("unsupported architecture `{name}` in `{field}` (supported: {supported})")]
+    UnsupportedArchitecture {
+        name: String,
+        /// The metadata key or config field that named it.
+        field: String,
+        supported: &'static str,
+    },
+    #[error("unsupported dtype `{name}` in `{field}` (supported: {supported})")]
+    UnsupportedDtype {
+        name: String,
+        field: String,
+        supported: &'static str,
+    },
+    #[error("`{key}` = {declared}, but the file holds tensors for {found}")]
+    LayerCount {
+        /// The metadata key or config field that declares the layer count.
+        key: String,
+        declared: usize,
+        /// The layers whose tensors are present, e.g. "30 layers (blk.0 to blk.29)".
+        found: String,
+    },
+    #[error("`{key}`: {reason}")]
+    Hyperparameter { key: String, reason: String },
+    #[error(
+        "{} tensor(s) the {architecture} architecture does not use: {}{}",
+        .names.len(),
+        crate::tensor_check::list_names(.names),
+        crate::tensor_check::allowed_note(.allowed)
+    )]
+    UnusedTensors {
+        architecture: String,
+        /// Sorted.
+        names: Vec<String>,
+        /// The extras this format may carry without error.
+        allowed: &'static str,
+    },
     #[error("missing tensor `{0}`")]
     MissingTensor(String),
     #[error("tensor `{name}`: {reason}")]

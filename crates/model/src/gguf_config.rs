@@ -1,6 +1,9 @@
-//! Reads a [`ModelConfig`] from GGUF metadata (`{arch}.embedding_length`, ...).
+//! Reads a [`ModelConfig`] from GGUF metadata (`{arch}.embedding_length`, ...), refusing
+//! unknown architectures and settings tandem would not compute faithfully (a value length
+//! that differs from the key length, partial RoPE, a vocabulary size that disagrees with the
+//! embedding).
 
-use crate::config::{Architecture, ModelConfig, RopeConfig, RopeStyle};
+use crate::config::{Architecture, ModelConfig, RopeConfig, RopeStyle, GGUF_ARCHITECTURES};
 use crate::error::{ModelError, Result};
 use crate::gguf::Metadata;
 
@@ -8,8 +11,13 @@ use crate::gguf::Metadata;
 /// tensor, which the caller knows.
 pub fn config_from_gguf(md: &Metadata, vocab_size: usize) -> Result<ModelConfig> {
     let arch_name = md.str("general.architecture")?;
-    let architecture = Architecture::from_gguf_name(arch_name)
-        .ok_or_else(|| ModelError::UnsupportedArchitecture(arch_name.to_string()))?;
+    let architecture = Architecture::from_gguf_name(arch_name).ok_or_else(|| {
+        ModelError::UnsupportedArchitecture {
+            name: arch_name.to_string(),
+            field: "general.architecture".into(),
+            supported: GGUF_ARCHITECTURES,
+        }
+    })?;
     let key = |k: &str| format!("{arch_name}.{k}");
     let int = |k: &str| -> Result<usize> { Ok(md.u32(&key(k))? as usize) };
     let hidden_size = int("embedding_length")?;
@@ -22,9 +30,8 @@ pub fn config_from_gguf(md: &Metadata, vocab_size: usize) -> Result<ModelConfig>
     let num_kv_heads = md
         .opt_u32(&key("attention.head_count_kv"))?
         .map_or(num_heads, |v| v as usize);
-    let head_dim = md
-        .opt_u32(&key("attention.key_length"))?
-        .map_or(hidden_size / num_heads, |v| v as usize);
+    let head_dim = head_dim(md, arch_name, hidden_size, num_heads)?;
+    check_vocab_size(md, arch_name, vocab_size)?;
     let theta = md.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
     let style = match architecture {
         // convert_hf_to_gguf.py permutes llama q/k rows for the interleaved layout.
@@ -53,6 +60,49 @@ pub fn config_from_gguf(md: &Metadata, vocab_size: usize) -> Result<ModelConfig>
     };
     config.validate().map_err(ModelError::Config)?;
     Ok(config)
+}
+
+/// `attention.key_length`, else hidden / heads; `attention.value_length` and
+/// `rope.dimension_count` must agree with it (tandem has one head size and rotates all of it).
+fn head_dim(md: &Metadata, arch: &str, hidden_size: usize, num_heads: usize) -> Result<usize> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let head_dim = match md.opt_u32(&key("attention.key_length"))? {
+        Some(v) => v as usize,
+        None if hidden_size.is_multiple_of(num_heads) => hidden_size / num_heads,
+        None => {
+            return Err(ModelError::Hyperparameter {
+                key: key("attention.key_length"),
+                reason: format!(
+                    "is missing and embedding_length {hidden_size} is not a multiple of \
+                     {num_heads} heads"
+                ),
+            })
+        }
+    };
+    for k in ["attention.value_length", "rope.dimension_count"] {
+        match md.opt_u32(&key(k))? {
+            Some(v) if v as usize != head_dim => {
+                return Err(ModelError::Hyperparameter {
+                    key: key(k),
+                    reason: format!("is {v}, but the head size is {head_dim} (must be equal)"),
+                })
+            }
+            _ => {}
+        }
+    }
+    Ok(head_dim)
+}
+
+/// `{arch}.vocab_size`, when present, must equal the embedding's rows.
+fn check_vocab_size(md: &Metadata, arch: &str, embedding_rows: usize) -> Result<()> {
+    let key = format!("{arch}.vocab_size");
+    match md.opt_u32(&key)? {
+        Some(v) if v as usize != embedding_rows => Err(ModelError::Hyperparameter {
+            key,
+            reason: format!("is {v}, but `token_embd.weight` has {embedding_rows} rows"),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Linear RoPE scaling declared in the metadata, as a divisor of every frequency.

@@ -12,6 +12,10 @@
 //! reproduce exactly (o_proj/MLP biases, other activations, other RoPE types, partial
 //! rotary) is a typed error rather than a silent approximation.
 //!
+//! The architecture must be named by exactly one supported class in `architectures` and/or a
+//! supported `model_type` string, the two agreeing when both are given; `torch_dtype` must
+//! be float32, float16 or bfloat16. Anything else is refused with the supported list.
+//!
 //! Sliding-window attention (Mistral `sliding_window`, Qwen `use_sliding_window`) equals full
 //! attention while a sequence is no longer than the window, so `context_len` is capped at
 //! the window instead of rejecting the model.
@@ -20,13 +24,17 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use crate::config::{Architecture, Llama3RopeScaling, ModelConfig, RopeConfig, RopeStyle};
+use crate::config::{
+    Architecture, Llama3RopeScaling, ModelConfig, RopeConfig, RopeStyle, HF_CLASSES, HF_MODEL_TYPES,
+};
 use crate::error::{ModelError, Result};
 
 /// Name of the model description inside a model directory.
 pub const CONFIG_FILE: &str = "config.json";
 /// Name of the optional generation defaults (stop tokens) inside a model directory.
 pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+/// The `torch_dtype` values tandem reads (the safetensors types F32, F16, BF16).
+pub const HF_DTYPES: &str = "float32, float16, bfloat16";
 /// Largest config file read, in bytes.
 const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
 
@@ -93,11 +101,7 @@ pub fn parse_hf_config(config_json: &str, generation_json: Option<&str>) -> Resu
         Some([id]) => Some(*id),
         Some(_) => return Err(field_err("bos_token_id", "must be a single token id")),
     };
-    let torch_dtype = match present(&cfg, "torch_dtype").or_else(|| present(&cfg, "dtype")) {
-        None => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err(field_err("torch_dtype", "must be a string")),
-    };
+    let torch_dtype = torch_dtype(&cfg)?;
     Ok(HfModelInfo {
         config,
         eos_token_ids,
@@ -194,24 +198,102 @@ fn token_ids(v: &Value, file: &str, key: &str, vocab: usize) -> Result<Vec<u32>>
     }
 }
 
+/// The architecture named by `architectures` (exactly one supported class) and
+/// `model_type` (a supported string); when both are present they must agree.
 fn architecture(cfg: &Map<String, Value>) -> Result<Architecture> {
-    let class = match present(cfg, "architectures") {
-        Some(Value::Array(list)) => list.first().and_then(Value::as_str).map(str::to_string),
-        Some(_) => return Err(field_err("architectures", "must be a list of class names")),
+    let by_class = match present(cfg, "architectures") {
         None => None,
+        Some(Value::Array(list)) => Some(class_architecture(list)?),
+        Some(v) => {
+            return Err(field_err(
+                "architectures",
+                format!("must be a list of one class name, not {v}"),
+            ))
+        }
     };
-    if let Some(class) = class {
-        return Architecture::from_hf_class(&class)
-            .ok_or(ModelError::UnsupportedArchitecture(class));
+    let by_type = match present(cfg, "model_type") {
+        None => None,
+        Some(Value::String(t)) => {
+            let arch = Architecture::from_hf_model_type(t).ok_or_else(|| {
+                ModelError::UnsupportedArchitecture {
+                    name: t.clone(),
+                    field: "model_type".into(),
+                    supported: HF_MODEL_TYPES,
+                }
+            })?;
+            Some((arch, t.as_str()))
+        }
+        Some(v) => {
+            return Err(field_err(
+                "model_type",
+                format!("must be a string, not {v}"),
+            ))
+        }
+    };
+    match (by_class, by_type) {
+        (Some((a, class)), Some((b, t))) if a != b => Err(field_err(
+            "model_type",
+            format!("`{t}` disagrees with `architectures` [\"{class}\"]"),
+        )),
+        (Some((a, _)), _) | (None, Some((a, _))) => Ok(a),
+        (None, None) => Err(field_err(
+            "architectures",
+            "is missing (and so is `model_type`)",
+        )),
     }
-    let model_type = opt_str(cfg, "model_type")?
-        .ok_or_else(|| field_err("architectures", "is missing (and so is `model_type`)"))?;
-    match model_type {
-        "llama" | "mistral" => Ok(Architecture::Llama),
-        "qwen2" => Ok(Architecture::Qwen2),
-        "qwen3" => Ok(Architecture::Qwen3),
-        other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
+}
+
+/// The architecture of an `architectures` list, which must hold one supported class name.
+fn class_architecture(list: &[Value]) -> Result<(Architecture, &str)> {
+    let class = match list {
+        [Value::String(class)] => class,
+        [] => {
+            return Err(field_err(
+                "architectures",
+                format!("is an empty list (expected one of {HF_CLASSES})"),
+            ))
+        }
+        [_] => {
+            return Err(field_err(
+                "architectures",
+                format!("must hold a class name (a string), not {}", list[0]),
+            ))
+        }
+        _ => {
+            return Err(field_err(
+                "architectures",
+                format!("lists {} entries; expected exactly one", list.len()),
+            ))
+        }
+    };
+    let arch =
+        Architecture::from_hf_class(class).ok_or_else(|| ModelError::UnsupportedArchitecture {
+            name: class.clone(),
+            field: "architectures".into(),
+            supported: HF_CLASSES,
+        })?;
+    Ok((arch, class))
+}
+
+/// The stored dtype the config names (`torch_dtype`, or 5.x `dtype`), which must be one
+/// tandem reads.
+fn torch_dtype(cfg: &Map<String, Value>) -> Result<Option<String>> {
+    let (field, value) = match (present(cfg, "torch_dtype"), present(cfg, "dtype")) {
+        (Some(v), _) => ("torch_dtype", v),
+        (None, Some(v)) => ("dtype", v),
+        (None, None) => return Ok(None),
+    };
+    let Value::String(name) = value else {
+        return Err(field_err(field, format!("must be a string, not {value}")));
+    };
+    if !HF_DTYPES.split(", ").any(|d| d == name) {
+        return Err(ModelError::UnsupportedDtype {
+            name: name.clone(),
+            field: field.into(),
+            supported: HF_DTYPES,
+        });
     }
+    Ok(Some(name.clone()))
 }
 
 /// Rejects options that change the computation in ways tandem does not implement.

@@ -23,6 +23,8 @@ pub mod runner;
 pub mod safetensors;
 pub mod scoring;
 mod scratch;
+pub mod tensor_check;
+pub mod tensor_names;
 pub mod tokenizer;
 pub mod transformer;
 pub mod weights;

@@ -6,12 +6,13 @@ use std::path::{Path, PathBuf};
 
 use crate::batch::TokenId;
 use crate::error::{ModelError, Result};
-use crate::gguf::{GgufFile, Metadata};
+use crate::gguf::{check_no_gaps, GgufFile, Metadata};
 use crate::gguf_config::{config_from_gguf, linear_rope_factor};
 use crate::hf_config::load_hf_config;
 use crate::host_model::HostModel;
 use crate::model_builder::{build_host_model, NameScheme};
 use crate::safetensors::load_safetensors_dir;
+use crate::tensor_check::{check_dtype, Role};
 use crate::tokenizer::{GgufVocab, Tokenizer};
 
 /// The file format a model came from.
@@ -74,15 +75,22 @@ fn has_gguf_magic(path: &Path) -> Result<bool> {
 }
 
 /// Loads only the weights and config of a GGUF model (no tokenizer), with its metadata.
+/// Strict: the data section must hold exactly the tensors' bytes, and every tensor must be
+/// one the architecture uses, of the right type class and shape (see `tensor_check.rs`).
 pub fn load_gguf_model(path: &Path) -> Result<(HostModel, Metadata)> {
     let mut file = GgufFile::open(path)?;
+    let data_len = file.file().bytes().len().saturating_sub(file.data_offset);
+    check_no_gaps(&file.tensors, file.alignment, data_len)?;
     let md = std::mem::take(&mut file.metadata);
     let tensors = file.into_tensor_set()?;
     let embed = tensors.require("token_embd.weight")?;
     let vocab_size = embed.shape.first().copied().unwrap_or(0);
     let config = config_from_gguf(&md, vocab_size)?;
     let mut factors = match tensors.get("rope_freqs.weight") {
-        Some(t) => Some(t.to_f32()?),
+        Some(t) => {
+            check_dtype(NameScheme::Gguf, Role::Vector, t.name, t.dtype)?;
+            Some(t.to_f32()?)
+        }
         None => None,
     };
     if let Some(f) = linear_rope_factor(&md)? {

@@ -1,94 +1,31 @@
 //! Resolves a [`TensorSet`] into [`ModelWeights`] for a [`ModelConfig`]: finds each tensor
-//! under the naming scheme of its file format and checks its shape.
+//! under the naming scheme of its file format, checks its type class and shape, and refuses
+//! a set whose layer count, head counts or leftover tensors disagree with the config (the
+//! checks of `tensor_check.rs`).
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::host_model::HostModel;
+use crate::tensor_check::{
+    check_attention_shapes, check_dtype, check_layer_count, Role, TensorUse,
+};
+pub use crate::tensor_names::NameScheme;
+use crate::tensor_names::Part;
 use crate::transformer::{LayerWeights, ModelWeights};
 use crate::weights::{TensorHandle, TensorSet};
 
-/// How a file format names the tensors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NameScheme {
-    /// `token_embd.weight`, `blk.0.attn_q.weight`, ...
-    Gguf,
-    /// `model.embed_tokens.weight`, `model.layers.0.self_attn.q_proj.weight`, ...
-    HuggingFace,
-}
-
-/// The tensors a decoder layer may have.
-#[derive(Debug, Clone, Copy)]
-enum Part {
-    AttnNorm,
-    Q,
-    K,
-    V,
-    O,
-    QBias,
-    KBias,
-    VBias,
-    QNorm,
-    KNorm,
-    FfnNorm,
-    Gate,
-    Up,
-    Down,
-}
-
-impl NameScheme {
-    fn embed(self) -> &'static str {
-        match self {
-            NameScheme::Gguf => "token_embd.weight",
-            NameScheme::HuggingFace => "model.embed_tokens.weight",
-        }
-    }
-
-    fn lm_head(self) -> &'static str {
-        match self {
-            NameScheme::Gguf => "output.weight",
-            NameScheme::HuggingFace => "lm_head.weight",
-        }
-    }
-
-    fn final_norm(self) -> &'static str {
-        match self {
-            NameScheme::Gguf => "output_norm.weight",
-            NameScheme::HuggingFace => "model.norm.weight",
-        }
-    }
-
-    fn layer(self, i: usize, part: Part) -> String {
-        let (gguf, hf) = match part {
-            Part::AttnNorm => ("attn_norm.weight", "input_layernorm.weight"),
-            Part::Q => ("attn_q.weight", "self_attn.q_proj.weight"),
-            Part::K => ("attn_k.weight", "self_attn.k_proj.weight"),
-            Part::V => ("attn_v.weight", "self_attn.v_proj.weight"),
-            Part::O => ("attn_output.weight", "self_attn.o_proj.weight"),
-            Part::QBias => ("attn_q.bias", "self_attn.q_proj.bias"),
-            Part::KBias => ("attn_k.bias", "self_attn.k_proj.bias"),
-            Part::VBias => ("attn_v.bias", "self_attn.v_proj.bias"),
-            Part::QNorm => ("attn_q_norm.weight", "self_attn.q_norm.weight"),
-            Part::KNorm => ("attn_k_norm.weight", "self_attn.k_norm.weight"),
-            Part::FfnNorm => ("ffn_norm.weight", "post_attention_layernorm.weight"),
-            Part::Gate => ("ffn_gate.weight", "mlp.gate_proj.weight"),
-            Part::Up => ("ffn_up.weight", "mlp.up_proj.weight"),
-            Part::Down => ("ffn_down.weight", "mlp.down_proj.weight"),
-        };
-        match self {
-            NameScheme::Gguf => format!("blk.{i}.{gguf}"),
-            NameScheme::HuggingFace => format!("model.layers.{i}.{hf}"),
-        }
-    }
-}
-
-/// Resolves tensors by name and checks shapes.
+/// Resolves tensors by name, checks their types and shapes, and records which it used.
 struct Resolver<'a> {
     tensors: &'a TensorSet,
+    scheme: NameScheme,
+    used: TensorUse,
 }
 
 impl Resolver<'_> {
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<TensorHandle> {
+    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<TensorHandle> {
         let t = self.tensors.require(name)?;
+        self.used.claim(name);
+        check_dtype(self.scheme, Role::Matrix, name, t.dtype)?;
         if t.shape != [rows, cols] {
             return Err(ModelError::BadTensor {
                 name: name.to_string(),
@@ -101,8 +38,10 @@ impl Resolver<'_> {
             .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
     }
 
-    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+    fn vector(&mut self, name: &str, len: usize) -> Result<Vec<f32>> {
         let t = self.tensors.require(name)?;
+        self.used.claim(name);
+        check_dtype(self.scheme, Role::Vector, name, t.dtype)?;
         if t.shape != [len] {
             return Err(ModelError::BadTensor {
                 name: name.to_string(),
@@ -113,12 +52,8 @@ impl Resolver<'_> {
     }
 }
 
-fn layer_weights(
-    r: &Resolver<'_>,
-    c: &ModelConfig,
-    s: NameScheme,
-    i: usize,
-) -> Result<LayerWeights> {
+fn layer_weights(r: &mut Resolver<'_>, c: &ModelConfig, i: usize) -> Result<LayerWeights> {
+    let s = r.scheme;
     let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
     let name = |p| s.layer(i, p);
     let qkv_bias = if c.qkv_bias {
@@ -153,7 +88,9 @@ fn layer_weights(
     })
 }
 
-/// Resolves a model's tensors to their roles after checking every shape.
+/// Resolves a model's tensors to their roles after checking every type and shape, and
+/// refuses the set unless it holds exactly the layers the config declares, with head counts
+/// that match the shapes, and no tensor left unused (but the format's known extras).
 /// `rope_freq_factors` (GGUF `rope_freqs`, `[head_dim / 2]`) divide the base frequencies
 /// when present.
 pub fn build_host_model(
@@ -163,7 +100,13 @@ pub fn build_host_model(
     rope_freq_factors: Option<&[f32]>,
 ) -> Result<HostModel> {
     config.validate().map_err(ModelError::Config)?;
-    let r = Resolver { tensors: &tensors };
+    check_layer_count(&config, &tensors, scheme)?;
+    check_attention_shapes(&config, &tensors, scheme)?;
+    let mut r = Resolver {
+        tensors: &tensors,
+        scheme,
+        used: TensorUse::default(),
+    };
     let embed = r.matrix(scheme.embed(), config.vocab_size, config.hidden_size)?;
     let lm_head = match tensors.get(scheme.lm_head()) {
         Some(_) => r.matrix(scheme.lm_head(), config.vocab_size, config.hidden_size)?,
@@ -172,8 +115,9 @@ pub fn build_host_model(
     };
     let final_norm = r.vector(scheme.final_norm(), config.hidden_size)?;
     let layers = (0..config.num_layers)
-        .map(|i| layer_weights(&r, &config, scheme, i))
+        .map(|i| layer_weights(&mut r, &config, i))
         .collect::<Result<Vec<_>>>()?;
+    r.used.check_all_used(&tensors, scheme, &config)?;
     let mut inv_freqs = config.rope.inv_freqs(config.head_dim);
     if let Some(factors) = rope_freq_factors {
         if factors.len() != inv_freqs.len() || factors.iter().any(|f| !(f.is_finite() && *f > 0.0))

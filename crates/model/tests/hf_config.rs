@@ -305,7 +305,9 @@ fn config_error(json: &str) -> String {
 fn unsupported_architectures_are_typed() {
     let gpt2 = QWEN3_MIN.replace("Qwen3ForCausalLM", "GPT2LMHeadModel");
     match parse_hf_config(&gpt2, None) {
-        Err(ModelError::UnsupportedArchitecture(name)) => assert_eq!(name, "GPT2LMHeadModel"),
+        Err(ModelError::UnsupportedArchitecture { name, .. }) => {
+            assert_eq!(name, "GPT2LMHeadModel")
+        }
         other => panic!("{other:?}"),
     }
     let by_type = QWEN3_MIN.replace(
@@ -314,7 +316,7 @@ fn unsupported_architectures_are_typed() {
     );
     assert!(matches!(
         parse_hf_config(&by_type, None),
-        Err(ModelError::UnsupportedArchitecture(n)) if n == "gemma"
+        Err(ModelError::UnsupportedArchitecture { name, .. }) if name == "gemma"
     ));
     let none = QWEN3_MIN.replace(r#""architectures": ["Qwen3ForCausalLM"],"#, "");
     assert!(config_error(&none).contains("architectures"));

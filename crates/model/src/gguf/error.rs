@@ -102,6 +102,15 @@ pub enum GgufError {
     },
     #[error("tensors `{first}` and `{second}` have overlapping data")]
     OverlappingTensors { first: String, second: String },
+    #[error(
+        "{bytes} bytes of tensor data between {after} and {before} belong to no tensor (a \
+         tensor's type or shape does not match the data written for it)"
+    )]
+    UnaccountedBytes {
+        after: String,
+        before: String,
+        bytes: u64,
+    },
     #[error("offset arithmetic overflows: {0}")]
     Overflow(&'static str),
 }

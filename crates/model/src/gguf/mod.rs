@@ -17,5 +17,5 @@ pub use metadata::{Metadata, MetadataValue};
 pub use reader::{
     GgufFile, ParsedGguf, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH,
 };
-pub use tensor_info::{GgufTensorInfo, MAX_DIMS};
+pub use tensor_info::{check_no_gaps, GgufTensorInfo, MAX_DIMS};
 pub use writer::GgufWriter;

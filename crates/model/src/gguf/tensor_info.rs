@@ -168,3 +168,52 @@ pub(crate) fn validate_layout(
     }
     Ok(())
 }
+
+/// Checks that the tensors' data tile the data section as GGUF writers lay it out: the
+/// first tensor at offset 0, each next one at the first aligned offset after the previous
+/// one's end, and nothing after the last but its padding. A gap means bytes no tensor
+/// accounts for: typically a tensor whose type or shape was changed to one that needs fewer
+/// bytes than were written (an F32 norm retyped as Q4_0 or BF16, a Q4_1 matrix as Q4_0).
+/// Call after [`validate_layout`] (which `parse_bytes` runs); `data_len` is the number of
+/// file bytes from the start of the data section.
+pub fn check_no_gaps(
+    tensors: &[GgufTensorInfo],
+    alignment: usize,
+    data_len: usize,
+) -> Result<(), GgufError> {
+    let mut spans: Vec<(u128, u128, &str)> = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        let nbytes = t.n_bytes().ok_or_else(|| GgufError::ShapeOverflow {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+        })?;
+        spans.push((t.offset as u128, t.offset as u128 + nbytes as u128, &t.name));
+    }
+    spans.sort_unstable();
+    let align = alignment as u128;
+    let gap = |after: Option<&str>, before: &str, bytes: u128| GgufError::UnaccountedBytes {
+        after: after.map_or("the start of the data section".into(), |n| format!("`{n}`")),
+        before: before.to_string(),
+        bytes: u64::try_from(bytes).unwrap_or(u64::MAX),
+    };
+    let (mut expected, mut previous) = (0u128, None);
+    for &(start, end, name) in &spans {
+        if start != expected {
+            return Err(gap(
+                previous,
+                &format!("`{name}`"),
+                start.abs_diff(expected),
+            ));
+        }
+        expected = end.next_multiple_of(align);
+        previous = Some(name);
+    }
+    if previous.is_some() && data_len as u128 > expected {
+        return Err(gap(
+            previous,
+            "the end of the file",
+            data_len as u128 - expected,
+        ));
+    }
+    Ok(())
+}
