@@ -135,7 +135,7 @@ pub fn check_layer_count(c: &ModelConfig, tensors: &TensorSet, scheme: NameSchem
     let described = match (found.first(), found.last()) {
         (None, _) | (_, None) => "no layers".to_string(),
         (Some(_), Some(&last)) if contiguous => format!(
-            "{} layers ({}.. to {})",
+            "{} layers ({} to {})",
             found.len(),
             first.trim_end_matches('.'),
             scheme.layer_prefix(last).trim_end_matches('.')
