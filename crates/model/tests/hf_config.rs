@@ -433,3 +433,84 @@ fn rope_precedence_follows_transformers() {
         matches!(parse(nested), Err(ModelError::Config(m)) if m.contains("rope_parameters.full_attention"))
     );
 }
+
+/// The `config.json` corruptions of issue 21, which used to load as Qwen2: each is refused
+/// with a typed error naming the field and, for unknown names, the supported ones.
+#[test]
+fn bad_model_type_architectures_and_dtype_are_refused() {
+    let qwen2 = QWEN3_MIN.replace("Qwen3", "Qwen2");
+    let with = |extra: &str| qwen2.replacen('{', &format!("{{{extra}, "), 1);
+    for bad in ["gpt2", "qwen9"] {
+        match parse_hf_config(&with(&format!(r#""model_type": "{bad}""#)), None) {
+            Err(e @ ModelError::UnsupportedArchitecture { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains(bad) && msg.contains("model_type"), "{msg}");
+                assert!(msg.contains("llama, mistral, qwen2, qwen3"), "{msg}");
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    let msg = config_error(&with(r#""model_type": 5"#));
+    assert!(
+        msg.contains("model_type") && msg.contains("must be a string"),
+        "{msg}"
+    );
+    let msg = config_error(&with(r#""model_type": "llama""#));
+    assert!(
+        msg.contains("disagrees") && msg.contains("Qwen2ForCausalLM"),
+        "{msg}"
+    );
+    // Agreeing names load; so does model_type alone.
+    let ok = parse_hf_config(&with(r#""model_type": "qwen2""#), None).unwrap();
+    assert_eq!(ok.config.architecture, Architecture::Qwen2);
+
+    let empty = qwen2.replace(r#"["Qwen2ForCausalLM"]"#, "[]");
+    let msg = config_error(&empty);
+    assert!(
+        msg.contains("architectures") && msg.contains("empty"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("Qwen2ForCausalLM"),
+        "lists the supported classes: {msg}"
+    );
+    let msg = config_error(&qwen2.replace(r#"["Qwen2ForCausalLM"]"#, "[5]"));
+    assert!(msg.contains("architectures"), "{msg}");
+    let two = qwen2.replace(r#"["Qwen2ForCausalLM"]"#, r#"["Qwen2ForCausalLM", "X"]"#);
+    assert!(config_error(&two).contains("exactly one"));
+    match parse_hf_config(
+        &qwen2.replace(r#"["Qwen2ForCausalLM"]"#, r#"["Qwen9"]"#),
+        None,
+    ) {
+        Err(ModelError::UnsupportedArchitecture {
+            name,
+            field,
+            supported,
+        }) => {
+            assert_eq!((name.as_str(), field.as_str()), ("Qwen9", "architectures"));
+            assert!(supported.contains("LlamaForCausalLM"));
+        }
+        other => panic!("{other:?}"),
+    }
+
+    for (field, value) in [
+        ("torch_dtype", "float8"),
+        ("dtype", "int4"),
+        ("torch_dtype", "auto"),
+    ] {
+        match parse_hf_config(&with(&format!(r#""{field}": "{value}""#)), None) {
+            Err(e @ ModelError::UnsupportedDtype { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains(value) && msg.contains(field), "{msg}");
+                assert!(msg.contains("float32, float16, bfloat16"), "{msg}");
+            }
+            other => panic!("{value}: {other:?}"),
+        }
+    }
+    let msg = config_error(&with(r#""torch_dtype": 16"#));
+    assert!(msg.contains("torch_dtype"), "{msg}");
+    for ok in ["float32", "float16", "bfloat16"] {
+        let info = parse_hf_config(&with(&format!(r#""torch_dtype": "{ok}""#)), None).unwrap();
+        assert_eq!(info.torch_dtype.as_deref(), Some(ok));
+    }
+}
