@@ -89,6 +89,16 @@ pub fn load_gguf_model(path: &Path) -> Result<(HostModel, Metadata)> {
     let mut factors = match tensors.get("rope_freqs.weight") {
         Some(t) => {
             check_dtype(NameScheme::Gguf, Role::Vector, t.name, t.dtype)?;
+            if t.shape != [config.head_dim / 2] {
+                return Err(ModelError::BadTensor {
+                    name: t.name.to_string(),
+                    reason: format!(
+                        "shape {:?}, expected [{}] (head_dim / 2)",
+                        t.shape,
+                        config.head_dim / 2
+                    ),
+                });
+            }
             Some(t.to_f32()?)
         }
         None => None,

@@ -322,6 +322,12 @@ fn a_shape_mismatch_names_the_tensor_and_both_shapes() {
         msg.contains("[96, 64]") && msg.contains("[128, 64]"),
         "{msg}"
     );
+    // rope_freqs holds one factor per rotated pair: head_dim / 2 = 8.
+    let (e, msg) = Tiny::llama()
+        .with(f32_tensor("rope_freqs.weight".into(), &[16], 1))
+        .error();
+    assert!(matches!(&e, ModelError::BadTensor { name, .. } if name == "rope_freqs.weight"));
+    assert!(msg.contains("expected [8]"), "{msg}");
 }
 
 #[test]
