@@ -250,6 +250,25 @@ fn bad_model_paths_get_clear_errors() {
     let out = tandem(&["score", "--model", &default_model(), "--tokens", "1,999999"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("outside the vocabulary"));
+    // A model directory whose config names an unknown model_type is refused (strict loading).
+    let dir = std::env::temp_dir().join(format!("tandem-bad-model-type-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(fixture("llama_untied")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let config = config.replace(r#""model_type": "llama""#, r#""model_type": "gpt2""#);
+    std::fs::write(dir.join("config.json"), config).unwrap();
+    let out = tandem(&["score", "--model", dir.to_str().unwrap(), "--text", "hi"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("unsupported architecture `gpt2` in `model_type`")
+            && stderr.contains("llama, mistral, qwen2, qwen3"),
+        "{stderr}"
+    );
 }
 
 /// `--device cuda` without a CUDA driver is one clear line naming the library; with one, it
