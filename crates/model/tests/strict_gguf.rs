@@ -376,3 +376,84 @@ fn an_unknown_architecture_lists_the_supported_ones() {
     );
     assert!(msg.contains("llama, qwen2, qwen3"), "{msg}");
 }
+
+/// Byte range of the tensor-info table: from the first info (the embedding's name) to the
+/// end of the last (name, dim count, dims, type, offset each).
+fn tensor_table(t: &Tiny, bytes: &[u8]) -> std::ops::Range<usize> {
+    let first = &t.tensors[0].name;
+    let mut needle = (first.len() as u64).to_le_bytes().to_vec();
+    needle.extend_from_slice(first.as_bytes());
+    let start = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap();
+    let len: usize = t
+        .tensors
+        .iter()
+        .map(|x| 8 + x.name.len() + 4 + 8 * x.dims.len() + 4 + 8)
+        .sum();
+    start..start + len
+}
+
+/// Loads raw file bytes.
+fn load_bytes(bytes: &[u8]) -> Result<(), ModelError> {
+    let path = std::env::temp_dir().join(format!("tandem-strict-raw-{}.gguf", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    let result = load_gguf_model(&path).map(|_| ());
+    std::fs::remove_file(&path).unwrap();
+    result
+}
+
+/// Every byte of the tensor table (names, dimension counts, dimensions, types, offsets)
+/// flipped, every truncation, and every byte of the values that fix the shapes flipped: none
+/// loads. (A flip in the tensor data, or in a value no tensor pins such as the RMS epsilon,
+/// cannot be detected without a checksum, which GGUF does not have.)
+#[test]
+fn flips_and_truncations_of_the_structure_never_load() {
+    let t = Tiny::llama();
+    let bytes = t.bytes();
+    let table = tensor_table(&t, &bytes);
+    for i in table.clone() {
+        for mask in [0x01u8, 0x80, 0xff] {
+            let mut b = bytes.clone();
+            b[i] ^= mask;
+            assert!(
+                load_bytes(&b).is_err(),
+                "byte {i} ^ {mask:#x} of the table loads"
+            );
+        }
+    }
+    for key in [
+        "llama.block_count",
+        "llama.embedding_length",
+        "llama.feed_forward_length",
+        "llama.attention.head_count",
+        "llama.attention.head_count_kv",
+    ] {
+        let mut needle = (key.len() as u64).to_le_bytes().to_vec();
+        needle.extend_from_slice(key.as_bytes());
+        let at = bytes
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .unwrap()
+            + needle.len();
+        // The u32 type id, then the 4 value bytes.
+        for i in at + 4..at + 8 {
+            for mask in [0x01u8, 0x02, 0x80, 0xff] {
+                let mut b = bytes.clone();
+                b[i] ^= mask;
+                assert!(load_bytes(&b).is_err(), "{key} byte {i} ^ {mask:#x} loads");
+            }
+        }
+    }
+    for len in (0..bytes.len())
+        .step_by(61)
+        .chain(bytes.len() - 40..bytes.len())
+    {
+        assert!(
+            load_bytes(&bytes[..len]).is_err(),
+            "truncated to {len} loads"
+        );
+    }
+    load_bytes(&bytes).unwrap();
+}
