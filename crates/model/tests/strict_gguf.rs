@@ -457,3 +457,20 @@ fn flips_and_truncations_of_the_structure_never_load() {
     }
     load_bytes(&bytes).unwrap();
 }
+
+#[test]
+fn an_unsupported_tensor_type_lists_the_supported_ones() {
+    let bytes = GgufWriter::new(3)
+        .metadata("general.architecture", Str("llama".into()))
+        .raw_tensor("blk.0.attn_q.weight", 6, &[32, 2], 0)
+        .to_bytes();
+    let msg = load_bytes(&bytes).unwrap_err().to_string();
+    assert!(
+        msg.contains("blk.0.attn_q.weight") && msg.contains("type id 6"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K"),
+        "{msg}"
+    );
+}

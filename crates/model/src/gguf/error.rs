@@ -69,7 +69,10 @@ pub enum GgufError {
     ZeroDim { name: String, dims: Vec<u64> },
     #[error("tensor `{name}`: element count of dimensions {dims:?} overflows")]
     ShapeOverflow { name: String, dims: Vec<u64> },
-    #[error("tensor `{name}`: unknown or unsupported tensor type id {type_id}")]
+    #[error(
+        "tensor `{name}`: unknown or unsupported tensor type id {type_id} (supported: F32, F16, \
+         BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)"
+    )]
     UnsupportedTensorType { name: String, type_id: u32 },
     #[error(
         "tensor `{name}`: row length {row_len} is not a multiple of the {dtype} block length \
