@@ -149,16 +149,7 @@ impl Tiny {
     }
 
     fn load(&self) -> Result<(), ModelError> {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "tandem-strict-{}-{}.gguf",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::write(&path, self.bytes()).unwrap();
-        let result = load_gguf_model(&path).map(|_| ());
-        std::fs::remove_file(&path).unwrap();
-        result
+        load_bytes(&self.bytes())
     }
 
     /// Loads, expecting an error; returns it with its message.
@@ -395,9 +386,14 @@ fn tensor_table(t: &Tiny, bytes: &[u8]) -> std::ops::Range<usize> {
     start..start + len
 }
 
-/// Loads raw file bytes.
+/// Loads raw file bytes (through a temporary file of its own: tests run in parallel).
 fn load_bytes(bytes: &[u8]) -> Result<(), ModelError> {
-    let path = std::env::temp_dir().join(format!("tandem-strict-raw-{}.gguf", std::process::id()));
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "tandem-strict-{}-{}.gguf",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::write(&path, bytes).unwrap();
     let result = load_gguf_model(&path).map(|_| ());
     std::fs::remove_file(&path).unwrap();
