@@ -437,7 +437,7 @@ fn rope_precedence_follows_transformers() {
 /// The `config.json` corruptions of issue 21, which used to load as Qwen2: each is refused
 /// with a typed error naming the field and, for unknown names, the supported ones.
 #[test]
-fn bad_model_type_architectures_and_dtype_are_refused() {
+fn bad_model_type_and_architectures_are_refused() {
     let qwen2 = QWEN3_MIN.replace("Qwen3", "Qwen2");
     let with = |extra: &str| qwen2.replacen('{', &format!("{{{extra}, "), 1);
     for bad in ["gpt2", "qwen9"] {
@@ -492,7 +492,13 @@ fn bad_model_type_architectures_and_dtype_are_refused() {
         }
         other => panic!("{other:?}"),
     }
+}
 
+/// `torch_dtype` (or 5.x `dtype`) must name a type safetensors checkpoints tandem reads hold.
+#[test]
+fn unsupported_torch_dtypes_are_refused_with_the_supported_list() {
+    let qwen2 = QWEN3_MIN.replace("Qwen3", "Qwen2");
+    let with = |extra: &str| qwen2.replacen('{', &format!("{{{extra}, "), 1);
     for (field, value) in [
         ("torch_dtype", "float8"),
         ("dtype", "int4"),

@@ -107,6 +107,21 @@ impl Tiny {
         t
     }
 
+    /// Qwen3: the llama above with RMSNorm weights on each head of q and k.
+    fn qwen3() -> Tiny {
+        let mut t = Tiny::llama();
+        for (k, _) in &mut t.meta {
+            *k = k.replace("llama.", "qwen3.");
+        }
+        t = t.set("general.architecture", Str("qwen3".into()));
+        for i in 0..LAYERS {
+            for part in ["attn_q_norm", "attn_k_norm"] {
+                t = t.with(f32_tensor(format!("blk.{i}.{part}.weight"), &[16], 7));
+            }
+        }
+        t
+    }
+
     fn set(mut self, key: &str, value: MetadataValue) -> Tiny {
         match self.meta.iter_mut().find(|(k, _)| k == key) {
             Some((_, v)) => *v = value,
@@ -169,6 +184,7 @@ fn zeros_of(dtype: DType, n: usize) -> Vec<u8> {
 fn the_tiny_models_load() {
     Tiny::llama().load().unwrap();
     Tiny::qwen2().load().unwrap();
+    Tiny::qwen3().load().unwrap();
     // Quantized matrices are fine; so is rope_freqs (a known extra, read by the loader).
     let q = Tiny::llama()
         .edit("blk.0.ffn_up.weight", |t| {
@@ -280,6 +296,29 @@ fn a_missing_tensor_is_named() {
         matches!(&e, ModelError::MissingTensor(n) if n == "blk.0.attn_v.bias"),
         "{e:?}"
     );
+    let (e, _) = Tiny::qwen3().without("blk.1.attn_k_norm.weight").error();
+    assert!(
+        matches!(&e, ModelError::MissingTensor(n) if n == "blk.1.attn_k_norm.weight"),
+        "{e:?}"
+    );
+    // A Qwen3 file relabelled llama: its q/k norms are unused, and listed.
+    let mut relabelled = Tiny::qwen3();
+    for (k, v) in &mut relabelled.meta {
+        *k = k.replace("qwen3.", "llama.");
+        if k == "general.architecture" {
+            *v = Str("llama".into());
+        }
+    }
+    match relabelled.error().0 {
+        ModelError::UnusedTensors { names, .. } => {
+            assert_eq!(names.len(), 4, "{names:?}");
+            assert!(
+                names.iter().all(|n| n.contains("_norm.weight")),
+                "{names:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
