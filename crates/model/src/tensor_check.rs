@@ -140,15 +140,23 @@ pub fn check_layer_count(c: &ModelConfig, tensors: &TensorSet, scheme: NameSchem
             first.trim_end_matches('.'),
             scheme.layer_prefix(last).trim_end_matches('.')
         ),
-        _ => {
-            let missing: Vec<String> = (0..found.last().map_or(0, |l| l + 1))
+        (Some(_), Some(&last)) => {
+            // Names are untrusted: list a few holes without walking a huge index range.
+            let missing: Vec<String> = (0..=last)
                 .filter(|i| !found.contains(i))
-                .map(|i| i.to_string())
+                .take(MAX_LISTED)
+                .map(|i| format!("`{i}`"))
                 .collect();
+            let more = (last - found.len() + 1).saturating_sub(missing.len());
+            let more = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
             format!(
-                "{} layers numbered with holes (missing: {})",
+                "{} layers numbered with holes (missing: {}{more})",
                 found.len(),
-                list_names(&missing)
+                missing.join(", ")
             )
         }
     };

@@ -223,7 +223,21 @@ fn a_hole_in_the_layer_numbers_is_a_layer_count_error() {
     }
     let (e, msg) = t.error();
     assert!(matches!(e, ModelError::LayerCount { .. }), "{e:?}");
-    assert!(msg.contains("missing: `1`"), "{msg}");
+    assert!(msg.contains("missing: `1`)"), "{msg}");
+    // A huge layer index is reported without walking up to it.
+    let (e, msg) = Tiny::llama()
+        .with(f32_tensor(
+            "blk.4000000000.attn_norm.weight".into(),
+            &[H],
+            1,
+        ))
+        .error();
+    assert!(matches!(e, ModelError::LayerCount { .. }), "{e:?}");
+    assert!(
+        msg.contains("3 layers numbered with holes (missing: `2`, `3`,")
+            && msg.contains("and 3999999988 more"),
+        "{msg}"
+    );
 }
 
 #[test]

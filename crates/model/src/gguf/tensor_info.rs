@@ -174,7 +174,7 @@ pub(crate) fn validate_layout(
 /// one's end, and nothing after the last but its padding. A gap means bytes no tensor
 /// accounts for: typically a tensor whose type or shape was changed to one that needs fewer
 /// bytes than were written (an F32 norm retyped as Q4_0 or BF16, a Q4_1 matrix as Q4_0).
-/// Call after [`validate_layout`] (which `parse_bytes` runs); `data_len` is the number of
+/// Call after `validate_layout` (which `parse_bytes` runs); `data_len` is the number of
 /// file bytes from the start of the data section.
 pub fn check_no_gaps(
     tensors: &[GgufTensorInfo],
