@@ -8,6 +8,7 @@
 
 use std::str::FromStr;
 
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::EnvFilter;
 
 /// How log lines are written.
@@ -36,6 +37,14 @@ impl FromStr for LogFormat {
 /// `level` (e.g. `info`, `debug`, `tandem::access=warn,info`). Fails on a bad filter or when a
 /// subscriber is already installed.
 pub fn init(format: LogFormat, level: &str) -> Result<(), String> {
+    init_with_writer(format, level, std::io::stderr)
+}
+
+/// [`init`] writing to `writer` (tests capture the log this way).
+pub fn init_with_writer<W>(format: LogFormat, level: &str, writer: W) -> Result<(), String>
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
     let filter = match std::env::var("RUST_LOG") {
         Ok(spec) if !spec.trim().is_empty() => EnvFilter::try_new(spec),
         _ => EnvFilter::try_new(level),
@@ -43,7 +52,7 @@ pub fn init(format: LogFormat, level: &str) -> Result<(), String> {
     .map_err(|e| format!("bad log filter: {e}"))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     let installed = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
