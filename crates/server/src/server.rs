@@ -144,17 +144,7 @@ fn start_inner(
         .connections
         .validate()
         .map_err(ServerError::Startup)?;
-    let limits = ModelLimits {
-        vocab_size: engine.model_config().vocab_size,
-        max_model_len: engine.scheduler().config().max_model_len,
-        eos_token_ids: engine
-            .scheduler()
-            .config()
-            .eos_token_ids
-            .iter()
-            .map(|t| t.0)
-            .collect(),
-    };
+    let limits = model_limits(&engine);
     let prompts = PromptBuilder::new(tokenizer.clone(), chat_template.as_deref())?;
     let bind_err = |source| ServerError::Bind {
         addr: config.addr.to_string(),
@@ -189,7 +179,7 @@ fn start_inner(
             run_http(app, listener, http_config, stops, engine_for_http, ready_tx)
         })
         .map_err(|e| ServerError::Startup(e.to_string()))?;
-    let mut server = RunningServer {
+    let server = RunningServer {
         addr,
         served_name,
         engine: handle,
@@ -197,7 +187,15 @@ fn start_inner(
         http: Some(http),
         engine_thread: Some(engine_thread),
     };
-    match ready_rx.recv() {
+    await_ready(server, ready_rx)
+}
+
+/// The server once its HTTP thread says it is ready, or the startup error.
+fn await_ready(
+    mut server: RunningServer,
+    ready: std_mpsc::Receiver<Result<(), ServerError>>,
+) -> Result<RunningServer, ServerError> {
+    match ready.recv() {
         Ok(Ok(())) => Ok(server),
         Ok(Err(e)) => {
             let _ = server.join();
@@ -206,6 +204,21 @@ fn start_inner(
         Err(_) => server.join().and(Err(ServerError::Startup(
             "the HTTP thread ended before it was ready".into(),
         ))),
+    }
+}
+
+/// What requests are checked against: the model's vocabulary, length and end tokens.
+fn model_limits(engine: &Engine) -> ModelLimits {
+    ModelLimits {
+        vocab_size: engine.model_config().vocab_size,
+        max_model_len: engine.scheduler().config().max_model_len,
+        eos_token_ids: engine
+            .scheduler()
+            .config()
+            .eos_token_ids
+            .iter()
+            .map(|t| t.0)
+            .collect(),
     }
 }
 
@@ -224,7 +237,7 @@ fn run_http(
     app: Arc<AppState>,
     listener: std::net::TcpListener,
     config: HttpConfig,
-    (stop_tx, mut stop): (tmpsc::UnboundedSender<Stop>, tmpsc::UnboundedReceiver<Stop>),
+    (stop_tx, stop): (tmpsc::UnboundedSender<Stop>, tmpsc::UnboundedReceiver<Stop>),
     engine: EngineHandle,
     ready: std_mpsc::Sender<Result<(), ServerError>>,
 ) -> Result<(), ServerError> {
@@ -257,33 +270,45 @@ fn run_http(
             }
         };
         let _ = ready.send(Ok(()));
-        let drain = Arc::new(Drain::default());
-        let connections = Connections::new(routes::router(app, drain.clone()), config.limits);
-        let first = connections.accept_until(&listener, stop.recv()).await;
-        let settled = match first {
-            Some(Stop::Drain) => {
-                drain.begin();
-                tracing::info!(
-                    timeout = ?config.shutdown_timeout,
-                    "draining: /health answers 503, new requests are refused"
-                );
-                let forced = async { while stop.recv().await == Some(Stop::Drain) {} };
-                let settle = drain.settle(&engine, config.shutdown_timeout, forced);
-                let settled = connections.accept_until(&listener, settle).await;
-                log_settled(settled, &engine);
-                settled
-            }
-            _ => Settled::TimedOut,
-        };
-        // Aborts whatever still runs (finish_reason "abort"), so its response ends.
-        engine.shutdown();
-        drop(listener);
-        if settled != Settled::Forced {
-            connections.shut_down(SHUTDOWN_GRACE).await;
-        }
-        tracing::info!("stopped");
+        serve_until_stopped(app, listener, config, stop, engine).await;
         Ok(())
     })
+}
+
+/// Serves until a [`Stop`]: at once for [`Stop::Now`]; for [`Stop::Drain`] after the drain
+/// (see [`crate::drain`]). Then stops the engine, closes the listener and lets responses end.
+async fn serve_until_stopped(
+    app: Arc<AppState>,
+    listener: tokio::net::TcpListener,
+    config: HttpConfig,
+    mut stop: tmpsc::UnboundedReceiver<Stop>,
+    engine: EngineHandle,
+) {
+    let drain = Arc::new(Drain::default());
+    let connections = Connections::new(routes::router(app, drain.clone()), config.limits);
+    let first = connections.accept_until(&listener, stop.recv()).await;
+    let settled = match first {
+        Some(Stop::Drain) => {
+            drain.begin();
+            tracing::info!(
+                timeout = ?config.shutdown_timeout,
+                "draining: /health answers 503, new requests are refused"
+            );
+            let forced = async { while stop.recv().await == Some(Stop::Drain) {} };
+            let settle = drain.settle(&engine, config.shutdown_timeout, forced);
+            let settled = connections.accept_until(&listener, settle).await;
+            log_settled(settled, &engine);
+            settled
+        }
+        _ => Settled::TimedOut,
+    };
+    // Aborts whatever still runs (finish_reason "abort"), so its response ends.
+    engine.shutdown();
+    drop(listener);
+    if settled != Settled::Forced {
+        connections.shut_down(SHUTDOWN_GRACE).await;
+    }
+    tracing::info!("stopped");
 }
 
 fn log_settled(settled: Settled, engine: &EngineHandle) {
