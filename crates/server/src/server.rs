@@ -23,6 +23,8 @@ use crate::prompt::PromptBuilder;
 
 /// How long responses get to finish after the engine stops.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// The same after a second signal: enough for the aborted streams to send their last chunk.
+const FORCED_GRACE: Duration = Duration::from_secs(1);
 
 /// What ends the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -305,9 +307,12 @@ async fn serve_until_stopped(
     // Aborts whatever still runs (finish_reason "abort"), so its response ends.
     engine.shutdown();
     drop(listener);
-    if settled != Settled::Forced {
-        connections.shut_down(SHUTDOWN_GRACE).await;
-    }
+    let grace = if settled == Settled::Forced {
+        FORCED_GRACE
+    } else {
+        SHUTDOWN_GRACE
+    };
+    connections.shut_down(grace).await;
     tracing::info!("stopped");
 }
 

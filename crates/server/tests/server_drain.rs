@@ -114,3 +114,21 @@ fn past_the_shutdown_timeout_running_requests_are_aborted() {
     server.wait().expect("a clean end");
     assert!(start.elapsed() < Duration::from_secs(10));
 }
+
+#[test]
+fn a_second_stop_during_a_drain_ends_it_at_once() {
+    let server = start_server(&default_model_path(), |c| {
+        c.shutdown_timeout = Duration::from_secs(600);
+    });
+    let addr = server.addr();
+    let streams = start_streams(addr, 2, 1500);
+    server.drain();
+    assert_eq!(get(addr, "/health").status, 503);
+    let start = Instant::now();
+    // What a second SIGTERM sends.
+    server.shutdown().expect("a clean end");
+    for s in streams {
+        assert_eq!(s.join().expect("stream thread"), vec!["abort".to_string()]);
+    }
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
