@@ -39,8 +39,12 @@ pub struct ServeArgs {
 
 pub fn run(a: ServeArgs) -> Result<()> {
     a.ops.init_logging()?;
-    let api_key = a.key.key()?;
-    let limits = a.limits.limits()?;
+    // Every flag is checked before the model loads.
+    let mut config = ServerConfig::new("tandem");
+    config.api_key = a.key.key()?;
+    config.limits = a.limits.limits()?;
+    a.ops.apply(&mut config)?;
+    config.addr = SocketAddr::new(a.host, a.port);
     let lm = a.model.load()?;
     let tokenizer = Arc::new(lm.tokenizer);
     let engine = build_engine(
@@ -59,12 +63,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     names.push(lm.path.display().to_string());
     names.dedup();
-    let mut config = ServerConfig::new(names[0].clone());
     config.model_names = names;
-    config.addr = SocketAddr::new(a.host, a.port);
-    config.api_key = api_key;
-    config.limits = limits;
-    a.ops.apply(&mut config)?;
     let server = tandem_server::start_with_signals(engine, tokenizer, lm.chat_template, config)?;
     eprintln!(
         "tandem: serving {} at http://{} (model name `{}`)",
