@@ -6,6 +6,7 @@
 //! (the periodic throughput line, [`crate::engine_log`]), `tandem_server::*` (startup, drain,
 //! connection errors).
 
+use std::io::IsTerminal;
 use std::str::FromStr;
 
 use tracing_subscriber::fmt::MakeWriter;
@@ -37,11 +38,20 @@ impl FromStr for LogFormat {
 /// `level` (e.g. `info`, `debug`, `tandem::access=warn,info`). Fails on a bad filter or when a
 /// subscriber is already installed.
 pub fn init(format: LogFormat, level: &str) -> Result<(), String> {
-    init_with_writer(format, level, std::io::stderr)
+    let colours = std::io::stderr().is_terminal();
+    install(format, level, std::io::stderr, colours)
 }
 
-/// [`init`] writing to `writer` (tests capture the log this way).
+/// [`init`] writing to `writer`, without colours (tests capture the log this way).
 pub fn init_with_writer<W>(format: LogFormat, level: &str, writer: W) -> Result<(), String>
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    install(format, level, writer, false)
+}
+
+/// Installs the subscriber; `colours`: ANSI colours in the text format (on a terminal only).
+fn install<W>(format: LogFormat, level: &str, writer: W, colours: bool) -> Result<(), String>
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
@@ -52,6 +62,7 @@ where
     .map_err(|e| format!("bad log filter: {e}"))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colours)
         .with_writer(writer);
     let installed = match format {
         LogFormat::Text => builder.try_init(),
