@@ -197,3 +197,19 @@ fn content_length_with_transfer_encoding_is_framed_by_the_chunks_and_the_connect
     // The connection closes after the response: the request behind it is never read.
     assert_eq!(reply.matches("HTTP/1.1").count(), 1, "{reply}");
 }
+
+#[test]
+fn a_response_longer_than_the_header_timeout_is_not_cut() {
+    let server = start_server(&default_model_path(), |c| {
+        c.connections.header_timeout = Duration::from_millis(100);
+    });
+    let body = serde_json::json!({"prompt": [5, 6, 7], "max_tokens": 250, "temperature": 0,
+                                  "ignore_eos": true, "stream": true});
+    let start = Instant::now();
+    let r = post(server.addr(), "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (_, finish) = stream_text(&r.sse_data(), 0);
+    assert_eq!(finish, vec!["length".to_string()]);
+    // Meaningful only when the response outlasted the timeout (on the default model it does).
+    assert!(start.elapsed() > Duration::from_millis(100));
+}
