@@ -16,6 +16,7 @@ use std::time::Instant;
 use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::Response;
+use tracing::Instrument;
 
 use crate::generation::Finish;
 
@@ -127,6 +128,8 @@ pub async fn access_log(req: Request, next: Next) -> Response {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("-")
         .to_string();
+    // Events inside the handler (errors) carry the request's id through this span.
+    let span = tracing::info_span!("request", id = %request_id);
     let record = AccessRecord(Arc::new(Mutex::new(Access {
         request_id,
         method: req.method().to_string(),
@@ -139,7 +142,9 @@ pub async fn access_log(req: Request, next: Next) -> Response {
         cached_tokens: 0,
         finish: Vec::new(),
     })));
-    let response = CURRENT.scope(record.clone(), next.run(req)).await;
+    let response = CURRENT
+        .scope(record.clone(), next.run(req).instrument(span))
+        .await;
     record.with(|a| a.status = response.status().as_u16());
     response
 }

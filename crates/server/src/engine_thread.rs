@@ -425,8 +425,12 @@ impl Worker {
                 });
                 self.dispatch(events);
             }
-            Ok(Err(e)) => self.end_all(FinishReason::Error(format!("engine step failed: {e}"))),
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "engine step failed: ending the requests in flight");
+                self.end_all(FinishReason::Error(format!("engine step failed: {e}")));
+            }
             Err(_) => {
+                tracing::error!("the engine panicked: ending every request; /health turns 503");
                 self.alive = false;
                 self.end_all(FinishReason::Error("the engine panicked".into()));
             }
