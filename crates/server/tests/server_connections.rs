@@ -127,12 +127,13 @@ fn an_oversized_content_length_gets_413_before_100_continue() {
 
 #[test]
 fn over_max_connections_requests_get_503_while_health_answers() {
+    // 4 slots, 64 idle clients: 60 of them overflow, yet /health answers every time.
     let server = start_server(&fixture_path(), |c| {
         c.connections.max_connections = 4;
         c.connections.header_timeout = Duration::from_secs(30);
     });
     let addr = server.addr();
-    let idle: Vec<TcpStream> = (0..4).map(|_| connect(addr)).collect();
+    let idle: Vec<TcpStream> = (0..64).map(|_| connect(addr)).collect();
     std::thread::sleep(Duration::from_millis(100));
     for _ in 0..20 {
         let h = get(addr, "/health");
