@@ -13,6 +13,7 @@ mod runner_setup;
 mod score_cmd;
 mod serve_cmd;
 mod serve_limits;
+mod serve_ops;
 mod speculation_setup;
 
 use clap::{Parser, Subcommand};

@@ -1,5 +1,6 @@
 //! `tandem serve`: the OpenAI-compatible HTTP server (README.md § serve). Loads the model, builds
-//! the engine from the engine flags, and serves until SIGINT or SIGTERM (exit status 0).
+//! the engine from the engine flags, and serves until SIGINT or SIGTERM: the first drains (see
+//! `tandem_server::drain`), a second stops at once; the exit status is 0 either way.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use tandem_server::ServerConfig;
 use crate::args::{EngineArgs, ModelArgs};
 use crate::engine_setup::build_engine;
 use crate::serve_limits::{KeyArgs, LimitArgs};
+use crate::serve_ops::OpsArgs;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -31,11 +33,18 @@ pub struct ServeArgs {
     engine: EngineArgs,
     #[command(flatten)]
     limits: LimitArgs,
+    #[command(flatten)]
+    ops: OpsArgs,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
-    let api_key = a.key.key()?;
-    let limits = a.limits.limits()?;
+    a.ops.init_logging()?;
+    // Every flag is checked before the model loads.
+    let mut config = ServerConfig::new("tandem");
+    config.api_key = a.key.key()?;
+    config.limits = a.limits.limits()?;
+    a.ops.apply(&mut config)?;
+    config.addr = SocketAddr::new(a.host, a.port);
     let lm = a.model.load()?;
     let tokenizer = Arc::new(lm.tokenizer);
     let engine = build_engine(
@@ -54,11 +63,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     names.push(lm.path.display().to_string());
     names.dedup();
-    let mut config = ServerConfig::new(names[0].clone());
     config.model_names = names;
-    config.addr = SocketAddr::new(a.host, a.port);
-    config.api_key = api_key;
-    config.limits = limits;
     let server = tandem_server::start_with_signals(engine, tokenizer, lm.chat_template, config)?;
     eprintln!(
         "tandem: serving {} at http://{} (model name `{}`)",

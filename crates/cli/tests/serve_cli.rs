@@ -1,12 +1,13 @@
 //! `tandem serve` as a real process on the small fixture model: it prints its address
 //! (port 0 picks a free one), answers /health and a completion, honours --api-key-file, and
-//! exits with status 0 on SIGINT. Bad limit flags are refused before anything loads.
+//! exits with status 0 on SIGINT. Bad limit flags are refused before anything loads. With
+//! `--log-format json`, stderr has one access line per request and the drain's lines.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -21,6 +22,12 @@ fn fixture() -> String {
 
 /// Starts `tandem serve` on a free loopback port; returns the child and its address.
 fn serve(extra: &[&str]) -> (Child, SocketAddr) {
+    let (child, addr, _) = serve_logged(extra);
+    (child, addr)
+}
+
+/// [`serve`], with every stderr line collected.
+fn serve_logged(extra: &[&str]) -> (Child, SocketAddr, Arc<Mutex<Vec<String>>>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
         .args([
             "serve",
@@ -38,9 +45,12 @@ fn serve(extra: &[&str]) -> (Child, SocketAddr) {
         .expect("run tandem serve");
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let lines = log.clone();
     // Keep draining stderr so the server never blocks on it.
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            lines.lock().unwrap().push(line.clone());
             if let Some(rest) = line.split(" at http://").nth(1) {
                 let addr = rest.split_whitespace().next().unwrap_or("").to_string();
                 let _ = tx.send(addr);
@@ -50,7 +60,7 @@ fn serve(extra: &[&str]) -> (Child, SocketAddr) {
     let addr = rx
         .recv_timeout(Duration::from_secs(60))
         .expect("the server prints its address");
-    (child, addr.parse().expect("a socket address"))
+    (child, addr.parse().expect("a socket address"), log)
 }
 
 /// One HTTP/1.1 request; the status and the body.
@@ -130,6 +140,9 @@ fn bad_limit_flags_are_refused_naming_the_flag() {
             vec!["--max-waiting-requests", "0"],
             "--max-waiting-requests",
         ),
+        (vec!["--max-connections", "0"], "--max-connections"),
+        (vec!["--shutdown-timeout=-1"], "--shutdown-timeout"),
+        (vec!["--log-format", "xml"], "--log-format"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_tandem"))
             .args(["serve", "--model", &fixture(), "--port", "0"])
@@ -140,4 +153,51 @@ fn bad_limit_flags_are_refused_naming_the_flag() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(flag), "{args:?}: {stderr}");
     }
+}
+
+#[test]
+fn json_logs_have_one_access_line_per_request_and_sigterm_drains_to_exit_0() {
+    let (mut child, addr, log) = serve_logged(&["--log-format", "json"]);
+    let req = json!({"prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0, "ignore_eos": true});
+    let (status, body) = http(addr, "POST", "/v1/completions", None, &req.to_string());
+    assert_eq!(status, 200, "{body}");
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(killed.success());
+    let status = (0..300)
+        .find_map(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            child.try_wait().unwrap()
+        })
+        .expect("tandem serve exits after SIGTERM");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    std::thread::sleep(Duration::from_millis(200));
+    let json: Vec<Value> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let access: Vec<&Value> = json
+        .iter()
+        .filter(|v| v["target"] == "tandem::access" && v["fields"]["route"] == "/v1/completions")
+        .collect();
+    assert_eq!(access.len(), 1, "{json:?}");
+    let f = &access[0]["fields"];
+    assert_eq!(f["status"], 200);
+    assert_eq!(f["prompt_tokens"], 3);
+    assert_eq!(f["output_tokens"], 3);
+    assert_eq!(f["finish_reason"], "length");
+    assert!(f["request_id"].as_str().is_some_and(|id| !id.is_empty()));
+    let messages: Vec<&str> = json
+        .iter()
+        .filter_map(|v| v["fields"]["message"].as_str())
+        .collect();
+    assert!(
+        messages.iter().any(|m| m.starts_with("draining")),
+        "{messages:?}"
+    );
+    assert!(messages.contains(&"stopped"), "{messages:?}");
 }

@@ -1,6 +1,9 @@
 //! The server's validated, immutable settings.
 
 use std::net::SocketAddr;
+use std::time::Duration;
+
+pub use crate::connections::ConnectionLimits;
 
 pub use crate::limits::{
     RequestLimits, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_SCORE_ITEMS, DEFAULT_MAX_WAITING_REQUESTS,
@@ -21,11 +24,24 @@ pub struct ServerConfig {
     pub http_threads: usize,
     /// What one request may ask for, and the waiting queue's bound.
     pub limits: RequestLimits,
+    /// Timeouts and the cap on connections (ARCHITECTURE.md § Connections and drain).
+    pub connections: ConnectionLimits,
+    /// How long a drain (SIGTERM) lets running requests finish before aborting them.
+    pub shutdown_timeout: Duration,
+    /// When false (the default, as vLLM), `/metrics` answers without the API key.
+    pub metrics_require_key: bool,
+    /// Period of the engine's throughput log line while it is busy; `None`: no such line.
+    pub engine_log_interval: Option<Duration>,
 }
+
+/// Default `--shutdown-timeout`: what Kubernetes gives a pod by default before SIGKILL.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default period of the engine log line (vLLM's is 10 s too).
+pub const DEFAULT_ENGINE_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 impl ServerConfig {
     /// Defaults: 127.0.0.1:8000, no API key, the given model name, 2 threads, the default
-    /// [`RequestLimits`].
+    /// [`RequestLimits`] and [`ConnectionLimits`], a 30 s drain, an engine line every 10 s.
     pub fn new(model_name: impl Into<String>) -> ServerConfig {
         ServerConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 8000)),
@@ -33,6 +49,10 @@ impl ServerConfig {
             model_names: vec![model_name.into()],
             http_threads: 2,
             limits: RequestLimits::default(),
+            connections: ConnectionLimits::default(),
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            metrics_require_key: false,
+            engine_log_interval: Some(DEFAULT_ENGINE_LOG_INTERVAL),
         }
     }
 

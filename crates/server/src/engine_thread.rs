@@ -32,6 +32,7 @@ use tandem_model::tokenizer::Tokenizer;
 use tandem_text::{Finish, OutputProcessor, RequestOutput, TextOptions, TextRequest};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
+use crate::engine_log::EngineLog;
 use crate::metrics::{MetricsSnapshot, ServingMetrics};
 
 /// An event of request `index` of its group.
@@ -211,11 +212,12 @@ impl EngineHandle {
 /// Starts the engine thread, its outputs made into text with `tokenizer`; submissions that
 /// would make more than `max_waiting` sequences wait are refused with
 /// [`SubmitError::QueueFull`] (one is always admitted into an empty queue, however many
-/// prompts it has).
+/// prompts it has). With `log_interval`, it writes the engine line (see [`crate::engine_log`]).
 pub fn spawn_engine(
     engine: Engine,
     tokenizer: Arc<Tokenizer>,
     max_waiting: usize,
+    log_interval: Option<Duration>,
 ) -> std::io::Result<(EngineHandle, JoinHandle<()>)> {
     let (commands, rx) = mpsc::channel();
     let snapshot = Arc::new(Mutex::new(EngineSnapshot::default()));
@@ -228,6 +230,7 @@ pub fn spawn_engine(
         metrics: ServingMetrics::default(),
         max_waiting,
         outbox: Vec::new(),
+        engine_log: log_interval.map(EngineLog::new),
     };
     worker.publish();
     let join = std::thread::Builder::new()
@@ -254,6 +257,7 @@ struct Worker {
     /// A step's events, sent only after the snapshot shows the step's effects, so a
     /// handler that sees its request finish never reads a `/health` from before.
     outbox: Vec<(tmpsc::UnboundedSender<GroupEvent>, GroupEvent)>,
+    engine_log: Option<EngineLog>,
 }
 
 impl Worker {
@@ -289,6 +293,9 @@ impl Worker {
                 }
             }
             self.publish();
+            if let Some(log) = self.engine_log.as_mut() {
+                log.tick(&self.snapshot);
+            }
         }
         self.end_all(FinishReason::Abort);
         self.alive = false;
@@ -418,8 +425,12 @@ impl Worker {
                 });
                 self.dispatch(events);
             }
-            Ok(Err(e)) => self.end_all(FinishReason::Error(format!("engine step failed: {e}"))),
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "engine step failed: ending the requests in flight");
+                self.end_all(FinishReason::Error(format!("engine step failed: {e}")));
+            }
             Err(_) => {
+                tracing::error!("the engine panicked: ending every request; /health turns 503");
                 self.alive = false;
                 self.end_all(FinishReason::Error("the engine panicked".into()));
             }

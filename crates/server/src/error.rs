@@ -183,6 +183,11 @@ pub const RETRY_AFTER_SECONDS: &str = "1";
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        if self.status.is_server_error() && self.status != StatusCode::SERVICE_UNAVAILABLE {
+            // A fault of the server or the model (not a refusal while busy or draining): the
+            // operator needs the message (the request's span adds its id).
+            tracing::error!(status = self.status.as_u16(), message = %self.message, "request failed");
+        }
         let mut response = (self.status, axum::Json(self.body())).into_response();
         if matches!(
             self.status,

@@ -12,6 +12,7 @@ use tandem_engine::engine::PromptTokenLogprob;
 use tandem_text::RequestOutput;
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use crate::access_log::{self, AccessRecord};
 use crate::echo::{EchoPrompt, PromptSide};
 use crate::engine_thread::GroupEvent;
 
@@ -58,6 +59,8 @@ pub struct Generation {
     remaining: usize,
     /// Prompt tokens the prefix cache held, over the choices' prompts.
     cached_tokens: usize,
+    /// The request's access line, when made inside the access-log middleware.
+    access: Option<AccessRecord>,
 }
 
 impl Generation {
@@ -69,6 +72,7 @@ impl Generation {
             choices: (0..num_choices).map(|_| Choice::default()).collect(),
             remaining: num_choices,
             cached_tokens: 0,
+            access: access_log::current(),
         }
     }
 
@@ -78,6 +82,13 @@ impl Generation {
             c.prompt = PromptSide::new(e);
         }
         self
+    }
+
+    /// Notes the request's prompt tokens on its access line.
+    pub fn log_prompt_tokens(&self, n: usize) {
+        if let Some(a) = &self.access {
+            a.prompt_tokens(n);
+        }
     }
 
     /// Prompt tokens found in the prefix cache (`usage.prompt_tokens_details.cached_tokens`).
@@ -118,12 +129,18 @@ impl Generation {
         let delta = match event {
             RequestOutput::Admitted { cached_tokens } => {
                 self.cached_tokens += cached_tokens;
+                if let Some(a) = &self.access {
+                    a.cached_tokens(cached_tokens);
+                }
                 return None;
             }
             RequestOutput::Delta(delta) => delta,
         };
         if let Some(t) = delta.token {
             choice.num_tokens += 1;
+            if let Some(a) = &self.access {
+                a.token();
+            }
             choice.pending.push(TokenInfo {
                 id: t.token.0,
                 logprob: Some(t.logprob),
@@ -140,6 +157,9 @@ impl Generation {
     /// Choice `index`'s update with `text`, its pending tokens and `finish`.
     fn update(&mut self, index: usize, text: String, finish: Option<Finish>) -> ChoiceUpdate {
         let choice = &mut self.choices[index];
+        if let (Some(f), Some(a)) = (&finish, &self.access) {
+            a.finished(f);
+        }
         if finish.is_some() {
             choice.finished = true;
             self.remaining -= 1;

@@ -1,6 +1,7 @@
 //! Starting and stopping the server: the engine thread, a small tokio runtime on its own
-//! thread for HTTP, and graceful shutdown (stop accepting, abort what is in flight, wait a
-//! little for responses to end, return).
+//! thread for HTTP serving connections (see [`crate::connections`]), and its end: a drain on
+//! the first signal (see [`crate::drain`]), an immediate stop on a second one or on
+//! [`RunningServer::shutdown`] (abort what is in flight, wait a little for responses to end).
 
 use std::net::SocketAddr;
 use std::sync::mpsc as std_mpsc;
@@ -10,16 +11,29 @@ use std::time::Duration;
 
 use tandem_engine::engine::Engine;
 use tandem_model::tokenizer::Tokenizer;
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::mpsc as tmpsc;
 
 use crate::api::{routes, AppState, ModelLimits};
 use crate::config::ServerConfig;
+use crate::connections::{ConnectionLimits, Connections};
+use crate::drain::{Drain, Settled};
 use crate::engine_thread::{spawn_engine, EngineHandle, EngineSnapshot};
 use crate::error::ServerError;
 use crate::prompt::PromptBuilder;
 
-/// How long in-flight responses get to finish after shutdown begins.
+/// How long responses get to finish after the engine stops.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// The same after a second signal: enough for the aborted streams to send their last chunk.
+const FORCED_GRACE: Duration = Duration::from_secs(1);
+
+/// What ends the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Refuse new requests, let running ones finish (up to the shutdown timeout).
+    Drain,
+    /// Abort what runs and stop.
+    Now,
+}
 
 /// A server running on its threads. Dropping it shuts it down without waiting.
 #[derive(Debug)]
@@ -27,7 +41,7 @@ pub struct RunningServer {
     addr: SocketAddr,
     served_name: String,
     engine: EngineHandle,
-    stop: Option<oneshot::Sender<()>>,
+    stop: tmpsc::UnboundedSender<Stop>,
     http: Option<JoinHandle<Result<(), ServerError>>>,
     engine_thread: Option<JoinHandle<()>>,
 }
@@ -50,10 +64,14 @@ impl RunningServer {
 
     /// Stops accepting, aborts everything in flight, and waits for both threads.
     pub fn shutdown(mut self) -> Result<(), ServerError> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        let _ = self.stop.send(Stop::Now);
         self.join()
+    }
+
+    /// Begins a drain, as the first SIGTERM does (see [`crate::drain`]), and returns at once;
+    /// [`RunningServer::wait`] then returns when it has ended.
+    pub fn drain(&self) {
+        let _ = self.stop.send(Stop::Drain);
     }
 
     /// Waits until the server stops (by a signal, when it listens for them).
@@ -78,14 +96,12 @@ impl RunningServer {
 
 impl Drop for RunningServer {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        let _ = self.stop.send(Stop::Now);
         self.engine.shutdown();
     }
 }
 
-/// Runs the server until SIGINT or SIGTERM, then shuts down gracefully and returns `Ok`.
+/// Runs the server until SIGINT or SIGTERM, then drains and returns `Ok`.
 pub fn serve(
     engine: Engine,
     tokenizer: Arc<Tokenizer>,
@@ -95,8 +111,8 @@ pub fn serve(
     start_with_signals(engine, tokenizer, chat_template, config)?.wait()
 }
 
-/// Starts the server with SIGINT/SIGTERM handlers installed (they begin a graceful
-/// shutdown) and returns once it accepts connections; [`RunningServer::wait`] then blocks
+/// Starts the server with SIGINT/SIGTERM handlers installed (the first begins a drain, a
+/// second stops at once) and returns once it accepts connections; [`RunningServer::wait`] then blocks
 /// until it has stopped.
 pub fn start_with_signals(
     engine: Engine,
@@ -126,17 +142,11 @@ fn start_inner(
     signals: bool,
 ) -> Result<RunningServer, ServerError> {
     config.limits.validate().map_err(ServerError::Startup)?;
-    let limits = ModelLimits {
-        vocab_size: engine.model_config().vocab_size,
-        max_model_len: engine.scheduler().config().max_model_len,
-        eos_token_ids: engine
-            .scheduler()
-            .config()
-            .eos_token_ids
-            .iter()
-            .map(|t| t.0)
-            .collect(),
-    };
+    config
+        .connections
+        .validate()
+        .map_err(ServerError::Startup)?;
+    let limits = model_limits(&engine);
     let prompts = PromptBuilder::new(tokenizer.clone(), chat_template.as_deref())?;
     let bind_err = |source| ServerError::Bind {
         addr: config.addr.to_string(),
@@ -145,38 +155,49 @@ fn start_inner(
     let listener = std::net::TcpListener::bind(config.addr).map_err(bind_err)?;
     listener.set_nonblocking(true).map_err(bind_err)?;
     let addr = listener.local_addr().map_err(bind_err)?;
-    let (handle, engine_thread) =
-        spawn_engine(engine, tokenizer, config.limits.max_waiting_requests)
-            .map_err(|e| ServerError::Startup(e.to_string()))?;
-    let threads = config.http_threads.max(1);
+    let (handle, engine_thread) = spawn_engine(
+        engine,
+        tokenizer,
+        config.limits.max_waiting_requests,
+        config.engine_log_interval,
+    )
+    .map_err(|e| ServerError::Startup(e.to_string()))?;
+    let http_config = HttpConfig {
+        threads: config.http_threads.max(1),
+        limits: config.connections.clone(),
+        shutdown_timeout: config.shutdown_timeout,
+        signals,
+    };
     let served_name = config.served_name().to_string();
     let app = Arc::new(AppState::new(handle.clone(), prompts, limits, config));
-    let (stop, stop_rx) = oneshot::channel();
+    let (stop, stop_rx) = tmpsc::unbounded_channel();
     let (ready_tx, ready_rx) = std_mpsc::channel();
     let engine_for_http = handle.clone();
+    let stop_for_signals = stop.clone();
     let http = std::thread::Builder::new()
         .name("tandem-http".into())
         .spawn(move || {
-            run_http(
-                app,
-                listener,
-                threads,
-                stop_rx,
-                signals,
-                engine_for_http,
-                ready_tx,
-            )
+            let stops = (stop_for_signals, stop_rx);
+            run_http(app, listener, http_config, stops, engine_for_http, ready_tx)
         })
         .map_err(|e| ServerError::Startup(e.to_string()))?;
-    let mut server = RunningServer {
+    let server = RunningServer {
         addr,
         served_name,
         engine: handle,
-        stop: Some(stop),
+        stop,
         http: Some(http),
         engine_thread: Some(engine_thread),
     };
-    match ready_rx.recv() {
+    await_ready(server, ready_rx)
+}
+
+/// The server once its HTTP thread says it is ready, or the startup error.
+fn await_ready(
+    mut server: RunningServer,
+    ready: std_mpsc::Receiver<Result<(), ServerError>>,
+) -> Result<RunningServer, ServerError> {
+    match ready.recv() {
         Ok(Ok(())) => Ok(server),
         Ok(Err(e)) => {
             let _ = server.join();
@@ -188,20 +209,43 @@ fn start_inner(
     }
 }
 
-/// The HTTP thread's body: a runtime with `threads` workers serving until `stop` fires (or
-/// a signal, with `signals`). Reports readiness (or the startup error) on `ready`.
+/// What requests are checked against: the model's vocabulary, length and end tokens.
+fn model_limits(engine: &Engine) -> ModelLimits {
+    ModelLimits {
+        vocab_size: engine.model_config().vocab_size,
+        max_model_len: engine.scheduler().config().max_model_len,
+        eos_token_ids: engine
+            .scheduler()
+            .config()
+            .eos_token_ids
+            .iter()
+            .map(|t| t.0)
+            .collect(),
+    }
+}
+
+/// How the HTTP thread serves and stops.
+struct HttpConfig {
+    threads: usize,
+    limits: ConnectionLimits,
+    shutdown_timeout: Duration,
+    signals: bool,
+}
+
+/// The HTTP thread's body: a runtime with `threads` workers serving until a [`Stop`] (from
+/// [`RunningServer`] or, with `signals`, a signal). Reports readiness (or the startup error)
+/// on `ready`.
 fn run_http(
     app: Arc<AppState>,
     listener: std::net::TcpListener,
-    threads: usize,
-    stop: oneshot::Receiver<()>,
-    signals: bool,
+    config: HttpConfig,
+    (stop_tx, stop): (tmpsc::UnboundedSender<Stop>, tmpsc::UnboundedReceiver<Stop>),
     engine: EngineHandle,
     ready: std_mpsc::Sender<Result<(), ServerError>>,
 ) -> Result<(), ServerError> {
     let startup = |e: std::io::Error| ServerError::Startup(e.to_string());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
+        .worker_threads(config.threads)
         .thread_name("tandem-http-worker")
         .enable_all()
         .build()
@@ -215,10 +259,12 @@ fn run_http(
     runtime.block_on(async move {
         let setup = async {
             let listener = tokio::net::TcpListener::from_std(listener)?;
-            let shutdown = shutdown_signal(stop, signals)?;
-            Ok::<_, std::io::Error>((listener, shutdown))
+            if config.signals {
+                forward_signals(stop_tx)?;
+            }
+            Ok::<_, std::io::Error>(listener)
         };
-        let (listener, shutdown) = match setup.await {
+        let listener = match setup.await {
             Ok(x) => x,
             Err(e) => {
                 let _ = ready.send(Err(startup(e)));
@@ -226,71 +272,96 @@ fn run_http(
             }
         };
         let _ = ready.send(Ok(()));
-        let stopped = Arc::new(Notify::new());
-        let notify = stopped.clone();
-        let graceful = async move {
-            shutdown.await;
-            // In-flight generations end (finish_reason "abort"), so their responses end.
-            engine.shutdown();
-            notify.notify_one();
-        };
-        let router = routes::router(app);
-        let server = axum::serve(listener, router).with_graceful_shutdown(graceful);
-        tokio::select! {
-            r = server => r.map_err(startup),
-            _ = async { stopped.notified().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => Ok(()),
-        }
+        serve_until_stopped(app, listener, config, stop, engine).await;
+        Ok(())
     })
 }
 
-/// A future that resolves when `stop` fires or is dropped, or on SIGINT/SIGTERM when
-/// `signals` is set. Signal handlers are installed before this returns.
-fn shutdown_signal(
-    stop: oneshot::Receiver<()>,
-    signals: bool,
-) -> std::io::Result<impl std::future::Future<Output = ()>> {
-    #[cfg(unix)]
-    let mut unix_signals = if signals {
-        use tokio::signal::unix::{signal, SignalKind};
-        Some((
-            signal(SignalKind::interrupt())?,
-            signal(SignalKind::terminate())?,
-        ))
-    } else {
-        None
+/// Serves until a [`Stop`]: at once for [`Stop::Now`]; for [`Stop::Drain`] after the drain
+/// (see [`crate::drain`]). Then stops the engine, closes the listener and lets responses end.
+async fn serve_until_stopped(
+    app: Arc<AppState>,
+    listener: tokio::net::TcpListener,
+    config: HttpConfig,
+    mut stop: tmpsc::UnboundedReceiver<Stop>,
+    engine: EngineHandle,
+) {
+    let drain = Arc::new(Drain::default());
+    let connections = Connections::new(routes::router(app, drain.clone()), config.limits);
+    let first = connections.accept_until(&listener, stop.recv()).await;
+    let settled = match first {
+        Some(Stop::Drain) => {
+            drain.begin();
+            tracing::info!(
+                timeout = ?config.shutdown_timeout,
+                "draining: /health answers 503, new requests are refused"
+            );
+            let forced = async { while stop.recv().await == Some(Stop::Drain) {} };
+            let settle = drain.settle(&engine, config.shutdown_timeout, forced);
+            let settled = connections.accept_until(&listener, settle).await;
+            log_settled(settled, &engine);
+            settled
+        }
+        _ => Settled::TimedOut,
     };
-    Ok(async move {
-        #[cfg(unix)]
-        {
-            let by_signal = async {
-                match unix_signals.as_mut() {
-                    Some((int, term)) => {
-                        tokio::select! {
-                            _ = int.recv() => {},
-                            _ = term.recv() => {},
-                        }
-                    }
-                    None => std::future::pending().await,
+    // Aborts whatever still runs (finish_reason "abort"), so its response ends.
+    engine.shutdown();
+    drop(listener);
+    let grace = if settled == Settled::Forced {
+        FORCED_GRACE
+    } else {
+        SHUTDOWN_GRACE
+    };
+    connections.shut_down(grace).await;
+    tracing::info!("stopped");
+}
+
+fn log_settled(settled: Settled, engine: &EngineHandle) {
+    match settled {
+        Settled::Idle => tracing::info!("drained: every admitted request finished"),
+        Settled::TimedOut => tracing::warn!(
+            aborted = engine.snapshot().in_flight,
+            "--shutdown-timeout passed: aborting the requests still running"
+        ),
+        Settled::Forced => tracing::warn!(
+            aborted = engine.snapshot().in_flight,
+            "second signal: stopping at once"
+        ),
+    }
+}
+
+/// Installs SIGINT/SIGTERM handlers (Ctrl-C elsewhere) that send [`Stop::Drain`] on the
+/// first signal and [`Stop::Now`] on later ones.
+fn forward_signals(stop: tmpsc::UnboundedSender<Stop>) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        tokio::spawn(async move {
+            let mut next = Stop::Drain;
+            loop {
+                tokio::select! {
+                    _ = int.recv() => {},
+                    _ = term.recv() => {},
                 }
-            };
-            tokio::select! {
-                _ = stop => {},
-                _ = by_signal => eprintln!("tandem: shutting down"),
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let by_signal = async {
-                if signals {
-                    let _ = tokio::signal::ctrl_c().await;
-                } else {
-                    std::future::pending::<()>().await;
+                tracing::info!(?next, "signal received");
+                if stop.send(next).is_err() {
+                    return;
                 }
-            };
-            tokio::select! {
-                _ = stop => {},
-                _ = by_signal => {},
+                next = Stop::Now;
             }
+        });
+    }
+    #[cfg(not(unix))]
+    tokio::spawn(async move {
+        let mut next = Stop::Drain;
+        while tokio::signal::ctrl_c().await.is_ok() {
+            if stop.send(next).is_err() {
+                return;
+            }
+            next = Stop::Now;
         }
-    })
+    });
+    Ok(())
 }

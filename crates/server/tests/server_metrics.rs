@@ -142,8 +142,11 @@ fn counters_move_by_what_the_requests_did_and_gauges_return_to_zero() {
 }
 
 #[test]
-fn metrics_need_the_api_key() {
-    let server = start_server(&fixture_path(), |c| c.api_key = Some("k3y".into()));
+fn metrics_need_the_api_key_with_metrics_require_key() {
+    let server = start_server(&fixture_path(), |c| {
+        c.api_key = Some("k3y".into());
+        c.metrics_require_key = true;
+    });
     let r = get(server.addr(), "/metrics");
     assert_eq!(r.status, 401, "{}", r.body);
     let r = request(

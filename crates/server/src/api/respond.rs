@@ -47,6 +47,7 @@ pub async fn run_plan(app: &App, plan: &GenerationPlan, sub: Submission) -> ApiR
     let num_choices = seqs.len();
     let tokenizer = app.prompts.tokenizer().clone();
     let mut generation = Generation::new(events, num_choices);
+    generation.log_prompt_tokens(sub.prompt_tokens);
     let prompt_logprobs = sub.echo.as_ref().and_then(|e| e.prompt_logprobs);
     if let Some(e) = sub.echo {
         generation = generation.with_echo(e.per_choice);

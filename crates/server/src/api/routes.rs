@@ -9,15 +9,27 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde_json::json;
+use std::sync::Arc;
 
 use super::{chat, completions, score, tokenize, App};
+use crate::access_log::access_log;
+use crate::drain::{admission, Drain};
 use crate::error::ApiError;
+use crate::http_limits::{body_limits, BodyLimits};
 use crate::metrics::{render, Gauges};
 
-/// All routes over `app`.
-pub fn router(app: App) -> Router {
+/// All routes over `app`, behind the layers (outermost first): `x-request-id`, the access
+/// line, admission (drain and overflow refusals), the API key (every route but `/health`, and
+/// `/metrics` unless `metrics_require_key`; unknown routes too, so they answer 404 only with
+/// the key), and the body limits.
+pub fn router(app: App, drain: Arc<Drain>) -> Router {
     let limit = app.config.limits.max_body_bytes;
-    let protected = Router::new()
+    let body = BodyLimits {
+        max_bytes: limit,
+        timeout: app.config.connections.body_timeout,
+    };
+    Router::new()
+        .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
         .route("/v1/completions", post(completions::completions))
@@ -28,13 +40,13 @@ pub fn router(app: App) -> Router {
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .route("/metrics", get(metrics))
-        .route_layer(middleware::from_fn_with_state(app.clone(), require_api_key));
-    Router::new()
-        .route("/health", get(health))
-        .merge(protected)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(body, body_limits))
+        .layer(middleware::from_fn_with_state(app.clone(), require_api_key))
+        .layer(middleware::from_fn_with_state(drain, admission))
+        .layer(middleware::from_fn(access_log))
         .layer(middleware::from_fn_with_state(app.clone(), request_id))
         .with_state(app)
 }
@@ -52,8 +64,9 @@ async fn reset_prefix_cache(State(app): State<App>) -> Response {
 const REQUEST_ID: &str = "x-request-id";
 
 /// Echoes the request's `x-request-id` on its response (every route, errors included), or
-/// a fresh one when it brings none or one that is not 1 to 128 visible ASCII characters.
-async fn request_id(State(app): State<App>, req: Request<Body>, next: Next) -> Response {
+/// a fresh one when it brings none or one that is not 1 to 128 visible ASCII characters; the
+/// inner layers read it from the request.
+async fn request_id(State(app): State<App>, mut req: Request<Body>, next: Next) -> Response {
     let given = req
         .headers()
         .get(REQUEST_ID)
@@ -67,6 +80,7 @@ async fn request_id(State(app): State<App>, req: Request<Body>, next: Next) -> R
         None => HeaderValue::from_str(&app.response_id("req"))
             .unwrap_or_else(|_| HeaderValue::from_static("req")),
     };
+    req.headers_mut().insert(REQUEST_ID, id.clone());
     let mut response = next.run(req).await;
     response.headers_mut().insert(REQUEST_ID, id);
     response
@@ -80,9 +94,13 @@ async fn method_not_allowed() -> Response {
     ApiError::method_not_allowed().into_response()
 }
 
-/// Rejects requests without the right `Authorization: Bearer <key>` when a key is set.
+/// Rejects requests without the right `Authorization: Bearer <key>` when a key is set, on
+/// every path but `/health` and, unless `metrics_require_key`, `/metrics` (vLLM's rule: only
+/// the API routes need the key; a Prometheus scraper rarely carries one).
 async fn require_api_key(State(app): State<App>, req: Request<Body>, next: Next) -> Response {
-    if let Some(key) = &app.config.api_key {
+    let path = req.uri().path();
+    let open = path == "/health" || (path == "/metrics" && !app.config.metrics_require_key);
+    if let (Some(key), false) = (&app.config.api_key, open) {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)

@@ -271,6 +271,13 @@ fn logit_bias(map: Option<&HashMap<String, f32>>, max: usize) -> ApiResult<Vec<(
             })
             .collect::<ApiResult<_>>()?;
     out.sort_by_key(|&(id, _)| id);
+    // `{"5": 1, "05": 2}`: two keys for one token, which bias would win is arbitrary.
+    if let Some(w) = out.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(ApiError::field(
+            "logit_bias",
+            format!("token {} appears under two keys", w[0].0),
+        ));
+    }
     Ok(out)
 }
 
@@ -342,6 +349,7 @@ mod tests {
             (json!({"max_tokens": 0}), "max_tokens"),
             (json!({"logit_bias": {"abc": 1.0}}), "logit_bias"),
             (json!({"logit_bias": {"500": 1.0}}), "logit_bias"),
+            (json!({"logit_bias": {"5": 1.0, "05": 2.0}}), "logit_bias"),
             (json!({"stop": ["", "x"]}), "stop"),
             (json!({"stop_token_ids": [100]}), "stop_token_ids"),
             (json!({"min_tokens": 5, "max_tokens": 4}), "min_tokens"),
