@@ -14,6 +14,7 @@ mod score_cmd;
 mod serve_cmd;
 mod serve_limits;
 mod speculation_setup;
+mod structured_args;
 
 use clap::{Parser, Subcommand};
 

@@ -175,7 +175,8 @@ impl Engine {
             .sampling
             .seed
             .unwrap_or_else(|| splitmix64(self.seed ^ splitmix64(ids[0].0)));
-        let first = SamplerState::new(base.wrapping_add(req.sample_index), &prompt_ids);
+        let first = SamplerState::new(base.wrapping_add(req.sample_index), &prompt_ids)
+            .with_constraint(req.sampling.constraint.as_ref());
         for (i, &id) in ids.iter().enumerate() {
             let state = first.fork(i as u64);
             let sampling = req.sampling.clone();

@@ -12,7 +12,7 @@ use tandem_model::chat_template::ChatMessage;
 use super::body::{fields, json_object};
 use super::format::Endpoint;
 use super::sampling::{CommonFields, GenerationPlan};
-use super::{beam, respond, App};
+use super::{beam, respond, structured, App};
 use crate::error::{ApiError, ApiResult};
 
 /// Most messages in one conversation.
@@ -122,7 +122,9 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
     }
     let logprobs = top_logprobs(&own)?;
     let limits = &app.limits;
-    let plan = GenerationPlan::new(&common, logprobs, "top_logprobs", limits, bounds)?;
+    let mut plan = GenerationPlan::new(&common, logprobs, "top_logprobs", limits, bounds)?;
+    let beam = common.use_beam_search == Some(true);
+    structured::attach(&app, &value, beam, &mut plan).await?;
     let messages = own
         .messages
         .ok_or_else(|| ApiError::field("messages", "is required"))?;
