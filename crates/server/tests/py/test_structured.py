@@ -17,6 +17,7 @@ import argparse
 import json
 import re
 import sys
+from typing import Literal
 
 try:
     import jsonschema
@@ -114,8 +115,8 @@ def completions_fields(client, model):
         ({"structured_outputs": {"regex": rx}}, lambda t: re.fullmatch(rx, t)),
         ({"guided_choice": ["yes", "no"]}, lambda t: t in ("yes", "no")),
         ({"structured_outputs": {"choice": ["red", "blue"]}}, lambda t: t in ("red", "blue")),
-        ({"guided_grammar": 'start: "a" ("b" | "c")+ "!"'},
-         lambda t: re.fullmatch("a[bc]+!", t)),
+        ({"guided_grammar": 'start: "a" bc bc? "!"\nbc: "b" | "c"'},
+         lambda t: re.fullmatch("a[bc]{1,2}!", t)),
         ({"guided_json": SCHEMAS[2]},
          lambda t: jsonschema.validate(json.loads(t), SCHEMAS[2]) is None),
     ]
@@ -134,7 +135,7 @@ def completions_fields(client, model):
 class Person(pydantic.BaseModel):
     name: str = pydantic.Field(max_length=10)
     age: int = pydantic.Field(ge=0, le=120)
-    pets: list[str] = pydantic.Field(max_length=2)
+    pets: list[Literal["cat", "dog", "fish"]] = pydantic.Field(max_length=2)
 
 
 def parse_helper(client, model):
