@@ -30,6 +30,14 @@ pub struct StructuredArgs {
 }
 
 impl StructuredArgs {
+    /// Whether any structured-output flag was given.
+    pub fn is_set(&self) -> bool {
+        self.json_schema.is_some()
+            || self.regex.is_some()
+            || !self.choice.is_empty()
+            || self.grammar.is_some()
+    }
+
     /// The requested grammar, read from its file where it has one.
     fn spec(&self) -> Result<Option<(&'static str, GrammarSpec)>> {
         if let Some(path) = &self.json_schema {

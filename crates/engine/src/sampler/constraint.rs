@@ -301,7 +301,7 @@ impl ConstraintState {
     /// Sets every disallowed entry of `values` (`[row]`, the processed logits) to `-inf`;
     /// `stop_ids` keep their value only when the grammar accepts the output so far.
     /// Errors: the parser's error, or a dead end (no token left).
-    pub(crate) fn apply(&mut self, values: &mut [f64], stop_ids: &[u32]) -> Result<(), String> {
+    pub fn apply(&mut self, values: &mut [f64], stop_ids: &[u32]) -> Result<(), String> {
         let accepting = self.matcher.is_accepting().map_err(|e| e.to_string())?;
         let saved: Vec<(usize, f64)> = stop_ids
             .iter()
@@ -345,7 +345,7 @@ impl ConstraintState {
 
     /// Advances past a committed token. A parser error is kept and reported by the next
     /// [`ConstraintState::apply`].
-    pub(crate) fn commit(&mut self, token: u32) {
+    pub fn commit(&mut self, token: u32) {
         self.mask = None;
         let _ = self.matcher.consume_token(token);
     }

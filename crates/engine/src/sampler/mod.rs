@@ -11,8 +11,8 @@
 //!    `l = l / r` if `l > 0`, else `l = l * r`;
 //! 4. **presence / frequency penalties** (output tokens only):
 //!    `l -= presence + frequency * count`;
-//! 4b. **constraint** (structured output, [`constraint`]): tokens the request's grammar does
-//!    not allow get `-inf`; stop tokens only where the grammar accepts the output;
+//!    then the **constraint** (structured output, [`constraint`]): tokens the request's
+//!    grammar does not allow get `-inf`; stop tokens only where the grammar accepts;
 //! 5. **greedy** when `temperature == 0`: the largest `l`, ties to the lowest id (top-k,
 //!    top-p and min-p cannot change an argmax and are skipped);
 //! 6. otherwise **temperature** `T`: `p ∝ exp(l / T)`;
