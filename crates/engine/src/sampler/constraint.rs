@@ -150,15 +150,13 @@ impl fmt::Debug for ConstraintCompiler {
 
 impl ConstraintCompiler {
     /// The trie of `tokenizer` (special tokens behind llguidance's marker byte, so grammars
-    /// never produce them) with the default limits.
+    /// never produce them) with bounded limits ([`bounded_limits`]).
     pub fn new(tokenizer: &Tokenizer) -> Result<ConstraintCompiler, ConstraintError> {
         let vocab_size = tokenizer.vocab_size();
-        let words: Vec<Vec<u8>> = (0..vocab_size as u32)
-            .map(|id| token_word(tokenizer, id))
-            .collect();
-        let eos = tokenizer.eos_ids().first().copied().unwrap_or(0);
         let n = u32::try_from(vocab_size)
             .map_err(|_| ConstraintError::Vocabulary("vocabulary too large".into()))?;
+        let words: Vec<Vec<u8>> = (0..n).map(|id| token_word(tokenizer, id)).collect();
+        let eos = tokenizer.eos_ids().first().copied().unwrap_or(0);
         let mut info = TokRxInfo::new(n, eos);
         info.tok_bos = tokenizer.bos_id();
         let trie = TokTrie::from(&info, &words);
