@@ -79,3 +79,25 @@ fn bad_and_oversized_grammars_are_400s_naming_the_field() {
     );
     server.shutdown().expect("clean shutdown");
 }
+
+#[test]
+fn a_grammar_dead_end_fails_that_request_only() {
+    let server = start_server(&fixture_path(), |_| {});
+    let addr = server.addr();
+    // Complete after "x", while min_tokens forbids EOS: no token is allowed.
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "x", "guided_choice": ["x"], "min_tokens": 5, "max_tokens": 8}),
+    );
+    assert_eq!(r.status, 500, "{}", r.body);
+    assert!(r.body.contains("grammar allows no token"), "{}", r.body);
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "x", "guided_choice": ["x", "y"], "max_tokens": 8}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    wait_health(addr, std::time::Duration::from_secs(5), idle);
+    server.shutdown().expect("clean shutdown");
+}
