@@ -86,6 +86,7 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
         model,
         logprobs,
         echo: options.echo_plan(&app, prompt, &prompts, plan.n)?,
+        tools: None,
     };
     respond::run_plan(&app, &plan, sub).await
 }

@@ -30,6 +30,7 @@ pub mod score;
 pub mod score_format;
 pub mod structured;
 pub mod tokenize;
+pub mod tools;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -150,6 +150,16 @@ pub async fn attach(
             "structured outputs are not supported with beam search",
         ));
     }
+    compile_into(app, field, spec, plan).await
+}
+
+/// Compiles `spec` (named `field` in errors) in a blocking task into the plan's constraint.
+pub async fn compile_into(
+    app: &App,
+    field: &'static str,
+    spec: GrammarSpec,
+    plan: &mut GenerationPlan,
+) -> ApiResult<()> {
     let app = Arc::clone(app);
     let max_bytes = app.config.limits.max_grammar_bytes;
     let task = tokio::task::spawn_blocking(move || {

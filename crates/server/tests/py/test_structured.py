@@ -8,7 +8,9 @@ Against a server running a real (small) model: `response_format` JSON schemas of
 at temperature 1 always validate; `json_object`, vLLM's `structured_outputs` and the older
 `guided_*` fields (regex, choice, grammar) on both endpoints; streaming equals non-streaming
 for seeded requests; the client's `parse` helper with a Pydantic model; a bad schema, regex
-or grammar is a 400 naming the field.
+or grammar is a 400 naming the field. Tool calls: `tool_choice` `required` and a named
+function always give calls whose arguments validate, streamed fragments assemble to the
+same calls, and a call's result in the history renders.
 
 Exit status: 0 when every check passes, 1 on a failed check, 3 when a package is missing.
 """
@@ -149,6 +151,55 @@ def parse_helper(client, model):
         check(isinstance(p, Person), f"parsed {p!r}")
 
 
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string", "minLength": 2, "maxLength": 20},
+    "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET", "PST"]}},
+        "required": ["tz"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
+SCHEMA_OF = {"get_weather": WEATHER, "get_time": TIME}
+
+
+def tool_calls(client, model):
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice, finish in (("required", "tool_calls"), (named, "stop")):
+        for seed in range(4):
+            args = dict(model=model, messages=ask, tools=TOOLS, tool_choice=choice,
+                        temperature=1.0, seed=seed, max_tokens=120)
+            r = client.chat.completions.create(**args)
+            c = r.choices[0]
+            check(c.finish_reason == finish, f"{choice}: finish {c.finish_reason}: {c.message}")
+            calls = c.message.tool_calls
+            check(calls and len(calls) == 1, f"{choice}: calls {c.message}")
+            name = calls[0].function.name
+            check(choice == "required" or name == "get_weather", f"named: {name}")
+            jsonschema.validate(json.loads(calls[0].function.arguments), SCHEMA_OF[name])
+            parts = {}
+            for chunk in client.chat.completions.create(stream=True, **args):
+                for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                    p = parts.setdefault(d.index, {"name": "", "arguments": ""})
+                    p["name"] += d.function.name or ""
+                    p["arguments"] += d.function.arguments or ""
+            check(parts == {0: {"name": name, "arguments": calls[0].function.arguments}},
+                  f"{choice}: streamed {parts} != {calls}")
+    # The call and its result in the history, then an answer.
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather",
+                         "arguments": json.dumps({"city": "Paris", "unit": "celsius"})}}
+    history = ask + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees, sunny"}]
+    r = client.chat.completions.create(model=model, messages=history, tools=TOOLS,
+                                       tool_choice="none", max_tokens=30, temperature=0)
+    check(isinstance(r.choices[0].message.content, str) and not r.choices[0].message.tool_calls,
+          f"answer after the tool result: {r.choices[0].message}")
+    r = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, max_tokens=60,
+                                       temperature=0)
+    check(r.choices[0].finish_reason in ("stop", "tool_calls", "length"), "auto")
+
+
 def errors(client, model):
     cases = [
         (dict(response_format={"type": "json_schema", "json_schema": {
@@ -186,6 +237,7 @@ def main():
     json_object_and_stream(client, a.model)
     completions_fields(client, a.model)
     parse_helper(client, a.model)
+    tool_calls(client, a.model)
     print(f"structured output checks passed ({n} schema requests)")
 
 
