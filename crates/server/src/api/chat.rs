@@ -105,6 +105,30 @@ pub fn to_messages(messages: Vec<MessageIn>) -> ApiResult<Vec<ChatMessage>> {
         .collect()
 }
 
+/// The request's tool mode; `required` and a named function constrain the output (not
+/// together with another structured output constraint).
+async fn attach_tools(
+    app: &App,
+    own: &ChatFields,
+    plan: &mut GenerationPlan,
+) -> ApiResult<Option<tools::ToolMode>> {
+    let mode = tools::mode(own.tools.as_ref(), own.tool_choice.as_ref())?;
+    let spec = match (&mode, &own.tools) {
+        (Some(m), Some(list)) => tools::constraint(list, m),
+        _ => None,
+    };
+    if let Some(spec) = spec {
+        if plan.sampling.constraint.is_some() {
+            return Err(ApiError::field(
+                "tool_choice",
+                "cannot be combined with a structured output constraint",
+            ));
+        }
+        structured::compile_into(app, "tools", spec, plan).await?;
+    }
+    Ok(mode)
+}
+
 /// The conversation's ids: through [`PromptBuilder::chat`] for plain messages, or as JSON
 /// with the tools (and their calls and results in the history) for the template's `tools`
 /// variable; a template that never mentions tools gets them as a first system message.
@@ -189,18 +213,7 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
     let mut plan = GenerationPlan::new(&common, logprobs, "top_logprobs", limits, bounds)?;
     let beam = common.use_beam_search == Some(true);
     structured::attach(&app, &value, beam, &mut plan).await?;
-    let tool_mode = tools::mode(own.tools.as_ref(), own.tool_choice.as_ref())?;
-    if let (Some(mode), Some(list)) = (&tool_mode, &own.tools) {
-        if let Some(spec) = tools::constraint(list, mode) {
-            if plan.sampling.constraint.is_some() {
-                return Err(ApiError::field(
-                    "tool_choice",
-                    "cannot be combined with a structured output constraint",
-                ));
-            }
-            structured::compile_into(&app, "tools", spec, &mut plan).await?;
-        }
-    }
+    let tool_mode = attach_tools(&app, &own, &mut plan).await?;
     let prompt = chat_prompt(
         &app,
         own.messages,
