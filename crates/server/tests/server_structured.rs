@@ -4,7 +4,8 @@
 //! seeds (104 requests) at
 //! temperature 1 validate, `json_object`, `structured_outputs` and `guided_*` on both
 //! endpoints, stream ≡ non-stream, the client's `parse` with a Pydantic model, and 400s
-//! naming the field. Plus the raw-HTTP 400s and the grammar size limit, without Python.
+//! naming the field, tool calls (`required`, named, streamed, a result in the history).
+//! Plus the raw-HTTP 400s (grammars, the size limit, tools) and a dead end, without Python.
 
 mod server_common;
 
@@ -62,6 +63,29 @@ fn bad_and_oversized_grammars_are_400s_naming_the_field() {
     ];
     for (body, field) in cases {
         let r = post(addr, "/v1/completions", &body);
+        assert_error(&r, 400, Some(field));
+    }
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let tool = json!([{"type": "function", "function": {"name": "f"}}]);
+    let chat_cases = [
+        (
+            json!({"messages": msgs, "tool_choice": "required"}),
+            "tool_choice",
+        ),
+        (
+            json!({"messages": msgs, "tools": tool,
+                   "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            "tool_choice",
+        ),
+        (json!({"messages": msgs, "tools": []}), "tools"),
+        (
+            json!({"messages": msgs, "tools": tool, "tool_choice": "required",
+                   "guided_regex": "a"}),
+            "tool_choice",
+        ),
+    ];
+    for (body, field) in chat_cases {
+        let r = post(addr, "/v1/chat/completions", &body);
         assert_error(&r, 400, Some(field));
     }
     let r = post(
