@@ -1,10 +1,10 @@
 //! Structured outputs over real HTTP: the official `openai` client and `jsonschema`
 //! (tests/py/test_structured.py; pinned, installed on first use under the target directory)
 //! against the default model (a real model, so JSON strings close): 8 JSON schemas x 13
-//! seeds (104 requests) at
-//! temperature 1 validate, `json_object`, `structured_outputs` and `guided_*` on both
-//! endpoints, stream ≡ non-stream, the client's `parse` with a Pydantic model, and 400s
-//! naming the field, tool calls (`required`, named, streamed, a result in the history).
+//! seeds (104 requests) at temperature 1 validate, `json_object`, `structured_outputs` and
+//! `guided_*` on both endpoints, stream ≡ non-stream, the client's `parse` with a Pydantic
+//! model, 400s naming the field, tool calls (`required`, named, streamed, a result in the
+//! history).
 //! Plus the raw-HTTP 400s (grammars, the size limit, tools) and a dead end, without Python.
 
 mod server_common;
