@@ -20,6 +20,7 @@ use crate::args::{EngineArgs, ModelArgs};
 use crate::bench_engine::{self, PromptKind};
 use crate::engine_setup::build_engine;
 use crate::runner_setup::PreparedModel;
+use crate::structured_args::StructuredArgs;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -55,6 +56,9 @@ pub struct BenchArgs {
     /// Rounds per measurement in --prefix-cache mode (medians are reported).
     #[arg(long, value_name = "N", default_value_t = 5)]
     repeat: usize,
+    /// Engine mode with structured output: every request constrained (mask time reported).
+    #[command(flatten)]
+    structured: StructuredArgs,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -71,7 +75,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let mut engine = build_engine(lm.host, lm.eos_token_ids.clone(), &a.model, &a.engine, 0)?;
         return crate::bench_prefix::run(&mut engine, &a.prompt_lens, a.repeat);
     }
-    if a.through_engine || a.engine.speculative.is_some() {
+    if a.through_engine || a.engine.speculative.is_some() || a.structured.is_set() {
         return run_engine(a);
     }
     let lm = a.model.load()?;
@@ -144,6 +148,7 @@ fn run_engine(a: BenchArgs) -> Result<()> {
         ),
         None => None,
     };
+    let constraint = a.structured.compile(&lm.tokenizer)?;
     let mut engine = build_engine(lm.host, lm.eos_token_ids.clone(), &a.model, &a.engine, 0)?;
     let vocab = engine.model_config().vocab_size;
     for &b in &a.batches {
@@ -156,12 +161,13 @@ fn run_engine(a: BenchArgs) -> Result<()> {
                 })
                 .collect();
             let prompt_len = prompts[0].len();
-            let r = bench_engine::run(&mut engine, prompts, a.gen_len)?;
+            let r = bench_engine::run(&mut engine, prompts, a.gen_len, constraint.as_ref())?;
             let mut line = json!({
                 "mode": "engine", "batch": b, "prompt_len": prompt_len, "gen_len": a.gen_len,
                 "threads": a.model.threads(),
                 "prompt_kind": if a.prompt_file.is_some() { "file" } else { a.prompt_kind.name() },
                 "speculative": a.engine.speculative,
+                "constrained": constraint.is_some(),
                 "num_speculative_tokens": engine.speculation().map(|s| s.config().num_tokens),
             });
             if let (Some(o), Some(extra)) =

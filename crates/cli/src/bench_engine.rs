@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::{ensure, Result};
 use serde_json::{json, Value};
 use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
-use tandem_engine::sampler::SamplingParams;
+use tandem_engine::sampler::{Constraint, SamplingParams};
 use tandem_engine::speculative::SpecStats;
 use tandem_engine::RequestParams;
 use tandem_model::batch::TokenId;
@@ -41,6 +41,8 @@ pub struct EngineRun {
     pub decode_s: f64,
     pub decode_tokens: usize,
     pub spec: SpecStats,
+    /// With a constraint: the mean mask time per step, in ms.
+    pub mask_ms: Option<f64>,
 }
 
 /// The prompt of sequence `seq` of `kind`, `len` tokens.
@@ -54,8 +56,14 @@ pub fn prompt(kind: PromptKind, seq: usize, len: usize, vocab: usize) -> Vec<Tok
     }
 }
 
-/// Runs `prompts` (each for `gen_len` greedy tokens) through `engine` to completion.
-pub fn run(engine: &mut Engine, prompts: Vec<Vec<TokenId>>, gen_len: usize) -> Result<EngineRun> {
+/// Runs `prompts` (each for `gen_len` greedy tokens) through `engine` to completion. With a
+/// `constraint` (structured output), requests may end early when the grammar completes.
+pub fn run(
+    engine: &mut Engine,
+    prompts: Vec<Vec<TokenId>>,
+    gen_len: usize,
+    constraint: Option<&Constraint>,
+) -> Result<EngineRun> {
     ensure!(gen_len >= 2, "--gen-len must be at least 2 with --engine");
     let before = engine.spec_stats();
     let b = prompts.len();
@@ -63,10 +71,13 @@ pub fn run(engine: &mut Engine, prompts: Vec<Vec<TokenId>>, gen_len: usize) -> R
     for p in prompts {
         engine.add_request(GenerationRequest {
             prompt: p,
-            sampling: SamplingParams::greedy(),
+            sampling: SamplingParams {
+                constraint: constraint.cloned(),
+                ..SamplingParams::greedy()
+            },
             limits: RequestParams {
                 max_tokens: gen_len,
-                ignore_eos: true,
+                ignore_eos: constraint.is_none(),
                 ..RequestParams::default()
             },
             sample_index: 0,
@@ -76,10 +87,15 @@ pub fn run(engine: &mut Engine, prompts: Vec<Vec<TokenId>>, gen_len: usize) -> R
     }
     let mut firsts = std::collections::HashSet::new();
     let mut tokens = 0usize;
+    // The first request's tokens, for the mask timing.
+    let (mut first_id, mut first_output) = (None, Vec::new());
     let mut decode_started = None;
     while engine.has_unfinished() {
         for e in engine.step()? {
-            if let EngineEvent::Token { seq_id, .. } = e {
+            if let EngineEvent::Token { seq_id, token, .. } = e {
+                if *first_id.get_or_insert(seq_id) == seq_id {
+                    first_output.push(token.0);
+                }
                 tokens += 1;
                 firsts.insert(seq_id);
             }
@@ -94,7 +110,26 @@ pub fn run(engine: &mut Engine, prompts: Vec<Vec<TokenId>>, gen_len: usize) -> R
         decode_s: t0.elapsed().as_secs_f64(),
         decode_tokens: tokens - tokens_at_t0,
         spec: delta(&engine.spec_stats(), &before),
+        mask_ms: constraint.map(|c| mask_ms(c, &first_output, engine.model_config().vocab_size)),
     })
+}
+
+/// Mean time to compute and apply one step's grammar mask, in ms: the first request's
+/// output replayed through a fresh state of `constraint`.
+fn mask_ms(constraint: &Constraint, output: &[u32], vocab: usize) -> f64 {
+    let mut state = constraint.start();
+    let mut row = vec![0.0f64; vocab];
+    let started = Instant::now();
+    let mut steps = 0usize;
+    for &t in output {
+        row.fill(0.0);
+        if state.apply(&mut row, &[]).is_err() {
+            break;
+        }
+        state.commit(t);
+        steps += 1;
+    }
+    started.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64
 }
 
 /// Counters accumulated between `before` and `after`.
@@ -123,6 +158,8 @@ pub fn report(r: &EngineRun) -> Value {
         "prefill_s": r.prefill_s,
         "decode_s": r.decode_s,
         "decode_tok_per_s": r.decode_tokens as f64 / r.decode_s,
+        "decode_tokens": r.decode_tokens,
+        "mask_ms_per_step": r.mask_ms,
         "spec_num_drafts": r.spec.num_drafts,
         "spec_num_draft_tokens": r.spec.num_draft_tokens,
         "spec_num_accepted_tokens": r.spec.num_accepted_tokens,

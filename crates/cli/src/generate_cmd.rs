@@ -18,6 +18,7 @@ use crate::args::{EngineArgs, ModelArgs, SamplingArgs};
 use crate::engine_setup::build_engine;
 use crate::generation::{run_jobs, JobResult, Observer};
 use crate::prompting::{PromptBuilder, PromptInput, SamplingOverrides};
+use crate::structured_args::StructuredArgs;
 
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("source").required(true).args(["prompt", "input"])))]
@@ -43,6 +44,8 @@ pub struct GenerateArgs {
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
+    structured: StructuredArgs,
+    #[command(flatten)]
     engine: EngineArgs,
 }
 
@@ -65,12 +68,17 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         &lm.eos_token_ids,
     )?;
     let inputs = read_inputs(&a)?;
+    let constraint = a.structured.compile(&tokenizer)?;
     let mut jobs = Vec::new();
     let mut owners = Vec::new(); // (input index, sample index) of each result
     for (i, (input, overrides)) in inputs.iter().enumerate() {
-        let job = builder
+        let mut job = builder
             .job(input, &a.sampling, overrides)
             .with_context(|| format!("input {i}"))?;
+        if constraint.is_some() && job.beam.is_some() {
+            bail!("input {i}: structured output is not supported with beam search");
+        }
+        job.sampling.constraint = constraint.clone();
         owners.extend((0..job.num_results()).map(|k| (i, k)));
         jobs.push(job);
     }

@@ -15,6 +15,7 @@ mod serve_cmd;
 mod serve_limits;
 mod serve_ops;
 mod speculation_setup;
+mod structured_args;
 
 use clap::{Parser, Subcommand};
 

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use tandem_server::limits::{
-    RequestLimits, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_SCORE_ITEMS, DEFAULT_MAX_WAITING_REQUESTS,
+    RequestLimits, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_GRAMMAR_BYTES, DEFAULT_MAX_SCORE_ITEMS,
+    DEFAULT_MAX_WAITING_REQUESTS,
 };
 
 /// What one request may ask for; over a bound it gets 400 naming the field (413 for the body,
@@ -46,6 +47,9 @@ pub struct LimitArgs {
     /// Most requests waiting to start; more get 429 with Retry-After.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_WAITING_REQUESTS)]
     max_waiting_requests: usize,
+    /// Largest structured-output grammar (JSON schema, regex, choices, Lark) in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_GRAMMAR_BYTES)]
+    max_grammar_bytes: usize,
 }
 
 impl LimitArgs {
@@ -63,6 +67,7 @@ impl LimitArgs {
             max_top_logprobs: self.max_top_logprobs,
             max_score_items: self.max_score_items,
             max_waiting_requests: self.max_waiting_requests,
+            max_grammar_bytes: self.max_grammar_bytes,
         };
         limits.validate().map_err(anyhow::Error::msg)?;
         Ok(limits)

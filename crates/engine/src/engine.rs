@@ -175,10 +175,17 @@ impl Engine {
             .sampling
             .seed
             .unwrap_or_else(|| splitmix64(self.seed ^ splitmix64(ids[0].0)));
-        let first = SamplerState::new(base.wrapping_add(req.sample_index), &prompt_ids);
+        let first = SamplerState::new(base.wrapping_add(req.sample_index), &prompt_ids)
+            .with_constraint(req.sampling.constraint.as_ref());
+        let mut sampling = req.sampling;
+        if sampling.constraint.is_some() && sampling.eos_token_ids.is_empty() {
+            // The grammar must know what ends the request, as the scheduler does.
+            let eos = &self.scheduler.config().eos_token_ids;
+            sampling.eos_token_ids = eos.iter().map(|t| t.0).collect();
+        }
         for (i, &id) in ids.iter().enumerate() {
             let state = first.fork(i as u64);
-            let sampling = req.sampling.clone();
+            let sampling = sampling.clone();
             self.requests.insert(id, ActiveRequest { sampling, state });
         }
         Ok(ids)

@@ -6,7 +6,8 @@ use std::time::Duration;
 pub use crate::connections::ConnectionLimits;
 
 pub use crate::limits::{
-    RequestLimits, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_SCORE_ITEMS, DEFAULT_MAX_WAITING_REQUESTS,
+    RequestLimits, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_GRAMMAR_BYTES, DEFAULT_MAX_SCORE_ITEMS,
+    DEFAULT_MAX_WAITING_REQUESTS,
 };
 
 /// How the HTTP side runs. The engine's own limits live in the engine.

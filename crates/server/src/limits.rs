@@ -34,9 +34,14 @@ pub struct RequestLimits {
     /// Most sequences waiting for their first step; a request that would exceed it gets 429
     /// with `Retry-After`.
     pub max_waiting_requests: usize,
+    /// Largest structured-output grammar (JSON schema text, regex, choices, Lark grammar),
+    /// in bytes (`--max-grammar-bytes`).
+    pub max_grammar_bytes: usize,
 }
 
 /// Default limit on a request body, in bytes.
+/// Default `--max-grammar-bytes`: 64 KiB.
+pub const DEFAULT_MAX_GRAMMAR_BYTES: usize = 64 << 10;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 /// Default limit on the sequences of one `/v1/score` request.
 pub const DEFAULT_MAX_SCORE_ITEMS: usize = 64;
@@ -57,6 +62,7 @@ impl Default for RequestLimits {
             max_top_logprobs: MAX_TOP_LOGPROBS,
             max_score_items: DEFAULT_MAX_SCORE_ITEMS,
             max_waiting_requests: DEFAULT_MAX_WAITING_REQUESTS,
+            max_grammar_bytes: DEFAULT_MAX_GRAMMAR_BYTES,
         }
     }
 }
@@ -74,6 +80,7 @@ impl RequestLimits {
             ("--max-stop-length", self.max_stop_length),
             ("--max-score-items", self.max_score_items),
             ("--max-waiting-requests", self.max_waiting_requests),
+            ("--max-grammar-bytes", self.max_grammar_bytes),
         ];
         if let Some((flag, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{flag} must be at least 1"));

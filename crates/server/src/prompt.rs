@@ -74,6 +74,23 @@ impl PromptBuilder {
         self.text(&text, false, "messages")
     }
 
+    /// The ids of a conversation given as JSON messages, with the request's tools.
+    pub fn chat_json(
+        &self,
+        messages: &serde_json::Value,
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> ApiResult<Vec<TokenId>> {
+        let template = self
+            .template
+            .as_ref()
+            .ok_or_else(|| ApiError::field("messages", "the model has no chat template"))?;
+        let text = template
+            .render_json(messages, tools, add_generation_prompt)
+            .map_err(|e| ApiError::field("messages", e))?;
+        self.text(&text, false, "messages")
+    }
+
     /// Checks that every id is in the vocabulary.
     pub fn check_ids(&self, ids: &[u32], param: &str) -> ApiResult<()> {
         let vocab = self.tokenizer.vocab_size();

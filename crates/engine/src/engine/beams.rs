@@ -56,6 +56,11 @@ impl Engine {
     /// from [`Engine::take_beam_result`]. Nothing is started when it is refused.
     pub fn add_beam_request(&mut self, req: GenerationRequest, beam: BeamParams) -> Result<SeqId> {
         beam.validate()?;
+        if req.sampling.constraint.is_some() {
+            return Err(EngineError::InvalidParams(
+                "structured output constraints are not supported with beam search".into(),
+            ));
+        }
         if req.prompt_logprobs.is_some() {
             return Err(EngineError::InvalidParams(
                 "prompt logprobs are not supported with beam search".into(),

@@ -98,6 +98,8 @@ impl Engine {
                 SeqEvent::Token { seq_id, token } => {
                     if let Some(r) = self.requests.get_mut(&seq_id) {
                         r.state.append_output(token.0);
+                        let is_stop = r.sampling.is_stop_token(token.0);
+                        r.state.advance_constraint(token.0, is_stop);
                     }
                     let (logprob, top_logprobs) =
                         match sampled.get_mut(&seq_id).and_then(VecDeque::pop_front) {

@@ -25,6 +25,9 @@ pub enum SamplerError {
     /// Every token was suppressed (the min_tokens rule forbade the whole vocabulary).
     #[error("no token can be sampled: every token is suppressed")]
     NoCandidates,
+    /// The request's grammar allows no token here (a dead end) or its parser failed.
+    #[error("structured output constraint: {0}")]
+    Constraint(String),
 }
 
 impl SamplerError {

@@ -11,6 +11,8 @@
 //!    `l = l / r` if `l > 0`, else `l = l * r`;
 //! 4. **presence / frequency penalties** (output tokens only):
 //!    `l -= presence + frequency * count`;
+//!    then the **constraint** (structured output, [`constraint`]): tokens the request's
+//!    grammar does not allow get `-inf`; stop tokens only where the grammar accepts;
 //! 5. **greedy** when `temperature == 0`: the largest `l`, ties to the lowest id (top-k,
 //!    top-p and min-p cannot change an argmax and are skipped);
 //! 6. otherwise **temperature** `T`: `p ∝ exp(l / T)`;
@@ -38,6 +40,7 @@
 //! **Faults**: a row holding NaN or ±inf gives [`SamplerError::NonFiniteLogits`] and
 //! touches nothing shared; the caller ends that request only.
 
+pub mod constraint;
 mod distribution;
 mod error;
 mod logprobs;
@@ -47,6 +50,7 @@ mod rng;
 mod state;
 mod truncation;
 
+pub use constraint::{Constraint, ConstraintCompiler, ConstraintError, GrammarSpec};
 pub use distribution::{
     processed_argmax, processed_distribution, reported_token, TokenDistribution,
 };
@@ -95,6 +99,13 @@ pub fn sample(
     values.clear();
     values.extend(logits_row.iter().map(|&v| v as f64));
     processors::apply_all(values, params, state, num_output_tokens);
+    if let Some(c) = state.constraint.as_mut() {
+        let stops: Vec<u32> = params.suppressed_while_short().collect();
+        if let Err(e) = c.apply(values, &stops) {
+            state.scratch = scratch;
+            return Err(SamplerError::Constraint(e));
+        }
+    }
     let chosen = if params.is_greedy() {
         truncation::argmax(values)
     } else {

@@ -1,5 +1,6 @@
 //! Per-request sampling parameters and their validation.
 
+use super::constraint::Constraint;
 use super::error::SamplerError;
 
 /// The largest `top_logprobs` a request may ask for (OpenAI's limit).
@@ -53,6 +54,9 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<u32>,
     /// The model's end-of-sequence ids, filled in by the engine from the model's metadata.
     pub eos_token_ids: Vec<u32>,
+    /// A compiled grammar the output must match (structured output); see
+    /// [`super::constraint`]. Compile it with [`super::ConstraintCompiler::compile`].
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -73,6 +77,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             stop_token_ids: Vec::new(),
             eos_token_ids: Vec::new(),
+            constraint: None,
         }
     }
 }

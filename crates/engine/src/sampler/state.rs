@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use super::constraint::{Constraint, ConstraintState};
 use super::rng::StreamRng;
 
 /// Buffers reused across calls so that sampling a row allocates nothing in the steady state.
@@ -28,6 +29,8 @@ pub struct SamplerState {
     prompt_tokens: Vec<u32>,
     /// Occurrences of each generated token (for all three penalties).
     output_counts: BTreeMap<u32, u32>,
+    /// The grammar position after the committed output, for a constrained request.
+    pub(crate) constraint: Option<ConstraintState>,
     pub(crate) scratch: Scratch,
 }
 
@@ -44,7 +47,27 @@ impl SamplerState {
             rng: StreamRng::new(seed),
             prompt_tokens: prompt,
             output_counts: BTreeMap::new(),
+            constraint: None,
             scratch: Scratch::default(),
+        }
+    }
+
+    /// This state with `constraint`'s start position (a request with a grammar).
+    pub fn with_constraint(mut self, constraint: Option<&Constraint>) -> SamplerState {
+        self.constraint = constraint.map(Constraint::start);
+        self
+    }
+
+    /// Whether the request's tokens are constrained by a grammar.
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// Advances the grammar past a committed output token (call once per committed token,
+    /// after [`SamplerState::append_output`]). Stop tokens end the request and are not fed.
+    pub fn advance_constraint(&mut self, token: u32, is_stop: bool) {
+        if let (Some(c), false) = (self.constraint.as_mut(), is_stop) {
+            c.commit(token);
         }
     }
 
@@ -58,6 +81,7 @@ impl SamplerState {
             rng: StreamRng::new(seed),
             prompt_tokens: self.prompt_tokens.clone(),
             output_counts: self.output_counts.clone(),
+            constraint: self.constraint.clone(),
             scratch: Scratch::default(),
         }
     }

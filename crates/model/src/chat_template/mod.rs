@@ -112,6 +112,30 @@ impl ChatTemplate {
             .render(context)
             .map_err(|e| jinja_err("cannot render conversation", &e))
     }
+
+    /// Renders messages given as JSON (with `tool_calls`, `tool_call_id`, ... as the client
+    /// sent them) and the request's `tools` (the template's `tools` variable).
+    pub fn render_json(
+        &self,
+        messages: &serde_json::Value,
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| jinja_err("template missing", &e))?;
+        let context = minijinja::context! {
+            messages => Value::from_serialize(messages),
+            tools => tools.map(Value::from_serialize),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.clone().unwrap_or_default(),
+            eos_token => self.eos_token.clone().unwrap_or_default(),
+        };
+        template
+            .render(context)
+            .map_err(|e| jinja_err("cannot render conversation", &e))
+    }
 }
 
 #[cfg(test)]

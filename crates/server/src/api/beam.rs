@@ -104,6 +104,7 @@ pub async fn run(app: &App, plan: &GenerationPlan, req: BeamRequest<'_>) -> ApiR
         model: req.model,
         logprobs: None,
         prompt_logprobs: None,
+        tools: None,
     };
     let body = meta.response(
         &tokenizer,

@@ -7,12 +7,14 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
+use serde_json::Value;
+use tandem_model::batch::TokenId;
 use tandem_model::chat_template::ChatMessage;
 
 use super::body::{fields, json_object};
 use super::format::Endpoint;
 use super::sampling::{CommonFields, GenerationPlan};
-use super::{beam, respond, App};
+use super::{beam, respond, structured, tools, App};
 use crate::error::{ApiError, ApiResult};
 
 /// Most messages in one conversation.
@@ -37,6 +39,11 @@ pub struct ContentPart {
 pub struct MessageIn {
     pub role: String,
     pub content: Option<Content>,
+    /// An assistant message's calls (chat with tools).
+    pub tool_calls: Option<Value>,
+    /// A `tool` message's answer to this call.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 /// The fields only chat has.
@@ -47,6 +54,11 @@ struct ChatFields {
     logprobs: Option<bool>,
     top_logprobs: Option<u32>,
     add_generation_prompt: Option<bool>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    /// Accepted: a model may make several calls in one answer either way.
+    #[allow(dead_code)]
+    parallel_tool_calls: Option<bool>,
 }
 
 pub async fn chat_completions(
@@ -93,6 +105,82 @@ pub fn to_messages(messages: Vec<MessageIn>) -> ApiResult<Vec<ChatMessage>> {
         .collect()
 }
 
+/// The request's tool mode; `required` and a named function constrain the output (not
+/// together with another structured output constraint).
+async fn attach_tools(
+    app: &App,
+    own: &ChatFields,
+    plan: &mut GenerationPlan,
+) -> ApiResult<Option<tools::ToolMode>> {
+    let mode = tools::mode(own.tools.as_ref(), own.tool_choice.as_ref())?;
+    let spec = match (&mode, &own.tools) {
+        (Some(m), Some(list)) => tools::constraint(list, m),
+        _ => None,
+    };
+    if let Some(spec) = spec {
+        if plan.sampling.constraint.is_some() {
+            return Err(ApiError::field(
+                "tool_choice",
+                "cannot be combined with a structured output constraint",
+            ));
+        }
+        structured::compile_into(app, "tools", spec, plan).await?;
+    }
+    Ok(mode)
+}
+
+/// The conversation's ids: through [`PromptBuilder::chat`] for plain messages, or as JSON
+/// with the tools (and their calls and results in the history) for the template's `tools`
+/// variable; a template that never mentions tools gets them as a first system message.
+fn chat_prompt(
+    app: &App,
+    messages: Option<Vec<MessageIn>>,
+    tool_list: Option<&Value>,
+    add_generation_prompt: Option<bool>,
+) -> ApiResult<Vec<TokenId>> {
+    let messages = messages.ok_or_else(|| ApiError::field("messages", "is required"))?;
+    let add = add_generation_prompt.unwrap_or(true);
+    let with_tools = tool_list.is_some()
+        || messages
+            .iter()
+            .any(|m| m.tool_calls.is_some() || m.role == "tool");
+    if !with_tools {
+        return app.prompts.chat(&to_messages(messages)?, add);
+    }
+    let extra: Vec<_> = messages
+        .iter()
+        .map(|m| (m.tool_calls.clone(), m.tool_call_id.clone(), m.name.clone()))
+        .collect();
+    let plain = to_messages(messages)?;
+    let mut json_messages: Vec<Value> = plain
+        .iter()
+        .zip(extra)
+        .map(|(m, (calls, id, name))| {
+            let mut v = serde_json::json!({"role": m.role, "content": m.content});
+            for (k, x) in [
+                ("tool_calls", calls),
+                ("tool_call_id", id.map(Value::from)),
+                ("name", name.map(Value::from)),
+            ] {
+                if let Some(x) = x {
+                    v[k] = x;
+                }
+            }
+            v
+        })
+        .collect();
+    let template_knows_tools = app
+        .prompts
+        .template_source()
+        .is_some_and(|s| s.contains("tools"));
+    if let (Some(list), false) = (tool_list, template_knows_tools) {
+        let system = serde_json::json!({"role": "system", "content": tools::system_prompt(list)});
+        json_messages.insert(0, system);
+    }
+    app.prompts
+        .chat_json(&Value::Array(json_messages), tool_list, add)
+}
+
 /// `top_logprobs` (bounded by the plan) when `logprobs` is set.
 fn top_logprobs(own: &ChatFields) -> ApiResult<Option<usize>> {
     match (own.logprobs.unwrap_or(false), own.top_logprobs) {
@@ -122,14 +210,16 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
     }
     let logprobs = top_logprobs(&own)?;
     let limits = &app.limits;
-    let plan = GenerationPlan::new(&common, logprobs, "top_logprobs", limits, bounds)?;
-    let messages = own
-        .messages
-        .ok_or_else(|| ApiError::field("messages", "is required"))?;
-    let messages = to_messages(messages)?;
-    let prompt = app
-        .prompts
-        .chat(&messages, own.add_generation_prompt.unwrap_or(true))?;
+    let mut plan = GenerationPlan::new(&common, logprobs, "top_logprobs", limits, bounds)?;
+    let beam = common.use_beam_search == Some(true);
+    structured::attach(&app, &value, beam, &mut plan).await?;
+    let tool_mode = attach_tools(&app, &own, &mut plan).await?;
+    let prompt = chat_prompt(
+        &app,
+        own.messages,
+        own.tools.as_ref(),
+        own.add_generation_prompt,
+    )?;
     if prompt.is_empty() {
         return Err(ApiError::field(
             "messages",
@@ -169,6 +259,7 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
         model,
         logprobs,
         echo: None,
+        tools: tool_mode,
     };
     respond::run_plan(&app, &plan, sub).await
 }

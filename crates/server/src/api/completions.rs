@@ -13,7 +13,7 @@ use super::body::{fields, json_object};
 use super::echo::PromptOptions;
 use super::format::Endpoint;
 use super::sampling::CommonFields;
-use super::{beam, respond, App};
+use super::{beam, respond, structured, App};
 use crate::error::{ApiError, ApiResult};
 
 /// The fields only completions have.
@@ -49,7 +49,9 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
         own.prompt_logprobs,
         bounds.max_top_logprobs,
     )?;
-    let plan = options.plan(&common, &app)?;
+    let mut plan = options.plan(&common, &app)?;
+    let beam = common.use_beam_search == Some(true);
+    structured::attach(&app, &value, beam, &mut plan).await?;
     let prompt = value
         .get("prompt")
         .ok_or_else(|| ApiError::field("prompt", "is required"))?;
@@ -84,6 +86,7 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
         model,
         logprobs,
         echo: options.echo_plan(&app, prompt, &prompts, plan.n)?,
+        tools: None,
     };
     respond::run_plan(&app, &plan, sub).await
 }

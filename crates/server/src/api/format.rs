@@ -4,6 +4,7 @@ use serde_json::{json, Map, Value};
 use tandem_engine::engine::PromptTokenLogprob;
 use tandem_model::tokenizer::Tokenizer;
 
+use super::tools::{self, ToolMode};
 use crate::generation::{Finish, TokenInfo};
 
 /// Which endpoint's shapes to produce.
@@ -24,6 +25,8 @@ pub struct ResponseMeta {
     pub logprobs: Option<usize>,
     /// vLLM's `prompt_logprobs` when asked for (completions; see `api/echo.rs`).
     pub prompt_logprobs: Option<usize>,
+    /// Chat with tools: how the answer's text becomes `tool_calls` (see `api/tools.rs`).
+    pub tools: Option<ToolMode>,
 }
 
 /// One choice, complete (non-streaming).
@@ -104,9 +107,11 @@ impl ResponseMeta {
                         self.add_prompt_logprobs(&mut choice, tok, &c.prompt);
                         choice
                     }
-                    Endpoint::Chat => json!({"index": index,
-                        "message": {"role": "assistant", "content": c.text},
-                        "logprobs": logprobs, "finish_reason": finish}),
+                    Endpoint::Chat => {
+                        let (message, finish) = self.message(&c.text, finish);
+                        json!({"index": index, "message": message,
+                               "logprobs": logprobs, "finish_reason": finish})
+                    }
                 }
             })
             .collect();
@@ -140,6 +145,41 @@ impl ResponseMeta {
                        "finish_reason": finish})
             }
         };
+        self.envelope(true, vec![choice])
+    }
+
+    /// A chat answer's message and finish reason: its text, or with tools the calls parsed
+    /// out of it.
+    fn message<'a>(&self, text: &str, finish: Option<&'a str>) -> (Value, Option<&'a str>) {
+        let Some(mode) = &self.tools else {
+            return (json!({"role": "assistant", "content": text}), finish);
+        };
+        let answer = tools::parse(text, mode);
+        let mut message = json!({"role": "assistant", "content": answer.content});
+        if !answer.calls.is_empty() {
+            message["tool_calls"] = tools::calls_json(&answer, &self.id, false);
+        }
+        let finish = finish.map(|f| tools::finish_reason(&answer, mode, f));
+        (message, finish)
+    }
+
+    /// The last streamed chunk of a chat choice with tools: the held-back text as content
+    /// or as `tool_calls` fragments (one per call, whole), with the finish reason.
+    pub fn tool_chunk(&self, index: usize, text: &str, finish: Option<&Finish>) -> Value {
+        let (message, finish) = self.message(text, finish.map(Finish::as_str));
+        let mut delta = Map::new();
+        if let Some(c) = message.get("content").filter(|c| !c.is_null()) {
+            delta.insert("content".into(), c.clone());
+        }
+        if let (Some(mode), Some(_)) = (&self.tools, message.get("tool_calls")) {
+            let answer = tools::parse(text, mode);
+            delta.insert(
+                "tool_calls".into(),
+                tools::calls_json(&answer, &self.id, true),
+            );
+        }
+        let choice = json!({"index": index, "delta": delta, "logprobs": null,
+                            "finish_reason": finish});
         self.envelope(true, vec![choice])
     }
 

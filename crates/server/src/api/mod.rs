@@ -28,10 +28,14 @@ pub mod routes;
 pub mod sampling;
 pub mod score;
 pub mod score_format;
+pub mod structured;
 pub mod tokenize;
+pub mod tools;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use tandem_engine::sampler::{ConstraintCompiler, ConstraintError};
 
 use crate::config::ServerConfig;
 use crate::engine_thread::EngineHandle;
@@ -57,6 +61,9 @@ pub struct AppState {
     /// Unix time the server started (the model's `created`).
     pub started: u64,
     next_id: AtomicU64,
+    /// The model's structured-output vocabulary, built on first use (see
+    /// [`structured`]).
+    constraints: std::sync::OnceLock<Result<Arc<ConstraintCompiler>, ConstraintError>>,
 }
 
 /// Shared handle to [`AppState`].
@@ -76,7 +83,18 @@ impl AppState {
             config,
             started: unix_time(),
             next_id: AtomicU64::new(0),
+            constraints: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The structured-output compiler for this model (built once, on first use; slow
+    /// enough to belong off the async threads).
+    pub fn constraint_compiler(
+        self: &Arc<Self>,
+    ) -> Result<Arc<ConstraintCompiler>, ConstraintError> {
+        self.constraints
+            .get_or_init(|| structured::build_compiler(self))
+            .clone()
     }
 
     /// A fresh response id with `prefix` (`cmpl`, `chatcmpl`).

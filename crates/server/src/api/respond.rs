@@ -17,10 +17,11 @@ use tandem_model::tokenizer::Tokenizer;
 use super::echo::EchoPlan;
 use super::format::{usage, ChoiceResult, Endpoint, ResponseMeta};
 use super::sampling::GenerationPlan;
+use super::tools::ToolMode;
 use super::App;
 use crate::engine_thread::{SampleGroup, SubmitError};
 use crate::error::{ApiError, ApiResult};
-use crate::generation::{Finish, Generation};
+use crate::generation::{ChoiceUpdate, Finish, Generation};
 
 /// What an endpoint hands over once its request is validated.
 #[derive(Debug)]
@@ -34,6 +35,8 @@ pub struct Submission {
     pub logprobs: Option<usize>,
     /// Echoed prompts and prompt scores (completions only).
     pub echo: Option<EchoPlan>,
+    /// Chat with tools: how the text becomes `tool_calls`.
+    pub tools: Option<ToolMode>,
 }
 
 /// Submits the requests to the engine and answers with one body or an SSE stream: the part
@@ -63,6 +66,7 @@ pub async fn run_plan(app: &App, plan: &GenerationPlan, sub: Submission) -> ApiR
         model: sub.model,
         logprobs: sub.logprobs,
         prompt_logprobs,
+        tools: sub.tools,
     };
     Ok(if plan.stream {
         let usage = UsageReport {
@@ -138,6 +142,8 @@ struct SseState {
     /// text offset of its next token (completions logprobs).
     started: Vec<bool>,
     offsets: Vec<usize>,
+    /// Per choice, with tools: the text held back until its last chunk.
+    held: Vec<String>,
     done: bool,
 }
 
@@ -167,6 +173,10 @@ impl SseState {
         }
         let role = !self.started[u.index];
         self.started[u.index] = true;
+        if self.meta.tools.is_some() {
+            self.hold_tool_text(u, role);
+            return true;
+        }
         let logprobs = self
             .meta
             .logprobs(&self.tokenizer, &u.tokens, &mut self.offsets[u.index]);
@@ -185,6 +195,27 @@ impl SseState {
         }
         self.queue.push_back(frame(&chunk));
         true
+    }
+
+    /// With tools, a choice's text is held back and sent in its last chunk (content or
+    /// `tool_calls`); before that only the role goes out.
+    fn hold_tool_text(&mut self, u: ChoiceUpdate, role: bool) {
+        self.held[u.index].push_str(&u.text);
+        let chunk = if u.finish.is_some() {
+            let text = std::mem::take(&mut self.held[u.index]);
+            self.meta.tool_chunk(u.index, &text, u.finish.as_ref())
+        } else if role {
+            self.meta.chunk(u.index, "", Value::Null, None, true)
+        } else {
+            return;
+        };
+        let mut chunk = chunk;
+        if self.usage.every_chunk {
+            chunk["usage"] = self.usage_so_far();
+        } else if self.usage.final_chunk {
+            chunk["usage"] = Value::Null;
+        }
+        self.queue.push_back(frame(&chunk));
     }
 
     /// The usage object counting the tokens generated so far.
@@ -211,6 +242,7 @@ pub fn stream(
         queue: Default::default(),
         started: vec![false; num_choices],
         offsets: vec![0; num_choices],
+        held: vec![String::new(); num_choices],
         done: false,
     };
     let body = futures_util::stream::unfold(state, |mut s| async move {

@@ -174,6 +174,7 @@ impl GenerationPlan {
             ignore_eos,
             stop_token_ids: stop_token_ids.clone(),
             eos_token_ids: model.eos_token_ids.clone(),
+            constraint: None,
         };
         sampling
             .validate(model.vocab_size)

@@ -14,6 +14,9 @@ use std::sync::OnceLock;
 
 /// The `openai` release the tests are written against.
 pub const OPENAI_VERSION: &str = "3.57.0";
+/// The `jsonschema` release the structured-output checks validate with (installed beside
+/// the client; `pydantic` comes with `openai`).
+pub const JSONSCHEMA_VERSION: &str = "4.26.0";
 
 /// The directory holding the pinned `openai` package and its dependencies, to put on
 /// `PYTHONPATH`; installs it on first use. Panics with instructions when Python 3, pip or
@@ -23,8 +26,10 @@ pub fn openai_site_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        let dir = root.join(format!("py-openai-{OPENAI_VERSION}"));
-        if !dir.join("openai").is_dir() {
+        let dir = root.join(format!(
+            "py-openai-{OPENAI_VERSION}-jsonschema-{JSONSCHEMA_VERSION}"
+        ));
+        if !dir.join("openai").is_dir() || !dir.join("jsonschema").is_dir() {
             install(root, &dir);
         }
         dir
@@ -55,6 +60,7 @@ fn install(root: &Path, dir: &Path) {
         ])
         .arg(&scratch)
         .arg(format!("openai=={OPENAI_VERSION}"))
+        .arg(format!("jsonschema=={JSONSCHEMA_VERSION}"))
         .output()
         .expect("python3 runs");
     if !out.status.success() {

@@ -1,0 +1,277 @@
+//! Structured output in the engine, on the weightless [`FakeRunner`] (pseudo-random logits,
+//! so every allowed token is likely somewhere) with the small fixture tokenizer:
+//!
+//! - constrained outputs always match (regex, choice, a bounded JSON schema) at temperature 1
+//!   over 64 seeds each, and end with EOS (the grammar accepted); (`json_object` allows
+//!   unbounded strings, which random logits never close: the server test covers it with a
+//!   real model);
+//! - a constrained request emits the same tokens alone, batched with unconstrained and other
+//!   constrained requests, under preemption (tiny pool), as sample `i` of `n > 1`, and with
+//!   n-gram speculation on (constrained requests are not drafted);
+//! - a dead end (the grammar is complete but `min_tokens` forbids EOS) ends that request with
+//!   an error and nothing else; beams refuse a constraint; bad grammars are typed errors
+//!   naming the field.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use tandem_engine::beam_search::BeamParams;
+use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
+use tandem_engine::sampler::{
+    Constraint, ConstraintCompiler, ConstraintError, GrammarSpec, SamplingParams,
+};
+use tandem_engine::speculative::{NgramProposer, SpeculativeConfig};
+use tandem_engine::{FinishReason, RequestParams, SchedulerConfig, SeqId};
+use tandem_model::batch::TokenId;
+use tandem_model::fake_runner::FakeRunner;
+use tandem_model::tokenizer::Tokenizer;
+
+const CONTEXT: usize = 256;
+const BLOCK: usize = 4;
+const SALT: u64 = 0x5eed;
+const MAX_BYTES: usize = 64 << 10;
+
+fn tokenizer() -> Tokenizer {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/hf/llama_untied");
+    Tokenizer::from_hf_dir(&dir).expect("fixture tokenizer")
+}
+
+fn engine(tok: &Tokenizer, blocks: usize) -> Engine {
+    let mut c = SchedulerConfig::new(blocks, BLOCK, CONTEXT);
+    c.eos_token_ids = tok.eos_ids().into_iter().map(TokenId).collect();
+    let runner = FakeRunner::new(tok.vocab_size(), CONTEXT, blocks, BLOCK, SALT);
+    Engine::new(Box::new(runner), c, 11).expect("engine")
+}
+
+fn compile(compiler: &ConstraintCompiler, spec: &GrammarSpec) -> Constraint {
+    compiler
+        .compile(spec, "test", MAX_BYTES)
+        .unwrap_or_else(|e| panic!("{spec:?}: {e}"))
+}
+
+fn request(tok: &Tokenizer, constraint: Option<Constraint>, seed: u64) -> GenerationRequest {
+    let prompt = tok.encode("Answer:", true).expect("encode");
+    GenerationRequest {
+        prompt: prompt.into_iter().map(TokenId).collect(),
+        sampling: SamplingParams {
+            temperature: 1.0,
+            seed: Some(seed),
+            eos_token_ids: tok.eos_ids(),
+            constraint,
+            ..SamplingParams::default()
+        },
+        limits: RequestParams {
+            max_tokens: 160,
+            ..RequestParams::default()
+        },
+        sample_index: 0,
+        prompt_logprobs: None,
+        prompt_logprobs_start: 1,
+    }
+}
+
+/// What one sample produced: its tokens and how it ended.
+type Out = (Vec<u32>, FinishReason);
+
+/// Submits every `(request, n)` at once and steps to the end; outputs in submission order.
+fn run(engine: &mut Engine, subs: &[(GenerationRequest, usize)]) -> Vec<Out> {
+    let mut order: Vec<SeqId> = Vec::new();
+    for (req, n) in subs {
+        order.extend(engine.add_request_n(req.clone(), *n).expect("accepted"));
+    }
+    let mut tokens: HashMap<SeqId, Vec<u32>> = HashMap::new();
+    let mut ends: HashMap<SeqId, FinishReason> = HashMap::new();
+    while engine.has_unfinished() {
+        for e in engine.step().expect("step") {
+            match e {
+                EngineEvent::Token { seq_id, token, .. } => {
+                    tokens.entry(seq_id).or_default().push(token.0)
+                }
+                EngineEvent::Finished { seq_id, reason } => {
+                    ends.insert(seq_id, reason);
+                }
+                _ => {}
+            }
+        }
+    }
+    order
+        .iter()
+        .map(|id| {
+            let end = ends.remove(id).expect("every request finishes");
+            (tokens.remove(id).unwrap_or_default(), end)
+        })
+        .collect()
+}
+
+/// The text of an output without its final stop token.
+fn text(tok: &Tokenizer, out: &Out) -> String {
+    tok.decode(&out.0, true).expect("decode")
+}
+
+fn schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 6},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+            "ok": {"type": "boolean"}
+        },
+        "required": ["name", "age", "tags", "ok"],
+        "additionalProperties": false
+    })
+}
+
+/// The structural check of [`schema`].
+fn matches_schema(v: &serde_json::Value) -> bool {
+    let Some(o) = v.as_object() else {
+        return false;
+    };
+    let name = o.get("name").and_then(|n| n.as_str());
+    let age = o.get("age").and_then(|a| a.as_i64());
+    let tags = o.get("tags").and_then(|t| t.as_array());
+    o.len() == 4
+        && name.is_some_and(|n| n.chars().count() <= 6)
+        && age.is_some_and(|a| (0..=120).contains(&a))
+        && tags.is_some_and(|t| {
+            t.len() <= 3
+                && t.iter()
+                    .all(|x| matches!(x.as_str(), Some("a" | "b" | "c")))
+        })
+        && o.get("ok").is_some_and(|b| b.is_boolean())
+}
+
+#[test]
+fn constrained_outputs_always_match_at_temperature_one() {
+    let tok = tokenizer();
+    let compiler = ConstraintCompiler::new(&tok).expect("vocabulary");
+    let regex = "[a-z]{1,6}@[a-z]{2,5}\\.(com|org)";
+    let re = regex::Regex::new(&format!("^(?:{regex})$")).expect("regex");
+    let choices = vec!["yes".to_string(), "no".to_string(), "maybe so".to_string()];
+    let specs = [
+        GrammarSpec::Regex(regex.into()),
+        GrammarSpec::Choice(choices.clone()),
+        GrammarSpec::JsonSchema(schema()),
+    ];
+    let eos = tok.eos_ids();
+    for (k, spec) in specs.iter().enumerate() {
+        let c = compile(&compiler, spec);
+        let subs: Vec<_> = (0..64)
+            .map(|seed| (request(&tok, Some(c.clone()), seed), 1))
+            .collect();
+        for (seed, out) in run(&mut engine(&tok, 512), &subs).iter().enumerate() {
+            let t = text(&tok, out);
+            assert_eq!(out.1, FinishReason::Stop, "spec {k} seed {seed}: {t:?}");
+            assert!(
+                out.0.last().is_some_and(|l| eos.contains(l)),
+                "ends with EOS"
+            );
+            let ok = match spec {
+                GrammarSpec::Regex(_) => re.is_match(&t),
+                GrammarSpec::Choice(c) => c.contains(&t),
+                GrammarSpec::JsonSchema(_) => {
+                    serde_json::from_str(&t).is_ok_and(|v| matches_schema(&v))
+                }
+                _ => false,
+            };
+            assert!(ok, "spec {k} seed {seed}: {t:?} does not match");
+        }
+    }
+}
+
+#[test]
+fn constrained_request_is_the_same_alone_batched_preempted_and_as_a_sibling() {
+    let tok = tokenizer();
+    let compiler = ConstraintCompiler::new(&tok).expect("vocabulary");
+    let c = compile(&compiler, &GrammarSpec::JsonSchema(schema()));
+    let choice = compile(
+        &compiler,
+        &GrammarSpec::Choice(vec!["alpha".into(), "beta".into()]),
+    );
+    let alone: Vec<Out> = (0..4)
+        .map(|seed| {
+            run(
+                &mut engine(&tok, 512),
+                &[(request(&tok, Some(c.clone()), seed), 1)],
+            )
+        })
+        .map(|mut v| v.remove(0))
+        .collect();
+    // Batched with unconstrained and other constrained requests, in a roomy pool and in a
+    // pool so small that sequences are preempted and recomputed.
+    let mut subs: Vec<_> = (0..4)
+        .map(|seed| (request(&tok, Some(c.clone()), seed), 1))
+        .collect();
+    subs.extend((0..4).map(|s| (request(&tok, None, 100 + s), 1)));
+    subs.extend((0..4).map(|s| (request(&tok, Some(choice.clone()), 200 + s), 1)));
+    assert_eq!(run(&mut engine(&tok, 512), &subs)[..4], alone[..]);
+    let mut tiny = engine(&tok, 60);
+    assert_eq!(run(&mut tiny, &subs)[..4], alone[..]);
+    assert!(
+        tiny.scheduler().stats().num_preemptions > 0,
+        "the tiny pool preempts"
+    );
+    // n = 4 siblings with seeds 0..4 are the four requests alone.
+    let n4 = run(
+        &mut engine(&tok, 512),
+        &[(request(&tok, Some(c.clone()), 0), 4)],
+    );
+    assert_eq!(n4, alone);
+    // With n-gram speculation on, constrained requests decode one token a step, unchanged.
+    let mut spec = engine(&tok, 512);
+    let mut config = SpeculativeConfig::default();
+    (config.num_tokens, config.max_batch_size) = (3, 64);
+    (config.draft_cost, config.verify_cost) = (0.0, 0.0);
+    let ngram = NgramProposer::new(1, 3).expect("n-gram sizes");
+    spec.enable_speculation(config, Box::new(ngram))
+        .expect("speculation");
+    assert_eq!(run(&mut spec, &subs)[..4], alone[..]);
+}
+
+#[test]
+fn a_dead_end_ends_only_its_request() {
+    let tok = tokenizer();
+    let compiler = ConstraintCompiler::new(&tok).expect("vocabulary");
+    let c = compile(&compiler, &GrammarSpec::Choice(vec!["x".into()]));
+    let mut stuck = request(&tok, Some(c), 1);
+    stuck.sampling.min_tokens = 20; // the grammar is complete after "x"; EOS is suppressed
+    let free = request(&tok, None, 2);
+    let outs = run(&mut engine(&tok, 512), &[(stuck, 1), (free, 1)]);
+    match &outs[0].1 {
+        FinishReason::Error(m) => assert!(m.contains("grammar"), "{m}"),
+        other => panic!("expected an error, got {other:?}"),
+    }
+    assert_eq!(text(&tok, &outs[0]), "x");
+    assert!(!matches!(outs[1].1, FinishReason::Error(_)));
+}
+
+#[test]
+fn beams_refuse_and_bad_grammars_name_the_field() {
+    let tok = tokenizer();
+    let compiler = ConstraintCompiler::new(&tok).expect("vocabulary");
+    let c = compile(&compiler, &GrammarSpec::Regex("a+".into()));
+    let beam = BeamParams {
+        width: 2,
+        length_penalty: 1.0,
+    };
+    let mut e = engine(&tok, 512);
+    assert!(e.add_beam_request(request(&tok, Some(c), 0), beam).is_err());
+    for spec in [
+        GrammarSpec::Regex("(".into()),
+        GrammarSpec::JsonSchema(serde_json::json!({"type": "nope"})),
+        GrammarSpec::JsonSchema(serde_json::json!(3)),
+        GrammarSpec::Lark("start: undefined_rule".into()),
+        GrammarSpec::Choice(vec![]),
+    ] {
+        match compiler.compile(&spec, "guided_x", MAX_BYTES) {
+            Err(ConstraintError::Invalid { field, .. }) => assert_eq!(field, "guided_x"),
+            other => panic!("{spec:?}: {other:?}"),
+        }
+    }
+    let big = GrammarSpec::Regex("a".repeat(100));
+    assert!(matches!(
+        compiler.compile(&big, "guided_regex", 50),
+        Err(ConstraintError::TooLarge { .. })
+    ));
+}
