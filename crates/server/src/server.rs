@@ -44,6 +44,8 @@ pub struct RunningServer {
     stop: tmpsc::UnboundedSender<Stop>,
     http: Option<JoinHandle<Result<(), ServerError>>>,
     engine_thread: Option<JoinHandle<()>>,
+    /// Shared with the HTTP side, so that a drain turns `/health` 503 before `drain` returns.
+    drain: Arc<Drain>,
 }
 
 impl RunningServer {
@@ -71,6 +73,7 @@ impl RunningServer {
     /// Begins a drain, as the first SIGTERM does (see [`crate::drain`]), and returns at once;
     /// [`RunningServer::wait`] then returns when it has ended.
     pub fn drain(&self) {
+        self.drain.begin();
         let _ = self.stop.send(Stop::Drain);
     }
 
@@ -162,11 +165,13 @@ fn start_inner(
         config.engine_log_interval,
     )
     .map_err(|e| ServerError::Startup(e.to_string()))?;
+    let drain = Arc::new(Drain::default());
     let http_config = HttpConfig {
         threads: config.http_threads.max(1),
         limits: config.connections.clone(),
         shutdown_timeout: config.shutdown_timeout,
         signals,
+        drain: drain.clone(),
     };
     let served_name = config.served_name().to_string();
     let app = Arc::new(AppState::new(handle.clone(), prompts, limits, config));
@@ -188,6 +193,7 @@ fn start_inner(
         stop,
         http: Some(http),
         engine_thread: Some(engine_thread),
+        drain,
     };
     await_ready(server, ready_rx)
 }
@@ -230,6 +236,7 @@ struct HttpConfig {
     limits: ConnectionLimits,
     shutdown_timeout: Duration,
     signals: bool,
+    drain: Arc<Drain>,
 }
 
 /// The HTTP thread's body: a runtime with `threads` workers serving until a [`Stop`] (from
@@ -260,7 +267,7 @@ fn run_http(
         let setup = async {
             let listener = tokio::net::TcpListener::from_std(listener)?;
             if config.signals {
-                forward_signals(stop_tx)?;
+                forward_signals(stop_tx, config.drain.clone())?;
             }
             Ok::<_, std::io::Error>(listener)
         };
@@ -286,7 +293,7 @@ async fn serve_until_stopped(
     mut stop: tmpsc::UnboundedReceiver<Stop>,
     engine: EngineHandle,
 ) {
-    let drain = Arc::new(Drain::default());
+    let drain = config.drain.clone();
     let connections = Connections::new(routes::router(app, drain.clone()), config.limits);
     let first = connections.accept_until(&listener, stop.recv()).await;
     let settled = match first {
@@ -332,7 +339,7 @@ fn log_settled(settled: Settled, engine: &EngineHandle) {
 
 /// Installs SIGINT/SIGTERM handlers (Ctrl-C elsewhere) that send [`Stop::Drain`] on the
 /// first signal and [`Stop::Now`] on later ones.
-fn forward_signals(stop: tmpsc::UnboundedSender<Stop>) -> std::io::Result<()> {
+fn forward_signals(stop: tmpsc::UnboundedSender<Stop>, drain: Arc<Drain>) -> std::io::Result<()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
@@ -346,6 +353,9 @@ fn forward_signals(stop: tmpsc::UnboundedSender<Stop>) -> std::io::Result<()> {
                     _ = term.recv() => {},
                 }
                 tracing::info!(?next, "signal received");
+                if next == Stop::Drain {
+                    drain.begin();
+                }
                 if stop.send(next).is_err() {
                     return;
                 }
@@ -357,6 +367,9 @@ fn forward_signals(stop: tmpsc::UnboundedSender<Stop>) -> std::io::Result<()> {
     tokio::spawn(async move {
         let mut next = Stop::Drain;
         while tokio::signal::ctrl_c().await.is_ok() {
+            if next == Stop::Drain {
+                drain.begin();
+            }
             if stop.send(next).is_err() {
                 return;
             }
