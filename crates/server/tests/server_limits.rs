@@ -149,3 +149,39 @@ fn prompts_beyond_the_context_are_refused_even_without_a_bound() {
     assert_eq!(r.status, 200, "{}", r.body);
     server.shutdown().expect("clean shutdown");
 }
+
+/// A body that names a key twice is refused (serde would keep the last value silently), on
+/// every JSON route and at any depth; the same keys in different objects are fine.
+#[test]
+fn repeated_keys_in_a_body_are_a_400() {
+    let server = start_server(&fixture_path(), |_| {});
+    let addr = server.addr();
+    let json = [("Content-Type", "application/json")];
+    let cases = [
+        (
+            "/v1/completions",
+            r#"{"prompt": "hi", "max_tokens": 1, "max_tokens": 64}"#,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "role": "system", "content": "hi"}], "max_tokens": 1}"#,
+        ),
+        ("/v1/score", r#"{"input": "hi", "input": "there"}"#),
+    ];
+    for (path, body) in cases {
+        let r = request(addr, "POST", path, &json, body);
+        assert_eq!(r.status, 400, "{path}: {}", r.body);
+        let msg = r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(msg.contains("appears twice"), "{path}: {msg}");
+    }
+    let ok = r#"{"prompt": "hi", "max_tokens": 1, "logit_bias": {"5": 1}, "stream_options": null}"#;
+    assert_eq!(
+        request(addr, "POST", "/v1/completions", &json, ok).status,
+        200
+    );
+    assert!(idle(&get(addr, "/health").json()));
+    server.shutdown().expect("clean shutdown");
+}

@@ -1,5 +1,5 @@
-//! Reading request bodies: size limit (413) and JSON parsing whose errors name the field
-//! at fault (400).
+//! Reading request bodies: size limit (413), JSON objects whose keys are unique (400, see
+//! `unique_keys.rs`), and field parsing whose errors name the field at fault (400).
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -7,6 +7,7 @@ use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use super::unique_keys::UniqueKeys;
 use crate::error::{ApiError, ApiResult};
 
 /// The body as a JSON object. `limit` is the configured body limit (for the 413 message).
@@ -20,6 +21,8 @@ pub fn json_object(body: Result<Bytes, BytesRejection>, limit: usize) -> ApiResu
     })?;
     let value: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}"), None))?;
+    serde_json::from_slice::<UniqueKeys>(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body repeats a key: {e}"), None))?;
     if !value.is_object() {
         return Err(ApiError::bad_request(
             "the body must be a JSON object",

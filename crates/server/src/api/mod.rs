@@ -31,6 +31,7 @@ pub mod score_format;
 pub mod structured;
 pub mod tokenize;
 pub mod tools;
+mod unique_keys;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
