@@ -16,6 +16,7 @@ use super::format::Endpoint;
 use super::sampling::{CommonFields, GenerationPlan};
 use super::{beam, respond, structured, tools, App};
 use crate::error::{ApiError, ApiResult};
+use crate::limits::RequestLimits;
 
 /// Most messages in one conversation.
 pub const MAX_MESSAGES: usize = 1024;
@@ -199,15 +200,7 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
     let own: ChatFields = fields(&value)?;
     let model = app.check_model(common.model.as_deref())?;
     let bounds = &app.config.limits;
-    if let Some(m) = own.max_completion_tokens {
-        if let Some(cap) = bounds.max_output_tokens.filter(|&cap| m > cap as u64) {
-            return Err(ApiError::field(
-                "max_completion_tokens",
-                format!("must be at most {cap}, got {m}"),
-            ));
-        }
-        common.max_tokens = Some(m);
-    }
+    apply_max_completion_tokens(&own, &mut common, bounds)?;
     let logprobs = top_logprobs(&own)?;
     let limits = &app.limits;
     let mut plan = GenerationPlan::new(&common, logprobs, "top_logprobs", limits, bounds)?;
@@ -220,23 +213,7 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
         own.tools.as_ref(),
         own.add_generation_prompt,
     )?;
-    if prompt.is_empty() {
-        return Err(ApiError::field(
-            "messages",
-            "the rendered conversation has no tokens",
-        ));
-    }
-    let max_prompt = bounds.prompt_tokens(limits.max_model_len);
-    if prompt.len() > max_prompt {
-        return Err(ApiError::field(
-            "messages",
-            format!(
-                "the conversation has {} tokens, more than the {max_prompt} allowed (maximum model length {})",
-                prompt.len(),
-                limits.max_model_len
-            ),
-        ));
-    }
+    check_prompt_length(&prompt, bounds, limits.max_model_len)?;
     let room = limits.max_model_len - prompt.len();
     let default_max = bounds.max_output_tokens.map_or(room, |cap| cap.min(room));
     let max_tokens = plan.max_tokens.unwrap_or(default_max);
@@ -262,4 +239,47 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
         tools: tool_mode,
     };
     respond::run_plan(&app, &plan, sub).await
+}
+
+/// `max_completion_tokens` (OpenAI's newer name) overrides `max_tokens`, within the bound.
+fn apply_max_completion_tokens(
+    own: &ChatFields,
+    common: &mut CommonFields,
+    bounds: &RequestLimits,
+) -> ApiResult<()> {
+    if let Some(m) = own.max_completion_tokens {
+        if let Some(cap) = bounds.max_output_tokens.filter(|&cap| m > cap as u64) {
+            return Err(ApiError::field(
+                "max_completion_tokens",
+                format!("must be at most {cap}, got {m}"),
+            ));
+        }
+        common.max_tokens = Some(m);
+    }
+    Ok(())
+}
+
+/// Refuses a rendered conversation that is empty or longer than the prompt bound.
+fn check_prompt_length(
+    prompt: &[TokenId],
+    bounds: &RequestLimits,
+    max_model_len: usize,
+) -> ApiResult<()> {
+    if prompt.is_empty() {
+        return Err(ApiError::field(
+            "messages",
+            "the rendered conversation has no tokens",
+        ));
+    }
+    let max_prompt = bounds.prompt_tokens(max_model_len);
+    if prompt.len() > max_prompt {
+        return Err(ApiError::field(
+            "messages",
+            format!(
+                "the conversation has {} tokens, more than the {max_prompt} allowed (maximum model length {max_model_len})",
+                prompt.len(),
+            ),
+        ));
+    }
+    Ok(())
 }
