@@ -116,15 +116,7 @@ impl KvPool {
     /// Copies whole blocks `(src, dst)` in order, every plane and the hidden states, on the
     /// device. All ids are checked before anything is copied.
     pub fn copy_blocks(&self, copies: &[(BlockId, BlockId)]) -> Result<(), CudaError> {
-        if let Some((s, d)) = copies
-            .iter()
-            .find(|(s, d)| s.0 as usize >= self.num_blocks || d.0 as usize >= self.num_blocks)
-        {
-            return Err(CudaError::Model(tandem_model::ModelError::Batch(format!(
-                "copy of block {} to {} outside the pool of {}",
-                s.0, d.0, self.num_blocks
-            ))));
-        }
+        tandem_model::runner::check_block_copies(copies, self.num_blocks)?;
         let kv_block = self.block_size * self.kv_dim * self.elem; // bytes per block, one plane
         let hidden_block = self.block_size * self.hidden_size * 4;
         for &(src, dst) in copies.iter().filter(|(s, d)| s != d) {

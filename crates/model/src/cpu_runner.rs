@@ -8,7 +8,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv_store::{KvDtype, KvStore};
 use crate::logits::Logits;
-use crate::runner::{slot_of, KvGeometry, ModelRunner};
+use crate::runner::{check_block_copies, slot_of, KvGeometry, ModelRunner};
 use crate::transformer::Model;
 
 /// The size of a runner's KV pool.
@@ -63,16 +63,7 @@ impl ModelRunner for CpuRunner {
     }
 
     fn copy_blocks(&mut self, copies: &[(BlockId, BlockId)]) -> Result<()> {
-        let n = self.kv.num_blocks();
-        if let Some((s, d)) = copies
-            .iter()
-            .find(|(s, d)| s.0 as usize >= n || d.0 as usize >= n)
-        {
-            return Err(ModelError::Batch(format!(
-                "block copy {} -> {} outside the pool of {n} blocks",
-                s.0, d.0
-            )));
-        }
+        check_block_copies(copies, self.kv.num_blocks())?;
         for &(src, dst) in copies {
             self.kv.copy_block(src, dst);
         }

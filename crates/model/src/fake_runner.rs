@@ -16,7 +16,7 @@ use crate::config::{Architecture, ModelConfig, RopeConfig, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::kv_store::KvDtype;
 use crate::logits::Logits;
-use crate::runner::{slot_of, KvGeometry, ModelRunner};
+use crate::runner::{check_block_copies, slot_of, KvGeometry, ModelRunner};
 
 /// What one KV slot holds in the fake: the token, its position and the history hash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,14 +183,10 @@ impl ModelRunner for FakeRunner {
     }
 
     fn copy_blocks(&mut self, copies: &[(BlockId, BlockId)]) -> Result<()> {
-        let (bs, n) = (self.block_size, self.slots.len() / self.block_size);
+        let bs = self.block_size;
+        check_block_copies(copies, self.slots.len() / bs)?;
         for &(src, dst) in copies {
             let (s, d) = (src.0 as usize, dst.0 as usize);
-            if s >= n || d >= n {
-                return Err(ModelError::Batch(format!(
-                    "block copy {s} -> {d} outside {n}"
-                )));
-            }
             self.slots.copy_within(s * bs..(s + 1) * bs, d * bs);
         }
         Ok(())

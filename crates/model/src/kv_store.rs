@@ -149,7 +149,7 @@ impl KvStore {
 
     /// The slot of position `pos` for a sequence with `block_table`.
     pub fn slot(&self, block_table: &[BlockId], pos: usize) -> usize {
-        block_table[pos / self.block_size].0 as usize * self.block_size + pos % self.block_size
+        crate::runner::slot_of(block_table, self.block_size, pos)
     }
 
     /// Stores one token's key and value rows (`[kv_dim]` each) of `layer` at `slot`.

@@ -103,6 +103,21 @@ pub trait ModelRunner: Send + std::fmt::Debug {
     fn describe(&self) -> String;
 }
 
+/// Checks that every `(src, dst)` of a [`ModelRunner::copy_blocks`] call names a block of a
+/// pool of `num_blocks` (runners check all of them before copying any).
+pub fn check_block_copies(copies: &[(BlockId, BlockId)], num_blocks: usize) -> Result<()> {
+    match copies
+        .iter()
+        .find(|(s, d)| s.0 as usize >= num_blocks || d.0 as usize >= num_blocks)
+    {
+        Some((s, d)) => Err(crate::error::ModelError::Batch(format!(
+            "block copy {} -> {} outside the pool of {num_blocks} blocks",
+            s.0, d.0
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The slot of position `pos` of a sequence whose blocks are `block_table`.
 pub fn slot_of(block_table: &[BlockId], block_size: usize, pos: usize) -> usize {
     block_table[pos / block_size].0 as usize * block_size + pos % block_size

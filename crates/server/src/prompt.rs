@@ -58,17 +58,21 @@ impl PromptBuilder {
         Ok(ids.into_iter().map(TokenId).collect())
     }
 
+    /// The model's chat template, or a 400 on `messages` when it has none.
+    fn template(&self) -> ApiResult<&ChatTemplate> {
+        self.template
+            .as_ref()
+            .ok_or_else(|| ApiError::field("messages", "the model has no chat template"))
+    }
+
     /// The ids of a conversation rendered through the chat template.
     pub fn chat(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> ApiResult<Vec<TokenId>> {
-        let template = self
-            .template
-            .as_ref()
-            .ok_or_else(|| ApiError::field("messages", "the model has no chat template"))?;
-        let text = template
+        let text = self
+            .template()?
             .render(messages, add_generation_prompt)
             .map_err(|e| ApiError::field("messages", e))?;
         self.text(&text, false, "messages")
@@ -81,11 +85,8 @@ impl PromptBuilder {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> ApiResult<Vec<TokenId>> {
-        let template = self
-            .template
-            .as_ref()
-            .ok_or_else(|| ApiError::field("messages", "the model has no chat template"))?;
-        let text = template
+        let text = self
+            .template()?
             .render_json(messages, tools, add_generation_prompt)
             .map_err(|e| ApiError::field("messages", e))?;
         self.text(&text, false, "messages")

@@ -98,19 +98,7 @@ impl ChatTemplate {
     /// The prompt text for `messages`; with `add_generation_prompt`, ends with the opening
     /// of an assistant turn. Errors when the template raises or fails.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let template = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(|e| jinja_err("template missing", &e))?;
-        let context = minijinja::context! {
-            messages => Value::from_serialize(messages),
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token.clone().unwrap_or_default(),
-            eos_token => self.eos_token.clone().unwrap_or_default(),
-        };
-        template
-            .render(context)
-            .map_err(|e| jinja_err("cannot render conversation", &e))
+        self.render_values(Value::from_serialize(messages), None, add_generation_prompt)
     }
 
     /// Renders messages given as JSON (with `tool_calls`, `tool_call_id`, ... as the client
@@ -121,13 +109,28 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
+        let tools = tools.map(Value::from_serialize);
+        self.render_values(
+            Value::from_serialize(messages),
+            tools,
+            add_generation_prompt,
+        )
+    }
+
+    /// The one rendering: `tools` is `none` when absent, as transformers passes it.
+    fn render_values(
+        &self,
+        messages: Value,
+        tools: Option<Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| jinja_err("template missing", &e))?;
         let context = minijinja::context! {
-            messages => Value::from_serialize(messages),
-            tools => tools.map(Value::from_serialize),
+            messages => messages,
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
