@@ -13,16 +13,15 @@ use tandem_model::transformer::Model;
 fn scalar_path_matches_the_fp32_dequantized_reference() {
     // The fastest exact kernels (AVX-512 / AVX2 when present) are bitwise equal to the scalar
     // path; the default int8 ones are `default_model_fidelity_int8`'s subject.
-    tandem_kernels::isa::set_forced(tandem_kernels::Isa::best_exact())
-        .expect("choose the exact kernels before any kernel runs");
+    let isa = tandem_kernels::Isa::best_exact();
     let path = tandem_model::default_model::test_model_path()
         .expect("the default model is needed; this test does not skip");
-    let model = Model::new(load_gguf_model(&path).expect("load").0, 2);
+    let model = Model::with_kernels(load_gguf_model(&path).expect("load").0, 2, isa);
     let f = common::fidelity(model);
     eprintln!(
         "tandem ({}) vs fp32 reference: mean |Δlogprob| {:.2e} over {} positions, top-1 agreement {:.4}; \
          llama.cpp vs fp32 reference: mean |Δlogprob| {:.5}",
-        tandem_kernels::isa::active(), f.mean_abs_dlogprob, f.positions, f.top1_agreement, f.llama_cpp_mean_abs_dlogprob
+        isa, f.mean_abs_dlogprob, f.positions, f.top1_agreement, f.llama_cpp_mean_abs_dlogprob
     );
     assert!(
         f.mean_abs_dlogprob <= 0.01,

@@ -3,7 +3,7 @@
 
 mod common;
 
-use tandem_kernels::isa::{self, Isa};
+use tandem_kernels::Isa;
 use tandem_model::loader::load_gguf_model;
 use tandem_model::transformer::Model;
 
@@ -15,10 +15,9 @@ fn int8_path_is_no_further_from_the_reference_than_llama_cpp() {
         .expect(
             "this test needs an x86-64 CPU with AVX2 (the project's machines have AVX-512 VNNI)",
         );
-    isa::set_forced(isa).expect("choose the int8 kernels before any kernel runs");
     let path = tandem_model::default_model::test_model_path()
         .expect("the default model is needed; this test does not skip");
-    let model = Model::new(load_gguf_model(&path).expect("load").0, 2);
+    let model = Model::with_kernels(load_gguf_model(&path).expect("load").0, 2, isa);
     let f = common::fidelity(model);
     eprintln!(
         "tandem ({isa}) vs fp32 reference: mean |Δlogprob| {:.5} over {} positions, top-1 agreement {:.4}; \
