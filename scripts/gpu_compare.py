@@ -74,10 +74,18 @@ def summary_lines(name, r):
             f"max|dlogit| {p['suffix_max_abs_logit_diff']:.2e}; cached_logits mismatches "
             f"{p['cached_logits_mismatches']} (after copy_blocks "
             f"{p['cached_logits_after_copy_mismatches']})")
+        inv = c.get("batch_invariance", {})
+        for mode, v in inv.items():
+            lines.append(
+                f"  batch invariance {dtype} {mode}: B={v['batch']} together vs alone: "
+                f"{v['mismatched_logits']} logits differ, max|d| {v['max_abs_diff']:.2e}")
         lines.append(
             f"  speed {dtype}: prefill {t['prefill_tok_s']:.0f} tok/s ({t['prefill_tokens']} "
-            f"tokens), decode B=1 {t['decode_b1_tok_s']:.1f} tok/s, B=16 "
-            f"{t['decode_b16_tok_s']:.1f} tok/s")
+            f"tokens), 8x2048 {t.get('prefill_8x2048_tok_s', 0):.0f} tok/s")
+        for b in (1, 16, 64, 256):
+            g, e = t.get(f"decode_b{b}_graphs_tok_s"), t.get(f"decode_b{b}_eager_tok_s")
+            if g is not None:
+                lines.append(f"  decode {dtype} B={b}: graphs {g:.1f} tok/s, eager {e:.1f} tok/s")
     return lines
 
 

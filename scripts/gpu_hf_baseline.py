@@ -2,7 +2,9 @@
 scripts/gpu_cli_check.sh): batch 1 and 32, random prompts of 512 tokens, 64 new tokens
 (EOS ignored), eager and static KV cache; one JSON line per configuration.
 
-    python3 scripts/gpu_hf_baseline.py MODEL_DIR
+    python3 scripts/gpu_hf_baseline.py MODEL_DIR [BATCHES [CACHES]]
+
+BATCHES is a comma-separated list (default 1,32), CACHES likewise (default dynamic,static).
 """
 import json
 import sys
@@ -14,8 +16,10 @@ from transformers import AutoModelForCausalLM
 path = sys.argv[1]
 model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
 vocab = model.config.vocab_size
-for cache in ("dynamic", "static"):
-    for b in (1, 32):
+batches = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "1,32").split(",")]
+caches = (sys.argv[3] if len(sys.argv) > 3 else "dynamic,static").split(",")
+for cache in caches:
+    for b in batches:
         ids = torch.randint(0, vocab - 1, (b, 512), device="cuda",
                             generator=torch.Generator("cuda").manual_seed(0))
         kw = dict(max_new_tokens=64, min_new_tokens=64, do_sample=False, pad_token_id=0)

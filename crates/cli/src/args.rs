@@ -36,6 +36,10 @@ pub struct ModelArgs {
     /// pool, which gets what is left), as in vLLM; used unless --kv-cache-memory is given.
     #[arg(long, value_name = "F", default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,
+    /// On CUDA, launch every kernel of a decode step from the host instead of replaying the
+    /// step's recorded CUDA graph (slower; for comparison and debugging).
+    #[arg(long)]
+    pub no_cuda_graphs: bool,
 }
 
 /// `--device`.

@@ -83,6 +83,7 @@ impl PreparedModel {
         options.device_ordinal = device_ordinal;
         options.dtype = args.dtype;
         options.kv = KvBudget::MemoryFraction(args.gpu_memory_utilization);
+        options.cuda_graphs = !args.no_cuda_graphs;
         Ok(PreparedModel::Cuda {
             host: Box::new(host),
             options,

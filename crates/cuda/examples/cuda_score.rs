@@ -39,7 +39,7 @@ fn main() -> Result<()> {
     let options = CudaOptions {
         dtype,
         block_size: BLOCK,
-        kv: KvBudget::Blocks(4096),
+        kv: KvBudget::Blocks(12_000),
         ..CudaOptions::new(cache)
     };
     let t0 = Instant::now();
@@ -231,7 +231,9 @@ fn prefix_and_copy(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value>
     }))
 }
 
-/// Prefill and decode throughput with simple loops.
+/// Prefill and decode throughput with simple loops: prefill of one `n`-token prompt and of
+/// 8 prompts of 2,048 tokens; decode steps at several batch sizes after `n` tokens, with
+/// and without CUDA graphs.
 fn timing(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
     let n = tokens.len();
     let table = blocks(0, n.div_ceil(BLOCK) + 16);
@@ -244,7 +246,8 @@ fn timing(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
     }
     let prefill_tps = (reps * n) as f64 / t.elapsed().as_secs_f64();
     let mut out = json!({ "prefill_tokens": n, "prefill_tok_s": prefill_tps });
-    for batch_size in [1usize, 16] {
+    out["prefill_8x2048_tok_s"] = json!(long_prefill(runner, tokens)?);
+    for batch_size in [1usize, 16, 64, 256] {
         let steps = 64;
         let per_seq = (n + steps).div_ceil(BLOCK);
         let seq_tables: Vec<Vec<BlockId>> = (0..batch_size)
@@ -258,27 +261,103 @@ fn timing(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
                 OutputSelection::Last,
             ))?;
         }
-        let t0 = Instant::now();
-        for (step, &token) in tokens.iter().cycle().take(steps).enumerate() {
-            let seqs = seq_tables
-                .iter()
-                .enumerate()
-                .map(|(i, table)| SeqSpan {
-                    start: i,
-                    len: 1,
-                    num_cached: n + step,
-                    block_table: table.clone(),
-                })
-                .collect();
-            runner.forward(&ForwardBatch {
-                tokens: vec![token; batch_size],
-                seqs,
-                output: OutputSelection::Last,
-            })?;
+        for graphs in [true, false] {
+            runner.set_cuda_graphs(graphs);
+            let t0 = Instant::now();
+            for (step, &token) in tokens.iter().cycle().take(steps).enumerate() {
+                runner.forward(&decode_batch(&seq_tables, token, n + step))?;
+            }
+            let tps = (steps * batch_size) as f64 / t0.elapsed().as_secs_f64();
+            let key = if graphs { "graphs" } else { "eager" };
+            out[format!("decode_b{batch_size}_{key}_tok_s")] = json!(tps);
         }
-        let tps = (steps * batch_size) as f64 / t0.elapsed().as_secs_f64();
-        out[format!("decode_b{batch_size}_tok_s")] = json!(tps);
+        runner.set_cuda_graphs(true);
     }
+    out["graphs_recorded"] = json!(runner.graphs_recorded());
+    Ok(out)
+}
+
+/// One decode step of every sequence in `tables`, each at position `pos` with `token`.
+fn decode_batch(tables: &[Vec<BlockId>], token: TokenId, pos: usize) -> ForwardBatch {
+    let seqs = tables
+        .iter()
+        .enumerate()
+        .map(|(i, table)| SeqSpan {
+            start: i,
+            len: 1,
+            num_cached: pos,
+            block_table: table.clone(),
+        })
+        .collect();
+    ForwardBatch {
+        tokens: vec![token; tables.len()],
+        seqs,
+        output: OutputSelection::Last,
+    }
+}
+
+/// Prefill of 8 sequences of 2,048 tokens in one forward call (tokens/s, best of 3).
+fn long_prefill(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<f64> {
+    let (seqs, len) = (8usize, 2048usize);
+    let per_seq = len.div_ceil(BLOCK);
+    let mut all = Vec::with_capacity(seqs * len);
+    let mut spans = Vec::new();
+    for i in 0..seqs {
+        spans.push(SeqSpan {
+            start: i * len,
+            len,
+            num_cached: 0,
+            block_table: blocks(i * per_seq, per_seq),
+        });
+        all.extend(tokens.iter().cycle().skip(i).take(len).copied());
+    }
+    let batch = ForwardBatch {
+        tokens: all,
+        seqs: spans,
+        output: OutputSelection::Last,
+    };
+    runner.forward(&batch)?;
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t = Instant::now();
+        runner.forward(&batch)?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok((seqs * len) as f64 / best)
+}
+
+/// Batch invariance on the device: 16 sequences (the prompt rotated by i) decode one step
+/// together and each alone; how many logits differ, and by how much, with graphs and
+/// without.
+fn batch_invariance(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
+    let (b, n) = (16usize, tokens.len());
+    let per_seq = (n + 1).div_ceil(BLOCK);
+    let tables: Vec<Vec<BlockId>> = (0..b).map(|i| blocks(i * per_seq, per_seq)).collect();
+    for (i, t) in tables.iter().enumerate() {
+        let prompt: Vec<TokenId> = tokens.iter().cycle().skip(i).take(n).copied().collect();
+        runner.forward(&ForwardBatch::single(
+            prompt,
+            0,
+            t.clone(),
+            OutputSelection::Last,
+        ))?;
+    }
+    let mut out = json!({});
+    for graphs in [true, false] {
+        runner.set_cuda_graphs(graphs);
+        let together = runner.forward(&decode_batch(&tables, tokens[0], n))?;
+        let (mut mismatched, mut max_diff) = (0usize, 0.0f32);
+        for (i, t) in tables.iter().enumerate() {
+            let alone = runner.forward(&decode_batch(std::slice::from_ref(t), tokens[0], n))?;
+            for (x, y) in together.row(i).iter().zip(alone.row(0)) {
+                mismatched += (x.to_bits() != y.to_bits()) as usize;
+                max_diff = max_diff.max((x - y).abs());
+            }
+        }
+        let key = if graphs { "graphs" } else { "eager" };
+        out[key] = json!({ "batch": b, "mismatched_logits": mismatched, "max_abs_diff": max_diff });
+    }
+    runner.set_cuda_graphs(true);
     Ok(out)
 }
 
@@ -286,8 +365,11 @@ fn checks(runner: &mut CudaRunner, seqs: &[Vec<TokenId>]) -> Result<Value> {
     let s = &seqs[0];
     let decode = decode_vs_forward(runner, &s[..64.min(s.len())], 32)?;
     let prefix = prefix_and_copy(runner, s)?;
+    let invariance = batch_invariance(runner, &s[..256.min(s.len())])?;
     let timing = timing(runner, &s[..512.min(s.len())])?;
-    Ok(
-        json!({ "describe": runner.describe(), "weight_bytes": runner.weight_bytes(), "decode_vs_forward": decode, "prefix": prefix, "timing": timing }),
-    )
+    Ok(json!({
+        "describe": runner.describe(), "weight_bytes": runner.weight_bytes(),
+        "decode_vs_forward": decode, "prefix": prefix, "batch_invariance": invariance,
+        "timing": timing,
+    }))
 }

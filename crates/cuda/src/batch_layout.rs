@@ -79,6 +79,67 @@ impl BatchLayout {
     }
 }
 
+impl BatchLayout {
+    /// Rewrites the block tables with rows of `stride` entries (at least `max_blocks`).
+    pub fn widen_tables(&mut self, stride: usize) {
+        if stride == self.max_blocks {
+            return;
+        }
+        let seqs = self.block_tables.len() / self.max_blocks.max(1);
+        let mut wide = vec![0; seqs * stride];
+        for (dst, src) in wide
+            .chunks_mut(stride)
+            .zip(self.block_tables.chunks(self.max_blocks))
+        {
+            dst[..src.len()].copy_from_slice(src);
+        }
+        self.block_tables = wide;
+        self.max_blocks = stride;
+    }
+
+    /// Whether every sequence brings exactly one new token and needs its logits: a decode
+    /// step, the shape CUDA graphs replay.
+    pub fn is_decode(&self) -> bool {
+        let n = self.tokens.len();
+        self.output_rows.len() == n
+            && self.block_tables.len() == n * self.max_blocks
+            && self
+                .token_seq
+                .iter()
+                .enumerate()
+                .all(|(i, &s)| s as usize == i)
+    }
+
+    /// Pads a decode layout to `rows` sequences. A padding row is token 0 at position 0 of a
+    /// sequence of its own whose one block is `scratch_block`; it writes its K/V and hidden
+    /// state to slot `scratch_block * block_size` and its logits are never read.
+    pub fn pad_decode(&mut self, rows: usize, scratch_block: usize, block_size: usize) {
+        let half = self.cos.len() / self.tokens.len().max(1);
+        let scratch_slot = (scratch_block * block_size) as i64;
+        for i in self.tokens.len()..rows {
+            self.tokens.push(0);
+            self.positions.push(0);
+            self.token_seq.push(i as i32);
+            self.write_slots.push(scratch_slot);
+            self.output_slots.push(scratch_slot);
+            self.cos.extend(std::iter::repeat_n(1.0, half));
+            self.sin.extend(std::iter::repeat_n(0.0, half));
+            let mut table = vec![0; self.max_blocks];
+            table[0] = scratch_block as i32;
+            self.block_tables.extend(table);
+        }
+    }
+
+    /// The longest context of the batch, in tokens.
+    pub fn max_context(&self) -> usize {
+        self.positions
+            .iter()
+            .map(|&p| p as usize + 1)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 fn to_i32(v: usize, what: &str) -> Result<i32, CudaError> {
     i32::try_from(v).map_err(|_| CudaError::Unsupported(format!("{what} {v} exceeds i32")))
 }
@@ -159,6 +220,45 @@ mod tests {
         assert_eq!(l.cos.len(), 8);
         assert_eq!(l.cos[1], (2.0f64 * 0.5).cos() as f32);
         assert_eq!(l.sin[2], (3.0f64).sin() as f32);
+    }
+
+    #[test]
+    fn widened_and_padded_decode_layout_keeps_every_real_row() {
+        let batch = ForwardBatch {
+            tokens: [5, 6].map(TokenId).to_vec(),
+            seqs: vec![
+                SeqSpan {
+                    start: 0,
+                    len: 1,
+                    num_cached: 4,
+                    block_table: vec![BlockId(7), BlockId(3)],
+                },
+                SeqSpan {
+                    start: 1,
+                    len: 1,
+                    num_cached: 0,
+                    block_table: vec![BlockId(1)],
+                },
+            ],
+            output: OutputSelection::Last,
+        };
+        let mut l = BatchLayout::build(&batch, 4, &[1.0, 0.5]).expect("valid");
+        assert!(l.is_decode());
+        l.widen_tables(4);
+        assert_eq!(l.block_tables, vec![7, 3, 0, 0, 1, 0, 0, 0]);
+        l.pad_decode(4, 9, 4);
+        assert_eq!(l.tokens, vec![5, 6, 0, 0]);
+        assert_eq!(l.positions, vec![4, 0, 0, 0]);
+        assert_eq!(l.token_seq, vec![0, 1, 2, 3]);
+        assert_eq!(l.write_slots, vec![12, 4, 36, 36]);
+        assert_eq!(l.output_slots, vec![12, 4, 36, 36]);
+        assert_eq!(&l.block_tables[8..], &[9, 0, 0, 0, 9, 0, 0, 0]);
+        assert_eq!(l.cos.len(), 8);
+        assert_eq!((l.cos[6], l.sin[7]), (1.0, 0.0));
+        assert_eq!(l.max_context(), 5);
+        assert!(!BatchLayout::build(&two_sequence_batch(), 4, &[1.0])
+            .expect("valid")
+            .is_decode());
     }
 
     #[test]

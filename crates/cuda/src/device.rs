@@ -101,7 +101,9 @@ impl Device {
         // SAFETY: the runner queues all of its work on one stream, in order, so cudarc's
         // per-buffer events (which order work across streams) are not needed.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A stream of its own, not the legacy default stream, which cannot be captured
+        // into a CUDA graph.
+        let stream = ctx.new_stream()?;
         Ok(Device { ctx, stream, info })
     }
 

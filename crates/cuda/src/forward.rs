@@ -14,17 +14,23 @@ use tandem_model::logits::Logits;
 use tandem_model::ModelConfig;
 
 use crate::batch_layout::BatchLayout;
+use crate::decode_graphs::bucket_for;
 use crate::error::CudaError;
-use crate::kernels::{AttnBuffers, AttnShape, DevPtr, QkvBuffers, QkvShape};
+use crate::kernels::{AttnBuffers, AttnShape, DevPtr, QkvBuffers, QkvShape, ATTN_PARTITION};
 use crate::options::CudaDtype;
 use crate::runner::CudaRunner;
+use crate::step_inputs::{InputPtrs, StepInputs, LOGIT_ROWS};
 use crate::weights::DeviceLayer;
 
 /// Rows of one LM head product. Always this many (padded), so that a row's logits come from
 /// the same cuBLAS kernel whichever call computes them (`forward` or `cached_logits`).
 pub(crate) const LM_TILE: usize = 64;
 
-/// Activations of up to `capacity` tokens, plus the LM head's tile.
+/// (token, head, partition) results the attention's partials buffer holds; a batch that
+/// needs more runs its attention in groups of rows.
+pub(crate) const PARTIAL_SLOTS: usize = 1 << 18;
+
+/// Activations of up to `capacity` tokens, plus the LM head's rows.
 #[derive(Debug)]
 pub(crate) struct Workspace {
     pub capacity: usize,
@@ -40,13 +46,15 @@ pub(crate) struct Workspace {
     q: CudaSlice<f32>,
     /// `[cap, q_dim]` storage type: attention output.
     attn: CudaSlice<u8>,
+    /// `[PARTIAL_SLOTS, head_dim + 2]` f32: attention's per-partition results.
+    partials: CudaSlice<f32>,
     /// `[cap, 2 * ff]` f32.
     gate_up: CudaSlice<f32>,
     /// `[cap, ff]` storage type: SwiGLU output.
     act: CudaSlice<u8>,
-    /// `[LM_TILE, h]` storage type: LM head input.
+    /// `[LOGIT_ROWS, h]` storage type: LM head input.
     lm_in: CudaSlice<u8>,
-    /// `[LM_TILE, vocab]` f32.
+    /// `[LOGIT_ROWS, vocab]` f32.
     logits: CudaSlice<f32>,
 }
 
@@ -70,35 +78,11 @@ impl Workspace {
             qkv: f(capacity * qkv_dim)?,
             q: f(capacity * q_dim)?,
             attn: b(capacity * q_dim)?,
+            partials: f(PARTIAL_SLOTS * (c.head_dim + 2))?,
             gate_up: f(capacity * 2 * ff)?,
             act: b(capacity * ff)?,
-            lm_in: b(LM_TILE * h)?,
-            logits: f(LM_TILE * c.vocab_size)?,
-        })
-    }
-}
-
-/// The batch's index arrays on the device.
-struct DeviceLayout {
-    tokens: CudaSlice<i32>,
-    positions: CudaSlice<i32>,
-    token_seq: CudaSlice<i32>,
-    write_slots: CudaSlice<i64>,
-    block_tables: CudaSlice<i32>,
-    cos: CudaSlice<f32>,
-    sin: CudaSlice<f32>,
-}
-
-impl DeviceLayout {
-    fn upload(stream: &Arc<CudaStream>, l: &BatchLayout) -> Result<DeviceLayout, CudaError> {
-        Ok(DeviceLayout {
-            tokens: stream.clone_htod(&l.tokens)?,
-            positions: stream.clone_htod(&l.positions)?,
-            token_seq: stream.clone_htod(&l.token_seq)?,
-            write_slots: stream.clone_htod(&l.write_slots)?,
-            block_tables: stream.clone_htod(&l.block_tables)?,
-            cos: stream.clone_htod(&l.cos)?,
-            sin: stream.clone_htod(&l.sin)?,
+            lm_in: b(LOGIT_ROWS * h)?,
+            logits: f(LOGIT_ROWS * c.vocab_size)?,
         })
     }
 }
@@ -109,46 +93,119 @@ fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> DevPtr {
 
 impl CudaRunner {
     /// Runs every layer over the batch laid out in `l` and stores the final hidden states;
-    /// returns the logits of `l.output_rows`.
-    pub(crate) fn run_forward(&mut self, l: &BatchLayout) -> Result<Logits, CudaError> {
+    /// returns the logits of `l.output_rows`. Decode batches replay a CUDA graph when they
+    /// can; everything else is launched eagerly.
+    pub(crate) fn run_forward(&mut self, mut l: BatchLayout) -> Result<Logits, CudaError> {
         let n = l.tokens.len();
-        if n > self.ws.capacity {
-            self.ws = Workspace::new(&self.device.stream, &self.config, self.dtype, n)?;
+        self.ensure_capacity(n, l.max_blocks)?;
+        l.widen_tables(self.inputs.table_stride);
+        if let Some(bucket) = self.graph_bucket(&l) {
+            return self.decode_with_graph(l, bucket);
         }
+        self.inputs.upload(&l)?;
+        let parts = l.max_context().div_ceil(ATTN_PARTITION).max(1);
+        self.queue_layers(n, parts)?;
+        self.lm_head(l.output_rows.clone(), &l.output_slots)
+    }
+
+    /// Grows the workspace and the input buffers when a batch of `n` tokens with block
+    /// tables of `max_blocks` does not fit; recorded graphs then read stale addresses and
+    /// are dropped.
+    fn ensure_capacity(&mut self, n: usize, max_blocks: usize) -> Result<(), CudaError> {
         let s = self.device.stream.clone();
-        let d = DeviceLayout::upload(&s, l)?;
+        if n > self.ws.capacity {
+            self.ws = Workspace::new(&s, &self.config, self.dtype, n)?;
+            self.graphs.clear();
+        }
+        if !self.inputs.fits(n, max_blocks) {
+            let rows = n.max(self.inputs.rows);
+            let stride = max_blocks.next_power_of_two().max(self.inputs.table_stride);
+            let half = self.inputs.half_dim();
+            self.inputs = StepInputs::new(&s, rows, half, stride)?;
+            self.graphs.clear();
+        }
+        Ok(())
+    }
+
+    /// Context partitions a graph's attention names: enough for the longest block table the
+    /// inputs hold.
+    fn graph_parts(&self) -> usize {
+        (self.inputs.table_stride * self.pool.block_size).div_ceil(ATTN_PARTITION)
+    }
+
+    /// The graph bucket of a decode layout, when graphs are on and the padded batch fits
+    /// every fixed buffer.
+    fn graph_bucket(&self, l: &BatchLayout) -> Option<usize> {
+        if !self.graphs.enabled || !l.is_decode() {
+            return None;
+        }
+        let bucket = bucket_for(l.tokens.len())?;
+        let fits = bucket <= self.ws.capacity
+            && bucket <= self.inputs.rows
+            && bucket <= LOGIT_ROWS
+            && bucket * self.config.num_heads * self.graph_parts() <= PARTIAL_SLOTS;
+        fits.then_some(bucket)
+    }
+
+    /// A decode step through the graph of `bucket`, recorded first if needed.
+    fn decode_with_graph(
+        &mut self,
+        mut l: BatchLayout,
+        bucket: usize,
+    ) -> Result<Logits, CudaError> {
+        let n = l.tokens.len();
+        l.pad_decode(bucket, self.pool.scratch_block(), self.pool.block_size);
+        self.inputs.upload(&l)?;
+        if !self.graphs.has(bucket) {
+            let parts = self.graph_parts();
+            let stream = self.device.stream.clone();
+            let mut graphs = std::mem::take(&mut self.graphs);
+            let recorded = graphs.record(&stream, bucket, || {
+                self.queue_layers(bucket, parts)?;
+                self.queue_lm_head(bucket)
+            });
+            self.graphs = graphs;
+            recorded?;
+        }
+        self.graphs.launch(bucket)?;
+        let vocab = self.config.vocab_size;
+        let mut data = vec![0.0f32; n * vocab];
+        let s = &self.device.stream;
+        s.memcpy_dtoh(&self.ws.logits.slice(..n * vocab), &mut data)?;
+        Ok(Logits::new((0..n).collect(), vocab, data))
+    }
+
+    /// Queues every layer over the `n` tokens in the input buffers, ending with the final
+    /// norm that stores each token's hidden state. `parts`: context partitions the attention
+    /// launches name (at least the longest context's). Queues only: no host synchronisation
+    /// and no allocation, so that it can be recorded into a graph.
+    fn queue_layers(&self, n: usize, parts: usize) -> Result<(), CudaError> {
+        let s = self.device.stream.clone();
+        let inputs = self.inputs.ptrs();
         let c = &self.config;
         let h = c.hidden_size;
         let x = ptr(&self.ws.x, &s);
         let delta = ptr(&self.ws.delta, &s);
         let xn = ptr(&self.ws.xn, &s);
         self.kernels
-            .embed_gather(ptr(&self.weights.embed, &s), ptr(&d.tokens, &s), x, n, h)?;
+            .embed_gather(ptr(&self.weights.embed, &s), inputs.tokens, x, n, h)?;
         for i in 0..self.weights.layers.len() {
             let w = &self.weights.layers[i];
             let prev = (i > 0).then_some(delta);
             self.kernels
                 .add_rms_norm(x, prev, ptr(&w.attn_norm, &s), xn, n, h, c.rms_norm_eps)?;
-            self.attention(i, &d, l.max_blocks, n)?;
+            self.attention(i, &inputs, n, parts)?;
             self.mlp(i, n)?;
         }
         let hidden = self.pool.hidden_ptr();
-        let slots = ptr(&d.write_slots, &s);
         let norm = ptr(&self.weights.final_norm, &s);
         let eps = c.rms_norm_eps;
         self.kernels
-            .final_norm_store(x, delta, norm, slots, hidden, n, h, eps)?;
-        self.lm_head(l.output_rows.clone(), &l.output_slots)
+            .final_norm_store(x, delta, norm, inputs.write_slots, hidden, n, h, eps)
     }
 
     /// The attention sub-layer of layer `i` (input: `xn`; output: `delta`).
-    fn attention(
-        &self,
-        i: usize,
-        d: &DeviceLayout,
-        max_blocks: usize,
-        n: usize,
-    ) -> Result<(), CudaError> {
+    fn attention(&self, i: usize, d: &InputPtrs, n: usize, parts: usize) -> Result<(), CudaError> {
         let (c, s, w) = (&self.config, &self.device.stream, &self.weights.layers[i]);
         let qkv_dim = c.q_dim() + 2 * c.kv_dim();
         let qkv = ptr(&self.ws.qkv, s);
@@ -160,28 +217,43 @@ impl CudaRunner {
             qkv,
             bias: w.qkv_bias.as_ref().map(|b| ptr(b, s)),
             qk_norm: w.qk_norm.as_ref().map(|b| ptr(b, s)),
-            cos: ptr(&d.cos, s),
-            sin: ptr(&d.sin, s),
-            slots: ptr(&d.write_slots, s),
+            cos: d.cos,
+            sin: d.sin,
+            slots: d.write_slots,
             q_out: ptr(&self.ws.q, s),
             k_cache,
             v_cache,
         };
         self.kernels.qkv_rope_store(&bufs, self.qkv_shape(w), n)?;
-        let attn = AttnBuffers {
-            q: ptr(&self.ws.q, s),
-            k_cache,
-            v_cache,
-            block_tables: ptr(&d.block_tables, s),
-            token_seq: ptr(&d.token_seq, s),
-            positions: ptr(&d.positions, s),
-            out: ptr(&self.ws.attn, s),
-        };
-        self.kernels
-            .paged_attention(&attn, self.attn_shape(max_blocks), n)?;
+        let row_groups = (PARTIAL_SLOTS / (c.num_heads * parts)).max(1);
+        if c.num_heads * parts > PARTIAL_SLOTS {
+            return Err(CudaError::Unsupported(format!(
+                "a context of {} partitions exceeds the attention's partial buffer",
+                parts
+            )));
+        }
+        let shape = self.attn_shape(parts);
+        let q_row = (c.q_dim() * 4) as u64;
+        let out_row = (c.q_dim() * self.dtype.size()) as u64;
+        for first in (0..n).step_by(row_groups) {
+            let rows = row_groups.min(n - first);
+            let f = first as u64;
+            let attn = AttnBuffers {
+                q: ptr(&self.ws.q, s) + f * q_row,
+                k_cache,
+                v_cache,
+                block_tables: d.block_tables,
+                token_seq: d.token_seq + f * 4,
+                positions: d.positions + f * 4,
+                out: ptr(&self.ws.attn, s) + f * out_row,
+                partials: ptr(&self.ws.partials, s),
+            };
+            self.kernels.paged_attention(&attn, shape, rows)?;
+        }
         let delta = ptr(&self.ws.delta, s);
+        let attn = ptr(&self.ws.attn, s);
         self.gemm
-            .matmul(attn.out, ptr(&w.o, s), delta, n, c.hidden_size, c.q_dim())
+            .matmul(attn, ptr(&w.o, s), delta, n, c.hidden_size, c.q_dim())
     }
 
     /// The MLP sub-layer of layer `i`: adds the attention output to `x`, norms, and leaves
@@ -218,35 +290,54 @@ impl CudaRunner {
         }
     }
 
-    fn attn_shape(&self, max_blocks: usize) -> AttnShape {
+    fn attn_shape(&self, parts: usize) -> AttnShape {
         let c = &self.config;
         AttnShape {
             num_heads: c.num_heads as i32,
             num_kv_heads: c.num_kv_heads as i32,
             head_dim: c.head_dim as i32,
             block_size: self.pool.block_size as i32,
-            max_blocks: max_blocks as i32,
+            max_blocks: self.inputs.table_stride as i32,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
+            num_parts: parts as i32,
         }
     }
 
     /// Logits of the hidden states stored at `slots` (row `i` numbered `rows[i]`), computed
-    /// [`LM_TILE`] rows at a time.
-    pub(crate) fn lm_head(&self, rows: Vec<usize>, slots: &[i64]) -> Result<Logits, CudaError> {
-        let (c, s) = (&self.config, &self.device.stream);
-        let (h, vocab) = (c.hidden_size, c.vocab_size);
+    /// [`LOGIT_ROWS`] rows at a time and copied to the host.
+    pub(crate) fn lm_head(&mut self, rows: Vec<usize>, slots: &[i64]) -> Result<Logits, CudaError> {
+        let vocab = self.config.vocab_size;
         let mut data = vec![0.0f32; slots.len() * vocab]; // [rows, vocab]
-        let lm_in = ptr(&self.ws.lm_in, s);
-        let logits = ptr(&self.ws.logits, s);
-        let head = ptr(self.weights.lm_head(), s);
-        for (tile, out) in slots.chunks(LM_TILE).zip(data.chunks_mut(LM_TILE * vocab)) {
-            let dev_slots = s.clone_htod(tile)?;
-            let hidden = self.pool.hidden_ptr();
-            self.kernels
-                .gather_hidden(hidden, ptr(&dev_slots, s), lm_in, tile.len(), h)?;
-            self.gemm.matmul(lm_in, head, logits, LM_TILE, vocab, h)?;
-            s.memcpy_dtoh(&self.ws.logits.slice(..tile.len() * vocab), out)?;
+        let s = self.device.stream.clone();
+        for (group, out) in slots
+            .chunks(LOGIT_ROWS)
+            .zip(data.chunks_mut(LOGIT_ROWS * vocab))
+        {
+            self.inputs.upload_output_slots(group)?;
+            self.queue_lm_head(group.len())?;
+            s.memcpy_dtoh(&self.ws.logits.slice(..group.len() * vocab), out)?;
         }
         Ok(Logits::new(rows, vocab, data))
+    }
+
+    /// Queues the LM head over the first `rows` (at most [`LOGIT_ROWS`]) output slots of
+    /// the inputs, [`LM_TILE`] rows per product, into the logits buffer.
+    fn queue_lm_head(&self, rows: usize) -> Result<(), CudaError> {
+        let (c, s) = (&self.config, &self.device.stream);
+        let (h, vocab) = (c.hidden_size, c.vocab_size);
+        let e = self.dtype.size() as u64;
+        let head = ptr(self.weights.lm_head(), s);
+        let slots = self.inputs.ptrs().output_slots;
+        for first in (0..rows).step_by(LM_TILE) {
+            let tile = LM_TILE.min(rows - first);
+            let f = first as u64;
+            let lm_in = ptr(&self.ws.lm_in, s) + f * (h as u64) * e;
+            let logits = ptr(&self.ws.logits, s) + f * (vocab as u64) * 4;
+            let hidden = self.pool.hidden_ptr();
+            self.kernels
+                .gather_hidden(hidden, slots + f * 8, lm_in, tile, h)?;
+            self.gemm.matmul(lm_in, head, logits, LM_TILE, vocab, h)?;
+        }
+        Ok(())
     }
 }

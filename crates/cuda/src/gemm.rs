@@ -12,24 +12,30 @@ use cudarc::cublas::sys::{
     cublasComputeType_t, cublasGemmAlgo_t, cublasMath_t, cublasOperation_t, cudaDataType,
 };
 use cudarc::cublas::{result as blas, CudaBlas};
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
 use crate::error::CudaError;
 use crate::kernels::DevPtr;
 use crate::options::CudaDtype;
+
+/// cuBLAS's workspace: given up front (the size NVIDIA recommends for Hopper), so that no
+/// product allocates while a CUDA graph is being recorded.
+const WORKSPACE_BYTES: usize = 32 << 20;
 
 /// A cuBLAS handle bound to the runner's stream, set up for one numeric mode.
 #[derive(Debug)]
 pub(crate) struct Gemm {
     blas: CudaBlas,
     input_type: cudaDataType,
+    /// Kept alive for the handle, which uses it.
+    _workspace: CudaSlice<u8>,
 }
 
 impl Gemm {
     /// bf16 mode: default math (bf16 tensor cores, f32 accumulation). f32 mode: pedantic
     /// math, so that no TF32 or other reduced precision is used.
     pub fn new(stream: Arc<CudaStream>, dtype: CudaDtype) -> Result<Gemm, CudaError> {
-        let blas = CudaBlas::new(stream)?;
+        let blas = CudaBlas::new(stream.clone())?;
         let (input_type, math) = match dtype {
             CudaDtype::Bf16 => (cudaDataType::CUDA_R_16BF, cublasMath_t::CUBLAS_DEFAULT_MATH),
             CudaDtype::F32 => (cudaDataType::CUDA_R_32F, cublasMath_t::CUBLAS_PEDANTIC_MATH),
@@ -37,7 +43,24 @@ impl Gemm {
         // SAFETY: the handle is live (owned by `blas`); setting its math mode has no other
         // precondition.
         unsafe { cudarc::cublas::sys::cublasSetMathMode(*blas.handle(), math) }.result()?;
-        Ok(Gemm { blas, input_type })
+        let workspace = stream.alloc_zeros::<u8>(WORKSPACE_BYTES)?;
+        let address = workspace.device_ptr(&stream).0;
+        // SAFETY: the handle is live; `workspace` is a device allocation of
+        // WORKSPACE_BYTES bytes in the handle's context, owned by the returned `Gemm` next to
+        // the handle, so it outlives every product the handle runs.
+        unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                address as *mut c_void,
+                WORKSPACE_BYTES,
+            )
+        }
+        .result()?;
+        Ok(Gemm {
+            blas,
+            input_type,
+            _workspace: workspace,
+        })
     }
 
     /// `y[n, m] = x[n, k] · w[m, k]ᵀ`. x, w: storage type; y: f32.

@@ -31,20 +31,24 @@ const SOURCES: [(&str, &str); 5] = [
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 7] = [
+pub const KERNEL_NAMES: [&str; 8] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
     "qkv_rope_store",
     "paged_attention",
+    "attention_merge",
     "swiglu",
     "gather_hidden",
 ];
 
-/// Threads of an attention block (`ATTN_WARPS` warps in attention.cu).
-const ATTN_THREADS: u32 = 4 * 32;
+/// Positions of the context one attention block covers (`ATTN_PARTITION` in attention.cu).
+/// Fixed, so that a token's attention never depends on the batch it runs in.
+pub(crate) const ATTN_PARTITION: usize = 128;
 /// Largest head dimension the attention kernel handles (`32 * ATTN_MAX_PER_LANE`).
 pub(crate) const MAX_HEAD_DIM: usize = 256;
+/// Largest number of query heads per kv head (one warp each in an attention block).
+pub(crate) const MAX_GQA_GROUP: usize = 32;
 /// Threads of a row-wise kernel block.
 const ROW_THREADS: u32 = 256;
 
@@ -62,7 +66,10 @@ pub fn program_source() -> String {
 /// NVRTC options selecting the storage type of `dtype`.
 pub fn program_options(dtype: CudaDtype) -> Vec<String> {
     let bf16 = matches!(dtype, CudaDtype::Bf16) as u8;
-    vec![format!("-DTANDEM_ACT_BF16={bf16}")]
+    vec![
+        format!("-DTANDEM_ACT_BF16={bf16}"),
+        format!("-DTANDEM_ATTN_PARTITION={ATTN_PARTITION}"),
+    ]
 }
 
 /// Shape arguments of `qkv_rope_store` (`QkvShape` in rope_kv.cu).
@@ -88,6 +95,9 @@ pub(crate) struct AttnShape {
     pub block_size: i32,
     pub max_blocks: i32,
     pub scale: f32,
+    /// Partitions per (token, head) in the partials buffer; at least the longest context
+    /// of the launch divided by [`ATTN_PARTITION`], rounded up.
+    pub num_parts: i32,
 }
 
 // SAFETY: both are `repr(C)` structs of 4-byte integers and floats, laid out exactly as the
@@ -152,7 +162,19 @@ impl Kernels {
         block: u32,
         args: &[Arg],
     ) -> Result<(), CudaError> {
-        if grid.0 == 0 || grid.1 == 0 {
+        self.launch_3d(name, (grid.0, grid.1, 1), block, 0, args)
+    }
+
+    /// Launches kernel `name` on a 3-d `grid` with `shared` bytes of dynamic shared memory.
+    fn launch_3d(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared: u32,
+        args: &[Arg],
+    ) -> Result<(), CudaError> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
         let func = self.function(name);
@@ -167,9 +189,9 @@ impl Kernels {
             };
         }
         let cfg = LaunchConfig {
-            grid_dim: (grid.0, grid.1, 1),
+            grid_dim: grid,
             block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: shared,
         };
         // SAFETY: every caller below passes the arguments of the kernel's C signature, in
         // order and of the right types, with device addresses of live allocations of this
@@ -285,6 +307,9 @@ pub(crate) struct AttnBuffers {
     pub positions: DevPtr,
     /// `[n, q_dim]` act.
     pub out: DevPtr,
+    /// `[n, num_heads, num_parts, head_dim + 2]` f32: per-partition results of tokens whose
+    /// context spans more than one partition.
+    pub partials: DevPtr,
 }
 
 impl Kernels {
@@ -312,7 +337,8 @@ impl Kernels {
         self.launch("qkv_rope_store", (n as u32, heads), threads, &args)
     }
 
-    /// Causal attention of `n` query tokens over the paged cache (see attention.cu).
+    /// Causal attention of `n` query tokens over the paged cache, then the merge of the
+    /// partitions of tokens whose context spans several (see attention.cu).
     pub fn paged_attention(
         &self,
         b: &AttnBuffers,
@@ -327,10 +353,29 @@ impl Kernels {
             Arg::Ptr(b.token_seq),
             Arg::Ptr(b.positions),
             Arg::Ptr(b.out),
+            Arg::Ptr(b.partials),
             Arg::Attn(shape),
         ];
-        let grid = (n as u32, shape.num_heads as u32);
-        self.launch("paged_attention", grid, ATTN_THREADS, &args)
+        let group = (shape.num_heads / shape.num_kv_heads) as u32;
+        let grid = (n as u32, shape.num_kv_heads as u32, shape.num_parts as u32);
+        let shared = group * shape.head_dim as u32 * 4;
+        self.launch_3d("paged_attention", grid, group * 32, shared, &args)?;
+        if shape.num_parts <= 1 {
+            return Ok(()); // every token wrote its output directly
+        }
+        let merge = [
+            Arg::Ptr(b.partials),
+            Arg::Ptr(b.positions),
+            Arg::Ptr(b.out),
+            Arg::Attn(shape),
+        ];
+        let threads = (shape.head_dim as u32).next_multiple_of(32);
+        self.launch(
+            "attention_merge",
+            (n as u32, shape.num_heads as u32),
+            threads,
+            &merge,
+        )
     }
 
     /// `out = silu(gate) * up`. gate_up: `[n, 2 * ff]` f32; out: `[n, ff]` act.

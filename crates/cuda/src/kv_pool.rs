@@ -63,7 +63,8 @@ pub(crate) struct KvPool {
 }
 
 impl KvPool {
-    /// Allocates a zeroed pool of `num_blocks` blocks.
+    /// Allocates a zeroed pool of `num_blocks` blocks, plus one scratch block (see
+    /// [`KvPool::scratch_block`]).
     pub fn new(
         stream: &Arc<CudaStream>,
         c: &ModelConfig,
@@ -71,7 +72,7 @@ impl KvPool {
         block_size: usize,
         num_blocks: usize,
     ) -> Result<KvPool, CudaError> {
-        let slots = num_blocks
+        let slots = (num_blocks + 1)
             .checked_mul(block_size)
             .filter(|s| *s <= i64::MAX as usize / (c.kv_dim().max(c.hidden_size) * 4))
             .ok_or_else(|| CudaError::OutOfMemory(format!("{num_blocks} blocks overflow")))?;
@@ -98,6 +99,12 @@ impl KvPool {
             hidden,
             stream: stream.clone(),
         })
+    }
+
+    /// The block after the engine's `num_blocks`: padding rows of a replayed decode graph
+    /// write their K/V and hidden state there, and nothing ever reads it back.
+    pub fn scratch_block(&self) -> usize {
+        self.num_blocks
     }
 
     /// Device addresses of layer `l`'s key and value planes.

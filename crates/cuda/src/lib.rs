@@ -21,6 +21,7 @@
 #![allow(unsafe_code)] // a kernel-level crate; every unsafe block states its SAFETY
 
 mod batch_layout;
+mod decode_graphs;
 mod device;
 mod error;
 mod forward;
@@ -31,6 +32,7 @@ mod libs;
 pub mod nvrtc_cache;
 mod options;
 mod runner;
+mod step_inputs;
 mod weights;
 
 pub use device::{probe, DeviceInfo, GpuInfo};

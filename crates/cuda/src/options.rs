@@ -71,10 +71,14 @@ pub struct CudaOptions {
     /// Tokens per forward call the workspace is allocated for up front (larger batches grow
     /// it on demand); counted before sizing the KV pool from a memory fraction.
     pub max_batch_tokens: usize,
+    /// Replay decode steps as recorded CUDA graphs (off: every kernel launched from the
+    /// host, for comparison and debugging).
+    pub cuda_graphs: bool,
 }
 
 impl CudaOptions {
-    /// bf16 on device 0, blocks of 16, 90% of device memory, workspace for 2048 tokens.
+    /// bf16 on device 0, blocks of 16, 90% of device memory, workspace for 2048 tokens,
+    /// CUDA graphs for decode steps.
     pub fn new(kernel_cache_dir: PathBuf) -> CudaOptions {
         CudaOptions {
             device_ordinal: 0,
@@ -83,6 +87,7 @@ impl CudaOptions {
             kv: KvBudget::default(),
             kernel_cache_dir,
             max_batch_tokens: 2048,
+            cuda_graphs: true,
         }
     }
 

@@ -10,13 +10,15 @@ use tandem_model::runner::{KvGeometry, ModelRunner};
 use tandem_model::{ModelConfig, Result as ModelResult};
 
 use crate::batch_layout::{slots_of_positions, BatchLayout};
+use crate::decode_graphs::DecodeGraphs;
 use crate::device::Device;
 use crate::error::{catch_binding_panic, CudaError};
 use crate::forward::Workspace;
 use crate::gemm::Gemm;
-use crate::kernels::{Kernels, MAX_HEAD_DIM};
+use crate::kernels::{Kernels, MAX_GQA_GROUP, MAX_HEAD_DIM};
 use crate::kv_pool::{blocks_for_fraction, bytes_per_token, KvPool};
 use crate::options::{CudaDtype, CudaOptions, KvBudget};
+use crate::step_inputs::StepInputs;
 use crate::weights::{upload, DeviceWeights};
 
 /// A model prepared on one GPU. `Send`: every method first makes the device's context
@@ -27,10 +29,13 @@ pub struct CudaRunner {
     pub(crate) dtype: CudaDtype,
     /// `[head_dim / 2]` RoPE inverse frequencies (llama3 scaling and rope_freqs applied).
     pub(crate) inv_freqs: Vec<f32>,
-    // Field order is drop order: everything allocated on the device goes before `device`.
+    // Field order is drop order: everything allocated on the device goes before `device`,
+    // and the graphs, which read the buffers, before them.
+    pub(crate) graphs: DecodeGraphs,
     pub(crate) weights: DeviceWeights,
     pub(crate) pool: KvPool,
     pub(crate) ws: Workspace,
+    pub(crate) inputs: StepInputs,
     pub(crate) kernels: Kernels,
     pub(crate) gemm: Gemm,
     pub(crate) device: Device,
@@ -64,6 +69,9 @@ impl CudaRunner {
             }
         };
         let pool = KvPool::new(&stream, &config, o.dtype, o.block_size, num_blocks)?;
+        let table_stride = (INITIAL_TABLE_TOKENS / o.block_size).next_power_of_two();
+        let half = config.head_dim / 2;
+        let inputs = StepInputs::new(&stream, o.max_batch_tokens, half, table_stride)?;
         stream.synchronize()?;
         Ok(CudaRunner {
             identity: identity(host, o.dtype),
@@ -71,8 +79,10 @@ impl CudaRunner {
             dtype: o.dtype,
             config,
             weights,
+            graphs: DecodeGraphs::new(o.cuda_graphs),
             pool,
             ws,
+            inputs,
             kernels,
             gemm,
             device,
@@ -93,6 +103,17 @@ impl CudaRunner {
         &self.device.info
     }
 
+    /// Turns the replay of recorded decode graphs on or off (graphs already recorded are
+    /// kept for when it is turned on again).
+    pub fn set_cuda_graphs(&mut self, on: bool) {
+        self.graphs.enabled = on;
+    }
+
+    /// Decode graphs recorded so far.
+    pub fn graphs_recorded(&self) -> usize {
+        self.graphs.recorded
+    }
+
     /// Waits for all queued device work (for timing).
     pub fn synchronize(&self) -> Result<(), CudaError> {
         self.device.bind()?;
@@ -107,7 +128,7 @@ impl CudaRunner {
         )?;
         let layout = BatchLayout::build(batch, self.pool.block_size, &self.inv_freqs)?;
         self.device.bind()?;
-        catch_binding_panic(|| self.run_forward(&layout))
+        catch_binding_panic(|| self.run_forward(layout))
     }
 
     fn cached_logits_inner(
@@ -122,6 +143,9 @@ impl CudaRunner {
     }
 }
 
+/// Context length the block-table buffers are first sized for (they grow on demand).
+const INITIAL_TABLE_TOKENS: usize = 2048;
+
 /// Checks the shapes the kernels support.
 fn check_model(c: &ModelConfig) -> Result<(), CudaError> {
     c.validate().map_err(CudaError::Unsupported)?;
@@ -129,6 +153,12 @@ fn check_model(c: &ModelConfig) -> Result<(), CudaError> {
         return Err(CudaError::Unsupported(format!(
             "head_dim {} must be a multiple of 32 and at most {MAX_HEAD_DIM}",
             c.head_dim
+        )));
+    }
+    if c.num_heads / c.num_kv_heads > MAX_GQA_GROUP {
+        return Err(CudaError::Unsupported(format!(
+            "{} query heads per kv head; the attention kernel takes at most {MAX_GQA_GROUP}",
+            c.num_heads / c.num_kv_heads
         )));
     }
     Ok(())
@@ -187,7 +217,7 @@ impl ModelRunner for CudaRunner {
         let (major, minor) = self.device.info.compute_capability;
         format!(
             "cuda:{} {} (sm_{major}{minor}), {} weights ({:.2} GiB), NVRTC kernels + cuBLAS, \
-             KV {} x {} tokens {}",
+             KV {} x {} tokens {}, CUDA graphs {}",
             self.device.info.ordinal,
             self.device.info.name,
             self.dtype.name(),
@@ -195,6 +225,7 @@ impl ModelRunner for CudaRunner {
             self.pool.num_blocks,
             self.pool.block_size,
             self.dtype.kv_dtype().name(),
+            if self.graphs.enabled { "on" } else { "off" },
         )
     }
 }

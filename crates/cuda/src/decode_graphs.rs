@@ -1,0 +1,125 @@
+//! CUDA graphs of decode steps: the whole step (every layer's kernels and matrix products
+//! and the LM head) recorded once per padded batch size and replayed with one launch,
+//! instead of ~10 launches per layer from the host (vLLM's approach).
+//!
+//! A graph bakes in its launch shapes and buffer addresses, not the buffers' contents. So a
+//! decode batch of `n` sequences is padded to the next bucket size (padding rows compute
+//! into a scratch block nobody reads), its index arrays are copied into the runner's fixed
+//! input buffers, and the bucket's graph is replayed. Attention in a graph names enough
+//! context partitions for the longest table the input buffers hold; partitions past a
+//! token's context exit at once, and a token's arithmetic is the same as in an eager launch.
+//! Graphs are recorded on first use of a bucket and dropped whenever the buffers they read
+//! move (the workspace or the inputs grow).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaStream};
+
+use crate::error::CudaError;
+
+/// Padded batch sizes that get a graph. Larger decode batches run eagerly.
+pub(crate) const GRAPH_BUCKETS: [usize; 15] =
+    [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256];
+
+/// The bucket a decode batch of `n` sequences is padded to, if any.
+pub(crate) fn bucket_for(n: usize) -> Option<usize> {
+    GRAPH_BUCKETS.iter().copied().find(|&b| b >= n)
+}
+
+/// A recorded graph, owned by one runner.
+struct StepGraph(CudaGraph);
+
+// SAFETY: a CUDA graph may be used from any thread as long as calls on it are serialized
+// (CUDA's graph thread-safety rules). A `StepGraph` is owned by one `CudaRunner`, which is
+// only ever used through `&mut self` on one thread at a time and binds its context first.
+unsafe impl Send for StepGraph {}
+
+/// The recorded graphs, by bucket.
+#[derive(Default)]
+pub(crate) struct DecodeGraphs {
+    pub enabled: bool,
+    graphs: HashMap<usize, StepGraph>,
+    /// Graphs recorded so far (for `describe` and tests of the bookkeeping).
+    pub recorded: usize,
+}
+
+impl fmt::Debug for DecodeGraphs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut buckets: Vec<_> = self.graphs.keys().collect();
+        buckets.sort();
+        f.debug_struct("DecodeGraphs")
+            .field("enabled", &self.enabled)
+            .field("buckets", &buckets)
+            .finish()
+    }
+}
+
+impl DecodeGraphs {
+    pub fn new(enabled: bool) -> DecodeGraphs {
+        DecodeGraphs {
+            enabled,
+            ..DecodeGraphs::default()
+        }
+    }
+
+    /// Drops every graph (their buffers moved).
+    pub fn clear(&mut self) {
+        self.graphs.clear();
+    }
+
+    pub fn has(&self, bucket: usize) -> bool {
+        self.graphs.contains_key(&bucket)
+    }
+
+    /// Replays the graph of `bucket`.
+    pub fn launch(&self, bucket: usize) -> Result<(), CudaError> {
+        let graph = self
+            .graphs
+            .get(&bucket)
+            .ok_or_else(|| CudaError::Unsupported(format!("no graph for bucket {bucket}")))?;
+        Ok(graph.0.launch()?)
+    }
+
+    /// Records what `work` queues on `stream` as the graph of `bucket`. Nothing runs while
+    /// recording; if `work` fails the capture is ended and discarded.
+    pub fn record(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        bucket: usize,
+        work: impl FnOnce() -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let queued = work();
+        let ended = stream.end_capture(CUgraphInstantiate_flags(0));
+        queued?;
+        let graph = ended?.ok_or_else(|| {
+            CudaError::Unsupported("stream capture recorded no graph".to_string())
+        })?;
+        graph.upload()?;
+        self.graphs.insert(bucket, StepGraph(graph));
+        self.recorded += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_cover_every_size_up_to_the_largest_and_pad_little() {
+        assert_eq!(bucket_for(0), Some(1));
+        assert_eq!(bucket_for(1), Some(1));
+        assert_eq!(bucket_for(3), Some(4));
+        assert_eq!(bucket_for(17), Some(24));
+        assert_eq!(bucket_for(256), Some(256));
+        assert_eq!(bucket_for(257), None);
+        for n in 1..=256 {
+            let b = bucket_for(n).expect("covered");
+            assert!(b >= n && (b - n) * 2 <= b, "{n} -> {b}");
+        }
+    }
+}

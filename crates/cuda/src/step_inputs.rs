@@ -1,0 +1,149 @@
+//! The batch's index arrays in device memory, allocated once and rewritten every step.
+//!
+//! Kernels and captured CUDA graphs read them at fixed addresses: a step copies its
+//! [`BatchLayout`] into the front of each buffer and launches (or replays) the same work.
+//! The buffers grow only when a batch needs more room than they have (more tokens, a
+//! longer block table); that moves them, and the caller drops its captured graphs.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
+
+use crate::batch_layout::BatchLayout;
+use crate::error::CudaError;
+use crate::kernels::DevPtr;
+
+/// Rows of logits computed on the device before they are copied to the host together
+/// (a multiple of the LM head's tile).
+pub(crate) const LOGIT_ROWS: usize = 256;
+
+/// The device copies of one step's [`BatchLayout`].
+#[derive(Debug)]
+pub(crate) struct StepInputs {
+    /// Tokens (and so sequences) the buffers hold.
+    pub rows: usize,
+    /// Row length of `block_tables`: every step's layout is widened to this.
+    pub table_stride: usize,
+    tokens: CudaSlice<i32>,
+    positions: CudaSlice<i32>,
+    token_seq: CudaSlice<i32>,
+    write_slots: CudaSlice<i64>,
+    /// `[rows, head_dim / 2]` each.
+    cos: CudaSlice<f32>,
+    sin: CudaSlice<f32>,
+    /// `[rows, table_stride]`.
+    block_tables: CudaSlice<i32>,
+    /// `[LOGIT_ROWS]`: slots of the hidden states the LM head reads next.
+    output_slots: CudaSlice<i64>,
+    half_dim: usize,
+    stream: Arc<CudaStream>,
+}
+
+/// Device addresses of the inputs, as the kernels take them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InputPtrs {
+    pub tokens: DevPtr,
+    pub positions: DevPtr,
+    pub token_seq: DevPtr,
+    pub write_slots: DevPtr,
+    pub cos: DevPtr,
+    pub sin: DevPtr,
+    pub block_tables: DevPtr,
+    pub output_slots: DevPtr,
+}
+
+impl StepInputs {
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        rows: usize,
+        half_dim: usize,
+        table_stride: usize,
+    ) -> Result<StepInputs, CudaError> {
+        Ok(StepInputs {
+            rows,
+            table_stride,
+            tokens: stream.alloc_zeros(rows)?,
+            positions: stream.alloc_zeros(rows)?,
+            token_seq: stream.alloc_zeros(rows)?,
+            write_slots: stream.alloc_zeros(rows)?,
+            cos: stream.alloc_zeros(rows * half_dim)?,
+            sin: stream.alloc_zeros(rows * half_dim)?,
+            block_tables: stream.alloc_zeros(rows * table_stride)?,
+            output_slots: stream.alloc_zeros(LOGIT_ROWS)?,
+            half_dim,
+            stream: stream.clone(),
+        })
+    }
+
+    /// Whether a layout of `rows` tokens with block tables of `stride` fits as is.
+    pub fn fits(&self, rows: usize, stride: usize) -> bool {
+        rows <= self.rows && stride <= self.table_stride
+    }
+
+    /// Copies `l` (already widened to `table_stride`) into the buffers, and the first
+    /// [`LOGIT_ROWS`] of its output slots.
+    pub fn upload(&mut self, l: &BatchLayout) -> Result<(), CudaError> {
+        let n = l.tokens.len();
+        if n > self.rows || l.max_blocks != self.table_stride {
+            return Err(CudaError::Unsupported(format!(
+                "a layout of {n} tokens and {} blocks per table does not fit inputs of {} \
+                 tokens and {} blocks",
+                l.max_blocks, self.rows, self.table_stride
+            )));
+        }
+        let s = self.stream.clone();
+        copy(&s, &l.tokens, &mut self.tokens)?;
+        copy(&s, &l.positions, &mut self.positions)?;
+        copy(&s, &l.token_seq, &mut self.token_seq)?;
+        copy(&s, &l.write_slots, &mut self.write_slots)?;
+        copy(&s, &l.cos, &mut self.cos)?;
+        copy(&s, &l.sin, &mut self.sin)?;
+        copy(&s, &l.block_tables, &mut self.block_tables)?;
+        let first = &l.output_slots[..l.output_slots.len().min(LOGIT_ROWS)];
+        self.upload_output_slots(first)
+    }
+
+    /// Copies up to [`LOGIT_ROWS`] slots for the LM head.
+    pub fn upload_output_slots(&mut self, slots: &[i64]) -> Result<(), CudaError> {
+        let s = self.stream.clone();
+        copy(&s, slots, &mut self.output_slots)
+    }
+
+    pub fn ptrs(&self) -> InputPtrs {
+        let s = &self.stream;
+        InputPtrs {
+            tokens: self.tokens.device_ptr(s).0,
+            positions: self.positions.device_ptr(s).0,
+            token_seq: self.token_seq.device_ptr(s).0,
+            write_slots: self.write_slots.device_ptr(s).0,
+            cos: self.cos.device_ptr(s).0,
+            sin: self.sin.device_ptr(s).0,
+            block_tables: self.block_tables.device_ptr(s).0,
+            output_slots: self.output_slots.device_ptr(s).0,
+        }
+    }
+
+    /// Half the head dimension (the RoPE tables' row length).
+    pub fn half_dim(&self) -> usize {
+        self.half_dim
+    }
+}
+
+/// Copies `src` into the front of `dst`, which must be at least as long.
+fn copy<T: DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    src: &[T],
+    dst: &mut CudaSlice<T>,
+) -> Result<(), CudaError> {
+    if src.len() > dst.len() {
+        return Err(CudaError::Unsupported(format!(
+            "{} values do not fit a device buffer of {}",
+            src.len(),
+            dst.len()
+        )));
+    }
+    if !src.is_empty() {
+        stream.memcpy_htod(src, dst)?;
+    }
+    Ok(())
+}
