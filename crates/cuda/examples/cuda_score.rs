@@ -3,6 +3,7 @@
 //! ```text
 //! cuda_score score MODEL_DIR bf16|f32 REF_JSON OUT_JSON   # teacher-forced logprobs
 //! cuda_score check MODEL_DIR bf16|f32 REF_JSON OUT_JSON   # decode = forward, prefix, timing
+//! cuda_score profile MODEL_DIR bf16|f32 REF_JSON OUT_JSON # device time per operation
 //! ```
 //! `REF_JSON` holds `{"tokens": [[id, ...], ...]}` (the reference file of
 //! `scripts/make_gpu_models.py`). Kernels are cached under `$TANDEM_KERNEL_CACHE` (default
@@ -24,7 +25,7 @@ const CHUNK: usize = 256;
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let [_, cmd, model, dtype, reference, out] = &args[..] else {
-        bail!("usage: cuda_score score|check MODEL_DIR bf16|f32 REF_JSON OUT_JSON");
+        bail!("usage: cuda_score score|check|profile MODEL_DIR bf16|f32 REF_JSON OUT_JSON");
     };
     let dtype = match dtype.as_str() {
         "bf16" => CudaDtype::Bf16,
@@ -52,6 +53,7 @@ fn main() -> Result<()> {
     let result = match cmd.as_str() {
         "score" => score_all(&mut runner, &seqs)?,
         "check" => checks(&mut runner, &seqs)?,
+        "profile" => profiles(&mut runner, &seqs[0])?,
         other => bail!("unknown command {other}"),
     };
     std::fs::write(out, serde_json::to_string(&result)?).with_context(|| out.clone())?;
@@ -358,6 +360,62 @@ fn batch_invariance(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value
         out[key] = json!({ "batch": b, "mismatched_logits": mismatched, "max_abs_diff": max_diff });
     }
     runner.set_cuda_graphs(true);
+    Ok(out)
+}
+
+/// Device time per operation (CUDA events) of eager steps: a prefill of 8 x 2,048 tokens and
+/// decode steps of 1, 16, 64 and 256 sequences after `prompt`.
+fn profiles(runner: &mut CudaRunner, prompt: &[TokenId]) -> Result<Value> {
+    let to_json = |p: tandem_cuda::StepProfile| {
+        let ops: serde_json::Map<String, Value> = p
+            .ops
+            .iter()
+            .map(|(n, ms)| (n.to_string(), json!(ms)))
+            .collect();
+        json!({ "wall_ms": p.wall_ms, "device_ms": p.device_ms, "ops_ms": ops })
+    };
+    let mut out = json!({ "describe": runner.describe() });
+    let (seqs, len) = (8usize, 2048usize);
+    let per_seq = len.div_ceil(BLOCK);
+    let mut all = Vec::new();
+    let mut spans = Vec::new();
+    for i in 0..seqs {
+        spans.push(SeqSpan {
+            start: i * len,
+            len,
+            num_cached: 0,
+            block_table: blocks(i * per_seq, per_seq),
+        });
+        all.extend(prompt.iter().cycle().skip(i).take(len).copied());
+    }
+    let prefill = ForwardBatch {
+        tokens: all,
+        seqs: spans,
+        output: OutputSelection::Last,
+    };
+    runner.profile_forward(&prefill)?; // warm-up (workspace growth, first launches)
+    out["prefill_8x2048"] = to_json(runner.profile_forward(&prefill)?);
+    let n = prompt.len();
+    for b in [1usize, 16, 64, 256] {
+        let per_seq = (n + 2).div_ceil(BLOCK);
+        let tables: Vec<Vec<BlockId>> = (0..b).map(|i| blocks(i * per_seq, per_seq)).collect();
+        for t in &tables {
+            runner.forward(&ForwardBatch::single(
+                prompt.to_vec(),
+                0,
+                t.clone(),
+                OutputSelection::Last,
+            ))?;
+        }
+        runner.profile_forward(&decode_batch(&tables, prompt[0], n))?;
+        out[format!("decode_b{b}")] =
+            to_json(runner.profile_forward(&decode_batch(&tables, prompt[1], n + 1))?);
+        // The same step through the graph, timed on the host.
+        runner.forward(&decode_batch(&tables, prompt[2], n))?;
+        let t = Instant::now();
+        runner.forward(&decode_batch(&tables, prompt[2], n))?;
+        out[format!("decode_b{b}")]["graph_wall_ms"] = json!(t.elapsed().as_secs_f64() * 1e3);
+    }
     Ok(out)
 }
 

@@ -1,5 +1,6 @@
 // Small element-wise kernels: the embedding gather, SwiGLU and the gather of stored final
-// hidden states for the LM head. One thread block per row, threads stride the row.
+// hidden states for the LM head. One thread block per row, threads stride the row; SwiGLU
+// spreads each row over several blocks (a decode step has only a few long rows).
 
 // table: [vocab, width] act_t; tokens: [n]; x: [n, width] f32.
 extern "C" __global__ void embed_gather(const act_t* table, const int* tokens, float* x,
@@ -13,14 +14,16 @@ extern "C" __global__ void embed_gather(const act_t* table, const int* tokens, f
 
 // gate_up: [n, 2 * ff] f32, gate in the first half of a row, up in the second;
 // out: [n, ff] act_t = silu(gate) * up, computed as gate / (1 + exp(-gate)) * up.
+// Grid: (n rows, ceil(ff / blockDim.x)); one element per thread.
 extern "C" __global__ void swiglu(const float* gate_up, act_t* out, int ff) {
     i64 row = blockIdx.x;
-    const float* g = gate_up + row * 2 * ff;
-    const float* u = g + ff;
-    for (int i = threadIdx.x; i < ff; i += blockDim.x) {
-        float gi = g[i];
-        store_act(out, row * ff + i, gi / (1.0f + expf(-gi)) * u[i]);
+    int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= ff) {
+        return;
     }
+    const float* g = gate_up + row * 2 * ff;
+    float gi = g[i];
+    store_act(out, row * ff + i, gi / (1.0f + expf(-gi)) * g[ff + i]);
 }
 
 // hidden_store: [num_slots, width] f32; slots: [rows]; out: [rows, width] act_t. Rows past

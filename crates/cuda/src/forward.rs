@@ -87,6 +87,13 @@ impl Workspace {
     }
 }
 
+/// A zeroed host buffer for `len` logits. A batch's logits are large (256 rows of a 128k
+/// vocabulary are 131 MB) and need a fresh buffer every step, whose pages fault in as the
+/// copy writes them: advised onto huge pages, that is one fault per 2 MiB, not per 4 KiB.
+fn logits_buffer(len: usize) -> Vec<f32> {
+    tandem_kernels::huge_pages::zeroed_vec(len)
+}
+
 fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> DevPtr {
     s.device_ptr(stream).0
 }
@@ -169,7 +176,7 @@ impl CudaRunner {
         }
         self.graphs.launch(bucket)?;
         let vocab = self.config.vocab_size;
-        let mut data = vec![0.0f32; n * vocab];
+        let mut data = logits_buffer(n * vocab);
         let s = &self.device.stream;
         s.memcpy_dtoh(&self.ws.logits.slice(..n * vocab), &mut data)?;
         Ok(Logits::new((0..n).collect(), vocab, data))
@@ -189,11 +196,13 @@ impl CudaRunner {
         let xn = ptr(&self.ws.xn, &s);
         self.kernels
             .embed_gather(ptr(&self.weights.embed, &s), inputs.tokens, x, n, h)?;
+        self.mark("embed")?;
         for i in 0..self.weights.layers.len() {
             let w = &self.weights.layers[i];
             let prev = (i > 0).then_some(delta);
             self.kernels
                 .add_rms_norm(x, prev, ptr(&w.attn_norm, &s), xn, n, h, c.rms_norm_eps)?;
+            self.mark("add_rms_norm")?;
             self.attention(i, &inputs, n, parts)?;
             self.mlp(i, n)?;
         }
@@ -201,7 +210,14 @@ impl CudaRunner {
         let norm = ptr(&self.weights.final_norm, &s);
         let eps = c.rms_norm_eps;
         self.kernels
-            .final_norm_store(x, delta, norm, inputs.write_slots, hidden, n, h, eps)
+            .final_norm_store(x, delta, norm, inputs.write_slots, hidden, n, h, eps)?;
+        self.mark("final_norm")
+    }
+
+    /// Marks the end of operation `name` for a profiled step (see [`crate::StepProfile`]).
+    fn mark(&self, name: &'static str) -> Result<(), CudaError> {
+        self.profile
+            .mark(name, &self.device.ctx, &self.device.stream)
     }
 
     /// The attention sub-layer of layer `i` (input: `xn`; output: `delta`).
@@ -212,6 +228,7 @@ impl CudaRunner {
         let xn = ptr(&self.ws.xn, s);
         self.gemm
             .matmul(xn, ptr(&w.qkv, s), qkv, n, qkv_dim, c.hidden_size)?;
+        self.mark("qkv_proj")?;
         let (k_cache, v_cache) = self.pool.layer_ptrs(i);
         let bufs = QkvBuffers {
             qkv,
@@ -225,6 +242,7 @@ impl CudaRunner {
             v_cache,
         };
         self.kernels.qkv_rope_store(&bufs, self.qkv_shape(w), n)?;
+        self.mark("qkv_rope_store")?;
         let row_groups = (PARTIAL_SLOTS / (c.num_heads * parts)).max(1);
         if c.num_heads * parts > PARTIAL_SLOTS {
             return Err(CudaError::Unsupported(format!(
@@ -250,10 +268,12 @@ impl CudaRunner {
             };
             self.kernels.paged_attention(&attn, shape, rows)?;
         }
+        self.mark("attention")?;
         let delta = ptr(&self.ws.delta, s);
         let attn = ptr(&self.ws.attn, s);
         self.gemm
-            .matmul(attn, ptr(&w.o, s), delta, n, c.hidden_size, c.q_dim())
+            .matmul(attn, ptr(&w.o, s), delta, n, c.hidden_size, c.q_dim())?;
+        self.mark("o_proj")
     }
 
     /// The MLP sub-layer of layer `i`: adds the attention output to `x`, norms, and leaves
@@ -269,12 +289,16 @@ impl CudaRunner {
         let eps = c.rms_norm_eps;
         self.kernels
             .add_rms_norm(x, Some(delta), ptr(&w.ffn_norm, s), xn, n, h, eps)?;
+        self.mark("add_rms_norm")?;
         let gate_up = ptr(&self.ws.gate_up, s);
         self.gemm
             .matmul(xn, ptr(&w.gate_up, s), gate_up, n, 2 * ff, h)?;
+        self.mark("gate_up_proj")?;
         let act = ptr(&self.ws.act, s);
         self.kernels.swiglu(gate_up, act, n, ff)?;
-        self.gemm.matmul(act, ptr(&w.down, s), delta, n, h, ff)
+        self.mark("swiglu")?;
+        self.gemm.matmul(act, ptr(&w.down, s), delta, n, h, ff)?;
+        self.mark("down_proj")
     }
 
     fn qkv_shape(&self, w: &DeviceLayer) -> QkvShape {
@@ -307,7 +331,7 @@ impl CudaRunner {
     /// [`LOGIT_ROWS`] rows at a time and copied to the host.
     pub(crate) fn lm_head(&mut self, rows: Vec<usize>, slots: &[i64]) -> Result<Logits, CudaError> {
         let vocab = self.config.vocab_size;
-        let mut data = vec![0.0f32; slots.len() * vocab]; // [rows, vocab]
+        let mut data = logits_buffer(slots.len() * vocab); // [rows, vocab]
         let s = self.device.stream.clone();
         for (group, out) in slots
             .chunks(LOGIT_ROWS)
@@ -338,6 +362,6 @@ impl CudaRunner {
                 .gather_hidden(hidden, slots + f * 8, lm_in, tile, h)?;
             self.gemm.matmul(lm_in, head, logits, LM_TILE, vocab, h)?;
         }
-        Ok(())
+        self.mark("lm_head")
     }
 }

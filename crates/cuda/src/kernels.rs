@@ -387,7 +387,8 @@ impl Kernels {
         ff: usize,
     ) -> Result<(), CudaError> {
         let args = [Arg::Ptr(gate_up), Arg::Ptr(out), Arg::I32(ff as i32)];
-        self.launch("swiglu", (n as u32, 1), ROW_THREADS, &args)
+        let per_row = (ff as u32).div_ceil(ROW_THREADS);
+        self.launch("swiglu", (n as u32, per_row), ROW_THREADS, &args)
     }
 
     /// `out[r] = hidden_store[slots[r]]` for `rows` rows. slots: `[rows]` i64;

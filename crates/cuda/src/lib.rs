@@ -33,6 +33,7 @@ pub mod nvrtc_cache;
 mod options;
 mod runner;
 mod step_inputs;
+mod step_profile;
 mod weights;
 
 pub use device::{probe, DeviceInfo, GpuInfo};
@@ -40,3 +41,4 @@ pub use error::CudaError;
 pub use libs::preload_library;
 pub use options::{CudaDtype, CudaOptions, KvBudget};
 pub use runner::CudaRunner;
+pub use step_profile::StepProfile;

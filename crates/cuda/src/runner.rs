@@ -19,6 +19,7 @@ use crate::kernels::{Kernels, MAX_GQA_GROUP, MAX_HEAD_DIM};
 use crate::kv_pool::{blocks_for_fraction, bytes_per_token, KvPool};
 use crate::options::{CudaDtype, CudaOptions, KvBudget};
 use crate::step_inputs::StepInputs;
+use crate::step_profile::{EventLog, StepProfile};
 use crate::weights::{upload, DeviceWeights};
 
 /// A model prepared on one GPU. `Send`: every method first makes the device's context
@@ -38,6 +39,8 @@ pub struct CudaRunner {
     pub(crate) inputs: StepInputs,
     pub(crate) kernels: Kernels,
     pub(crate) gemm: Gemm,
+    /// Events of a profiled step (empty otherwise); dropped before the device.
+    pub(crate) profile: EventLog,
     pub(crate) device: Device,
     identity: u64,
 }
@@ -85,6 +88,7 @@ impl CudaRunner {
             inputs,
             kernels,
             gemm,
+            profile: EventLog::default(),
             device,
         })
     }
@@ -112,6 +116,23 @@ impl CudaRunner {
     /// Decode graphs recorded so far.
     pub fn graphs_recorded(&self) -> usize {
         self.graphs.recorded
+    }
+
+    /// Runs `batch` eagerly (no graph) with CUDA events between its operations and
+    /// returns where the time went. The KV cache is written as by `forward`.
+    pub fn profile_forward(&mut self, batch: &ForwardBatch) -> Result<StepProfile, CudaError> {
+        self.device.bind()?;
+        self.device.stream.synchronize()?;
+        let graphs = self.graphs.enabled;
+        self.graphs.enabled = false;
+        let t = std::time::Instant::now();
+        let started = self.profile.start(&self.device.ctx, &self.device.stream);
+        let ran = started.and_then(|()| self.forward_inner(batch));
+        let wall_ms = t.elapsed().as_secs_f64() * 1e3;
+        self.graphs.enabled = graphs;
+        let profile = self.profile.finish(wall_ms);
+        ran?;
+        profile
     }
 
     /// Waits for all queued device work (for timing).
