@@ -27,16 +27,7 @@ echo "== $(date -u) gpu_check on $(hostname)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
 
 # cuBLAS and NVRTC come from the pip wheels torch installed (nvidia/*/lib folders).
-NV_LIBS=$(python3 - <<'PY'
-import glob, os, site
-dirs = set()
-for sp in site.getsitepackages() + [site.getusersitepackages()]:
-    for lib in glob.glob(os.path.join(sp, "nvidia", "**", "lib*.so*"), recursive=True):
-        dirs.add(os.path.dirname(lib))
-print(":".join(sorted(dirs)))
-PY
-)
-export LD_LIBRARY_PATH="${NV_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/gpu_env.sh"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 export TANDEM_KERNEL_CACHE=/tmp/tandem-kernels
 export RUST_BACKTRACE=1

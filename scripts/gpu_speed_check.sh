@@ -1,54 +1,59 @@
 #!/usr/bin/env bash
-# GPU speed checks of the CUDA backend (CUDA graphs, split-context attention), run on the
-# device machine from the repository root, after the correctness checks:
+# GPU speed checks of the CUDA backend, run on the device machine from the repository root:
 #
 #   scripts/gpu_speed_check.sh OUTDIR NEW_BIN_DIR [OLD_BIN_DIR]
 #
+# BIN_DIRs hold stripped `tandem` and `cuda_score` binaries, built here with
+#   cargo build --release -p tandem-cli
+#   cargo build --release -p tandem-cuda --example cuda_score
+# (two commands: with --example, cargo builds only the example) and `strip -o`.
 # 1. scripts/gpu_check.sh with the new binaries (fidelity against torch, decode = forward,
 #    prefix/copy_blocks/cached_logits, batch invariance, decode with and without graphs).
-# 2. `tandem bench --device cuda` at batch 1, 32 and 256 (512-token prompts, 128 steps)
-#    with the new binary, with graphs off, and with OLD_BIN_DIR's binary when given.
-# 3. transformers `generate` with a static cache at the same batch sizes.
-# SKIP_HF=1 skips step 3. Writes OUTDIR/speed.txt (JSON lines) besides gpu_check.sh's files.
+# 2. `cuda_score profile` of the Llama-3.2-1B shape: device time per operation of a prefill
+#    of 8 x 2,048 tokens and of decode steps at batch 1, 16, 64 and 256.
+# 3. `tandem bench --device cuda` at batch 1, 32 and 256 (512-token prompts, 128 steps) with
+#    the new binary and, when given, OLD_BIN_DIR's.
+# 4. transformers `generate` with a static cache at the same batch sizes (SKIP_HF=1 skips).
+# Writes OUTDIR/speed.txt (JSON lines) and OUTDIR/profile.txt besides gpu_check.sh's files.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${1:?usage: gpu_speed_check.sh OUTDIR NEW_BIN_DIR [OLD_BIN_DIR]}
 NEW=${2:?new binaries}
 OLD=${3:-}
-MODELS=${MODELS:-"smollm2-135m llama3.2-1b qwen2-small qwen3-0.6b"}
+MODELS=${MODELS:-"smollm2-135m llama3.2-1b"}
 mkdir -p "$OUT"
-MODELS="$MODELS" scripts/gpu_check.sh "$OUT" "$NEW" || echo "!! gpu_check failed"
+MODELS="$MODELS" scripts/gpu_check.sh "$OUT" "$NEW" > /dev/null 2>&1 || echo "!! gpu_check failed"
+cat "$OUT/summary.txt"
 
-NV_LIBS=$(python3 - <<'PY'
-import glob, os, site
-dirs = set()
-for sp in site.getsitepackages() + [site.getusersitepackages()]:
-    for lib in glob.glob(os.path.join(sp, "nvidia", "**", "lib*.so*"), recursive=True):
-        dirs.add(os.path.dirname(lib))
-print(":".join(sorted(dirs)))
-PY
-)
-export LD_LIBRARY_PATH="${NV_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/gpu_env.sh"
+export TANDEM_KERNEL_CACHE=/tmp/tandem-kernels
 M=/tmp/tandem-gpu-models
+P="$M/llama3.2-1b"
+timeout 60 "$NEW/cuda_score" profile "$P-bf16" bf16 "$M/ref_llama3.2-1b.json" \
+  "$OUT/profile_llama3.2-1b.json" 2>/dev/null
+python3 - "$OUT" <<'PY' | tee "$OUT/profile.txt"
+import json, sys
+d = json.load(open(f"{sys.argv[1]}/profile_llama3.2-1b.json"))
+for k, v in d.items():
+    if k == "describe":
+        continue
+    ops = " ".join(f"{n}={ms:.3f}" for n, ms in v["ops_ms"].items())
+    print(f"{k}: wall {v['wall_ms']:.3f} device {v['device_ms']:.3f} "
+          f"graph_wall {v.get('graph_wall_ms', 0):.3f} | {ops}")
+PY
+
 SPEED="$OUT/speed.txt"
 : > "$SPEED"
 CACHE=$(mktemp -d)
-bench() { # label binary model extra-args...
-  local label=$1 bin=$2 model=$3; shift 3
-  echo "== bench $label $model" | tee -a "$OUT/log.txt"
-  timeout 150 "$bin" bench --cache-dir "$CACHE" --model "$M/$model-bf16" --device cuda \
-    --batch 1 --batch 32 --batch 256 --prompt-len 512 --gen-len 128 "$@" 2>>"$OUT/log.txt" \
-    | sed "s/^{/{\"label\":\"$label\",\"model\":\"$model\",/" | tee -a "$SPEED"
+bench() { # label bin_dir
+  timeout 150 "$2/tandem" bench --cache-dir "$CACHE" --model "$P-bf16" --device cuda \
+    --batch 1 --batch 32 --batch 256 --prompt-len 512 --gen-len 128 2>/dev/null \
+    | sed "s/^{/{\"label\":\"$1\",/" | tee -a "$SPEED"
 }
-for m in llama3.2-1b smollm2-135m; do
-  bench new "$NEW/tandem" "$m"
-  bench new-no-graphs "$NEW/tandem" "$m" --no-cuda-graphs
-  [ -n "$OLD" ] && bench old "$OLD/tandem" "$m"
-done
+bench new "$NEW"
+[ -n "$OLD" ] && bench old "$OLD"
 if [ -z "${SKIP_HF:-}" ]; then
-  echo "== transformers static cache" | tee -a "$OUT/log.txt"
-  timeout 200 python3 scripts/gpu_hf_baseline.py "$M/llama3.2-1b-bf16" 1,32,256 static \
-    2>>"$OUT/log.txt" | tee -a "$SPEED"
+  timeout 300 python3 scripts/gpu_hf_baseline.py "$P-bf16" 1,32,256 static 2>/dev/null \
+    | tee -a "$SPEED"
 fi
 rm -rf "$CACHE"
-echo "== done $(date -u)" | tee -a "$OUT/log.txt"

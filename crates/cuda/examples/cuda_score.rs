@@ -298,8 +298,9 @@ fn decode_batch(tables: &[Vec<BlockId>], token: TokenId, pos: usize) -> ForwardB
     }
 }
 
-/// Prefill of 8 sequences of 2,048 tokens in one forward call (tokens/s, best of 3).
-fn long_prefill(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<f64> {
+/// 8 fresh sequences of 2,048 tokens (the prompt cycled, rotated by the sequence's index)
+/// in one forward batch, on blocks `0..`.
+fn long_prefill_batch(tokens: &[TokenId]) -> ForwardBatch {
     let (seqs, len) = (8usize, 2048usize);
     let per_seq = len.div_ceil(BLOCK);
     let mut all = Vec::with_capacity(seqs * len);
@@ -313,11 +314,16 @@ fn long_prefill(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<f64> {
         });
         all.extend(tokens.iter().cycle().skip(i).take(len).copied());
     }
-    let batch = ForwardBatch {
+    ForwardBatch {
         tokens: all,
         seqs: spans,
         output: OutputSelection::Last,
-    };
+    }
+}
+
+/// Prefill of [`long_prefill_batch`] in one forward call (tokens/s, best of 3).
+fn long_prefill(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<f64> {
+    let batch = long_prefill_batch(tokens);
     runner.forward(&batch)?;
     let mut best = f64::MAX;
     for _ in 0..3 {
@@ -325,7 +331,7 @@ fn long_prefill(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<f64> {
         runner.forward(&batch)?;
         best = best.min(t.elapsed().as_secs_f64());
     }
-    Ok((seqs * len) as f64 / best)
+    Ok(batch.num_tokens() as f64 / best)
 }
 
 /// Batch invariance on the device: 16 sequences (the prompt rotated by i) decode one step
@@ -375,24 +381,7 @@ fn profiles(runner: &mut CudaRunner, prompt: &[TokenId]) -> Result<Value> {
         json!({ "wall_ms": p.wall_ms, "device_ms": p.device_ms, "ops_ms": ops })
     };
     let mut out = json!({ "describe": runner.describe() });
-    let (seqs, len) = (8usize, 2048usize);
-    let per_seq = len.div_ceil(BLOCK);
-    let mut all = Vec::new();
-    let mut spans = Vec::new();
-    for i in 0..seqs {
-        spans.push(SeqSpan {
-            start: i * len,
-            len,
-            num_cached: 0,
-            block_table: blocks(i * per_seq, per_seq),
-        });
-        all.extend(prompt.iter().cycle().skip(i).take(len).copied());
-    }
-    let prefill = ForwardBatch {
-        tokens: all,
-        seqs: spans,
-        output: OutputSelection::Last,
-    };
+    let prefill = long_prefill_batch(prompt);
     runner.profile_forward(&prefill)?; // warm-up (workspace growth, first launches)
     out["prefill_8x2048"] = to_json(runner.profile_forward(&prefill)?);
     let n = prompt.len();

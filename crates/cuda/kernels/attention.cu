@@ -132,15 +132,8 @@ extern "C" __global__ void paged_attention(const float* q, const act_t* k_cache,
         for (int i = 0; i < ATTN_MAX_PER_LANE; ++i) {
             acc[i] *= correction;
         }
-        // Lanes past the end take the chunk's first slot (always a real position) with
-        // weight 0, so that the loop below has a fixed trip count: its loads do not depend
-        // on each other and are issued back to back.
-        i64 first = __shfl_sync(0xffffffffu, slot, 0);
-        if (p >= end) {
-            slot = first;
-        }
-#pragma unroll 8
-        for (int j = 0; j < 32; ++j) {
+        int count = min(32, end - base);
+        for (int j = 0; j < count; ++j) {
             float wj = __shfl_sync(0xffffffffu, weight, j);
             i64 sj = __shfl_sync(0xffffffffu, slot, j);
             const act_t* vrow = values + sj * kv_dim;
