@@ -75,9 +75,6 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         let mut job = builder
             .job(input, &a.sampling, overrides)
             .with_context(|| format!("input {i}"))?;
-        if constraint.is_some() && job.beam.is_some() {
-            bail!("input {i}: structured output is not supported with beam search");
-        }
         job.sampling.constraint = constraint.clone();
         owners.extend((0..job.num_results()).map(|k| (i, k)));
         jobs.push(job);

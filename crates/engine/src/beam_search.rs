@@ -191,6 +191,11 @@ impl BeamSearch {
     }
 
     /// Whether the search ended because beams reached `max_len`.
+    /// Tokens that end a beam: EOS unless ignored, and the request's stop ids.
+    pub fn stop_tokens(&self) -> &[TokenId] {
+        &self.stop_tokens
+    }
+
     pub fn reached_max_len(&self) -> bool {
         self.reached_max_len
     }

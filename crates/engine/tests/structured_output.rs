@@ -9,8 +9,9 @@
 //!   constrained requests, under preemption (tiny pool), as sample `i` of `n > 1`, and with
 //!   n-gram speculation on (constrained requests are not drafted);
 //! - a dead end (the grammar is complete but `min_tokens` forbids EOS) ends that request with
-//!   an error and nothing else; beams refuse a constraint; bad grammars are typed errors
-//!   naming the field.
+//!   an error and nothing else; bad grammars are typed errors naming the field;
+//! - constrained beam search: every hypothesis is a complete match at widths 1, 2 and 4, and
+//!   width 1 is constrained greedy decoding.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -123,6 +124,28 @@ fn schema() -> serde_json::Value {
     })
 }
 
+/// A regex, a choice and [`schema`]: the grammars whose outputs the tests check.
+fn match_specs() -> [GrammarSpec; 3] {
+    let choices = ["yes", "no", "maybe so"].map(String::from).to_vec();
+    [
+        GrammarSpec::Regex("[a-z]{1,6}@[a-z]{2,5}\\.(com|org)".into()),
+        GrammarSpec::Choice(choices),
+        GrammarSpec::JsonSchema(schema()),
+    ]
+}
+
+/// Whether `text` is a complete match of `spec` (one of [`match_specs`]).
+fn matches(spec: &GrammarSpec, text: &str) -> bool {
+    match spec {
+        GrammarSpec::Regex(r) => regex::Regex::new(&format!("^(?:{r})$"))
+            .expect("regex")
+            .is_match(text),
+        GrammarSpec::Choice(c) => c.iter().any(|x| x == text),
+        GrammarSpec::JsonSchema(_) => serde_json::from_str(text).is_ok_and(|v| matches_schema(&v)),
+        _ => false,
+    }
+}
+
 /// The structural check of [`schema`].
 fn matches_schema(v: &serde_json::Value) -> bool {
     let Some(o) = v.as_object() else {
@@ -146,16 +169,8 @@ fn matches_schema(v: &serde_json::Value) -> bool {
 fn constrained_outputs_always_match_at_temperature_one() {
     let tok = tokenizer();
     let compiler = ConstraintCompiler::new(&tok).expect("vocabulary");
-    let regex = "[a-z]{1,6}@[a-z]{2,5}\\.(com|org)";
-    let re = regex::Regex::new(&format!("^(?:{regex})$")).expect("regex");
-    let choices = vec!["yes".to_string(), "no".to_string(), "maybe so".to_string()];
-    let specs = [
-        GrammarSpec::Regex(regex.into()),
-        GrammarSpec::Choice(choices.clone()),
-        GrammarSpec::JsonSchema(schema()),
-    ];
     let eos = tok.eos_ids();
-    for (k, spec) in specs.iter().enumerate() {
+    for (k, spec) in match_specs().iter().enumerate() {
         let c = compile(&compiler, spec);
         let subs: Vec<_> = (0..64)
             .map(|seed| (request(&tok, Some(c.clone()), seed), 1))
@@ -167,15 +182,10 @@ fn constrained_outputs_always_match_at_temperature_one() {
                 out.0.last().is_some_and(|l| eos.contains(l)),
                 "ends with EOS"
             );
-            let ok = match spec {
-                GrammarSpec::Regex(_) => re.is_match(&t),
-                GrammarSpec::Choice(c) => c.contains(&t),
-                GrammarSpec::JsonSchema(_) => {
-                    serde_json::from_str(&t).is_ok_and(|v| matches_schema(&v))
-                }
-                _ => false,
-            };
-            assert!(ok, "spec {k} seed {seed}: {t:?} does not match");
+            assert!(
+                matches(spec, &t),
+                "spec {k} seed {seed}: {t:?} does not match"
+            );
         }
     }
 }
@@ -246,17 +256,66 @@ fn a_dead_end_ends_only_its_request() {
     assert!(!matches!(outs[1].1, FinishReason::Error(_)));
 }
 
-#[test]
-fn beams_refuse_and_bad_grammars_name_the_field() {
-    let tok = tokenizer();
-    let compiler = ConstraintCompiler::new(&tok).expect("vocabulary");
-    let c = compile(&compiler, &GrammarSpec::Regex("a+".into()));
-    let beam = BeamParams {
-        width: 2,
+/// Runs one beam search request to its end: how it ended and its hypotheses.
+fn beam(engine: &mut Engine, req: GenerationRequest, width: usize) -> (FinishReason, Vec<Out>) {
+    let params = BeamParams {
+        width,
         length_penalty: 1.0,
     };
-    let mut e = engine(&tok, 512);
-    assert!(e.add_beam_request(request(&tok, Some(c), 0), beam).is_err());
+    let id = engine.add_beam_request(req, params).expect("accepted");
+    let mut end = None;
+    while engine.has_unfinished() {
+        for e in engine.step().expect("step") {
+            if let EngineEvent::Finished { seq_id, reason } = e {
+                assert_eq!(seq_id, id);
+                end = Some(reason);
+            }
+        }
+    }
+    let end = end.expect("the search finishes");
+    let hyps = engine.take_beam_result(id).unwrap_or_default();
+    let outs = hyps
+        .into_iter()
+        .map(|h| (h.tokens.iter().map(|t| t.0).collect(), end.clone()))
+        .collect();
+    (end, outs)
+}
+
+#[test]
+fn constrained_beams_end_in_matches_and_width_one_is_constrained_greedy() {
+    let tok = tokenizer();
+    let compiler = ConstraintCompiler::new(&tok).expect("vocabulary");
+    let eos = tok.eos_ids();
+    for (k, spec) in match_specs().iter().enumerate() {
+        let c = compile(&compiler, spec);
+        for (width, seed) in [(1, 0), (2, 1), (4, 2)] {
+            let req = request(&tok, Some(c.clone()), seed);
+            let (end, hyps) = beam(&mut engine(&tok, 1024), req.clone(), width);
+            assert!(!matches!(end, FinishReason::Error(_)), "spec {k}: {end:?}");
+            assert!(!hyps.is_empty() && hyps.len() <= width);
+            for h in &hyps {
+                // With 160 tokens of room every hypothesis completes its grammar.
+                assert!(h.0.last().is_some_and(|l| eos.contains(l)), "ends with EOS");
+                let t = text(&tok, h);
+                assert!(
+                    matches(spec, &t),
+                    "spec {k} width {width}: {t:?} does not match"
+                );
+            }
+            if width == 1 {
+                let mut greedy = req;
+                greedy.sampling.temperature = 0.0;
+                let out = run(&mut engine(&tok, 1024), &[(greedy, 1)]);
+                assert_eq!(hyps[0].0, out[0].0, "spec {k}: width 1 is greedy decoding");
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_grammars_name_the_field() {
+    let tok = tokenizer();
+    let compiler = ConstraintCompiler::new(&tok).expect("vocabulary");
     for spec in [
         GrammarSpec::Regex("(".into()),
         GrammarSpec::JsonSchema(serde_json::json!({"type": "nope"})),

@@ -1,6 +1,7 @@
 //! Beam search over HTTP (`use_beam_search: true`, `n` = width) with the fixture model:
 //! width 1 is greedy decoding, wider searches return the hypotheses of the engine driven
-//! directly, in its order; what cannot combine with beam search is refused naming the field.
+//! directly, in its order; with a structured-output constraint every hypothesis is a complete
+//! match; what cannot combine with beam search is refused naming the field.
 
 mod server_common;
 
@@ -124,5 +125,50 @@ fn what_beam_search_cannot_do_is_refused_naming_the_field() {
     );
     assert!(idle(&get(addr, "/health").json()));
     assert_eq!(with(json!({})).status, 200);
+    server.shutdown().expect("clean shutdown");
+}
+
+#[test]
+fn constrained_beams_return_only_complete_matches() {
+    let server = start_server(&fixture_path(), |_| {});
+    let addr = server.addr();
+    let choices = ["yes", "no", "maybe so"];
+    let regex = "[a-c]{2,4}-[0-9]{1,2}";
+    let re = regex::Regex::new(&format!("^(?:{regex})$")).expect("regex");
+    for constraint in [
+        json!({"structured_outputs": {"choice": choices}}),
+        json!({"guided_regex": regex}),
+    ] {
+        let mut body = json!({"prompt": PROMPT, "max_tokens": 24, "n": 3,
+                              "use_beam_search": true});
+        for (k, v) in constraint.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        let r = post(addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        let got = texts(&v);
+        assert!(!got.is_empty() && got.len() <= 3);
+        for (t, c) in got.iter().zip(v["choices"].as_array().expect("choices")) {
+            assert_eq!(c["finish_reason"], "stop", "{constraint}: {t:?}");
+            let ok = if constraint.get("guided_regex").is_some() {
+                re.is_match(t)
+            } else {
+                choices.contains(&t.as_str())
+            };
+            assert!(ok, "{constraint}: {t:?} does not match");
+        }
+    }
+    // Tools and beam search do not combine (tool calls are parsed from sampled output).
+    let tools = json!([{"type": "function", "function": {"name": "f", "parameters":
+        {"type": "object", "properties": {}}}}]);
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                      "n": 2, "use_beam_search": true, "tools": tools});
+    assert_error(
+        &post(addr, "/v1/chat/completions", &chat),
+        400,
+        Some("tools"),
+    );
+    assert!(idle(&get(addr, "/health").json()));
     server.shutdown().expect("clean shutdown");
 }

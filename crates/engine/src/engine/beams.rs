@@ -9,6 +9,12 @@
 //! out waits (parked) until its siblings' are, so preemption or a short token budget delays
 //! the search but never changes it.
 //!
+//! A constrained beam request (a grammar in its sampling parameters) keeps one grammar state
+//! per beam: a beam's candidates come from the log-softmax of its logits over the tokens its
+//! grammar allows (stop tokens only where the grammar accepts), and a fork advances a copy
+//! of its parent's state by the chosen token. A beam that ends on a stop token therefore
+//! holds a complete match.
+//!
 //! A beam request emits no `Token` events: when the search ends it emits one
 //! `EngineEvent::Finished { seq_id: root, reason }` (`Length` when beams reached
 //! `max_tokens`, else `Stop`, or an `Error`), and [`Engine::take_beam_result`] then returns
@@ -21,6 +27,7 @@ use tandem_model::logits::Logits;
 use super::{Engine, EngineEvent, GenerationRequest};
 use crate::beam_search::{top_k_logprobs, BeamHypothesis, BeamParams, BeamSearch, LiveBeam};
 use crate::error::{EngineError, Result};
+use crate::sampler::constraint::ConstraintState;
 use crate::sequence::{FinishReason, SeqId};
 
 /// One live beam: its sequence, cumulative logprob and, once computed, its candidates.
@@ -30,6 +37,8 @@ struct Beam {
     cum_logprob: f32,
     /// `[<= 2 * width]` best next tokens and their logprobs, once its logits are out.
     candidates: Option<Vec<(tandem_model::batch::TokenId, f32)>>,
+    /// Its position in the request's grammar, if constrained.
+    constraint: Option<ConstraintState>,
 }
 
 /// A beam request in flight.
@@ -56,11 +65,6 @@ impl Engine {
     /// from [`Engine::take_beam_result`]. Nothing is started when it is refused.
     pub fn add_beam_request(&mut self, req: GenerationRequest, beam: BeamParams) -> Result<SeqId> {
         beam.validate()?;
-        if req.sampling.constraint.is_some() {
-            return Err(EngineError::InvalidParams(
-                "structured output constraints are not supported with beam search".into(),
-            ));
-        }
         if req.prompt_logprobs.is_some() {
             return Err(EngineError::InvalidParams(
                 "prompt logprobs are not supported with beam search".into(),
@@ -81,6 +85,7 @@ impl Engine {
             seq: root,
             cum_logprob: 0.0,
             candidates: None,
+            constraint: req.sampling.constraint.as_ref().map(|c| c.start()),
         }];
         let search = BeamSearch::new(beam, max_len, stop);
         let group = BeamGroup {
@@ -111,13 +116,22 @@ impl Engine {
             .get_mut(root)
             .expect("every live beam has a group");
         let k = 2 * group.search.params().width;
-        match logits.log_probs(row) {
-            Some(lp) => {
-                let beam = group.live.iter_mut().find(|b| b.seq == seq);
-                let beam = beam.expect("a live beam is in its group's live list");
-                beam.candidates = Some(top_k_logprobs(&lp, k));
+        let stop: Vec<u32> = group.search.stop_tokens().iter().map(|t| t.0).collect();
+        let beam = group.live.iter_mut().find(|b| b.seq == seq);
+        let beam = beam.expect("a live beam is in its group's live list");
+        let log_probs = match beam.constraint.as_mut() {
+            None => logits
+                .log_probs(row)
+                .ok_or_else(|| "the logits hold NaN or infinity".to_string()),
+            Some(c) => constrained_log_probs(logits.row(row), c, &stop),
+        };
+        match log_probs {
+            Ok(lp) => {
+                let mut candidates = top_k_logprobs(&lp, k);
+                candidates.retain(|(_, l)| l.is_finite()); // tokens the grammar forbids
+                beam.candidates = Some(candidates);
             }
-            None => group.failed = Some("the logits hold NaN or infinity".into()),
+            Err(m) => group.failed = Some(m),
         }
         true
     }
@@ -186,14 +200,18 @@ impl Engine {
         };
         let mut new_live = Vec::with_capacity(next.len());
         for n in next {
-            let seq = self
-                .scheduler
-                .fork_managed(group.live[n.parent].seq, n.token)?;
+            let parent = &group.live[n.parent];
+            let seq = self.scheduler.fork_managed(parent.seq, n.token)?;
             self.beams.root_of.insert(seq, root);
+            let mut constraint = parent.constraint.clone();
+            if let Some(c) = constraint.as_mut() {
+                c.commit(n.token.0); // a live beam's token is never a stop token
+            }
             new_live.push(Beam {
                 seq,
                 cum_logprob: n.cum_logprob,
                 candidates: None,
+                constraint,
             });
         }
         for old in std::mem::replace(&mut group.live, new_live) {
@@ -224,4 +242,31 @@ impl Engine {
     pub(super) fn is_beam_request(&self, id: SeqId) -> bool {
         self.beams.groups.contains_key(&id)
     }
+}
+
+/// The log-softmax of a logits `row` over the tokens `constraint` allows (`stop` tokens only
+/// where it accepts); forbidden tokens get `-inf`. Errors: a non-finite row, the grammar's
+/// error, or a dead end.
+fn constrained_log_probs(
+    row: &[f32],
+    constraint: &mut ConstraintState,
+    stop: &[u32],
+) -> std::result::Result<Vec<f32>, String> {
+    if row.iter().any(|v| !v.is_finite()) {
+        return Err("the logits hold NaN or infinity".into());
+    }
+    let mut values: Vec<f64> = row.iter().map(|&v| f64::from(v)).collect();
+    constraint.apply(&mut values, stop)?;
+    let allowed: Vec<usize> = (0..values.len())
+        .filter(|&i| values[i] > f64::NEG_INFINITY)
+        .collect();
+    let kept: Vec<f32> = allowed.iter().map(|&i| row[i]).collect();
+    let mut kept_lp = vec![0.0; kept.len()];
+    tandem_kernels::ops::log_softmax(&kept, &mut kept_lp)
+        .ok_or_else(|| "the logits hold NaN or infinity".to_string())?;
+    let mut out = vec![f32::NEG_INFINITY; row.len()];
+    for (&i, &lp) in allowed.iter().zip(&kept_lp) {
+        out[i] = lp;
+    }
+    Ok(out)
 }

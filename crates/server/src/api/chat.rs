@@ -204,9 +204,13 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
     let logprobs = top_logprobs(&own)?;
     let limits = &app.limits;
     let mut plan = GenerationPlan::new(&common, logprobs, "top_logprobs", limits, bounds)?;
-    let beam = common.use_beam_search == Some(true);
-    structured::attach(&app, &value, beam, &mut plan).await?;
+    structured::attach(&app, &value, &mut plan).await?;
     let tool_mode = attach_tools(&app, &own, &mut plan).await?;
+    let beam_search = common.use_beam_search == Some(true);
+    if beam_search {
+        let tools = tool_mode.is_some();
+        beam::check(&plan, &[("logprobs", logprobs.is_some()), ("tools", tools)])?;
+    }
     let prompt = chat_prompt(
         &app,
         own.messages,
@@ -217,8 +221,7 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
     let room = limits.max_model_len - prompt.len();
     let default_max = bounds.max_output_tokens.map_or(room, |cap| cap.min(room));
     let max_tokens = plan.max_tokens.unwrap_or(default_max);
-    if common.use_beam_search == Some(true) {
-        beam::check(&plan, &[("logprobs", logprobs.is_some())])?;
+    if beam_search {
         let req = beam::BeamRequest {
             endpoint: Endpoint::Chat,
             prompt: &prompt,

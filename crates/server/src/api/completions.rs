@@ -50,8 +50,7 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
         bounds.max_top_logprobs,
     )?;
     let mut plan = options.plan(&common, &app)?;
-    let beam = common.use_beam_search == Some(true);
-    structured::attach(&app, &value, beam, &mut plan).await?;
+    structured::attach(&app, &value, &mut plan).await?;
     let prompt = value
         .get("prompt")
         .ok_or_else(|| ApiError::field("prompt", "is required"))?;

@@ -133,23 +133,12 @@ fn json_spec(field: &'static str, v: Value) -> ApiResult<GrammarSpec> {
     }
 }
 
-/// Compiles the constraint `body` asks for (if any) into `plan.sampling.constraint`.
-/// `beam`: the request uses beam search, which takes no constraint.
-pub async fn attach(
-    app: &App,
-    body: &Value,
-    beam: bool,
-    plan: &mut GenerationPlan,
-) -> ApiResult<()> {
+/// Compiles the constraint `body` asks for (if any) into `plan.sampling.constraint` (beam
+/// search requests take it too: every beam follows the grammar).
+pub async fn attach(app: &App, body: &Value, plan: &mut GenerationPlan) -> ApiResult<()> {
     let Some((field, spec)) = requested(body)? else {
         return Ok(());
     };
-    if beam {
-        return Err(ApiError::field(
-            field,
-            "structured outputs are not supported with beam search",
-        ));
-    }
     compile_into(app, field, spec, plan).await
 }
 
