@@ -6,8 +6,10 @@
 //!   unbounded strings, which random logits never close: the server test covers it with a
 //!   real model);
 //! - a constrained request emits the same tokens alone, batched with unconstrained and other
-//!   constrained requests, under preemption (tiny pool), as sample `i` of `n > 1`, and with
-//!   n-gram speculation on (constrained requests are not drafted);
+//!   constrained requests, under preemption (tiny pool), and as sample `i` of `n > 1`;
+//! - with n-gram speculation, constrained requests are drafted and verified against the
+//!   masked rows: greedy outputs are unchanged token for token, sampled outputs still match,
+//!   and drafts are accepted;
 //! - a dead end (the grammar is complete but `min_tokens` forbids EOS) ends that request with
 //!   an error and nothing else; bad grammars are typed errors naming the field;
 //! - constrained beam search: every hypothesis is a complete match at widths 1, 2 and 4, and
@@ -228,15 +230,67 @@ fn constrained_request_is_the_same_alone_batched_preempted_and_as_a_sibling() {
         &[(request(&tok, Some(c.clone()), 0), 4)],
     );
     assert_eq!(n4, alone);
-    // With n-gram speculation on, constrained requests decode one token a step, unchanged.
-    let mut spec = engine(&tok, 512);
+}
+
+/// An engine with n-gram speculation (3 drafts a step, always on).
+fn speculative_engine(tok: &Tokenizer) -> Engine {
+    let mut e = engine(tok, 512);
     let mut config = SpeculativeConfig::default();
     (config.num_tokens, config.max_batch_size) = (3, 64);
     (config.draft_cost, config.verify_cost) = (0.0, 0.0);
     let ngram = NgramProposer::new(1, 3).expect("n-gram sizes");
-    spec.enable_speculation(config, Box::new(ngram))
+    e.enable_speculation(config, Box::new(ngram))
         .expect("speculation");
-    assert_eq!(run(&mut spec, &subs)[..4], alone[..]);
+    e
+}
+
+#[test]
+fn constrained_requests_are_drafted_and_verified_against_the_grammar() {
+    let tok = tokenizer();
+    let compiler = ConstraintCompiler::new(&tok).expect("vocabulary");
+    // A repetitive grammar gives the n-gram proposer something to draft from.
+    let mut specs = match_specs().to_vec();
+    specs.push(GrammarSpec::Regex("(abc ){8}".into()));
+    let re = regex::Regex::new("^(?:(abc ){8})$").expect("regex");
+    let constraints: Vec<Constraint> = specs.iter().map(|s| compile(&compiler, s)).collect();
+    // Greedy: speculation changes nothing, token for token.
+    let greedy: Vec<_> = constraints
+        .iter()
+        .map(|c| {
+            let mut r = request(&tok, Some(c.clone()), 0);
+            r.sampling.temperature = 0.0;
+            (r, 1)
+        })
+        .collect();
+    let plain = run(&mut engine(&tok, 512), &greedy);
+    let mut spec = speculative_engine(&tok);
+    assert_eq!(run(&mut spec, &greedy), plain);
+    let stats = spec.spec_stats();
+    assert!(
+        stats.num_draft_tokens > 0,
+        "constrained requests were drafted"
+    );
+    // Sampled (rejection sampling against the masked rows): still complete matches.
+    let sampled: Vec<_> = (0..8)
+        .flat_map(|seed| constraints.iter().map(move |c| (c.clone(), seed)))
+        .map(|(c, seed)| (request(&tok, Some(c), seed), 1))
+        .collect();
+    let mut spec = speculative_engine(&tok);
+    for (i, out) in run(&mut spec, &sampled).iter().enumerate() {
+        let k = i % specs.len();
+        let t = text(&tok, out);
+        assert_eq!(out.1, FinishReason::Stop, "spec {k}: {t:?}");
+        let ok = match &specs[k] {
+            GrammarSpec::Regex(r) if r.starts_with('(') => re.is_match(&t),
+            spec => matches(spec, &t),
+        };
+        assert!(ok, "spec {k}: {t:?} does not match");
+    }
+    let stats = spec.spec_stats();
+    assert!(
+        stats.num_accepted_tokens > 0,
+        "some drafts were accepted: {stats:?}"
+    );
 }
 
 #[test]

@@ -75,11 +75,6 @@ impl Engine {
             else {
                 continue;
             };
-            // Drafts are not verified against grammar masks: constrained requests decode
-            // one token per step.
-            if req.state.is_constrained() {
-                continue;
-            }
             let num_output = seq.output().len();
             // The verification emits one token past the accepted drafts.
             let room = seq.params().max_tokens.saturating_sub(num_output + 1);

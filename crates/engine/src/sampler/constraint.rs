@@ -19,8 +19,10 @@
 //! accepts the output so far; they are never fed to the parser. A state with no allowed token
 //! (a dead end) makes sampling fail with [`super::SamplerError::Constraint`], which ends that
 //! request only. Preemption by recompute keeps the committed output, so the state stays
-//! valid; speculative drafts are not proposed for constrained requests (the engine skips
-//! them), and beam search refuses a constraint.
+//! valid. Speculative verification advances the state through the drafts it accepts (each
+//! target row is masked at its own position, so a draft the grammar forbids is rejected and
+//! the replacement drawn from the masked distribution) and rolls them back afterwards; the
+//! engine then commits what was emitted. Beam search keeps one state per beam.
 
 use std::fmt;
 use std::sync::Arc;
@@ -346,5 +348,14 @@ impl ConstraintState {
     pub fn commit(&mut self, token: u32) {
         self.mask = None;
         let _ = self.matcher.consume_token(token);
+    }
+
+    /// Undoes the last `n` commits (speculative drafts judged, then retracted). A parser
+    /// error is kept and reported by the next [`ConstraintState::apply`].
+    pub fn rollback(&mut self, n: usize) {
+        if n > 0 {
+            self.mask = None;
+            let _ = self.matcher.rollback(n);
+        }
     }
 }

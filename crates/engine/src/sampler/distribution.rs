@@ -97,7 +97,7 @@ pub(crate) fn draw_weights(weights: &[f64], u: f64) -> Option<u32> {
 
 /// The distribution [`super::sample`] would draw from for `logits_row` (`[vocab_size]`)
 /// with this state's history and `num_output_tokens` generated tokens: the processors
-/// (logit_bias, min_tokens, penalties), then one-hot on the argmax when greedy, else
+/// (logit_bias, min_tokens, penalties) and the constraint, then one-hot on the argmax when greedy, else
 /// temperature, top-k, top-p and min-p, renormalised. Draws nothing from the stream.
 ///
 /// Errors as [`super::sample`]: non-finite or empty row, ids outside the row, no candidate.
@@ -157,6 +157,10 @@ fn processed_values(
     scratch.values.clear();
     scratch.values.extend(logits_row.iter().map(|&v| v as f64));
     processors::apply_all(&mut scratch.values, params, state, num_output_tokens);
+    if let Err(e) = super::apply_constraint(&mut scratch.values, params, state) {
+        state.scratch = scratch;
+        return Err(e);
+    }
     Ok(scratch)
 }
 

@@ -99,12 +99,9 @@ pub fn sample(
     values.clear();
     values.extend(logits_row.iter().map(|&v| v as f64));
     processors::apply_all(values, params, state, num_output_tokens);
-    if let Some(c) = state.constraint.as_mut() {
-        let stops: Vec<u32> = params.suppressed_while_short().collect();
-        if let Err(e) = c.apply(values, &stops) {
-            state.scratch = scratch;
-            return Err(SamplerError::Constraint(e));
-        }
+    if let Err(e) = apply_constraint(values, params, state) {
+        state.scratch = scratch;
+        return Err(e);
     }
     let chosen = if params.is_greedy() {
         truncation::argmax(values)
@@ -129,4 +126,20 @@ pub fn sample(
         logprob: lsm.logprob(logits_row[token as usize]),
         top_logprobs: top,
     })
+}
+
+/// The constraint step of the processing: `-inf` for what the request's grammar forbids at
+/// the state's position (nothing without a grammar).
+pub(crate) fn apply_constraint(
+    values: &mut [f64],
+    params: &SamplingParams,
+    state: &mut SamplerState,
+) -> Result<(), SamplerError> {
+    match state.constraint.as_mut() {
+        Some(c) => {
+            let stops: Vec<u32> = params.suppressed_while_short().collect();
+            c.apply(values, &stops).map_err(SamplerError::Constraint)
+        }
+        None => Ok(()),
+    }
 }

@@ -71,6 +71,14 @@ impl SamplerState {
         }
     }
 
+    /// Undoes the last `n` [`SamplerState::advance_constraint`] calls of non-stop tokens
+    /// (the drafts a verification advanced through).
+    pub fn rollback_constraint(&mut self, n: usize) {
+        if let Some(c) = self.constraint.as_mut() {
+            c.rollback(n);
+        }
+    }
+
     /// The state of sibling sample `index` of the same request (for `n > 1`): the same
     /// prompt and output history, and a fresh stream keyed by `seed + index` (wrapping).
     /// `fork(0)` of a state that has not sampled yet reproduces it exactly.

@@ -73,11 +73,12 @@ pub fn verify(
         &mut out,
         &mut recorded,
     );
-    // The accepted drafts were recorded in the history while judging; the engine records
-    // the emitted tokens itself once the scheduler has applied them.
+    // The accepted drafts were recorded in the history (and the grammar) while judging; the
+    // engine records the emitted tokens itself once the scheduler has applied them.
     for &t in &recorded {
         state.retract_output(t);
     }
+    state.rollback_constraint(recorded.len());
     result.map(|()| out)
 }
 
@@ -129,6 +130,7 @@ fn judge(
             return Ok(());
         }
         state.append_output(draft);
+        state.advance_constraint(draft, false); // a stop token returned above
         recorded.push(draft);
     }
     Ok(())
