@@ -78,6 +78,12 @@ impl IncrementalDetokenizer {
         tail
     }
 
+    /// Drops the bytes of an incomplete trailing character (for an output cut by a length
+    /// limit: the model never finished that character, so it is not text).
+    pub fn discard_incomplete(&mut self) {
+        self.pending.clear();
+    }
+
     /// Whether bytes of an incomplete character are being held back.
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty()

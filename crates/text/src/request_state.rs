@@ -75,9 +75,14 @@ impl RequestState {
     }
 
     /// The last delta: the text still held back and `finish` (`Stop` instead when that
-    /// text completes a stop string).
+    /// text completes a stop string). An output cut by its length limit drops an unfinished
+    /// trailing character instead of ending in U+FFFD.
     pub(crate) fn finish(&mut self, finish: Finish, beams: Vec<BeamText>) -> RequestDelta {
-        let tail = self.stream.finish();
+        let tail = if finish == Finish::Length {
+            self.stream.finish_cut()
+        } else {
+            self.stream.finish()
+        };
         let finish = if tail.stopped.is_some() {
             Finish::Stop
         } else {

@@ -68,6 +68,13 @@ impl TextStream {
         delta
     }
 
+    /// Ends generation cut by a length limit: as [`TextStream::finish`], except that the
+    /// bytes of an unfinished trailing character are dropped rather than becoming U+FFFD.
+    pub fn finish_cut(&mut self) -> TextDelta {
+        self.detokenizer.discard_incomplete();
+        self.finish()
+    }
+
     /// Whether a stop string has matched.
     pub fn is_stopped(&self) -> bool {
         self.matcher.stopped().is_some()

@@ -3,7 +3,9 @@
 //! the first stop string (also one split across tokens), a stop ends the request in the
 //! engine and silences its later events, `n > 1` siblings keep their own text, finish
 //! reasons map (errors included), prompt scores go out with the first delta, beam
-//! hypotheses come back as text, and `finish_all` flushes what was held back.
+//! hypotheses come back as text, and `finish_all` flushes what was held back; an output cut
+//! by its length limit inside a character drops it (no U+FFFD), one ended by a stop keeps
+//! the U+FFFD that decoding gives.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -339,4 +341,33 @@ fn finish_all_ends_everything_with_its_held_back_text() {
     assert_eq!(control.ended, vec![SeqId(1), SeqId(2)]);
     assert!(p.is_empty());
     assert!(p.abort(&mut control, SeqId(1)).is_none(), "already gone");
+}
+
+#[test]
+fn a_length_cut_inside_a_character_drops_it_and_a_stop_keeps_the_replacement_char() {
+    let tok = tokenizer();
+    let ids = tok.encode("ok \u{1F642}", false).expect("encodes");
+    // The emoji's 4 bytes span several byte tokens; end one token early.
+    let cut = &ids[..ids.len() - 1];
+    let decoded = tok.decode(cut, true).expect("decodes");
+    assert!(
+        decoded.ends_with('\u{FFFD}'),
+        "the cut is inside the character: {decoded:?}"
+    );
+    for (tag, reason, expected) in [
+        (
+            0,
+            FinishReason::Length,
+            decoded.trim_end_matches('\u{FFFD}').to_string(),
+        ),
+        (1, FinishReason::Stop, decoded.clone()),
+    ] {
+        let mut p = OutputProcessor::new(tok.clone());
+        let mut control = Control::default();
+        p.track(SeqId(1), options(&[], false), 1, tag);
+        let mut events: Vec<EngineEvent> = cut.iter().map(|&t| token(SeqId(1), t)).collect();
+        events.push(finished(SeqId(1), reason));
+        let out = run(&mut p, &mut control, events);
+        assert_eq!(text(&deltas(&out, tag)), expected, "tag {tag}");
+    }
 }
