@@ -64,9 +64,9 @@ pub struct BenchArgs {
 }
 
 /// Timings of one configuration.
-struct Measured {
-    prefill_s: f64,
-    decode_s: f64,
+pub(crate) struct Measured {
+    pub prefill_s: f64,
+    pub decode_s: f64,
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
@@ -197,7 +197,7 @@ pub(crate) fn prompt_tokens(seq: usize, len: usize, vocab: usize) -> Vec<TokenId
 
 /// Prefill of `b` random prompts of `p` tokens, then `g` decode steps of all `b`, on blocks
 /// `0..` of `runner`'s pool.
-fn measure(
+pub(crate) fn measure(
     runner: &mut dyn ModelRunner,
     b: usize,
     p: usize,
