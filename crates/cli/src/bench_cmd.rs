@@ -21,6 +21,7 @@ use crate::bench_engine::{self, PromptKind};
 use crate::engine_setup::build_engine;
 use crate::runner_setup::PreparedModel;
 use crate::structured_args::StructuredArgs;
+use crate::trace_out::TracedRunner;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -99,7 +100,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let prepared = PreparedModel::new(lm.host, &a.model, a.engine.kv_cache_dtype)?;
     let (kv_dtype, weight_bytes) = (prepared.kv_dtype(), prepared.weight_bytes());
     let kernels = prepared.kernels_name();
-    let mut runner = prepared.into_runner(block_size, Some(pool_blocks))?;
+    let runner = prepared.into_runner(block_size, Some(pool_blocks))?;
+    let mut runner = TracedRunner::wrap(runner, a.engine.trace.as_deref(), a.engine.trace_steps);
     for &b in &a.batches {
         for &p in &a.prompt_lens {
             let m = measure(runner.as_mut(), b, p, a.gen_len, step_tokens)?;
@@ -128,6 +130,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             );
         }
     }
+    drop(runner); // a traced runner writes its trace
     Ok(())
 }
 
@@ -178,6 +181,7 @@ fn run_engine(a: BenchArgs) -> Result<()> {
             println!("{line}");
         }
     }
+    crate::trace_out::write(engine.trace(), a.engine.trace.as_deref())?;
     Ok(())
 }
 

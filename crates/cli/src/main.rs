@@ -17,6 +17,7 @@ mod serve_limits;
 mod serve_ops;
 mod speculation_setup;
 mod structured_args;
+mod trace_out;
 
 use clap::{Parser, Subcommand};
 

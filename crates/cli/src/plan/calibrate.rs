@@ -2,10 +2,11 @@
 //! each thread count, in seconds, and saves them as hardware profiles (JSON).
 //!
 //! - read bandwidth: threads summing disjoint parts of a buffer far larger than the caches;
-//! - int8 matrix rate: the packed int8 kernels on a Q4_1 matrix that fits the cache (the
-//!   arithmetic alone; memory is the bandwidth's part), at 1 to 256 tokens per product;
+//! - int8 matrix rate: the packed int8 kernels over 66 MB of Q4_1 matrices shaped as a small
+//!   model's layers (more than the caches hold), at 1 to 256 tokens per product: the effective rate,
+//!   set by streaming the weights at few tokens and by arithmetic at many;
 //! - attention rate: the attention kernels over f16 keys and values of a cached context;
-//! - overhead: one thread-pool round (a step runs about 8 per layer and 4 more per step).
+//! - overhead: one tiny product on the pool (a step runs about 8 jobs per layer, 4 more).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -53,14 +54,15 @@ pub fn calibrate(max_threads: usize) -> Calibration {
 fn profile(threads: usize) -> HardwareProfile {
     let pool = ThreadPool::new(threads);
     let bandwidth = read_bandwidth(&pool);
+    let weights = test_weights(&pool);
     let matmul = MATMUL_TOKENS
         .iter()
         .map(|&tokens| RatePoint {
             tokens,
-            flops: int8_rate(&pool, tokens),
+            flops: int8_rate(&weights, &pool, tokens),
         })
         .collect();
-    let round = pool_round_s(&pool);
+    let round = pool_round_s(&pool, &weights);
     eprintln!("tandem: calibrated {threads} thread(s): {:.1} GB/s", bandwidth / 1e9);
     HardwareProfile {
         name: format!("this machine, {threads} thread(s)"),
@@ -105,29 +107,50 @@ fn read_bandwidth(pool: &ThreadPool) -> f64 {
     (words * 8) as f64 / secs
 }
 
-/// FLOP/s of the packed int8 kernels on a cache-resident 1536 x 576 Q4_1 matrix (the
-/// default model's FFN shape) at `tokens` tokens per product.
-fn int8_rate(pool: &ThreadPool, tokens: usize) -> f64 {
-    let (rows, cols) = (1536, 576);
+/// FLOP/s of the packed int8 kernels at `tokens` tokens per product over a model-sized set
+/// of matrices ([`test_weights`]), each read once per pass as a forward pass reads them. The rate is the
+/// effective one: at few tokens it is set by streaming the weights, at many by arithmetic.
+fn int8_rate(weights: &[PackedMatrix], pool: &ThreadPool, tokens: usize) -> f64 {
+    let widest = weights.iter().map(|w| w.rows().max(w.cols())).max().unwrap_or(1);
+    let x: Vec<f32> = (0..tokens * widest).map(wave).collect();
+    let mut y = vec![0.0; tokens * widest];
+    let pass = || {
+        for w in weights {
+            let (r, c) = (w.rows(), w.cols());
+            matmul_packed(pool, w, &x[..tokens * c], &mut y[..tokens * r], tokens);
+        }
+    };
+    let reps = if tokens >= 64 { 2 } else { 3 };
+    let secs = best_of(reps, pass);
+    let params: usize = weights.iter().map(|w| w.rows() * w.cols()).sum();
+    (2 * params * tokens) as f64 / secs
+}
+
+/// The matrices [`int8_rate`] runs over: 30 layers of a small Llama (q, k, v, o, gate, up,
+/// down of a 576-wide model with 1536-wide FFN and 192-wide K/V, as the default model's),
+/// Q4_1, 106M weights, 66 MB packed: more than the caches hold.
+fn test_weights(pool: &ThreadPool) -> Vec<PackedMatrix> {
+    let (h, kv, ff) = (576, 192, 1536);
+    let shapes = [(h, h), (kv, h), (kv, h), (h, h), (ff, h), (ff, h), (h, ff)];
+    let data: Vec<(usize, usize, Vec<u8>)> =
+        shapes.iter().map(|&(r, c)| (r, c, q4_1_data(r, c))).collect();
+    let pack = |(r, c, d): &(usize, usize, Vec<u8>)| {
+        let view = WeightView::new(DType::Q4_1, *r, *c, d).expect("consistent sizes");
+        PackedMatrix::pack(&view, pool).expect("Q4_1 packs")
+    };
+    (0..30).flat_map(|_| data.iter().map(pack)).collect()
+}
+
+/// `rows x cols` deterministic weights quantized to Q4_1.
+fn q4_1_data(rows: usize, cols: usize) -> Vec<u8> {
     let dtype = DType::Q4_1;
-    let row_bytes = dtype.bytes_for(cols).expect("576 is a whole number of blocks");
+    let row_bytes = dtype.bytes_for(cols).expect("whole blocks");
     let mut data = vec![0u8; rows * row_bytes];
     for (r, dst) in data.chunks_mut(row_bytes).enumerate() {
         let src: Vec<f32> = (0..cols).map(|c| wave(r * cols + c)).collect();
         tandem_kernels::quant::quantize_row(dtype, &src, dst);
     }
-    let view = WeightView::new(dtype, rows, cols, &data).expect("consistent sizes");
-    let w = PackedMatrix::pack(&view, pool).expect("Q4_1 packs");
-    let x: Vec<f32> = (0..tokens * cols).map(wave).collect();
-    let mut y = vec![0.0; tokens * rows];
-    // At least ~40 ms of work per timing.
-    let reps = (4e8 / (2 * rows * cols * tokens) as f64).ceil() as usize;
-    let secs = best_of(3, || {
-        for _ in 0..reps {
-            matmul_packed(pool, &w, &x, &mut y, tokens);
-        }
-    });
-    (2 * rows * cols * tokens * reps) as f64 / secs
+    data
 }
 
 /// FLOP/s of the attention kernels: a group of 3 query heads of 64 over 512 cached f16
@@ -164,17 +187,27 @@ fn attention_rate(pool: &ThreadPool) -> f64 {
     (4 * ctx * head_dim * group * 20 * tasks) as f64 / secs
 }
 
-/// Seconds of one round on the pool (start every thread, wait for all).
-fn pool_round_s(pool: &ThreadPool) -> f64 {
+/// Seconds of one small product on the pool (one token through a 64 x 576 matrix: the
+/// dispatch, quantization of the input and wait of a job, with next to no arithmetic).
+fn pool_round_s(pool: &ThreadPool, weights: &[PackedMatrix]) -> f64 {
+    let cols = weights[0].cols();
+    let small = tiny_matrix(pool, cols);
+    let x: Vec<f32> = (0..cols).map(wave).collect();
+    let mut y = vec![0.0; small.rows()];
     let rounds = 2000;
     let secs = best_of(3, || {
         for _ in 0..rounds {
-            pool.run(pool.n_threads(), |i| {
-                std::hint::black_box(i);
-            });
+            matmul_packed(pool, &small, &x, &mut y, 1);
         }
     });
     secs / rounds as f64
+}
+
+/// A 64-row Q4_1 matrix of `cols` columns.
+fn tiny_matrix(pool: &ThreadPool, cols: usize) -> PackedMatrix {
+    let data = q4_1_data(64, cols);
+    let view = WeightView::new(DType::Q4_1, 64, cols, &data).expect("consistent sizes");
+    PackedMatrix::pack(&view, pool).expect("Q4_1 packs")
 }
 
 /// A deterministic value in [-1, 1).
