@@ -109,7 +109,11 @@ fn score_runner(
     let prepared = PreparedModel::new(host, &a.model, a.engine.kv_cache_dtype)?;
     let runner = prepared.into_runner(block_size, Some(span.div_ceil(block_size)))?;
     let trace = a.engine.trace.as_deref();
-    Ok(crate::trace_out::TracedRunner::wrap(runner, trace, a.engine.trace_steps))
+    Ok(crate::trace_out::TracedRunner::wrap(
+        runner,
+        trace,
+        a.engine.trace_steps,
+    ))
 }
 
 fn input_tokens(a: &ScoreArgs, lm: &LoadedModel) -> Result<Vec<TokenId>> {

@@ -99,7 +99,8 @@ impl ModelRunner for TracedRunner {
             running: seqs.len(),
             ..StepCounters::default()
         };
-        self.trace.record(self.step, &clock, seqs, counters, Vec::new());
+        self.trace
+            .record(self.step, &clock, seqs, counters, Vec::new());
         self.step += 1;
         out
     }

@@ -41,7 +41,12 @@ pub enum Part {
 }
 
 impl Part {
-    const ALL: [Part; 4] = [Part::Schedule, Part::Forward, Part::Sample, Part::Detokenize];
+    const ALL: [Part; 4] = [
+        Part::Schedule,
+        Part::Forward,
+        Part::Sample,
+        Part::Detokenize,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -365,13 +370,13 @@ fn step_events(s: &StepRecord, out: &mut Vec<Value>) {
     }));
     let mut at = s.start_us;
     for &(part, dur) in &s.parts {
-        out.push(json!({"name": part.name(), "cat": "part", "ph": "X", "pid": 1, "tid": 1,
-                        "ts": at, "dur": dur}));
+        out.push(
+            json!({"name": part.name(), "cat": "part", "ph": "X", "pid": 1, "tid": 1,
+                        "ts": at, "dur": dur}),
+        );
         at += dur;
     }
-    let counter = |name: &str, args: Value| {
-        json!({"name": name, "ph": "C", "pid": 1, "tid": 1, "ts": s.start_us, "args": args})
-    };
+    let counter = |name: &str, args: Value| json!({"name": name, "ph": "C", "pid": 1, "tid": 1, "ts": s.start_us, "args": args});
     out.push(counter(
         "sequences",
         json!({"running": c.running, "waiting": c.waiting}),
@@ -420,8 +425,10 @@ impl RequestTracks {
                 self.see(slice.seq_id);
                 let tid = Self::tid(slice.seq_id);
                 if let Some(since) = self.queued_since.remove(&slice.seq_id) {
-                    out.push(json!({"name": "queued", "cat": "request", "ph": "X", "pid": 2,
-                        "tid": tid, "ts": since, "dur": (s.start_us - since).max(0.0)}));
+                    out.push(
+                        json!({"name": "queued", "cat": "request", "ph": "X", "pid": 2,
+                        "tid": tid, "ts": since, "dur": (s.start_us - since).max(0.0)}),
+                    );
                 }
                 out.push(json!({
                     "name": slice.work.name(), "cat": "request", "ph": "X", "pid": 2,
@@ -466,7 +473,14 @@ impl RequestTracks {
     fn names(&self) -> Vec<Value> {
         let named = self.seen.iter();
         named
-            .map(|&id| meta("thread_name", 2, Self::tid(id), &format!("request {}", id.0)))
+            .map(|&id| {
+                meta(
+                    "thread_name",
+                    2,
+                    Self::tid(id),
+                    &format!("request {}", id.0),
+                )
+            })
             .collect()
     }
 }
@@ -520,7 +534,13 @@ mod tests {
             tokens,
         };
         let c = StepCounters::default();
-        t.record(0, &clock_with_parts(), vec![slice(Work::Prefill, 5)], c, vec![]);
+        t.record(
+            0,
+            &clock_with_parts(),
+            vec![slice(Work::Prefill, 5)],
+            c,
+            vec![],
+        );
         let fin = vec![(id, MarkKind::Finished("length".into()))];
         t.record(1, &clock_with_parts(), vec![slice(Work::Decode, 1)], c, fin);
         let json = t.to_chrome_json();
@@ -533,7 +553,14 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["arrived", "queued", "prefill", "decode", "finished", "thread_name"]
+            [
+                "arrived",
+                "queued",
+                "prefill",
+                "decode",
+                "finished",
+                "thread_name"
+            ]
         );
     }
 }

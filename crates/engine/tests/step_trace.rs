@@ -167,10 +167,17 @@ fn a_mixed_workload_writes_a_complete_ordered_trace() {
     let w = run(&mut engine);
     let stats = engine.scheduler().stats();
     assert!(stats.num_preemptions > 0, "the workload preempts");
-    assert!(stats.prefix_cache_hits > 0, "the workload hits the prefix cache");
+    assert!(
+        stats.prefix_cache_hits > 0,
+        "the workload hits the prefix cache"
+    );
     let spec = engine.speculation().expect("on").stats();
     assert!(spec.num_accepted_tokens > 0, "drafts were accepted");
-    let text = engine.trace().expect("recording").to_chrome_json().to_string();
+    let text = engine
+        .trace()
+        .expect("recording")
+        .to_chrome_json()
+        .to_string();
     let trace: Value = serde_json::from_str(&text).expect("the trace is JSON");
     let events = trace["traceEvents"].as_array().expect("traceEvents");
     let batches = batches.lock().expect("not poisoned").clone();
@@ -180,7 +187,11 @@ fn a_mixed_workload_writes_a_complete_ordered_trace() {
 
 fn check_steps(events: &[Value], batches: &[usize]) {
     let steps: Vec<&Value> = events.iter().filter(|e| e["cat"] == "step").collect();
-    assert_eq!(steps.len(), batches.len(), "one step slice per forward pass");
+    assert_eq!(
+        steps.len(),
+        batches.len(),
+        "one step slice per forward pass"
+    );
     let tokens: Vec<&Value> = events.iter().filter(|e| e["name"] == "tokens").collect();
     let parts: Vec<&Value> = events.iter().filter(|e| e["cat"] == "part").collect();
     let mut at = 0.0;
@@ -194,16 +205,22 @@ fn check_steps(events: &[Value], batches: &[usize]) {
             assert!((f(p, "ts") - edge).abs() < 1e-3, "parts tile step {i}");
             edge += f(p, "dur");
         }
-        assert!((edge - at).abs() < 1e-3, "step {i}: parts end with the step");
+        assert!(
+            (edge - at).abs() < 1e-3,
+            "step {i}: parts end with the step"
+        );
         let c = &tokens[i]["args"];
         let used = (f(c, "prefill") + f(c, "decode")) as usize;
-        assert_eq!(used, batches[i], "step {i}: tokens counted = tokens computed");
+        assert_eq!(
+            used, batches[i],
+            "step {i}: tokens counted = tokens computed"
+        );
         assert!(used <= BUDGET, "step {i} within the budget");
         assert_eq!(f(tokens[i], "ts"), ts);
     }
-    let chunked = events.iter().any(|e| {
-        e["name"] == "prefill" && e["args"]["tokens"].as_u64() == Some(BUDGET as u64)
-    });
+    let chunked = events
+        .iter()
+        .any(|e| e["name"] == "prefill" && e["args"]["tokens"].as_u64() == Some(BUDGET as u64));
     assert!(chunked, "some prompt was chunked at the budget");
     let verified = events
         .iter()
@@ -219,11 +236,18 @@ fn check_requests(events: &[Value], w: &Workload) {
     }
     assert_eq!(tracks.len(), w.prompt_len.len(), "one track per request");
     for (id, track) in &tracks {
-        let names: Vec<&str> = track.iter().map(|e| e["name"].as_str().expect("name")).collect();
+        let names: Vec<&str> = track
+            .iter()
+            .map(|e| e["name"].as_str().expect("name"))
+            .collect();
         assert_eq!(names[0], "arrived", "request {id}: {names:?}");
         let last = names[names.len() - 1];
         let aborted = w.aborted.contains(id);
-        assert_eq!(last, if aborted { "aborted" } else { "finished" }, "{id}: {names:?}");
+        assert_eq!(
+            last,
+            if aborted { "aborted" } else { "finished" },
+            "{id}: {names:?}"
+        );
         let ends = names.iter().filter(|n| ["aborted", "finished"].contains(n));
         assert_eq!(ends.count(), 1, "request {id} ends once");
         // Waiting (after arrival or preemption) is always followed by a queued slice before
@@ -232,7 +256,10 @@ fn check_requests(events: &[Value], w: &Workload) {
         let mut end = 0.0;
         let mut computed = 0;
         for (n, e) in names.iter().zip(track) {
-            assert!(f(e, "ts") >= end, "request {id}: {n} overlaps what came before");
+            assert!(
+                f(e, "ts") >= end,
+                "request {id}: {n} overlaps what came before"
+            );
             end = f(e, "ts") + e["dur"].as_f64().unwrap_or(0.0);
             match *n {
                 "arrived" | "preempted" => waiting = true,
@@ -246,7 +273,10 @@ fn check_requests(events: &[Value], w: &Workload) {
         }
         if !aborted {
             let need = w.prompt_len[id] + w.outputs[id] - 1;
-            assert!(computed >= need, "request {id}: {computed} tokens computed < {need}");
+            assert!(
+                computed >= need,
+                "request {id}: {computed} tokens computed < {need}"
+            );
             assert!(names.contains(&"decode"), "request {id} decoded");
         }
     }

@@ -326,7 +326,9 @@ impl Worker {
         if let Some(path) = &self.trace_file {
             match std::fs::write(path, &json) {
                 Ok(()) => tracing::info!(path = %path.display(), "step trace written"),
-                Err(e) => tracing::error!(path = %path.display(), error = %e, "writing the step trace"),
+                Err(e) => {
+                    tracing::error!(path = %path.display(), error = %e, "writing the step trace")
+                }
             }
         }
         Some(json)

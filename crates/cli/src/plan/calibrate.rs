@@ -63,11 +63,17 @@ fn profile(threads: usize) -> HardwareProfile {
         })
         .collect();
     let round = pool_round_s(&pool, &weights);
-    eprintln!("tandem: calibrated {threads} thread(s): {:.1} GB/s", bandwidth / 1e9);
+    eprintln!(
+        "tandem: calibrated {threads} thread(s): {:.1} GB/s",
+        bandwidth / 1e9
+    );
     HardwareProfile {
         name: format!("this machine, {threads} thread(s)"),
         kind: DeviceKind::Cpu,
-        source: format!("tandem plan --calibrate ({} kernels)", tandem_kernels::Isa::best()),
+        source: format!(
+            "tandem plan --calibrate ({} kernels)",
+            tandem_kernels::Isa::best()
+        ),
         threads,
         bandwidth,
         matmul,
@@ -111,7 +117,11 @@ fn read_bandwidth(pool: &ThreadPool) -> f64 {
 /// of matrices ([`test_weights`]), each read once per pass as a forward pass reads them. The rate is the
 /// effective one: at few tokens it is set by streaming the weights, at many by arithmetic.
 fn int8_rate(weights: &[PackedMatrix], pool: &ThreadPool, tokens: usize) -> f64 {
-    let widest = weights.iter().map(|w| w.rows().max(w.cols())).max().unwrap_or(1);
+    let widest = weights
+        .iter()
+        .map(|w| w.rows().max(w.cols()))
+        .max()
+        .unwrap_or(1);
     let x: Vec<f32> = (0..tokens * widest).map(wave).collect();
     let mut y = vec![0.0; tokens * widest];
     let pass = || {
@@ -132,8 +142,10 @@ fn int8_rate(weights: &[PackedMatrix], pool: &ThreadPool, tokens: usize) -> f64 
 fn test_weights(pool: &ThreadPool) -> Vec<PackedMatrix> {
     let (h, kv, ff) = (576, 192, 1536);
     let shapes = [(h, h), (kv, h), (kv, h), (h, h), (ff, h), (ff, h), (h, ff)];
-    let data: Vec<(usize, usize, Vec<u8>)> =
-        shapes.iter().map(|&(r, c)| (r, c, q4_1_data(r, c))).collect();
+    let data: Vec<(usize, usize, Vec<u8>)> = shapes
+        .iter()
+        .map(|&(r, c)| (r, c, q4_1_data(r, c)))
+        .collect();
     let pack = |(r, c, d): &(usize, usize, Vec<u8>)| {
         let view = WeightView::new(DType::Q4_1, *r, *c, d).expect("consistent sizes");
         PackedMatrix::pack(&view, pool).expect("Q4_1 packs")
@@ -159,7 +171,9 @@ fn attention_rate(pool: &ThreadPool) -> f64 {
     let (ctx, head_dim, kv_heads, group) = (512, 64, 3, 3);
     let stride = kv_heads * head_dim;
     let keys: Vec<f16> = (0..ctx * stride).map(|i| f16::from_f32(wave(i))).collect();
-    let values: Vec<f16> = (0..ctx * stride).map(|i| f16::from_f32(wave(i + 7))).collect();
+    let values: Vec<f16> = (0..ctx * stride)
+        .map(|i| f16::from_f32(wave(i + 7)))
+        .collect();
     let slots: Vec<usize> = (0..ctx).collect();
     let q: Vec<f32> = (0..group * head_dim).map(wave).collect();
     let tasks = 16 * pool.n_threads();

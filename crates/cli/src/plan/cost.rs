@@ -67,8 +67,7 @@ impl Roofline<'_> {
         let weight_bytes = s.weight_bytes_per_step(self.hw.bytes_per_weight());
         let matmul = s.matmul_flops(tokens, rows);
         let memory_s = (weight_bytes + kv_bytes) / self.hw.bandwidth;
-        let compute_s =
-            matmul / self.hw.matmul_flops(tokens) + attention / self.hw.attention_flops;
+        let compute_s = matmul / self.hw.matmul_flops(tokens) + attention / self.hw.attention_flops;
         StepCost {
             tokens,
             weight_bytes,
@@ -163,7 +162,13 @@ impl Roofline<'_> {
     /// Decode speed-up from speculation: `k` drafts per step, each accepted with
     /// probability `acceptance` (while the previous ones were), verified in one step of
     /// `1 + k` tokens per sequence; drafting itself free (n-gram lookup).
-    pub fn speculation_speedup(&self, batch: usize, context: f64, k: usize, acceptance: f64) -> f64 {
+    pub fn speculation_speedup(
+        &self,
+        batch: usize,
+        context: f64,
+        k: usize,
+        acceptance: f64,
+    ) -> f64 {
         let a = acceptance.clamp(0.0, 0.999_999);
         let tokens_per_step = (1.0 - a.powi(k as i32 + 1)) / (1.0 - a);
         let plain = self.decode_step(batch, context).time_s;
@@ -248,13 +253,31 @@ mod tests {
         // Two prompts of 10 in steps of 8: steps of 8, 8 (2 + 6), 4.
         let t = r.prefill(2, 10, 8, (0, 0.0));
         let steps = [
-            r.step(&[SeqWork { cached: 0.0, new: 8.0, rows: 0.0 }]).time_s,
+            r.step(&[SeqWork {
+                cached: 0.0,
+                new: 8.0,
+                rows: 0.0,
+            }])
+            .time_s,
             r.step(&[
-                SeqWork { cached: 8.0, new: 2.0, rows: 1.0 },
-                SeqWork { cached: 0.0, new: 6.0, rows: 0.0 },
+                SeqWork {
+                    cached: 8.0,
+                    new: 2.0,
+                    rows: 1.0,
+                },
+                SeqWork {
+                    cached: 0.0,
+                    new: 6.0,
+                    rows: 0.0,
+                },
             ])
             .time_s,
-            r.step(&[SeqWork { cached: 6.0, new: 4.0, rows: 1.0 }]).time_s,
+            r.step(&[SeqWork {
+                cached: 6.0,
+                new: 4.0,
+                rows: 1.0,
+            }])
+            .time_s,
         ];
         assert!((t - steps.iter().sum::<f64>()).abs() < 1e-12);
     }

@@ -108,12 +108,18 @@ impl HardwareProfile {
     pub fn check(&self) -> Result<()> {
         let ok = |v: f64| v.is_finite() && v > 0.0;
         if !ok(self.bandwidth) || !ok(self.attention_flops) || self.matmul.is_empty() {
-            bail!("profile {}: bandwidth, rates and matmul points must be positive", self.name);
+            bail!(
+                "profile {}: bandwidth, rates and matmul points must be positive",
+                self.name
+            );
         }
         if self.matmul.iter().any(|p| !ok(p.flops) || p.tokens == 0)
             || self.matmul.windows(2).any(|w| w[0].tokens >= w[1].tokens)
         {
-            bail!("profile {}: matmul points need ascending tokens and positive rates", self.name);
+            bail!(
+                "profile {}: matmul points need ascending tokens and positive rates",
+                self.name
+            );
         }
         let fixed = [self.step_overhead_s, self.layer_overhead_s];
         if fixed.iter().any(|v| !(v.is_finite() && *v >= 0.0)) {

@@ -110,14 +110,20 @@ pub fn run(a: PlanArgs) -> Result<()> {
     let threads = a.model.threads();
     if a.calibrate {
         let c = calibrate::calibrate(threads);
-        let path = a.save.clone().unwrap_or_else(|| cache.join(CALIBRATION_FILE));
+        let path = a
+            .save
+            .clone()
+            .unwrap_or_else(|| cache.join(CALIBRATION_FILE));
         std::fs::create_dir_all(path.parent().unwrap_or(std::path::Path::new(".")))?;
         std::fs::write(&path, serde_json::to_string_pretty(&c)?)
             .with_context(|| path.display().to_string())?;
         eprintln!("tandem: hardware profiles saved to {}", path.display());
     }
     let hw = match &a.hardware {
-        Some(h) => HardwareProfile::load(h)?,
+        Some(h) => match hardware::builtin(h) {
+            Some(p) => p,
+            None => saved_profile(std::path::Path::new(h), threads)?,
+        },
         None => saved_profile(&cache.join(CALIBRATION_FILE), threads)?,
     };
     let (model_name, shape, packs, host) = load_shape(&a)?;
@@ -171,7 +177,10 @@ fn check_ranges(a: &PlanArgs) -> Result<()> {
     if a.prompt_len == 0 || a.gen_len == 0 || a.concurrency == 0 {
         bail!("--prompt-len, --gen-len and --concurrency must be positive");
     }
-    for (name, v) in [("--prefix-hit", a.prefix_hit), ("--acceptance", a.acceptance)] {
+    for (name, v) in [
+        ("--prefix-hit", a.prefix_hit),
+        ("--acceptance", a.acceptance),
+    ] {
         if !(0.0..=1.0).contains(&v) {
             bail!("{name} {v} must be between 0 and 1");
         }
@@ -182,8 +191,11 @@ fn check_ranges(a: &PlanArgs) -> Result<()> {
     Ok(())
 }
 
-/// This machine's calibrated profile for `threads` threads.
+/// A saved profile: one profile, or a calibration (the profile for `threads` threads).
 fn saved_profile(path: &std::path::Path, threads: usize) -> Result<HardwareProfile> {
+    if path.exists() && HardwareProfile::load(&path.display().to_string()).is_ok() {
+        return HardwareProfile::load(&path.display().to_string());
+    }
     if !path.exists() {
         bail!(
             "no hardware profile: run `tandem plan --calibrate` once (saves {}), or pass \
@@ -192,8 +204,12 @@ fn saved_profile(path: &std::path::Path, threads: usize) -> Result<HardwareProfi
         );
     }
     let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
-    let c: calibrate::Calibration = serde_json::from_str(&text)
-        .with_context(|| format!("{} is not a calibration file", path.display()))?;
+    let c: calibrate::Calibration = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a hardware profile or calibration",
+            path.display()
+        )
+    })?;
     let p = c
         .for_threads(threads)
         .with_context(|| format!("{} holds no profile", path.display()))?;
@@ -205,21 +221,32 @@ fn saved_profile(path: &std::path::Path, threads: usize) -> Result<HardwareProfi
 /// model when one was loaded.
 fn load_shape(
     a: &PlanArgs,
-) -> Result<(String, ModelShape, bool, Option<tandem_model::host_model::HostModel>)> {
+) -> Result<(
+    String,
+    ModelShape,
+    bool,
+    Option<tandem_model::host_model::HostModel>,
+)> {
     if let Some(path) = &a.config {
         let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
         let info = tandem_model::hf_config::parse_hf_config(&text, None)
             .with_context(|| format!("{} is not a supported config.json", path.display()))?;
         let shape = ModelShape::of_config(&info.config, a.bits_per_weight);
-        return Ok((path.display().to_string(), shape, a.bits_per_weight < 16.0, None));
+        return Ok((
+            path.display().to_string(),
+            shape,
+            a.bits_per_weight < 16.0,
+            None,
+        ));
     }
     let lm = a.model.load()?;
     let host = lm.host;
     let q = host.weights.layers.first().map(|l| l.q);
-    let packs = q.is_some_and(|h| tandem_kernels::PackedMatrix::packs(host.tensors.by_handle(h).dtype));
-    let name = lm
-        .path
-        .file_name()
-        .map_or_else(|| lm.path.display().to_string(), |n| n.to_string_lossy().into());
+    let packs =
+        q.is_some_and(|h| tandem_kernels::PackedMatrix::packs(host.tensors.by_handle(h).dtype));
+    let name = lm.path.file_name().map_or_else(
+        || lm.path.display().to_string(),
+        |n| n.to_string_lossy().into(),
+    );
     Ok((name, ModelShape::of_host(&host), packs, Some(host)))
 }

@@ -301,7 +301,8 @@ impl Plan {
             h.overhead_s(s.num_layers) * 1e3
         );
         let c = &self.capacity;
-        let _ = writeln!(
+        let _ =
+            writeln!(
             o,
             "KV cache  {}: {} B per token (K+V), {} B per slot; {} -> {} blocks x {} = {} tokens",
             c.kv_dtype, c.kv_bytes_per_token, c.slot_bytes, mb(c.budget_bytes as f64),
@@ -309,7 +310,9 @@ impl Plan {
         );
         let preempt = c
             .preemption_from
-            .map_or("never (the sequence cap binds first)".into(), |n| format!("from {n} requests"));
+            .map_or("never (the sequence cap binds first)".into(), |n| {
+                format!("from {n} requests")
+            });
         let _ = writeln!(
             o,
             "          a request of {}+{} tokens holds {} blocks ({}); {} fit at once; preemption {preempt}",
@@ -326,21 +329,38 @@ impl Plan {
         let _ = writeln!(
             o,
             "          decode step: weights {}, KV {}, {:.2} GFLOP -> {:.2} ms ({})",
-            mb(d.weight_bytes), mb(d.kv_bytes), d.flops / 1e9, d.time_s * 1e3,
-            if d.compute_bound { "compute-bound" } else { "bandwidth-bound" }
+            mb(d.weight_bytes),
+            mb(d.kv_bytes),
+            d.flops / 1e9,
+            d.time_s * 1e3,
+            if d.compute_bound {
+                "compute-bound"
+            } else {
+                "bandwidth-bound"
+            }
         );
         let p = &w.prefill_chunk;
         let _ = writeln!(
             o,
             "          first prefill step: {} tokens, {:.2} GFLOP -> {:.2} ms ({})",
-            p.tokens, p.flops / 1e9, p.time_s * 1e3,
-            if p.compute_bound { "compute-bound" } else { "bandwidth-bound" }
+            p.tokens,
+            p.flops / 1e9,
+            p.time_s * 1e3,
+            if p.compute_bound {
+                "compute-bound"
+            } else {
+                "bandwidth-bound"
+            }
         );
         let hit = &self.workload_with_prefix_hit;
         let _ = writeln!(
             o,
             "prefix    {:.0}% of each prompt cached: TTFT {:.1} -> {:.1} ms, {:.1} -> {:.1} tok/s",
-            self.prefix_hit * 100.0, w.ttft_ms, hit.ttft_ms, w.output_tok_per_s, hit.output_tok_per_s
+            self.prefix_hit * 100.0,
+            w.ttft_ms,
+            hit.ttft_ms,
+            w.output_tok_per_s,
+            hit.output_tok_per_s
         );
         let _ = writeln!(
             o,
@@ -352,16 +372,31 @@ impl Plan {
             .crossover_batch
             .map_or("beyond 4096".into(), |b| b.to_string());
         let _ = writeln!(o, "crossover decode turns compute-bound at batch {cross}");
-        let _ = writeln!(o, "\nbatch  decode ms/step  decode tok/s  prefill tok/s  (context {})", self.prompt_len + self.gen_len / 2);
+        let _ = writeln!(
+            o,
+            "\nbatch  decode ms/step  decode tok/s  prefill tok/s  (context {})",
+            self.prompt_len + self.gen_len / 2
+        );
         for (d, p) in self.decode_by_batch.iter().zip(&self.prefill_by_batch) {
             let _ = writeln!(
                 o,
                 "{:>5}  {:>14.2}  {:>12.1}  {:>13.1}  {}",
-                d.batch, d.step_ms, d.tok_per_s, p.tok_per_s,
-                if d.compute_bound { "compute" } else { "bandwidth" }
+                d.batch,
+                d.step_ms,
+                d.tok_per_s,
+                p.tok_per_s,
+                if d.compute_bound {
+                    "compute"
+                } else {
+                    "bandwidth"
+                }
             );
         }
-        let _ = writeln!(o, "\ncontext  decode ms/step at batch {}", self.workload_batch());
+        let _ = writeln!(
+            o,
+            "\ncontext  decode ms/step at batch {}",
+            self.workload_batch()
+        );
         for d in &self.decode_by_context {
             let _ = writeln!(o, "{:>7}  {:>8.2}", d.context, d.step_ms);
         }

@@ -17,7 +17,10 @@ const COLORS: [&str; 3] = ["#1f77b4", "#d62728", "#2ca02c"];
 /// Writes `throughput.svg`, `memory.svg` and, after `--validate`, `validate.svg`.
 pub fn write_all(dir: &Path, plan: &Plan) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
-    let mut files = vec![("throughput.svg", throughput(plan)), ("memory.svg", memory(plan))];
+    let mut files = vec![
+        ("throughput.svg", throughput(plan)),
+        ("memory.svg", memory(plan)),
+    ];
     if plan.validation.is_some() {
         files.push(("validate.svg", validate(plan)));
     }
@@ -54,7 +57,15 @@ impl Panel {
     }
 
     /// Frame, title, axis labels and ticks.
-    fn frame(&self, o: &mut String, title: &str, xlabel: &str, ylabel: &str, xt: &[f64], yt: &[f64]) {
+    fn frame(
+        &self,
+        o: &mut String,
+        title: &str,
+        xlabel: &str,
+        ylabel: &str,
+        xt: &[f64],
+        yt: &[f64],
+    ) {
         let (l, r) = (self.px(self.x.0), self.px(self.x.1));
         let (b, t) = (self.py(self.y.0), self.py(self.y.1));
         let _ = write!(
@@ -63,30 +74,83 @@ impl Panel {
             r - l,
             b - t
         );
-        let _ = write!(o, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-weight="bold">{title}</text>"#, (l + r) / 2.0, self.y0 + 16.0);
-        let _ = write!(o, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{xlabel}</text>"#, (l + r) / 2.0, self.y0 + H - 6.0);
-        let _ = write!(o, r#"<text transform="translate({:.1},{:.1}) rotate(-90)" text-anchor="middle">{ylabel}</text>"#, self.x0 + 12.0, (t + b) / 2.0);
+        let _ = write!(
+            o,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-weight="bold">{title}</text>"#,
+            (l + r) / 2.0,
+            self.y0 + 16.0
+        );
+        let _ = write!(
+            o,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{xlabel}</text>"#,
+            (l + r) / 2.0,
+            self.y0 + H - 6.0
+        );
+        let _ = write!(
+            o,
+            r#"<text transform="translate({:.1},{:.1}) rotate(-90)" text-anchor="middle">{ylabel}</text>"#,
+            self.x0 + 12.0,
+            (t + b) / 2.0
+        );
         for &v in xt {
-            let _ = write!(o, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="9">{}</text>"#, self.px(v), b + 12.0, tick(v));
+            let _ = write!(
+                o,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="9">{}</text>"#,
+                self.px(v),
+                b + 12.0,
+                tick(v)
+            );
         }
         for &v in yt {
-            let _ = write!(o, r##"<text x="{:.1}" y="{:.1}" text-anchor="end" font-size="9">{}</text><line x1="{l:.1}" x2="{r:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#ddd"/>"##, l - 3.0, self.py(v) + 3.0, tick(v), y = self.py(v));
+            let _ = write!(
+                o,
+                r##"<text x="{:.1}" y="{:.1}" text-anchor="end" font-size="9">{}</text><line x1="{l:.1}" x2="{r:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#ddd"/>"##,
+                l - 3.0,
+                self.py(v) + 3.0,
+                tick(v),
+                y = self.py(v)
+            );
         }
     }
 
     fn line(&self, o: &mut String, pts: &[(f64, f64)], color: &str, dash: bool) {
-        let d: Vec<String> = pts.iter().map(|&(x, y)| format!("{:.1},{:.1}", self.px(x), self.py(y))).collect();
-        let dash = if dash { r#" stroke-dasharray="4 3""# } else { "" };
-        let _ = write!(o, r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"{dash}/>"#, d.join(" "));
+        let d: Vec<String> = pts
+            .iter()
+            .map(|&(x, y)| format!("{:.1},{:.1}", self.px(x), self.py(y)))
+            .collect();
+        let dash = if dash {
+            r#" stroke-dasharray="4 3""#
+        } else {
+            ""
+        };
+        let _ = write!(
+            o,
+            r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"{dash}/>"#,
+            d.join(" ")
+        );
         for &(x, y) in pts {
-            let _ = write!(o, r#"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{color}"/>"#, self.px(x), self.py(y));
+            let _ = write!(
+                o,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{color}"/>"#,
+                self.px(x),
+                self.py(y)
+            );
         }
     }
 
     fn legend(&self, o: &mut String, items: &[(&str, &str)]) {
         for (k, (name, color)) in items.iter().enumerate() {
-            let (x, y) = (self.px(self.x.0) + 8.0, self.py(self.y.1) + 14.0 + 13.0 * k as f64);
-            let _ = write!(o, r#"<rect x="{x:.1}" y="{:.1}" width="10" height="4" fill="{color}"/><text x="{:.1}" y="{:.1}" font-size="10">{name}</text>"#, y - 4.0, x + 14.0, y);
+            let (x, y) = (
+                self.px(self.x.0) + 8.0,
+                self.py(self.y.1) + 14.0 + 13.0 * k as f64,
+            );
+            let _ = write!(
+                o,
+                r#"<rect x="{x:.1}" y="{:.1}" width="10" height="4" fill="{color}"/><text x="{:.1}" y="{:.1}" font-size="10">{name}</text>"#,
+                y - 4.0,
+                x + 14.0,
+                y
+            );
         }
     }
 }
@@ -138,26 +202,89 @@ fn throughput(plan: &Plan) -> String {
     let p = &plan.prefill_by_batch;
     let bmax = d.last().map_or(2.0, |c| c.batch as f64).max(2.0);
     let x = (1.0, bmax, true);
-    let rates = d.iter().map(|c| c.tok_per_s).chain(p.iter().map(|c| c.tok_per_s));
-    let left = Panel { x0: 0.0, y0: 0.0, x, y: log_range(rates) };
+    let rates = d
+        .iter()
+        .map(|c| c.tok_per_s)
+        .chain(p.iter().map(|c| c.tok_per_s));
+    let left = Panel {
+        x0: 0.0,
+        y0: 0.0,
+        x,
+        y: log_range(rates),
+    };
     if let Some(b) = plan.crossover_batch.filter(|&b| (b as f64) <= bmax) {
         let (x1, x2) = (left.px(b as f64), left.px(bmax));
-        let _ = write!(o, r##"<rect x="{x1:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="#fdebd0"/><text x="{:.1}" y="{:.1}" font-size="9" text-anchor="end">compute-bound</text>"##, left.py(left.y.1), x2 - x1, left.py(left.y.0) - left.py(left.y.1), x2 - 3.0, left.py(left.y.0) - 4.0);
+        let _ = write!(
+            o,
+            r##"<rect x="{x1:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="#fdebd0"/><text x="{:.1}" y="{:.1}" font-size="9" text-anchor="end">compute-bound</text>"##,
+            left.py(left.y.1),
+            x2 - x1,
+            left.py(left.y.0) - left.py(left.y.1),
+            x2 - 3.0,
+            left.py(left.y.0) - 4.0
+        );
     }
     let xt: Vec<f64> = d.iter().map(|c| c.batch as f64).collect();
-    left.frame(&mut o, "tokens/s by batch", "batch (sequences per step)", "tokens/s", &xt, &ticks(left.y.0, left.y.1));
-    left.line(&mut o, &d.iter().map(|c| (c.batch as f64, c.tok_per_s)).collect::<Vec<_>>(), COLORS[0], false);
-    left.line(&mut o, &p.iter().map(|c| (c.batch as f64, c.tok_per_s)).collect::<Vec<_>>(), COLORS[1], false);
+    left.frame(
+        &mut o,
+        "tokens/s by batch",
+        "batch (sequences per step)",
+        "tokens/s",
+        &xt,
+        &ticks(left.y.0, left.y.1),
+    );
+    left.line(
+        &mut o,
+        &d.iter()
+            .map(|c| (c.batch as f64, c.tok_per_s))
+            .collect::<Vec<_>>(),
+        COLORS[0],
+        false,
+    );
+    left.line(
+        &mut o,
+        &p.iter()
+            .map(|c| (c.batch as f64, c.tok_per_s))
+            .collect::<Vec<_>>(),
+        COLORS[1],
+        false,
+    );
     left.legend(&mut o, &[("decode", COLORS[0]), ("prefill", COLORS[1])]);
-    let right = Panel { x0: W, y0: 0.0, x, y: log_range(d.iter().map(|c| c.step_ms)) };
-    right.frame(&mut o, "decode step latency", "batch (sequences per step)", "ms per step (ITL)", &xt, &ticks(right.y.0, right.y.1));
-    right.line(&mut o, &d.iter().map(|c| (c.batch as f64, c.step_ms)).collect::<Vec<_>>(), COLORS[0], false);
+    let right = Panel {
+        x0: W,
+        y0: 0.0,
+        x,
+        y: log_range(d.iter().map(|c| c.step_ms)),
+    };
+    right.frame(
+        &mut o,
+        "decode step latency",
+        "batch (sequences per step)",
+        "ms per step (ITL)",
+        &xt,
+        &ticks(right.y.0, right.y.1),
+    );
+    right.line(
+        &mut o,
+        &d.iter()
+            .map(|c| (c.batch as f64, c.step_ms))
+            .collect::<Vec<_>>(),
+        COLORS[0],
+        false,
+    );
     let caption = format!(
         "{} on {}; context {} tokens; shaded: compute-bound (crossover at batch {})",
-        plan.model, plan.hardware.name, plan.prompt_len + plan.gen_len / 2,
+        plan.model,
+        plan.hardware.name,
+        plan.prompt_len + plan.gen_len / 2,
         plan.crossover_batch.map_or("-".into(), |b| b.to_string())
     );
-    let _ = write!(o, r##"<text x="8" y="{:.1}" font-size="9" fill="#555">{}</text>"##, H + 12.0, escape(&caption));
+    let _ = write!(
+        o,
+        r##"<text x="8" y="{:.1}" font-size="9" fill="#555">{}</text>"##,
+        H + 12.0,
+        escape(&caption)
+    );
     document(2.0 * W, H + 18.0, &o)
 }
 
@@ -165,7 +292,10 @@ fn throughput(plan: &Plan) -> String {
 fn memory(plan: &Plan) -> String {
     let mut o = String::new();
     let c = &plan.capacity;
-    let weights = plan.shape.resident_weight_bytes(plan.hardware.bytes_per_weight()) / 1e6;
+    let weights = plan
+        .shape
+        .resident_weight_bytes(plan.hardware.bytes_per_weight())
+        / 1e6;
     let s = &plan.shape;
     let tokens = plan.max_num_batched_tokens as f64;
     let activations = (tokens * (6 * s.hidden_size + 2 * s.kv_dim) as f64 * 4.0
@@ -177,24 +307,66 @@ fn memory(plan: &Plan) -> String {
         .collect();
     let kv = |ctx: usize| plan.concurrency as f64 * ctx as f64 * c.slot_bytes as f64 / 1e6;
     let budget = c.budget_bytes as f64 / 1e6;
-    let top = contexts.iter().map(|&x| weights + kv(x) + activations).fold(weights + budget, f64::max);
-    let panel = Panel { x0: 0.0, y0: 0.0, x: (0.0, contexts.len() as f64, false), y: (0.0, top * 1.1, false) };
+    let top = contexts
+        .iter()
+        .map(|&x| weights + kv(x) + activations)
+        .fold(weights + budget, f64::max);
+    let panel = Panel {
+        x0: 0.0,
+        y0: 0.0,
+        x: (0.0, contexts.len() as f64, false),
+        y: (0.0, top * 1.1, false),
+    };
     let yt: Vec<f64> = (0..=4).map(|k| top * 1.1 * k as f64 / 4.0).collect();
-    panel.frame(&mut o, &format!("memory at {} requests", plan.concurrency), "context (tokens per request)", "MB", &[], &yt);
+    panel.frame(
+        &mut o,
+        &format!("memory at {} requests", plan.concurrency),
+        "context (tokens per request)",
+        "MB",
+        &[],
+        &yt,
+    );
     let bw = (panel.px(1.0) - panel.px(0.0)) * 0.6;
     for (k, &ctx) in contexts.iter().enumerate() {
         let mut base = 0.0;
         let xc = panel.px(k as f64 + 0.5);
-        for (v, color) in [(weights, COLORS[0]), (kv(ctx), COLORS[1]), (activations, COLORS[2])] {
+        for (v, color) in [
+            (weights, COLORS[0]),
+            (kv(ctx), COLORS[1]),
+            (activations, COLORS[2]),
+        ] {
             let (y1, y2) = (panel.py(base + v), panel.py(base));
-            let _ = write!(o, r#"<rect x="{:.1}" y="{y1:.1}" width="{bw:.1}" height="{:.1}" fill="{color}"/>"#, xc - bw / 2.0, (y2 - y1).max(0.5));
+            let _ = write!(
+                o,
+                r#"<rect x="{:.1}" y="{y1:.1}" width="{bw:.1}" height="{:.1}" fill="{color}"/>"#,
+                xc - bw / 2.0,
+                (y2 - y1).max(0.5)
+            );
             base += v;
         }
-        let _ = write!(o, r#"<text x="{xc:.1}" y="{:.1}" text-anchor="middle" font-size="9">{ctx}</text>"#, panel.py(0.0) + 12.0);
+        let _ = write!(
+            o,
+            r#"<text x="{xc:.1}" y="{:.1}" text-anchor="middle" font-size="9">{ctx}</text>"#,
+            panel.py(0.0) + 12.0
+        );
     }
     let yb = panel.py(weights + budget);
-    let _ = write!(o, r##"<line x1="{:.1}" x2="{:.1}" y1="{yb:.1}" y2="{yb:.1}" stroke="#000" stroke-dasharray="5 3"/><text x="{:.1}" y="{:.1}" font-size="9" text-anchor="end">weights + KV budget</text>"##, panel.px(0.0), panel.px(panel.x.1), panel.px(panel.x.1) - 3.0, yb - 3.0);
-    panel.legend(&mut o, &[("weights", COLORS[0]), ("KV cache", COLORS[1]), ("activations", COLORS[2])]);
+    let _ = write!(
+        o,
+        r##"<line x1="{:.1}" x2="{:.1}" y1="{yb:.1}" y2="{yb:.1}" stroke="#000" stroke-dasharray="5 3"/><text x="{:.1}" y="{:.1}" font-size="9" text-anchor="end">weights + KV budget</text>"##,
+        panel.px(0.0),
+        panel.px(panel.x.1),
+        panel.px(panel.x.1) - 3.0,
+        yb - 3.0
+    );
+    panel.legend(
+        &mut o,
+        &[
+            ("weights", COLORS[0]),
+            ("KV cache", COLORS[1]),
+            ("activations", COLORS[2]),
+        ],
+    );
     document(W, H, &o)
 }
 
@@ -207,23 +379,47 @@ fn validate(plan: &Plan) -> String {
     let pts: Vec<(f64, f64, bool)> = v
         .points
         .iter()
-        .flat_map(|p| [(p.prefill_measured, p.prefill_predicted, true), (p.decode_measured, p.decode_predicted, false)])
+        .flat_map(|p| {
+            [
+                (p.prefill_measured, p.prefill_predicted, true),
+                (p.decode_measured, p.decode_predicted, false),
+            ]
+        })
         .collect();
     let r = log_range(pts.iter().flat_map(|p| [p.0, p.1]));
-    let panel = Panel { x0: 0.0, y0: 0.0, x: r, y: r };
+    let panel = Panel {
+        x0: 0.0,
+        y0: 0.0,
+        x: r,
+        y: r,
+    };
     let t = ticks(r.0, r.1);
-    panel.frame(&mut o, "predicted vs measured", "measured tok/s", "predicted tok/s", &t, &t);
+    panel.frame(
+        &mut o,
+        "predicted vs measured",
+        "measured tok/s",
+        "predicted tok/s",
+        &t,
+        &t,
+    );
     for (f, dash) in [(1.0, false), (1.15, true), (1.0 / 1.15, true)] {
         panel.line(&mut o, &[(r.0, r.0 * f), (r.1, r.1 * f)], "#999", dash);
     }
     for &(m, p, prefill) in &pts {
         let color = if prefill { COLORS[1] } else { COLORS[0] };
-        let _ = write!(o, r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{color}"/>"#, panel.px(m), panel.py(p));
+        let _ = write!(
+            o,
+            r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{color}"/>"#,
+            panel.px(m),
+            panel.py(p)
+        );
     }
     panel.legend(&mut o, &[("decode", COLORS[0]), ("prefill", COLORS[1])]);
     document(W, H, &o)
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }

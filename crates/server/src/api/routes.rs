@@ -70,8 +70,10 @@ async fn debug_trace(State(app): State<App>) -> Response {
             json,
         )
             .into_response(),
-        Ok(None) => ApiError::not_found("the step trace is off: start the server with --trace FILE")
-            .into_response(),
+        Ok(None) => {
+            ApiError::not_found("the step trace is off: start the server with --trace FILE")
+                .into_response()
+        }
         Err(e) => ApiError::unavailable(e.to_string()).into_response(),
     }
 }
