@@ -91,7 +91,7 @@ fn request(i: usize) -> GenerationRequest {
     // Repetitive prompts (n-gram drafts find matches), some sharing a prefix (cache hits).
     let len = 5 + (i * 7) % 23;
     let prompt = (0..len)
-        .map(|p| TokenId(((p % (3 + i % 4)) + usize::from(i % 3 == 0)) as u32 % 16))
+        .map(|p| TokenId(((p % (3 + i % 4)) + usize::from(i.is_multiple_of(3))) as u32 % 16))
         .collect();
     GenerationRequest {
         prompt,
@@ -117,7 +117,7 @@ struct Workload {
 
 fn run(engine: &mut Engine) -> Workload {
     let mut w = Workload::default();
-    let mut add = |engine: &mut Engine, w: &mut Workload, i: usize| {
+    let add = |engine: &mut Engine, w: &mut Workload, i: usize| {
         let r = request(i);
         let len = r.prompt.len();
         let id = engine.add_request(r).expect("a valid request");

@@ -1,12 +1,17 @@
 //! `tandem plan --calibrate`: measures this machine's ceilings with tandem's own kernels, for
 //! each thread count, in seconds, and saves them as hardware profiles (JSON).
 //!
-//! - read bandwidth: threads summing disjoint parts of a buffer far larger than the caches;
-//! - int8 matrix rate: the packed int8 kernels over 66 MB of Q4_1 matrices shaped as a small
-//!   model's layers (more than the caches hold), at 1 to 256 tokens per product: the effective rate,
-//!   set by streaming the weights at few tokens and by arithmetic at many;
+//! The products of a forward pass are those of 30 layers of a small Llama (Q4_1, the default
+//! model's shapes), one pool job each, as the CPU runner runs them:
+//!
+//! - int8 compute ceiling, at 1 to 256 tokens per product: one layer's matrices again and
+//!   again (they stay in the cache), less the dispatch time of the jobs;
+//! - read bandwidth: the same pass at one token over 30 distinct layers (66 MB, more than
+//!   the caches hold): the rate at which the kernels stream weights from memory;
 //! - attention rate: the attention kernels over f16 keys and values of a cached context;
-//! - overhead: one tiny product on the pool (a step runs about 8 jobs per layer, 4 more).
+//! - overhead: one tiny product on the pool (a step runs about 8 jobs per layer, 4 more),
+//!   and, when a model is at hand, [`measured_layer_overhead`]: what a real one-token decode
+//!   step takes beyond its roofline, per layer.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -38,6 +43,8 @@ impl Calibration {
 /// Thread-pool rounds per layer of a step, and per step outside the layers.
 const ROUNDS_PER_LAYER: f64 = 8.0;
 const ROUNDS_PER_STEP: f64 = 4.0;
+/// Layers of the matrices the rates are measured over.
+const LAYERS: usize = 30;
 /// Tokens per product at which the int8 rate is measured.
 const MATMUL_TOKENS: [usize; 6] = [1, 4, 16, 32, 64, 256];
 
@@ -53,16 +60,31 @@ pub fn calibrate(max_threads: usize) -> Calibration {
 
 fn profile(threads: usize) -> HardwareProfile {
     let pool = ThreadPool::new(threads);
-    let bandwidth = read_bandwidth(&pool);
-    let weights = test_weights(&pool);
+    let round = pool_round_s(&pool);
+    let layer = layer_weights(&pool);
+    let model: Vec<PackedMatrix> = (0..LAYERS).flat_map(|_| layer_weights(&pool)).collect();
+    let jobs = (LAYERS * layer.len()) as f64;
+    let dispatch = jobs * round;
+    // The compute ceiling: the products of a model's forward pass over one layer's matrices
+    // again and again, so that they stay in the cache.
+    let resident: Vec<&PackedMatrix> = (0..LAYERS).flat_map(|_| layer.iter()).collect();
+    let params: usize = resident.iter().map(|w| w.rows() * w.cols()).sum();
     let matmul = MATMUL_TOKENS
         .iter()
-        .map(|&tokens| RatePoint {
-            tokens,
-            flops: int8_rate(&weights, &pool, tokens),
+        .map(|&tokens| {
+            let secs = pass_s(&resident, &pool, tokens);
+            RatePoint {
+                tokens,
+                flops: (2 * params * tokens) as f64 / (secs - dispatch).max(secs / 10.0),
+            }
         })
         .collect();
-    let round = pool_round_s(&pool, &weights);
+    // The bandwidth: the same products at one token over the model's worth of matrices,
+    // streamed from memory.
+    let streamed: Vec<&PackedMatrix> = model.iter().collect();
+    let bytes: usize = model.iter().map(PackedMatrix::bytes).sum();
+    let secs = pass_s(&streamed, &pool, 1);
+    let bandwidth = bytes as f64 / (secs - dispatch).max(secs / 10.0);
     eprintln!(
         "tandem: calibrated {threads} thread(s): {:.1} GB/s",
         bandwidth / 1e9
@@ -84,6 +106,41 @@ fn profile(threads: usize) -> HardwareProfile {
     }
 }
 
+/// The per-layer overhead of `runner`'s decode steps: the mean time of 32 one-token steps
+/// after a 16-token prompt, less the roofline's memory/compute time and the fixed step
+/// overhead of `hw`, divided by the layers (never below `hw`'s estimate from pool rounds).
+pub fn measured_layer_overhead(
+    runner: &mut dyn tandem_model::runner::ModelRunner,
+    shape: &super::shape::ModelShape,
+    hw: &HardwareProfile,
+) -> anyhow::Result<f64> {
+    let steps = 32;
+    let m = crate::bench_cmd::measure(runner, 1, 16, steps, 8192)?;
+    let kv_dtype_bytes = runner.kv_geometry().dtype.size();
+    let r = super::cost::Roofline {
+        shape,
+        hw,
+        kv_dtype_bytes,
+    };
+    let modelled = r.decode(1, 16, steps) - steps as f64 * hw.overhead_s(shape.num_layers);
+    let extra = (m.decode_s - modelled) / steps as f64 - hw.step_overhead_s;
+    Ok((extra / shape.num_layers as f64).max(hw.layer_overhead_s))
+}
+
+/// Seconds (best of a few) of one pass of `tokens` tokens through every matrix of `ws`.
+fn pass_s(ws: &[&PackedMatrix], pool: &ThreadPool, tokens: usize) -> f64 {
+    let widest = ws.iter().map(|w| w.rows().max(w.cols())).max().unwrap_or(1);
+    let x: Vec<f32> = (0..tokens * widest).map(wave).collect();
+    let mut y = vec![0.0; tokens * widest];
+    let reps = if tokens >= 64 { 2 } else { 4 };
+    best_of(reps, || {
+        for w in ws {
+            let (r, c) = (w.rows(), w.cols());
+            matmul_packed(pool, w, &x[..tokens * c], &mut y[..tokens * r], tokens);
+        }
+    })
+}
+
 /// The best of `reps` timings of `f`, in seconds.
 fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
     (0..reps)
@@ -95,62 +152,17 @@ fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// Bytes/s of threads summing disjoint parts of a 256 MiB buffer.
-fn read_bandwidth(pool: &ThreadPool) -> f64 {
-    let words: usize = 32 << 20; // 256 MiB of u64
-    let buf: Vec<u64> = (0..words as u64).collect();
-    let sink = AtomicU64::new(0);
-    let parts = pool.n_threads();
-    let per = words.div_ceil(parts);
-    let secs = best_of(5, || {
-        pool.run(parts, |i| {
-            let part = &buf[(i * per).min(words)..((i + 1) * per).min(words)];
-            let s = part.iter().fold(0u64, |a, &x| a.wrapping_add(x));
-            sink.fetch_add(s, Ordering::Relaxed);
-        })
-    });
-    std::hint::black_box(sink.load(Ordering::Relaxed));
-    (words * 8) as f64 / secs
-}
-
-/// FLOP/s of the packed int8 kernels at `tokens` tokens per product over a model-sized set
-/// of matrices ([`test_weights`]), each read once per pass as a forward pass reads them. The rate is the
-/// effective one: at few tokens it is set by streaming the weights, at many by arithmetic.
-fn int8_rate(weights: &[PackedMatrix], pool: &ThreadPool, tokens: usize) -> f64 {
-    let widest = weights
-        .iter()
-        .map(|w| w.rows().max(w.cols()))
-        .max()
-        .unwrap_or(1);
-    let x: Vec<f32> = (0..tokens * widest).map(wave).collect();
-    let mut y = vec![0.0; tokens * widest];
-    let pass = || {
-        for w in weights {
-            let (r, c) = (w.rows(), w.cols());
-            matmul_packed(pool, w, &x[..tokens * c], &mut y[..tokens * r], tokens);
-        }
-    };
-    let reps = if tokens >= 64 { 2 } else { 3 };
-    let secs = best_of(reps, pass);
-    let params: usize = weights.iter().map(|w| w.rows() * w.cols()).sum();
-    (2 * params * tokens) as f64 / secs
-}
-
-/// The matrices [`int8_rate`] runs over: 30 layers of a small Llama (q, k, v, o, gate, up,
-/// down of a 576-wide model with 1536-wide FFN and 192-wide K/V, as the default model's),
-/// Q4_1, 106M weights, 66 MB packed: more than the caches hold.
-fn test_weights(pool: &ThreadPool) -> Vec<PackedMatrix> {
+/// One layer of a small Llama (q, k, v, o, gate, up, down of a 576-wide model with a
+/// 1536-wide FFN and 192-wide K/V, as the default model's), Q4_1: 3.5M weights, 2.2 MB.
+fn layer_weights(pool: &ThreadPool) -> Vec<PackedMatrix> {
     let (h, kv, ff) = (576, 192, 1536);
     let shapes = [(h, h), (kv, h), (kv, h), (h, h), (ff, h), (ff, h), (h, ff)];
-    let data: Vec<(usize, usize, Vec<u8>)> = shapes
-        .iter()
-        .map(|&(r, c)| (r, c, q4_1_data(r, c)))
-        .collect();
-    let pack = |(r, c, d): &(usize, usize, Vec<u8>)| {
-        let view = WeightView::new(DType::Q4_1, *r, *c, d).expect("consistent sizes");
+    let pack = |&(r, c): &(usize, usize)| {
+        let d = q4_1_data(r, c);
+        let view = WeightView::new(DType::Q4_1, r, c, &d).expect("consistent sizes");
         PackedMatrix::pack(&view, pool).expect("Q4_1 packs")
     };
-    (0..30).flat_map(|_| data.iter().map(pack)).collect()
+    shapes.iter().map(pack).collect()
 }
 
 /// `rows x cols` deterministic weights quantized to Q4_1.
@@ -203,8 +215,8 @@ fn attention_rate(pool: &ThreadPool) -> f64 {
 
 /// Seconds of one small product on the pool (one token through a 64 x 576 matrix: the
 /// dispatch, quantization of the input and wait of a job, with next to no arithmetic).
-fn pool_round_s(pool: &ThreadPool, weights: &[PackedMatrix]) -> f64 {
-    let cols = weights[0].cols();
+fn pool_round_s(pool: &ThreadPool) -> f64 {
+    let cols = 576;
     let small = tiny_matrix(pool, cols);
     let x: Vec<f32> = (0..cols).map(wave).collect();
     let mut y = vec![0.0; small.rows()];

@@ -109,7 +109,10 @@ pub fn run(a: PlanArgs) -> Result<()> {
     let cache = tandem_model::default_model::cache_dir(a.model.cache_dir.as_deref())?;
     let threads = a.model.threads();
     if a.calibrate {
-        let c = calibrate::calibrate(threads);
+        let mut c = calibrate::calibrate(threads);
+        if a.config.is_none() {
+            overhead_from_model(&a, &mut c)?;
+        }
         let path = a
             .save
             .clone()
@@ -170,6 +173,28 @@ pub fn run(a: PlanArgs) -> Result<()> {
     if let Some(dir) = &a.svg {
         svg::write_all(dir, &plan)?;
     }
+    Ok(())
+}
+
+/// Sets the per-layer overhead of the profile for `--threads` from the model's own decode
+/// steps (see [`calibrate::measured_layer_overhead`]).
+fn overhead_from_model(a: &PlanArgs, c: &mut calibrate::Calibration) -> Result<()> {
+    let threads = a.model.threads();
+    let Some(hw) = c.profiles.iter_mut().find(|p| p.threads == threads) else {
+        return Ok(());
+    };
+    let lm = a.model.load()?;
+    let shape = ModelShape::of_host(&lm.host);
+    let prepared = crate::runner_setup::PreparedModel::new(lm.host, &a.model, None)?;
+    let mut runner = prepared.into_runner(16, Some(8))?;
+    hw.layer_overhead_s = calibrate::measured_layer_overhead(runner.as_mut(), &shape, hw)?;
+    hw.source
+        .push_str(", step overhead from the model's decode steps");
+    eprintln!(
+        "tandem: step overhead {:.2} ms ({} layers)",
+        hw.overhead_s(shape.num_layers) * 1e3,
+        shape.num_layers
+    );
     Ok(())
 }
 
