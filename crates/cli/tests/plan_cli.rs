@@ -36,7 +36,7 @@ fn profile_file(name: &str) -> PathBuf {
     let profile = serde_json::json!({"profiles": [{
         "name": "test cpu", "kind": "cpu", "source": "test", "threads": 1,
         "bandwidth": 1e10, "matmul": [{"tokens": 1, "flops": 1e10}, {"tokens": 64, "flops": 1e11}],
-        "attention_flops": 1e10, "step_overhead_s": 1e-4, "layer_overhead_s": 1e-5,
+        "attention_flops": 1e10, "prefill_attention_flops": 1e10, "step_overhead_s": 1e-4, "layer_overhead_s": 1e-5,
         "memory_bytes": 0.0
     }]});
     std::fs::write(&path, profile.to_string()).unwrap();

@@ -8,20 +8,25 @@
 //!   again (they stay in the cache), less the dispatch time of the jobs;
 //! - read bandwidth: the same pass at one token over 30 distinct layers (66 MB, more than
 //!   the caches hold): the rate at which the kernels stream weights from memory;
-//! - attention rate: the attention kernels over f16 keys and values of a cached context;
+//! - attention rates: the attention kernels over f16 keys and values of a cached context,
+//!   the group kernel of decode and the tile kernel of prefill;
 //! - overhead: one tiny product on the pool (a step runs about 8 jobs per layer, 4 more),
-//!   and, when a model is at hand, [`measured_layer_overhead`]: what a real one-token decode
-//!   step takes beyond its roofline, per layer.
+//!   and, when a model is at hand, [`fit_to_model`]: the overhead and the matrix rates as
+//!   the model's own decode steps and prefill chunks show them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use half::f16;
 use serde::{Deserialize, Serialize};
-use tandem_kernels::attention::{attend, KvRows, KvView};
+use tandem_kernels::attention::{attend, attend_rows, KvRows, KvView};
 use tandem_kernels::{matmul_packed, DType, PackedMatrix, ThreadPool, WeightView};
 
+use super::cost::{Roofline, SeqWork};
 use super::hardware::{DeviceKind, HardwareProfile, RatePoint};
+use super::shape::ModelShape;
+use crate::bench_cmd::measure;
+use tandem_model::runner::ModelRunner;
 
 /// Saved calibration: one profile per thread count measured.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -99,32 +104,75 @@ fn profile(threads: usize) -> HardwareProfile {
         threads,
         bandwidth,
         matmul,
-        attention_flops: attention_rate(&pool),
+        attention_flops: attention_rate(&pool, false),
+        prefill_attention_flops: attention_rate(&pool, true),
         step_overhead_s: ROUNDS_PER_STEP * round,
         layer_overhead_s: ROUNDS_PER_LAYER * round,
         memory_bytes: 0.0,
     }
 }
 
-/// The per-layer overhead of `runner`'s decode steps: the mean time of 32 one-token steps
-/// after a 16-token prompt, less the roofline's memory/compute time and the fixed step
-/// overhead of `hw`, divided by the layers (never below `hw`'s estimate from pool rounds).
-pub fn measured_layer_overhead(
-    runner: &mut dyn tandem_model::runner::ModelRunner,
-    shape: &super::shape::ModelShape,
-    hw: &HardwareProfile,
-) -> anyhow::Result<f64> {
-    let steps = 32;
-    let m = crate::bench_cmd::measure(runner, 1, 16, steps, 8192)?;
+/// Fits the profile to a model's own forward passes on `runner` (the pool must hold 64
+/// blocks of 16 tokens): the per-layer overhead from one-token decode steps (their time
+/// beyond the roofline), then the matrix rate at 4 to 32 tokens from decode steps of that
+/// many sequences and at 64 and 256 from prefill chunks, wherever the model runs slower than
+/// the kernels alone (norms, activation quantization, RoPE and attention jobs, which the
+/// kernel-only measurement leaves out, cost time per token).
+pub fn fit_to_model(
+    runner: &mut dyn ModelRunner,
+    shape: &ModelShape,
+    hw: &mut HardwareProfile,
+) -> anyhow::Result<()> {
+    measure(runner, 1, 16, 4, 8192)?; // first touch of the pool and scratch memory
+    let steps = 16;
     let kv_dtype_bytes = runner.kv_geometry().dtype.size();
-    let r = super::cost::Roofline {
-        shape,
-        hw,
-        kv_dtype_bytes,
-    };
-    let modelled = r.decode(1, 16, steps) - steps as f64 * hw.overhead_s(shape.num_layers);
-    let extra = (m.decode_s - modelled) / steps as f64 - hw.step_overhead_s;
-    Ok((extra / shape.num_layers as f64).max(hw.layer_overhead_s))
+    let one = best_measure(runner, 1, 16, steps)?.decode_s / steps as f64;
+    let fixed = hw.clone();
+    let r = Roofline { shape, hw: &fixed, kv_dtype_bytes };
+    let ceiling = r.decode(1, 16, steps) / steps as f64 - fixed.overhead_s(shape.num_layers);
+    let extra = one - ceiling - fixed.step_overhead_s;
+    let layer_overhead = (extra / shape.num_layers as f64).max(fixed.layer_overhead_s);
+    hw.layer_overhead_s = layer_overhead;
+    for p in hw.matmul.iter_mut().filter(|p| p.tokens >= 4) {
+        let n = p.tokens;
+        let (secs, work) = if n <= 32 {
+            let t = best_measure(runner, n, 16, 8)?.decode_s / 8.0;
+            let w = SeqWork { cached: 19.5, new: 1.0, rows: 1.0 };
+            (t, vec![w; n])
+        } else {
+            let t = best_measure(runner, 1, n, 1)?.prefill_s;
+            (t, vec![SeqWork { cached: 0.0, new: n as f64, rows: 1.0 }])
+        };
+        let attention: f64 = work
+            .iter()
+            .map(|w| shape.attention_flops(w.new * w.cached + w.new * (w.new + 1.0) / 2.0))
+            .sum();
+        let rows = work.iter().map(|w| w.rows).sum();
+        let overhead = fixed.step_overhead_s + layer_overhead * shape.num_layers as f64;
+        let rate = if n <= 32 { fixed.attention_flops } else { fixed.prefill_attention_flops };
+        let left = secs - overhead - attention / rate;
+        if left > 0.0 {
+            p.flops = p.flops.min(shape.matmul_flops(n as f64, rows) / left);
+        }
+    }
+    Ok(())
+}
+
+/// The fastest prefill and decode of three runs of `tandem bench`'s measurement: on a
+/// machine shared with other work, the least disturbed run is the machine's own speed.
+pub fn best_measure(
+    runner: &mut dyn ModelRunner,
+    batch: usize,
+    prompt: usize,
+    gen: usize,
+) -> anyhow::Result<crate::bench_cmd::Measured> {
+    let mut best = measure(runner, batch, prompt, gen, 8192)?;
+    for _ in 0..2 {
+        let m = measure(runner, batch, prompt, gen, 8192)?;
+        best.prefill_s = best.prefill_s.min(m.prefill_s);
+        best.decode_s = best.decode_s.min(m.decode_s);
+    }
+    Ok(best)
 }
 
 /// Seconds (best of a few) of one pass of `tokens` tokens through every matrix of `ws`.
@@ -177,18 +225,24 @@ fn q4_1_data(rows: usize, cols: usize) -> Vec<u8> {
     data
 }
 
-/// FLOP/s of the attention kernels: a group of 3 query heads of 64 over 512 cached f16
-/// positions (3 KV heads per slot), one task per KV head and query, on every thread.
-fn attention_rate(pool: &ThreadPool) -> f64 {
-    let (ctx, head_dim, kv_heads, group) = (512, 64, 3, 3);
+/// FLOP/s of the attention kernels over the f16 keys and values of 48 sequences of 512
+/// positions (3 KV heads of 64 per slot; 19 MB, streamed from memory as a batch's caches
+/// are), one task per sequence and KV head, on every thread: `tile` false, the group kernel
+/// of decode (a token's 3 query heads); true, the tile kernel of prefill (16 rows of a
+/// chunk, contexts 497 to 512).
+fn attention_rate(pool: &ThreadPool, tile: bool) -> f64 {
+    let (seqs, ctx, head_dim, kv_heads) = (48, 512, 64, 3);
+    let rows = if tile { 16 } else { 3 };
     let stride = kv_heads * head_dim;
-    let keys: Vec<f16> = (0..ctx * stride).map(|i| f16::from_f32(wave(i))).collect();
-    let values: Vec<f16> = (0..ctx * stride)
+    let slots_total = seqs * ctx;
+    let keys: Vec<f16> = (0..slots_total * stride).map(|i| f16::from_f32(wave(i))).collect();
+    let values: Vec<f16> = (0..slots_total * stride)
         .map(|i| f16::from_f32(wave(i + 7)))
         .collect();
-    let slots: Vec<usize> = (0..ctx).collect();
-    let q: Vec<f32> = (0..group * head_dim).map(wave).collect();
-    let tasks = 16 * pool.n_threads();
+    let slots: Vec<Vec<usize>> = (0..seqs).map(|s| (s * ctx..(s + 1) * ctx).collect()).collect();
+    let q: Vec<f32> = (0..rows * head_dim).map(wave).collect();
+    let context: Vec<usize> = (0..rows).map(|r| ctx - rows + 1 + r).collect();
+    let tasks = seqs * kv_heads;
     let sink = AtomicU64::new(0);
     let secs = best_of(3, || {
         pool.run(tasks, |i| {
@@ -200,17 +254,20 @@ fn attention_rate(pool: &ThreadPool) -> f64 {
                 row_stride: stride,
                 offset: (i % kv_heads) * head_dim,
                 head_dim,
-                slots: &slots,
+                slots: &slots[i / kv_heads],
             };
-            let mut out = vec![0.0; group * head_dim];
-            for _ in 0..20 {
+            let mut out = vec![0.0; rows * head_dim];
+            if tile {
+                attend_rows(&q, &context, &kv, 0.125, &mut out);
+            } else {
                 attend(&q, &kv, 0.125, &mut out);
             }
-            sink.fetch_add(out[0].to_bits() as u64, Ordering::Relaxed);
+            sink.fetch_add(u64::from(out[0].to_bits()), Ordering::Relaxed);
         })
     });
     std::hint::black_box(sink.load(Ordering::Relaxed));
-    (4 * ctx * head_dim * group * 20 * tasks) as f64 / secs
+    let positions: usize = if tile { context.iter().sum() } else { ctx * rows };
+    (4 * positions * head_dim * tasks) as f64 / secs
 }
 
 /// Seconds of one small product on the pool (one token through a 64 x 576 matrix: the

@@ -2,10 +2,11 @@
 //!
 //! A step computing `tokens` new tokens reads every weight once and each scheduled
 //! sequence's keys and values (once per 16-token tile of its new tokens, as the attention
-//! kernels do), and does `2 x weights` FLOPs per token plus attention. Its time is a fixed
-//! overhead plus the larger of the memory time (bytes / bandwidth) and the arithmetic time
-//! (matrix FLOPs at the profile's rate for that many tokens, plus attention FLOPs at the
-//! attention rate): below the crossover a step is bandwidth-bound, above it compute-bound.
+//! kernels do), and does `2 x weights` FLOPs per token plus attention. Each layer runs its
+//! matrix products, then attention, so the time is a fixed overhead plus, for each phase, the
+//! larger of its memory time (bytes / bandwidth) and its arithmetic time (matrix FLOPs at
+//! the profile's rate for that many tokens; attention FLOPs at the attention rate). Below
+//! the crossover the matrix phase is bandwidth-bound, above it compute-bound.
 
 use serde::Serialize;
 
@@ -50,33 +51,46 @@ pub struct Roofline<'a> {
 }
 
 impl Roofline<'_> {
-    /// The cost of one step over `seqs`.
+    /// The cost of one step over `seqs`: the matrix phase (weights read against matrix
+    /// FLOPs) and the attention phase (K/V read against attention FLOPs) run one after the
+    /// other in every layer, each at the higher of its two times.
     pub fn step(&self, seqs: &[SeqWork]) -> StepCost {
         let s = self.shape;
         let tokens: f64 = seqs.iter().map(|q| q.new).sum();
         let rows: f64 = seqs.iter().map(|q| q.rows).sum();
         let kv_per_pos = s.kv_bytes_per_token(self.kv_dtype_bytes) as f64;
         let mut kv_bytes = 0.0;
+        let mut attention_s = 0.0;
         let mut attention = 0.0;
         for q in seqs {
             let context = q.cached + q.new;
             kv_bytes += context * kv_per_pos * (q.new / ATTENTION_TILE).ceil();
             // Token i of the new ones attends cached + i + 1 positions.
-            attention += s.attention_flops(q.new * q.cached + q.new * (q.new + 1.0) / 2.0);
+            let flops = s.attention_flops(q.new * q.cached + q.new * (q.new + 1.0) / 2.0);
+            let rate = if q.new > 1.0 {
+                self.hw.prefill_attention_flops
+            } else {
+                self.hw.attention_flops
+            };
+            attention += flops;
+            attention_s += flops / rate;
         }
         let weight_bytes = s.weight_bytes_per_step(self.hw.bytes_per_weight());
         let matmul = s.matmul_flops(tokens, rows);
-        let memory_s = (weight_bytes + kv_bytes) / self.hw.bandwidth;
-        let compute_s = matmul / self.hw.matmul_flops(tokens) + attention / self.hw.attention_flops;
+        let weights_s = weight_bytes / self.hw.bandwidth;
+        let matmul_s = matmul / self.hw.matmul_flops(tokens);
+        let kv_s = kv_bytes / self.hw.bandwidth;
         StepCost {
             tokens,
             weight_bytes,
             kv_bytes,
             flops: matmul + attention,
-            memory_s,
-            compute_s,
-            time_s: self.hw.overhead_s(s.num_layers) + memory_s.max(compute_s),
-            compute_bound: compute_s > memory_s,
+            memory_s: weights_s + kv_s,
+            compute_s: matmul_s + attention_s,
+            time_s: self.hw.overhead_s(s.num_layers)
+                + weights_s.max(matmul_s)
+                + kv_s.max(attention_s),
+            compute_bound: matmul_s > weights_s,
         }
     }
 
@@ -215,6 +229,7 @@ mod tests {
                 flops: 1e10,
             }],
             attention_flops: 1e10,
+            prefill_attention_flops: 1e10,
             step_overhead_s: 1e-4,
             layer_overhead_s: 0.0,
             memory_bytes: 0.0,

@@ -41,8 +41,10 @@ pub struct HardwareProfile {
     /// Matrix-product rate (CPU: the int8 kernels on quantized weights; GPU: bf16 tensor
     /// cores), by tokens per product, ascending; interpolated in log(tokens).
     pub matmul: Vec<RatePoint>,
-    /// Attention rate (CPU: the f32 attention kernels over f16 K/V), FLOP/s.
+    /// Attention rate of decode tokens (CPU: the f32 group kernel over f16 K/V), FLOP/s.
     pub attention_flops: f64,
+    /// Attention rate of prefill chunks (CPU: the tile kernel, 16 rows per K/V pass), FLOP/s.
+    pub prefill_attention_flops: f64,
     /// Fixed cost of one engine step (scheduling, sampling, the embedding and LM head
     /// rounds), s.
     pub step_overhead_s: f64,
@@ -107,7 +109,11 @@ impl HardwareProfile {
     /// Refuses profiles whose ceilings are not positive.
     pub fn check(&self) -> Result<()> {
         let ok = |v: f64| v.is_finite() && v > 0.0;
-        if !ok(self.bandwidth) || !ok(self.attention_flops) || self.matmul.is_empty() {
+        if !ok(self.bandwidth)
+            || !ok(self.attention_flops)
+            || !ok(self.prefill_attention_flops)
+            || self.matmul.is_empty()
+        {
             bail!(
                 "profile {}: bandwidth, rates and matmul points must be positive",
                 self.name
@@ -156,6 +162,7 @@ fn gpu(name: &str, bandwidth_tb: f64, bf16_tflops: f64, memory_gb: f64) -> Hardw
             },
         ],
         attention_flops: peak / 4.0,
+        prefill_attention_flops: peak / 4.0,
         step_overhead_s: 0.2e-3,
         layer_overhead_s: 30e-6,
         memory_bytes: memory_gb * 1e9,

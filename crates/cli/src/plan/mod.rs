@@ -176,8 +176,8 @@ pub fn run(a: PlanArgs) -> Result<()> {
     Ok(())
 }
 
-/// Sets the per-layer overhead of the profile for `--threads` from the model's own decode
-/// steps (see [`calibrate::measured_layer_overhead`]).
+/// Fits the profile for `--threads` to the model's own steps (see
+/// [`calibrate::fit_to_model`]).
 fn overhead_from_model(a: &PlanArgs, c: &mut calibrate::Calibration) -> Result<()> {
     let threads = a.model.threads();
     let Some(hw) = c.profiles.iter_mut().find(|p| p.threads == threads) else {
@@ -186,10 +186,9 @@ fn overhead_from_model(a: &PlanArgs, c: &mut calibrate::Calibration) -> Result<(
     let lm = a.model.load()?;
     let shape = ModelShape::of_host(&lm.host);
     let prepared = crate::runner_setup::PreparedModel::new(lm.host, &a.model, None)?;
-    let mut runner = prepared.into_runner(16, Some(8))?;
-    hw.layer_overhead_s = calibrate::measured_layer_overhead(runner.as_mut(), &shape, hw)?;
-    hw.source
-        .push_str(", step overhead from the model's decode steps");
+    let mut runner = prepared.into_runner(16, Some(64))?;
+    calibrate::fit_to_model(runner.as_mut(), &shape, hw)?;
+    hw.source.push_str(", fitted to the model's own steps");
     eprintln!(
         "tandem: step overhead {:.2} ms ({} layers)",
         hw.overhead_s(shape.num_layers) * 1e3,

@@ -1,6 +1,6 @@
 //! `tandem plan --validate`: runs `tandem bench`'s measurement (B prompts of P random tokens
-//! prefilled together, then G decode steps of all B) over a grid and sets the plan's
-//! predictions beside what was measured, with the error of each point.
+//! prefilled together, then G decode steps of all B; the fastest of three runs) over a grid
+//! and sets the plan's predictions beside what was measured, with the error of each point.
 
 use anyhow::Result;
 use serde::Serialize;
@@ -9,6 +9,7 @@ use tandem_model::host_model::HostModel;
 use super::cost::Roofline;
 use super::PlanInputs;
 use crate::args::ModelArgs;
+use super::calibrate::best_measure;
 use crate::bench_cmd::measure;
 use crate::runner_setup::PreparedModel;
 
@@ -82,9 +83,10 @@ pub fn run(host: HostModel, args: &ModelArgs, i: &PlanInputs, quick: bool) -> Re
         kv_dtype_bytes: i.kv_dtype.size(),
     };
     let mut out = Vec::new();
+    measure(runner.as_mut(), 1, 16, 4, BENCH_STEP_TOKENS)?; // first touch of pool and scratch
     for (b, p, g) in points {
         eprintln!("tandem: validate batch {b}, prompt {p}, gen {g}");
-        let m = measure(runner.as_mut(), b, p, g, BENCH_STEP_TOKENS)?;
+        let m = best_measure(runner.as_mut(), b, p, g)?;
         out.push(ValidationPoint {
             batch: b,
             prompt_len: p,
