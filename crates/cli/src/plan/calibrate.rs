@@ -128,7 +128,11 @@ pub fn fit_to_model(
     let kv_dtype_bytes = runner.kv_geometry().dtype.size();
     let one = best_measure(runner, 1, 16, steps)?.decode_s / steps as f64;
     let fixed = hw.clone();
-    let r = Roofline { shape, hw: &fixed, kv_dtype_bytes };
+    let r = Roofline {
+        shape,
+        hw: &fixed,
+        kv_dtype_bytes,
+    };
     let ceiling = r.decode(1, 16, steps) / steps as f64 - fixed.overhead_s(shape.num_layers);
     let extra = one - ceiling - fixed.step_overhead_s;
     let layer_overhead = (extra / shape.num_layers as f64).max(fixed.layer_overhead_s);
@@ -137,11 +141,22 @@ pub fn fit_to_model(
         let n = p.tokens;
         let (secs, work) = if n <= 32 {
             let t = best_measure(runner, n, 16, 8)?.decode_s / 8.0;
-            let w = SeqWork { cached: 19.5, new: 1.0, rows: 1.0 };
+            let w = SeqWork {
+                cached: 19.5,
+                new: 1.0,
+                rows: 1.0,
+            };
             (t, vec![w; n])
         } else {
             let t = best_measure(runner, 1, n, 1)?.prefill_s;
-            (t, vec![SeqWork { cached: 0.0, new: n as f64, rows: 1.0 }])
+            (
+                t,
+                vec![SeqWork {
+                    cached: 0.0,
+                    new: n as f64,
+                    rows: 1.0,
+                }],
+            )
         };
         let attention: f64 = work
             .iter()
@@ -149,7 +164,11 @@ pub fn fit_to_model(
             .sum();
         let rows = work.iter().map(|w| w.rows).sum();
         let overhead = fixed.step_overhead_s + layer_overhead * shape.num_layers as f64;
-        let rate = if n <= 32 { fixed.attention_flops } else { fixed.prefill_attention_flops };
+        let rate = if n <= 32 {
+            fixed.attention_flops
+        } else {
+            fixed.prefill_attention_flops
+        };
         let left = secs - overhead - attention / rate;
         if left > 0.0 {
             p.flops = p.flops.min(shape.matmul_flops(n as f64, rows) / left);
@@ -235,11 +254,15 @@ fn attention_rate(pool: &ThreadPool, tile: bool) -> f64 {
     let rows = if tile { 16 } else { 3 };
     let stride = kv_heads * head_dim;
     let slots_total = seqs * ctx;
-    let keys: Vec<f16> = (0..slots_total * stride).map(|i| f16::from_f32(wave(i))).collect();
+    let keys: Vec<f16> = (0..slots_total * stride)
+        .map(|i| f16::from_f32(wave(i)))
+        .collect();
     let values: Vec<f16> = (0..slots_total * stride)
         .map(|i| f16::from_f32(wave(i + 7)))
         .collect();
-    let slots: Vec<Vec<usize>> = (0..seqs).map(|s| (s * ctx..(s + 1) * ctx).collect()).collect();
+    let slots: Vec<Vec<usize>> = (0..seqs)
+        .map(|s| (s * ctx..(s + 1) * ctx).collect())
+        .collect();
     let q: Vec<f32> = (0..rows * head_dim).map(wave).collect();
     let context: Vec<usize> = (0..rows).map(|r| ctx - rows + 1 + r).collect();
     let tasks = seqs * kv_heads;
@@ -266,7 +289,11 @@ fn attention_rate(pool: &ThreadPool, tile: bool) -> f64 {
         })
     });
     std::hint::black_box(sink.load(Ordering::Relaxed));
-    let positions: usize = if tile { context.iter().sum() } else { ctx * rows };
+    let positions: usize = if tile {
+        context.iter().sum()
+    } else {
+        ctx * rows
+    };
     (4 * positions * head_dim * tasks) as f64 / secs
 }
 

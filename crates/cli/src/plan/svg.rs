@@ -138,12 +138,21 @@ impl Panel {
         }
     }
 
-    fn legend(&self, o: &mut String, items: &[(&str, &str)]) {
+    /// A legend in the top left corner, or the bottom right one (`bottom_right`).
+    fn legend(&self, o: &mut String, items: &[(&str, &str)], bottom_right: bool) {
         for (k, (name, color)) in items.iter().enumerate() {
-            let (x, y) = (
-                self.px(self.x.0) + 8.0,
-                self.py(self.y.1) + 14.0 + 13.0 * k as f64,
-            );
+            let (x, y) = if bottom_right {
+                let rows_below = (items.len() - k) as f64;
+                (
+                    self.px(self.x.1) - 80.0,
+                    self.py(self.y.0) - 8.0 - 13.0 * rows_below,
+                )
+            } else {
+                (
+                    self.px(self.x.0) + 8.0,
+                    self.py(self.y.1) + 14.0 + 13.0 * k as f64,
+                )
+            };
             let _ = write!(
                 o,
                 r#"<rect x="{x:.1}" y="{:.1}" width="10" height="4" fill="{color}"/><text x="{:.1}" y="{:.1}" font-size="10">{name}</text>"#,
@@ -249,7 +258,11 @@ fn throughput(plan: &Plan) -> String {
         COLORS[1],
         false,
     );
-    left.legend(&mut o, &[("decode", COLORS[0]), ("prefill", COLORS[1])]);
+    left.legend(
+        &mut o,
+        &[("decode", COLORS[0]), ("prefill", COLORS[1])],
+        true,
+    );
     let right = Panel {
         x0: W,
         y0: 0.0,
@@ -366,6 +379,7 @@ fn memory(plan: &Plan) -> String {
             ("KV cache", COLORS[1]),
             ("activations", COLORS[2]),
         ],
+        false,
     );
     document(W, H, &o)
 }
@@ -414,7 +428,11 @@ fn validate(plan: &Plan) -> String {
             panel.py(p)
         );
     }
-    panel.legend(&mut o, &[("decode", COLORS[0]), ("prefill", COLORS[1])]);
+    panel.legend(
+        &mut o,
+        &[("decode", COLORS[0]), ("prefill", COLORS[1])],
+        false,
+    );
     document(W, H, &o)
 }
 

@@ -6,10 +6,10 @@ use anyhow::Result;
 use serde::Serialize;
 use tandem_model::host_model::HostModel;
 
+use super::calibrate::best_measure;
 use super::cost::Roofline;
 use super::PlanInputs;
 use crate::args::ModelArgs;
-use super::calibrate::best_measure;
 use crate::bench_cmd::measure;
 use crate::runner_setup::PreparedModel;
 
