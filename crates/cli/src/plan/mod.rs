@@ -12,6 +12,7 @@ pub mod hardware;
 pub mod report;
 pub mod shape;
 pub mod svg;
+pub mod text;
 pub mod validate;
 
 use std::path::PathBuf;
@@ -138,6 +139,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
     };
     let kv_budget_bytes = match &a.engine.kv_cache_memory {
         Some(s) => parse_size(s).context("--kv-cache-memory")?,
+        None if hw.kind == DeviceKind::Gpu => gpu_kv_budget(&a, &hw, &shape)?,
         None => DEFAULT_KV_BYTES,
     };
     let inputs = PlanInputs {
@@ -174,6 +176,23 @@ pub fn run(a: PlanArgs) -> Result<()> {
         svg::write_all(dir, &plan)?;
     }
     Ok(())
+}
+
+/// The KV pool a GPU gives by default, as the CUDA runner sizes it: the share of its memory
+/// `--gpu-memory-utilization` allows, less the bf16 weights.
+fn gpu_kv_budget(a: &PlanArgs, hw: &HardwareProfile, shape: &ModelShape) -> Result<u64> {
+    let weights = shape.resident_weight_bytes(hw.bytes_per_weight());
+    let free = a.model.gpu_memory_utilization * hw.memory_bytes - weights;
+    if free < 1.0 {
+        bail!(
+            "the weights ({:.1} GB) leave no KV cache in {:.0}% of the {}'s {:.0} GB",
+            weights / 1e9,
+            a.model.gpu_memory_utilization * 100.0,
+            hw.name,
+            hw.memory_bytes / 1e9
+        );
+    }
+    Ok(free as u64)
 }
 
 /// Fits the profile for `--threads` to the model's own steps (see
