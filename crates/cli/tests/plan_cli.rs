@@ -117,17 +117,45 @@ fn plan_reports_the_workload_and_refuses_bad_input() {
     for needle in ["KV cache", "TTFT", "crossover", "generate/score"] {
         assert!(text.contains(needle), "no {needle} in:\n{text}");
     }
+    // Several prompt lengths: the pool is sized by the longest request, TTFT averaged.
+    let lens = ["--prompt-len", "100,300", "--gen-len", "28", "--json"];
+    let out = tandem(&[&base[..], &lens].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["capacity"]["blocks_per_request"],
+        (300 + 28usize).div_ceil(16)
+    );
+    assert_eq!(v["prompt_len"], 200);
+    let w = &v["workload"];
+    assert!(w["ttft_ms_max"].as_f64().unwrap() > w["ttft_ms"].as_f64().unwrap());
     let unknown = ["plan", "--model", &model, "--hardware", "no-such-gpu"];
-    for args in [
-        [&base[..], &["--prefix-hit", "1.5"]].concat(),
-        [&base[..], &["--kv-cache-memory", "10"]].concat(),
-        unknown.to_vec(),
+    for (args, names) in [
+        (
+            [&base[..], &["--prefix-hit", "1.5"]].concat(),
+            "--prefix-hit",
+        ),
+        (
+            [&base[..], &["--kv-cache-memory", "10"]].concat(),
+            "--kv-cache-memory",
+        ),
+        (
+            [&base[..], &["--prompt-len", "64,0"]].concat(),
+            "--prompt-len",
+        ),
+        (unknown.to_vec(), "no-such-gpu"),
     ] {
-        let bad = &args[5..];
         let out = tandem(&args);
-        assert!(!out.status.success(), "{bad:?} was accepted");
+        assert!(!out.status.success(), "{names} was accepted");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("tandem: error:"), "{bad:?}: {err}");
-        assert!(!err.contains("panicked"), "{bad:?}: {err}");
+        assert!(
+            err.contains("error") && err.contains(names),
+            "{names}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{names}: {err}");
     }
 }

@@ -41,12 +41,12 @@ pub struct PlanArgs {
     /// With --config: bits per stored weight on the CPU (16 bf16, 8.5 Q8_0, 5 Q4_1, 4.5 Q4_0).
     #[arg(long, value_name = "BITS", default_value_t = 16.0)]
     bits_per_weight: f64,
-    /// Prompt tokens per request.
-    #[arg(long, value_name = "P", default_value_t = 512)]
-    prompt_len: usize,
-    /// Generated tokens per request.
-    #[arg(long, value_name = "G", default_value_t = 128)]
-    gen_len: usize,
+    /// Prompt tokens per request: a number, or several (`128,512,2048`), equally likely.
+    #[arg(long, value_name = "P[,P..]", default_value = "512")]
+    prompt_len: Lengths,
+    /// Generated tokens per request: a number, or several, equally likely.
+    #[arg(long, value_name = "G[,G..]", default_value = "128")]
+    gen_len: Lengths,
     /// Requests running at once.
     #[arg(long, value_name = "C", default_value_t = 8)]
     concurrency: usize,
@@ -86,6 +86,36 @@ pub struct PlanArgs {
     engine: EngineArgs,
 }
 
+/// Lengths of a workload's requests: one or several values, equally likely.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lengths(pub Vec<usize>);
+
+impl Lengths {
+    /// The mean, rounded.
+    pub fn mean(&self) -> usize {
+        let sum: usize = self.0.iter().sum();
+        (sum as f64 / self.0.len() as f64).round() as usize
+    }
+}
+
+impl std::str::FromStr for Lengths {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Lengths, String> {
+        let values: Vec<usize> = s
+            .split(',')
+            .map(|v| match v.trim().parse::<usize>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(format!("`{v}` is not a positive number of tokens")),
+            })
+            .collect::<std::result::Result<_, _>>()?;
+        if values.len() > 64 {
+            return Err("at most 64 lengths".into());
+        }
+        Ok(Lengths(values))
+    }
+}
+
 /// Everything a plan is computed from.
 #[derive(Debug)]
 pub struct PlanInputs {
@@ -97,6 +127,9 @@ pub struct PlanInputs {
     pub block_size: usize,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
+    /// The workload's prompt and output lengths (equally likely), and their means.
+    pub prompt_lens: Vec<usize>,
+    pub gen_lens: Vec<usize>,
     pub prompt_len: usize,
     pub gen_len: usize,
     pub concurrency: usize,
@@ -151,8 +184,10 @@ pub fn run(a: PlanArgs) -> Result<()> {
         block_size: a.engine.block_size as usize,
         max_num_seqs: a.engine.max_num_seqs.unwrap_or(256),
         max_num_batched_tokens: a.engine.max_num_batched_tokens.unwrap_or(2048),
-        prompt_len: a.prompt_len,
-        gen_len: a.gen_len,
+        prompt_lens: a.prompt_len.0.clone(),
+        gen_lens: a.gen_len.0.clone(),
+        prompt_len: a.prompt_len.mean(),
+        gen_len: a.gen_len.mean(),
         concurrency: a.concurrency,
         prefix_hit: a.prefix_hit,
         acceptance: a.acceptance,
@@ -217,8 +252,8 @@ fn overhead_from_model(a: &PlanArgs, c: &mut calibrate::Calibration) -> Result<(
 }
 
 fn check_ranges(a: &PlanArgs) -> Result<()> {
-    if a.prompt_len == 0 || a.gen_len == 0 || a.concurrency == 0 {
-        bail!("--prompt-len, --gen-len and --concurrency must be positive");
+    if a.concurrency == 0 {
+        bail!("--concurrency must be positive");
     }
     for (name, v) in [
         ("--prefix-hit", a.prefix_hit),
@@ -292,4 +327,19 @@ fn load_shape(
         |n| n.to_string_lossy().into(),
     );
     Ok((name, ModelShape::of_host(&host), packs, Some(host)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Lengths;
+
+    #[test]
+    fn lengths_parse_one_or_several_positive_values() {
+        assert_eq!("512".parse::<Lengths>(), Ok(Lengths(vec![512])));
+        let l: Lengths = "100, 300".parse().expect("two lengths");
+        assert_eq!((l.0.clone(), l.mean()), (vec![100, 300], 200));
+        for bad in ["", "0", "12,x", "-3"] {
+            assert!(bad.parse::<Lengths>().is_err(), "{bad}");
+        }
+    }
 }

@@ -31,7 +31,7 @@ pub struct Capacity {
     /// Blocks and tokens of the pool, as the engine reports them at start-up.
     pub num_blocks: usize,
     pub capacity_tokens: usize,
-    /// Blocks one request of the workload holds at its longest.
+    /// Blocks the workload's longest request holds at its end.
     pub blocks_per_request: usize,
     pub bytes_per_request: u64,
     /// Requests of the workload the pool holds at once (and the sequence cap allows).
@@ -53,7 +53,9 @@ pub struct CurvePoint {
 /// The workload's latency and throughput.
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkloadCost {
+    /// Mean over the workload's prompt lengths, and the longest prompt's.
     pub ttft_ms: f64,
+    pub ttft_ms_max: f64,
     pub itl_ms: f64,
     pub output_tok_per_s: f64,
     pub decode_step: StepCost,
@@ -76,8 +78,11 @@ pub struct Plan {
     pub shape: ModelShape,
     pub hardware: HardwareProfile,
     pub weight_bytes_per_step: f64,
+    /// Mean prompt and output lengths (the curves use them), and the lengths given.
     pub prompt_len: usize,
     pub gen_len: usize,
+    pub prompt_lens: Vec<usize>,
+    pub gen_lens: Vec<usize>,
     pub concurrency: usize,
     pub max_num_batched_tokens: usize,
     pub capacity: Capacity,
@@ -126,6 +131,8 @@ impl Plan {
             weight_bytes_per_step: i.shape.weight_bytes_per_step(i.hw.bytes_per_weight()),
             prompt_len: i.prompt_len,
             gen_len: i.gen_len,
+            prompt_lens: i.prompt_lens.clone(),
+            gen_lens: i.gen_lens.clone(),
             concurrency: i.concurrency,
             max_num_batched_tokens: i.max_num_batched_tokens,
             workload: workload(&r, i, conc, 0.0),
@@ -156,7 +163,9 @@ pub fn capacity(i: &PlanInputs) -> Result<Capacity> {
         );
     }
     let num_blocks = (i.kv_budget_bytes / per_block) as usize;
-    let blocks_per_request = (i.prompt_len + i.gen_len).div_ceil(i.block_size);
+    let longest = i.prompt_lens.iter().max().unwrap_or(&i.prompt_len)
+        + i.gen_lens.iter().max().unwrap_or(&i.gen_len);
+    let blocks_per_request = longest.div_ceil(i.block_size);
     let fits = num_blocks / blocks_per_request;
     let max_concurrent_requests = fits.min(i.max_num_seqs);
     Ok(Capacity {
@@ -175,10 +184,47 @@ pub fn capacity(i: &PlanInputs) -> Result<Capacity> {
 }
 
 /// TTFT, ITL and throughput of `conc` requests cycling through prefill and decode, with
-/// `hit` of every prompt already cached.
+/// `hit` of every prompt already cached, over every (prompt, output) length pair of the
+/// workload: TTFT its mean (and worst), output tokens per second the mean output over the
+/// mean time a request takes.
 fn workload(r: &Roofline<'_>, i: &PlanInputs, conc: usize, hit: f64) -> WorkloadCost {
-    let cached = ((i.prompt_len as f64 * hit) as usize).min(i.prompt_len - 1);
-    let new = i.prompt_len - cached;
+    let mean_ctx = (i.prompt_len + i.gen_len / 2) as f64;
+    let decode_step = r.decode_step(conc, mean_ctx);
+    let itl = decode_step.time_s;
+    let (mut ttft_sum, mut ttft_max, mut cycle_sum, mut first) = (0.0, 0f64, 0.0, None);
+    for &p in &i.prompt_lens {
+        let (ttft, chunk) = time_to_first_token(r, i, conc, hit, p);
+        first.get_or_insert(chunk);
+        ttft_max = ttft_max.max(ttft);
+        for &g in &i.gen_lens {
+            ttft_sum += ttft;
+            // The prompt's steps, then g - 1 decode steps.
+            cycle_sum += ttft + g.saturating_sub(1) as f64 * itl;
+        }
+    }
+    let pairs = (i.prompt_lens.len() * i.gen_lens.len()).max(1) as f64;
+    let mean_gen = i.gen_lens.iter().sum::<usize>() as f64 / i.gen_lens.len().max(1) as f64;
+    WorkloadCost {
+        ttft_ms: ttft_sum / pairs * 1e3,
+        ttft_ms_max: ttft_max * 1e3,
+        itl_ms: itl * 1e3,
+        output_tok_per_s: conc as f64 * mean_gen / (cycle_sum / pairs),
+        decode_step,
+        prefill_chunk: first.unwrap_or(decode_step),
+    }
+}
+
+/// Seconds to the first token of a prompt of `prompt_len` tokens, `hit` of it cached, its
+/// chunks beside the other `conc - 1` requests' decodes; and its first step's cost.
+fn time_to_first_token(
+    r: &Roofline<'_>,
+    i: &PlanInputs,
+    conc: usize,
+    hit: f64,
+    prompt_len: usize,
+) -> (f64, StepCost) {
+    let cached = ((prompt_len as f64 * hit) as usize).min(prompt_len - 1);
+    let new = prompt_len - cached;
     let mean_ctx = (i.prompt_len + i.gen_len / 2) as f64;
     let riding = (conc - 1, mean_ctx);
     // A prompt's chunks, each beside the other requests' decodes.
@@ -206,17 +252,8 @@ fn workload(r: &Roofline<'_>, i: &PlanInputs, conc: usize, hit: f64) -> Workload
         ttft += c.time_s;
         done += n;
     }
-    let decode_step = r.decode_step(conc, mean_ctx);
-    let itl = decode_step.time_s;
-    // Each request: its prompt's steps, then gen_len - 1 decode steps, all requests in turn.
-    let cycle = ttft + (i.gen_len.saturating_sub(1)) as f64 * itl;
-    WorkloadCost {
-        ttft_ms: ttft * 1e3,
-        itl_ms: itl * 1e3,
-        output_tok_per_s: conc as f64 * i.gen_len as f64 / cycle,
-        decode_step,
-        prefill_chunk: first_chunk.unwrap_or(decode_step),
-    }
+    let first = first_chunk.unwrap_or_else(|| r.decode_step(1, cached as f64));
+    (ttft, first)
 }
 
 /// The plan's curves over batch size, context and length.

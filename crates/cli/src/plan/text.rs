@@ -52,16 +52,19 @@ impl Plan {
             });
         let _ = writeln!(
             o,
-            "          a request of {}+{} tokens holds {} blocks ({}); {} fit at once; preemption {preempt}",
-            self.prompt_len, self.gen_len, c.blocks_per_request, mb(c.bytes_per_request as f64),
+            "          the longest request ({}+{} tokens) holds {} blocks ({}); {} fit at once; preemption {preempt}",
+            self.prompt_lens.iter().max().unwrap_or(&self.prompt_len),
+            self.gen_lens.iter().max().unwrap_or(&self.gen_len),
+            c.blocks_per_request, mb(c.bytes_per_request as f64),
             c.max_concurrent_requests
         );
         let w = &self.workload;
         let d = &w.decode_step;
         let _ = writeln!(
             o,
-            "workload  {} requests: TTFT {:.1} ms, ITL {:.2} ms, {:.1} output tok/s",
-            self.concurrency, w.ttft_ms, w.itl_ms, w.output_tok_per_s
+            "workload  {} requests of {:?}+{:?} tokens: TTFT {:.1} ms (longest prompt {:.1}), ITL {:.2} ms, {:.1} output tok/s",
+            self.concurrency, self.prompt_lens, self.gen_lens, w.ttft_ms, w.ttft_ms_max, w.itl_ms,
+            w.output_tok_per_s
         );
         let _ = writeln!(
             o,
