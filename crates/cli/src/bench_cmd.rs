@@ -74,7 +74,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.prefix_cache {
         let lm = a.model.load()?;
         let mut engine = build_engine(lm.host, lm.eos_token_ids.clone(), &a.model, &a.engine, 0)?;
-        return crate::bench_prefix::run(&mut engine, &a.prompt_lens, a.repeat);
+        crate::bench_prefix::run(&mut engine, &a.prompt_lens, a.repeat)?;
+        return crate::trace_out::write(engine.trace(), a.engine.trace.as_deref());
     }
     if a.through_engine || a.engine.speculative.is_some() || a.structured.is_set() {
         return run_engine(a);
