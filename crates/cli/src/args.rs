@@ -144,6 +144,13 @@ pub struct EngineArgs {
     /// Longest sequence (prompt + output) allowed; at most the model's context length.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2..))]
     pub max_model_len: Option<u32>,
+    /// Record the step timeline and write it here as Chrome trace JSON (Perfetto,
+    /// chrome://tracing) at exit; `serve` also answers it on `POST /debug/trace`.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<std::path::PathBuf>,
+    /// With --trace: keep the last N steps.
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    pub trace_steps: usize,
 }
 
 /// How tokens are chosen and when generation stops (`generate` and `chat`).

@@ -21,6 +21,7 @@ use crate::bench_engine::{self, PromptKind};
 use crate::engine_setup::build_engine;
 use crate::runner_setup::PreparedModel;
 use crate::structured_args::StructuredArgs;
+use crate::trace_out::TracedRunner;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -64,16 +65,17 @@ pub struct BenchArgs {
 }
 
 /// Timings of one configuration.
-struct Measured {
-    prefill_s: f64,
-    decode_s: f64,
+pub(crate) struct Measured {
+    pub prefill_s: f64,
+    pub decode_s: f64,
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
     if a.prefix_cache {
         let lm = a.model.load()?;
         let mut engine = build_engine(lm.host, lm.eos_token_ids.clone(), &a.model, &a.engine, 0)?;
-        return crate::bench_prefix::run(&mut engine, &a.prompt_lens, a.repeat);
+        crate::bench_prefix::run(&mut engine, &a.prompt_lens, a.repeat)?;
+        return crate::trace_out::write(engine.trace(), a.engine.trace.as_deref());
     }
     if a.through_engine || a.engine.speculative.is_some() || a.structured.is_set() {
         return run_engine(a);
@@ -99,7 +101,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let prepared = PreparedModel::new(lm.host, &a.model, a.engine.kv_cache_dtype)?;
     let (kv_dtype, weight_bytes) = (prepared.kv_dtype(), prepared.weight_bytes());
     let kernels = prepared.kernels_name();
-    let mut runner = prepared.into_runner(block_size, Some(pool_blocks))?;
+    let runner = prepared.into_runner(block_size, Some(pool_blocks))?;
+    let mut runner = TracedRunner::wrap(runner, a.engine.trace.as_deref(), a.engine.trace_steps);
     for &b in &a.batches {
         for &p in &a.prompt_lens {
             let m = measure(runner.as_mut(), b, p, a.gen_len, step_tokens)?;
@@ -128,6 +131,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             );
         }
     }
+    drop(runner); // a traced runner writes its trace
     Ok(())
 }
 
@@ -178,6 +182,7 @@ fn run_engine(a: BenchArgs) -> Result<()> {
             println!("{line}");
         }
     }
+    crate::trace_out::write(engine.trace(), a.engine.trace.as_deref())?;
     Ok(())
 }
 
@@ -197,7 +202,7 @@ pub(crate) fn prompt_tokens(seq: usize, len: usize, vocab: usize) -> Vec<TokenId
 
 /// Prefill of `b` random prompts of `p` tokens, then `g` decode steps of all `b`, on blocks
 /// `0..` of `runner`'s pool.
-fn measure(
+pub(crate) fn measure(
     runner: &mut dyn ModelRunner,
     b: usize,
     p: usize,

@@ -71,11 +71,13 @@ pub fn run(a: ChatArgs) -> Result<()> {
         let mut line = String::new();
         if stdin.lock().read_line(&mut line)? == 0 {
             println!();
-            return Ok(());
+            return crate::trace_out::write(engine.trace(), a.engine.trace.as_deref());
         }
         match line.trim() {
             "" => continue,
-            "/quit" | "/exit" => return Ok(()),
+            "/quit" | "/exit" => {
+                return crate::trace_out::write(engine.trace(), a.engine.trace.as_deref())
+            }
             "/reset" => {
                 history = start.clone();
                 eprintln!("(conversation reset)");

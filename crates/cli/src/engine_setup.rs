@@ -103,6 +103,9 @@ pub fn build_engine(
         if config.enable_prefix_caching { "on" } else { "off" }
     );
     let mut engine = Engine::new(runner, config, seed)?;
+    if args.trace.is_some() {
+        engine.enable_trace(args.trace_steps);
+    }
     if let Some((method, draft)) = spec {
         let draft = match draft {
             Some(d) => {

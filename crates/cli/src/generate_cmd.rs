@@ -98,6 +98,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         &AtomicBool::new(false),
     )?;
     observer.bar.finish_and_clear();
+    crate::trace_out::write(engine.trace(), a.engine.trace.as_deref())?;
     let generated: usize = results.iter().map(|r| r.token_ids.len()).sum();
     eprintln!(
         "tandem: {} results, {generated} tokens in {:.2} s ({:.1} tok/s)",

@@ -137,6 +137,7 @@ pub fn run_jobs(
             break;
         }
         let events = engine.step()?;
+        let detokenize = std::time::Instant::now();
         outputs.process(engine, events, |_, &index, output| {
             let RequestOutput::Delta(delta) = output else {
                 // `generate` reports no prefix-cache use.
@@ -148,6 +149,9 @@ pub fn run_jobs(
                 observer.finished(index, generated);
             }
         });
+        if let Some(trace) = engine.trace_mut() {
+            trace.add_detokenize(detokenize);
+        }
     }
     Ok(results)
 }

@@ -8,6 +8,7 @@ mod chat_cmd;
 mod engine_setup;
 mod generate_cmd;
 mod generation;
+mod plan;
 mod prompting;
 mod runner_setup;
 mod score_cmd;
@@ -16,6 +17,7 @@ mod serve_limits;
 mod serve_ops;
 mod speculation_setup;
 mod structured_args;
+mod trace_out;
 
 use clap::{Parser, Subcommand};
 
@@ -40,6 +42,9 @@ enum Command {
     Bench(bench_cmd::BenchArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(serve_cmd::ServeArgs),
+    /// Predict what a workload costs (KV capacity, step time, TTFT, ITL, throughput) from a
+    /// roofline of the hardware; --calibrate measures this machine, --validate checks.
+    Plan(plan::PlanArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -50,6 +55,7 @@ fn main() -> std::process::ExitCode {
         Command::Score(a) => score_cmd::run(a),
         Command::Bench(a) => bench_cmd::run(a),
         Command::Serve(a) => serve_cmd::run(a),
+        Command::Plan(a) => plan::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -107,7 +107,13 @@ fn score_runner(
     let span = span_tokens(num_tokens, opts, host.config.context_len);
     let block_size = a.engine.block_size as usize;
     let prepared = PreparedModel::new(host, &a.model, a.engine.kv_cache_dtype)?;
-    prepared.into_runner(block_size, Some(span.div_ceil(block_size)))
+    let runner = prepared.into_runner(block_size, Some(span.div_ceil(block_size)))?;
+    let trace = a.engine.trace.as_deref();
+    Ok(crate::trace_out::TracedRunner::wrap(
+        runner,
+        trace,
+        a.engine.trace_steps,
+    ))
 }
 
 fn input_tokens(a: &ScoreArgs, lm: &LoadedModel) -> Result<Vec<TokenId>> {

@@ -45,6 +45,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     config.limits = a.limits.limits()?;
     a.ops.apply(&mut config)?;
     config.addr = SocketAddr::new(a.host, a.port);
+    config.trace_file = a.engine.trace.clone();
     let lm = a.model.load()?;
     let tokenizer = Arc::new(lm.tokenizer);
     let engine = build_engine(

@@ -31,11 +31,13 @@ use crate::scheduler::Scheduler;
 use crate::scheduler_config::SchedulerConfig;
 use crate::sequence::{FinishReason, RequestParams, SeqId};
 use crate::step_plan::{to_forward_batch, StepResult};
+use crate::trace::{MarkKind, Part, StepTrace};
 
 mod beams;
 mod prompt_logprobs;
 mod sampling;
 mod speculation;
+mod step_trace;
 
 pub use prompt_logprobs::PromptTokenLogprob;
 
@@ -108,6 +110,8 @@ pub struct Engine {
     seed: u64,
     /// Speculative decoding, when enabled (see `engine/speculation.rs`).
     spec: Option<crate::speculative::Speculation>,
+    /// The step timeline, when recording (see `engine/step_trace.rs`); `None` costs nothing.
+    trace: Option<Box<StepTrace>>,
 }
 
 impl Engine {
@@ -131,6 +135,7 @@ impl Engine {
             prompt_logprobs: prompt_logprobs::PromptLogprobs::default(),
             seed,
             spec: None,
+            trace: None,
         })
     }
 
@@ -188,6 +193,7 @@ impl Engine {
             let sampling = sampling.clone();
             self.requests.insert(id, ActiveRequest { sampling, state });
         }
+        self.trace_marks(&ids, MarkKind::Arrived);
         Ok(ids)
     }
 
@@ -226,9 +232,11 @@ impl Engine {
             self.end_beam_request(id, true);
             return Ok(());
         }
-        let siblings = self.scheduler.pending_siblings(id).to_vec();
+        let mut ids = vec![id];
+        ids.extend_from_slice(self.scheduler.pending_siblings(id));
         self.scheduler.abort(id)?;
-        for id in std::iter::once(id).chain(siblings) {
+        self.trace_marks(&ids, MarkKind::Aborted);
+        for id in ids {
             self.requests.remove(&id);
             self.forget_speculation(id);
         }
@@ -249,11 +257,13 @@ impl Engine {
     /// Runs one engine step and returns its events. A failure of the forward pass ends the
     /// step's requests with an error; bad logits in one row end only that request.
     pub fn step(&mut self) -> Result<Vec<EngineEvent>> {
+        let mut clock = self.step_clock();
         self.propose_drafts()?;
         let plan = self.scheduler.schedule()?;
         if plan.is_empty() {
             return Ok(Vec::new());
         }
+        let slices = self.trace_plan(&plan);
         if let Err(e) = self.runner.copy_blocks(&plan.block_copies) {
             let message = format!("KV block copy failed: {e}");
             let events = self.scheduler.fail_step(&message);
@@ -276,8 +286,10 @@ impl Engine {
         let plan_rows = batch.output_rows();
         let prompt_rows = self.prompt_logprobs.plan_rows(&plan, &self.scheduler);
         prompt_logprobs::widen_output(&mut batch, &prompt_rows);
+        clock.mark(Part::Schedule);
         let (events, sampled) = match self.runner.forward(&batch) {
             Ok(mut logits) => {
+                clock.mark(Part::Forward);
                 if !prompt_rows.is_empty() {
                     let x = self.prompt_logprobs.extract(
                         logits,
@@ -306,6 +318,8 @@ impl Engine {
         out.extend(self.translate(events, sampled));
         out.extend(self.advance_beams()?);
         self.prompt_logprobs.retain_live(&self.scheduler);
+        clock.mark(Part::Sample);
+        self.record_step(&plan, &clock, slices, &out);
         Ok(out)
     }
 }

@@ -14,6 +14,8 @@
 //! - [`beam_search`]: the model-free beam search step (ranking, hypotheses, scores);
 //! - [`speculative`]: speculative decoding (n-gram and draft-model proposers, the rejection
 //!   sampler, when to speculate, counters);
+//! - [`trace`]: the step timeline (Chrome trace JSON of every step and request), off by
+//!   default;
 //! - [`engine`]: `Engine::step` = `scheduler.schedule()` -> the model's forward pass on
 //!   `to_forward_batch(&plan)` -> sample -> `scheduler.update(&result)` -> events.
 
@@ -28,6 +30,7 @@ pub mod scheduler_config;
 pub mod sequence;
 pub mod speculative;
 pub mod step_plan;
+pub mod trace;
 
 pub use error::{EngineError, Result};
 pub use scheduler::{Scheduler, SchedulerStats};

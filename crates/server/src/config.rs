@@ -33,6 +33,9 @@ pub struct ServerConfig {
     pub metrics_require_key: bool,
     /// Period of the engine's throughput log line while it is busy; `None`: no such line.
     pub engine_log_interval: Option<Duration>,
+    /// Where the step timeline goes when the engine records one (`--trace FILE`): written
+    /// at exit and on every `POST /debug/trace`.
+    pub trace_file: Option<std::path::PathBuf>,
 }
 
 /// Default `--shutdown-timeout`: what Kubernetes gives a pod by default before SIGKILL.
@@ -54,6 +57,7 @@ impl ServerConfig {
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             metrics_require_key: false,
             engine_log_interval: Some(DEFAULT_ENGINE_LOG_INTERVAL),
+            trace_file: None,
         }
     }
 

@@ -68,6 +68,8 @@ enum Command {
     Abort(SeqId),
     /// Forget every cached prefix block; replies with how many were forgotten.
     ResetPrefixCache(oneshot::Sender<usize>),
+    /// The step timeline as Chrome trace JSON (`None` when not recording).
+    DumpTrace(oneshot::Sender<Option<String>>),
     Shutdown,
 }
 
@@ -102,6 +104,7 @@ impl std::fmt::Debug for Command {
             Command::Submit { requests, .. } => write!(f, "Submit({} prompts)", requests.len()),
             Command::Abort(id) => write!(f, "Abort({id:?})"),
             Command::ResetPrefixCache(_) => write!(f, "ResetPrefixCache"),
+            Command::DumpTrace(_) => write!(f, "DumpTrace"),
             Command::Shutdown => write!(f, "Shutdown"),
         }
     }
@@ -195,6 +198,16 @@ impl EngineHandle {
         reply_rx.await.map_err(|_| SubmitError::Unavailable)
     }
 
+    /// The step timeline recorded so far as Chrome trace JSON, also written to the trace
+    /// file when one is set; `Ok(None)` when the engine records none.
+    pub async fn dump_trace(&self) -> Result<Option<String>, SubmitError> {
+        let (reply, reply_rx) = oneshot::channel();
+        self.commands
+            .send(Command::DumpTrace(reply))
+            .map_err(|_| SubmitError::Unavailable)?;
+        reply_rx.await.map_err(|_| SubmitError::Unavailable)
+    }
+
     /// Asks the thread to abort everything and exit.
     pub fn shutdown(&self) {
         let _ = self.commands.send(Command::Shutdown);
@@ -218,6 +231,7 @@ pub fn spawn_engine(
     tokenizer: Arc<Tokenizer>,
     max_waiting: usize,
     log_interval: Option<Duration>,
+    trace_file: Option<std::path::PathBuf>,
 ) -> std::io::Result<(EngineHandle, JoinHandle<()>)> {
     let (commands, rx) = mpsc::channel();
     let snapshot = Arc::new(Mutex::new(EngineSnapshot::default()));
@@ -231,6 +245,7 @@ pub fn spawn_engine(
         max_waiting,
         outbox: Vec::new(),
         engine_log: log_interval.map(EngineLog::new),
+        trace_file,
     };
     worker.publish();
     let join = std::thread::Builder::new()
@@ -258,6 +273,8 @@ struct Worker {
     /// handler that sees its request finish never reads a `/health` from before.
     outbox: Vec<(tmpsc::UnboundedSender<GroupEvent>, GroupEvent)>,
     engine_log: Option<EngineLog>,
+    /// Where the step timeline is written (at exit and on each dump).
+    trace_file: Option<std::path::PathBuf>,
 }
 
 impl Worker {
@@ -300,6 +317,21 @@ impl Worker {
         self.end_all(FinishReason::Abort);
         self.alive = false;
         self.flush();
+        self.dump_trace();
+    }
+
+    /// The step timeline as JSON, written to the trace file when one is set.
+    fn dump_trace(&self) -> Option<String> {
+        let json = self.engine.trace()?.to_chrome_json().to_string();
+        if let Some(path) = &self.trace_file {
+            match std::fs::write(path, &json) {
+                Ok(()) => tracing::info!(path = %path.display(), "step trace written"),
+                Err(e) => {
+                    tracing::error!(path = %path.display(), error = %e, "writing the step trace")
+                }
+            }
+        }
+        Some(json)
     }
 
     /// Applies one command; true for shutdown.
@@ -321,6 +353,10 @@ impl Worker {
             }
             Command::ResetPrefixCache(reply) => {
                 let _ = reply.send(self.engine.reset_prefix_cache());
+                false
+            }
+            Command::DumpTrace(reply) => {
+                let _ = reply.send(self.dump_trace());
                 false
             }
             Command::Shutdown => true,
@@ -423,7 +459,11 @@ impl Worker {
                         .sequence(id)
                         .is_none_or(|s| *s.status() != SeqStatus::Waiting)
                 });
+                let detokenize = Instant::now();
                 self.dispatch(events);
+                if let Some(trace) = self.engine.trace_mut() {
+                    trace.add_detokenize(detokenize);
+                }
             }
             Ok(Err(e)) => {
                 tracing::error!(error = %e, "engine step failed: ending the requests in flight");

@@ -76,6 +76,17 @@ impl ApiError {
         }
     }
 
+    /// 404 for something the server does not have (`message` says what).
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: message.into(),
+            kind: "not_found_error",
+            param: None,
+            code: None,
+        }
+    }
+
     /// 405 for a known route with the wrong method.
     pub fn method_not_allowed() -> ApiError {
         ApiError {

@@ -163,6 +163,7 @@ fn start_inner(
         tokenizer,
         config.limits.max_waiting_requests,
         config.engine_log_interval,
+        config.trace_file.clone(),
     )
     .map_err(|e| ServerError::Startup(e.to_string()))?;
     let drain = Arc::new(Drain::default());

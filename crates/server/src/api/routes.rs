@@ -38,6 +38,7 @@ pub fn router(app: App, drain: Arc<Drain>) -> Router {
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/debug/trace", post(debug_trace))
         .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .route("/metrics", get(metrics))
         .fallback(not_found)
@@ -56,6 +57,23 @@ pub fn router(app: App, drain: Arc<Drain>) -> Router {
 async fn reset_prefix_cache(State(app): State<App>) -> Response {
     match app.engine.reset_prefix_cache().await {
         Ok(n) => axum::Json(json!({ "reset_blocks": n })).into_response(),
+        Err(e) => ApiError::unavailable(e.to_string()).into_response(),
+    }
+}
+
+/// `POST /debug/trace`: the engine's step timeline (Chrome trace JSON, the last steps of its
+/// ring), also written to the `--trace` file; 404 when the server records none.
+async fn debug_trace(State(app): State<App>) -> Response {
+    match app.engine.dump_trace().await {
+        Ok(Some(json)) => (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            json,
+        )
+            .into_response(),
+        Ok(None) => {
+            ApiError::not_found("the step trace is off: start the server with --trace FILE")
+                .into_response()
+        }
         Err(e) => ApiError::unavailable(e.to_string()).into_response(),
     }
 }

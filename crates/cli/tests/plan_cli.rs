@@ -1,0 +1,161 @@
+//! `tandem plan` end to end: the KV capacity it predicts is the one the engine reports at
+//! start-up for the same flags (default model and an HF fixture, several budgets, block sizes
+//! and KV dtypes), a saved hardware profile is read, and bad input is a clear error.
+#![allow(clippy::unwrap_used)] // helpers outside #[test] functions
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use regex::Regex;
+use serde_json::Value;
+
+fn tandem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(args)
+        .output()
+        .expect("run tandem")
+}
+
+fn default_model() -> String {
+    let p = tandem_model::default_model::test_model_path()
+        .expect("the default model is needed; this test does not skip");
+    p.display().to_string()
+}
+
+fn fixture(name: &str) -> String {
+    let p: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/fixtures/hf")
+        .join(name);
+    p.display().to_string()
+}
+
+/// A CPU hardware profile file (the capacity does not depend on its rates).
+fn profile_file(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join(format!("plan_cli_{name}.json"));
+    let profile = serde_json::json!({"profiles": [{
+        "name": "test cpu", "kind": "cpu", "source": "test", "threads": 1,
+        "bandwidth": 1e10, "matmul": [{"tokens": 1, "flops": 1e10}, {"tokens": 64, "flops": 1e11}],
+        "attention_flops": 1e10, "prefill_attention_flops": 1e10, "step_overhead_s": 1e-4, "layer_overhead_s": 1e-5,
+        "memory_bytes": 0.0
+    }]});
+    std::fs::write(&path, profile.to_string()).unwrap();
+    path
+}
+
+/// (blocks, block size, tokens) from the engine's start-up line.
+fn engine_report(model: &str, flags: &[&str]) -> (u64, u64, u64) {
+    let mut args = vec![
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "1",
+    ];
+    args.extend_from_slice(flags);
+    let out = tandem(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "generate {flags:?} failed: {stderr}");
+    let re = Regex::new(r"KV cache (\d+) blocks x (\d+) tokens = (\d+) tokens").unwrap();
+    let c = re
+        .captures(&stderr)
+        .expect("the start-up line reports the KV cache");
+    let n = |i: usize| c[i].parse::<u64>().unwrap();
+    (n(1), n(2), n(3))
+}
+
+fn plan_capacity(model: &str, flags: &[&str]) -> (u64, u64, u64) {
+    let profile = profile_file("capacity");
+    let p = profile.display().to_string();
+    let mut args = vec!["plan", "--model", model, "--hardware", &p, "--json"];
+    args.extend_from_slice(flags);
+    let out = tandem(&args);
+    assert!(
+        out.status.success(),
+        "plan failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let c = &v["capacity"];
+    let n = |k: &str| c[k].as_u64().unwrap();
+    (n("num_blocks"), n("block_size"), n("capacity_tokens"))
+}
+
+#[test]
+fn plan_capacity_equals_the_engines_start_up_report() {
+    let model = default_model();
+    let hf = fixture("llama_tied");
+    let cases: [(&str, &[&str]); 4] = [
+        (&model, &[]),
+        (&model, &["--kv-cache-memory", "10MB", "--block-size", "32"]),
+        (
+            &model,
+            &["--kv-cache-memory", "7MiB", "--kv-cache-dtype", "f32"],
+        ),
+        (&hf, &["--kv-cache-memory", "1MiB", "--block-size", "8"]),
+    ];
+    for (m, flags) in cases {
+        let engine = engine_report(m, flags);
+        assert_eq!(plan_capacity(m, flags), engine, "{m} {flags:?}");
+    }
+}
+
+#[test]
+fn plan_reports_the_workload_and_refuses_bad_input() {
+    let model = default_model();
+    let profile = profile_file("report").display().to_string();
+    let base = ["plan", "--model", &model, "--hardware", &profile];
+    let out = tandem(&[&base[..], &["--concurrency", "4", "--prefix-hit", "0.5"]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in ["KV cache", "TTFT", "crossover", "generate/score"] {
+        assert!(text.contains(needle), "no {needle} in:\n{text}");
+    }
+    // Several prompt lengths: the pool is sized by the longest request, TTFT averaged.
+    let lens = ["--prompt-len", "100,300", "--gen-len", "28", "--json"];
+    let out = tandem(&[&base[..], &lens].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["capacity"]["blocks_per_request"],
+        (300 + 28usize).div_ceil(16)
+    );
+    assert_eq!(v["prompt_len"], 200);
+    let w = &v["workload"];
+    assert!(w["ttft_ms_max"].as_f64().unwrap() > w["ttft_ms"].as_f64().unwrap());
+    let unknown = ["plan", "--model", &model, "--hardware", "no-such-gpu"];
+    for (args, names) in [
+        (
+            [&base[..], &["--prefix-hit", "1.5"]].concat(),
+            "--prefix-hit",
+        ),
+        (
+            [&base[..], &["--kv-cache-memory", "10"]].concat(),
+            "--kv-cache-memory",
+        ),
+        (
+            [&base[..], &["--prompt-len", "64,0"]].concat(),
+            "--prompt-len",
+        ),
+        (unknown.to_vec(), "no-such-gpu"),
+    ] {
+        let out = tandem(&args);
+        assert!(!out.status.success(), "{names} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("error") && err.contains(names),
+            "{names}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{names}: {err}");
+    }
+}
