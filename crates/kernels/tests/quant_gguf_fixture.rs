@@ -107,6 +107,8 @@ fn quantize_matches_gguf_bit_exactly() {
         DType::Q8_0,
         DType::Q4_0,
         DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
     ];
     assert_eq!(checked, expected);
 }

@@ -39,6 +39,8 @@ mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod decode;
 #[cfg(target_arch = "x86_64")]
+mod decode_more;
+#[cfg(target_arch = "x86_64")]
 mod kernels;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
