@@ -1,33 +1,7 @@
 //! The scalar reference of the int8 kernels: the order of the `packed` module docs, one row and
 //! one token at a time, read straight from the packed records.
 
-use super::{PackedMatrix, QuantizedRows, BLOCK, GROUP_ROWS};
-use crate::DType;
-
-/// The offset subtracted from each stored weight to get its signed value times the block
-/// scale's unit: `c` in the module docs (Q4_1's and Q4_K's offset is their `m` term instead;
-/// Q6_K subtracts 32 per half).
-pub(crate) fn weight_bias(dtype: DType) -> i32 {
-    match dtype {
-        DType::Q4_0 => 8,
-        DType::Q8_0 => 128,
-        DType::Q6_K => 32,
-        _ => 0,
-    }
-}
-
-/// Bytes of quants at the start of a record (then the scales, then the mins where there are).
-pub(crate) fn quant_bytes(dtype: DType) -> usize {
-    match dtype {
-        DType::Q8_0 | DType::Q6_K => 512,
-        _ => 256,
-    }
-}
-
-/// Whether the record's scales (and mins) are f32 (the K-quants) rather than f16.
-pub(crate) fn f32_scales(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_K | DType::Q6_K)
-}
+use super::{PackedMatrix, QuantizedRows, RecordKind, BLOCK, GROUP_ROWS};
 
 /// Scale (or min) number `i` of the 16-row table at byte `at`, f16 or f32.
 fn scale_at(rec: &[u8], at: usize, i: usize, f32_table: bool) -> f32 {
@@ -46,14 +20,14 @@ pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f
         xq.cols() == w.cols() && out.len() == xq.n_tokens() * GROUP_ROWS,
         "packed reference: shapes do not match"
     );
-    let dtype = w.dtype();
-    let (record, quants) = (w.record_bytes(), quant_bytes(dtype));
-    let bias = weight_bias(dtype);
-    let wide = f32_scales(dtype);
+    let kind = w.kind();
+    let (record, quants) = (w.record_bytes(), kind.quant_bytes());
+    let bias = kind.weight_bias();
+    let wide = kind.wide();
     // Bytes of one scale table (16 rows).
     let table = if wide { 64 } else { 32 };
-    let bytes8 = matches!(dtype, DType::Q8_0 | DType::Q6_K);
-    let has_min = matches!(dtype, DType::Q4_1 | DType::Q4_K);
+    let bytes8 = kind.bytes8();
+    let has_min = kind.has_min();
     let records = w.group(g);
     for (t, lanes) in out.chunks_exact_mut(GROUP_ROWS).enumerate() {
         let (q, scales) = (xq.q(t), xq.scales(t));
@@ -81,7 +55,7 @@ pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f
                         }
                     }
                 }
-                if dtype == DType::Q6_K {
+                if kind == RecordKind::Halves {
                     let i_lo = lo - bias * s.sum_lo;
                     let i_hi = hi - bias * (s.sum - s.sum_lo);
                     let (d_lo, d_hi) = (

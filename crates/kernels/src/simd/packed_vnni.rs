@@ -5,9 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::packed::reference::{quant_bytes, weight_bias};
-use crate::packed::{BlockScale, PackedMatrix, QuantizedRows, BLOCK, GROUP_ROWS};
-use crate::DType;
+use crate::packed::{BlockScale, PackedMatrix, QuantizedRows, RecordKind, BLOCK, GROUP_ROWS};
 
 /// Tokens whose sums advance together over one decoded weight record.
 const TILE: usize = 4;
@@ -24,13 +22,15 @@ pub(super) unsafe fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: 
         xq.cols() == w.cols() && out.len() == xq.n_tokens() * GROUP_ROWS,
         "packed vnni: shapes do not match"
     );
-    match w.dtype() {
-        DType::Q4_1 => tiles::<false, true, false, false>(w, g, xq, out),
-        DType::Q4_0 => tiles::<false, false, false, false>(w, g, xq, out),
-        DType::Q8_0 => tiles::<true, false, false, false>(w, g, xq, out),
-        DType::Q4_K => tiles::<false, true, true, false>(w, g, xq, out),
-        DType::Q6_K => tiles::<true, false, true, true>(w, g, xq, out),
-        other => unreachable!("packed vnni: {other} is never packed"),
+    match w.kind() {
+        RecordKind::Nibbles => tiles::<false, false, false, false>(w, g, xq, out),
+        RecordKind::NibblesMin => tiles::<false, true, false, false>(w, g, xq, out),
+        RecordKind::NibblesMinWide => tiles::<false, true, true, false>(w, g, xq, out),
+        RecordKind::Bytes => tiles::<true, false, false, false>(w, g, xq, out),
+        RecordKind::BytesMin => tiles::<true, true, false, false>(w, g, xq, out),
+        RecordKind::BytesWide => tiles::<true, false, true, false>(w, g, xq, out),
+        RecordKind::BytesMinWide => tiles::<true, true, true, false>(w, g, xq, out),
+        RecordKind::Halves => tiles::<true, false, true, true>(w, g, xq, out),
     }
 }
 
@@ -79,9 +79,8 @@ unsafe fn tile<
     t0: usize,
     out: &mut [f32],
 ) {
-    let dtype = w.dtype();
-    let (record, quants) = (w.record_bytes(), quant_bytes(dtype));
-    let bias = weight_bias(dtype);
+    let (record, quants) = (w.record_bytes(), w.kind().quant_bytes());
+    let bias = w.kind().weight_bias();
     let records = w.group(g);
     let blocks = records.len() / record;
     let q: [*const i8; T] = std::array::from_fn(|i| xq.q(t0 + i).as_ptr());

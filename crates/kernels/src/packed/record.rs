@@ -1,0 +1,126 @@
+//! The record kinds of the packed layout: how one record stores its 16 rows' weights and
+//! scales. Every packed type maps onto one kind (several types share one, re-encoded at
+//! packing time), so the kernels are written once per kind, not once per type.
+
+use crate::DType;
+
+/// The layout of a record (see the `packed` module docs for the byte positions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RecordKind {
+    /// 4-bit `q`, f16 `d`: `x = (q − 8)·d` (Q4_0).
+    Nibbles,
+    /// 4-bit `q`, f16 `d` and `m`: `x = q·d + m` (Q4_1).
+    NibblesMin,
+    /// 4-bit `q`, f32 `d` and `m` per 32 columns: `x = q·d + m` (Q4_K).
+    NibblesMinWide,
+    /// 8-bit `v + 128`, f16 `d`: `x = v·d` (Q8_0; Q5_0 with `v = q − 16`; IQ4_NL with
+    /// `v` its table value).
+    Bytes,
+    /// 8-bit `q + 128`, f16 `d` and `m`: `x = q·d + m` (Q5_1).
+    BytesMin,
+    /// 8-bit `v + 128`, f32 `d` per 32 columns: `x = v·d` (IQ4_XS, `v` its table value).
+    BytesWide,
+    /// 8-bit `q + 128`, f32 `d` and `m` per 32 columns: `x = q·d + m` (Q5_K).
+    BytesMinWide,
+    /// 8-bit `v + 32`, f32 `d` per 16 columns: `x = v·d` (Q6_K; Q3_K).
+    Halves,
+}
+
+impl RecordKind {
+    /// The kind `dtype` packs as, if it is packed at all.
+    pub(crate) fn of(dtype: DType) -> Option<RecordKind> {
+        Some(match dtype {
+            DType::Q4_0 => RecordKind::Nibbles,
+            DType::Q4_1 => RecordKind::NibblesMin,
+            DType::Q4_K => RecordKind::NibblesMinWide,
+            DType::Q8_0 | DType::Q5_0 | DType::IQ4_NL => RecordKind::Bytes,
+            DType::Q5_1 => RecordKind::BytesMin,
+            DType::IQ4_XS => RecordKind::BytesWide,
+            DType::Q5_K => RecordKind::BytesMinWide,
+            DType::Q6_K | DType::Q3_K => RecordKind::Halves,
+            DType::F32 | DType::F16 | DType::BF16 | DType::Q2_K => return None,
+        })
+    }
+
+    /// Whether the weights are whole bytes (else nibbles).
+    pub(crate) fn bytes8(self) -> bool {
+        !matches!(
+            self,
+            RecordKind::Nibbles | RecordKind::NibblesMin | RecordKind::NibblesMinWide
+        )
+    }
+
+    /// Whether there is a min table (`x = q·d + m`).
+    pub(crate) fn has_min(self) -> bool {
+        matches!(
+            self,
+            RecordKind::NibblesMin
+                | RecordKind::NibblesMinWide
+                | RecordKind::BytesMin
+                | RecordKind::BytesMinWide
+        )
+    }
+
+    /// Whether the scale tables are f32 (else f16).
+    pub(crate) fn wide(self) -> bool {
+        matches!(
+            self,
+            RecordKind::NibblesMinWide
+                | RecordKind::BytesWide
+                | RecordKind::BytesMinWide
+                | RecordKind::Halves
+        )
+    }
+
+    /// The offset subtracted from each stored weight: `c` in the module docs.
+    pub(crate) fn weight_bias(self) -> i32 {
+        match self {
+            RecordKind::Nibbles => 8,
+            RecordKind::NibblesMin | RecordKind::NibblesMinWide => 0,
+            RecordKind::Halves => 32,
+            RecordKind::Bytes
+            | RecordKind::BytesMin
+            | RecordKind::BytesWide
+            | RecordKind::BytesMinWide => 128,
+        }
+    }
+
+    /// Bytes of quants at the start of a record (then the scales, then the mins).
+    pub(crate) fn quant_bytes(self) -> usize {
+        if self.bytes8() {
+            512
+        } else {
+            256
+        }
+    }
+
+    /// Bytes of one record: the quants, then the scale tables rounded up to whole lines.
+    pub(crate) fn record_bytes(self) -> usize {
+        let tables = 1 + usize::from(self.has_min() || self == RecordKind::Halves);
+        let table = if self.wide() { 64 } else { 32 };
+        self.quant_bytes() + (tables * table).div_ceil(64) * 64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_sizes_are_whole_lines_holding_their_tables() {
+        let sizes = [
+            (DType::Q4_0, 256 + 64),
+            (DType::Q4_1, 256 + 64),
+            (DType::Q4_K, 256 + 128),
+            (DType::Q8_0, 512 + 64),
+            (DType::Q5_1, 512 + 64),
+            (DType::IQ4_XS, 512 + 64),
+            (DType::Q5_K, 512 + 128),
+            (DType::Q6_K, 512 + 128),
+        ];
+        for (dtype, bytes) in sizes {
+            let kind = RecordKind::of(dtype).expect("a packed type");
+            assert_eq!(kind.record_bytes(), bytes, "{dtype}");
+        }
+    }
+}
