@@ -9,6 +9,9 @@
 #   smol-q6k.gguf     Q6_K where it fits (ffn_down), llama.cpp's Q8_0 fallback elsewhere (--pure)
 #   smol-q4_k_m.gguf  smol-q5_k_m.gguf  smol-q3_k_m.gguf  smol-q2_k.gguf  smol-iq4_xs.gguf
 #                     llama-quantize's mixtures of those names (what people download)
+#   smol-q2_k-pure.gguf  Q2_K where it fits (--pure): llama-quantize's Q2_K mixture keeps no
+#                     Q2_K tensor on this model (ffn_down goes to Q3_K), so this file is the
+#                     source of real Q2_K rows for scripts/make_quant_real_fixtures.py
 # The source is the Q4_1 default model (requantized: each file's reference is the fp32
 # function of its own weights, see bench/quant_fidelity.py).
 # Usage: bench/make_kquant_models.sh [OUT_DIR]   (prints the paths)
@@ -27,6 +30,7 @@ quantize() { # OUT TYPE [llama-quantize options]
 }
 quantize smol-q4k.gguf Q4_1 --pure --tensor-type ffn_down=q4_k
 quantize smol-q6k.gguf Q6_K --pure
+quantize smol-q2_k-pure.gguf Q2_K --pure
 for type in Q4_K_M Q5_K_M Q3_K_M Q2_K IQ4_XS; do
   name="$(echo "$type" | tr 'A-Z' 'a-z')"
   quantize "smol-$name.gguf" "$type"

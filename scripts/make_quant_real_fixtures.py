@@ -10,7 +10,7 @@ first and last rows. The file layout is make_quant_fixtures.py's (records withou
 The inputs are the quantized default-model variants of bench/make_kquant_models.sh:
 
     bash bench/make_kquant_models.sh
-    python3 scripts/make_quant_real_fixtures.py bench/.kquant/smol-*.gguf
+    python3 scripts/make_quant_real_fixtures.py bench/.kquant/smol-q*_k*.gguf bench/.kquant/smol-iq4_xs.gguf
 """
 
 import struct
