@@ -19,10 +19,11 @@
 //!
 //! The other types are re-encoded into one of these record kinds ([`RecordKind`]) when packed,
 //! exactly (every stored value is an integer of at most 8 bits times a scale that is exact in
-//! the record's table): Q5_0 (`q − 16`) and IQ4_NL (its table value) as Q8_0's signed bytes;
-//! Q5_1 and Q5_K as bytes `q + 128` with Q4_1's f16, or Q4_K's f32, scale and min tables;
-//! IQ4_XS as Q8_0's bytes with an f32 scale `d·(ls − 32)` per 32 columns; Q3_K as Q6_K's
-//! halves (`q + 32`, `d·(sc − 32)`). Q2_K, whose mins change every 16 columns, is not packed
+//! the record's table): Q5_0 (`q − 16`) as Q8_0's signed bytes; Q5_1 and Q5_K as bytes
+//! `q + 128` with Q4_1's f16, or Q4_K's f32, scale and min tables; Q3_K as Q6_K's halves
+//! (`q + 32`, `d·(sc − 32)`). IQ4_NL and IQ4_XS keep their 4-bit indices in Q4_0's nibble
+//! layout with an f16 `d`, or an f32 `d·(ls − 32)` per 32 columns; the kernels look the
+//! indices up in the 16-level table and go on as with 8-bit weights `T[q] + 128`. Q2_K, whose mins change every 16 columns, is not packed
 //! and takes the exact path.
 //!
 //! So one `vpdpbusd` of a weight vector with 4 broadcast activation bytes gives, in lane `j`,
@@ -177,9 +178,10 @@ fn pack_block(dtype: DType, kind: RecordKind, src: &[u8], j: usize, dst: &mut [u
             r.f32_table(0, d);
             r.f32_table(1, -m);
         }),
-        DType::IQ4_XS => crate::quant::iq4_xs_sub_blocks(src, |s, d, v| {
+        DType::IQ4_XS => crate::quant::iq4_xs_sub_blocks(src, |s, d, _| {
             let mut r = RecordWriter::new(dst, s, kind, j);
-            r.bytes(|e| v[e] as u8 ^ 0x80);
+            // Sub-block `s`'s 16 index bytes, in IQ4_NL's (= Q4_0's) nibble order.
+            r.nibble_bytes(&src[8 + 16 * s..8 + 16 * (s + 1)]);
             r.f32_table(0, d);
         }),
         DType::Q6_K => crate::quant::q6_k_groups(src, |i0, d, v| {
@@ -200,9 +202,8 @@ fn pack_block(dtype: DType, kind: RecordKind, src: &[u8], j: usize, dst: &mut [u
             r.f16_table(0, &src[..2]);
         }
         DType::IQ4_NL => {
-            let (_, v) = crate::quant::iq4_nl_values(src);
             let mut r = RecordWriter::new(dst, 0, kind, j);
-            r.bytes(|e| v[e] as u8 ^ 0x80);
+            r.nibble_bytes(&src[2..18]);
             r.f16_table(0, &src[..2]);
         }
         DType::Q5_1 => {

@@ -13,13 +13,15 @@ pub(crate) enum RecordKind {
     NibblesMin,
     /// 4-bit `q`, f32 `d` and `m` per 32 columns: `x = q·d + m` (Q4_K).
     NibblesMinWide,
-    /// 8-bit `v + 128`, f16 `d`: `x = v·d` (Q8_0; Q5_0 with `v = q − 16`; IQ4_NL with
-    /// `v` its table value).
+    /// 8-bit `v + 128`, f16 `d`: `x = v·d` (Q8_0; Q5_0 with `v = q − 16`).
     Bytes,
     /// 8-bit `q + 128`, f16 `d` and `m`: `x = q·d + m` (Q5_1).
     BytesMin,
-    /// 8-bit `v + 128`, f32 `d` per 32 columns: `x = v·d` (IQ4_XS, `v` its table value).
-    BytesWide,
+    /// 4-bit indices `q` into IQ4_NL's 16-level table `T`, f16 `d`: `x = T[q]·d` (IQ4_NL).
+    /// The kernels look the levels up (`pshufb`) and go on as with 8-bit weights `T[q] + 128`.
+    TableNibbles,
+    /// As `TableNibbles` with an f32 `d` per 32 columns (IQ4_XS, `d·(ls − 32)`).
+    TableNibblesWide,
     /// 8-bit `q + 128`, f32 `d` and `m` per 32 columns: `x = q·d + m` (Q5_K).
     BytesMinWide,
     /// 8-bit `v + 32`, f32 `d` per 16 columns: `x = v·d` (Q6_K; Q3_K).
@@ -33,20 +35,32 @@ impl RecordKind {
             DType::Q4_0 => RecordKind::Nibbles,
             DType::Q4_1 => RecordKind::NibblesMin,
             DType::Q4_K => RecordKind::NibblesMinWide,
-            DType::Q8_0 | DType::Q5_0 | DType::IQ4_NL => RecordKind::Bytes,
+            DType::Q8_0 | DType::Q5_0 => RecordKind::Bytes,
             DType::Q5_1 => RecordKind::BytesMin,
-            DType::IQ4_XS => RecordKind::BytesWide,
+            DType::IQ4_NL => RecordKind::TableNibbles,
+            DType::IQ4_XS => RecordKind::TableNibblesWide,
             DType::Q5_K => RecordKind::BytesMinWide,
             DType::Q6_K | DType::Q3_K => RecordKind::Halves,
             DType::F32 | DType::F16 | DType::BF16 | DType::Q2_K => return None,
         })
     }
 
-    /// Whether the weights are whole bytes (else nibbles).
+    /// Whether the weights are stored as whole bytes (else nibbles).
     pub(crate) fn bytes8(self) -> bool {
-        !matches!(
+        matches!(
             self,
-            RecordKind::Nibbles | RecordKind::NibblesMin | RecordKind::NibblesMinWide
+            RecordKind::Bytes
+                | RecordKind::BytesMin
+                | RecordKind::BytesMinWide
+                | RecordKind::Halves
+        )
+    }
+
+    /// Whether the nibbles index the IQ4 table (else they are the weights).
+    pub(crate) fn table(self) -> bool {
+        matches!(
+            self,
+            RecordKind::TableNibbles | RecordKind::TableNibblesWide
         )
     }
 
@@ -66,7 +80,7 @@ impl RecordKind {
         matches!(
             self,
             RecordKind::NibblesMinWide
-                | RecordKind::BytesWide
+                | RecordKind::TableNibblesWide
                 | RecordKind::BytesMinWide
                 | RecordKind::Halves
         )
@@ -80,7 +94,8 @@ impl RecordKind {
             RecordKind::Halves => 32,
             RecordKind::Bytes
             | RecordKind::BytesMin
-            | RecordKind::BytesWide
+            | RecordKind::TableNibbles
+            | RecordKind::TableNibblesWide
             | RecordKind::BytesMinWide => 128,
         }
     }
@@ -114,7 +129,8 @@ mod tests {
             (DType::Q4_K, 256 + 128),
             (DType::Q8_0, 512 + 64),
             (DType::Q5_1, 512 + 64),
-            (DType::IQ4_XS, 512 + 64),
+            (DType::IQ4_NL, 256 + 64),
+            (DType::IQ4_XS, 256 + 64),
             (DType::Q5_K, 512 + 128),
             (DType::Q6_K, 512 + 128),
         ];

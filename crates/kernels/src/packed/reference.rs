@@ -2,6 +2,7 @@
 //! one token at a time, read straight from the packed records.
 
 use super::{PackedMatrix, QuantizedRows, RecordKind, BLOCK, GROUP_ROWS};
+use crate::quant::IQ4_LEVELS;
 
 /// Scale (or min) number `i` of the 16-row table at byte `at`, f16 or f32.
 fn scale_at(rec: &[u8], at: usize, i: usize, f32_table: bool) -> f32 {
@@ -27,6 +28,7 @@ pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f
     // Bytes of one scale table (16 rows).
     let table = if wide { 64 } else { 32 };
     let bytes8 = kind.bytes8();
+    let lookup = kind.table();
     let has_min = kind.has_min();
     let records = w.group(g);
     for (t, lanes) in out.chunks_exact_mut(GROUP_ROWS).enumerate() {
@@ -49,6 +51,10 @@ pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f
                             } else {
                                 hi += part;
                             }
+                        } else if lookup {
+                            let level = |n: i32| i32::from(IQ4_LEVELS[n as usize]) + 128;
+                            lo += level(byte & 0x0f) * i32::from(x[4 * k + p]);
+                            hi += level(byte >> 4) * i32::from(x[16 + 4 * k + p]);
                         } else {
                             lo += (byte & 0x0f) * i32::from(x[4 * k + p]);
                             hi += (byte >> 4) * i32::from(x[16 + 4 * k + p]);

@@ -94,10 +94,8 @@ pub(crate) fn q5_1_values(block: &[u8]) -> (f32, f32, [u8; 32]) {
     q5_1::values(block)
 }
 
-/// The table values of one IQ4_NL block (18 bytes) and its scale: `x = d·v`.
-pub(crate) fn iq4_nl_values(block: &[u8]) -> (f32, [i8; 32]) {
-    iq4_nl::signed_values(block)
-}
+/// The 16 levels of IQ4_NL and IQ4_XS (ggml's `kvalues_iq4nl`).
+pub(crate) const IQ4_LEVELS: [i8; 16] = iq4_nl::KVALUES;
 
 /// The 8 sub-blocks of one Q5_K block (176 bytes): `f(s, d·sc[s], dmin·m[s], q)` with the
 /// 32 unsigned 5-bit values of sub-block `s`: `x = (d·sc[s])·q − dmin·m[s]`.

@@ -38,22 +38,30 @@ pub(super) unsafe fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: 
         "packed avx2: shapes do not match"
     );
     match w.kind() {
-        RecordKind::Nibbles => tiles::<false, false, false, false>(w, g, xq, out),
-        RecordKind::NibblesMin => tiles::<false, true, false, false>(w, g, xq, out),
-        RecordKind::NibblesMinWide => tiles::<false, true, true, false>(w, g, xq, out),
-        RecordKind::Bytes => tiles::<true, false, false, false>(w, g, xq, out),
-        RecordKind::BytesMin => tiles::<true, true, false, false>(w, g, xq, out),
-        RecordKind::BytesWide => tiles::<true, false, true, false>(w, g, xq, out),
-        RecordKind::BytesMinWide => tiles::<true, true, true, false>(w, g, xq, out),
-        RecordKind::Halves => tiles::<true, false, true, true>(w, g, xq, out),
+        RecordKind::Nibbles => tiles::<false, false, false, false, false>(w, g, xq, out),
+        RecordKind::NibblesMin => tiles::<false, true, false, false, false>(w, g, xq, out),
+        RecordKind::NibblesMinWide => tiles::<false, true, true, false, false>(w, g, xq, out),
+        RecordKind::Bytes => tiles::<true, false, false, false, false>(w, g, xq, out),
+        RecordKind::BytesMin => tiles::<true, true, false, false, false>(w, g, xq, out),
+        RecordKind::TableNibbles => tiles::<false, false, false, false, true>(w, g, xq, out),
+        RecordKind::TableNibblesWide => tiles::<false, false, true, false, true>(w, g, xq, out),
+        RecordKind::BytesMinWide => tiles::<true, true, true, false, false>(w, g, xq, out),
+        RecordKind::Halves => tiles::<true, false, true, true, false>(w, g, xq, out),
     }
 }
 
 /// Every token of `xq`, [`TILE`] at a time, then the remainder. `Q8`: 8-bit weights (else
 /// nibbles); `MIN`: a min table; `WIDE`: f32 scale tables (else f16); `HALVES`: Q6_K's two
-/// scales per record, one per 16 elements.
+/// scales per record, one per 16 elements; `TABLE`: the nibbles index the IQ4 levels, looked
+/// up into 8-bit weights.
 #[inline(always)]
-unsafe fn tiles<const Q8: bool, const MIN: bool, const WIDE: bool, const HALVES: bool>(
+unsafe fn tiles<
+    const Q8: bool,
+    const MIN: bool,
+    const WIDE: bool,
+    const HALVES: bool,
+    const TABLE: bool,
+>(
     w: &PackedMatrix,
     g: usize,
     xq: &QuantizedRows,
@@ -62,13 +70,13 @@ unsafe fn tiles<const Q8: bool, const MIN: bool, const WIDE: bool, const HALVES:
     let n = xq.n_tokens();
     let mut t0 = 0;
     while t0 + TILE <= n {
-        tile::<TILE, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out);
+        tile::<TILE, Q8, MIN, WIDE, HALVES, TABLE>(w, g, xq, t0, out);
         t0 += TILE;
     }
     match n - t0 {
-        3 => tile::<3, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
-        2 => tile::<2, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
-        1 => tile::<1, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
+        3 => tile::<3, Q8, MIN, WIDE, HALVES, TABLE>(w, g, xq, t0, out),
+        2 => tile::<2, Q8, MIN, WIDE, HALVES, TABLE>(w, g, xq, t0, out),
+        1 => tile::<1, Q8, MIN, WIDE, HALVES, TABLE>(w, g, xq, t0, out),
         _ => {}
     }
 }
@@ -87,6 +95,7 @@ unsafe fn tile<
     const MIN: bool,
     const WIDE: bool,
     const HALVES: bool,
+    const TABLE: bool,
 >(
     w: &PackedMatrix,
     g: usize,
@@ -96,7 +105,7 @@ unsafe fn tile<
 ) {
     let (record, quants) = (w.record_bytes(), w.kind().quant_bytes());
     // `c` of the module docs (Q8_0's is folded into the signed weights instead).
-    let bias = if Q8 && !HALVES {
+    let bias = if (Q8 || TABLE) && !HALVES {
         0
     } else {
         w.kind().weight_bias()
@@ -110,6 +119,7 @@ unsafe fn tile<
     let nibble = _mm256_set1_epi8(0x0f);
     let flip = _mm256_set1_epi8(0x80u8 as i8);
     let ones = _mm256_set1_epi16(1);
+    let levels = _mm256_broadcastsi128_si256(super::packed_vnni::iq4_levels(0));
     #[allow(clippy::needless_range_loop)] // `b` indexes the records, the bytes and the scales
     for b in 0..blocks {
         let rec = records.as_ptr().add(b * record);
@@ -132,10 +142,18 @@ unsafe fn tile<
                     // within `2·63·127`, and each is widened to `i32` at once.
                     wv[k] = v;
                     wv[4 + k] = _mm256_load_si256(rec.add(64 * (4 + k) + 32 * h).cast());
-                } else if Q8 {
-                    let v4 = _mm256_load_si256(rec.add(64 * (4 + k) + 32 * h).cast());
-                    sg[k] = _mm256_xor_si256(v, flip);
-                    sg[4 + k] = _mm256_xor_si256(v4, flip);
+                } else if Q8 || TABLE {
+                    if TABLE {
+                        // The signed levels `T[q]` of the nibbles (`vpshufb` looks up
+                        // within each 128-bit lane, where the table is repeated).
+                        sg[k] = _mm256_shuffle_epi8(levels, _mm256_and_si256(v, nibble));
+                        let high = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble);
+                        sg[4 + k] = _mm256_shuffle_epi8(levels, high);
+                    } else {
+                        let v4 = _mm256_load_si256(rec.add(64 * (4 + k) + 32 * h).cast());
+                        sg[k] = _mm256_xor_si256(v, flip);
+                        sg[4 + k] = _mm256_xor_si256(v4, flip);
+                    }
                     // |−128| is 0x80, which `vpmaddubsw` reads as the unsigned 128, and
                     // sign(x, −128) = −x (never overflows: q_x ≥ −127), so even that edge
                     // (never produced by Q8_0 quantization) gives 128·(−x) = q·x exactly.
@@ -187,7 +205,7 @@ unsafe fn tile<
                     acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i_hi), d_hi, acc[t][h]);
                     continue;
                 }
-                let mut i = if Q8 {
+                let mut i = if Q8 || TABLE {
                     let mut i = _mm256_setzero_si256();
                     for k in 0..8 {
                         let xs = _mm256_sign_epi8(broadcast4(x.add(4 * k)), sg[k]);

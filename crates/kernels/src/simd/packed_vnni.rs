@@ -6,6 +6,7 @@
 use std::arch::x86_64::*;
 
 use crate::packed::{BlockScale, PackedMatrix, QuantizedRows, RecordKind, BLOCK, GROUP_ROWS};
+use crate::quant::IQ4_LEVELS;
 
 /// Tokens whose sums advance together over one decoded weight record.
 const TILE: usize = 4;
@@ -23,22 +24,30 @@ pub(super) unsafe fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: 
         "packed vnni: shapes do not match"
     );
     match w.kind() {
-        RecordKind::Nibbles => tiles::<false, false, false, false>(w, g, xq, out),
-        RecordKind::NibblesMin => tiles::<false, true, false, false>(w, g, xq, out),
-        RecordKind::NibblesMinWide => tiles::<false, true, true, false>(w, g, xq, out),
-        RecordKind::Bytes => tiles::<true, false, false, false>(w, g, xq, out),
-        RecordKind::BytesMin => tiles::<true, true, false, false>(w, g, xq, out),
-        RecordKind::BytesWide => tiles::<true, false, true, false>(w, g, xq, out),
-        RecordKind::BytesMinWide => tiles::<true, true, true, false>(w, g, xq, out),
-        RecordKind::Halves => tiles::<true, false, true, true>(w, g, xq, out),
+        RecordKind::Nibbles => tiles::<false, false, false, false, false>(w, g, xq, out),
+        RecordKind::NibblesMin => tiles::<false, true, false, false, false>(w, g, xq, out),
+        RecordKind::NibblesMinWide => tiles::<false, true, true, false, false>(w, g, xq, out),
+        RecordKind::Bytes => tiles::<true, false, false, false, false>(w, g, xq, out),
+        RecordKind::BytesMin => tiles::<true, true, false, false, false>(w, g, xq, out),
+        RecordKind::TableNibbles => tiles::<false, false, false, false, true>(w, g, xq, out),
+        RecordKind::TableNibblesWide => tiles::<false, false, true, false, true>(w, g, xq, out),
+        RecordKind::BytesMinWide => tiles::<true, true, true, false, false>(w, g, xq, out),
+        RecordKind::Halves => tiles::<true, false, true, true, false>(w, g, xq, out),
     }
 }
 
 /// Every token of `xq`, [`TILE`] at a time, then the remainder. `Q8`: 8-bit weights (else
 /// nibbles); `MIN`: a min table; `WIDE`: f32 scale tables (else f16); `HALVES`: Q6_K's two
-/// scales per record, one per 16 elements.
+/// scales per record, one per 16 elements; `TABLE`: the nibbles index the IQ4 levels, looked
+/// up into 8-bit weights.
 #[inline(always)]
-unsafe fn tiles<const Q8: bool, const MIN: bool, const WIDE: bool, const HALVES: bool>(
+unsafe fn tiles<
+    const Q8: bool,
+    const MIN: bool,
+    const WIDE: bool,
+    const HALVES: bool,
+    const TABLE: bool,
+>(
     w: &PackedMatrix,
     g: usize,
     xq: &QuantizedRows,
@@ -47,15 +56,22 @@ unsafe fn tiles<const Q8: bool, const MIN: bool, const WIDE: bool, const HALVES:
     let n = xq.n_tokens();
     let mut t0 = 0;
     while t0 + TILE <= n {
-        tile::<TILE, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out);
+        tile::<TILE, Q8, MIN, WIDE, HALVES, TABLE>(w, g, xq, t0, out);
         t0 += TILE;
     }
     match n - t0 {
-        3 => tile::<3, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
-        2 => tile::<2, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
-        1 => tile::<1, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
+        3 => tile::<3, Q8, MIN, WIDE, HALVES, TABLE>(w, g, xq, t0, out),
+        2 => tile::<2, Q8, MIN, WIDE, HALVES, TABLE>(w, g, xq, t0, out),
+        1 => tile::<1, Q8, MIN, WIDE, HALVES, TABLE>(w, g, xq, t0, out),
         _ => {}
     }
+}
+
+/// The 16 IQ4 levels plus `offset`, as bytes (the `pshufb` table of the table kinds).
+#[inline(always)]
+pub(super) unsafe fn iq4_levels(offset: i8) -> __m128i {
+    let t: [i8; 16] = std::array::from_fn(|i| IQ4_LEVELS[i].wrapping_add(offset));
+    _mm_loadu_si128(t.as_ptr().cast())
 }
 
 /// The 4 activation bytes at `p` in every lane.
@@ -72,6 +88,7 @@ unsafe fn tile<
     const MIN: bool,
     const WIDE: bool,
     const HALVES: bool,
+    const TABLE: bool,
 >(
     w: &PackedMatrix,
     g: usize,
@@ -88,6 +105,7 @@ unsafe fn tile<
     let mut acc = [_mm512_setzero_ps(); T];
     let mut off = [_mm512_setzero_ps(); T];
     let nibble = _mm512_set1_epi8(0x0f);
+    let levels = _mm512_broadcast_i32x4(iq4_levels(-128));
     #[allow(clippy::needless_range_loop)] // `b` indexes the records, the bytes and the scales
     for b in 0..blocks {
         let rec = records.as_ptr().add(b * record);
@@ -106,6 +124,12 @@ unsafe fn tile<
             if Q8 {
                 wv[k] = v;
                 wv[4 + k] = _mm512_load_si512(rec.add(64 * (4 + k)).cast());
+            } else if TABLE {
+                // The levels `T[q] + 128` of the nibbles (`vpshufb` looks up within each
+                // 128-bit lane, where the table is repeated).
+                wv[k] = _mm512_shuffle_epi8(levels, _mm512_and_si512(v, nibble));
+                let high = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
+                wv[4 + k] = _mm512_shuffle_epi8(levels, high);
             } else {
                 wv[k] = _mm512_and_si512(v, nibble);
                 wv[4 + k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
