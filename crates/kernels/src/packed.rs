@@ -19,9 +19,10 @@
 //!
 //! The other types are re-encoded into one of these record kinds ([`RecordKind`]) when packed,
 //! exactly (every stored value is an integer of at most 8 bits times a scale that is exact in
-//! the record's table): Q5_0 (`q − 16`) as Q8_0's signed bytes; Q5_1 and Q5_K as bytes
-//! `q + 128` with Q4_1's f16, or Q4_K's f32, scale and min tables; Q3_K as Q6_K's halves
-//! (`q + 32`, `d·(sc − 32)`). IQ4_NL and IQ4_XS keep their 4-bit indices in Q4_0's nibble
+//! the record's table): Q3_K as Q6_K's halves (`q + 32`, `d·(sc − 32)`). Q5_0, Q5_1 and
+//! Q5_K keep their 5-bit `q` as Q4_0's nibbles plus one line of fifth bits (lane `j`: row
+//! `j`'s 32 bits), with Q4_0's f16 scale (`c` = 16), Q4_1's f16, or Q4_K's f32, scale and
+//! min tables; the kernels spread the bits onto the nibbles and go on as with bytes `q`. IQ4_NL and IQ4_XS keep their 4-bit indices in Q4_0's nibble
 //! layout with an f16 `d`, or an f32 `d·(ls − 32)` per 32 columns; the kernels look the
 //! indices up in the 16-level table and go on as with 8-bit weights `T[q] + 128`. Q2_K, whose mins change every 16 columns, is not packed
 //! and takes the exact path.
@@ -174,7 +175,7 @@ fn pack_block(dtype: DType, kind: RecordKind, src: &[u8], j: usize, dst: &mut [u
         }),
         DType::Q5_K => crate::quant::q5_k_sub_blocks(src, |s, d, m, q| {
             let mut r = RecordWriter::new(dst, s, kind, j);
-            r.bytes(|e| q[e] | 0x80);
+            r.five_bits(&q);
             r.f32_table(0, d);
             r.f32_table(1, -m);
         }),
@@ -198,7 +199,7 @@ fn pack_block(dtype: DType, kind: RecordKind, src: &[u8], j: usize, dst: &mut [u
         DType::Q5_0 => {
             let (_, v) = crate::quant::q5_0_values(src);
             let mut r = RecordWriter::new(dst, 0, kind, j);
-            r.bytes(|e| v[e] as u8 ^ 0x80);
+            r.five_bits(&v.map(|v| (v + 16) as u8));
             r.f16_table(0, &src[..2]);
         }
         DType::IQ4_NL => {
@@ -209,7 +210,7 @@ fn pack_block(dtype: DType, kind: RecordKind, src: &[u8], j: usize, dst: &mut [u
         DType::Q5_1 => {
             let (_, _, q) = crate::quant::q5_1_values(src);
             let mut r = RecordWriter::new(dst, 0, kind, j);
-            r.bytes(|e| q[e] | 0x80);
+            r.five_bits(&q);
             r.f16_table(0, &src[..2]);
             r.f16_table(1, &src[2..4]);
         }
@@ -260,6 +261,19 @@ impl<'a> RecordWriter<'a> {
     fn nibbles(&mut self, q: &[u8; BLOCK]) {
         let packed: [u8; 16] = std::array::from_fn(|i| q[i] | (q[16 + i] << 4));
         self.nibble_bytes(&packed);
+    }
+
+    /// 5-bit weights `q` (`< 32`): their low 4 bits as [`RecordWriter::nibbles`], then in
+    /// the line after the 4 nibble vectors, lane `j` (a little-endian `u32`), bit `e` is
+    /// element `e`'s fifth bit.
+    fn five_bits(&mut self, q: &[u8; BLOCK]) {
+        self.nibbles(&q.map(|v| v & 0x0f));
+        let bits = q
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (e, &v)| acc | (u32::from(v >> 4) << e));
+        let at = 256 + 4 * self.j;
+        self.rec[at..at + 4].copy_from_slice(&bits.to_le_bytes());
     }
 
     /// 16 bytes already in Q4_0's nibble order.

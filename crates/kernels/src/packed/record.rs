@@ -15,15 +15,19 @@ pub(crate) enum RecordKind {
     NibblesMinWide,
     /// 8-bit `v + 128`, f16 `d`: `x = v·d` (Q8_0; Q5_0 with `v = q − 16`).
     Bytes,
-    /// 8-bit `q + 128`, f16 `d` and `m`: `x = q·d + m` (Q5_1).
-    BytesMin,
+    /// 5-bit `q` as Q4_0's nibbles plus a plane of fifth bits, f16 `d`: `x = (q − 16)·d`
+    /// (Q5_0).
+    Plane,
+    /// 5-bit `q` (nibbles and a bit plane), f16 `d` and `m`: `x = q·d + m` (Q5_1).
+    PlaneMin,
+    /// 5-bit `q` (nibbles and a bit plane), f32 `d` and `m` per 32 columns: `x = q·d + m`
+    /// (Q5_K).
+    PlaneMinWide,
     /// 4-bit indices `q` into IQ4_NL's 16-level table `T`, f16 `d`: `x = T[q]·d` (IQ4_NL).
     /// The kernels look the levels up (`pshufb`) and go on as with 8-bit weights `T[q] + 128`.
     TableNibbles,
     /// As `TableNibbles` with an f32 `d` per 32 columns (IQ4_XS, `d·(ls − 32)`).
     TableNibblesWide,
-    /// 8-bit `q + 128`, f32 `d` and `m` per 32 columns: `x = q·d + m` (Q5_K).
-    BytesMinWide,
     /// 8-bit `v + 32`, f32 `d` per 16 columns: `x = v·d` (Q6_K; Q3_K).
     Halves,
 }
@@ -35,11 +39,12 @@ impl RecordKind {
             DType::Q4_0 => RecordKind::Nibbles,
             DType::Q4_1 => RecordKind::NibblesMin,
             DType::Q4_K => RecordKind::NibblesMinWide,
-            DType::Q8_0 | DType::Q5_0 => RecordKind::Bytes,
-            DType::Q5_1 => RecordKind::BytesMin,
+            DType::Q8_0 => RecordKind::Bytes,
+            DType::Q5_0 => RecordKind::Plane,
+            DType::Q5_1 => RecordKind::PlaneMin,
             DType::IQ4_NL => RecordKind::TableNibbles,
             DType::IQ4_XS => RecordKind::TableNibblesWide,
-            DType::Q5_K => RecordKind::BytesMinWide,
+            DType::Q5_K => RecordKind::PlaneMinWide,
             DType::Q6_K | DType::Q3_K => RecordKind::Halves,
             DType::F32 | DType::F16 | DType::BF16 | DType::Q2_K => return None,
         })
@@ -47,12 +52,14 @@ impl RecordKind {
 
     /// Whether the weights are stored as whole bytes (else nibbles).
     pub(crate) fn bytes8(self) -> bool {
+        matches!(self, RecordKind::Bytes | RecordKind::Halves)
+    }
+
+    /// Whether a line of fifth bits follows the nibbles.
+    pub(crate) fn plane(self) -> bool {
         matches!(
             self,
-            RecordKind::Bytes
-                | RecordKind::BytesMin
-                | RecordKind::BytesMinWide
-                | RecordKind::Halves
+            RecordKind::Plane | RecordKind::PlaneMin | RecordKind::PlaneMinWide
         )
     }
 
@@ -70,8 +77,8 @@ impl RecordKind {
             self,
             RecordKind::NibblesMin
                 | RecordKind::NibblesMinWide
-                | RecordKind::BytesMin
-                | RecordKind::BytesMinWide
+                | RecordKind::PlaneMin
+                | RecordKind::PlaneMinWide
         )
     }
 
@@ -81,7 +88,7 @@ impl RecordKind {
             self,
             RecordKind::NibblesMinWide
                 | RecordKind::TableNibblesWide
-                | RecordKind::BytesMinWide
+                | RecordKind::PlaneMinWide
                 | RecordKind::Halves
         )
     }
@@ -90,20 +97,23 @@ impl RecordKind {
     pub(crate) fn weight_bias(self) -> i32 {
         match self {
             RecordKind::Nibbles => 8,
-            RecordKind::NibblesMin | RecordKind::NibblesMinWide => 0,
+            RecordKind::NibblesMin
+            | RecordKind::NibblesMinWide
+            | RecordKind::PlaneMin
+            | RecordKind::PlaneMinWide => 0,
+            RecordKind::Plane => 16,
             RecordKind::Halves => 32,
-            RecordKind::Bytes
-            | RecordKind::BytesMin
-            | RecordKind::TableNibbles
-            | RecordKind::TableNibblesWide
-            | RecordKind::BytesMinWide => 128,
+            RecordKind::Bytes | RecordKind::TableNibbles | RecordKind::TableNibblesWide => 128,
         }
     }
 
-    /// Bytes of quants at the start of a record (then the scales, then the mins).
+    /// Bytes of quants at the start of a record (then the scales, then the mins): 8 lines
+    /// of bytes, or 4 of nibbles (plus one of fifth bits).
     pub(crate) fn quant_bytes(self) -> usize {
         if self.bytes8() {
             512
+        } else if self.plane() {
+            256 + 64
         } else {
             256
         }
@@ -128,10 +138,11 @@ mod tests {
             (DType::Q4_1, 256 + 64),
             (DType::Q4_K, 256 + 128),
             (DType::Q8_0, 512 + 64),
-            (DType::Q5_1, 512 + 64),
+            (DType::Q5_0, 320 + 64),
+            (DType::Q5_1, 320 + 64),
             (DType::IQ4_NL, 256 + 64),
             (DType::IQ4_XS, 256 + 64),
-            (DType::Q5_K, 512 + 128),
+            (DType::Q5_K, 320 + 128),
             (DType::Q6_K, 512 + 128),
         ];
         for (dtype, bytes) in sizes {

@@ -29,6 +29,7 @@ pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f
     let table = if wide { 64 } else { 32 };
     let bytes8 = kind.bytes8();
     let lookup = kind.table();
+    let plane = kind.plane();
     let has_min = kind.has_min();
     let records = w.group(g);
     for (t, lanes) in out.chunks_exact_mut(GROUP_ROWS).enumerate() {
@@ -40,7 +41,8 @@ pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f
                 let x = &q[b * BLOCK..(b + 1) * BLOCK];
                 // Integer sums over elements 0..16 and 16..32.
                 let (mut lo, mut hi) = (0i32, 0i32);
-                for k in 0..quants / 64 {
+                let vectors = if bytes8 { 8 } else { 4 };
+                for k in 0..vectors {
                     for p in 0..4 {
                         let byte = i32::from(rec[64 * k + 4 * j + p]);
                         if bytes8 {
@@ -56,8 +58,22 @@ pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f
                             lo += level(byte & 0x0f) * i32::from(x[4 * k + p]);
                             hi += level(byte >> 4) * i32::from(x[16 + 4 * k + p]);
                         } else {
-                            lo += (byte & 0x0f) * i32::from(x[4 * k + p]);
-                            hi += (byte >> 4) * i32::from(x[16 + 4 * k + p]);
+                            let e = 4 * k + p;
+                            // Fifth bits (0 without a plane) of elements e and 16 + e.
+                            let (b_lo, b_hi) = if plane {
+                                let at = 256 + 4 * j;
+                                let bits = u32::from_le_bytes([
+                                    rec[at],
+                                    rec[at + 1],
+                                    rec[at + 2],
+                                    rec[at + 3],
+                                ]);
+                                (((bits >> e) & 1) as i32, ((bits >> (16 + e)) & 1) as i32)
+                            } else {
+                                (0, 0)
+                            };
+                            lo += ((byte & 0x0f) | (b_lo << 4)) * i32::from(x[e]);
+                            hi += ((byte >> 4) | (b_hi << 4)) * i32::from(x[16 + e]);
                         }
                     }
                 }
