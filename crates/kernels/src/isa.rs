@@ -21,12 +21,12 @@ pub enum Isa {
     Avx2,
     /// 512-bit AVX-512 (needs AVX-512 F, BW and VL, and F16C).
     Avx512,
-    /// [`Isa::Avx2`], except that Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights, packed at load
+    /// [`Isa::Avx2`], except that quantized weights (all but Q2_K), packed at load
     /// time, are multiplied in int8 with activations quantized to 8 bits (`vpmaddubsw`):
     /// faster, bitwise equal to the scalar int8 reference ([`crate::packed`]), **not** to the
     /// exact product.
     Avx2Int8,
-    /// [`Isa::Avx512`], except that Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights, packed at load
+    /// [`Isa::Avx512`], except that quantized weights (all but Q2_K), packed at load
     /// time, are multiplied in int8 with activations quantized to 8 bits (VNNI `vpdpbusd`; also needs
     /// AVX512-VNNI): the default where available; bitwise equal to the scalar int8
     /// reference, **not** to the exact product.
@@ -67,7 +67,7 @@ impl Isa {
     }
 
     /// The default: the fastest available variant. That is an int8 one wherever the CPU has
-    /// AVX2 (activations rounded to 8 bits for Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights, as
+    /// AVX2 (activations rounded to 8 bits for quantized weights (all but Q2_K), as
     /// llama.cpp does; still batch-, chunk- and thread-invariant bitwise, see
     /// [`crate::packed`]); the exact variants are a `--kernels` choice away
     /// ([`Isa::best_exact`]).

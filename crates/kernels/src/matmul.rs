@@ -19,7 +19,7 @@
 //! operations (separate multiply and add, never FMA), so **these variants are bitwise equal
 //! to the scalar reference**, and results do not depend on the machine's ISA either.
 //! The int8 variants ([`Isa::Avx2Int8`], [`Isa::Avx512Int8`], the default where available)
-//! run Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights through [`crate::packed`] instead: matrices
+//! run quantized weights (all but Q2_K) through [`crate::packed`] instead: matrices
 //! repacked at load, activations quantized to 8 bits, integer dot products in a fixed order
 //! (see `packed` for it and the error bound): still batch- and thread-invariant, but not
 //! equal to scalar.

@@ -1,5 +1,6 @@
-//! The int8 matrix product: Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights repacked once at load
-//! time into groups of 16 rows, multiplied by activations rounded to 8 bits (as llama.cpp
+//! The int8 matrix product: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / IQ4_NL / Q3_K / Q4_K / Q5_K /
+//! Q6_K / IQ4_XS weights (every quantized type but Q2_K) repacked once at load time into
+//! groups of 16 rows, multiplied by activations rounded to 8 bits (as llama.cpp
 //! does), with integer dot products (AVX-512 VNNI `vpdpbusd`, or AVX2 `vpmaddubsw` +
 //! `vpmaddwd`).
 //!
@@ -16,6 +17,16 @@
 //!   Q8_0 16 × f16 `d`; Q6_K 16 × f32 `d_lo` (elements 0..16) and 16 × f32 `d_hi`
 //!   (elements 16..32), each `d·sc` of its group of 16.
 //!
+//! The other types are re-encoded into one of these record kinds ([`RecordKind`]) when packed,
+//! exactly (every stored value is an integer of at most 8 bits times a scale that is exact in
+//! the record's table): Q3_K as Q6_K's halves (`q + 32`, `d·(sc − 32)`). Q5_0, Q5_1 and
+//! Q5_K keep their 5-bit `q` as Q4_0's nibbles plus one line of fifth bits (lane `j`: row
+//! `j`'s 32 bits), with Q4_0's f16 scale (`c` = 16), Q4_1's f16, or Q4_K's f32, scale and
+//! min tables; the kernels spread the bits onto the nibbles and go on as with bytes `q`. IQ4_NL and IQ4_XS keep their 4-bit indices in Q4_0's nibble
+//! layout with an f16 `d`, or an f32 `d·(ls − 32)` per 32 columns; the kernels look the
+//! indices up in the 16-level table and go on as with 8-bit weights `T[q] + 128`. Q2_K, whose mins change every 16 columns, is not packed
+//! and takes the exact path.
+//!
 //! So one `vpdpbusd` of a weight vector with 4 broadcast activation bytes gives, in lane `j`,
 //! 4 products of row `j`: 16 rows advance together and no horizontal sum is ever needed.
 //!
@@ -24,9 +35,9 @@
 //! weights, `q_x`, `d_x`, `Σq_x`, `Σ_lo q_x` (its first 16) and `s_x = d_x·Σq_x` the block's
 //! quantized activations (see [`QuantizedRows`]):
 //! 1. `i = Σ q_w·q_x − c·Σq_x` exactly in `i32` (`c` = 0 for Q4_1 and Q4_K, 8 for Q4_0, 128
-//!    for Q8_0);
+//!    for the 8-bit kinds);
 //! 2. `acc = fma(f32(i), d_w·d_x, acc)` (the product `d_w·d_x` rounded first);
-//! 3. Q4_1 and Q4_K only: `off = fma(m_w, s_x, off)`.
+//! 3. kinds with mins only: `off = fma(m_w, s_x, off)`.
 //!
 //! Q6_K instead takes its two halves in turn: `i_lo = Σ_{0..16} q_w·q_x − 32·Σ_lo q_x`,
 //! `acc = fma(f32(i_lo), d_lo·d_x, acc)`, then the same for elements 16..32 with
@@ -37,12 +48,14 @@
 //! is the activation rounding: at most `Σ |w_i|·d_x/2` per row and token.
 
 mod activations;
+mod record;
 pub(crate) mod reference;
 
 use std::ops::Range;
 
 pub(crate) use activations::quantize_row;
 pub use activations::{BlockScale, QuantizedRows};
+pub(crate) use record::RecordKind;
 
 use crate::isa::{self, Isa};
 use crate::matmul::{for_each_column_chunk_of, with_scratch, ColumnSplit, WeightView};
@@ -59,9 +72,10 @@ pub const BLOCK: usize = 32;
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
-/// A Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K matrix `[rows, cols]` in the int8 kernels' layout (module docs).
+/// A matrix `[rows, cols]` of a packed type in the int8 kernels' layout (module docs).
 pub struct PackedMatrix {
     dtype: DType,
+    kind: RecordKind,
     rows: usize,
     cols: usize,
     lines: Vec<Line>,
@@ -80,21 +94,16 @@ impl std::fmt::Debug for PackedMatrix {
 impl PackedMatrix {
     /// Whether weights of `dtype` can be packed.
     pub fn packs(dtype: DType) -> bool {
-        matches!(
-            dtype,
-            DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4_K | DType::Q6_K
-        )
+        RecordKind::of(dtype).is_some()
     }
 
     /// Repacks `w`; `None` if its type is not one [`PackedMatrix::packs`]. The groups are
     /// packed in parallel on `pool`.
     pub fn pack(w: &WeightView<'_>, pool: &ThreadPool) -> Option<PackedMatrix> {
-        if !Self::packs(w.dtype) {
-            return None;
-        }
+        let kind = RecordKind::of(w.dtype)?;
         let groups = w.rows.div_ceil(GROUP_ROWS);
         let blocks = w.cols / BLOCK;
-        let record = record_bytes(w.dtype);
+        let record = kind.record_bytes();
         let group_lines = blocks * record / 64;
         let mut lines = huge_page_lines(groups * group_lines);
         let row_bytes = w.dtype.bytes_for(w.cols).expect("a validated weight view");
@@ -108,13 +117,15 @@ impl PackedMatrix {
                     let r = g * GROUP_ROWS + j;
                     let row = &w.data[r * row_bytes..(r + 1) * row_bytes];
                     for (b, src) in row.chunks_exact(block_bytes).enumerate() {
-                        pack_block(w.dtype, src, j, &mut dst[b * span..(b + 1) * span]);
+                        let records = &mut dst[b * span..(b + 1) * span];
+                        pack_block(w.dtype, kind, src, j, records);
                     }
                 }
             });
         }
         Some(PackedMatrix {
             dtype: w.dtype,
+            kind,
             rows: w.rows,
             cols: w.cols,
             lines,
@@ -124,6 +135,10 @@ impl PackedMatrix {
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// The layout of its records.
+    pub(crate) fn kind(&self) -> RecordKind {
+        self.kind
+    }
     pub fn rows(&self) -> usize {
         self.rows
     }
@@ -132,7 +147,7 @@ impl PackedMatrix {
     }
     /// Bytes of one group's record for one block.
     pub fn record_bytes(&self) -> usize {
-        record_bytes(self.dtype)
+        self.kind.record_bytes()
     }
     /// Bytes of memory held.
     pub fn bytes(&self) -> usize {
@@ -148,70 +163,147 @@ impl PackedMatrix {
     }
 }
 
-/// Bytes of one record: 16 rows' quants, then their scales, rounded up to whole lines.
-fn record_bytes(dtype: DType) -> usize {
+/// Writes row `j`'s stored block `src` into its records `dst` (of `kind`; module docs): one
+/// record for the 32-column types, 8 for the 256-column ones.
+fn pack_block(dtype: DType, kind: RecordKind, src: &[u8], j: usize, dst: &mut [u8]) {
     match dtype {
-        DType::Q8_0 => 512 + 64,
-        DType::Q6_K => 512 + 128,
-        DType::Q4_K => 256 + 128,
-        _ => 256 + 64,
+        DType::Q4_K => crate::quant::q4_k_sub_blocks(src, |s, d, m, q| {
+            let mut r = RecordWriter::new(dst, s, kind, j);
+            r.nibbles(&q);
+            r.f32_table(0, d);
+            r.f32_table(1, -m);
+        }),
+        DType::Q5_K => crate::quant::q5_k_sub_blocks(src, |s, d, m, q| {
+            let mut r = RecordWriter::new(dst, s, kind, j);
+            r.five_bits(&q);
+            r.f32_table(0, d);
+            r.f32_table(1, -m);
+        }),
+        DType::IQ4_XS => crate::quant::iq4_xs_sub_blocks(src, |s, d, _| {
+            let mut r = RecordWriter::new(dst, s, kind, j);
+            // Sub-block `s`'s 16 index bytes, in IQ4_NL's (= Q4_0's) nibble order.
+            r.nibble_bytes(&src[8 + 16 * s..8 + 16 * (s + 1)]);
+            r.f32_table(0, d);
+        }),
+        DType::Q6_K => crate::quant::q6_k_groups(src, |i0, d, v| {
+            RecordWriter::new(dst, i0 / BLOCK, kind, j).half(i0 % BLOCK / 16, v, d);
+        }),
+        DType::Q3_K => crate::quant::q3_k_groups(src, |i0, d, v| {
+            RecordWriter::new(dst, i0 / BLOCK, kind, j).half(i0 % BLOCK / 16, v, d);
+        }),
+        DType::Q8_0 => {
+            let mut r = RecordWriter::new(dst, 0, kind, j);
+            r.bytes(|e| src[2 + e] ^ 0x80);
+            r.f16_table(0, &src[..2]);
+        }
+        DType::Q5_0 => {
+            let (_, v) = crate::quant::q5_0_values(src);
+            let mut r = RecordWriter::new(dst, 0, kind, j);
+            r.five_bits(&v.map(|v| (v + 16) as u8));
+            r.f16_table(0, &src[..2]);
+        }
+        DType::IQ4_NL => {
+            let mut r = RecordWriter::new(dst, 0, kind, j);
+            r.nibble_bytes(&src[2..18]);
+            r.f16_table(0, &src[..2]);
+        }
+        DType::Q5_1 => {
+            let (_, _, q) = crate::quant::q5_1_values(src);
+            let mut r = RecordWriter::new(dst, 0, kind, j);
+            r.five_bits(&q);
+            r.f16_table(0, &src[..2]);
+            r.f16_table(1, &src[2..4]);
+        }
+        DType::Q4_0 => {
+            let mut r = RecordWriter::new(dst, 0, kind, j);
+            r.nibble_bytes(&src[2..18]);
+            r.f16_table(0, &src[..2]);
+        }
+        DType::Q4_1 => {
+            let mut r = RecordWriter::new(dst, 0, kind, j);
+            r.nibble_bytes(&src[4..20]);
+            r.f16_table(0, &src[..2]);
+            r.f16_table(1, &src[2..4]);
+        }
+        _ => unreachable!("pack_block: {dtype} is not packed (checked by `pack`)"),
     }
 }
 
-/// Writes row `j`'s stored block `src` into its records `dst` (module docs): one record for
-/// the 32-column types, 8 for the K-quants' 256 columns.
-fn pack_block(dtype: DType, src: &[u8], j: usize, dst: &mut [u8]) {
-    match dtype {
-        DType::Q4_K => {
-            let record = record_bytes(dtype);
-            crate::quant::q4_k_sub_blocks(src, |s, d, m, q| {
-                let rec = &mut dst[s * record..(s + 1) * record];
-                for k in 0..4 {
-                    for p in 0..4 {
-                        let e = 4 * k + p;
-                        rec[64 * k + 4 * j + p] = q[e] | (q[16 + e] << 4);
-                    }
-                }
-                rec[256 + 4 * j..256 + 4 * j + 4].copy_from_slice(&d.to_le_bytes());
-                rec[320 + 4 * j..320 + 4 * j + 4].copy_from_slice(&(-m).to_le_bytes());
-            });
+/// Row `j`'s lane of one record.
+struct RecordWriter<'a> {
+    rec: &'a mut [u8],
+    j: usize,
+    /// Bytes of quants before the scale tables.
+    quants: usize,
+}
+
+impl<'a> RecordWriter<'a> {
+    /// Row `j`'s lane of record `b` of `dst` (records of `kind`).
+    fn new(dst: &'a mut [u8], b: usize, kind: RecordKind, j: usize) -> Self {
+        let record = kind.record_bytes();
+        RecordWriter {
+            rec: &mut dst[b * record..(b + 1) * record],
+            j,
+            quants: kind.quant_bytes(),
         }
-        DType::Q6_K => {
-            let record = record_bytes(dtype);
-            crate::quant::q6_k_groups(src, |i0, d, q| {
-                let (b, half) = (i0 / BLOCK, i0 % BLOCK / 16);
-                let rec = &mut dst[b * record..(b + 1) * record];
-                for (e, &v) in q.iter().enumerate() {
-                    let (k, p) = ((16 * half + e) / 4, e % 4);
-                    // `v = q − 32` with the 6-bit `q`: the stored byte is `q`.
-                    rec[64 * k + 4 * j + p] = (v + 32) as u8;
-                }
-                let at = 512 + 64 * half + 4 * j;
-                rec[at..at + 4].copy_from_slice(&d.to_le_bytes());
-            });
+    }
+
+    /// 8-bit weights: element `e < 32` is `byte(e)`; vector `k`, lane `j` holds elements
+    /// `4k .. 4k + 4`.
+    fn bytes(&mut self, byte: impl Fn(usize) -> u8) {
+        for e in 0..BLOCK {
+            self.rec[64 * (e / 4) + 4 * self.j + e % 4] = byte(e);
         }
-        DType::Q8_0 => {
-            for k in 0..8 {
-                for p in 0..4 {
-                    dst[64 * k + 4 * j + p] = src[2 + 4 * k + p] ^ 0x80;
-                }
-            }
-            dst[512 + 2 * j..512 + 2 * j + 2].copy_from_slice(&src[..2]);
+    }
+
+    /// 4-bit weights `q` (`< 16`) in Q4_0's order: byte `i < 16` holds element `i` in its low
+    /// nibble and element `i + 16` in its high nibble.
+    fn nibbles(&mut self, q: &[u8; BLOCK]) {
+        let packed: [u8; 16] = std::array::from_fn(|i| q[i] | (q[16 + i] << 4));
+        self.nibble_bytes(&packed);
+    }
+
+    /// 5-bit weights `q` (`< 32`): their low 4 bits as [`RecordWriter::nibbles`], then in
+    /// the line after the 4 nibble vectors, lane `j` (a little-endian `u32`), bit `e` is
+    /// element `e`'s fifth bit.
+    fn five_bits(&mut self, q: &[u8; BLOCK]) {
+        self.nibbles(&q.map(|v| v & 0x0f));
+        let bits = q
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (e, &v)| acc | (u32::from(v >> 4) << e));
+        let at = 256 + 4 * self.j;
+        self.rec[at..at + 4].copy_from_slice(&bits.to_le_bytes());
+    }
+
+    /// 16 bytes already in Q4_0's nibble order.
+    fn nibble_bytes(&mut self, packed: &[u8]) {
+        for k in 0..4 {
+            let at = 64 * k + 4 * self.j;
+            self.rec[at..at + 4].copy_from_slice(&packed[4 * k..4 * k + 4]);
         }
-        DType::Q4_0 => {
-            for k in 0..4 {
-                dst[64 * k + 4 * j..64 * k + 4 * j + 4].copy_from_slice(&src[2 + 4 * k..6 + 4 * k]);
-            }
-            dst[256 + 2 * j..256 + 2 * j + 2].copy_from_slice(&src[..2]);
+    }
+
+    /// Half `h` (elements `16h .. 16h + 16`) of an 8-bit record of signed values `v` stored as
+    /// `v + 32`, with its f32 scale `d` in table `h`.
+    fn half(&mut self, h: usize, v: &[i8; 16], d: f32) {
+        for (e, &v) in v.iter().enumerate() {
+            let e = 16 * h + e;
+            self.rec[64 * (e / 4) + 4 * self.j + e % 4] = (v + 32) as u8;
         }
-        DType::Q4_1 => {
-            for k in 0..4 {
-                dst[64 * k + 4 * j..64 * k + 4 * j + 4].copy_from_slice(&src[4 + 4 * k..8 + 4 * k]);
-            }
-            dst[256 + 2 * j..256 + 2 * j + 2].copy_from_slice(&src[..2]);
-            dst[288 + 2 * j..288 + 2 * j + 2].copy_from_slice(&src[2..4]);
-        }
-        _ => unreachable!("pack_block: {dtype} is not packed (checked by `pack`)"),
+        self.f32_table(h, d);
+    }
+
+    /// Entry `j` of f32 table `t` (0: scales, 1: mins or the second half's scales).
+    fn f32_table(&mut self, t: usize, v: f32) {
+        let at = self.quants + 64 * t + 4 * self.j;
+        self.rec[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    }
+
+    /// Entry `j` of f16 table `t` (0: scales, 1: mins), the stored bytes `h`.
+    fn f16_table(&mut self, t: usize, h: &[u8]) {
+        let at = self.quants + 32 * t + 2 * self.j;
+        self.rec[at..at + 2].copy_from_slice(h);
     }
 }
 

@@ -57,7 +57,8 @@ proptest! {
     #[test]
     fn packed_int8_equals_its_reference_and_is_within_the_rounding_bound(
         dtype in prop::sample::select(vec![
-            DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K,
+            DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::Q5_0,
+            DType::Q5_1, DType::Q5_K, DType::Q3_K, DType::IQ4_NL, DType::IQ4_XS,
         ]),
         blocks in 1usize..10,
         rows in 1usize..40,
@@ -126,7 +127,7 @@ proptest! {
 
 #[test]
 fn only_the_int8_block_types_pack() {
-    for dtype in [DType::F32, DType::F16, DType::BF16] {
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::Q2_K] {
         let cols = 256;
         let data = vec![0u8; 2 * dtype.bytes_for(cols).unwrap()];
         let w = WeightView::new(dtype, 2, cols, &data).unwrap();
@@ -147,6 +148,8 @@ fn stored_weights_stay_exact_under_int8_isas() {
         DType::Q6_K,
         DType::Q4_1,
         DType::Q8_0,
+        DType::Q5_K,
+        DType::Q2_K,
     ] {
         let cols = 256;
         let row_bytes = dtype.bytes_for(cols).unwrap();

@@ -1,7 +1,9 @@
 //! Bit-exact cross-check of the row formats against the Python `gguf` package.
 //!
-//! The fixture is written by `scripts/make_quant_fixtures.py` (see its docstring for the file
-//! layout): rows quantized by gguf (or random valid K-quant blocks) and gguf's dequantization.
+//! `quant_gguf.bin` is written by `scripts/make_quant_fixtures.py` (see its docstring for the
+//! file layout): rows quantized by gguf (or random valid blocks) and gguf's dequantization.
+//! `quant_real_rows.bin` (same layout, `scripts/make_quant_real_fixtures.py`) holds rows of
+//! real tensors written by llama.cpp's llama-quantize, with gguf's dequantization.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a test failure
 
@@ -9,6 +11,7 @@ use tandem_kernels::quant::{dequantize_row, quantize_row};
 use tandem_kernels::DType;
 
 const FIXTURE: &[u8] = include_bytes!("fixtures/quant_gguf.bin");
+const REAL_ROWS: &[u8] = include_bytes!("fixtures/quant_real_rows.bin");
 
 struct Record {
     dtype: DType,
@@ -37,7 +40,11 @@ impl Reader<'_> {
 }
 
 fn records() -> Vec<Record> {
-    let mut r = Reader(FIXTURE);
+    read_records(FIXTURE)
+}
+
+fn read_records(fixture: &[u8]) -> Vec<Record> {
+    let mut r = Reader(fixture);
     assert_eq!(r.take(4), b"TQFX");
     assert_eq!(r.u32(), 1, "fixture version");
     let count = r.u32();
@@ -73,7 +80,29 @@ fn fixture_covers_every_type() {
 
 #[test]
 fn dequantize_matches_gguf_bit_exactly() {
-    for rec in records() {
+    check_dequantization(records());
+}
+
+/// Real rows of every type added after the first ones (files written by llama-quantize).
+#[test]
+fn real_rows_dequantize_as_gguf_does() {
+    let recs = read_records(REAL_ROWS);
+    for t in [
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q5_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+    ] {
+        assert!(recs.iter().any(|r| r.dtype == t), "no real row of {t}");
+    }
+    check_dequantization(recs);
+}
+
+fn check_dequantization(records: Vec<Record>) {
+    for rec in records {
         let mut out = vec![f32::NAN; rec.dequantized.len()];
         dequantize_row(rec.dtype, &rec.raw, &mut out);
         for (i, (a, b)) in out.iter().zip(&rec.dequantized).enumerate() {
@@ -107,6 +136,8 @@ fn quantize_matches_gguf_bit_exactly() {
         DType::Q8_0,
         DType::Q4_0,
         DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
     ];
     assert_eq!(checked, expected);
 }

@@ -61,15 +61,111 @@ fn reference(dtype: DType, row: &[u8], i: usize) -> Ref {
         },
         DType::Q4_K => q4_k(blk, j),
         DType::Q6_K => q6_k(blk, j),
+        DType::Q5_0 => plain(f16_bits(blk, 0) * (five_bits(blk, 2, j) - 16.0)),
+        DType::Q5_1 => Ref {
+            a: f16_bits(blk, 0) * five_bits(blk, 4, j),
+            b: f16_bits(blk, 2),
+        },
+        DType::IQ4_NL => plain(f16_bits(blk, 0) * iq4(nibble(blk[2 + j % 16], j >= 16))),
+        DType::Q2_K => q2_k(blk, j),
+        DType::Q3_K => q3_k(blk, j),
+        DType::Q5_K => q5_k(blk, j),
+        DType::IQ4_XS => iq4_xs(blk, j),
     }
+}
+
+/// The 5-bit value of element `j` of a Q5_0 / Q5_1 block whose u32 of fifth bits is at `at`
+/// (16 nibble bytes follow, Q4_0's order).
+fn five_bits(blk: &[u8], at: usize, j: usize) -> f64 {
+    let qh = u32::from_le_bytes(blk[at..at + 4].try_into().unwrap());
+    nibble(blk[at + 4 + j % 16], j >= 16) + 16.0 * f64::from((qh >> j) & 1)
+}
+
+/// The IQ4_NL / IQ4_XS level of a 4-bit index (ggml's `kvalues_iq4nl`).
+fn iq4(index: f64) -> f64 {
+    const LEVELS: [f64; 16] = [
+        -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0,
+        69.0, 89.0, 113.0,
+    ];
+    LEVELS[index as usize]
+}
+
+/// Q2_K: 16 bytes of (scale low nibble, min high nibble) per group of 16, qs[64], d, dmin.
+/// Element j = 128h + 32k + l is bits 2k.. of qs[32h + l].
+fn q2_k(blk: &[u8], j: usize) -> Ref {
+    let (h, k, l) = (j / 128, (j % 128) / 32, j % 32);
+    let q = f64::from((blk[16 + 32 * h + l] >> (2 * k)) & 3);
+    let (sc, m) = (f64::from(blk[j / 16] & 15), f64::from(blk[j / 16] >> 4));
+    Ref {
+        a: f16_bits(blk, 80) * sc * q,
+        b: -f16_bits(blk, 82) * m,
+    }
+}
+
+/// Q3_K: hmask[32], qs[64], 12 scale bytes, d. The 6-bit scale of group g has its low 4 bits
+/// in byte g % 8 (high nibble for g ≥ 8) and its top 2 bits at bit 2·(g / 4) of byte
+/// 8 + g % 4; a clear hmask bit subtracts 4.
+fn q3_k(blk: &[u8], j: usize) -> Ref {
+    let (h, k, l) = (j / 128, (j % 128) / 32, j % 32);
+    let low = f64::from((blk[32 + 32 * h + l] >> (2 * k)) & 3);
+    let high_set = (blk[l] >> (j / 32)) & 1 == 1;
+    let q = if high_set { low } else { low - 4.0 };
+    let g = j / 16;
+    let s = &blk[96..108];
+    let sc = f64::from(
+        ((s[g % 8] >> (4 * (g / 8))) & 15) | (((s[8 + g % 4] >> (2 * (g / 4))) & 3) << 4),
+    ) - 32.0;
+    plain_ref(f16_bits(blk, 108) * sc * q)
+}
+
+/// Q5_K: Q4_K's header and scales, qh[32] (bit s of byte l: fifth bit of sub-block s, element
+/// l), 128 nibble bytes as Q4_K's.
+fn q5_k(blk: &[u8], j: usize) -> Ref {
+    let sub = j / 32;
+    let four = q4_k_with_nibbles(blk, j, 48);
+    let fifth = f64::from((blk[16 + j % 32] >> sub) & 1);
+    let (sc, _) = q4_k_scale_min(&blk[4..16], sub);
+    Ref {
+        a: four.a + f16_bits(blk, 0) * f64::from(sc) * 16.0 * fifth,
+        b: four.b,
+    }
+}
+
+/// IQ4_XS: d, u16 of high scale bits, 4 bytes of low scale nibbles, 8 × 16 bytes of IQ4_NL
+/// nibbles; sub-block s has scale d·(ls − 32).
+fn iq4_xs(blk: &[u8], j: usize) -> Ref {
+    let s = j / 32;
+    let high = u16::from_le_bytes([blk[2], blk[3]]);
+    let ls =
+        f64::from(((blk[4 + s / 2] >> (4 * (s % 2))) & 15) as u16 | (((high >> (2 * s)) & 3) << 4));
+    let q = iq4(nibble(blk[8 + 16 * s + j % 16], j % 32 >= 16));
+    plain_ref(f16_bits(blk, 0) * (ls - 32.0) * q)
+}
+
+fn plain_ref(a: f64) -> Ref {
+    Ref { a, b: 0.0 }
 }
 
 /// Q4_K: d, dmin, 12 bytes of 6-bit (scale, min) pairs for 8 sub-blocks of 32, 128 nibble bytes
 /// (32-byte group g: sub-block 2g low nibbles, 2g+1 high nibbles).
 fn q4_k(blk: &[u8], j: usize) -> Ref {
-    let s = &blk[4..16];
+    q4_k_with_nibbles(blk, j, 16)
+}
+
+/// Q4_K's decoding with its nibble bytes starting at `at` (Q5_K's low 4 bits).
+fn q4_k_with_nibbles(blk: &[u8], j: usize, at: usize) -> Ref {
     let sub = j / 32;
-    let (sc, m) = if sub < 4 {
+    let (sc, m) = q4_k_scale_min(&blk[4..16], sub);
+    let q = nibble(blk[at + 32 * (sub / 2) + j % 32], sub % 2 == 1);
+    Ref {
+        a: f16_bits(blk, 0) * f64::from(sc) * q,
+        b: -f16_bits(blk, 2) * f64::from(m),
+    }
+}
+
+/// The 6-bit (scale, min) of K-quant sub-block `sub` from the 12 scale bytes `s`.
+fn q4_k_scale_min(s: &[u8], sub: usize) -> (u8, u8) {
+    if sub < 4 {
         (s[sub] & 0x3f, s[sub + 4] & 0x3f)
     } else {
         let k = sub - 4;
@@ -78,11 +174,6 @@ fn q4_k(blk: &[u8], j: usize) -> Ref {
             (s[8 + k] & 0xf) + 16 * (s[k] >> 6),
             (s[8 + k] >> 4) + 16 * (s[4 + k] >> 6),
         )
-    };
-    let q = nibble(blk[16 + 32 * (sub / 2) + j % 32], sub % 2 == 1);
-    Ref {
-        a: f16_bits(blk, 0) * f64::from(sc) * q,
-        b: -f16_bits(blk, 2) * f64::from(m),
     }
 }
 
@@ -118,8 +209,15 @@ fn random_row(rng: &mut StdRng, dtype: DType, n: usize) -> Vec<u8> {
                 let bits = (u16::from_le_bytes([blk[0], blk[1]]) & 0x807f) | exp;
                 blk.copy_from_slice(&bits.to_le_bytes());
             }
-            DType::Q8_0 | DType::Q4_0 => blk[..2].copy_from_slice(&random_f16(rng, 16)),
-            DType::Q4_1 | DType::Q4_K => {
+            DType::Q8_0 | DType::Q4_0 | DType::Q5_0 | DType::IQ4_NL | DType::IQ4_XS => {
+                blk[..2].copy_from_slice(&random_f16(rng, 16))
+            }
+            DType::Q3_K => blk[108..].copy_from_slice(&random_f16(rng, 16)),
+            DType::Q2_K => {
+                blk[80..82].copy_from_slice(&random_f16(rng, 16));
+                blk[82..].copy_from_slice(&random_f16(rng, 16));
+            }
+            DType::Q4_1 | DType::Q4_K | DType::Q5_1 | DType::Q5_K => {
                 blk[..2].copy_from_slice(&random_f16(rng, 16));
                 blk[2..4].copy_from_slice(&random_f16(rng, 16));
             }
@@ -141,7 +239,13 @@ fn lengths(dtype: DType) -> Vec<usize> {
 fn exact_type(dtype: DType) -> bool {
     matches!(
         dtype,
-        DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0
+        DType::F32
+            | DType::F16
+            | DType::BF16
+            | DType::Q8_0
+            | DType::Q4_0
+            | DType::Q5_0
+            | DType::IQ4_NL
     )
 }
 

@@ -9,6 +9,16 @@
 //! - Q4_K: `S` = largest sub-block range `/15`, `M` = largest sub-block `−min(min, 0)`:
 //!   `S/2 + 7.5·d + M/126` with `d = S/63 + f16err(S/63)` (6-bit scale rounding and clipping).
 //! - Q6_K: `S = amax/31`: `S/2 + 16·d` with `d = S/127 + f16err(S/127)`.
+//! - Q5_0: `d = amax/16`: `d + 16·f16err(d)`; Q5_1: `d = (max − min)/31`:
+//!   `d/2 + 31·f16err(d) + f16err(min)`.
+//! - IQ4_NL: `d = amax/127`: half the widest gap of the table (12) or the clipping above its
+//!   top level 113 (14): `14·d + 127·f16err(d)`.
+//! - Q5_K: as Q4_K with 31 levels: `S/2 + 15.5·d + M/126`.
+//! - Q2_K: per group of 16, `S` = largest range `/3`, `M` = largest `−min(min, 0)`:
+//!   `S/2 + 1.5·d + M/30` with `d = S/15 + f16err(S/15)` (4-bit scales and mins).
+//! - Q3_K: `S = amax/4`, `d = S/31 + f16err(S/31)`: `S + 4·d` (a level, and clipping at +3
+//!   where the group's extreme is positive).
+//! - IQ4_XS: `S = amax/127` over its sub-blocks, `d = S/31 + f16err(S/31)`: `14·S + 64·d`.
 //!
 //! Each bound also gets `1e-5·amax` of slack for f32 arithmetic.
 
@@ -67,8 +77,53 @@ fn block_bound(dtype: DType, x: &[f32]) -> f32 {
             let d = s / 127.0 + f16err(s / 127.0);
             s / 2.0 + 16.0 * d
         }
+        DType::Q5_0 => {
+            let d = amax(x) / 16.0;
+            d + 16.0 * f16err(d)
+        }
+        DType::Q5_1 => {
+            let (lo, hi) = min_max(x);
+            let d = (hi - lo) / 31.0;
+            d / 2.0 + 31.0 * f16err(d) + f16err(lo)
+        }
+        DType::IQ4_NL => {
+            let d = amax(x) / 127.0;
+            14.0 * d + 127.0 * f16err(d)
+        }
+        DType::Q5_K => {
+            let (s, m) = range_and_min(x, 32, 31.0);
+            let d = s / 63.0 + f16err(s / 63.0);
+            s / 2.0 + 15.5 * d + m / 126.0 + f16err(m / 63.0)
+        }
+        DType::Q2_K => {
+            let (s, m) = range_and_min(x, 16, 3.0);
+            let d = s / 15.0 + f16err(s / 15.0);
+            s / 2.0 + 1.5 * d + m / 30.0 + f16err(m / 15.0)
+        }
+        DType::Q3_K => {
+            let s = amax(x) / 4.0;
+            let d = s / 31.0 + f16err(s / 31.0);
+            s + 4.0 * d
+        }
+        DType::IQ4_XS => {
+            let s = amax(x) / 127.0;
+            let d = s / 31.0 + f16err(s / 31.0);
+            14.0 * s + 64.0 * d
+        }
     };
     bound + slack
+}
+
+/// The largest sub-block range `(max − min(min, 0)) / levels` and the largest `−min(min, 0)`
+/// over the sub-blocks of `sub` elements of `x` (the K-quants with mins).
+fn range_and_min(x: &[f32], sub: usize, levels: f32) -> (f32, f32) {
+    let (mut s, mut m) = (0.0f32, 0.0f32);
+    for part in x.chunks(sub) {
+        let (lo, hi) = min_max(part);
+        s = s.max((hi - lo.min(0.0)) / levels);
+        m = m.max(-lo.min(0.0));
+    }
+    (s, m)
 }
 
 fn element_bound(dtype: DType, v: f32) -> f32 {
@@ -130,6 +185,13 @@ proptest! {
     #[test] fn q4_1_roundtrip(x in row(DType::Q4_1)) { check_roundtrip(DType::Q4_1, &x)?; }
     #[test] fn q4_k_roundtrip(x in row(DType::Q4_K)) { check_roundtrip(DType::Q4_K, &x)?; }
     #[test] fn q6_k_roundtrip(x in row(DType::Q6_K)) { check_roundtrip(DType::Q6_K, &x)?; }
+    #[test] fn q5_0_roundtrip(x in row(DType::Q5_0)) { check_roundtrip(DType::Q5_0, &x)?; }
+    #[test] fn q5_1_roundtrip(x in row(DType::Q5_1)) { check_roundtrip(DType::Q5_1, &x)?; }
+    #[test] fn iq4_nl_roundtrip(x in row(DType::IQ4_NL)) { check_roundtrip(DType::IQ4_NL, &x)?; }
+    #[test] fn q2_k_roundtrip(x in row(DType::Q2_K)) { check_roundtrip(DType::Q2_K, &x)?; }
+    #[test] fn q3_k_roundtrip(x in row(DType::Q3_K)) { check_roundtrip(DType::Q3_K, &x)?; }
+    #[test] fn q5_k_roundtrip(x in row(DType::Q5_K)) { check_roundtrip(DType::Q5_K, &x)?; }
+    #[test] fn iq4_xs_roundtrip(x in row(DType::IQ4_XS)) { check_roundtrip(DType::IQ4_XS, &x)?; }
 }
 
 /// Quantizing all-zero blocks gives exact zeros (no division by a zero scale).

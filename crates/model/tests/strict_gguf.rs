@@ -511,15 +511,18 @@ fn flips_and_truncations_of_the_structure_never_load() {
 fn an_unsupported_tensor_type_lists_the_supported_ones() {
     let bytes = GgufWriter::new(3)
         .metadata("general.architecture", Str("llama".into()))
-        .raw_tensor("blk.0.attn_q.weight", 6, &[32, 2], 0)
+        .raw_tensor("blk.0.attn_q.weight", 16, &[256, 2], 0)
         .to_bytes();
     let msg = load_bytes(&bytes).unwrap_err().to_string();
     assert!(
-        msg.contains("blk.0.attn_q.weight") && msg.contains("type id 6"),
+        msg.contains("blk.0.attn_q.weight") && msg.contains("IQ2_XXS (ggml type id 16)"),
         "{msg}"
     );
     assert!(
-        msg.contains("F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K"),
+        msg.contains(
+            "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, \
+             IQ4_NL, IQ4_XS"
+        ),
         "{msg}"
     );
 }

@@ -1,33 +1,8 @@
 //! The scalar reference of the int8 kernels: the order of the `packed` module docs, one row and
 //! one token at a time, read straight from the packed records.
 
-use super::{PackedMatrix, QuantizedRows, BLOCK, GROUP_ROWS};
-use crate::DType;
-
-/// The offset subtracted from each stored weight to get its signed value times the block
-/// scale's unit: `c` in the module docs (Q4_1's and Q4_K's offset is their `m` term instead;
-/// Q6_K subtracts 32 per half).
-pub(crate) fn weight_bias(dtype: DType) -> i32 {
-    match dtype {
-        DType::Q4_0 => 8,
-        DType::Q8_0 => 128,
-        DType::Q6_K => 32,
-        _ => 0,
-    }
-}
-
-/// Bytes of quants at the start of a record (then the scales, then the mins where there are).
-pub(crate) fn quant_bytes(dtype: DType) -> usize {
-    match dtype {
-        DType::Q8_0 | DType::Q6_K => 512,
-        _ => 256,
-    }
-}
-
-/// Whether the record's scales (and mins) are f32 (the K-quants) rather than f16.
-pub(crate) fn f32_scales(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_K | DType::Q6_K)
-}
+use super::{PackedMatrix, QuantizedRows, RecordKind, BLOCK, GROUP_ROWS};
+use crate::quant::IQ4_LEVELS;
 
 /// Scale (or min) number `i` of the 16-row table at byte `at`, f16 or f32.
 fn scale_at(rec: &[u8], at: usize, i: usize, f32_table: bool) -> f32 {
@@ -46,14 +21,16 @@ pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f
         xq.cols() == w.cols() && out.len() == xq.n_tokens() * GROUP_ROWS,
         "packed reference: shapes do not match"
     );
-    let dtype = w.dtype();
-    let (record, quants) = (w.record_bytes(), quant_bytes(dtype));
-    let bias = weight_bias(dtype);
-    let wide = f32_scales(dtype);
+    let kind = w.kind();
+    let (record, quants) = (w.record_bytes(), kind.quant_bytes());
+    let bias = kind.weight_bias();
+    let wide = kind.wide();
     // Bytes of one scale table (16 rows).
     let table = if wide { 64 } else { 32 };
-    let bytes8 = matches!(dtype, DType::Q8_0 | DType::Q6_K);
-    let has_min = matches!(dtype, DType::Q4_1 | DType::Q4_K);
+    let bytes8 = kind.bytes8();
+    let lookup = kind.table();
+    let plane = kind.plane();
+    let has_min = kind.has_min();
     let records = w.group(g);
     for (t, lanes) in out.chunks_exact_mut(GROUP_ROWS).enumerate() {
         let (q, scales) = (xq.q(t), xq.scales(t));
@@ -64,7 +41,8 @@ pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f
                 let x = &q[b * BLOCK..(b + 1) * BLOCK];
                 // Integer sums over elements 0..16 and 16..32.
                 let (mut lo, mut hi) = (0i32, 0i32);
-                for k in 0..quants / 64 {
+                let vectors = if bytes8 { 8 } else { 4 };
+                for k in 0..vectors {
                     for p in 0..4 {
                         let byte = i32::from(rec[64 * k + 4 * j + p]);
                         if bytes8 {
@@ -75,13 +53,31 @@ pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f
                             } else {
                                 hi += part;
                             }
+                        } else if lookup {
+                            let level = |n: i32| i32::from(IQ4_LEVELS[n as usize]) + 128;
+                            lo += level(byte & 0x0f) * i32::from(x[4 * k + p]);
+                            hi += level(byte >> 4) * i32::from(x[16 + 4 * k + p]);
                         } else {
-                            lo += (byte & 0x0f) * i32::from(x[4 * k + p]);
-                            hi += (byte >> 4) * i32::from(x[16 + 4 * k + p]);
+                            let e = 4 * k + p;
+                            // Fifth bits (0 without a plane) of elements e and 16 + e.
+                            let (b_lo, b_hi) = if plane {
+                                let at = 256 + 4 * j;
+                                let bits = u32::from_le_bytes([
+                                    rec[at],
+                                    rec[at + 1],
+                                    rec[at + 2],
+                                    rec[at + 3],
+                                ]);
+                                (((bits >> e) & 1) as i32, ((bits >> (16 + e)) & 1) as i32)
+                            } else {
+                                (0, 0)
+                            };
+                            lo += ((byte & 0x0f) | (b_lo << 4)) * i32::from(x[e]);
+                            hi += ((byte >> 4) | (b_hi << 4)) * i32::from(x[16 + e]);
                         }
                     }
                 }
-                if dtype == DType::Q6_K {
+                if kind == RecordKind::Halves {
                     let i_lo = lo - bias * s.sum_lo;
                     let i_hi = hi - bias * (s.sum - s.sum_lo);
                     let (d_lo, d_hi) = (

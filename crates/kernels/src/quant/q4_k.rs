@@ -16,7 +16,7 @@ const BLOCK_BYTES: usize = 4 + 12 + QK / 2;
 
 /// The 6-bit scale and min of sub-block `j < 8` from the 12 packed bytes.
 #[inline(always)]
-fn scale_min(b: &[u8], j: usize) -> (u8, u8) {
+pub(super) fn scale_min(b: &[u8], j: usize) -> (u8, u8) {
     if j < 4 {
         (b[j] & 63, b[j + 4] & 63)
     } else {
@@ -28,7 +28,7 @@ fn scale_min(b: &[u8], j: usize) -> (u8, u8) {
 }
 
 /// Packs 6-bit scales and mins (each `< 64`) into the 12-byte layout decoded by [`scale_min`].
-fn pack_scales(sc: &[u8; 8], m: &[u8; 8], b: &mut [u8]) {
+pub(super) fn pack_scales(sc: &[u8; 8], m: &[u8; 8], b: &mut [u8]) {
     for j in 0..4 {
         b[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
         b[j + 4] = m[j] | ((m[j + 4] >> 4) << 6);

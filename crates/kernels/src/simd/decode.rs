@@ -50,22 +50,29 @@ pub(super) unsafe fn dispatch<V: Lanes16, O: WithFormat<V>>(dtype: DType, op: O)
         DType::Q8_0 => op.call::<Q8_0>(),
         DType::Q4_0 => op.call::<Q4_0>(),
         DType::Q4_1 => op.call::<Q4_1>(),
+        DType::Q5_0 => op.call::<Q5_0>(),
+        DType::Q5_1 => op.call::<Q5_1>(),
+        DType::Q2_K => op.call::<Q2K>(),
+        DType::Q3_K => op.call::<Q3K>(),
         DType::Q4_K => op.call::<Q4K>(),
+        DType::Q5_K => op.call::<Q5K>(),
         DType::Q6_K => op.call::<Q6K>(),
+        DType::IQ4_NL => op.call::<Iq4Nl>(),
+        DType::IQ4_XS => op.call::<Iq4Xs>(),
     }
 }
 
 /// The little-endian f16 at `p` as f32 (exact, as the scalar reference's conversion; F16C,
 /// which both SIMD variants require).
 #[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
+pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
     let bits = u16::from_le_bytes([*p, *p.add(1)]);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
 /// 16 bytes from `p` (unaligned).
 #[inline(always)]
-unsafe fn bytes16(p: *const u8) -> __m128i {
+pub(super) unsafe fn bytes16(p: *const u8) -> __m128i {
     _mm_loadu_si128(p.cast())
 }
 
@@ -75,7 +82,7 @@ unsafe fn bytes16(p: *const u8) -> __m128i {
 /// # Safety
 /// SSE2 only (always present on x86-64); unsafe because it is a target-feature call.
 #[inline(always)]
-unsafe fn shr_mask(v: __m128i, shift: i32, mask: i8) -> __m128i {
+pub(super) unsafe fn shr_mask(v: __m128i, shift: i32, mask: i8) -> __m128i {
     _mm_and_si128(
         _mm_srl_epi16(v, _mm_cvtsi32_si128(shift)),
         _mm_set1_epi8(mask),
@@ -90,6 +97,7 @@ pub(super) struct Q4_0;
 pub(super) struct Q4_1;
 pub(super) struct Q4K;
 pub(super) struct Q6K;
+pub(super) use super::decode_more::{Iq4Nl, Iq4Xs, Q2K, Q3K, Q5K, Q5_0, Q5_1};
 
 impl Format for F32 {
     const ELEMS: usize = 16;

@@ -5,7 +5,7 @@
 //! `packed::reference`), and the attention of one query group (`attention`; bitwise equal to
 //! scalar, over f32 or f16 rows).
 //!
-//! | ISA           | f32 path vs scalar | Q4_0/Q4_1/Q8_0/Q4_K/Q6_K weights                         |
+//! | ISA           | f32 path vs scalar | quantized weights (all but Q2_K)                         |
 //! |---------------|--------------------|----------------------------------------------------------|
 //! | `scalar`      | reference          | reference                                                |
 //! | `avx2`        | **bitwise equal**  | bitwise equal                                            |
@@ -38,6 +38,8 @@ mod avx2;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod decode;
+#[cfg(target_arch = "x86_64")]
+mod decode_more;
 #[cfg(target_arch = "x86_64")]
 mod kernels;
 #[cfg(target_arch = "x86_64")]

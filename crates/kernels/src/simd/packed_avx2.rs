@@ -12,15 +12,15 @@
 //!   recovered and `vpmaddubsw(|q|, sign(x, q))` computes `Σ q·x` directly (pairs at most
 //!   `2·128·127 = 32512`, widened to `i32` at once): the same integer as the reference's
 //!   `Σ u·x − 128·Σx`, so no bias is subtracted.
+//! - 5-bit weights (the plane kinds, `0..=31`): a pair is at most `2·31·127 = 7874`, and each
+//!   `vpmaddubsw` result is widened to `i32` at once.
 //! - Q6_K's stored bytes are its 6-bit `q` (`0..=63`): a pair is at most `2·63·127 = 16002`,
 //!   and each `vpmaddubsw` result is widened to `i32` at once (per half of 16 elements, as
 //!   its two scales need).
 
 use std::arch::x86_64::*;
 
-use crate::packed::reference::{quant_bytes, weight_bias};
-use crate::packed::{BlockScale, PackedMatrix, QuantizedRows, BLOCK, GROUP_ROWS};
-use crate::DType;
+use crate::packed::{BlockScale, PackedMatrix, QuantizedRows, RecordKind, BLOCK, GROUP_ROWS};
 
 /// Tokens whose sums advance together over one decoded weight record.
 const TILE: usize = 4;
@@ -39,21 +39,37 @@ pub(super) unsafe fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: 
         xq.cols() == w.cols() && out.len() == xq.n_tokens() * GROUP_ROWS,
         "packed avx2: shapes do not match"
     );
-    match w.dtype() {
-        DType::Q4_1 => tiles::<false, true, false, false>(w, g, xq, out),
-        DType::Q4_0 => tiles::<false, false, false, false>(w, g, xq, out),
-        DType::Q8_0 => tiles::<true, false, false, false>(w, g, xq, out),
-        DType::Q4_K => tiles::<false, true, true, false>(w, g, xq, out),
-        DType::Q6_K => tiles::<true, false, true, true>(w, g, xq, out),
-        other => unreachable!("packed avx2: {other} is never packed"),
+    match w.kind() {
+        RecordKind::Nibbles => tiles::<false, false, false, false, false, false>(w, g, xq, out),
+        RecordKind::NibblesMin => tiles::<false, true, false, false, false, false>(w, g, xq, out),
+        RecordKind::NibblesMinWide => {
+            tiles::<false, true, true, false, false, false>(w, g, xq, out)
+        }
+        RecordKind::Bytes => tiles::<true, false, false, false, false, false>(w, g, xq, out),
+        RecordKind::Plane => tiles::<false, false, false, false, false, true>(w, g, xq, out),
+        RecordKind::PlaneMin => tiles::<false, true, false, false, false, true>(w, g, xq, out),
+        RecordKind::TableNibbles => tiles::<false, false, false, false, true, false>(w, g, xq, out),
+        RecordKind::TableNibblesWide => {
+            tiles::<false, false, true, false, true, false>(w, g, xq, out)
+        }
+        RecordKind::PlaneMinWide => tiles::<false, true, true, false, false, true>(w, g, xq, out),
+        RecordKind::Halves => tiles::<true, false, true, true, false, false>(w, g, xq, out),
     }
 }
 
 /// Every token of `xq`, [`TILE`] at a time, then the remainder. `Q8`: 8-bit weights (else
 /// nibbles); `MIN`: a min table; `WIDE`: f32 scale tables (else f16); `HALVES`: Q6_K's two
-/// scales per record, one per 16 elements.
+/// scales per record, one per 16 elements; `TABLE`: the nibbles index the IQ4 levels, looked
+/// up into 8-bit weights; `PLANE`: a line of fifth bits completes the nibbles.
 #[inline(always)]
-unsafe fn tiles<const Q8: bool, const MIN: bool, const WIDE: bool, const HALVES: bool>(
+unsafe fn tiles<
+    const Q8: bool,
+    const MIN: bool,
+    const WIDE: bool,
+    const HALVES: bool,
+    const TABLE: bool,
+    const PLANE: bool,
+>(
     w: &PackedMatrix,
     g: usize,
     xq: &QuantizedRows,
@@ -62,15 +78,27 @@ unsafe fn tiles<const Q8: bool, const MIN: bool, const WIDE: bool, const HALVES:
     let n = xq.n_tokens();
     let mut t0 = 0;
     while t0 + TILE <= n {
-        tile::<TILE, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out);
+        tile::<TILE, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, out);
         t0 += TILE;
     }
     match n - t0 {
-        3 => tile::<3, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
-        2 => tile::<2, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
-        1 => tile::<1, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
+        3 => tile::<3, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, out),
+        2 => tile::<2, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, out),
+        1 => tile::<1, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, out),
         _ => {}
     }
+}
+
+/// Byte `p` of each lane is 16 where bit `shift + p` of the lane's `u32` is set, else 0
+/// (`p < 4`), as in the VNNI kernel.
+#[inline(always)]
+unsafe fn fifth_bits(bits: __m256i, shift: i32) -> __m256i {
+    let four = _mm256_and_si256(
+        _mm256_srl_epi32(bits, _mm_cvtsi32_si128(shift)),
+        _mm256_set1_epi32(0x0f),
+    );
+    let spread = _mm256_mullo_epi32(four, _mm256_set1_epi32(0x0020_4081));
+    _mm256_slli_epi32::<4>(_mm256_and_si256(spread, _mm256_set1_epi32(0x0101_0101)))
 }
 
 /// The 4 activation bytes at `p` in every lane.
@@ -87,6 +115,8 @@ unsafe fn tile<
     const MIN: bool,
     const WIDE: bool,
     const HALVES: bool,
+    const TABLE: bool,
+    const PLANE: bool,
 >(
     w: &PackedMatrix,
     g: usize,
@@ -94,12 +124,12 @@ unsafe fn tile<
     t0: usize,
     out: &mut [f32],
 ) {
-    let (record, quants) = (w.record_bytes(), quant_bytes(w.dtype()));
+    let (record, quants) = (w.record_bytes(), w.kind().quant_bytes());
     // `c` of the module docs (Q8_0's is folded into the signed weights instead).
-    let bias = if Q8 && !HALVES {
+    let bias = if (Q8 || TABLE) && !HALVES {
         0
     } else {
-        weight_bias(w.dtype())
+        w.kind().weight_bias()
     };
     let records = w.group(g);
     let blocks = records.len() / record;
@@ -110,6 +140,7 @@ unsafe fn tile<
     let nibble = _mm256_set1_epi8(0x0f);
     let flip = _mm256_set1_epi8(0x80u8 as i8);
     let ones = _mm256_set1_epi16(1);
+    let levels = _mm256_broadcastsi128_si256(super::packed_vnni::iq4_levels(0));
     #[allow(clippy::needless_range_loop)] // `b` indexes the records, the bytes and the scales
     for b in 0..blocks {
         let rec = records.as_ptr().add(b * record);
@@ -132,10 +163,18 @@ unsafe fn tile<
                     // within `2·63·127`, and each is widened to `i32` at once.
                     wv[k] = v;
                     wv[4 + k] = _mm256_load_si256(rec.add(64 * (4 + k) + 32 * h).cast());
-                } else if Q8 {
-                    let v4 = _mm256_load_si256(rec.add(64 * (4 + k) + 32 * h).cast());
-                    sg[k] = _mm256_xor_si256(v, flip);
-                    sg[4 + k] = _mm256_xor_si256(v4, flip);
+                } else if Q8 || TABLE {
+                    if TABLE {
+                        // The signed levels `T[q]` of the nibbles (`vpshufb` looks up
+                        // within each 128-bit lane, where the table is repeated).
+                        sg[k] = _mm256_shuffle_epi8(levels, _mm256_and_si256(v, nibble));
+                        let high = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble);
+                        sg[4 + k] = _mm256_shuffle_epi8(levels, high);
+                    } else {
+                        let v4 = _mm256_load_si256(rec.add(64 * (4 + k) + 32 * h).cast());
+                        sg[k] = _mm256_xor_si256(v, flip);
+                        sg[4 + k] = _mm256_xor_si256(v4, flip);
+                    }
                     // |−128| is 0x80, which `vpmaddubsw` reads as the unsigned 128, and
                     // sign(x, −128) = −x (never overflows: q_x ≥ −127), so even that edge
                     // (never produced by Q8_0 quantization) gives 128·(−x) = q·x exactly.
@@ -144,6 +183,13 @@ unsafe fn tile<
                 } else {
                     wv[k] = _mm256_and_si256(v, nibble);
                     wv[4 + k] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble);
+                    if PLANE {
+                        // This half's 8 rows of the line of fifth bits.
+                        let bits = _mm256_load_si256(rec.add(256 + 32 * h).cast());
+                        wv[k] = _mm256_or_si256(wv[k], fifth_bits(bits, 4 * k as i32));
+                        let high = fifth_bits(bits, 16 + 4 * k as i32);
+                        wv[4 + k] = _mm256_or_si256(wv[4 + k], high);
+                    }
                 }
             }
             // The scale table, then the second one (mins, or Q6_K's scales of elements
@@ -187,12 +233,23 @@ unsafe fn tile<
                     acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i_hi), d_hi, acc[t][h]);
                     continue;
                 }
-                let mut i = if Q8 {
+                let mut i = if Q8 || TABLE {
                     let mut i = _mm256_setzero_si256();
                     for k in 0..8 {
                         let xs = _mm256_sign_epi8(broadcast4(x.add(4 * k)), sg[k]);
                         let p = _mm256_maddubs_epi16(wv[k], xs);
                         i = _mm256_add_epi32(i, _mm256_madd_epi16(p, ones));
+                    }
+                    i
+                } else if PLANE {
+                    // 5-bit weights: 8 pairs of products could overflow `i16`, so each
+                    // `vpmaddubsw` is widened to `i32` at once.
+                    let mut i = _mm256_setzero_si256();
+                    for k in 0..4 {
+                        let lo = _mm256_maddubs_epi16(wv[k], broadcast4(x.add(4 * k)));
+                        let hi = _mm256_maddubs_epi16(wv[4 + k], broadcast4(x.add(16 + 4 * k)));
+                        i = _mm256_add_epi32(i, _mm256_madd_epi16(lo, ones));
+                        i = _mm256_add_epi32(i, _mm256_madd_epi16(hi, ones));
                     }
                     i
                 } else {

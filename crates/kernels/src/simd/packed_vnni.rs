@@ -5,9 +5,8 @@
 
 use std::arch::x86_64::*;
 
-use crate::packed::reference::{quant_bytes, weight_bias};
-use crate::packed::{BlockScale, PackedMatrix, QuantizedRows, BLOCK, GROUP_ROWS};
-use crate::DType;
+use crate::packed::{BlockScale, PackedMatrix, QuantizedRows, RecordKind, BLOCK, GROUP_ROWS};
+use crate::quant::IQ4_LEVELS;
 
 /// Tokens whose sums advance together over one decoded weight record.
 const TILE: usize = 4;
@@ -24,21 +23,37 @@ pub(super) unsafe fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: 
         xq.cols() == w.cols() && out.len() == xq.n_tokens() * GROUP_ROWS,
         "packed vnni: shapes do not match"
     );
-    match w.dtype() {
-        DType::Q4_1 => tiles::<false, true, false, false>(w, g, xq, out),
-        DType::Q4_0 => tiles::<false, false, false, false>(w, g, xq, out),
-        DType::Q8_0 => tiles::<true, false, false, false>(w, g, xq, out),
-        DType::Q4_K => tiles::<false, true, true, false>(w, g, xq, out),
-        DType::Q6_K => tiles::<true, false, true, true>(w, g, xq, out),
-        other => unreachable!("packed vnni: {other} is never packed"),
+    match w.kind() {
+        RecordKind::Nibbles => tiles::<false, false, false, false, false, false>(w, g, xq, out),
+        RecordKind::NibblesMin => tiles::<false, true, false, false, false, false>(w, g, xq, out),
+        RecordKind::NibblesMinWide => {
+            tiles::<false, true, true, false, false, false>(w, g, xq, out)
+        }
+        RecordKind::Bytes => tiles::<true, false, false, false, false, false>(w, g, xq, out),
+        RecordKind::Plane => tiles::<false, false, false, false, false, true>(w, g, xq, out),
+        RecordKind::PlaneMin => tiles::<false, true, false, false, false, true>(w, g, xq, out),
+        RecordKind::TableNibbles => tiles::<false, false, false, false, true, false>(w, g, xq, out),
+        RecordKind::TableNibblesWide => {
+            tiles::<false, false, true, false, true, false>(w, g, xq, out)
+        }
+        RecordKind::PlaneMinWide => tiles::<false, true, true, false, false, true>(w, g, xq, out),
+        RecordKind::Halves => tiles::<true, false, true, true, false, false>(w, g, xq, out),
     }
 }
 
 /// Every token of `xq`, [`TILE`] at a time, then the remainder. `Q8`: 8-bit weights (else
 /// nibbles); `MIN`: a min table; `WIDE`: f32 scale tables (else f16); `HALVES`: Q6_K's two
-/// scales per record, one per 16 elements.
+/// scales per record, one per 16 elements; `TABLE`: the nibbles index the IQ4 levels, looked
+/// up into 8-bit weights; `PLANE`: a line of fifth bits completes the nibbles.
 #[inline(always)]
-unsafe fn tiles<const Q8: bool, const MIN: bool, const WIDE: bool, const HALVES: bool>(
+unsafe fn tiles<
+    const Q8: bool,
+    const MIN: bool,
+    const WIDE: bool,
+    const HALVES: bool,
+    const TABLE: bool,
+    const PLANE: bool,
+>(
     w: &PackedMatrix,
     g: usize,
     xq: &QuantizedRows,
@@ -47,15 +62,35 @@ unsafe fn tiles<const Q8: bool, const MIN: bool, const WIDE: bool, const HALVES:
     let n = xq.n_tokens();
     let mut t0 = 0;
     while t0 + TILE <= n {
-        tile::<TILE, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out);
+        tile::<TILE, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, out);
         t0 += TILE;
     }
     match n - t0 {
-        3 => tile::<3, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
-        2 => tile::<2, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
-        1 => tile::<1, Q8, MIN, WIDE, HALVES>(w, g, xq, t0, out),
+        3 => tile::<3, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, out),
+        2 => tile::<2, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, out),
+        1 => tile::<1, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, out),
         _ => {}
     }
+}
+
+/// The 16 IQ4 levels plus `offset`, as bytes (the `pshufb` table of the table kinds).
+#[inline(always)]
+pub(super) unsafe fn iq4_levels(offset: i8) -> __m128i {
+    let t: [i8; 16] = std::array::from_fn(|i| IQ4_LEVELS[i].wrapping_add(offset));
+    _mm_loadu_si128(t.as_ptr().cast())
+}
+
+/// Byte `p` of each lane is 16 where bit `shift + p` of the lane's `u32` is set, else 0
+/// (`p < 4`): `(bits >> shift) & 15` times `0x0020_4081` puts bit `i` at bit `8i` (the four
+/// shifted copies never overlap), which the mask keeps.
+#[inline(always)]
+unsafe fn fifth_bits(bits: __m512i, shift: i32) -> __m512i {
+    let four = _mm512_and_si512(
+        _mm512_srl_epi32(bits, _mm_cvtsi32_si128(shift)),
+        _mm512_set1_epi32(0x0f),
+    );
+    let spread = _mm512_mullo_epi32(four, _mm512_set1_epi32(0x0020_4081));
+    _mm512_slli_epi32::<4>(_mm512_and_si512(spread, _mm512_set1_epi32(0x0101_0101)))
 }
 
 /// The 4 activation bytes at `p` in every lane.
@@ -72,6 +107,8 @@ unsafe fn tile<
     const MIN: bool,
     const WIDE: bool,
     const HALVES: bool,
+    const TABLE: bool,
+    const PLANE: bool,
 >(
     w: &PackedMatrix,
     g: usize,
@@ -79,9 +116,8 @@ unsafe fn tile<
     t0: usize,
     out: &mut [f32],
 ) {
-    let dtype = w.dtype();
-    let (record, quants) = (w.record_bytes(), quant_bytes(dtype));
-    let bias = weight_bias(dtype);
+    let (record, quants) = (w.record_bytes(), w.kind().quant_bytes());
+    let bias = w.kind().weight_bias();
     let records = w.group(g);
     let blocks = records.len() / record;
     let q: [*const i8; T] = std::array::from_fn(|i| xq.q(t0 + i).as_ptr());
@@ -89,6 +125,7 @@ unsafe fn tile<
     let mut acc = [_mm512_setzero_ps(); T];
     let mut off = [_mm512_setzero_ps(); T];
     let nibble = _mm512_set1_epi8(0x0f);
+    let levels = _mm512_broadcast_i32x4(iq4_levels(-128));
     #[allow(clippy::needless_range_loop)] // `b` indexes the records, the bytes and the scales
     for b in 0..blocks {
         let rec = records.as_ptr().add(b * record);
@@ -107,9 +144,20 @@ unsafe fn tile<
             if Q8 {
                 wv[k] = v;
                 wv[4 + k] = _mm512_load_si512(rec.add(64 * (4 + k)).cast());
+            } else if TABLE {
+                // The levels `T[q] + 128` of the nibbles (`vpshufb` looks up within each
+                // 128-bit lane, where the table is repeated).
+                wv[k] = _mm512_shuffle_epi8(levels, _mm512_and_si512(v, nibble));
+                let high = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
+                wv[4 + k] = _mm512_shuffle_epi8(levels, high);
             } else {
                 wv[k] = _mm512_and_si512(v, nibble);
                 wv[4 + k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
+                if PLANE {
+                    let bits = _mm512_load_si512(rec.add(256).cast());
+                    wv[k] = _mm512_or_si512(wv[k], fifth_bits(bits, 4 * k as i32));
+                    wv[4 + k] = _mm512_or_si512(wv[4 + k], fifth_bits(bits, 16 + 4 * k as i32));
+                }
             }
         }
         // The scale table, then the second one (mins, or Q6_K's scales of elements 16..32).

@@ -4,6 +4,8 @@
 
 use tandem_kernels::DType;
 
+use super::ggml_types::{describe_type_id, supported_types};
+
 /// Errors from reading a GGUF file.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum GgufError {
@@ -70,8 +72,9 @@ pub enum GgufError {
     #[error("tensor `{name}`: element count of dimensions {dims:?} overflows")]
     ShapeOverflow { name: String, dims: Vec<u64> },
     #[error(
-        "tensor `{name}`: unknown or unsupported tensor type id {type_id} (supported: F32, F16, \
-         BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)"
+        "tensor `{name}`: tensor type {} is not supported (supported: {})",
+        describe_type_id(*type_id),
+        supported_types()
     )]
     UnsupportedTensorType { name: String, type_id: u32 },
     #[error(

@@ -7,6 +7,7 @@
 
 mod cursor;
 mod error;
+mod ggml_types;
 mod metadata;
 mod reader;
 mod tensor_info;

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Fidelity of quantized GGUF files: per-token log-probabilities of tandem (default int8
+kernels and the exact path) and of llama.cpp on each file, against the fp32 reference of the
+same file's weights, on the same token ids.
+
+The reference is llama.cpp evaluating an F32 copy of the file (its weights dequantized by
+`llama-quantize ... F32`, so by llama.cpp's own dequantization) with an f32 KV cache: ggml
+multiplies F32 weights with f32 activations, so this is the exact function the quantized
+weights define, computed by an implementation independent of tandem. llama.cpp's distance to
+it (8-bit activations, f16 KV cache) is the peer's own distance.
+
+    python3 bench/quant_fidelity.py M1.gguf [M2.gguf ...] [--tokens 1024] [--threads 2]
+
+Prints one JSON line per file and a Markdown table. Needs a release build of tandem and
+llama.cpp from bench/build_llama_cpp.sh (libllama; bench/llama_logprobs.c is compiled here).
+"""
+import argparse
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TANDEM = ROOT / "target/release/tandem"
+
+
+def sh(cmd, stdin=None):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, input=stdin).stdout
+
+
+def llama_tools():
+    bin_dir = Path(sh(["bash", str(ROOT / "bench/build_llama_cpp.sh")]).strip().splitlines()[-1])
+    src = bin_dir.parent.parent / "src/llama.cpp"
+    tool = bin_dir.parent / "llama_logprobs"
+    if not tool.exists() or tool.stat().st_mtime < (ROOT / "bench/llama_logprobs.c").stat().st_mtime:
+        sh(["cc", "-O2", str(ROOT / "bench/llama_logprobs.c"), "-I", str(src / "include"),
+            "-I", str(src / "ggml/include"), "-L", str(bin_dir), "-lllama", "-lm",
+            f"-Wl,-rpath,{bin_dir}", "-o", str(tool)])
+    return bin_dir, tool
+
+
+def token_ids(model, n):
+    prompts = json.loads((ROOT / "crates/model/tests/fixtures/default_model/prompts.json").read_text())
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+        f.write("\n\n".join(prompts * 16))
+        f.flush()
+        out = sh([str(TANDEM), "score", "--model", model, "--file", f.name, "--json",
+                  "--window", str(n), "--stride", str(n)])
+    ids = json.loads(out)["tokens"]
+    assert len(ids) >= n, "not enough text"
+    return ids[:n]
+
+
+def tandem(model, ids, threads, kernels=None):
+    cmd = [str(TANDEM), "score", "--model", model, "--threads", str(threads), "--tokens",
+           ",".join(map(str, ids)), "--top-k", "1", "--json"]
+    if kernels:
+        cmd += ["--kernels", kernels]
+    out = json.loads(sh(cmd))
+    # top_logprobs[i + 1] is the distribution after tokens[..=i].
+    argmax = [int(next(iter(t))) if isinstance(t, dict) else t[0]["id"]
+              for t in out["top_logprobs"][1:]]
+    return out["token_logprobs"], argmax
+
+
+def llama(tool, model, ids, threads, f32kv=False):
+    cmd = [str(tool), model, str(threads)] + (["f32kv"] if f32kv else [])
+    out = json.loads(sh(cmd, stdin=",".join(map(str, ids))))
+    return out["token_logprobs"], out["argmax"][:-1]
+
+
+def distance(run, ref):
+    (lp, am), (rlp, ram) = run, ref
+    d = [abs(a - b) for a, b in zip(lp[1:], rlp[1:])]
+    top1 = sum(a == b for a, b in zip(am, ram)) / len(ram)
+    return {"mean_abs_dlogprob": round(sum(d) / len(d), 5), "max_abs_dlogprob": round(max(d), 4),
+            "top1_agreement": round(top1, 4)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    bin_dir, tool = llama_tools()
+    ids = token_ids(a.models[0], a.tokens)
+    rows = []
+    for model in a.models:
+        f32 = Path(model).with_suffix(".f32.gguf")
+        if not f32.exists():
+            sh([str(bin_dir / "llama-quantize"), "--allow-requantize", model, str(f32), "F32"])
+        ref = llama(tool, str(f32), ids, a.threads, f32kv=True)
+        row = {"model": Path(model).name, "tokens": len(ids),
+               "tandem_int8": distance(tandem(model, ids, a.threads), ref),
+               "tandem_exact": distance(tandem(model, ids, a.threads, "avx512"), ref),
+               "llama_cpp": distance(llama(tool, model, ids, a.threads), ref)}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    print("\n| file | tandem int8 | tandem exact | llama.cpp |\n| --- | --- | --- | --- |")
+    for r in rows:
+        cells = [f"{r[k]['mean_abs_dlogprob']:.4f} / {100 * r[k]['top1_agreement']:.1f} %"
+                 for k in ("tandem_int8", "tandem_exact", "llama_cpp")]
+        print(f"| {r['model']} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
