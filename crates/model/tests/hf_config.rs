@@ -46,6 +46,7 @@ fn llama_tied() -> ModelConfig {
         tie_word_embeddings: true,
         qkv_bias: false,
         qk_norm: false,
+        features: Default::default(),
     }
 }
 
@@ -149,6 +150,7 @@ fn qwen3_has_qk_norm_and_wide_heads() {
         rope: rope(1.0e6),
         context_len: 1024,
         qk_norm: true,
+        features: Default::default(),
         ..llama_tied()
     };
     let got = load("qwen3").config;
