@@ -296,8 +296,7 @@ impl ModelConfig {
         if f.final_logit_softcap.is_some() {
             names.push("final logit soft-capping");
         }
-        if f
-            .sliding_window
+        if f.sliding_window
             .as_ref()
             .is_some_and(|w| w.size < self.context_len && w.layers.contains(&true))
         {

@@ -43,7 +43,9 @@ pub fn config_from_gguf(md: &Metadata, vocab_size: usize) -> Result<ModelConfig>
     };
     let num_layers = int("block_count")?;
     let features = match architecture {
-        Architecture::Gemma3 => gemma3_features(md, arch_name, hidden_size, num_heads, head_dim, num_layers)?,
+        Architecture::Gemma3 => {
+            gemma3_features(md, arch_name, hidden_size, num_heads, head_dim, num_layers)?
+        }
         _ => BlockFeatures::default(),
     };
     let config = ModelConfig {

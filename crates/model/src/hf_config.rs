@@ -153,7 +153,11 @@ pub(crate) fn opt_f64(obj: &Map<String, Value>, key: &str) -> Result<Option<f64>
 }
 
 /// Like [`opt_f64`]; errors name the field `label` (e.g. `rope_parameters.rope_theta`).
-pub(crate) fn opt_f64_labeled(obj: &Map<String, Value>, key: &str, label: &str) -> Result<Option<f64>> {
+pub(crate) fn opt_f64_labeled(
+    obj: &Map<String, Value>,
+    key: &str,
+    label: &str,
+) -> Result<Option<f64>> {
     present(obj, key)
         .map(|v| {
             v.as_f64()

@@ -138,7 +138,11 @@ fn window(cfg: &Map<String, Value>, num_layers: usize) -> Result<SlidingWindow> 
 }
 
 /// An object-valued field, `None` when absent or null.
-fn object<'a>(m: &'a Map<String, Value>, key: &str, label: &str) -> Result<Option<&'a Map<String, Value>>> {
+fn object<'a>(
+    m: &'a Map<String, Value>,
+    key: &str,
+    label: &str,
+) -> Result<Option<&'a Map<String, Value>>> {
     match present(m, key) {
         None => Ok(None),
         Some(Value::Object(o)) => Ok(Some(o)),

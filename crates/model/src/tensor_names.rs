@@ -112,7 +112,10 @@ impl NameScheme {
             Part::QNorm => ("attn_q_norm.weight", "self_attn.q_norm.weight"),
             Part::KNorm => ("attn_k_norm.weight", "self_attn.k_norm.weight"),
             Part::FfnNorm => ("ffn_norm.weight", "post_attention_layernorm.weight"),
-            Part::PostAttnNorm => ("post_attention_norm.weight", "post_attention_layernorm.weight"),
+            Part::PostAttnNorm => (
+                "post_attention_norm.weight",
+                "post_attention_layernorm.weight",
+            ),
             Part::PreFfnNorm => ("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
             Part::PostFfnNorm => ("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
             Part::Gate => ("ffn_gate.weight", "mlp.gate_proj.weight"),

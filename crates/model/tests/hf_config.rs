@@ -281,7 +281,10 @@ fn sliding_window_caps_context_only_when_active() {
         "vocab_size": 320, "max_position_embeddings": 32768, "sliding_window": 4096}"#;
     let c = parse_hf_config(mistral, None).unwrap().config;
     assert_eq!(c.context_len, 32768);
-    assert_eq!((c.features.window(0), c.features.window(1)), (Some(4096), Some(4096)));
+    assert_eq!(
+        (c.features.window(0), c.features.window(1)),
+        (Some(4096), Some(4096))
+    );
     assert_eq!(c.extra_features(), ["sliding-window attention"]);
     let qwen_off = QWEN3_MIN.replace("\"eos_token_id\": 5", "\"sliding_window\": 256");
     assert_eq!(
@@ -560,9 +563,15 @@ fn gemma3_legacy_fields_defaults_and_refusals() {
     assert_eq!((c.head_dim, c.context_len), (256, 131072));
     assert_eq!(c.features.attention_scale, Some(1.0 / 16.0)); // 256^-0.5
     for (extra, field) in [
-        (r#""attn_logit_softcapping": 50.0"#, "attn_logit_softcapping"),
+        (
+            r#""attn_logit_softcapping": 50.0"#,
+            "attn_logit_softcapping",
+        ),
         (r#""hidden_activation": "gelu""#, "hidden_activation"),
-        (r#""use_bidirectional_attention": true"#, "use_bidirectional_attention"),
+        (
+            r#""use_bidirectional_attention": true"#,
+            "use_bidirectional_attention",
+        ),
     ] {
         let json = base.replacen('{', &format!("{{{extra}, "), 1);
         assert!(config_error(&json).contains(field), "{field}");
