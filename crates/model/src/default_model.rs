@@ -122,9 +122,7 @@ pub fn cache_dir(flag: Option<&Path>) -> Result<PathBuf> {
 /// Resolves `--model`: an existing path, else a known model's short name (fetched into the
 /// cache on first use); without `--model`, the default model, fetched likewise.
 pub fn resolve_model(model: Option<&Path>, cache: &Path) -> Result<PathBuf> {
-    // Serialise concurrent first fetches within this process (tests run in parallel).
-    static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = FETCH.lock().unwrap_or_else(|p| p.into_inner());
+    let _guard = fetch_lock();
     let known = match model {
         None => &DEFAULT_MODEL,
         Some(m) if m.exists() => return Ok(m.to_path_buf()),
@@ -180,6 +178,22 @@ pub fn test_model_path() -> Result<PathBuf> {
         Some(p) => Ok(PathBuf::from(p)),
         None => default_model_path(),
     }
+}
+
+/// The known model `name` (see [`KNOWN_MODELS`]) for tests and tools, fetched into the cache
+/// directory on first use like the default model.
+pub fn known_model_path(name: &str) -> Result<PathBuf> {
+    let Some(known) = known_model(name) else {
+        bail!("no known model is called {name}");
+    };
+    let _guard = fetch_lock();
+    ensure_cached(known, &cache_dir(None)?)
+}
+
+/// Serialises concurrent first fetches within this process (tests run in parallel).
+fn fetch_lock() -> std::sync::MutexGuard<'static, ()> {
+    static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    FETCH.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn manual_instructions(known: &KnownModel, target: &Path) -> String {
