@@ -1,7 +1,15 @@
 #!/usr/bin/env python3
-"""Reference token ids for Gemma 3 270M (`--model gemma3-270m`, GGUF Q4_K_M) from llama.cpp.
+"""References for Gemma 3 270M (`--model gemma3-270m`, GGUF Q4_K_M).
 
-Writes crates/model/tests/fixtures/gemma3_270m/tokenizer_reference.json: llama.cpp's ids for
+Writes, under crates/model/tests/fixtures/gemma3_270m/:
+
+* reference.json: for each prompt (prose, code, multilingual, a chat turn, and a text of
+  over 1,000 tokens, twice the sliding window of 512), llama.cpp's token ids and the
+  per-position log-probabilities of the exact fp32 function of the quantized weights
+  (HF transformers loading the GGUF, dequantized to fp32, eager attention):
+  token_logprobs[i] = log p(tokens[i] | tokens[:i]) (first is null); argmax[i] is the most
+  likely token after position i.
+* tokenizer_reference.json: llama.cpp's ids for
 every string of the tokenizer corpus (scripts/make_tokenizer_corpus.py) plus prose, code,
 multilingual text and rendered Gemma chat turns, each tokenized as a completion prompt
 (add_special=true: BOS as the metadata asks; parse_special=true: special-token texts such as
@@ -26,7 +34,16 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_tokenizer_corpus import corpus  # noqa: E402
 
-OUT = Path("crates/model/tests/fixtures/gemma3_270m/tokenizer_reference.json")
+DIR = Path("crates/model/tests/fixtures/gemma3_270m")
+OUT = DIR / "tokenizer_reference.json"
+PROMPTS = [
+    "The history of the printing press begins in the fifteenth century, when",
+    "def merge_sort(xs):\n    if len(xs) <= 1:\n        return xs\n    mid = len(xs) // 2\n",
+    "La Tour Eiffel a été construite pour l'Exposition universelle de 1889 à Paris.",
+    "<start_of_turn>user\nName three primary colors.<end_of_turn>\n<start_of_turn>model\n",
+    " ".join(f"Entry {i}: the river rose by {i % 7} inches near mill {i % 5}, and the farmers "
+            f"of the valley wrote it down in ledger number {i // 10}." for i in range(48)),
+]
 PORT = 18397
 
 EXTRA = [
@@ -76,6 +93,8 @@ def main():
                                      "parse_special": True})["tokens"]
             cases.append({"text": text, "ids": ids})
         props = post("/tokenize", {"content": "", "add_special": True})["tokens"]
+        prompt_ids = [post("/tokenize", {"content": t, "add_special": True,
+                                         "parse_special": True})["tokens"] for t in PROMPTS]
     finally:
         server.terminate()
         server.wait()
@@ -93,6 +112,34 @@ def main():
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(out, ensure_ascii=False, indent=0) + "\n")
     print(f"{OUT}: {len(cases)} cases")
+    write_logprob_reference(model, prompt_ids, sha)
+
+
+def write_logprob_reference(model, prompt_ids, sha):
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(model.parent), gguf_file=model.name,
+                                              dtype=torch.float32, attn_implementation="eager")
+    hf.eval()
+    prompts = []
+    with torch.no_grad():
+        for text, ids in zip(PROMPTS, prompt_ids):
+            logits = hf(torch.tensor([ids])).logits[0].double()
+            lp = torch.log_softmax(logits, -1)
+            token_lp = [None] + [round(lp[i - 1, ids[i]].item(), 7) for i in range(1, len(ids))]
+            prompts.append({"text": text, "tokens": ids,
+                            "hf_fp32": {"token_logprobs": token_lp,
+                                        "argmax": lp.argmax(-1).tolist()}})
+    out = {
+        "model_sha256": sha,
+        "versions": {"transformers": transformers.__version__, "torch": torch.__version__},
+        "prompts": prompts,
+    }
+    path = DIR / "reference.json"
+    path.write_text(json.dumps(out, ensure_ascii=False) + "\n")
+    print(f"{path}: {[len(p) for p in prompt_ids]} tokens")
 
 
 if __name__ == "__main__":
