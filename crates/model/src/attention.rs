@@ -346,4 +346,77 @@ mod tests {
             }
         }
     }
+
+    /// With a window of 3, a token reads only its last 3 positions: equal to the definition
+    /// over those, and bitwise the same computed alone (group kernel) or in a prefill run
+    /// (rows whose window starts past 0 go through the group kernel, the others the tile).
+    #[test]
+    fn a_window_limits_the_context_and_keeps_batch_invariance() {
+        let (heads, kv_heads, d, window) = (4, 2, 8, 3);
+        let f = |i: usize| ((i * 7919 % 1000) as f32 / 500.0) - 1.0;
+        let keys: Vec<f32> = (0..8 * kv_heads * d).map(|i| f(i + 7)).collect();
+        let values: Vec<f32> = (0..8 * kv_heads * d).map(|i| f(i + 19)).collect();
+        let slots = vec![vec![5, 0, 7, 2, 6, 1, 3]];
+        let shape = HeadShape {
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim: d,
+            scale: 0.3,
+            window: Some(window),
+        };
+        let row = heads * d;
+        let q: Vec<f32> = (0..7 * row).map(|i| f(i + 41)).collect();
+        let rows = KvRows::F32 {
+            keys: &keys,
+            values: &values,
+        };
+        let run = |positions: &[usize], q: &[f32]| {
+            let mut out = vec![f32::NAN; q.len()];
+            let token_seq = vec![0; positions.len()];
+            let layout = AttentionLayout {
+                positions,
+                token_seq: &token_seq,
+                seq_slots: &slots,
+            };
+            causal_attention(
+                Isa::best(),
+                &ThreadPool::new(2),
+                shape,
+                &layout,
+                q,
+                rows,
+                &mut out,
+            );
+            out
+        };
+        let prefill = run(&[0, 1, 2, 3, 4, 5, 6], &q);
+        for pos in 0..7 {
+            let alone = run(&[pos], &q[pos * row..][..row]);
+            let same = alone
+                .iter()
+                .zip(&prefill[pos * row..][..row])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "position {pos}: alone differs from the prefill");
+            let first = (pos + 1).saturating_sub(window);
+            for h in 0..heads {
+                let kvh = h / 2;
+                let at = |buf: &[f32], s: usize| buf[(s * kv_heads + kvh) * d..][..d].to_vec();
+                let seen = &slots[0][first..=pos];
+                let ks: Vec<_> = seen.iter().map(|&s| at(&keys, s)).collect();
+                let vs: Vec<_> = seen.iter().map(|&s| at(&values, s)).collect();
+                // `reference` scales by 1/sqrt(d); scale q so that the product is `0.3 q.k`.
+                let qh: Vec<f32> = q[pos * row + h * d..][..d]
+                    .iter()
+                    .map(|x| x * 0.3 * (d as f32).sqrt())
+                    .collect();
+                let want = reference(&qh, &ks, &vs);
+                for (g, w) in alone[h * d..][..d].iter().zip(&want) {
+                    assert!(
+                        (*g as f64 - w).abs() < 1e-5,
+                        "pos {pos} head {h}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
 }

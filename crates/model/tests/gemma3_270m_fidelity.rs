@@ -25,7 +25,9 @@ fn prompts() -> Vec<Prompt> {
         serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("json");
     let ids = |v: &serde_json::Value| -> Vec<u32> {
         let list = v.as_array().expect("ids");
-        list.iter().map(|t| t.as_u64().expect("id") as u32).collect()
+        list.iter()
+            .map(|t| t.as_u64().expect("id") as u32)
+            .collect()
     };
     r["prompts"]
         .as_array()
@@ -57,7 +59,10 @@ fn distance(isa: Isa) -> (f64, f64) {
     let mut runner = CpuRunner::new(model, spec).expect("KV pool");
     let (mut sum, mut n, mut top1, mut rows) = (0.0, 0usize, 0usize, 0usize);
     let prompts = prompts();
-    assert!(prompts.iter().any(|p| p.tokens.len() > 1024), "no long prompt");
+    assert!(
+        prompts.iter().any(|p| p.tokens.len() > 1024),
+        "no long prompt"
+    );
     for p in &prompts {
         let opts = ScoreOptions {
             top_k: 1,
@@ -75,7 +80,9 @@ fn distance(isa: Isa) -> (f64, f64) {
         }
     }
     let (mean, agree) = (sum / n as f64, top1 as f64 / rows as f64);
-    eprintln!("gemma3-270m ({isa}): mean |Δlogprob| {mean:.2e} over {n} positions, top-1 {agree:.4}");
+    eprintln!(
+        "gemma3-270m ({isa}): mean |Δlogprob| {mean:.2e} over {n} positions, top-1 {agree:.4}"
+    );
     (mean, agree)
 }
 
