@@ -8,6 +8,7 @@ this script uses: same tokenizer, same reference.json format, same fp32 eager re
                 10000 vs global 1e6 with linear scaling 4 on the global layer,
                 query_pre_attn_scalar 20 (not head_dim), final logit soft-capping 5.
   mistral_swa   MistralForCausalLM with sliding_window 8 on every layer.
+  phi3          Phi3ForCausalLM (fused qkv_proj and gate_up_proj) with sliding_window 8.
 
 Run from the repository root: python3 scripts/make_sliding_window_fixtures.py
 Everything is seeded; re-running reproduces the same files for the same library versions.
@@ -17,7 +18,14 @@ import os
 import sys
 
 import torch
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    MistralConfig,
+    MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_hf_fixtures as hf  # noqa: E402
@@ -81,10 +89,21 @@ def build_mistral_swa(tok):
     assert delta > 0.1, f"the sliding window barely changes the logits ({delta})"
 
 
+def build_phi3(tok):
+    cfg = Phi3Config(vocab_size=hf.VOCAB, hidden_size=64, intermediate_size=96,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     rms_norm_eps=1e-5, max_position_embeddings=512,
+                     original_max_position_embeddings=512, sliding_window=WINDOW,
+                     bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    hf.build_and_save("phi3", Phi3ForCausalLM, cfg, 9, tok, hf.llama_gen())
+
+
 def main():
     tok = hf.build_tokenizer()
     build_gemma3(tok)
     build_mistral_swa(tok)
+    build_phi3(tok)
 
 
 if __name__ == "__main__":

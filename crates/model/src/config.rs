@@ -12,6 +12,9 @@ pub enum Architecture {
     /// Gemma 3 (text): scaled embedding, four norms per layer, GeGLU, q/k norms, local
     /// sliding-window layers interleaved with global ones (see [`BlockFeatures`]).
     Gemma3,
+    /// Phi-3: like Llama with q/k/v fused into one matrix and gate/up into another (split
+    /// at load), and a sliding window on every layer where the config sets one.
+    Phi3,
 }
 
 impl Architecture {
@@ -22,6 +25,7 @@ impl Architecture {
             "qwen2" => Some(Architecture::Qwen2),
             "qwen3" => Some(Architecture::Qwen3),
             "gemma3" => Some(Architecture::Gemma3),
+            "phi3" => Some(Architecture::Phi3),
             _ => None,
         }
     }
@@ -33,6 +37,7 @@ impl Architecture {
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
             Architecture::Gemma3 => "gemma3",
+            Architecture::Phi3 => "phi3",
         }
     }
 
@@ -43,6 +48,7 @@ impl Architecture {
             "Qwen2ForCausalLM" => Some(Architecture::Qwen2),
             "Qwen3ForCausalLM" => Some(Architecture::Qwen3),
             "Gemma3ForCausalLM" => Some(Architecture::Gemma3),
+            "Phi3ForCausalLM" => Some(Architecture::Phi3),
             _ => None,
         }
     }
@@ -54,18 +60,19 @@ impl Architecture {
             "qwen2" => Some(Architecture::Qwen2),
             "qwen3" => Some(Architecture::Qwen3),
             "gemma3_text" => Some(Architecture::Gemma3),
+            "phi3" => Some(Architecture::Phi3),
             _ => None,
         }
     }
 }
 
 /// The supported GGUF `general.architecture` names.
-pub const GGUF_ARCHITECTURES: &str = "llama, qwen2, qwen3, gemma3";
+pub const GGUF_ARCHITECTURES: &str = "llama, qwen2, qwen3, gemma3, phi3";
 /// The supported Hugging Face `architectures` classes.
 pub const HF_CLASSES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
-                              Qwen3ForCausalLM, Gemma3ForCausalLM";
+                              Qwen3ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM";
 /// The supported Hugging Face `model_type` values.
-pub const HF_MODEL_TYPES: &str = "llama, mistral, qwen2, qwen3, gemma3_text";
+pub const HF_MODEL_TYPES: &str = "llama, mistral, qwen2, qwen3, gemma3_text, phi3";
 
 /// How RoPE pairs up the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

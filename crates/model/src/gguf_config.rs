@@ -39,7 +39,9 @@ pub fn config_from_gguf(md: &Metadata, vocab_size: usize) -> Result<ModelConfig>
     let style = match architecture {
         // convert_hf_to_gguf.py permutes llama q/k rows for the interleaved layout.
         Architecture::Llama => RopeStyle::Interleaved,
-        Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Gemma3 => RopeStyle::Neox,
+        Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Gemma3 | Architecture::Phi3 => {
+            RopeStyle::Neox
+        }
     };
     let num_layers = int("block_count")?;
     let features = match architecture {

@@ -371,13 +371,14 @@ fn model_config(cfg: &Map<String, Value>) -> Result<ModelConfig> {
     })
 }
 
-/// Mistral's `sliding_window` (read as Llama): every layer attends to that many positions.
+/// Mistral's (read as Llama) and Phi-3's `sliding_window`: every layer attends to that
+/// many positions.
 fn mistral_window(
     cfg: &Map<String, Value>,
     arch: Architecture,
     num_layers: usize,
 ) -> Result<Option<SlidingWindow>> {
-    if arch != Architecture::Llama {
+    if !matches!(arch, Architecture::Llama | Architecture::Phi3) {
         return Ok(None);
     }
     match opt_usize(cfg, "sliding_window")? {
@@ -399,7 +400,7 @@ fn context_len(
     let window = match arch {
         // Mistral (read as Llama) slides whenever `sliding_window` is set, which the
         // attention honours (`mistral_window`); Gemma 3 is read by `hf_gemma3`.
-        Architecture::Llama | Architecture::Gemma3 => None,
+        Architecture::Llama | Architecture::Gemma3 | Architecture::Phi3 => None,
         Architecture::Qwen2 | Architecture::Qwen3 => {
             if opt_bool(cfg, "use_sliding_window")?.unwrap_or(false) {
                 opt_usize(cfg, "sliding_window")?

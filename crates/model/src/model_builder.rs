@@ -62,6 +62,27 @@ impl Resolver<'_> {
     }
 }
 
+/// Splits Phi-3's fused `qkv` and `gate_up` matrices of every layer into the q, k, v, gate
+/// and up matrices the forward pass reads (views of the same bytes; gate is the first half,
+/// as transformers' `chunk(2)` and llama.cpp's fused SwiGLU take it).
+fn split_fused(c: &ModelConfig, tensors: &mut TensorSet, s: NameScheme) -> Result<()> {
+    for i in 0..c.num_layers {
+        let name = |p| s.layer(i, p);
+        let qkv = [
+            (name(Part::Q), c.q_dim()),
+            (name(Part::K), c.kv_dim()),
+            (name(Part::V), c.kv_dim()),
+        ];
+        tensors.split_rows(&name(Part::Qkv), &qkv)?;
+        let gate_up = [
+            (name(Part::Gate), c.intermediate_size),
+            (name(Part::Up), c.intermediate_size),
+        ];
+        tensors.split_rows(&name(Part::GateUp), &gate_up)?;
+    }
+    Ok(())
+}
+
 /// What is added to every stored norm weight (see [`Resolver::norm`]).
 fn norm_offset(c: &ModelConfig, scheme: NameScheme) -> f32 {
     if c.architecture == Architecture::Gemma3 && scheme == NameScheme::HuggingFace {
@@ -125,11 +146,14 @@ fn layer_weights(r: &mut Resolver<'_>, c: &ModelConfig, i: usize) -> Result<Laye
 /// when present.
 pub fn build_host_model(
     config: ModelConfig,
-    tensors: TensorSet,
+    mut tensors: TensorSet,
     scheme: NameScheme,
     rope_freq_factors: Option<&[f32]>,
 ) -> Result<HostModel> {
     config.validate().map_err(ModelError::Config)?;
+    if config.architecture == Architecture::Phi3 {
+        split_fused(&config, &mut tensors, scheme)?;
+    }
     check_layer_count(&config, &tensors, scheme)?;
     check_attention_shapes(&config, &tensors, scheme)?;
     let mut r = Resolver {

@@ -32,6 +32,9 @@ pub enum Part {
     PostAttnNorm,
     PreFfnNorm,
     PostFfnNorm,
+    /// Phi-3's fused q/k/v and gate/up matrices, split into Q, K, V and Gate, Up at load.
+    Qkv,
+    GateUp,
     Gate,
     Up,
     Down,
@@ -118,6 +121,8 @@ impl NameScheme {
             ),
             Part::PreFfnNorm => ("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
             Part::PostFfnNorm => ("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
+            Part::Qkv => ("attn_qkv.weight", "self_attn.qkv_proj.weight"),
+            Part::GateUp => ("ffn_up.weight", "mlp.gate_up_proj.weight"),
             Part::Gate => ("ffn_gate.weight", "mlp.gate_proj.weight"),
             Part::Up => ("ffn_up.weight", "mlp.up_proj.weight"),
             Part::Down => ("ffn_down.weight", "mlp.down_proj.weight"),

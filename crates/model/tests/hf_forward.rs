@@ -1,6 +1,6 @@
 //! The forward pass against HF transformers (fp32) on the small random-weight fixtures made
-//! by `scripts/make_hf_fixtures.py` and `scripts/make_sliding_window_fixtures.py` (Gemma 3
-//! and Mistral with a sliding window of 8 positions, shorter than the prompts), and the
+//! by `scripts/make_hf_fixtures.py` and `scripts/make_sliding_window_fixtures.py` (Gemma 3,
+//! Mistral and Phi-3 with a sliding window of 8 positions, shorter than the prompts), and the
 //! batch/chunk/thread invariants on the same models.
 
 use std::path::{Path, PathBuf};
@@ -12,7 +12,7 @@ use tandem_model::model_builder::{build_host_model, NameScheme};
 use tandem_model::safetensors::load_safetensors_dir;
 use tandem_model::transformer::Model;
 
-const FIXTURES: [&str; 11] = [
+const FIXTURES: [&str; 12] = [
     "llama_tied",
     "llama_untied",
     "llama3_rope",
@@ -24,6 +24,7 @@ const FIXTURES: [&str; 11] = [
     "llama_tied_f16",
     "gemma3",
     "mistral_swa",
+    "phi3",
 ];
 
 fn fixture_dir(name: &str) -> PathBuf {
@@ -158,7 +159,7 @@ const F16_KV_TOLERANCE: f32 = 3e-2;
 
 #[test]
 fn chunked_prefill_equals_one_pass_bitwise() {
-    for name in ["llama_tied", "qwen2", "qwen3", "gemma3", "mistral_swa"] {
+    for name in ["llama_tied", "qwen2", "qwen3", "gemma3", "mistral_swa", "phi3"] {
         let mut model = load(name, 2);
         let (ids, _) = &sequences(name)[1];
         for dtype in [KvDtype::F32, KvDtype::F16] {
@@ -176,7 +177,7 @@ fn chunked_prefill_equals_one_pass_bitwise() {
 
 #[test]
 fn a_sequence_does_not_depend_on_its_batch_neighbours() {
-    for name in ["llama_untied", "gemma3", "mistral_swa"] {
+    for name in ["llama_untied", "gemma3", "mistral_swa", "phi3"] {
         batch_neighbours(name);
     }
 }
