@@ -6,7 +6,7 @@ this script uses: same tokenizer, same reference.json format, same fp32 eager re
   gemma3        Gemma3ForCausalLM, 3 layers [sliding, full, sliding] with a window
                 of 8 positions (the test prompts have 20 and 33 tokens), local RoPE base
                 10000 vs global 1e6 with linear scaling 4 on the global layer,
-                query_pre_attn_scalar 20 (not head_dim), final logit soft-capping 5.
+                query_pre_attn_scalar 16 (= head_dim: llama.cpp's GGUF keeps no other), final logit soft-capping 5.
   mistral_swa   MistralForCausalLM with sliding_window 8 on every layer.
   phi3          Phi3ForCausalLM (fused qkv_proj and gate_up_proj) with sliding_window 8.
 
@@ -49,7 +49,7 @@ def build_gemma3(tok):
     cfg = Gemma3TextConfig(
         vocab_size=hf.VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
-        max_position_embeddings=512, sliding_window=WINDOW, query_pre_attn_scalar=20,
+        max_position_embeddings=512, sliding_window=WINDOW, query_pre_attn_scalar=16,
         final_logit_softcapping=5.0, bos_token_id=1, eos_token_id=2, pad_token_id=0,
         tie_word_embeddings=True,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],

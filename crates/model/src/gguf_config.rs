@@ -8,7 +8,7 @@ use crate::config::{
     GGUF_ARCHITECTURES,
 };
 use crate::error::{ModelError, Result};
-use crate::gguf::Metadata;
+use crate::gguf::{Metadata, MetadataValue};
 
 /// The architecture-level settings of a GGUF model. `vocab_size` comes from the embedding
 /// tensor, which the caller knows.
@@ -82,10 +82,11 @@ const GEMMA3_LOCAL_THETA: f32 = 10_000.0;
 const GEMMA3_27B_LAYERS: usize = 62;
 
 /// What a `gemma3` file's block does beyond Llama's, as llama.cpp reads it: the window from
-/// `attention.sliding_window` on every layer but each sixth (or the
-/// `attention.sliding_window_pattern` period when present), local RoPE base 10000 without
-/// scaling, the query scale `1/sqrt(head_dim)` (27B: `1/sqrt(hidden / heads)`). The norm
-/// weights of a converted file already hold `1 + w`.
+/// `attention.sliding_window` on every layer but each sixth (or as
+/// `attention.sliding_window_pattern` says: one flag per layer, or a period), the local RoPE
+/// base `rope.freq_base_swa` (default 10000) without scaling, the query scale
+/// `1/sqrt(head_dim)` (27B: `1/sqrt(hidden / heads)`). The norm weights of a converted file
+/// already hold `1 + w`.
 fn gemma3_features(
     md: &Metadata,
     arch: &str,
@@ -102,15 +103,7 @@ fn gemma3_features(
         });
     }
     let size = md.u32(&key("attention.sliding_window"))? as usize;
-    let pattern = md
-        .opt_u32(&key("attention.sliding_window_pattern"))?
-        .map_or(GEMMA3_PATTERN, |p| p as usize);
-    if pattern == 0 {
-        return Err(ModelError::Hyperparameter {
-            key: key("attention.sliding_window_pattern"),
-            reason: "must be positive".into(),
-        });
-    }
+    let layers = swa_layers(md, &key("attention.sliding_window_pattern"), num_layers)?;
     let query_dim = if num_layers == GEMMA3_27B_LAYERS {
         hidden_size / num_heads
     } else {
@@ -122,17 +115,48 @@ fn gemma3_features(
         post_norms: true,
         attention_scale: Some(1.0 / (query_dim as f32).sqrt()),
         final_logit_softcap: md.opt_f32(&key("final_logit_softcapping"))?,
-        sliding_window: Some(SlidingWindow {
-            size,
-            layers: (0..num_layers).map(|i| (i + 1) % pattern != 0).collect(),
-        }),
+        sliding_window: Some(SlidingWindow { size, layers }),
         local_rope: Some(RopeConfig {
-            theta: GEMMA3_LOCAL_THETA,
+            theta: md
+                .opt_f32(&key("rope.freq_base_swa"))?
+                .unwrap_or(GEMMA3_LOCAL_THETA),
             style: RopeStyle::Neox,
             llama3_scaling: None,
         }),
         rope_linear_factor: None,
     })
+}
+
+/// Which layers slide: `key` as one flag per layer, or as a period `p` (every layer but each
+/// `p`-th), else Gemma 3's period 6.
+fn swa_layers(md: &Metadata, key: &str, num_layers: usize) -> Result<Vec<bool>> {
+    let bad = |reason: String| ModelError::Hyperparameter {
+        key: key.to_string(),
+        reason,
+    };
+    let period = match md.get(key) {
+        None => GEMMA3_PATTERN,
+        Some(MetadataValue::Array(flags)) => {
+            let layers: Vec<bool> = flags
+                .iter()
+                .filter_map(|f| match f {
+                    MetadataValue::Bool(b) => Some(*b),
+                    _ => None,
+                })
+                .collect();
+            if layers.len() != num_layers || layers.len() != flags.len() {
+                return Err(bad(format!(
+                    "must hold {num_layers} booleans (one per layer)"
+                )));
+            }
+            return Ok(layers);
+        }
+        Some(_) => md.u32(key)? as usize,
+    };
+    if period == 0 {
+        return Err(bad("must be positive".into()));
+    }
+    Ok((0..num_layers).map(|i| (i + 1) % period != 0).collect())
 }
 
 /// `attention.key_length`, else hidden / heads; `attention.value_length` and
