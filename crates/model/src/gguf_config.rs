@@ -48,6 +48,18 @@ pub fn config_from_gguf(md: &Metadata, vocab_size: usize) -> Result<ModelConfig>
         Architecture::Gemma3 => {
             gemma3_features(md, arch_name, hidden_size, num_heads, head_dim, num_layers)?
         }
+        // llama.cpp currently ignores Phi-3's window (with a warning); transformers applies
+        // it, and so does tandem.
+        Architecture::Phi3 => BlockFeatures {
+            sliding_window: md
+                .opt_u32(&key("attention.sliding_window"))?
+                .filter(|&w| w > 0)
+                .map(|w| SlidingWindow {
+                    size: w as usize,
+                    layers: vec![true; num_layers],
+                }),
+            ..BlockFeatures::default()
+        },
         _ => BlockFeatures::default(),
     };
     let config = ModelConfig {

@@ -61,3 +61,4 @@ fn llama_cpp_conversions_match_transformers() {
         }
     }
 }
+
