@@ -45,8 +45,7 @@ fn llama_cpp_conversions_match_transformers() {
         let mut model = Model::with_kernels(host, 2, Isa::best_exact());
         for (i, (ids, want)) in sequences(name).iter().enumerate() {
             let blocks = ids.len().div_ceil(16);
-            let mut kv =
-                KvStore::with_dtype(&model.config, 16, blocks, KvDtype::F32).expect("kv");
+            let mut kv = KvStore::with_dtype(&model.config, 16, blocks, KvDtype::F32).expect("kv");
             let table = (0..blocks as u32).map(BlockId).collect();
             let batch = ForwardBatch::single(ids.clone(), 0, table, OutputSelection::All);
             let got = model.forward(&batch, &mut kv).expect("forward");
@@ -61,4 +60,3 @@ fn llama_cpp_conversions_match_transformers() {
         }
     }
 }
-

@@ -536,7 +536,7 @@ fn gemma3_config_reads_every_feature() {
     assert!(c.qk_norm && !c.qkv_bias && c.tie_word_embeddings);
     let f = &c.features;
     assert_eq!(f.embedding_scale, Some(8.0)); // sqrt(64)
-    assert_eq!(f.attention_scale, Some(1.0 / 20f32.sqrt()));
+    assert_eq!(f.attention_scale, Some(0.25)); // query_pre_attn_scalar 16
     assert_eq!(f.final_logit_softcap, Some(5.0));
     assert_eq!(f.rope_linear_factor, Some(4.0));
     assert_eq!(c.rope.theta, 1e6);
@@ -562,6 +562,9 @@ fn gemma3_legacy_fields_defaults_and_refusals() {
     assert_eq!(c.features.rope_linear_factor, Some(8.0));
     assert_eq!((c.head_dim, c.context_len), (256, 131072));
     assert_eq!(c.features.attention_scale, Some(1.0 / 16.0)); // 256^-0.5
+    let scalar = base.replacen('{', r#"{"query_pre_attn_scalar": 64, "#, 1);
+    let c = parse_hf_config(&scalar, None).unwrap().config;
+    assert_eq!(c.features.attention_scale, Some(0.125)); // not head_dim's 1/16
     for (extra, field) in [
         (
             r#""attn_logit_softcapping": 50.0"#,
@@ -576,4 +579,25 @@ fn gemma3_legacy_fields_defaults_and_refusals() {
         let json = base.replacen('{', &format!("{{{extra}, "), 1);
         assert!(config_error(&json).contains(field), "{field}");
     }
+}
+
+/// Phi-3: its window on every layer; its long-context RoPE (`longrope`) is refused by name.
+#[test]
+fn phi3_window_and_refused_longrope() {
+    let c = load("phi3").config;
+    assert_eq!(c.architecture, tandem_model::config::Architecture::Phi3);
+    assert_eq!(
+        (c.features.window(0), c.features.window(1)),
+        (Some(8), Some(8))
+    );
+    let text = std::fs::read_to_string(fixture("phi3").join("config.json")).unwrap();
+    let long = text.replace(
+        r#""rope_type": "default""#,
+        r#""rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]"#,
+    );
+    assert!(
+        config_error(&long).contains("longrope"),
+        "{}",
+        config_error(&long)
+    );
 }

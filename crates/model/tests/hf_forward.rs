@@ -159,7 +159,14 @@ const F16_KV_TOLERANCE: f32 = 3e-2;
 
 #[test]
 fn chunked_prefill_equals_one_pass_bitwise() {
-    for name in ["llama_tied", "qwen2", "qwen3", "gemma3", "mistral_swa", "phi3"] {
+    for name in [
+        "llama_tied",
+        "qwen2",
+        "qwen3",
+        "gemma3",
+        "mistral_swa",
+        "phi3",
+    ] {
         let mut model = load(name, 2);
         let (ids, _) = &sequences(name)[1];
         for dtype in [KvDtype::F32, KvDtype::F16] {
