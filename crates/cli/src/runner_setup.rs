@@ -45,6 +45,13 @@ impl PreparedModel {
                 }
                 Some(n)
             }
+            Device::Auto if !host.config.extra_features().is_empty() => {
+                eprintln!(
+                    "tandem: --device auto: the CUDA runner does not implement {}; using the CPU",
+                    host.config.extra_features().join(", ")
+                );
+                None
+            }
             Device::Auto => match tandem_cuda::probe() {
                 Ok(info) if info.device_count() > 0 => Some(0),
                 Ok(_) => {

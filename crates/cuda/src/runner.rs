@@ -170,6 +170,14 @@ const INITIAL_TABLE_TOKENS: usize = 2048;
 /// Checks the shapes the kernels support.
 fn check_model(c: &ModelConfig) -> Result<(), CudaError> {
     c.validate().map_err(CudaError::Unsupported)?;
+    let missing = c.extra_features();
+    if !missing.is_empty() {
+        return Err(CudaError::Unsupported(format!(
+            "the CUDA runner does not implement {} ({} model); run it on the CPU (--device cpu)",
+            missing.join(", "),
+            c.architecture.gguf_name()
+        )));
+    }
     if !c.head_dim.is_multiple_of(32) || c.head_dim > MAX_HEAD_DIM {
         return Err(CudaError::Unsupported(format!(
             "head_dim {} must be a multiple of 32 and at most {MAX_HEAD_DIM}",

@@ -85,3 +85,27 @@ fn runner_without_a_driver_is_an_error_not_a_panic() {
         assert!(err.to_string().contains("libcuda"), "{err}");
     }
 }
+
+/// A model using features the CUDA runner lacks (Gemma 3: sliding windows, GeGLU, ...) is
+/// refused when the runner is built, with or without a GPU, naming what is missing.
+#[test]
+fn runner_refuses_gemma3_naming_the_missing_features() {
+    use tandem_model::model_builder::{build_host_model, NameScheme};
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/hf/gemma3");
+    let info = tandem_model::hf_config::load_hf_config(&dir).expect("config");
+    let tensors = tandem_model::safetensors::load_safetensors_dir(&dir).expect("weights");
+    let host = build_host_model(info.config, tensors, NameScheme::HuggingFace, None).expect("host");
+    let scratch = std::env::temp_dir().join(format!("tandem-cuda-gemma-{}", std::process::id()));
+    let options = tandem_cuda::CudaOptions::new(scratch.join("kernels"));
+    let err = tandem_cuda::CudaRunner::new(&host, options).expect_err("no Gemma on CUDA");
+    let msg = err.to_string();
+    for feature in [
+        "sliding-window attention",
+        "GeGLU",
+        "post-attention",
+        "gemma3",
+    ] {
+        assert!(msg.contains(feature), "{msg}");
+    }
+}

@@ -13,7 +13,9 @@ use tandem_model::scoring::{score_tokens, ScoreOptions};
 use tandem_model::transformer::Model;
 
 mod cpu_engine;
-use cpu_engine::{config, cpu_engine, default_model, fixture_model, scoring_runner};
+use cpu_engine::{
+    config, cpu_engine, default_model, fixture_model, gemma3_fixture, scoring_runner,
+};
 
 /// Tokens and logprobs a request produced.
 type Output = (Vec<TokenId>, Vec<f32>);
@@ -191,6 +193,17 @@ fn greedy_generation_is_path_independent_on_a_fixture_model() {
 #[test]
 fn seeded_sampling_is_path_independent_on_a_fixture_model() {
     check_paths(fixture_model, 33, true);
+}
+
+/// Gemma 3 with a window of 8 positions on its local layers, shorter than most prompts.
+#[test]
+fn greedy_generation_is_path_independent_with_a_sliding_window() {
+    check_paths(gemma3_fixture, 33, false);
+}
+
+#[test]
+fn seeded_sampling_is_path_independent_with_a_sliding_window() {
+    check_paths(gemma3_fixture, 33, true);
 }
 
 #[test]

@@ -9,7 +9,7 @@ use tandem_engine::{RequestParams, SchedulerConfig, SeqId};
 use tandem_model::batch::TokenId;
 
 mod cpu_engine;
-use cpu_engine::{cpu_engine, default_model};
+use cpu_engine::{cpu_engine, default_model, gemma3_fixture};
 
 /// What one request produced.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -33,21 +33,25 @@ fn config(num_blocks: usize, caching: bool) -> SchedulerConfig {
     c
 }
 
-fn toks(range: std::ops::Range<u32>, mul: u32, add: u32) -> Vec<TokenId> {
-    range
-        .map(|j| TokenId((j * mul + add) % 49_000 + 10))
-        .collect()
+/// Token ids below the default model's vocabulary.
+const DEFAULT_IDS: u32 = 49_000;
+/// Token ids below the HF fixtures' vocabulary (320).
+const FIXTURE_IDS: u32 = 300;
+
+/// Ids `(j * mul + add) % ids + 10` for `j` in `range`.
+fn toks(range: std::ops::Range<u32>, mul: u32, add: u32, ids: u32) -> Vec<TokenId> {
+    range.map(|j| TokenId((j * mul + add) % ids + 10)).collect()
 }
 
 /// A 70-token shared head (4 full blocks + 6), tails of different lengths; greedy generation
 /// with prompt logprobs (top 3) and a scoring-only request (max_tokens 0).
-fn requests() -> Vec<GenerationRequest> {
-    let head = toks(0..70, 37, 11);
+fn requests(ids: u32) -> Vec<GenerationRequest> {
+    let head = toks(0..70, 37, 11, ids);
     let tails = [
-        toks(0..5, 13, 1),
-        toks(0..29, 7, 3),
+        toks(0..5, 13, 1, ids),
+        toks(0..29, 7, 3, ids),
         Vec::new(),
-        toks(0..1, 1, 9),
+        toks(0..1, 1, 9, ids),
     ];
     let mut reqs: Vec<GenerationRequest> = tails
         .iter()
@@ -70,7 +74,7 @@ fn requests() -> Vec<GenerationRequest> {
         .collect();
     // Shares only the first block with the others (a partial hit).
     let mut partial = head[..20].to_vec();
-    partial.extend(toks(0..30, 5, 17));
+    partial.extend(toks(0..30, 5, 17, ids));
     reqs.push(GenerationRequest {
         prompt: partial,
         ..reqs[0].clone()
@@ -196,7 +200,7 @@ fn assert_same(name: &str, got: &[Out], want: &[Out]) {
 
 #[test]
 fn cache_hits_misses_evictions_and_disabled_cache_give_identical_results() {
-    let reqs = requests();
+    let reqs = requests(DEFAULT_IDS);
     let n = reqs.len();
     let all: Vec<usize> = (0..n).collect();
 
@@ -274,7 +278,7 @@ fn cache_hits_misses_evictions_and_disabled_cache_give_identical_results() {
         run_batch(&mut small, &reqs, &[i], &mut first);
     }
     let filler = GenerationRequest {
-        prompt: toks(0..200, 3, 1),
+        prompt: toks(0..200, 3, 1, DEFAULT_IDS),
         ..reqs[0].clone()
     };
     let mut sink = vec![Out::default(); 1];
@@ -299,4 +303,33 @@ fn cache_hits_misses_evictions_and_disabled_cache_give_identical_results() {
     run_batch(&mut on, &reqs, &[1], &mut reset);
     assert_eq!(reset[1].cached, Some(0));
     assert_same("after reset", &reset[1..2], &want[1..2]);
+}
+
+/// With a sliding window (Gemma 3's local layers read only the last 8 positions; every
+/// block stays in the pool), a cache hit ≡ a miss: cached blocks hold the K/V and final
+/// hidden states of every position, whichever layers read them.
+#[test]
+fn sliding_window_cache_hits_equal_misses() {
+    let reqs = requests(FIXTURE_IDS);
+    let n = reqs.len();
+    let mut off = cpu_engine(gemma3_fixture(), config(256, false), 7);
+    let mut want = vec![Out::default(); n];
+    for i in 0..n {
+        run_batch(&mut off, &reqs, &[i], &mut want);
+    }
+    let mut on = cpu_engine(gemma3_fixture(), config(256, true), 7);
+    let mut warm = vec![Out::default(); n];
+    for i in 0..n {
+        run_batch(&mut on, &reqs, &[i], &mut warm);
+    }
+    assert_same("warm", &warm, &want);
+    assert_eq!(
+        warm[1].cached,
+        Some(64),
+        "4 full blocks of the 70-token head"
+    );
+    let all: Vec<usize> = (0..n).collect();
+    let mut batched = vec![Out::default(); n];
+    run_batch(&mut on, &reqs, &all, &mut batched);
+    assert_same("batched warm", &batched, &want);
 }

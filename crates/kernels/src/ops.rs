@@ -80,6 +80,25 @@ pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// GeGLU with the tanh approximation of GELU (transformers' `gelu_pytorch_tanh`), in place in
+/// `gate`: `gate[i] = 0.5 · g · (1 + tanh(sqrt(2/π) · (g + 0.044715 · g³))) · up[i]`.
+pub fn geglu_tanh_inplace(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "geglu: length mismatch");
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+    }
+}
+
+/// Soft-capping: `x[i] = cap · tanh(x[i] / cap)`.
+pub fn softcap_inplace(x: &mut [f32], cap: f32) {
+    for v in x.iter_mut() {
+        *v = (*v / cap).tanh() * cap;
+    }
+}
+
 /// `x += y`.
 pub fn add_inplace(x: &mut [f32], y: &[f32]) {
     assert_eq!(x.len(), y.len(), "add_inplace: length mismatch");

@@ -1,7 +1,9 @@
 //! Causal grouped-query attention of new tokens over a paged KV store.
 //!
 //! Every new token attends to positions `0..=pos` of its own sequence, read from the store
-//! through the sequence's slots (its own K/V were written before this runs). When every
+//! through the sequence's slots (its own K/V were written before this runs); on a layer with
+//! a sliding window of `w` positions, to `pos + 1 - w ..= pos` only (the blocks before stay
+//! in the store and are simply not read). When every
 //! sequence brings one token (decode), the work is split into tasks of (token, KV head, query
 //! heads of its group), each computed by the kernels' one-pass group attention; when a
 //! sequence brings several (prefill, scoring, speculative verification), into tasks of up to
@@ -27,12 +29,23 @@ pub struct AttentionLayout<'a> {
     pub seq_slots: &'a [Vec<usize>],
 }
 
-/// Head geometry.
+/// Head geometry and what a layer's attention reads.
 #[derive(Debug, Clone, Copy)]
 pub struct HeadShape {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// The query-key product's scale (usually `1 / sqrt(head_dim)`).
+    pub scale: f32,
+    /// The layer's sliding window in positions, if it has one.
+    pub window: Option<usize>,
+}
+
+impl HeadShape {
+    /// The first context position a token at `pos` attends to.
+    fn first_position(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
 }
 
 /// Tasks per thread that single-token decode aims for: when a batch has fewer GQA groups
@@ -67,13 +80,14 @@ pub fn causal_attention(
         num_heads,
         num_kv_heads,
         head_dim: d,
+        scale,
+        ..
     } = shape;
     let group = num_heads / num_kv_heads;
     let groups = layout.positions.len() * num_kv_heads;
     let parts = (MIN_TASKS_PER_THREAD * pool.n_threads())
         .div_ceil(groups.max(1))
         .clamp(1, group);
-    let scale = 1.0 / (d as f32).sqrt();
     // Query heads `heads` of token `t` (all in one GQA group) into `out_heads`.
     let attend_heads = |t: usize, heads: std::ops::Range<usize>, out_heads: &mut [f32]| {
         let pos = layout.positions[t];
@@ -82,7 +96,7 @@ pub fn causal_attention(
             row_stride: num_kv_heads * d,
             offset: heads.start / group * d,
             head_dim: d,
-            slots: &layout.seq_slots[layout.token_seq[t]][..=pos],
+            slots: &layout.seq_slots[layout.token_seq[t]][shape.first_position(pos)..=pos],
         };
         let q_at = (t * num_heads + heads.start) * d;
         attend_with(isa, &q[q_at..q_at + heads.len() * d], &kv, scale, out_heads);
@@ -119,7 +133,10 @@ pub fn causal_attention(
 }
 
 /// [`causal_attention`] in tasks of up to [`TILE_ROWS`] consecutive tokens of one sequence,
-/// every query head of them through the tile kernel.
+/// every query head of them through the tile kernel. A task with a token whose window starts
+/// past position 0 has rows with different first positions, which the tile kernel (one
+/// shared start) cannot take: its rows go through the group kernel one by one, bitwise what
+/// the tile kernel would give, at the cost of reading the window's K/V once per row.
 fn tiled_attention(
     isa: Isa,
     pool: &ThreadPool,
@@ -133,6 +150,8 @@ fn tiled_attention(
         num_heads,
         num_kv_heads,
         head_dim: d,
+        scale,
+        ..
     } = shape;
     let group = num_heads / num_kv_heads;
     let token_len = num_heads * d;
@@ -149,11 +168,31 @@ fn tiled_attention(
     bounds.push(seqs.len());
     let tokens = bounds.clone();
     bounds.iter_mut().for_each(|b| *b *= token_len);
-    let scale = 1.0 / (d as f32).sqrt();
     for_each_part_mut(pool, out, &bounds, |i, out_tokens| {
         let first = tokens[i];
         let n = tokens[i + 1] - first;
         let positions = &layout.positions[first..first + n];
+        if positions.iter().any(|&p| shape.first_position(p) > 0) {
+            let seq_slots = &layout.seq_slots[seqs[first]];
+            for (r, &pos) in positions.iter().enumerate() {
+                let slots = &seq_slots[shape.first_position(pos)..=pos];
+                for g in 0..num_kv_heads {
+                    let kv = KvView {
+                        rows,
+                        row_stride: num_kv_heads * d,
+                        offset: g * d,
+                        head_dim: d,
+                        slots,
+                    };
+                    let at = (first + r) * token_len + g * group * d;
+                    let q_group = &q[at..at + group * d];
+                    let out_at = r * token_len + g * group * d;
+                    let out_group = &mut out_tokens[out_at..out_at + group * d];
+                    attend_with(isa, q_group, &kv, scale, out_group);
+                }
+            }
+            return;
+        }
         let context: Vec<usize> = positions.iter().map(|&p| p + 1).collect();
         let longest = context.iter().copied().max().unwrap_or(0);
         let slots = &layout.seq_slots[seqs[first]][..longest];
@@ -229,6 +268,8 @@ mod tests {
             num_heads: heads,
             num_kv_heads: kv_heads,
             head_dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+            window: None,
         };
         causal_attention(
             Isa::best(),
@@ -273,6 +314,8 @@ mod tests {
             num_heads: heads,
             num_kv_heads: kv_heads,
             head_dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+            window: None,
         };
         let q: Vec<f32> = (0..4 * heads * d).map(|i| f(i + 31)).collect();
         let run = |threads: usize, positions: &[usize], token_seq: &[usize], q: &[f32]| {
@@ -300,6 +343,79 @@ mod tests {
                     .zip(&batch[t * row..][..row])
                     .all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same, "token {t} with {threads} threads");
+            }
+        }
+    }
+
+    /// With a window of 3, a token reads only its last 3 positions: equal to the definition
+    /// over those, and bitwise the same computed alone (group kernel) or in a prefill run
+    /// (rows whose window starts past 0 go through the group kernel, the others the tile).
+    #[test]
+    fn a_window_limits_the_context_and_keeps_batch_invariance() {
+        let (heads, kv_heads, d, window) = (4, 2, 8, 3);
+        let f = |i: usize| ((i * 7919 % 1000) as f32 / 500.0) - 1.0;
+        let keys: Vec<f32> = (0..8 * kv_heads * d).map(|i| f(i + 7)).collect();
+        let values: Vec<f32> = (0..8 * kv_heads * d).map(|i| f(i + 19)).collect();
+        let slots = vec![vec![5, 0, 7, 2, 6, 1, 3]];
+        let shape = HeadShape {
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim: d,
+            scale: 0.3,
+            window: Some(window),
+        };
+        let row = heads * d;
+        let q: Vec<f32> = (0..7 * row).map(|i| f(i + 41)).collect();
+        let rows = KvRows::F32 {
+            keys: &keys,
+            values: &values,
+        };
+        let run = |positions: &[usize], q: &[f32]| {
+            let mut out = vec![f32::NAN; q.len()];
+            let token_seq = vec![0; positions.len()];
+            let layout = AttentionLayout {
+                positions,
+                token_seq: &token_seq,
+                seq_slots: &slots,
+            };
+            causal_attention(
+                Isa::best(),
+                &ThreadPool::new(2),
+                shape,
+                &layout,
+                q,
+                rows,
+                &mut out,
+            );
+            out
+        };
+        let prefill = run(&[0, 1, 2, 3, 4, 5, 6], &q);
+        for pos in 0..7 {
+            let alone = run(&[pos], &q[pos * row..][..row]);
+            let same = alone
+                .iter()
+                .zip(&prefill[pos * row..][..row])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "position {pos}: alone differs from the prefill");
+            let first = (pos + 1).saturating_sub(window);
+            for h in 0..heads {
+                let kvh = h / 2;
+                let at = |buf: &[f32], s: usize| buf[(s * kv_heads + kvh) * d..][..d].to_vec();
+                let seen = &slots[0][first..=pos];
+                let ks: Vec<_> = seen.iter().map(|&s| at(&keys, s)).collect();
+                let vs: Vec<_> = seen.iter().map(|&s| at(&values, s)).collect();
+                // `reference` scales by 1/sqrt(d); scale q so that the product is `0.3 q.k`.
+                let qh: Vec<f32> = q[pos * row + h * d..][..d]
+                    .iter()
+                    .map(|x| x * 0.3 * (d as f32).sqrt())
+                    .collect();
+                let want = reference(&qh, &ks, &vs);
+                for (g, w) in alone[h * d..][..d].iter().zip(&want) {
+                    assert!(
+                        (*g as f64 - w).abs() < 1e-5,
+                        "pos {pos} head {h}: {g} vs {w}"
+                    );
+                }
             }
         }
     }

@@ -9,6 +9,12 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3: like Llama with RMSNorm on each head of q and k before RoPE.
     Qwen3,
+    /// Gemma 3 (text): scaled embedding, four norms per layer, GeGLU, q/k norms, local
+    /// sliding-window layers interleaved with global ones (see [`BlockFeatures`]).
+    Gemma3,
+    /// Phi-3: like Llama with q/k/v fused into one matrix and gate/up into another (split
+    /// at load), and a sliding window on every layer where the config sets one.
+    Phi3,
 }
 
 impl Architecture {
@@ -18,6 +24,8 @@ impl Architecture {
             "llama" => Some(Architecture::Llama),
             "qwen2" => Some(Architecture::Qwen2),
             "qwen3" => Some(Architecture::Qwen3),
+            "gemma3" => Some(Architecture::Gemma3),
+            "phi3" => Some(Architecture::Phi3),
             _ => None,
         }
     }
@@ -28,6 +36,8 @@ impl Architecture {
             Architecture::Llama => "llama",
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
+            Architecture::Gemma3 => "gemma3",
+            Architecture::Phi3 => "phi3",
         }
     }
 
@@ -37,6 +47,8 @@ impl Architecture {
             "LlamaForCausalLM" | "MistralForCausalLM" => Some(Architecture::Llama),
             "Qwen2ForCausalLM" => Some(Architecture::Qwen2),
             "Qwen3ForCausalLM" => Some(Architecture::Qwen3),
+            "Gemma3ForCausalLM" => Some(Architecture::Gemma3),
+            "Phi3ForCausalLM" => Some(Architecture::Phi3),
             _ => None,
         }
     }
@@ -47,18 +59,20 @@ impl Architecture {
             "llama" | "mistral" => Some(Architecture::Llama),
             "qwen2" => Some(Architecture::Qwen2),
             "qwen3" => Some(Architecture::Qwen3),
+            "gemma3_text" => Some(Architecture::Gemma3),
+            "phi3" => Some(Architecture::Phi3),
             _ => None,
         }
     }
 }
 
 /// The supported GGUF `general.architecture` names.
-pub const GGUF_ARCHITECTURES: &str = "llama, qwen2, qwen3";
+pub const GGUF_ARCHITECTURES: &str = "llama, qwen2, qwen3, gemma3, phi3";
 /// The supported Hugging Face `architectures` classes.
-pub const HF_CLASSES: &str =
-    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+pub const HF_CLASSES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
+                              Qwen3ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM";
 /// The supported Hugging Face `model_type` values.
-pub const HF_MODEL_TYPES: &str = "llama, mistral, qwen2, qwen3";
+pub const HF_MODEL_TYPES: &str = "llama, mistral, qwen2, qwen3, gemma3_text, phi3";
 
 /// How RoPE pairs up the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,8 +153,62 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Bias on the q/k/v projections (Qwen2).
     pub qkv_bias: bool,
-    /// RMSNorm on each head of q and k (Qwen3).
+    /// RMSNorm on each head of q and k (Qwen3, Gemma 3).
     pub qk_norm: bool,
+    /// What the block does beyond the Llama block (none for Llama and Qwen).
+    pub features: BlockFeatures,
+}
+
+/// The feed-forward activation of the gated MLP: `act(gate) * up`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Activation {
+    /// SwiGLU: `silu(x) = x / (1 + e^-x)`.
+    #[default]
+    Silu,
+    /// GeGLU with the tanh approximation of GELU (`gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+/// Attention over a window of recent positions on some layers (Gemma 3's local layers,
+/// Mistral v0.1's every layer): a token at position `p` of such a layer attends to positions
+/// `p + 1 - size ..= p` (the last `size` positions, itself included), as the sliding-window
+/// masks of transformers and llama.cpp define it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlidingWindow {
+    pub size: usize,
+    /// `[num_layers]` whether each layer slides (the others attend to the whole context).
+    pub layers: Vec<bool>,
+}
+
+/// Parts of the decoder block beyond the Llama block. The default is the Llama block, so
+/// the Llama and Qwen paths are unchanged by their presence.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BlockFeatures {
+    /// The token embedding is multiplied by this (Gemma: `sqrt(hidden_size)`, in f32).
+    pub embedding_scale: Option<f32>,
+    pub activation: Activation,
+    /// An RMSNorm on the attention output and on the MLP output before each residual add
+    /// (Gemma 3's "sandwich" norms).
+    pub post_norms: bool,
+    /// The query-key product's scale; `None`: `1 / sqrt(head_dim)`.
+    pub attention_scale: Option<f32>,
+    /// `logits = cap * tanh(logits / cap)` on the output (`final_logit_softcapping`).
+    pub final_logit_softcap: Option<f32>,
+    pub sliding_window: Option<SlidingWindow>,
+    /// The RoPE of the sliding-window layers when it differs from the global one (Gemma 3:
+    /// `rope_local_base_freq`, no scaling).
+    pub local_rope: Option<RopeConfig>,
+    /// The global layers' RoPE frequencies are divided by this (linear scaling, Gemma 3's
+    /// `rope_scaling` on its global layers only).
+    pub rope_linear_factor: Option<f32>,
+}
+
+impl BlockFeatures {
+    /// The attention window of layer `l`, if it slides.
+    pub fn window(&self, l: usize) -> Option<usize> {
+        let w = self.sliding_window.as_ref()?;
+        w.layers.get(l).copied().unwrap_or(false).then_some(w.size)
+    }
 }
 
 impl ModelConfig {
@@ -182,7 +250,72 @@ impl ModelConfig {
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
             return Err(format!("rms_norm_eps {} is invalid", self.rms_norm_eps));
         }
+        self.validate_features()
+    }
+
+    fn validate_features(&self) -> Result<(), String> {
+        let f = &self.features;
+        if let Some(w) = &f.sliding_window {
+            if w.size == 0 {
+                return Err("the sliding window must be positive".into());
+            }
+            if w.layers.len() != self.num_layers {
+                return Err(format!(
+                    "the sliding-window layer pattern has {} entries for {} layers",
+                    w.layers.len(),
+                    self.num_layers
+                ));
+            }
+        }
+        let positive = |name: &str, v: Option<f32>| match v {
+            Some(x) if !(x.is_finite() && x > 0.0) => Err(format!("{name} {x} must be positive")),
+            _ => Ok(()),
+        };
+        positive("embedding scale", f.embedding_scale)?;
+        positive("attention scale", f.attention_scale)?;
+        positive("final logit soft-cap", f.final_logit_softcap)?;
+        positive("RoPE linear scaling factor", f.rope_linear_factor)?;
+        if let Some(r) = &f.local_rope {
+            if !(r.theta.is_finite() && r.theta > 0.0) {
+                return Err(format!("local rope theta {} must be positive", r.theta));
+            }
+        }
         Ok(())
+    }
+
+    /// The features a runner must implement beyond the Llama block, named for errors (empty
+    /// for Llama and Qwen models); a sliding window that covers the whole context is none.
+    pub fn extra_features(&self) -> Vec<&'static str> {
+        let f = &self.features;
+        let mut names = Vec::new();
+        if f.embedding_scale.is_some() {
+            names.push("scaled embedding");
+        }
+        if f.activation != Activation::Silu {
+            names.push("GeGLU (tanh GELU) activation");
+        }
+        if f.post_norms {
+            names.push("post-attention and post-feedforward norms");
+        }
+        if f.attention_scale.is_some() {
+            names.push("custom attention scale");
+        }
+        if f.final_logit_softcap.is_some() {
+            names.push("final logit soft-capping");
+        }
+        if f.sliding_window
+            .as_ref()
+            .is_some_and(|w| w.size < self.context_len && w.layers.contains(&true))
+        {
+            names.push("sliding-window attention");
+        }
+        if f.local_rope.is_some() {
+            names.push("per-layer RoPE bases");
+        }
+        if f.rope_linear_factor.is_some() {
+            names.push("linear RoPE scaling");
+        }
+        names
     }
 
     /// Width of the q projection output: `num_heads * head_dim`.

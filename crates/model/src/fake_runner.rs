@@ -70,6 +70,7 @@ impl FakeRunner {
             tie_word_embeddings: true,
             qkv_bias: false,
             qk_norm: false,
+            features: Default::default(),
         };
         FakeRunner {
             config,

@@ -3,9 +3,12 @@
 //! that differs from the key length, partial RoPE, a vocabulary size that disagrees with the
 //! embedding).
 
-use crate::config::{Architecture, ModelConfig, RopeConfig, RopeStyle, GGUF_ARCHITECTURES};
+use crate::config::{
+    Activation, Architecture, BlockFeatures, ModelConfig, RopeConfig, RopeStyle, SlidingWindow,
+    GGUF_ARCHITECTURES,
+};
 use crate::error::{ModelError, Result};
-use crate::gguf::Metadata;
+use crate::gguf::{Metadata, MetadataValue};
 
 /// The architecture-level settings of a GGUF model. `vocab_size` comes from the embedding
 /// tensor, which the caller knows.
@@ -36,14 +39,35 @@ pub fn config_from_gguf(md: &Metadata, vocab_size: usize) -> Result<ModelConfig>
     let style = match architecture {
         // convert_hf_to_gguf.py permutes llama q/k rows for the interleaved layout.
         Architecture::Llama => RopeStyle::Interleaved,
-        Architecture::Qwen2 | Architecture::Qwen3 => RopeStyle::Neox,
+        Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Gemma3 | Architecture::Phi3 => {
+            RopeStyle::Neox
+        }
+    };
+    let num_layers = int("block_count")?;
+    let features = match architecture {
+        Architecture::Gemma3 => {
+            gemma3_features(md, arch_name, hidden_size, num_heads, head_dim, num_layers)?
+        }
+        // llama.cpp currently ignores Phi-3's window (with a warning); transformers applies
+        // it, and so does tandem.
+        Architecture::Phi3 => BlockFeatures {
+            sliding_window: md
+                .opt_u32(&key("attention.sliding_window"))?
+                .filter(|&w| w > 0)
+                .map(|w| SlidingWindow {
+                    size: w as usize,
+                    layers: vec![true; num_layers],
+                }),
+            ..BlockFeatures::default()
+        },
+        _ => BlockFeatures::default(),
     };
     let config = ModelConfig {
         architecture,
         vocab_size,
         hidden_size,
         intermediate_size: int("feed_forward_length")?,
-        num_layers: int("block_count")?,
+        num_layers,
         num_heads,
         num_kv_heads,
         head_dim,
@@ -56,10 +80,95 @@ pub fn config_from_gguf(md: &Metadata, vocab_size: usize) -> Result<ModelConfig>
         context_len: int("context_length")?,
         tie_word_embeddings: false,
         qkv_bias: architecture == Architecture::Qwen2,
-        qk_norm: architecture == Architecture::Qwen3,
+        qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
+        features,
     };
     config.validate().map_err(ModelError::Config)?;
     Ok(config)
+}
+
+/// llama.cpp's Gemma 3 constants: every sixth layer global, the local layers' RoPE base.
+const GEMMA3_PATTERN: usize = 6;
+const GEMMA3_LOCAL_THETA: f32 = 10_000.0;
+/// The layer count of Gemma 3 27B, whose query scale llama.cpp takes from hidden / heads.
+const GEMMA3_27B_LAYERS: usize = 62;
+
+/// What a `gemma3` file's block does beyond Llama's, as llama.cpp reads it: the window from
+/// `attention.sliding_window` on every layer but each sixth (or as
+/// `attention.sliding_window_pattern` says: one flag per layer, or a period), the local RoPE
+/// base `rope.freq_base_swa` (default 10000) without scaling, the query scale
+/// `1/sqrt(head_dim)` (27B: `1/sqrt(hidden / heads)`). The norm weights of a converted file
+/// already hold `1 + w`.
+fn gemma3_features(
+    md: &Metadata,
+    arch: &str,
+    hidden_size: usize,
+    num_heads: usize,
+    head_dim: usize,
+    num_layers: usize,
+) -> Result<BlockFeatures> {
+    let key = |k: &str| format!("{arch}.{k}");
+    if md.opt_f32(&key("attn_logit_softcapping"))?.is_some() {
+        return Err(ModelError::Hyperparameter {
+            key: key("attn_logit_softcapping"),
+            reason: "attention logit soft-capping is not supported".into(),
+        });
+    }
+    let size = md.u32(&key("attention.sliding_window"))? as usize;
+    let layers = swa_layers(md, &key("attention.sliding_window_pattern"), num_layers)?;
+    let query_dim = if num_layers == GEMMA3_27B_LAYERS {
+        hidden_size / num_heads
+    } else {
+        head_dim
+    };
+    Ok(BlockFeatures {
+        embedding_scale: Some((hidden_size as f32).sqrt()),
+        activation: Activation::GeluTanh,
+        post_norms: true,
+        attention_scale: Some(1.0 / (query_dim as f32).sqrt()),
+        final_logit_softcap: md.opt_f32(&key("final_logit_softcapping"))?,
+        sliding_window: Some(SlidingWindow { size, layers }),
+        local_rope: Some(RopeConfig {
+            theta: md
+                .opt_f32(&key("rope.freq_base_swa"))?
+                .unwrap_or(GEMMA3_LOCAL_THETA),
+            style: RopeStyle::Neox,
+            llama3_scaling: None,
+        }),
+        rope_linear_factor: None,
+    })
+}
+
+/// Which layers slide: `key` as one flag per layer, or as a period `p` (every layer but each
+/// `p`-th), else Gemma 3's period 6.
+fn swa_layers(md: &Metadata, key: &str, num_layers: usize) -> Result<Vec<bool>> {
+    let bad = |reason: String| ModelError::Hyperparameter {
+        key: key.to_string(),
+        reason,
+    };
+    let period = match md.get(key) {
+        None => GEMMA3_PATTERN,
+        Some(MetadataValue::Array(flags)) => {
+            let layers: Vec<bool> = flags
+                .iter()
+                .filter_map(|f| match f {
+                    MetadataValue::Bool(b) => Some(*b),
+                    _ => None,
+                })
+                .collect();
+            if layers.len() != num_layers || layers.len() != flags.len() {
+                return Err(bad(format!(
+                    "must hold {num_layers} booleans (one per layer)"
+                )));
+            }
+            return Ok(layers);
+        }
+        Some(_) => md.u32(key)? as usize,
+    };
+    if period == 0 {
+        return Err(bad("must be positive".into()));
+    }
+    Ok((0..num_layers).map(|i| (i + 1) % period != 0).collect())
 }
 
 /// `attention.key_length`, else hidden / heads; `attention.value_length` and

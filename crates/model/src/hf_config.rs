@@ -16,16 +16,18 @@
 //! supported `model_type` string, the two agreeing when both are given; `torch_dtype` must
 //! be float32, float16 or bfloat16. Anything else is refused with the supported list.
 //!
-//! Sliding-window attention (Mistral `sliding_window`, Qwen `use_sliding_window`) equals full
-//! attention while a sequence is no longer than the window, so `context_len` is capped at
-//! the window instead of rejecting the model.
+//! Mistral's `sliding_window` is honoured by the attention (every layer reads only the last
+//! `sliding_window` positions). Qwen's `use_sliding_window` (on some layers only) equals
+//! full attention while a sequence is no longer than the window, so `context_len` is capped
+//! at the window instead. Gemma 3 has its own reader, `hf_gemma3.rs`.
 
 use std::path::Path;
 
 use serde_json::{Map, Value};
 
 use crate::config::{
-    Architecture, Llama3RopeScaling, ModelConfig, RopeConfig, RopeStyle, HF_CLASSES, HF_MODEL_TYPES,
+    Architecture, BlockFeatures, Llama3RopeScaling, ModelConfig, RopeConfig, RopeStyle,
+    SlidingWindow, HF_CLASSES, HF_MODEL_TYPES,
 };
 use crate::error::{ModelError, Result};
 
@@ -118,16 +120,16 @@ fn parse_object(text: &str, file: &str) -> Result<Map<String, Value>> {
     }
 }
 
-fn field_err(field: &str, what: impl std::fmt::Display) -> ModelError {
+pub(crate) fn field_err(field: &str, what: impl std::fmt::Display) -> ModelError {
     ModelError::Config(format!("field `{field}` {what}"))
 }
 
 /// The value of `key`, treating an explicit `null` like an absent key.
-fn present<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+pub(crate) fn present<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     obj.get(key).filter(|v| !v.is_null())
 }
 
-fn opt_usize(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>> {
+pub(crate) fn opt_usize(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>> {
     opt_usize_labeled(obj, key, key)
 }
 
@@ -142,16 +144,20 @@ fn opt_usize_labeled(obj: &Map<String, Value>, key: &str, label: &str) -> Result
         .transpose()
 }
 
-fn req_usize(obj: &Map<String, Value>, key: &str) -> Result<usize> {
+pub(crate) fn req_usize(obj: &Map<String, Value>, key: &str) -> Result<usize> {
     opt_usize(obj, key)?.ok_or_else(|| field_err(key, "is missing"))
 }
 
-fn opt_f64(obj: &Map<String, Value>, key: &str) -> Result<Option<f64>> {
+pub(crate) fn opt_f64(obj: &Map<String, Value>, key: &str) -> Result<Option<f64>> {
     opt_f64_labeled(obj, key, key)
 }
 
 /// Like [`opt_f64`]; errors name the field `label` (e.g. `rope_parameters.rope_theta`).
-fn opt_f64_labeled(obj: &Map<String, Value>, key: &str, label: &str) -> Result<Option<f64>> {
+pub(crate) fn opt_f64_labeled(
+    obj: &Map<String, Value>,
+    key: &str,
+    label: &str,
+) -> Result<Option<f64>> {
     present(obj, key)
         .map(|v| {
             v.as_f64()
@@ -161,7 +167,7 @@ fn opt_f64_labeled(obj: &Map<String, Value>, key: &str, label: &str) -> Result<O
         .transpose()
 }
 
-fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>> {
+pub(crate) fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>> {
     present(obj, key)
         .map(|v| {
             v.as_bool()
@@ -170,7 +176,7 @@ fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>> {
         .transpose()
 }
 
-fn opt_str<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>> {
+pub(crate) fn opt_str<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>> {
     present(obj, key)
         .map(|v| {
             v.as_str()
@@ -320,6 +326,9 @@ fn check_unsupported(cfg: &Map<String, Value>, arch: Architecture) -> Result<()>
 
 fn model_config(cfg: &Map<String, Value>) -> Result<ModelConfig> {
     let architecture = architecture(cfg)?;
+    if architecture == Architecture::Gemma3 {
+        return crate::hf_gemma3::gemma3_config(cfg);
+    }
     check_unsupported(cfg, architecture)?;
     let hidden_size = req_usize(cfg, "hidden_size")?;
     let num_heads = req_usize(cfg, "num_attention_heads")?;
@@ -338,12 +347,17 @@ fn model_config(cfg: &Map<String, Value>) -> Result<ModelConfig> {
     };
     let max_positions = req_usize(cfg, "max_position_embeddings")?;
     let rms_norm_eps = opt_f64(cfg, "rms_norm_eps")?.unwrap_or(1e-6) as f32;
+    let num_layers = req_usize(cfg, "num_hidden_layers")?;
+    let features = BlockFeatures {
+        sliding_window: mistral_window(cfg, architecture, num_layers)?,
+        ..BlockFeatures::default()
+    };
     Ok(ModelConfig {
         architecture,
         vocab_size: req_usize(cfg, "vocab_size")?,
         hidden_size,
         intermediate_size: req_usize(cfg, "intermediate_size")?,
-        num_layers: req_usize(cfg, "num_hidden_layers")?,
+        num_layers,
         num_heads,
         num_kv_heads: opt_usize(cfg, "num_key_value_heads")?.unwrap_or(num_heads),
         head_dim,
@@ -353,7 +367,28 @@ fn model_config(cfg: &Map<String, Value>) -> Result<ModelConfig> {
         tie_word_embeddings: opt_bool(cfg, "tie_word_embeddings")?.unwrap_or(false),
         qkv_bias: architecture == Architecture::Qwen2,
         qk_norm: architecture == Architecture::Qwen3,
+        features,
     })
+}
+
+/// Mistral's (read as Llama) and Phi-3's `sliding_window`: every layer attends to that
+/// many positions.
+fn mistral_window(
+    cfg: &Map<String, Value>,
+    arch: Architecture,
+    num_layers: usize,
+) -> Result<Option<SlidingWindow>> {
+    if !matches!(arch, Architecture::Llama | Architecture::Phi3) {
+        return Ok(None);
+    }
+    match opt_usize(cfg, "sliding_window")? {
+        Some(0) => Err(field_err("sliding_window", "must be positive")),
+        Some(size) => Ok(Some(SlidingWindow {
+            size,
+            layers: vec![true; num_layers],
+        })),
+        None => Ok(None),
+    }
 }
 
 /// `max_position_embeddings`, capped at the attention window if the model slides one.
@@ -363,8 +398,9 @@ fn context_len(
     max_positions: usize,
 ) -> Result<usize> {
     let window = match arch {
-        // Mistral (read as Llama) slides whenever `sliding_window` is set; Llama never has it.
-        Architecture::Llama => opt_usize(cfg, "sliding_window")?,
+        // Mistral (read as Llama) slides whenever `sliding_window` is set, which the
+        // attention honours (`mistral_window`); Gemma 3 is read by `hf_gemma3`.
+        Architecture::Llama | Architecture::Gemma3 | Architecture::Phi3 => None,
         Architecture::Qwen2 | Architecture::Qwen3 => {
             if opt_bool(cfg, "use_sliding_window")?.unwrap_or(false) {
                 opt_usize(cfg, "sliding_window")?

@@ -13,6 +13,7 @@ pub mod fake_runner;
 pub mod gguf;
 pub mod gguf_config;
 pub mod hf_config;
+mod hf_gemma3;
 pub mod host_model;
 pub mod kv_store;
 pub mod loader;

@@ -5,6 +5,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::batch::TokenId;
+use crate::chat_template::builtin_template;
 use crate::error::{ModelError, Result};
 use crate::gguf::{check_no_gaps, GgufFile, Metadata};
 use crate::gguf_config::{config_from_gguf, linear_rope_factor};
@@ -123,7 +124,10 @@ fn load_gguf(path: &Path) -> Result<LoadedModel> {
         )));
     }
     let eos_token_ids = tokenizer.eos_ids().into_iter().map(TokenId).collect();
-    let chat_template = tokenizer.chat_template().map(str::to_string);
+    let chat_template = tokenizer
+        .chat_template()
+        .or_else(|| builtin_template(host.config.architecture))
+        .map(str::to_string);
     Ok(LoadedModel {
         host,
         tokenizer,

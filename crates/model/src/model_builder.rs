@@ -3,7 +3,7 @@
 //! a set whose layer count, head counts or leftover tensors disagree with the config (the
 //! checks of `tensor_check.rs`).
 
-use crate::config::ModelConfig;
+use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::host_model::HostModel;
 use crate::tensor_check::{
@@ -38,6 +38,16 @@ impl Resolver<'_> {
             .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
     }
 
+    /// A norm's weight as the forward pass multiplies by it: Gemma's Hugging Face checkpoints
+    /// store `w` for a factor `1 + w` (its GGUF files already hold `1 + w`).
+    fn norm(&mut self, name: &str, len: usize, offset: f32) -> Result<Vec<f32>> {
+        let mut w = self.vector(name, len)?;
+        if offset != 0.0 {
+            w.iter_mut().for_each(|v| *v += offset);
+        }
+        Ok(w)
+    }
+
     fn vector(&mut self, name: &str, len: usize) -> Result<Vec<f32>> {
         let t = self.tensors.require(name)?;
         self.used.claim(name);
@@ -52,10 +62,41 @@ impl Resolver<'_> {
     }
 }
 
+/// Splits Phi-3's fused `qkv` and `gate_up` matrices of every layer into the q, k, v, gate
+/// and up matrices the forward pass reads (views of the same bytes; gate is the first half,
+/// as transformers' `chunk(2)` and llama.cpp's fused SwiGLU take it).
+fn split_fused(c: &ModelConfig, tensors: &mut TensorSet, s: NameScheme) -> Result<()> {
+    for i in 0..c.num_layers {
+        let name = |p| s.layer(i, p);
+        let qkv = [
+            (name(Part::Q), c.q_dim()),
+            (name(Part::K), c.kv_dim()),
+            (name(Part::V), c.kv_dim()),
+        ];
+        tensors.split_rows(&name(Part::Qkv), &qkv)?;
+        let gate_up = [
+            (name(Part::Gate), c.intermediate_size),
+            (name(Part::Up), c.intermediate_size),
+        ];
+        tensors.split_rows(&name(Part::GateUp), &gate_up)?;
+    }
+    Ok(())
+}
+
+/// What is added to every stored norm weight (see [`Resolver::norm`]).
+fn norm_offset(c: &ModelConfig, scheme: NameScheme) -> f32 {
+    if c.architecture == Architecture::Gemma3 && scheme == NameScheme::HuggingFace {
+        1.0
+    } else {
+        0.0
+    }
+}
+
 fn layer_weights(r: &mut Resolver<'_>, c: &ModelConfig, i: usize) -> Result<LayerWeights> {
     let s = r.scheme;
     let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
     let name = |p| s.layer(i, p);
+    let off = norm_offset(c, s);
     let qkv_bias = if c.qkv_bias {
         Some([
             r.vector(&name(Part::QBias), q)?,
@@ -67,21 +108,31 @@ fn layer_weights(r: &mut Resolver<'_>, c: &ModelConfig, i: usize) -> Result<Laye
     };
     let qk_norm = if c.qk_norm {
         Some([
-            r.vector(&name(Part::QNorm), c.head_dim)?,
-            r.vector(&name(Part::KNorm), c.head_dim)?,
+            r.norm(&name(Part::QNorm), c.head_dim, off)?,
+            r.norm(&name(Part::KNorm), c.head_dim, off)?,
         ])
     } else {
         None
     };
+    let (ffn_norm_part, post_norms) = if c.features.post_norms {
+        let post = [
+            r.norm(&name(Part::PostAttnNorm), h, off)?,
+            r.norm(&name(Part::PostFfnNorm), h, off)?,
+        ];
+        (Part::PreFfnNorm, Some(post))
+    } else {
+        (Part::FfnNorm, None)
+    };
     Ok(LayerWeights {
-        attn_norm: r.vector(&name(Part::AttnNorm), h)?,
+        attn_norm: r.norm(&name(Part::AttnNorm), h, off)?,
         q: r.matrix(&name(Part::Q), q, h)?,
         k: r.matrix(&name(Part::K), kv, h)?,
         v: r.matrix(&name(Part::V), kv, h)?,
         o: r.matrix(&name(Part::O), h, q)?,
         qkv_bias,
         qk_norm,
-        ffn_norm: r.vector(&name(Part::FfnNorm), h)?,
+        ffn_norm: r.norm(&name(ffn_norm_part), h, off)?,
+        post_norms,
         gate: r.matrix(&name(Part::Gate), ff, h)?,
         up: r.matrix(&name(Part::Up), ff, h)?,
         down: r.matrix(&name(Part::Down), h, ff)?,
@@ -95,11 +146,14 @@ fn layer_weights(r: &mut Resolver<'_>, c: &ModelConfig, i: usize) -> Result<Laye
 /// when present.
 pub fn build_host_model(
     config: ModelConfig,
-    tensors: TensorSet,
+    mut tensors: TensorSet,
     scheme: NameScheme,
     rope_freq_factors: Option<&[f32]>,
 ) -> Result<HostModel> {
     config.validate().map_err(ModelError::Config)?;
+    if config.architecture == Architecture::Phi3 {
+        split_fused(&config, &mut tensors, scheme)?;
+    }
     check_layer_count(&config, &tensors, scheme)?;
     check_attention_shapes(&config, &tensors, scheme)?;
     let mut r = Resolver {
@@ -113,7 +167,11 @@ pub fn build_host_model(
         None if config.tie_word_embeddings || scheme == NameScheme::Gguf => embed,
         None => return Err(ModelError::MissingTensor(scheme.lm_head().to_string())),
     };
-    let final_norm = r.vector(scheme.final_norm(), config.hidden_size)?;
+    let final_norm = r.norm(
+        scheme.final_norm(),
+        config.hidden_size,
+        norm_offset(&config, scheme),
+    )?;
     let layers = (0..config.num_layers)
         .map(|i| layer_weights(&mut r, &config, i))
         .collect::<Result<Vec<_>>>()?;
@@ -128,12 +186,20 @@ pub fn build_host_model(
         }
         inv_freqs.iter_mut().zip(factors).for_each(|(f, d)| *f /= d);
     }
+    if let Some(factor) = config.features.rope_linear_factor {
+        inv_freqs.iter_mut().for_each(|f| *f /= factor);
+    }
+    let local_inv_freqs = config
+        .features
+        .local_rope
+        .map(|rope| rope.inv_freqs(config.head_dim));
     let weights = ModelWeights {
         embed,
         lm_head,
         final_norm,
         layers,
         inv_freqs,
+        local_inv_freqs,
     };
     Ok(HostModel {
         config,

@@ -18,6 +18,8 @@ pub(crate) struct Scratch {
     pub act: Activations,
     pub layout: BatchLayout,
     pub rope: RopeTable,
+    /// The angles of the sliding-window layers' own RoPE (Gemma 3; empty otherwise).
+    pub local_rope: RopeTable,
     /// Activations quantized for the int8 kernels.
     pub xq: QuantizedRows,
     /// The final hidden states of the rows that get logits, gathered.
@@ -30,6 +32,7 @@ impl Default for Scratch {
             act: Activations::default(),
             layout: BatchLayout::default(),
             rope: RopeTable::default(),
+            local_rope: RopeTable::default(),
             xq: QuantizedRows::empty(),
             gathered: Vec::new(),
         }

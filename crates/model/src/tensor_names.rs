@@ -28,6 +28,13 @@ pub enum Part {
     QNorm,
     KNorm,
     FfnNorm,
+    /// Gemma 3's norms: on the attention output, before the MLP, on the MLP output.
+    PostAttnNorm,
+    PreFfnNorm,
+    PostFfnNorm,
+    /// Phi-3's fused q/k/v and gate/up matrices, split into Q, K, V and Gate, Up at load.
+    Qkv,
+    GateUp,
     Gate,
     Up,
     Down,
@@ -108,6 +115,14 @@ impl NameScheme {
             Part::QNorm => ("attn_q_norm.weight", "self_attn.q_norm.weight"),
             Part::KNorm => ("attn_k_norm.weight", "self_attn.k_norm.weight"),
             Part::FfnNorm => ("ffn_norm.weight", "post_attention_layernorm.weight"),
+            Part::PostAttnNorm => (
+                "post_attention_norm.weight",
+                "post_attention_layernorm.weight",
+            ),
+            Part::PreFfnNorm => ("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
+            Part::PostFfnNorm => ("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
+            Part::Qkv => ("attn_qkv.weight", "self_attn.qkv_proj.weight"),
+            Part::GateUp => ("ffn_up.weight", "mlp.gate_up_proj.weight"),
             Part::Gate => ("ffn_gate.weight", "mlp.gate_proj.weight"),
             Part::Up => ("ffn_up.weight", "mlp.up_proj.weight"),
             Part::Down => ("ffn_down.weight", "mlp.down_proj.weight"),

@@ -1,14 +1,17 @@
-//! The decoder-only transformer (Llama, Qwen2, Qwen3) and its one entry point,
+//! The decoder-only transformer (Llama, Qwen2, Qwen3, Gemma 3) and its one entry point,
 //! [`Model::forward`]: a [`ForwardBatch`] in, logits for the selected rows out.
 
-use tandem_kernels::ops::{add_inplace, rms_norm, rms_norm_inplace, rope_head, swiglu_inplace};
+use tandem_kernels::ops::{
+    add_inplace, geglu_tanh_inplace, rms_norm, rms_norm_inplace, rope_head, softcap_inplace,
+    swiglu_inplace,
+};
 use tandem_kernels::packed::QuantizedRows;
 use tandem_kernels::parallel::for_each_chunk_mut;
 use tandem_kernels::{Isa, ThreadPool};
 
 use crate::attention::{causal_attention, AttentionLayout, HeadShape};
 use crate::batch::ForwardBatch;
-use crate::config::{ModelConfig, RopeStyle};
+use crate::config::{Activation, ModelConfig, RopeStyle};
 use crate::error::Result;
 use crate::host_model::HostModel;
 use crate::kv_store::{KvDtype, KvStore};
@@ -31,6 +34,9 @@ pub struct LayerWeights {
     /// Per-head RMSNorm weights for q and k (Qwen3): `[head_dim]` each.
     pub qk_norm: Option<[Vec<f32>; 2]>,
     pub ffn_norm: Vec<f32>,
+    /// The norms of the attention output and of the MLP output before their residual adds
+    /// (Gemma 3): `[hidden]` each.
+    pub post_norms: Option<[Vec<f32>; 2]>,
     pub gate: TensorHandle,
     pub up: TensorHandle,
     pub down: TensorHandle,
@@ -46,6 +52,8 @@ pub struct ModelWeights {
     pub layers: Vec<LayerWeights>,
     /// `[head_dim / 2]` inverse RoPE frequency of each rotated pair.
     pub inv_freqs: Vec<f32>,
+    /// The sliding-window layers' own frequencies, when they differ (Gemma 3).
+    pub local_inv_freqs: Option<Vec<f32>>,
 }
 
 /// A loaded model: its configuration, its tensors and the thread pool that runs it.
@@ -168,11 +176,15 @@ impl Model {
             act: a,
             layout,
             rope,
+            local_rope,
             xq,
             gathered,
         } = scratch;
         layout.fill(batch, kv);
         rope.fill(&layout.positions, &self.w.inv_freqs);
+        if let Some(freqs) = &self.w.local_inv_freqs {
+            local_rope.fill(&layout.positions, freqs);
+        }
         a.resize(c, n);
         let embed = self.tensors.by_handle(self.w.embed);
         let row_bytes = embed.data.len() / c.vocab_size;
@@ -180,9 +192,14 @@ impl Model {
             let id = batch.tokens[t].0 as usize;
             let src = &embed.data[id * row_bytes..(id + 1) * row_bytes];
             tandem_kernels::quant::dequantize_row(embed.dtype, src, row);
+            if let Some(scale) = c.features.embedding_scale {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
         }
         for (l, layer) in self.w.layers.iter().enumerate() {
-            self.attention_block(l, layer, layout, rope, a, xq, kv);
+            let local = c.features.window(l).is_some() && self.w.local_inv_freqs.is_some();
+            let layer_rope = if local { &*local_rope } else { &*rope };
+            self.attention_block(l, layer, layout, layer_rope, a, xq, kv);
             self.mlp_block(layer, a, xq);
         }
         // Every token's final hidden state is kept beside its K/V (see `KvStore`).
@@ -251,6 +268,11 @@ impl Model {
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
+            scale: c
+                .features
+                .attention_scale
+                .unwrap_or(1.0 / (c.head_dim as f32).sqrt()),
+            window: c.features.window(l),
         };
         let attn_layout = AttentionLayout {
             positions: &layout.positions,
@@ -267,7 +289,18 @@ impl Model {
             &mut a.attn,
         );
         self.matmul(w.o, &a.attn, &mut a.out, n, xq);
+        if let Some([post_attn, _]) = &w.post_norms {
+            self.norm_rows(&mut a.out, post_attn);
+        }
         add_inplace(&mut a.x, &a.out);
+    }
+
+    /// RMSNorm of every row of `x` (`[n, hidden]`) in place.
+    fn norm_rows(&self, x: &mut [f32], weight: &[f32]) {
+        let eps = self.config.rms_norm_eps;
+        for_each_chunk_mut(&self.pool, x, weight.len(), |_, row| {
+            rms_norm_inplace(row, weight, eps)
+        });
     }
 
     /// RoPE and the KV write, fused: token by token, its query and key heads are rotated by
@@ -303,10 +336,18 @@ impl Model {
         let ys = [&mut a.gate[..], &mut a.up[..]];
         self.normed_matmuls(&w.ffn_norm, [w.gate, w.up], &a.x, scratch, ys);
         let ff = c.intermediate_size;
+        let act = c.features.activation;
         for_each_chunk_mut(&self.pool, &mut a.gate, ff, |t, gate| {
-            swiglu_inplace(gate, &a.up[t * ff..(t + 1) * ff]);
+            let up = &a.up[t * ff..(t + 1) * ff];
+            match act {
+                Activation::Silu => swiglu_inplace(gate, up),
+                Activation::GeluTanh => geglu_tanh_inplace(gate, up),
+            }
         });
         self.matmul(w.down, &a.gate, &mut a.out, n, xq);
+        if let Some([_, post_ffn]) = &w.post_norms {
+            self.norm_rows(&mut a.out, post_ffn);
+        }
         add_inplace(&mut a.x, &a.out);
     }
 
@@ -316,6 +357,9 @@ impl Model {
         let c = &self.config;
         let mut data = vec![0.0f32; rows.len() * c.vocab_size]; // [rows, vocab]
         self.matmul(self.w.lm_head, hidden, &mut data, rows.len(), xq);
+        if let Some(cap) = c.features.final_logit_softcap {
+            softcap_inplace(&mut data, cap);
+        }
         Logits::new(rows, c.vocab_size, data)
     }
 }

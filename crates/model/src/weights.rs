@@ -191,6 +191,66 @@ impl TensorSet {
         Ok(())
     }
 
+    /// Replaces the matrix `name` (`[rows, cols]`) by consecutive blocks of its rows, named
+    /// and sized by `parts` (their row counts must add up to `rows`): views of the same bytes,
+    /// for fused projections such as Phi-3's q/k/v. Call before taking handles.
+    pub fn split_rows(&mut self, name: &str, parts: &[(String, usize)]) -> Result<()> {
+        let bad = |reason: String| ModelError::BadTensor {
+            name: name.to_string(),
+            reason,
+        };
+        let index = *self
+            .by_name
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let fused = self.entries[index].1.clone();
+        let [rows, cols] = fused.shape[..] else {
+            return Err(bad(format!(
+                "expected 2 dimensions, found {:?}",
+                fused.shape
+            )));
+        };
+        let want: usize = parts.iter().map(|(_, r)| r).sum();
+        if want != rows {
+            return Err(bad(format!(
+                "{rows} rows, expected {want} ({})",
+                parts
+                    .iter()
+                    .map(|(n, r)| format!("{r} for {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        let row_bytes = fused
+            .dtype
+            .bytes_for(cols)
+            .filter(|b| b * rows == fused.len)
+            .ok_or_else(|| bad(format!("rows of {cols} {} do not split", fused.dtype)))?;
+        self.by_name.remove(name);
+        let mut offset = fused.offset;
+        for (i, (part, part_rows)) in parts.iter().enumerate() {
+            if self.by_name.contains_key(part) {
+                return Err(bad(format!("its part `{part}` is also stored on its own")));
+            }
+            let entry = TensorEntry {
+                shape: vec![*part_rows, cols],
+                offset,
+                len: part_rows * row_bytes,
+                ..fused.clone()
+            };
+            offset += entry.len;
+            // The first part takes the fused tensor's place, so handles stay dense.
+            if i == 0 {
+                self.entries[index] = (part.clone(), entry);
+                self.by_name.insert(part.clone(), index);
+            } else {
+                self.by_name.insert(part.clone(), self.entries.len());
+                self.entries.push((part.clone(), entry));
+            }
+        }
+        Ok(())
+    }
+
     pub fn get(&self, name: &str) -> Option<TensorRef<'_>> {
         self.handle(name).map(|h| self.by_handle(h))
     }

@@ -46,6 +46,7 @@ fn llama_tied() -> ModelConfig {
         tie_word_embeddings: true,
         qkv_bias: false,
         qk_norm: false,
+        features: Default::default(),
     }
 }
 
@@ -149,6 +150,7 @@ fn qwen3_has_qk_norm_and_wide_heads() {
         rope: rope(1.0e6),
         context_len: 1024,
         qk_norm: true,
+        features: Default::default(),
         ..llama_tied()
     };
     let got = load("qwen3").config;
@@ -270,15 +272,20 @@ fn eos_falls_back_to_config_and_accepts_lists() {
         .is_empty());
 }
 
+/// Mistral's window is honoured by the attention (every layer slides, the context stays
+/// the trained one); Qwen's, which tandem does not implement, caps the context instead.
 #[test]
 fn sliding_window_caps_context_only_when_active() {
     let mistral = r#"{"architectures": ["MistralForCausalLM"], "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "vocab_size": 320, "max_position_embeddings": 32768, "sliding_window": 4096}"#;
+    let c = parse_hf_config(mistral, None).unwrap().config;
+    assert_eq!(c.context_len, 32768);
     assert_eq!(
-        parse_hf_config(mistral, None).unwrap().config.context_len,
-        4096
+        (c.features.window(0), c.features.window(1)),
+        (Some(4096), Some(4096))
     );
+    assert_eq!(c.extra_features(), ["sliding-window attention"]);
     let qwen_off = QWEN3_MIN.replace("\"eos_token_id\": 5", "\"sliding_window\": 256");
     assert_eq!(
         parse_hf_config(&qwen_off, None).unwrap().config.context_len,
@@ -519,4 +526,78 @@ fn unsupported_torch_dtypes_are_refused_with_the_supported_list() {
         let info = parse_hf_config(&with(&format!(r#""torch_dtype": "{ok}""#)), None).unwrap();
         assert_eq!(info.torch_dtype.as_deref(), Some(ok));
     }
+}
+
+/// The Gemma 3 fixture's config: every Gemma feature read as transformers defines it.
+#[test]
+fn gemma3_config_reads_every_feature() {
+    let c = load("gemma3").config;
+    assert_eq!(c.architecture, tandem_model::config::Architecture::Gemma3);
+    assert!(c.qk_norm && !c.qkv_bias && c.tie_word_embeddings);
+    let f = &c.features;
+    assert_eq!(f.embedding_scale, Some(8.0)); // sqrt(64)
+    assert_eq!(f.attention_scale, Some(0.25)); // query_pre_attn_scalar 16
+    assert_eq!(f.final_logit_softcap, Some(5.0));
+    assert_eq!(f.rope_linear_factor, Some(4.0));
+    assert_eq!(c.rope.theta, 1e6);
+    assert_eq!(f.local_rope.map(|r| r.theta), Some(1e4));
+    let windows: Vec<_> = (0..3).map(|l| f.window(l)).collect();
+    assert_eq!(windows, [Some(8), None, Some(8)]);
+}
+
+/// Gemma 3's 4.x fields (`rope_local_base_freq`, `sliding_window_pattern`, `rope_scaling`)
+/// and its defaults; what tandem does not compute is refused by name.
+#[test]
+fn gemma3_legacy_fields_defaults_and_refusals() {
+    let base = r#"{"architectures": ["Gemma3ForCausalLM"], "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 7, "num_attention_heads": 4,
+        "vocab_size": 320, "rope_theta": 500000.0, "rope_local_base_freq": 20000.0,
+        "sliding_window": 16, "sliding_window_pattern": 3,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0}}"#;
+    let c = parse_hf_config(base, None).unwrap().config;
+    let slides: Vec<bool> = (0..7).map(|l| c.features.window(l).is_some()).collect();
+    assert_eq!(slides, [true, true, false, true, true, false, true]);
+    assert_eq!(c.rope.theta, 500000.0);
+    assert_eq!(c.features.local_rope.map(|r| r.theta), Some(20000.0));
+    assert_eq!(c.features.rope_linear_factor, Some(8.0));
+    assert_eq!((c.head_dim, c.context_len), (256, 131072));
+    assert_eq!(c.features.attention_scale, Some(1.0 / 16.0)); // 256^-0.5
+    let scalar = base.replacen('{', r#"{"query_pre_attn_scalar": 64, "#, 1);
+    let c = parse_hf_config(&scalar, None).unwrap().config;
+    assert_eq!(c.features.attention_scale, Some(0.125)); // not head_dim's 1/16
+    for (extra, field) in [
+        (
+            r#""attn_logit_softcapping": 50.0"#,
+            "attn_logit_softcapping",
+        ),
+        (r#""hidden_activation": "gelu""#, "hidden_activation"),
+        (
+            r#""use_bidirectional_attention": true"#,
+            "use_bidirectional_attention",
+        ),
+    ] {
+        let json = base.replacen('{', &format!("{{{extra}, "), 1);
+        assert!(config_error(&json).contains(field), "{field}");
+    }
+}
+
+/// Phi-3: its window on every layer; its long-context RoPE (`longrope`) is refused by name.
+#[test]
+fn phi3_window_and_refused_longrope() {
+    let c = load("phi3").config;
+    assert_eq!(c.architecture, tandem_model::config::Architecture::Phi3);
+    assert_eq!(
+        (c.features.window(0), c.features.window(1)),
+        (Some(8), Some(8))
+    );
+    let text = std::fs::read_to_string(fixture("phi3").join("config.json")).unwrap();
+    let long = text.replace(
+        r#""rope_type": "default""#,
+        r#""rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]"#,
+    );
+    assert!(
+        config_error(&long).contains("longrope"),
+        "{}",
+        config_error(&long)
+    );
 }

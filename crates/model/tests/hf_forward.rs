@@ -1,5 +1,7 @@
 //! The forward pass against HF transformers (fp32) on the small random-weight fixtures made
-//! by `scripts/make_hf_fixtures.py`, and the batch/chunk invariants on the same models.
+//! by `scripts/make_hf_fixtures.py` and `scripts/make_sliding_window_fixtures.py` (Gemma 3,
+//! Mistral and Phi-3 with a sliding window of 8 positions, shorter than the prompts), and the
+//! batch/chunk/thread invariants on the same models.
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +12,7 @@ use tandem_model::model_builder::{build_host_model, NameScheme};
 use tandem_model::safetensors::load_safetensors_dir;
 use tandem_model::transformer::Model;
 
-const FIXTURES: [&str; 9] = [
+const FIXTURES: [&str; 12] = [
     "llama_tied",
     "llama_untied",
     "llama3_rope",
@@ -20,6 +22,9 @@ const FIXTURES: [&str; 9] = [
     "llama_sharded",
     "llama_tied_bf16",
     "llama_tied_f16",
+    "gemma3",
+    "mistral_swa",
+    "phi3",
 ];
 
 fn fixture_dir(name: &str) -> PathBuf {
@@ -154,7 +159,14 @@ const F16_KV_TOLERANCE: f32 = 3e-2;
 
 #[test]
 fn chunked_prefill_equals_one_pass_bitwise() {
-    for name in ["llama_tied", "qwen2", "qwen3"] {
+    for name in [
+        "llama_tied",
+        "qwen2",
+        "qwen3",
+        "gemma3",
+        "mistral_swa",
+        "phi3",
+    ] {
         let mut model = load(name, 2);
         let (ids, _) = &sequences(name)[1];
         for dtype in [KvDtype::F32, KvDtype::F16] {
@@ -172,8 +184,14 @@ fn chunked_prefill_equals_one_pass_bitwise() {
 
 #[test]
 fn a_sequence_does_not_depend_on_its_batch_neighbours() {
-    let mut model = load("llama_untied", 2);
-    let seqs = sequences("llama_untied");
+    for name in ["llama_untied", "gemma3", "mistral_swa", "phi3"] {
+        batch_neighbours(name);
+    }
+}
+
+fn batch_neighbours(name: &str) {
+    let mut model = load(name, 2);
+    let seqs = sequences(name);
     let alone: Vec<Vec<f32>> = seqs
         .iter()
         .map(|(ids, _)| run_chunked(&mut model, ids, ids.len(), 8))
@@ -204,19 +222,24 @@ fn a_sequence_does_not_depend_on_its_batch_neighbours() {
     let split = a.len() * model.config.vocab_size;
     assert!(
         both.as_slice()[..split] == alone[0][..],
-        "first sequence changed in a batch"
+        "{name}: first sequence changed in a batch"
     );
     assert!(
         both.as_slice()[split..] == alone[1][..],
-        "second sequence changed in a batch"
+        "{name}: second sequence changed in a batch"
     );
 }
 
 #[test]
 fn one_and_two_threads_agree_bitwise() {
-    let (mut one, mut two) = (load("qwen3", 1), load("qwen3", 2));
-    let (ids, _) = &sequences("qwen3")[0];
-    assert!(run_chunked(&mut one, ids, 4, 16) == run_chunked(&mut two, ids, 4, 16));
+    for name in ["qwen3", "gemma3"] {
+        let (mut one, mut two) = (load(name, 1), load(name, 2));
+        let (ids, _) = &sequences(name)[1];
+        assert!(
+            run_chunked(&mut one, ids, 4, 16) == run_chunked(&mut two, ids, 4, 16),
+            "{name}"
+        );
+    }
 }
 
 #[test]

@@ -14,8 +14,20 @@ use tandem_model::ModelConfig;
 
 /// The untied Llama HF fixture on 2 threads.
 pub fn fixture_model() -> Model {
+    hf_fixture("llama_untied")
+}
+
+/// The Gemma 3 HF fixture (a sliding window of 8 positions on two of its three layers) on
+/// 2 threads.
+pub fn gemma3_fixture() -> Model {
+    hf_fixture("gemma3")
+}
+
+/// The HF fixture `name` (crates/model/tests/fixtures/hf) on 2 threads.
+pub fn hf_fixture(name: &str) -> Model {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/fixtures/hf/llama_untied");
+        .join("../model/tests/fixtures/hf")
+        .join(name);
     Model::new(load_model(&dir).expect("fixture model").host, 2)
 }
 

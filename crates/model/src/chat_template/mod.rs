@@ -33,6 +33,19 @@ impl ChatMessage {
     }
 }
 
+/// Gemma 3's chat template (as in Google's Gemma 3 `tokenizer_config.json`), for `gemma3`
+/// GGUF files that carry none (the converted base models): the turns the model family was
+/// trained with, rather than no chat at all.
+pub const GEMMA3_TEMPLATE: &str = include_str!("gemma3.jinja");
+
+/// The template used for a model of `architecture` whose file carries none, if any.
+pub fn builtin_template(architecture: crate::config::Architecture) -> Option<&'static str> {
+    match architecture {
+        crate::config::Architecture::Gemma3 => Some(GEMMA3_TEMPLATE),
+        _ => None,
+    }
+}
+
 /// Name under which the template is stored in its environment.
 const TEMPLATE_NAME: &str = "chat_template";
 
