@@ -56,10 +56,6 @@ fn bad_and_oversized_grammars_are_400s_naming_the_field() {
                 "a_very_long_property_name_that_is_over_the_limit": {"type": "string"}}}}),
             "guided_json",
         ),
-        (
-            json!({"prompt": "x", "guided_choice": ["a"], "use_beam_search": true, "n": 2}),
-            "guided_choice",
-        ),
     ];
     for (body, field) in cases {
         let r = post(addr, "/v1/completions", &body);

@@ -284,9 +284,9 @@ pub fn tensor_info_cases() -> Vec<Case> {
             unsupported("t", 99),
         ),
         case(
-            "known ggml type tandem does not support (Q5_0)",
-            w().raw_tensor("t", 6, &[32], 0).to_bytes(),
-            unsupported("t", 6),
+            "known ggml type tandem does not support (IQ2_XXS)",
+            w().raw_tensor("t", 16, &[256], 0).to_bytes(),
+            unsupported("t", 16),
         ),
         case(
             "5 dims",
