@@ -4,17 +4,14 @@
 //! (recorded by scripts/make_default_model_reference.py with llama-cpp-python), and decoding
 //! must give the text back.
 
+mod llama_cpp_corpus;
+
 use std::path::PathBuf;
 
+use llama_cpp_corpus::{assert_decode_inverts_encode, assert_encodes_like_llama_cpp, Case};
 use serde::Deserialize;
 use tandem_model::gguf::GgufFile;
 use tandem_model::tokenizer::Tokenizer;
-
-#[derive(Deserialize)]
-struct Case {
-    text: String,
-    ids: Vec<u32>,
-}
 
 #[derive(Deserialize)]
 struct Reference {
@@ -49,32 +46,15 @@ fn encodes_every_corpus_string_exactly_like_llama_cpp() {
     assert!(reference.cases.len() >= 220, "corpus too small");
     assert!(tok.description().contains(&reference.tokenizer_pre));
     assert_eq!(tok.add_bos(), reference.add_bos_token);
-    let mut mismatches = Vec::new();
-    for case in &reference.cases {
-        let ids = tok.encode(&case.text, true).expect("encodes");
-        if ids != case.ids {
-            mismatches.push(format!(
-                "{:?}\n  llama.cpp {:?}\n  tandem    {:?}",
-                case.text, case.ids, ids
-            ));
-        }
-    }
-    assert!(
-        mismatches.is_empty(),
-        "{} of {} strings differ:\n{}",
-        mismatches.len(),
-        reference.cases.len(),
-        mismatches.join("\n")
-    );
+    assert_encodes_like_llama_cpp(&tok, &reference.cases);
 }
 
 #[test]
 fn decode_inverts_encode_on_the_corpus() {
     let tok = tokenizer();
-    for case in &reference().cases {
-        let ids = tok.encode(&case.text, false).expect("encodes");
-        let text = tok.decode(&ids, false).expect("decodes");
-        assert_eq!(text, case.text, "round trip of {:?} via {ids:?}", case.text);
+    let cases = reference().cases;
+    let all_ids = assert_decode_inverts_encode(&tok, &cases);
+    for (case, ids) in cases.iter().zip(&all_ids) {
         let bytes: Vec<u8> = ids
             .iter()
             .flat_map(|&id| tok.token_bytes(id).expect("id in vocabulary").to_vec())

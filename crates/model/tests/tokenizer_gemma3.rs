@@ -4,15 +4,12 @@
 //! code, multilingual text and Gemma chat turns, recorded by scripts/make_gemma3_reference.py)
 //! must give exactly llama.cpp's ids, and decoding must give the text back.
 
+mod llama_cpp_corpus;
+
+use llama_cpp_corpus::{assert_decode_inverts_encode, assert_encodes_like_llama_cpp, Case};
 use serde::Deserialize;
 use tandem_model::gguf::GgufFile;
 use tandem_model::tokenizer::Tokenizer;
-
-#[derive(Deserialize)]
-struct Case {
-    text: String,
-    ids: Vec<u32>,
-}
 
 #[derive(Deserialize)]
 struct Reference {
@@ -48,33 +45,12 @@ fn encodes_every_string_exactly_like_llama_cpp() {
     assert!(reference.cases.len() >= 300, "corpus too small");
     assert_eq!(tok.vocab_size(), 262_144);
     assert_eq!(tok.add_bos(), reference.add_bos_token);
-    let mut mismatches = Vec::new();
-    for case in &reference.cases {
-        let ids = tok.encode(&case.text, true).expect("encodes");
-        if ids != case.ids {
-            mismatches.push(format!(
-                "{:?}\n  llama.cpp {:?}\n  tandem    {:?}",
-                case.text, case.ids, ids
-            ));
-        }
-    }
-    assert!(
-        mismatches.is_empty(),
-        "{} of {} strings differ:\n{}",
-        mismatches.len(),
-        reference.cases.len(),
-        mismatches.join("\n")
-    );
+    assert_encodes_like_llama_cpp(&tok, &reference.cases);
 }
 
 #[test]
 fn decode_inverts_encode() {
-    let tok = tokenizer();
-    for case in &reference().cases {
-        let ids = tok.encode(&case.text, false).expect("encodes");
-        let text = tok.decode(&ids, false).expect("decodes");
-        assert_eq!(text, case.text, "round trip of {:?} via {ids:?}", case.text);
-    }
+    assert_decode_inverts_encode(&tokenizer(), &reference().cases);
 }
 
 /// `<end_of_turn>` ends a generation (as llama.cpp's end-of-generation set has it), after
