@@ -62,9 +62,7 @@ pub(super) fn dequantize(src: &[u8], dst: &mut [f32]) {
 /// −127), stored as f16; each element takes the nearest level.
 pub(super) fn quantize(src: &[f32], dst: &mut [u8]) {
     for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
-        let ext = x
-            .iter()
-            .fold(0.0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+        let ext = super::largest_magnitude(x);
         let (bytes, d) = to_f16(ext / -127.0);
         let id = inverse_or_zero(d);
         b[..2].copy_from_slice(&bytes);

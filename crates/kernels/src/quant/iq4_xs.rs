@@ -42,13 +42,7 @@ pub(super) fn dequantize(src: &[u8], dst: &mut [f32]) {
 pub(super) fn quantize(src: &[f32], dst: &mut [u8]) {
     for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
         let scale: [f32; 8] = std::array::from_fn(|s| {
-            let ext = x[SUB * s..SUB * (s + 1)].iter().fold(0.0f32, |a, &v| {
-                if v.abs() > a.abs() {
-                    v
-                } else {
-                    a
-                }
-            });
+            let ext = super::largest_magnitude(&x[SUB * s..SUB * (s + 1)]);
             ext / -127.0
         });
         let (d_bytes, d) = to_f16(scale.iter().fold(0.0f32, |a, &v| a.max(v.abs())) / 31.0);

@@ -207,6 +207,13 @@ fn to_f16(v: f32) -> ([u8; 2], f32) {
     (h.to_le_bytes(), h.to_f32())
 }
 
+/// The element of `x` with the largest magnitude, sign kept (the first of equal
+/// magnitudes; 0 for an empty or all-zero slice), as ggml's quantizers pick it.
+fn largest_magnitude(x: &[f32]) -> f32 {
+    x.iter()
+        .fold(0.0f32, |a, &v| if v.abs() > a.abs() { v } else { a })
+}
+
 /// `1 / d`, or 0 when `d` is 0 (an all-zero block quantizes to zeros).
 #[inline]
 fn inverse_or_zero(d: f32) -> f32 {

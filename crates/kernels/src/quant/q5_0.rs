@@ -56,9 +56,7 @@ pub(super) fn dequantize(src: &[u8], dst: &mut [f32]) {
 /// `q = min(31, trunc(x / d + 16.5))`; `d` stored as f16.
 pub(super) fn quantize(src: &[f32], dst: &mut [u8]) {
     for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
-        let ext = x
-            .iter()
-            .fold(0.0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+        let ext = super::largest_magnitude(x);
         let d = ext / -16.0;
         let id = inverse_or_zero(d);
         b[..2].copy_from_slice(&to_f16(d).0);
