@@ -163,6 +163,7 @@ impl CudaRunner {
         let n = l.tokens.len();
         l.pad_decode(bucket, self.pool.scratch_block(), self.pool.block_size);
         self.inputs.upload(&l)?;
+        self.inputs.upload_output_slots(&l.output_slots)?;
         if !self.graphs.has(bucket) {
             let parts = self.graph_parts();
             let stream = self.device.stream.clone();

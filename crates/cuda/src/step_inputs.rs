@@ -80,8 +80,8 @@ impl StepInputs {
         rows <= self.rows && stride <= self.table_stride
     }
 
-    /// Copies `l` (already widened to `table_stride`) into the buffers, and the first
-    /// [`LOGIT_ROWS`] of its output slots.
+    /// Copies `l`'s index arrays (already widened to `table_stride`) into the buffers; the
+    /// output slots go separately ([`StepInputs::upload_output_slots`]).
     pub fn upload(&mut self, l: &BatchLayout) -> Result<(), CudaError> {
         let n = l.tokens.len();
         if n > self.rows || l.max_blocks != self.table_stride {
@@ -98,9 +98,7 @@ impl StepInputs {
         copy(&s, &l.write_slots, &mut self.write_slots)?;
         copy(&s, &l.cos, &mut self.cos)?;
         copy(&s, &l.sin, &mut self.sin)?;
-        copy(&s, &l.block_tables, &mut self.block_tables)?;
-        let first = &l.output_slots[..l.output_slots.len().min(LOGIT_ROWS)];
-        self.upload_output_slots(first)
+        copy(&s, &l.block_tables, &mut self.block_tables)
     }
 
     /// Copies up to [`LOGIT_ROWS`] slots for the LM head.
