@@ -6,7 +6,7 @@
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 use tandem_model::host_model::HostModel;
-use tandem_model::transformer::LayerWeights;
+use tandem_model::transformer::{FeedForward, LayerWeights};
 use tandem_model::weights::TensorRef;
 use tandem_model::ModelConfig;
 
@@ -101,8 +101,13 @@ fn upload_layer(
 ) -> Result<DeviceLayer, CudaError> {
     let t = |h| host.tensors.by_handle(h);
     let (h, q_dim, kv_dim, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let FeedForward::Dense(mlp) = &l.mlp else {
+        return Err(CudaError::Unsupported(
+            "mixture-of-experts layers run on the CPU only".into(),
+        ));
+    };
     let qkv = up.matrices(&[(t(l.q), q_dim, h), (t(l.k), kv_dim, h), (t(l.v), kv_dim, h)])?;
-    let gate_up = up.matrices(&[(t(l.gate), ff, h), (t(l.up), ff, h)])?;
+    let gate_up = up.matrices(&[(t(mlp.gate), ff, h), (t(mlp.up), ff, h)])?;
     let qkv_bias = match &l.qkv_bias {
         Some(parts) => Some(up.floats(&parts.concat())?),
         None => None,
@@ -119,7 +124,7 @@ fn upload_layer(
         o: up.matrices(&[(t(l.o), h, q_dim)])?,
         ffn_norm: up.floats(&l.ffn_norm)?,
         gate_up,
-        down: up.matrices(&[(t(l.down), h, ff)])?,
+        down: up.matrices(&[(t(mlp.down), h, ff)])?,
     })
 }
 

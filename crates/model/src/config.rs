@@ -15,6 +15,11 @@ pub enum Architecture {
     /// Phi-3: like Llama with q/k/v fused into one matrix and gate/up into another (split
     /// at load), and a sliding window on every layer where the config sets one.
     Phi3,
+    /// Mixtral: Llama whose MLP is a sparse mixture of experts ([`MixtureOfExperts`]).
+    /// llama.cpp files it as `llama` with `llama.expert_count` set.
+    Mixtral,
+    /// Qwen3-MoE: Qwen3 whose MLP is a sparse mixture of experts.
+    Qwen3Moe,
 }
 
 impl Architecture {
@@ -26,18 +31,20 @@ impl Architecture {
             "qwen3" => Some(Architecture::Qwen3),
             "gemma3" => Some(Architecture::Gemma3),
             "phi3" => Some(Architecture::Phi3),
+            "qwen3moe" => Some(Architecture::Qwen3Moe),
             _ => None,
         }
     }
 
-    /// The GGUF `general.architecture` name.
+    /// The GGUF `general.architecture` name (Mixtral's is `llama`, as llama.cpp writes it).
     pub fn gguf_name(self) -> &'static str {
         match self {
-            Architecture::Llama => "llama",
+            Architecture::Llama | Architecture::Mixtral => "llama",
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
             Architecture::Gemma3 => "gemma3",
             Architecture::Phi3 => "phi3",
+            Architecture::Qwen3Moe => "qwen3moe",
         }
     }
 
@@ -49,6 +56,8 @@ impl Architecture {
             "Qwen3ForCausalLM" => Some(Architecture::Qwen3),
             "Gemma3ForCausalLM" => Some(Architecture::Gemma3),
             "Phi3ForCausalLM" => Some(Architecture::Phi3),
+            "MixtralForCausalLM" => Some(Architecture::Mixtral),
+            "Qwen3MoeForCausalLM" => Some(Architecture::Qwen3Moe),
             _ => None,
         }
     }
@@ -61,18 +70,32 @@ impl Architecture {
             "qwen3" => Some(Architecture::Qwen3),
             "gemma3_text" => Some(Architecture::Gemma3),
             "phi3" => Some(Architecture::Phi3),
+            "mixtral" => Some(Architecture::Mixtral),
+            "qwen3_moe" => Some(Architecture::Qwen3Moe),
             _ => None,
         }
+    }
+
+    /// Whether the architecture's MLP is a mixture of experts.
+    pub fn is_moe(self) -> bool {
+        matches!(self, Architecture::Mixtral | Architecture::Qwen3Moe)
     }
 }
 
 /// The supported GGUF `general.architecture` names.
-pub const GGUF_ARCHITECTURES: &str = "llama, qwen2, qwen3, gemma3, phi3";
+pub const GGUF_ARCHITECTURES: &str =
+    "llama, qwen2, qwen3, qwen3moe, gemma3, phi3 (`llama` with experts: Mixtral)";
 /// The supported Hugging Face `architectures` classes.
 pub const HF_CLASSES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
-                              Qwen3ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM";
+                              Qwen3ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, \
+                              MixtralForCausalLM, Qwen3MoeForCausalLM";
 /// The supported Hugging Face `model_type` values.
-pub const HF_MODEL_TYPES: &str = "llama, mistral, qwen2, qwen3, gemma3_text, phi3";
+pub const HF_MODEL_TYPES: &str =
+    "llama, mistral, qwen2, qwen3, gemma3_text, phi3, mixtral, qwen3_moe";
+
+/// The most experts a mixture-of-experts layer may have (the largest released models have
+/// 512; a bound keeps a corrupted count from sizing buffers).
+pub const MAX_EXPERTS: usize = 4096;
 
 /// How RoPE pairs up the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,6 +224,22 @@ pub struct BlockFeatures {
     /// The global layers' RoPE frequencies are divided by this (linear scaling, Gemma 3's
     /// `rope_scaling` on its global layers only).
     pub rope_linear_factor: Option<f32>,
+    /// Every layer's MLP is a sparse mixture of experts (Mixtral, Qwen3-MoE).
+    pub moe: Option<MixtureOfExperts>,
+}
+
+/// A sparse mixture-of-experts MLP: a router (a `[num_experts, hidden]` matrix) scores every
+/// expert for a token, the softmax of those scores over all experts gives each a weight, the
+/// `experts_per_token` heaviest run on the token (each a gated MLP of width `expert_ffn`), and
+/// their outputs are summed, each times its weight. With `normalize_top_k` the chosen weights
+/// are first divided by their sum (Mixtral always; Qwen3-MoE when `norm_topk_prob`), which
+/// equals a softmax over the chosen experts' scores alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MixtureOfExperts {
+    pub num_experts: usize,
+    pub experts_per_token: usize,
+    pub expert_ffn: usize,
+    pub normalize_top_k: bool,
 }
 
 impl BlockFeatures {
@@ -280,6 +319,33 @@ impl ModelConfig {
                 return Err(format!("local rope theta {} must be positive", r.theta));
             }
         }
+        if let Some(m) = &f.moe {
+            if m.num_experts == 0 || m.num_experts > MAX_EXPERTS {
+                return Err(format!(
+                    "the expert count {} must be between 1 and {MAX_EXPERTS}",
+                    m.num_experts
+                ));
+            }
+            if m.experts_per_token == 0 || m.experts_per_token > m.num_experts {
+                return Err(format!(
+                    "the experts used per token ({}) must be between 1 and the expert count ({})",
+                    m.experts_per_token, m.num_experts
+                ));
+            }
+            if m.expert_ffn == 0 || m.expert_ffn > (1 << 24) {
+                return Err(format!(
+                    "the expert feed-forward length {} is invalid",
+                    m.expert_ffn
+                ));
+            }
+        }
+        if self.architecture.is_moe() != f.moe.is_some() {
+            return Err(format!(
+                "{:?} {} a mixture of experts",
+                self.architecture,
+                if f.moe.is_some() { "has no" } else { "needs" }
+            ));
+        }
         Ok(())
     }
 
@@ -314,6 +380,9 @@ impl ModelConfig {
         }
         if f.rope_linear_factor.is_some() {
             names.push("linear RoPE scaling");
+        }
+        if f.moe.is_some() {
+            names.push("mixture of experts");
         }
         names
     }

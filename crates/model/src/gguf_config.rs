@@ -4,8 +4,8 @@
 //! embedding).
 
 use crate::config::{
-    Activation, Architecture, BlockFeatures, ModelConfig, RopeConfig, RopeStyle, SlidingWindow,
-    GGUF_ARCHITECTURES,
+    Activation, Architecture, BlockFeatures, MixtureOfExperts, ModelConfig, RopeConfig, RopeStyle,
+    SlidingWindow, GGUF_ARCHITECTURES,
 };
 use crate::error::{ModelError, Result};
 use crate::gguf::{Metadata, MetadataValue};
@@ -14,7 +14,7 @@ use crate::gguf::{Metadata, MetadataValue};
 /// tensor, which the caller knows.
 pub fn config_from_gguf(md: &Metadata, vocab_size: usize) -> Result<ModelConfig> {
     let arch_name = md.str("general.architecture")?;
-    let architecture = Architecture::from_gguf_name(arch_name).ok_or_else(|| {
+    let mut architecture = Architecture::from_gguf_name(arch_name).ok_or_else(|| {
         ModelError::UnsupportedArchitecture {
             name: arch_name.to_string(),
             field: "general.architecture".into(),
@@ -22,6 +22,10 @@ pub fn config_from_gguf(md: &Metadata, vocab_size: usize) -> Result<ModelConfig>
         }
     })?;
     let key = |k: &str| format!("{arch_name}.{k}");
+    // llama.cpp files Mixtral as `llama` with experts.
+    if architecture == Architecture::Llama && md.opt_u32(&key("expert_count"))?.unwrap_or(0) > 0 {
+        architecture = Architecture::Mixtral;
+    }
     let int = |k: &str| -> Result<usize> { Ok(md.u32(&key(k))? as usize) };
     let hidden_size = int("embedding_length")?;
     let num_heads = int("attention.head_count")?;
@@ -38,10 +42,12 @@ pub fn config_from_gguf(md: &Metadata, vocab_size: usize) -> Result<ModelConfig>
     let theta = md.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
     let style = match architecture {
         // convert_hf_to_gguf.py permutes llama q/k rows for the interleaved layout.
-        Architecture::Llama => RopeStyle::Interleaved,
-        Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Gemma3 | Architecture::Phi3 => {
-            RopeStyle::Neox
-        }
+        Architecture::Llama | Architecture::Mixtral => RopeStyle::Interleaved,
+        Architecture::Qwen2
+        | Architecture::Qwen3
+        | Architecture::Qwen3Moe
+        | Architecture::Gemma3
+        | Architecture::Phi3 => RopeStyle::Neox,
     };
     let num_layers = int("block_count")?;
     let features = match architecture {
@@ -60,13 +66,23 @@ pub fn config_from_gguf(md: &Metadata, vocab_size: usize) -> Result<ModelConfig>
                 }),
             ..BlockFeatures::default()
         },
+        Architecture::Mixtral | Architecture::Qwen3Moe => BlockFeatures {
+            moe: Some(experts(md, arch_name)?),
+            ..BlockFeatures::default()
+        },
         _ => BlockFeatures::default(),
+    };
+    let intermediate_size = match (md.opt_u32(&key("feed_forward_length"))?, &features.moe) {
+        (Some(ff), _) => ff as usize,
+        // A Qwen3-MoE file may carry only the experts' length.
+        (None, Some(moe)) => moe.expert_ffn,
+        (None, None) => int("feed_forward_length")?,
     };
     let config = ModelConfig {
         architecture,
         vocab_size,
         hidden_size,
-        intermediate_size: int("feed_forward_length")?,
+        intermediate_size,
         num_layers,
         num_heads,
         num_kv_heads,
@@ -80,11 +96,46 @@ pub fn config_from_gguf(md: &Metadata, vocab_size: usize) -> Result<ModelConfig>
         context_len: int("context_length")?,
         tie_word_embeddings: false,
         qkv_bias: architecture == Architecture::Qwen2,
-        qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
+        qk_norm: matches!(
+            architecture,
+            Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+        ),
         features,
     };
     config.validate().map_err(ModelError::Config)?;
     Ok(config)
+}
+
+/// The experts of a Mixtral (`llama` with `expert_count`) or `qwen3moe` file, as llama.cpp
+/// reads them: `expert_count`, `expert_used_count`, the experts' width
+/// (`expert_feed_forward_length`, else `feed_forward_length`), softmax routing with the chosen
+/// weights renormalised unless `expert_weights_norm` is false. Shared experts and other
+/// gating functions are refused.
+fn experts(md: &Metadata, arch: &str) -> Result<MixtureOfExperts> {
+    let key = |k: &str| format!("{arch}.{k}");
+    if let Some(n) = md.opt_u32(&key("expert_shared_count"))?.filter(|&n| n > 0) {
+        return Err(ModelError::Hyperparameter {
+            key: key("expert_shared_count"),
+            reason: format!("is {n}: shared experts are not supported"),
+        });
+    }
+    // llama.cpp's gating functions: 1 softmax, 2 sigmoid.
+    if let Some(g) = md.opt_u32(&key("expert_gating_func"))?.filter(|&g| g != 1) {
+        return Err(ModelError::Hyperparameter {
+            key: key("expert_gating_func"),
+            reason: format!("is {g}: only softmax gating (1) is supported"),
+        });
+    }
+    let expert_ffn = match md.opt_u32(&key("expert_feed_forward_length"))? {
+        Some(v) => v,
+        None => md.u32(&key("feed_forward_length"))?,
+    };
+    Ok(MixtureOfExperts {
+        num_experts: md.u32(&key("expert_count"))? as usize,
+        experts_per_token: md.u32(&key("expert_used_count"))? as usize,
+        expert_ffn: expert_ffn as usize,
+        normalize_top_k: md.opt_bool(&key("expert_weights_norm"))?.unwrap_or(true),
+    })
 }
 
 /// llama.cpp's Gemma 3 constants: every sixth layer global, the local layers' RoPE base.
@@ -136,6 +187,7 @@ fn gemma3_features(
             llama3_scaling: None,
         }),
         rope_linear_factor: None,
+        moe: None,
     })
 }
 

@@ -350,6 +350,7 @@ fn model_config(cfg: &Map<String, Value>) -> Result<ModelConfig> {
     let num_layers = req_usize(cfg, "num_hidden_layers")?;
     let features = BlockFeatures {
         sliding_window: mistral_window(cfg, architecture, num_layers)?,
+        moe: crate::hf_moe::hf_experts(cfg, architecture)?,
         ..BlockFeatures::default()
     };
     Ok(ModelConfig {
@@ -366,19 +367,22 @@ fn model_config(cfg: &Map<String, Value>) -> Result<ModelConfig> {
         context_len: context_len(cfg, architecture, max_positions)?,
         tie_word_embeddings: opt_bool(cfg, "tie_word_embeddings")?.unwrap_or(false),
         qkv_bias: architecture == Architecture::Qwen2,
-        qk_norm: architecture == Architecture::Qwen3,
+        qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe),
         features,
     })
 }
 
-/// Mistral's (read as Llama) and Phi-3's `sliding_window`: every layer attends to that
+/// Mistral's (read as Llama), Mixtral's and Phi-3's `sliding_window`: every layer attends to that
 /// many positions.
 fn mistral_window(
     cfg: &Map<String, Value>,
     arch: Architecture,
     num_layers: usize,
 ) -> Result<Option<SlidingWindow>> {
-    if !matches!(arch, Architecture::Llama | Architecture::Phi3) {
+    if !matches!(
+        arch,
+        Architecture::Llama | Architecture::Mixtral | Architecture::Phi3
+    ) {
         return Ok(None);
     }
     match opt_usize(cfg, "sliding_window")? {
@@ -400,8 +404,10 @@ fn context_len(
     let window = match arch {
         // Mistral (read as Llama) slides whenever `sliding_window` is set, which the
         // attention honours (`mistral_window`); Gemma 3 is read by `hf_gemma3`.
-        Architecture::Llama | Architecture::Gemma3 | Architecture::Phi3 => None,
-        Architecture::Qwen2 | Architecture::Qwen3 => {
+        Architecture::Llama | Architecture::Mixtral | Architecture::Gemma3 | Architecture::Phi3 => {
+            None
+        }
+        Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => {
             if opt_bool(cfg, "use_sliding_window")?.unwrap_or(false) {
                 opt_usize(cfg, "sliding_window")?
             } else {

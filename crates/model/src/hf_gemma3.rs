@@ -50,6 +50,7 @@ pub(crate) fn gemma3_config(cfg: &Map<String, Value>) -> Result<ModelConfig> {
         sliding_window: Some(window(cfg, num_layers)?),
         local_rope: Some(local),
         rope_linear_factor: linear,
+        moe: None,
     };
     Ok(ModelConfig {
         architecture: Architecture::Gemma3,

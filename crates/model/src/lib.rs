@@ -14,6 +14,7 @@ pub mod gguf;
 pub mod gguf_config;
 pub mod hf_config;
 mod hf_gemma3;
+mod hf_moe;
 pub mod host_model;
 pub mod kv_store;
 pub mod loader;

@@ -3,15 +3,15 @@
 //! a set whose layer count, head counts or leftover tensors disagree with the config (the
 //! checks of `tensor_check.rs`).
 
-use crate::config::{Architecture, ModelConfig};
+use crate::config::{Architecture, MixtureOfExperts, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::host_model::HostModel;
 use crate::tensor_check::{
     check_attention_shapes, check_dtype, check_layer_count, Role, TensorUse,
 };
 pub use crate::tensor_names::NameScheme;
-use crate::tensor_names::Part;
-use crate::transformer::{LayerWeights, ModelWeights};
+use crate::tensor_names::{ExpertPart, Part};
+use crate::transformer::{ExpertWeights, FeedForward, GatedMlp, LayerWeights, ModelWeights};
 use crate::weights::{TensorHandle, TensorSet};
 
 /// Resolves tensors by name, checks their types and shapes, and records which it used.
@@ -83,6 +83,46 @@ fn split_fused(c: &ModelConfig, tensors: &mut TensorSet, s: NameScheme) -> Resul
     Ok(())
 }
 
+/// Splits each GGUF layer's merged expert tensors (`blk.i.ffn_gate_exps.weight`,
+/// `[experts, rows, cols]`) into one view per expert (`blk.i.ffn_gate_exps.weight[e]`).
+fn split_experts(c: &ModelConfig, moe: &MixtureOfExperts, tensors: &mut TensorSet) -> Result<()> {
+    for i in 0..c.num_layers {
+        for part in [ExpertPart::Gate, ExpertPart::Up, ExpertPart::Down] {
+            let views: Vec<String> = (0..moe.num_experts)
+                .map(|e| NameScheme::Gguf.expert(c.architecture, i, e, part))
+                .collect();
+            tensors.split_outer(&NameScheme::merged_experts(i, part), &views)?;
+        }
+    }
+    Ok(())
+}
+
+/// Layer `i`'s feed-forward matrices: one gated MLP, or a router and its experts.
+fn feed_forward(r: &mut Resolver<'_>, c: &ModelConfig, i: usize) -> Result<FeedForward> {
+    let (s, h) = (r.scheme, c.hidden_size);
+    let Some(moe) = c.features.moe else {
+        let ff = c.intermediate_size;
+        return Ok(FeedForward::Dense(GatedMlp {
+            gate: r.matrix(&s.layer(i, Part::Gate), ff, h)?,
+            up: r.matrix(&s.layer(i, Part::Up), ff, h)?,
+            down: r.matrix(&s.layer(i, Part::Down), h, ff)?,
+        }));
+    };
+    let ff = moe.expert_ffn;
+    let router = r.matrix(&s.router(c.architecture, i), moe.num_experts, h)?;
+    let name = |e, part| s.expert(c.architecture, i, e, part);
+    let experts = (0..moe.num_experts)
+        .map(|e| {
+            Ok(GatedMlp {
+                gate: r.matrix(&name(e, ExpertPart::Gate), ff, h)?,
+                up: r.matrix(&name(e, ExpertPart::Up), ff, h)?,
+                down: r.matrix(&name(e, ExpertPart::Down), h, ff)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(FeedForward::Experts(ExpertWeights { router, experts }))
+}
+
 /// What is added to every stored norm weight (see [`Resolver::norm`]).
 fn norm_offset(c: &ModelConfig, scheme: NameScheme) -> f32 {
     if c.architecture == Architecture::Gemma3 && scheme == NameScheme::HuggingFace {
@@ -94,7 +134,7 @@ fn norm_offset(c: &ModelConfig, scheme: NameScheme) -> f32 {
 
 fn layer_weights(r: &mut Resolver<'_>, c: &ModelConfig, i: usize) -> Result<LayerWeights> {
     let s = r.scheme;
-    let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let (h, q, kv) = (c.hidden_size, c.q_dim(), c.kv_dim());
     let name = |p| s.layer(i, p);
     let off = norm_offset(c, s);
     let qkv_bias = if c.qkv_bias {
@@ -133,9 +173,7 @@ fn layer_weights(r: &mut Resolver<'_>, c: &ModelConfig, i: usize) -> Result<Laye
         qk_norm,
         ffn_norm: r.norm(&name(ffn_norm_part), h, off)?,
         post_norms,
-        gate: r.matrix(&name(Part::Gate), ff, h)?,
-        up: r.matrix(&name(Part::Up), ff, h)?,
-        down: r.matrix(&name(Part::Down), h, ff)?,
+        mlp: feed_forward(r, c, i)?,
     })
 }
 
@@ -153,6 +191,9 @@ pub fn build_host_model(
     config.validate().map_err(ModelError::Config)?;
     if config.architecture == Architecture::Phi3 {
         split_fused(&config, &mut tensors, scheme)?;
+    }
+    if let (Some(moe), NameScheme::Gguf) = (&config.features.moe, scheme) {
+        split_experts(&config, moe, &mut tensors)?;
     }
     check_layer_count(&config, &tensors, scheme)?;
     check_attention_shapes(&config, &tensors, scheme)?;

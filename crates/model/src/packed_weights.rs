@@ -35,10 +35,7 @@ impl PackedWeights {
         if isa.is_exact() {
             return PackedWeights { by_tensor, isa };
         }
-        let layers = w
-            .layers
-            .iter()
-            .flat_map(|l| [l.q, l.k, l.v, l.o, l.gate, l.up, l.down]);
+        let layers = w.layers.iter().flat_map(|l| l.projections());
         for h in layers.chain([w.lm_head]) {
             if by_tensor.contains_key(&h) {
                 continue;
@@ -79,6 +76,32 @@ impl PackedWeights {
                 matmuls_quantized_with(self.isa, pool, [p], xq, [y]);
             }
             None => exact_matmul(self.isa, tensors, pool, h, x, y, n),
+        }
+    }
+
+    /// `ys[m] = x · W_mᵀ` for the matrices `hs`, which share the input `x` (`[n, cols]`):
+    /// when all of them are packed, `x` is quantized once and the products run as one job.
+    #[allow(clippy::too_many_arguments)] // the operands of N products and their scratch
+    pub(crate) fn matmuls<const N: usize>(
+        &self,
+        tensors: &TensorSet,
+        pool: &ThreadPool,
+        hs: [TensorHandle; N],
+        x: &[f32],
+        ys: [&mut [f32]; N],
+        n: usize,
+        xq: &mut QuantizedRows,
+    ) {
+        if let Some(ws) = self.all_packed(hs) {
+            let cols = ws[0].cols();
+            if ws.iter().all(|w| w.cols() == cols) {
+                xq.quantize_into_with(self.isa, pool, x, n, cols);
+                matmuls_quantized_with(self.isa, pool, ws, xq, ys);
+                return;
+            }
+        }
+        for (h, y) in hs.into_iter().zip(ys) {
+            self.matmul(tensors, pool, h, x, y, n, xq);
         }
     }
 

@@ -11,6 +11,7 @@ use tandem_kernels::packed::QuantizedRows;
 use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::kv_store::KvStore;
+use crate::transformer::MoeScratch;
 
 /// Everything one forward call works in.
 #[derive(Debug)]
@@ -24,6 +25,8 @@ pub(crate) struct Scratch {
     pub xq: QuantizedRows,
     /// The final hidden states of the rows that get logits, gathered.
     pub gathered: Vec<f32>,
+    /// The routing and per-expert rows of a mixture-of-experts MLP (empty otherwise).
+    pub moe: MoeScratch,
 }
 
 impl Default for Scratch {
@@ -35,6 +38,7 @@ impl Default for Scratch {
             local_rope: RopeTable::default(),
             xq: QuantizedRows::empty(),
             gathered: Vec::new(),
+            moe: MoeScratch::default(),
         }
     }
 }
@@ -63,6 +67,12 @@ pub(crate) struct Activations {
 impl Activations {
     /// Sizes every buffer for `n` tokens.
     pub fn resize(&mut self, c: &ModelConfig, n: usize) {
+        // A mixture of experts keeps its per-expert rows in its own scratch.
+        let ff = if c.features.moe.is_some() {
+            0
+        } else {
+            c.intermediate_size
+        };
         let sizes = [
             (&mut self.x, c.hidden_size),
             (&mut self.xn, c.hidden_size),
@@ -70,8 +80,8 @@ impl Activations {
             (&mut self.k, c.kv_dim()),
             (&mut self.v, c.kv_dim()),
             (&mut self.attn, c.q_dim()),
-            (&mut self.gate, c.intermediate_size),
-            (&mut self.up, c.intermediate_size),
+            (&mut self.gate, ff),
+            (&mut self.up, ff),
             (&mut self.out, c.hidden_size),
         ];
         for (buf, width) in sizes {

@@ -40,6 +40,14 @@ pub enum Part {
     Down,
 }
 
+/// The matrices of a mixture-of-experts MLP: the router and each expert's gated MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertPart {
+    Gate,
+    Up,
+    Down,
+}
+
 /// The hyperparameters whose values the tensors' shapes must agree with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hyper {
@@ -132,6 +140,52 @@ impl NameScheme {
             NameScheme::HuggingFace => hf,
         };
         format!("{}{suffix}", self.layer_prefix(i))
+    }
+
+    /// The router of layer `i`'s experts: `blk.i.ffn_gate_inp.weight`, Mixtral's
+    /// `block_sparse_moe.gate.weight`, Qwen3-MoE's `mlp.gate.weight`.
+    pub fn router(self, arch: Architecture, i: usize) -> String {
+        let suffix = match (self, arch) {
+            (NameScheme::Gguf, _) => "ffn_gate_inp.weight",
+            (NameScheme::HuggingFace, Architecture::Mixtral) => "block_sparse_moe.gate.weight",
+            (NameScheme::HuggingFace, _) => "mlp.gate.weight",
+        };
+        format!("{}{suffix}", self.layer_prefix(i))
+    }
+
+    /// The GGUF tensor holding one matrix of all of layer `i`'s experts, `[experts, rows,
+    /// cols]` (`blk.i.ffn_gate_exps.weight`); split into one view per expert at load.
+    pub fn merged_experts(i: usize, part: ExpertPart) -> String {
+        let name = match part {
+            ExpertPart::Gate => "ffn_gate_exps",
+            ExpertPart::Up => "ffn_up_exps",
+            ExpertPart::Down => "ffn_down_exps",
+        };
+        format!("blk.{i}.{name}.weight")
+    }
+
+    /// Expert `e`'s matrix in layer `i`: in a Hugging Face checkpoint the stored tensor
+    /// (Mixtral's `block_sparse_moe.experts.e.w1.weight` = gate, `w3` = up, `w2` = down;
+    /// Qwen3-MoE's `mlp.experts.e.gate_proj.weight`), in a GGUF file the view of the merged
+    /// tensor (`blk.i.ffn_gate_exps.weight[e]`).
+    pub fn expert(self, arch: Architecture, i: usize, e: usize, part: ExpertPart) -> String {
+        match self {
+            NameScheme::Gguf => format!("{}[{e}]", NameScheme::merged_experts(i, part)),
+            NameScheme::HuggingFace => {
+                let (mixtral, qwen) = match part {
+                    ExpertPart::Gate => ("w1", "gate_proj"),
+                    ExpertPart::Up => ("w3", "up_proj"),
+                    ExpertPart::Down => ("w2", "down_proj"),
+                };
+                let prefix = self.layer_prefix(i);
+                match arch {
+                    Architecture::Mixtral => {
+                        format!("{prefix}block_sparse_moe.experts.{e}.{mixtral}.weight")
+                    }
+                    _ => format!("{prefix}mlp.experts.{e}.{qwen}.weight"),
+                }
+            }
+        }
     }
 
     /// Whether `name` is a tensor this format may carry that the builder does not claim.

@@ -1,5 +1,8 @@
-//! The decoder-only transformer (Llama, Qwen2, Qwen3, Gemma 3) and its one entry point,
-//! [`Model::forward`]: a [`ForwardBatch`] in, logits for the selected rows out.
+//! The decoder-only transformer (Llama, Qwen2, Qwen3, Gemma 3, Phi-3, and the
+//! mixture-of-experts Mixtral and Qwen3-MoE, whose MLP is in `transformer/moe.rs`) and its one
+//! entry point, [`Model::forward`]: a [`ForwardBatch`] in, logits for the selected rows out.
+
+mod moe;
 
 use tandem_kernels::ops::{
     add_inplace, geglu_tanh_inplace, rms_norm, rms_norm_inplace, rope_head, softcap_inplace,
@@ -20,6 +23,9 @@ use crate::packed_weights::{NormedInput, PackedWeights};
 use crate::scratch::{Activations, BatchLayout, RopeTable, Scratch};
 use crate::weights::{TensorHandle, TensorSet};
 
+pub(crate) use moe::MoeScratch;
+pub use moe::{route, ExpertWeights, Route};
+
 /// The weights of one decoder layer. Matrices stay in their stored format; the small
 /// vectors (norms, biases) are kept as f32.
 #[derive(Debug)]
@@ -37,9 +43,39 @@ pub struct LayerWeights {
     /// The norms of the attention output and of the MLP output before their residual adds
     /// (Gemma 3): `[hidden]` each.
     pub post_norms: Option<[Vec<f32>; 2]>,
+    pub mlp: FeedForward,
+}
+
+/// A gated MLP: `down(act(gate · x) * (up · x))`.
+#[derive(Debug, Clone, Copy)]
+pub struct GatedMlp {
     pub gate: TensorHandle,
     pub up: TensorHandle,
     pub down: TensorHandle,
+}
+
+/// A layer's feed-forward part.
+#[derive(Debug)]
+pub enum FeedForward {
+    /// One gated MLP for every token.
+    Dense(GatedMlp),
+    /// A mixture of experts: each token runs through the few its router picks.
+    Experts(ExpertWeights),
+}
+
+impl LayerWeights {
+    /// Every projection matrix of the layer (the router of a mixture of experts is not one:
+    /// it stays in its stored form, see `transformer/moe.rs`).
+    pub fn projections(&self) -> Vec<TensorHandle> {
+        let mut all = vec![self.q, self.k, self.v, self.o];
+        match &self.mlp {
+            FeedForward::Dense(m) => all.extend([m.gate, m.up, m.down]),
+            FeedForward::Experts(e) => {
+                all.extend(e.experts.iter().flat_map(|m| [m.gate, m.up, m.down]))
+            }
+        }
+        all
+    }
 }
 
 /// The model-level weights, resolved against a [`TensorSet`].
@@ -179,6 +215,7 @@ impl Model {
             local_rope,
             xq,
             gathered,
+            moe,
         } = scratch;
         layout.fill(batch, kv);
         rope.fill(&layout.positions, &self.w.inv_freqs);
@@ -200,7 +237,7 @@ impl Model {
             let local = c.features.window(l).is_some() && self.w.local_inv_freqs.is_some();
             let layer_rope = if local { &*local_rope } else { &*rope };
             self.attention_block(l, layer, layout, layer_rope, a, xq, kv);
-            self.mlp_block(layer, a, xq);
+            self.mlp_block(layer, a, xq, moe);
         }
         // Every token's final hidden state is kept beside its K/V (see `KvStore`).
         let h = c.hidden_size;
@@ -329,26 +366,42 @@ impl Model {
         }
     }
 
-    fn mlp_block(&self, w: &LayerWeights, a: &mut Activations, xq: &mut QuantizedRows) {
+    fn mlp_block(
+        &self,
+        w: &LayerWeights,
+        a: &mut Activations,
+        xq: &mut QuantizedRows,
+        moe: &mut MoeScratch,
+    ) {
         let c = &self.config;
         let n = a.x.len() / c.hidden_size;
-        let scratch = (&mut a.xn[..], &mut *xq);
-        let ys = [&mut a.gate[..], &mut a.up[..]];
-        self.normed_matmuls(&w.ffn_norm, [w.gate, w.up], &a.x, scratch, ys);
-        let ff = c.intermediate_size;
-        let act = c.features.activation;
-        for_each_chunk_mut(&self.pool, &mut a.gate, ff, |t, gate| {
-            let up = &a.up[t * ff..(t + 1) * ff];
+        match &w.mlp {
+            FeedForward::Dense(m) => {
+                let scratch = (&mut a.xn[..], &mut *xq);
+                let ff = c.intermediate_size;
+                let (gate, up) = (&mut a.gate[..n * ff], &mut a.up[..n * ff]);
+                self.normed_matmuls(&w.ffn_norm, [m.gate, m.up], &a.x, scratch, [gate, up]);
+                self.activate(&mut a.gate[..n * ff], &a.up[..n * ff], ff);
+                self.matmul(m.down, &a.gate[..n * ff], &mut a.out, n, xq);
+            }
+            FeedForward::Experts(e) => self.experts_block(&w.ffn_norm, e, a, xq, moe),
+        }
+        if let Some([_, post_ffn]) = &w.post_norms {
+            self.norm_rows(&mut a.out, post_ffn);
+        }
+        add_inplace(&mut a.x, &a.out);
+    }
+
+    /// `gate[t] = act(gate[t]) * up[t]` for every row `t` of width `ff`.
+    fn activate(&self, gate: &mut [f32], up: &[f32], ff: usize) {
+        let act = self.config.features.activation;
+        for_each_chunk_mut(&self.pool, gate, ff, |t, gate| {
+            let up = &up[t * ff..(t + 1) * ff];
             match act {
                 Activation::Silu => swiglu_inplace(gate, up),
                 Activation::GeluTanh => geglu_tanh_inplace(gate, up),
             }
         });
-        self.matmul(w.down, &a.gate, &mut a.out, n, xq);
-        if let Some([_, post_ffn]) = &w.post_norms {
-            self.norm_rows(&mut a.out, post_ffn);
-        }
-        add_inplace(&mut a.x, &a.out);
     }
 
     /// The output projection of final hidden states: row `i` of the result (numbered

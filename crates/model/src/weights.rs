@@ -251,6 +251,37 @@ impl TensorSet {
         Ok(())
     }
 
+    /// Replaces the 3-D tensor `name` (`[parts.len(), rows, cols]`, e.g. all the experts'
+    /// gate matrices of a layer) by one `[rows, cols]` matrix per entry of `parts`: views of
+    /// the same bytes. Call before taking handles.
+    pub fn split_outer(&mut self, name: &str, parts: &[String]) -> Result<()> {
+        let index = *self
+            .by_name
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let entry = &mut self.entries[index].1;
+        let [outer, rows, cols] = entry.shape[..] else {
+            return Err(ModelError::BadTensor {
+                name: name.to_string(),
+                reason: format!("expected 3 dimensions, found {:?}", entry.shape),
+            });
+        };
+        if outer != parts.len() {
+            return Err(ModelError::BadTensor {
+                name: name.to_string(),
+                reason: format!(
+                    "shape {:?} holds {outer} matrices, expected {}",
+                    entry.shape,
+                    parts.len()
+                ),
+            });
+        }
+        // `insert` checked that the product of the dimensions does not overflow.
+        entry.shape = vec![outer * rows, cols];
+        let sized: Vec<(String, usize)> = parts.iter().map(|p| (p.clone(), rows)).collect();
+        self.split_rows(name, &sized)
+    }
+
     pub fn get(&self, name: &str) -> Option<TensorRef<'_>> {
         self.handle(name).map(|h| self.by_handle(h))
     }

@@ -1,7 +1,8 @@
 //! The forward pass against HF transformers (fp32) on the small random-weight fixtures made
 //! by `scripts/make_hf_fixtures.py` and `scripts/make_sliding_window_fixtures.py` (Gemma 3,
-//! Mistral and Phi-3 with a sliding window of 8 positions, shorter than the prompts), and the
-//! batch/chunk/thread invariants on the same models.
+//! Mistral and Phi-3 with a sliding window of 8 positions, shorter than the prompts) and
+//! `scripts/make_moe_fixtures.py` (Qwen3-MoE with and without renormalised routing weights,
+//! Mixtral), and the batch/chunk/thread invariants on the same models.
 
 use std::path::{Path, PathBuf};
 
@@ -12,7 +13,7 @@ use tandem_model::model_builder::{build_host_model, NameScheme};
 use tandem_model::safetensors::load_safetensors_dir;
 use tandem_model::transformer::Model;
 
-const FIXTURES: [&str; 12] = [
+const FIXTURES: [&str; 15] = [
     "llama_tied",
     "llama_untied",
     "llama3_rope",
@@ -25,6 +26,9 @@ const FIXTURES: [&str; 12] = [
     "gemma3",
     "mistral_swa",
     "phi3",
+    "qwen3_moe",
+    "qwen3_moe_norm",
+    "mixtral",
 ];
 
 fn fixture_dir(name: &str) -> PathBuf {
@@ -166,6 +170,8 @@ fn chunked_prefill_equals_one_pass_bitwise() {
         "gemma3",
         "mistral_swa",
         "phi3",
+        "qwen3_moe",
+        "mixtral",
     ] {
         let mut model = load(name, 2);
         let (ids, _) = &sequences(name)[1];
@@ -184,7 +190,15 @@ fn chunked_prefill_equals_one_pass_bitwise() {
 
 #[test]
 fn a_sequence_does_not_depend_on_its_batch_neighbours() {
-    for name in ["llama_untied", "gemma3", "mistral_swa", "phi3"] {
+    // In a mixture of experts, the neighbours share some of a token's experts.
+    for name in [
+        "llama_untied",
+        "gemma3",
+        "mistral_swa",
+        "phi3",
+        "qwen3_moe_norm",
+        "mixtral",
+    ] {
         batch_neighbours(name);
     }
 }
@@ -232,7 +246,7 @@ fn batch_neighbours(name: &str) {
 
 #[test]
 fn one_and_two_threads_agree_bitwise() {
-    for name in ["qwen3", "gemma3"] {
+    for name in ["qwen3", "gemma3", "qwen3_moe"] {
         let (mut one, mut two) = (load(name, 1), load(name, 2));
         let (ids, _) = &sequences(name)[1];
         assert!(

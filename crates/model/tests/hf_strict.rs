@@ -19,8 +19,10 @@ use tandem_model::ModelError;
 /// A tensor as written: name, dtype, shape, bytes.
 type Tensor = (String, Dtype, Vec<usize>, Vec<u8>);
 
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/llama_untied")
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf")
+        .join(name)
 }
 
 fn read_tensors(path: &Path) -> Vec<Tensor> {
@@ -35,11 +37,22 @@ fn read_tensors(path: &Path) -> Vec<Tensor> {
     out
 }
 
-/// A copy of the fixture with its config and tensors edited; loads it, removes it.
+/// A copy of the `llama_untied` fixture with its config and tensors edited; loads it,
+/// removes it.
 fn load_variant(
     edit_config: impl FnOnce(&mut Value),
     edit_tensors: impl FnOnce(&mut Vec<Tensor>),
 ) -> Result<(), ModelError> {
+    load_variant_of("llama_untied", edit_config, edit_tensors)
+}
+
+/// [`load_variant`] of the fixture `name`.
+fn load_variant_of(
+    name: &str,
+    edit_config: impl FnOnce(&mut Value),
+    edit_tensors: impl FnOnce(&mut Vec<Tensor>),
+) -> Result<(), ModelError> {
+    let fixture = || fixture(name);
     static N: AtomicUsize = AtomicUsize::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("tandem-hf-strict-{}-{n}", std::process::id()));
@@ -198,4 +211,40 @@ fn config_corruptions_do_not_load_the_directory() {
     assert!(matches!(e, ModelError::Config(_)), "{e:?}");
     let e = config_only(|c| c["dtype"] = json!("float8")).unwrap_err();
     assert!(matches!(e, ModelError::UnsupportedDtype { .. }), "{e:?}");
+}
+
+/// Mixture-of-experts checkpoints: the expert count, the experts used per token and the
+/// layers' sparsity must agree with the tensors, each expert's matrices must be present.
+#[test]
+fn expert_corruptions_are_named() {
+    let moe = |edit: &dyn Fn(&mut Value), tensors: &dyn Fn(&mut Vec<Tensor>)| {
+        load_variant_of("qwen3_moe", edit, tensors).map_err(|e| e.to_string())
+    };
+    moe(&|_| {}, &|_| {}).unwrap();
+    let fewer = moe(&|c| c["num_local_experts"] = json!(4), &|_| {}).unwrap_err();
+    assert!(
+        fewer.contains("model.layers.0.mlp.gate.weight") && fewer.contains("[4, 32]"),
+        "{fewer}"
+    );
+    let missing = "model.layers.1.mlp.experts.3.up_proj.weight";
+    let e = moe(&|_| {}, &|t| drop(remove(t, missing))).unwrap_err();
+    assert!(e.contains(missing), "{e}");
+    let e = moe(&|c| c["num_experts_per_tok"] = json!(9), &|_| {}).unwrap_err();
+    assert!(e.contains("experts used per token (9)"), "{e}");
+    let e = moe(&|c| c["mlp_only_layers"] = json!([0]), &|_| {}).unwrap_err();
+    assert!(e.contains("mlp_only_layers"), "{e}");
+    let e = moe(&|c| c["num_experts"] = json!(6), &|_| {}).unwrap_err();
+    assert!(e.contains("num_experts") && e.contains("(6)"), "{e}");
+    let e = load_variant_of(
+        "mixtral",
+        |_| {},
+        |t| {
+            drop(remove(
+                t,
+                "model.layers.0.block_sparse_moe.experts.7.w2.weight",
+            ))
+        },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("experts.7.w2.weight"), "{e}");
 }
