@@ -387,6 +387,29 @@ impl ModelConfig {
         names
     }
 
+    /// Weights of one layer's MLP that a token passes through: the gated MLP, or the router
+    /// and the experts it picks.
+    pub fn ffn_params_per_token(&self) -> usize {
+        let h = self.hidden_size;
+        match &self.features.moe {
+            None => 3 * h * self.intermediate_size,
+            Some(m) => m.num_experts * h + m.experts_per_token * 3 * h * m.expert_ffn,
+        }
+    }
+
+    /// The share of a layer's experts that a step of `tokens` tokens reads, expected when each
+    /// token picks its experts independently and uniformly: `1 - (1 - k/E)^tokens` (1 for a
+    /// dense model). Trained routers are less uniform, so fewer experts are read in practice.
+    pub fn expert_share_read(&self, tokens: usize) -> f64 {
+        match &self.features.moe {
+            None => 1.0,
+            Some(m) => {
+                let miss = 1.0 - m.experts_per_token as f64 / m.num_experts as f64;
+                1.0 - miss.powi(tokens.min(i32::MAX as usize) as i32)
+            }
+        }
+    }
+
     /// Width of the q projection output: `num_heads * head_dim`.
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim

@@ -75,7 +75,7 @@ impl Roofline<'_> {
             attention += flops;
             attention_s += flops / rate;
         }
-        let weight_bytes = s.weight_bytes_per_step(self.hw.bytes_per_weight());
+        let weight_bytes = s.weight_bytes_per_step(self.hw.bytes_per_weight(), tokens);
         let matmul = s.matmul_flops(tokens, rows);
         let weights_s = weight_bytes / self.hw.bandwidth;
         let matmul_s = matmul / self.hw.matmul_flops(tokens);
@@ -212,6 +212,10 @@ mod tests {
             context_len: 512,
             layer_params: 100_000,
             lm_head_params: 6_400,
+            expert_params: 0,
+            expert_stored_bytes: 0.0,
+            experts: 0,
+            experts_picked: 0,
             stored_bytes: 200_000.0,
             stored_bytes_per_step: 200_000.0,
         }

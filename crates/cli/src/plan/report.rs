@@ -128,7 +128,7 @@ impl Plan {
             model: i.model_name.clone(),
             shape: i.shape.clone(),
             hardware: i.hw.clone(),
-            weight_bytes_per_step: i.shape.weight_bytes_per_step(i.hw.bytes_per_weight()),
+            weight_bytes_per_step: i.shape.weight_bytes_per_step(i.hw.bytes_per_weight(), 1.0),
             prompt_len: i.prompt_len,
             gen_len: i.gen_len,
             prompt_lens: i.prompt_lens.clone(),

@@ -18,8 +18,16 @@ pub struct ModelShape {
     pub kv_dim: usize,
     pub vocab_size: usize,
     pub context_len: usize,
-    /// Weights of the layer matrices (q, k, v, o, gate, up, down) over all layers.
+    /// Weights of the layer matrices a token passes through (q, k, v, o, gate, up, down; of a
+    /// mixture of experts, the router and the experts it picks) over all layers.
     pub layer_params: usize,
+    /// Of a mixture of experts: the weights of all experts (all layers), their stored bytes,
+    /// and the share of them a step of `t` tokens reads is `1 - (1 - picked/experts)^t`
+    /// (expected under uniform routing). Zero for a dense model.
+    pub expert_params: usize,
+    pub expert_stored_bytes: f64,
+    pub experts: usize,
+    pub experts_picked: usize,
     /// Weights of the output projection (vocabulary x hidden).
     pub lm_head_params: usize,
     /// Bytes the stored weights take (embedding included).
@@ -42,14 +50,28 @@ impl ModelShape {
         };
         shape.stored_bytes = total;
         shape.stored_bytes_per_step = total - embed_only;
+        shape.expert_stored_bytes = host.expert_bytes() as f64;
         shape
     }
 
     /// The shape of a model known by its configuration alone, its matrices stored with
     /// `bits_per_weight` bits each (16 for bf16, 4.5 for Q4_0, 5 for Q4_1, 8.5 for Q8_0).
     pub fn of_config(c: &ModelConfig, bits_per_weight: f64) -> ModelShape {
-        let layer = c.hidden_size * (2 * c.q_dim() + 2 * c.kv_dim())
-            + 3 * c.hidden_size * c.intermediate_size;
+        let attention = c.hidden_size * (2 * c.q_dim() + 2 * c.kv_dim());
+        let layer = attention + c.ffn_params_per_token();
+        let (experts, picked, all_experts) = match &c.features.moe {
+            None => (0, 0, 0),
+            Some(m) => (
+                m.num_experts,
+                m.experts_per_token,
+                m.num_experts * 3 * c.hidden_size * m.expert_ffn,
+            ),
+        };
+        // Stored: every expert, not only the picked ones.
+        let stored_layer = match &c.features.moe {
+            None => layer,
+            Some(m) => attention + m.num_experts * c.hidden_size + all_experts,
+        };
         let lm_head = c.vocab_size * c.hidden_size;
         let embed = if c.tie_word_embeddings { 0 } else { lm_head };
         let bytes = |params: usize| params as f64 * bits_per_weight / 8.0;
@@ -63,9 +85,21 @@ impl ModelShape {
             context_len: c.context_len,
             layer_params: c.num_layers * layer,
             lm_head_params: lm_head,
-            stored_bytes: bytes(c.num_layers * layer + lm_head + embed),
-            stored_bytes_per_step: bytes(c.num_layers * layer + lm_head),
+            expert_params: c.num_layers * all_experts,
+            expert_stored_bytes: bytes(c.num_layers * all_experts),
+            experts,
+            experts_picked: picked,
+            stored_bytes: bytes(c.num_layers * stored_layer + lm_head + embed),
+            stored_bytes_per_step: bytes(c.num_layers * stored_layer + lm_head),
         }
+    }
+
+    /// The share of the experts a step of `tokens` tokens reads (1 without experts).
+    fn expert_share_read(&self, tokens: f64) -> f64 {
+        if self.experts == 0 {
+            return 1.0;
+        }
+        1.0 - (1.0 - self.experts_picked as f64 / self.experts as f64).powf(tokens.max(1.0))
     }
 
     /// Bytes of keys and values one token adds to the cache (all layers).
@@ -90,12 +124,23 @@ impl ModelShape {
         4.0 * (self.num_layers * self.num_heads * self.head_dim) as f64 * context
     }
 
-    /// Bytes of weights one forward pass reads on a device storing them at `bytes_per_weight`
-    /// (`None`: as stored).
-    pub fn weight_bytes_per_step(&self, bytes_per_weight: Option<f64>) -> f64 {
+    /// Bytes of weights a forward pass over `tokens` tokens reads on a device storing them at
+    /// `bytes_per_weight` (`None`: as stored): all of them, but of a mixture of experts only
+    /// the share its tokens are expected to pick.
+    pub fn weight_bytes_per_step(&self, bytes_per_weight: Option<f64>, tokens: f64) -> f64 {
+        let unread = 1.0 - self.expert_share_read(tokens);
         match bytes_per_weight {
-            None => self.stored_bytes_per_step,
-            Some(b) => (self.layer_params + self.lm_head_params) as f64 * b,
+            None => self.stored_bytes_per_step - self.expert_stored_bytes * unread,
+            Some(b) => {
+                let picked_share = if self.experts == 0 {
+                    0.0
+                } else {
+                    self.experts_picked as f64 / self.experts as f64
+                };
+                let per_token = (self.layer_params + self.lm_head_params) as f64;
+                let non_expert = per_token - self.expert_params as f64 * picked_share;
+                (non_expert + self.expert_params as f64 * (1.0 - unread)) * b
+            }
         }
     }
 
@@ -104,10 +149,54 @@ impl ModelShape {
         match bytes_per_weight {
             None => self.stored_bytes,
             Some(b) => {
-                let per_step = self.weight_bytes_per_step(Some(b));
+                // Every expert is resident, as if an endless step read them all.
+                let per_step = self.weight_bytes_per_step(Some(b), f64::INFINITY);
                 let scale = self.stored_bytes / self.stored_bytes_per_step.max(1.0);
                 per_step * scale
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_model::hf_config::load_hf_config;
+
+    fn moe_shape() -> (ModelConfig, ModelShape) {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../model/tests/fixtures/hf/qwen3_moe"
+        );
+        let c = load_hf_config(std::path::Path::new(dir))
+            .expect("fixture config")
+            .config;
+        let shape = ModelShape::of_config(&c, 16.0);
+        (c, shape)
+    }
+
+    #[test]
+    fn a_mixture_of_experts_costs_its_picked_experts_and_stores_all() {
+        let (c, s) = moe_shape();
+        let m = c.features.moe.expect("a MoE fixture");
+        let h = c.hidden_size;
+        let attention = h * (2 * c.q_dim() + 2 * c.kv_dim());
+        let expert = 3 * h * m.expert_ffn;
+        let router = m.num_experts * h;
+        let lm_head = c.vocab_size * h;
+        // A token passes through the router and k experts.
+        let per_token = attention + router + m.experts_per_token * expert;
+        assert_eq!(s.layer_params, c.num_layers * per_token);
+        // Stored: every expert; the fixture ties its embedding to the LM head.
+        let stored = c.num_layers * (attention + router + m.num_experts * expert) + lm_head;
+        assert_eq!(s.stored_bytes, 2.0 * stored as f64);
+        assert_eq!(s.resident_weight_bytes(Some(2.0)), 2.0 * stored as f64);
+        // One token reads k of E experts; many tokens read nearly all of them.
+        let one = s.weight_bytes_per_step(Some(2.0), 1.0);
+        let want = 2.0 * (c.num_layers * per_token + lm_head) as f64;
+        assert!((one - want).abs() < 1e-6 * want, "{one} vs {want}");
+        let many = s.weight_bytes_per_step(Some(2.0), 1e6);
+        assert!((many - 2.0 * stored as f64).abs() < 1e-6 * many, "{many}");
+        assert!(s.weight_bytes_per_step(None, 4.0) > s.weight_bytes_per_step(None, 1.0));
     }
 }
