@@ -14,7 +14,8 @@ use tandem_model::transformer::Model;
 
 mod cpu_engine;
 use cpu_engine::{
-    config, cpu_engine, default_model, fixture_model, gemma3_fixture, scoring_runner,
+    config, cpu_engine, default_model, fixture_model, gemma3_fixture, mixtral_fixture,
+    scoring_runner,
 };
 
 /// Tokens and logprobs a request produced.
@@ -204,6 +205,17 @@ fn greedy_generation_is_path_independent_with_a_sliding_window() {
 #[test]
 fn seeded_sampling_is_path_independent_with_a_sliding_window() {
     check_paths(gemma3_fixture, 33, true);
+}
+
+/// Mixtral: a token's neighbours in a step share some of its experts.
+#[test]
+fn greedy_generation_is_path_independent_with_a_mixture_of_experts() {
+    check_paths(mixtral_fixture, 33, false);
+}
+
+#[test]
+fn seeded_sampling_is_path_independent_with_a_mixture_of_experts() {
+    check_paths(mixtral_fixture, 33, true);
 }
 
 #[test]

@@ -9,7 +9,8 @@ use tandem_engine::{RequestParams, SchedulerConfig, SeqId};
 use tandem_model::batch::TokenId;
 
 mod cpu_engine;
-use cpu_engine::{cpu_engine, default_model, gemma3_fixture};
+use cpu_engine::{cpu_engine, default_model, gemma3_fixture, mixtral_fixture};
+use tandem_model::transformer::Model;
 
 /// What one request produced.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -310,14 +311,25 @@ fn cache_hits_misses_evictions_and_disabled_cache_give_identical_results() {
 /// hidden states of every position, whichever layers read them.
 #[test]
 fn sliding_window_cache_hits_equal_misses() {
+    cache_hits_equal_misses(gemma3_fixture);
+}
+
+/// In a mixture of experts, the uncached tail of a prompt runs without the head's tokens
+/// beside it in the step: their experts are shared no more, and nothing changes.
+#[test]
+fn mixture_of_experts_cache_hits_equal_misses() {
+    cache_hits_equal_misses(mixtral_fixture);
+}
+
+fn cache_hits_equal_misses(load: fn() -> Model) {
     let reqs = requests(FIXTURE_IDS);
     let n = reqs.len();
-    let mut off = cpu_engine(gemma3_fixture(), config(256, false), 7);
+    let mut off = cpu_engine(load(), config(256, false), 7);
     let mut want = vec![Out::default(); n];
     for i in 0..n {
         run_batch(&mut off, &reqs, &[i], &mut want);
     }
-    let mut on = cpu_engine(gemma3_fixture(), config(256, true), 7);
+    let mut on = cpu_engine(load(), config(256, true), 7);
     let mut warm = vec![Out::default(); n];
     for i in 0..n {
         run_batch(&mut on, &reqs, &[i], &mut warm);

@@ -21,7 +21,7 @@ use tandem_model::transformer::Model;
 use tandem_model::cpu_runner::{CpuRunner, KvSpec};
 
 mod cpu_engine;
-use cpu_engine::{config, cpu_engine, default_model, fixture_model};
+use cpu_engine::{config, cpu_engine, default_model, fixture_model, mixtral_fixture};
 
 /// Per request: (token, logprob, top logprobs) for each emitted token.
 type Output = Vec<(TokenId, f32, Vec<(TokenId, f32)>)>;
@@ -225,6 +225,13 @@ fn check(load: fn() -> Model, prompts: &[Vec<TokenId>]) {
 fn greedy_speculation_is_transparent_on_a_fixture_model() {
     let vocab = fixture_model().config.vocab_size;
     check(fixture_model, &prompts(12, vocab));
+}
+
+/// Verifying 1 + k tokens of a sequence in one step routes each through its own experts.
+#[test]
+fn greedy_speculation_is_transparent_with_a_mixture_of_experts() {
+    let vocab = mixtral_fixture().config.vocab_size;
+    check(mixtral_fixture, &prompts(12, vocab));
 }
 
 #[test]

@@ -23,6 +23,11 @@ pub fn gemma3_fixture() -> Model {
     hf_fixture("gemma3")
 }
 
+/// The Mixtral HF fixture (a mixture of 8 experts, 2 per token) on 2 threads.
+pub fn mixtral_fixture() -> Model {
+    hf_fixture("mixtral")
+}
+
 /// The HF fixture `name` (crates/model/tests/fixtures/hf) on 2 threads.
 pub fn hf_fixture(name: &str) -> Model {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
