@@ -122,6 +122,36 @@ impl Tiny {
         t
     }
 
+    /// Mixtral: the llama above (filed as `llama`, as llama.cpp does) whose MLPs are 4
+    /// experts of width FF, 2 per token: a router and the merged 3-D expert tensors.
+    fn mixtral() -> Tiny {
+        let mut t = Tiny::llama()
+            .set("llama.expert_count", U32(4))
+            .set("llama.expert_used_count", U32(2));
+        for i in 0..LAYERS {
+            for part in ["ffn_gate", "ffn_up", "ffn_down"] {
+                t = t.without(&format!("blk.{i}.{part}.weight"));
+            }
+            t = t.with(f32_tensor(
+                format!("blk.{i}.ffn_gate_inp.weight"),
+                &[H, 4],
+                8,
+            ));
+            for (part, dims) in [
+                ("gate", [H, FF, 4]),
+                ("up", [H, FF, 4]),
+                ("down", [FF, H, 4]),
+            ] {
+                t = t.with(f32_tensor(
+                    format!("blk.{i}.ffn_{part}_exps.weight"),
+                    &dims,
+                    9,
+                ));
+            }
+        }
+        t
+    }
+
     fn set(mut self, key: &str, value: MetadataValue) -> Tiny {
         match self.meta.iter_mut().find(|(k, _)| k == key) {
             Some((_, v)) => *v = value,
@@ -419,6 +449,39 @@ fn an_unknown_architecture_lists_the_supported_ones() {
         "{e:?}"
     );
     assert!(msg.contains("llama, qwen2, qwen3"), "{msg}");
+}
+
+/// The experts' counts, tensors and gating must agree with what the forward pass computes.
+#[test]
+fn expert_corruptions_name_the_key_or_tensor() {
+    Tiny::mixtral().load().expect("the tiny Mixtral loads");
+    let (_, msg) = Tiny::mixtral().set("llama.expert_count", U32(8)).error();
+    assert!(
+        msg.contains("blk.0.ffn_gate_exps.weight") && msg.contains("holds 4 matrices, expected 8"),
+        "{msg}"
+    );
+    let (_, msg) = Tiny::mixtral()
+        .set("llama.expert_used_count", U32(5))
+        .error();
+    assert!(msg.contains("experts used per token (5)"), "{msg}");
+    let (e, _) = Tiny::mixtral()
+        .without("blk.1.ffn_down_exps.weight")
+        .error();
+    assert!(
+        matches!(&e, ModelError::MissingTensor(n) if n == "blk.1.ffn_down_exps.weight"),
+        "{e:?}"
+    );
+    let (_, msg) = Tiny::mixtral()
+        .edit("blk.0.ffn_up_exps.weight", |t| t.dims = vec![H, FF * 4])
+        .error();
+    assert!(msg.contains("expected 3 dimensions"), "{msg}");
+    let (_, msg) = Tiny::mixtral()
+        .set("llama.expert_gating_func", U32(2))
+        .error();
+    assert!(msg.contains("llama.expert_gating_func"), "{msg}");
+    // With no experts declared, the file reads as a dense Llama whose MLP is missing.
+    let (e, _) = Tiny::mixtral().set("llama.expert_count", U32(0)).error();
+    assert!(matches!(e, ModelError::MissingTensor(_)), "{e:?}");
 }
 
 /// Byte range of the tensor-info table: from the first info (the embedding's name) to the
