@@ -316,7 +316,7 @@ pub(crate) fn for_each_column_chunk_of<const N: usize, F>(
 
 /// A raw pointer to the output that may cross to the pool's threads.
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
+pub(crate) struct SendPtr(pub(crate) *mut f32);
 // SAFETY: only used to build `ColumnsMut` views over disjoint columns (see `ColumnsMut::new`).
 unsafe impl Send for SendPtr {}
 // SAFETY: as above.
@@ -336,7 +336,12 @@ impl ColumnsMut<'_> {
     /// `base` must point to `n_tokens · stride` writable floats that outlive the view, with
     /// `columns` within `0..stride`, and no other live reference or view may access those
     /// columns while this view exists.
-    unsafe fn new(base: SendPtr, n_tokens: usize, stride: usize, columns: Range<usize>) -> Self {
+    pub(crate) unsafe fn new(
+        base: SendPtr,
+        n_tokens: usize,
+        stride: usize,
+        columns: Range<usize>,
+    ) -> Self {
         assert!(columns.start <= columns.end && columns.end <= stride);
         ColumnsMut {
             base: base.0,

@@ -48,6 +48,7 @@
 //! is the activation rounding: at most `Σ |w_i|·d_x/2` per row and token.
 
 mod activations;
+mod grouped;
 mod record;
 pub(crate) mod reference;
 
@@ -55,6 +56,7 @@ use std::ops::Range;
 
 pub(crate) use activations::quantize_row;
 pub use activations::{BlockScale, QuantizedRows};
+pub use grouped::{matmuls_quantized_grouped, GroupedProduct};
 pub(crate) use record::RecordKind;
 
 use crate::isa::{self, Isa};

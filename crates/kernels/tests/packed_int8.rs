@@ -12,7 +12,10 @@ use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tandem_kernels::ops::rms_norm;
-use tandem_kernels::packed::{matmul_quantized_with, matmuls_quantized_with, QuantizedRows};
+use tandem_kernels::packed::{
+    matmul_quantized_with, matmuls_quantized_grouped, matmuls_quantized_with, GroupedProduct,
+    QuantizedRows,
+};
 use tandem_kernels::quant::{dequantize_row, quantize_row};
 use tandem_kernels::{
     matmul_packed_with, matmul_with, DType, Isa, PackedMatrix, ThreadPool, WeightView,
@@ -254,6 +257,57 @@ proptest! {
             for (w, y) in packed.iter().zip(&ys) {
                 let mut alone = vec![f32::NAN; y.len()];
                 matmul_quantized_with(isa, pool(1), w, &xq, &mut alone);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                prop_assert_eq!(bits(y), bits(&alone), "{}", isa);
+            }
+        }
+    }
+
+    /// Products with inputs of their own (the experts of a mixture, each over its tokens)
+    /// as one job give each product's own bits, whatever the thread count; a product with no
+    /// rows writes nothing.
+    #[test]
+    fn grouped_products_equal_each_alone(
+        shapes in prop::collection::vec((1usize..70, 0usize..5), 1..7),
+        threads in 1usize..4,
+        seed in any::<u64>(),
+    ) {
+        let (dtype, cols) = (DType::Q8_0, 64);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let row_bytes = dtype.bytes_for(cols).unwrap();
+        let packed: Vec<PackedMatrix> = shapes
+            .iter()
+            .map(|&(r, _)| {
+                let mut data = vec![0u8; r * row_bytes];
+                for row in data.chunks_exact_mut(row_bytes) {
+                    let v: Vec<f32> = (0..cols).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+                    quantize_row(dtype, &v, row);
+                }
+                PackedMatrix::pack(&WeightView::new(dtype, r, cols, &data).unwrap(), pool(2)).unwrap()
+            })
+            .collect();
+        let xs: Vec<Vec<f32>> = shapes
+            .iter()
+            .map(|&(_, n)| (0..n * cols).map(|_| rng.random_range(-3.0f32..3.0)).collect())
+            .collect();
+        for isa in Isa::available().into_iter().filter(|i| !i.is_exact()) {
+            let xqs: Vec<QuantizedRows> = shapes
+                .iter()
+                .zip(&xs)
+                .map(|(&(_, n), x)| QuantizedRows::quantize_with(isa, pool(1), x, n, cols))
+                .collect();
+            let mut ys: Vec<Vec<f32>> =
+                shapes.iter().map(|&(r, n)| vec![f32::NAN; n * r]).collect();
+            let mut products: Vec<GroupedProduct<'_>> = packed
+                .iter()
+                .zip(&xqs)
+                .zip(ys.iter_mut())
+                .map(|((w, xq), y)| GroupedProduct { w, xq, y: &mut y[..] })
+                .collect();
+            matmuls_quantized_grouped(isa, pool(threads), &mut products);
+            for ((w, xq), y) in packed.iter().zip(&xqs).zip(&ys) {
+                let mut alone = vec![f32::NAN; y.len()];
+                matmul_quantized_with(isa, pool(1), w, xq, &mut alone);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 prop_assert_eq!(bits(y), bits(&alone), "{}", isa);
             }

@@ -10,7 +10,7 @@ use tandem_kernels::packed::{matmuls_quantized_with, QuantizedRows};
 use tandem_kernels::parallel::for_each_chunk_mut;
 use tandem_kernels::{matmul, Isa, PackedMatrix, ThreadPool};
 
-use crate::transformer::ModelWeights;
+use crate::transformer::{GatedMlp, ModelWeights};
 use crate::weights::{TensorHandle, TensorSet};
 
 /// Packed copies of the matrices whose type has int8 kernels, by tensor.
@@ -136,6 +136,18 @@ impl PackedWeights {
         for (h, y) in hs.into_iter().zip(ys) {
             self.matmul(tensors, pool, h, xn, y, n, xq);
         }
+    }
+
+    /// The packed copy of matrix `h`, if it was packed.
+    pub(crate) fn packed(&self, h: TensorHandle) -> Option<&PackedMatrix> {
+        self.by_tensor.get(&h)
+    }
+
+    /// Whether every matrix of every gated MLP in `mlps` was packed.
+    pub(crate) fn all_packed_slice(&self, mlps: &[GatedMlp]) -> bool {
+        mlps.iter()
+            .flat_map(|m| [m.gate, m.up, m.down])
+            .all(|h| self.by_tensor.contains_key(&h))
     }
 
     /// The packed copies of all of `hs`, if every one was packed.

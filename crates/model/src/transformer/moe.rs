@@ -13,7 +13,7 @@
 //! ascending expert order, whatever the batch. The batch-invariance tests cover MoE models.
 
 use tandem_kernels::ops::rms_norm;
-use tandem_kernels::packed::QuantizedRows;
+use tandem_kernels::packed::{matmuls_quantized_grouped, GroupedProduct, QuantizedRows};
 use tandem_kernels::parallel::for_each_chunk_mut;
 
 use super::{GatedMlp, Model};
@@ -82,12 +82,16 @@ pub(crate) struct MoeScratch {
     starts: Vec<usize>,
     /// `[n * k]` (token, weight), grouped by expert, tokens ascending within a group.
     members: Vec<(usize, f32)>,
-    /// `[m, hidden]` the normed rows of one expert's tokens, and its output rows.
+    /// `[n * k, hidden]` every route's normed input row and its expert's output row,
+    /// grouped by expert like `members`.
     rows_in: Vec<f32>,
     rows_out: Vec<f32>,
-    /// `[m, expert_ffn]` the expert's gate and up projections.
+    /// `[n * k, expert_ffn]` the experts' gate and up projections.
     gate: Vec<f32>,
     up: Vec<f32>,
+    /// Under the int8 kernels: each expert's input rows and activated rows, quantized.
+    xq_in: Vec<QuantizedRows>,
+    xq_mid: Vec<QuantizedRows>,
 }
 
 impl MoeScratch {
@@ -147,36 +151,143 @@ impl Model {
             route(scores, moe.normalize_top_k, out);
         }
         s.group(moe.num_experts, k);
+        // Every route's input row, grouped by expert (expert e's rows are
+        // `starts[e]..starts[e + 1]`).
+        s.rows_in.clear();
+        for &(t, _) in &s.members {
+            s.rows_in.extend_from_slice(&a.xn[t * h..(t + 1) * h]);
+        }
+        let routes = s.members.len();
+        s.gate.resize(routes * ff, 0.0);
+        s.up.resize(routes * ff, 0.0);
+        s.rows_out.resize(routes * h, 0.0);
+        if self.packed.all_packed_slice(&w.experts) {
+            self.experts_int8(w, s, h, ff);
+        } else {
+            self.experts_one_by_one(w, s, xq, h, ff);
+        }
+        // Each token adds its experts' outputs in ascending expert order.
         a.out.iter_mut().for_each(|v| *v = 0.0);
+        for (&(t, weight), y) in s.members.iter().zip(s.rows_out.chunks_exact(h)) {
+            let out = &mut a.out[t * h..(t + 1) * h];
+            out.iter_mut().zip(y).for_each(|(o, &v)| *o += weight * v);
+        }
+    }
+
+    /// The experts' MLPs over their rows of `s.rows_in` into `s.rows_out`, expert by expert
+    /// (the exact path, or matrices the int8 kernels do not pack).
+    fn experts_one_by_one(
+        &self,
+        w: &ExpertWeights,
+        s: &mut MoeScratch,
+        xq: &mut QuantizedRows,
+        h: usize,
+        ff: usize,
+    ) {
         for (e, mlp) in w.experts.iter().enumerate() {
-            let members = &s.members[s.starts[e]..s.starts[e + 1]];
-            let m = members.len();
+            let rows = s.starts[e]..s.starts[e + 1];
+            let m = rows.len();
             if m == 0 {
                 continue;
             }
-            s.rows_in.clear();
-            for &(t, _) in members {
-                s.rows_in.extend_from_slice(&a.xn[t * h..(t + 1) * h]);
-            }
-            s.gate.resize(m * ff, 0.0);
-            s.up.resize(m * ff, 0.0);
-            s.rows_out.resize(m * h, 0.0);
-            let ys = [&mut s.gate[..m * ff], &mut s.up[..m * ff]];
+            let x = &s.rows_in[rows.start * h..rows.end * h];
+            let gate = &mut s.gate[rows.start * ff..rows.end * ff];
+            let up = &mut s.up[rows.start * ff..rows.end * ff];
+            let (tensors, pool) = (&self.tensors, &self.pool);
             self.packed.matmuls(
-                &self.tensors,
-                &self.pool,
+                tensors,
+                pool,
                 [mlp.gate, mlp.up],
-                &s.rows_in,
-                ys,
+                x,
+                [&mut *gate, &mut *up],
                 m,
                 xq,
             );
-            self.activate(&mut s.gate[..m * ff], &s.up[..m * ff], ff);
-            self.matmul(mlp.down, &s.gate[..m * ff], &mut s.rows_out[..m * h], m, xq);
-            for (&(t, weight), y) in members.iter().zip(s.rows_out.chunks_exact(h)) {
-                let out = &mut a.out[t * h..(t + 1) * h];
-                out.iter_mut().zip(y).for_each(|(o, &v)| *o += weight * v);
-            }
+            self.activate(gate, up, ff);
+            let out = &mut s.rows_out[rows.start * h..rows.end * h];
+            self.matmul(mlp.down, gate, out, m, xq);
         }
     }
+
+    /// [`Model::experts_one_by_one`] through the int8 kernels with all experts in each job:
+    /// the inputs quantized expert by expert in one job, the gate and up products of every
+    /// expert in one, the activation in one, the down products in one. Each product's result
+    /// is bitwise what it is alone.
+    fn experts_int8(&self, w: &ExpertWeights, s: &mut MoeScratch, h: usize, ff: usize) {
+        let isa = self.packed.isa();
+        let MoeScratch {
+            starts,
+            rows_in,
+            rows_out,
+            gate,
+            up,
+            xq_in,
+            xq_mid,
+            ..
+        } = s;
+        let n_experts = w.experts.len();
+        xq_in.resize_with(n_experts, QuantizedRows::empty);
+        xq_mid.resize_with(n_experts, QuantizedRows::empty);
+        let starts = &starts[..];
+        let quantize = |xqs: &mut [QuantizedRows], x: &[f32], width: usize| {
+            for_each_chunk_mut(&self.pool, xqs, 1, |e, xq| {
+                let rows = starts[e]..starts[e + 1];
+                let x = &x[rows.start * width..rows.end * width];
+                // Inside a pool task the nested call runs inline.
+                xq[0].quantize_into_with(isa, &self.pool, x, rows.len(), width);
+            });
+        };
+        quantize(xq_in, rows_in, h);
+        let packed = |m: TensorHandle| self.packed.packed(m).expect("checked: all packed");
+        {
+            let mut gates = split_rows_mut(gate, starts, ff).into_iter();
+            let mut ups = split_rows_mut(up, starts, ff).into_iter();
+            let mut products = Vec::with_capacity(2 * n_experts);
+            for (e, mlp) in w.experts.iter().enumerate() {
+                let (g, u) = (gates.next(), ups.next());
+                if let (Some(g), Some(u)) = (g, u) {
+                    if starts[e] < starts[e + 1] {
+                        let xq = &xq_in[e];
+                        products.push(GroupedProduct {
+                            w: packed(mlp.gate),
+                            xq,
+                            y: g,
+                        });
+                        products.push(GroupedProduct {
+                            w: packed(mlp.up),
+                            xq,
+                            y: u,
+                        });
+                    }
+                }
+            }
+            matmuls_quantized_grouped(isa, &self.pool, &mut products);
+        }
+        self.activate(gate, up, ff);
+        quantize(xq_mid, gate, ff);
+        let mut outs = split_rows_mut(rows_out, starts, h).into_iter();
+        let mut products = Vec::with_capacity(n_experts);
+        for (e, mlp) in w.experts.iter().enumerate() {
+            if let Some(y) = outs.next() {
+                if starts[e] < starts[e + 1] {
+                    let (w, xq) = (packed(mlp.down), &xq_mid[e]);
+                    products.push(GroupedProduct { w, xq, y });
+                }
+            }
+        }
+        matmuls_quantized_grouped(isa, &self.pool, &mut products);
+    }
+}
+
+/// `buf` (`[rows, width]`) cut into the row ranges `starts[e]..starts[e + 1]`, one slice per
+/// expert `e`.
+fn split_rows_mut<'a>(buf: &'a mut [f32], starts: &[usize], width: usize) -> Vec<&'a mut [f32]> {
+    let mut rest = buf;
+    let mut parts = Vec::with_capacity(starts.len().saturating_sub(1));
+    for pair in starts.windows(2) {
+        let (part, tail) = rest.split_at_mut((pair[1] - pair[0]) * width);
+        parts.push(part);
+        rest = tail;
+    }
+    parts
 }
