@@ -291,3 +291,43 @@ fn split_rows_mut<'a>(buf: &'a mut [f32], starts: &[usize], width: usize) -> Vec
     }
     parts
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routes(scores: &[f32], k: usize, normalize: bool) -> Vec<(usize, f32)> {
+        let mut out = vec![
+            Route {
+                expert: 0,
+                weight: 0.0
+            };
+            k
+        ];
+        route(scores, normalize, &mut out);
+        out.iter().map(|r| (r.expert, r.weight)).collect()
+    }
+
+    #[test]
+    fn the_heaviest_experts_are_chosen_with_their_softmax_weights() {
+        let scores = [0.5f32, 2.0, -1.0, 1.0];
+        let total: f64 = scores.iter().map(|&s| (s as f64).exp()).sum();
+        let p = |i: usize| ((scores[i] as f64).exp() / total) as f32;
+        let got = routes(&scores, 2, false);
+        assert_eq!([got[0].0, got[1].0], [1, 3]);
+        assert!((got[0].1 - p(1)).abs() < 1e-6 && (got[1].1 - p(3)).abs() < 1e-6);
+        // Renormalised: a softmax over the chosen scores alone.
+        let got = routes(&scores, 2, true);
+        let z = (2.0f64).exp() + 1.0f64.exp();
+        assert!((got[0].1 as f64 - 2.0f64.exp() / z).abs() < 1e-6);
+        assert!((got[0].1 + got[1].1 - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn ties_go_to_the_lower_index_and_nan_scores_still_fill_every_slot() {
+        let got = routes(&[1.0, 3.0, 3.0, 3.0], 2, false);
+        assert_eq!([got[0].0, got[1].0], [1, 2]);
+        let got = routes(&[f32::NAN, f32::NAN, f32::NAN], 2, true);
+        assert!(got.iter().all(|&(e, _)| e < 3), "{got:?}");
+    }
+}
