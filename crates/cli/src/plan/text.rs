@@ -92,6 +92,9 @@ impl Plan {
                 "bandwidth-bound"
             }
         );
+        if let Some(rate) = &self.rate {
+            o.push_str(&rate.text());
+        }
         let hit = &self.workload_with_prefix_hit;
         let _ = writeln!(
             o,

@@ -1,0 +1,599 @@
+//! `tandem plan --request-rate R`: the steady state of an open workload, requests arriving as
+//! a Poisson process at `R` per second, on the step cost of [`super::cost`].
+//!
+//! The engine is seen one mean step at a time. With `x = R x T` requests arriving per step of
+//! `T` seconds, each needing `g = mean output - 1` decode steps and `P` new prompt tokens,
+//! a step carries on average `b = x g` decodes (Little's law over the decode phase) and
+//! `p = x P` prefill tokens. A decoding request sees its own decode beside the others (`1 + b`
+//! sequences, interpolated between whole batches) and, in a share `p / c` of the steps, a
+//! prefill chunk of `c = min(room, max(P, p))` tokens (part of a prompt, or whole prompts and
+//! a part), `room = budget - b` being what the token budget leaves to prefill. Its step time `T(x)` is [`Roofline::step`]'s mean over
+//! those two kinds of step; the operating point solves `x / T(x) = R` by bisection on `x`.
+//! The highest `x / T(x)` with the prefill lane under its room and the decodes within the KV
+//! pool (or the sequence cap) is the saturation rate: above it the queue grows without bound.
+//!
+//! Time to first token: half a step to the next step boundary while the engine is busy, the
+//! wait in the prefill lane (Pollaczek-Khinchine: the lane serves `room` tokens per step, a
+//! prompt of `P` tokens takes `P T / room`), then the prompt's own chunks beside `b` decodes
+//! ([`report::time_to_first_token`]). A request's time in the engine is its TTFT plus
+//! `g` steps; the mean number of requests in the engine is `R` times that (Little's law).
+
+use serde::Serialize;
+
+use super::cost::{Roofline, SeqWork};
+use super::report::{time_to_first_token, Capacity};
+use super::PlanInputs;
+
+/// Points of the scan for the saturation rate (and the bracket of the operating point).
+const SCAN: usize = 256;
+/// Bisection steps for the operating point and the peak.
+const BISECT: usize = 100;
+
+/// The steady state at a request rate, and the highest rate the engine sustains.
+#[derive(Debug, Clone, Serialize)]
+pub struct RateReport {
+    /// Requests per second, arriving as a Poisson process.
+    pub request_rate: f64,
+    /// False when the rate exceeds `saturation.request_rate`: the queue grows without bound.
+    pub stable: bool,
+    /// `request_rate / saturation.request_rate`.
+    pub utilisation: f64,
+    pub saturation: Saturation,
+    /// The operating point (absent when not stable).
+    pub steady: Option<SteadyState>,
+}
+
+/// The highest sustainable request rate for this workload on this hardware.
+#[derive(Debug, Clone, Serialize)]
+pub struct Saturation {
+    pub request_rate: f64,
+    /// `request_rate x` the mean output length.
+    pub output_tok_per_s: f64,
+    /// Sequences in each decode step there.
+    pub decode_batch: f64,
+    pub step_ms: f64,
+    /// What stops a higher rate: "token budget" (decodes and prefill fill
+    /// --max-num-batched-tokens), "KV cache" (the decodes fill the pool), "sequence cap"
+    /// (--max-num-seqs) or "step time" (the throughput peaks before either).
+    pub limited_by: String,
+}
+
+/// The engine at the operating point (means over time and over the workload's lengths).
+#[derive(Debug, Clone, Serialize)]
+pub struct SteadyState {
+    /// Requests in the engine, waiting for prefill included (rate x latency).
+    pub concurrency: f64,
+    /// Sequences in the decode step a decoding request sees (itself included).
+    pub decode_batch: f64,
+    /// Prefill tokens per step, and the share of the budget's room for prefill they use.
+    pub prefill_tokens_per_step: f64,
+    pub prefill_utilisation: f64,
+    /// Share of the time the engine is running a step (1 - e^-concurrency, as for Poisson
+    /// arrivals to a batch that grows with them).
+    pub busy: f64,
+    /// Time to first token, mean and for the longest prompt; its part spent queued.
+    pub ttft_ms: f64,
+    pub ttft_ms_max: f64,
+    pub queue_ms: f64,
+    /// Mean decode step (inter-token latency).
+    pub itl_ms: f64,
+    /// Mean time a request spends in the engine.
+    pub latency_ms: f64,
+    /// `request_rate x` the mean output length.
+    pub output_tok_per_s: f64,
+    /// KV pool in use (tokens and bytes) against its capacity.
+    pub kv_tokens_in_use: f64,
+    pub kv_bytes_in_use: f64,
+    pub kv_capacity_tokens: usize,
+    /// True when the mean KV in use exceeds the pool: requests will be preempted.
+    pub preemption: bool,
+    /// Chance that more requests hold KV than the pool fits at once (their number taken as
+    /// Poisson around its mean); 0 when the sequence cap binds first.
+    pub preemption_risk: f64,
+}
+
+impl RateReport {
+    /// The steady state of `i`'s workload arriving at `rate` requests per second.
+    pub fn solve(i: &PlanInputs, capacity: &Capacity, rate: f64) -> RateReport {
+        let r = Roofline {
+            shape: &i.shape,
+            hw: &i.hw,
+            kv_dtype_bytes: i.kv_dtype.size(),
+        };
+        let m = Lane::new(&r, i, capacity);
+        let (x_peak, limited_by) = m.peak();
+        let t_peak = m.step_s(x_peak);
+        let sat_rate = x_peak / t_peak;
+        let saturation = Saturation {
+            request_rate: sat_rate,
+            output_tok_per_s: sat_rate * m.mean_gen,
+            decode_batch: 1.0 + x_peak * m.gen_left,
+            step_ms: t_peak * 1e3,
+            limited_by: limited_by.into(),
+        };
+        let stable = rate < sat_rate;
+        RateReport {
+            request_rate: rate,
+            stable,
+            utilisation: rate / sat_rate,
+            saturation,
+            steady: stable.then(|| m.steady(rate, m.operating_point(rate, x_peak))),
+        }
+    }
+
+    /// Requests running at once for the rest of the plan: the mean in the engine, or the
+    /// most the pool holds when the rate is not sustainable.
+    pub fn concurrency(&self, capacity: &Capacity) -> usize {
+        match &self.steady {
+            Some(s) => (s.concurrency.round() as usize).max(1),
+            None => capacity.max_concurrent_requests.max(1),
+        }
+    }
+}
+
+/// The workload's means and the engine's limits, with the cost model.
+struct Lane<'a> {
+    r: &'a Roofline<'a>,
+    i: &'a PlanInputs,
+    capacity: &'a Capacity,
+    /// Context of the decoding sequences (mean prompt + half the mean output).
+    mean_ctx: f64,
+    /// Mean prompt tokens computed (not found in the prefix cache), and cached.
+    prompt_new: f64,
+    prompt_cached: f64,
+    mean_prompt: f64,
+    mean_gen: f64,
+    /// Decode steps per request: mean output - 1 (the first token comes with the prefill).
+    gen_left: f64,
+    budget: f64,
+}
+
+impl<'a> Lane<'a> {
+    fn new(r: &'a Roofline<'a>, i: &'a PlanInputs, capacity: &'a Capacity) -> Lane<'a> {
+        let mean = |v: &[usize]| v.iter().sum::<usize>() as f64 / v.len().max(1) as f64;
+        let cached: Vec<usize> = i
+            .prompt_lens
+            .iter()
+            .map(|&p| cached_tokens(p, i.prefix_hit))
+            .collect();
+        let mean_prompt = mean(&i.prompt_lens);
+        let mean_gen = mean(&i.gen_lens);
+        Lane {
+            r,
+            i,
+            capacity,
+            mean_ctx: (i.prompt_len + i.gen_len / 2) as f64,
+            prompt_new: mean_prompt - mean(&cached),
+            prompt_cached: mean(&cached),
+            mean_prompt,
+            mean_gen,
+            gen_left: (mean_gen - 1.0).max(0.0),
+            budget: i.max_num_batched_tokens as f64,
+        }
+    }
+
+    /// The budget's room for prefill beside the mean decodes at `x` arrivals per step.
+    fn room(&self, x: f64) -> f64 {
+        (self.budget - x * self.gen_left).max(1.0)
+    }
+
+    /// Mean seconds of a step at `x` arrivals per step, as a decoding request sees it.
+    fn step_s(&self, x: f64) -> f64 {
+        let decodes = 1.0 + x * self.gen_left;
+        let prefill = x * self.prompt_new;
+        let chunk = self.prompt_new.max(prefill).min(self.room(x));
+        let share = (prefill / chunk).min(1.0);
+        let pieces = self.chunk(chunk);
+        let with = by_batch(decodes, |n| self.step(n, &pieces));
+        let without = by_batch(decodes, |n| self.step(n, &[]));
+        share * with + (1.0 - share) * without
+    }
+
+    /// A prefill chunk of `tokens` tokens: part of one prompt (its middle, on average) or,
+    /// when larger than a prompt, whole prompts and a part of the next.
+    fn chunk(&self, tokens: f64) -> Vec<SeqWork> {
+        let prompt = |new: f64, cached: f64| SeqWork {
+            cached,
+            new,
+            rows: 1.0,
+        };
+        if tokens <= self.prompt_new {
+            let middle = self.prompt_cached + (self.prompt_new - tokens) / 2.0;
+            return vec![prompt(tokens, middle)];
+        }
+        let whole = (tokens / self.prompt_new).floor();
+        let mut pieces = vec![prompt(self.prompt_new, self.prompt_cached); whole as usize];
+        let rest = tokens - whole * self.prompt_new;
+        if rest > 1e-9 {
+            pieces.push(prompt(rest, self.prompt_cached));
+        }
+        pieces
+    }
+
+    fn step(&self, decodes: usize, chunk: &[SeqWork]) -> f64 {
+        let d = SeqWork {
+            cached: self.mean_ctx,
+            new: 1.0,
+            rows: 1.0,
+        };
+        let mut seqs = vec![d; decodes];
+        seqs.extend_from_slice(chunk);
+        self.r.step(&seqs).time_s
+    }
+
+    /// The most arrivals per step the engine admits, and what binds there: the prefill lane
+    /// reaching its room, or the decodes filling the pool (or the sequence cap).
+    fn x_max(&self) -> (f64, &'static str) {
+        let by_budget = self.budget / (self.gen_left + self.prompt_new);
+        let seqs = self.capacity.max_concurrent_requests as f64;
+        let pool_binds = self.capacity.preemption_from.is_some();
+        if self.gen_left > 0.0 && seqs / self.gen_left < by_budget {
+            let name = if pool_binds {
+                "KV cache"
+            } else {
+                "sequence cap"
+            };
+            return (seqs / self.gen_left, name);
+        }
+        (by_budget, "token budget")
+    }
+
+    /// Arrivals per step at the highest sustainable rate, and what limits it.
+    fn peak(&self) -> (f64, &'static str) {
+        let (x_max, limit) = self.x_max();
+        let rate = |x: f64| x / self.step_s(x);
+        let grid = |k: usize| x_max * k as f64 / SCAN as f64;
+        let best = (1..=SCAN)
+            .max_by(|&a, &b| rate(grid(a)).total_cmp(&rate(grid(b))))
+            .unwrap_or(SCAN);
+        if best == SCAN {
+            return (x_max, limit);
+        }
+        // A peak inside: narrow it down between its neighbours (the rate is unimodal there).
+        let (mut lo, mut hi) = (grid(best - 1), grid(best + 1));
+        for _ in 0..BISECT {
+            let (a, b) = (lo + (hi - lo) / 3.0, hi - (hi - lo) / 3.0);
+            if rate(a) < rate(b) {
+                lo = a;
+            } else {
+                hi = b;
+            }
+        }
+        ((lo + hi) / 2.0, "step time")
+    }
+
+    /// The smallest `x` with `x / T(x) = rate` (below the peak).
+    fn operating_point(&self, rate: f64, x_peak: f64) -> f64 {
+        let f = |x: f64| x / self.step_s(x) - rate;
+        let grid = |k: usize| x_peak * k as f64 / SCAN as f64;
+        let first = (1..=SCAN).find(|&k| f(grid(k)) >= 0.0).unwrap_or(SCAN);
+        let (mut lo, mut hi) = (grid(first - 1), grid(first));
+        for _ in 0..BISECT {
+            let mid = (lo + hi) / 2.0;
+            if f(mid) < 0.0 {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        (lo + hi) / 2.0
+    }
+
+    /// Latencies, concurrency and memory at `x` arrivals per step.
+    fn steady(&self, rate: f64, x: f64) -> SteadyState {
+        let i = self.i;
+        let t = self.step_s(x);
+        let others = x * self.gen_left;
+        let room = self.room(x);
+        let prefill = x * self.prompt_new;
+        let rho = prefill / room;
+        // The prefill lane: each prompt's service time and the M/G/1 wait before it.
+        let service: Vec<f64> = i
+            .prompt_lens
+            .iter()
+            .map(|&p| (p - cached_tokens(p, i.prefix_hit)) as f64 * t / room)
+            .collect();
+        let second_moment = service.iter().map(|s| s * s).sum::<f64>() / service.len() as f64;
+        let queue = rate * second_moment / (2.0 * (1.0 - rho));
+        let own: Vec<f64> = i
+            .prompt_lens
+            .iter()
+            .map(|&p| {
+                by_batch(1.0 + others, |conc| {
+                    time_to_first_token(self.r, i, conc, i.prefix_hit, p).0
+                })
+            })
+            .collect();
+        let mean_own = own.iter().sum::<f64>() / own.len() as f64;
+        let decoding = rate * self.gen_left * t;
+        let unaligned = queue + mean_own + self.gen_left * t;
+        let busy = 1.0 - (-rate * unaligned).exp();
+        let align = busy * t / 2.0;
+        let ttft = align + queue + mean_own;
+        let latency = ttft + self.gen_left * t;
+        let holding = decoding + rate * mean_own;
+        let kv_tokens = decoding * self.mean_ctx + rate * mean_own * self.mean_prompt;
+        let c = self.capacity;
+        let slot = i.shape.kv_slot_bytes(i.kv_dtype.size()) as f64;
+        SteadyState {
+            concurrency: rate * latency,
+            decode_batch: 1.0 + others,
+            prefill_tokens_per_step: prefill,
+            prefill_utilisation: rho,
+            busy: 1.0 - (-rate * latency).exp(),
+            ttft_ms: ttft * 1e3,
+            ttft_ms_max: (align + queue + own.iter().fold(0f64, |a, &b| a.max(b))) * 1e3,
+            queue_ms: (align + queue) * 1e3,
+            itl_ms: t * 1e3,
+            latency_ms: latency * 1e3,
+            output_tok_per_s: rate * self.mean_gen,
+            kv_tokens_in_use: kv_tokens,
+            kv_bytes_in_use: kv_tokens * slot,
+            kv_capacity_tokens: c.capacity_tokens,
+            preemption: kv_tokens > c.capacity_tokens as f64,
+            preemption_risk: c
+                .preemption_from
+                .map_or(0.0, |n| poisson_tail(holding, n)),
+        }
+    }
+}
+
+/// Prompt tokens found in the prefix cache at hit rate `hit` (one is always computed).
+fn cached_tokens(prompt_len: usize, hit: f64) -> usize {
+    ((prompt_len as f64 * hit) as usize).min(prompt_len - 1)
+}
+
+/// `f` at a fractional batch: linear between the whole batches either side.
+fn by_batch(n: f64, f: impl Fn(usize) -> f64) -> f64 {
+    let lo = n.floor().max(0.0);
+    let w = n - lo;
+    let a = f(lo as usize);
+    if w < 1e-12 {
+        a
+    } else {
+        a + w * (f(lo as usize + 1) - a)
+    }
+}
+
+/// P(N >= n) for N Poisson with mean `mean`.
+fn poisson_tail(mean: f64, n: usize) -> f64 {
+    if mean <= 0.0 {
+        return 0.0;
+    }
+    // 1 - P(N < n), the terms summed in log space.
+    let mut log_term = -mean;
+    let mut below = 0.0;
+    for k in 0..n {
+        if k > 0 {
+            log_term += mean.ln() - (k as f64).ln();
+        }
+        below += log_term.exp();
+    }
+    (1.0 - below).clamp(0.0, 1.0)
+}
+
+impl RateReport {
+    /// The report's lines for people.
+    pub fn text(&self) -> String {
+        let s = &self.saturation;
+        let most = format!(
+            "{:.2} req/s ({:.1} output tok/s, decode batch {:.1}, limited by the {})",
+            s.request_rate, s.output_tok_per_s, s.decode_batch, s.limited_by
+        );
+        let Some(st) = &self.steady else {
+            return format!(
+                "rate      {:.2} req/s (Poisson) is more than the engine sustains: the queue grows \
+                 without bound: at most {most}\n",
+                self.request_rate
+            );
+        };
+        let mut o = format!(
+            "rate      {:.2} req/s (Poisson), {:.0}% of the most the engine sustains: {most}\n",
+            self.request_rate,
+            self.utilisation * 100.0
+        );
+        o += &format!(
+            "          steady state: {:.1} requests in the engine, decode batch {:.1}, {:.0} prefill \
+             tokens/step ({:.0}% of the budget's room), busy {:.0}%\n",
+            st.concurrency,
+            st.decode_batch,
+            st.prefill_tokens_per_step,
+            st.prefill_utilisation * 100.0,
+            st.busy * 100.0
+        );
+        o += &format!(
+            "          TTFT {:.1} ms (queued {:.1}, longest prompt {:.1}), ITL {:.2} ms, {:.3} s per \
+             request, {:.1} output tok/s\n",
+            st.ttft_ms,
+            st.queue_ms,
+            st.ttft_ms_max,
+            st.itl_ms,
+            st.latency_ms / 1e3,
+            st.output_tok_per_s
+        );
+        o += &format!(
+            "          KV in use {:.0} of {} tokens ({:.1} MB); chance of preemption {:.2}%\n",
+            st.kv_tokens_in_use,
+            st.kv_capacity_tokens,
+            st.kv_bytes_in_use / 1e6,
+            st.preemption_risk * 100.0
+        );
+        if st.preemption {
+            o += "          WARNING: the steady state needs more KV than the pool holds: requests \
+                  will be preempted\n";
+        }
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::hardware;
+    use crate::plan::report::capacity;
+    use crate::plan::shape::ModelShape;
+    use tandem_model::kv_store::KvDtype;
+
+    /// A Llama-3.2-1B-like dense model (16 layers, hidden 2048, GQA 32/8) on an H100.
+    fn inputs(kv_budget_bytes: u64) -> PlanInputs {
+        let (hidden, layers, vocab) = (2048usize, 16usize, 128_256usize);
+        let layer = hidden * (2 * hidden + 2 * 512) + 3 * hidden * 8192;
+        let lm_head = vocab * hidden;
+        let stored = 2.0 * (layers * layer + lm_head) as f64;
+        PlanInputs {
+            model_name: "test".into(),
+            shape: ModelShape {
+                num_layers: layers,
+                hidden_size: hidden,
+                num_heads: 32,
+                head_dim: 64,
+                kv_dim: 512,
+                vocab_size: vocab,
+                context_len: 8192,
+                layer_params: layers * layer,
+                lm_head_params: lm_head,
+                expert_params: 0,
+                expert_stored_bytes: 0.0,
+                experts: 0,
+                experts_picked: 0,
+                stored_bytes: stored,
+                stored_bytes_per_step: stored,
+            },
+            hw: hardware::builtin("h100").expect("built in"),
+            kv_dtype: KvDtype::Bf16,
+            kv_budget_bytes,
+            block_size: 16,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+            prompt_lens: vec![512],
+            gen_lens: vec![128],
+            prompt_len: 512,
+            gen_len: 128,
+            concurrency: 1,
+            prefix_hit: 0.0,
+            acceptance: 0.6,
+            num_speculative_tokens: 4,
+        }
+    }
+
+    fn solve(i: &PlanInputs, rate: f64) -> RateReport {
+        RateReport::solve(i, &capacity(i).expect("a pool"), rate)
+    }
+
+    fn close(a: f64, b: f64, rel: f64) -> bool {
+        (a - b).abs() <= rel * a.abs().max(b.abs())
+    }
+
+    #[test]
+    fn the_operating_point_satisfies_littles_law() {
+        let i = inputs(20_000_000_000);
+        let r = Roofline {
+            shape: &i.shape,
+            hw: &i.hw,
+            kv_dtype_bytes: 2,
+        };
+        let sat = solve(&i, 1.0).saturation.request_rate;
+        let mut last = (0.0, 0.0, 0.0);
+        for share in [0.1, 0.5, 0.9, 0.99] {
+            let rate = share * sat;
+            let rep = solve(&i, rate);
+            let s = rep.steady.as_ref().expect("below saturation");
+            let itl = s.itl_ms / 1e3;
+            // Decoding requests = rate x decode steps per request x step time (the fixed
+            // point), all requests = rate x time in the engine.
+            let decoding = s.decode_batch - 1.0;
+            assert!(close(decoding, rate * 127.0 * itl, 1e-6), "{share}: {s:?}");
+            assert!(close(s.concurrency, rate * s.latency_ms / 1e3, 1e-9));
+            assert!(close(s.latency_ms, s.ttft_ms + 127.0 * s.itl_ms, 1e-9));
+            assert!(close(s.output_tok_per_s, rate * 128.0, 1e-12));
+            assert!(close(rep.utilisation, share, 1e-12));
+            // The step lies between the bare decode step of that batch and the same step
+            // carrying a full budget of prefill.
+            let whole = s.decode_batch.floor() as usize;
+            let bare = r.decode_step(whole, 576.0).time_s;
+            let mut full = vec![
+                SeqWork {
+                    cached: 576.0,
+                    new: 1.0,
+                    rows: 1.0
+                };
+                whole + 1
+            ];
+            full.push(SeqWork {
+                cached: 0.0,
+                new: 2048.0 - whole as f64,
+                rows: 1.0,
+            });
+            assert!(bare <= itl && itl <= r.step(&full).time_s, "{share}: {s:?}");
+            // Everything grows with the rate.
+            assert!(s.concurrency > last.0 && itl > last.1 && s.ttft_ms > last.2);
+            last = (s.concurrency, itl, s.ttft_ms);
+            assert!(s.kv_tokens_in_use < s.kv_capacity_tokens as f64 && !s.preemption);
+        }
+    }
+
+    #[test]
+    fn a_rate_above_saturation_is_unstable() {
+        // 256 sequences at most: 2 requests a step of 127 decodes each fill them first.
+        let capped = solve(&inputs(20_000_000_000), 1.0).saturation;
+        assert_eq!(capped.limited_by, "sequence cap");
+        assert!(close(capped.decode_batch, 257.0, 1e-9));
+        let mut i = inputs(20_000_000_000);
+        i.max_num_seqs = 700;
+        let sat = solve(&i, 1.0).saturation;
+        // 2048 / (127 + 512) requests a step fill the token budget.
+        assert_eq!(sat.limited_by, "token budget");
+        assert!(close(sat.decode_batch, 1.0 + 127.0 * 2048.0 / 639.0, 1e-9));
+        assert!(sat.request_rate > capped.request_rate);
+        // No more than a full budget of tokens per step, and no step is faster than one
+        // decode alone.
+        let r = Roofline {
+            shape: &i.shape,
+            hw: &i.hw,
+            kv_dtype_bytes: 2,
+        };
+        let fastest = r.decode_step(1, 0.0).time_s;
+        assert!(sat.request_rate * (512.0 + 127.0) <= 2048.0 / fastest);
+        for factor in [1.01, 2.0, 100.0] {
+            let over = solve(&i, factor * sat.request_rate);
+            assert!(!over.stable && over.steady.is_none() && over.utilisation > 1.0);
+            assert!(over.text().contains("grows without bound"), "{}", over.text());
+        }
+        let under = solve(&i, 0.999 * sat.request_rate);
+        let s = under.steady.expect("just below saturation");
+        // Near the budget the prefill queue dominates the time to first token.
+        assert!(s.prefill_utilisation > 0.95 && s.queue_ms > 10.0 * s.itl_ms, "{s:?}");
+        // A pool of 64 requests: the decodes fill it before the budget.
+        let small = inputs(64 * 40 * 16 * (2 * 16 * 512 * 2 + 4 * 2048) as u64);
+        let cap = capacity(&small).expect("a pool");
+        assert_eq!(cap.max_concurrent_requests, 64);
+        let kv = solve(&small, 1.0).saturation;
+        assert_eq!(kv.limited_by, "KV cache");
+        assert!(kv.request_rate < sat.request_rate && kv.decode_batch <= 65.0 + 1e-9);
+    }
+
+    #[test]
+    fn a_low_rate_costs_one_request_at_a_time() {
+        let i = inputs(20_000_000_000);
+        let r = Roofline {
+            shape: &i.shape,
+            hw: &i.hw,
+            kv_dtype_bytes: 2,
+        };
+        let alone = r.prefill(1, 512, 2048, (0, 0.0)) + r.decode(1, 512, 127);
+        let rate = 1e-3;
+        let s = solve(&i, rate).steady.expect("stable");
+        assert!(close(s.latency_ms / 1e3, alone, 0.01), "{s:?} vs {alone}");
+        assert!(close(s.concurrency, rate * alone, 0.01));
+        assert!(s.queue_ms < 0.01 * s.ttft_ms && s.busy < 0.01);
+    }
+
+    #[test]
+    fn the_poisson_tail_sums_its_terms() {
+        assert_eq!(poisson_tail(3.0, 0), 1.0);
+        assert!(close(poisson_tail(2.0, 1), 1.0 - (-2.0f64).exp(), 1e-12));
+        let below_two = (-2.0f64).exp() * (1.0 + 2.0);
+        assert!(close(poisson_tail(2.0, 2), 1.0 - below_two, 1e-12));
+        assert!(poisson_tail(5.0, 200) < 1e-12);
+    }
+}
