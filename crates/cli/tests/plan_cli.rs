@@ -189,7 +189,9 @@ fn plan_at_a_request_rate_reports_a_consistent_steady_state() {
         "--json",
     ];
     let probe = plan_json(&[&base[..], &["--request-rate", "1"]].concat());
-    let sat = probe["rate"]["saturation"]["request_rate"].as_f64().unwrap();
+    let sat = probe["rate"]["saturation"]["request_rate"]
+        .as_f64()
+        .unwrap();
     assert!(sat > 1.0, "{}", probe["rate"]);
     // Half the saturation rate: a steady state that obeys Little's law.
     let rate = sat / 2.0;
@@ -219,8 +221,7 @@ fn plan_at_a_request_rate_reports_a_consistent_steady_state() {
     assert!(f("ttft_ms_max") >= f("ttft_ms") && f("queue_ms") < f("ttft_ms"));
     assert!(f("kv_tokens_in_use") > 0.0 && s["preemption"] == false);
     assert_eq!(
-        s["kv_capacity_tokens"],
-        v["capacity"]["capacity_tokens"],
+        s["kv_capacity_tokens"], v["capacity"]["capacity_tokens"],
         "{s}"
     );
     // The rest of the plan runs at the implied concurrency.
@@ -252,8 +253,7 @@ fn plan_at_a_request_rate_reports_a_consistent_steady_state() {
     assert_eq!(v["rate"]["stable"], false);
     assert!(v["rate"]["steady"].is_null());
     assert_eq!(
-        v["concurrency"],
-        v["capacity"]["max_concurrent_requests"],
+        v["concurrency"], v["capacity"]["max_concurrent_requests"],
         "an unsustainable rate fills the engine"
     );
 
@@ -264,7 +264,8 @@ fn plan_at_a_request_rate_reports_a_consistent_steady_state() {
             "--concurrency",
         ),
         (vec!["--request-rate", "0"], "--request-rate"),
-        (vec!["--request-rate", "-1"], "--request-rate"),
+        (vec!["--request-rate=-1"], "--request-rate"),
+        (vec!["--request-rate", "inf"], "--request-rate"),
     ] {
         let out = tandem(&[&base[..], &args].concat());
         assert!(!out.status.success(), "{args:?} was accepted");

@@ -331,9 +331,7 @@ impl<'a> Lane<'a> {
             kv_bytes_in_use: kv_tokens * slot,
             kv_capacity_tokens: c.capacity_tokens,
             preemption: kv_tokens > c.capacity_tokens as f64,
-            preemption_risk: c
-                .preemption_from
-                .map_or(0.0, |n| poisson_tail(holding, n)),
+            preemption_risk: c.preemption_from.map_or(0.0, |n| poisson_tail(holding, n)),
         }
     }
 }
@@ -557,12 +555,19 @@ mod tests {
         for factor in [1.01, 2.0, 100.0] {
             let over = solve(&i, factor * sat.request_rate);
             assert!(!over.stable && over.steady.is_none() && over.utilisation > 1.0);
-            assert!(over.text().contains("grows without bound"), "{}", over.text());
+            assert!(
+                over.text().contains("grows without bound"),
+                "{}",
+                over.text()
+            );
         }
         let under = solve(&i, 0.999 * sat.request_rate);
         let s = under.steady.expect("just below saturation");
         // Near the budget the prefill queue dominates the time to first token.
-        assert!(s.prefill_utilisation > 0.95 && s.queue_ms > 10.0 * s.itl_ms, "{s:?}");
+        assert!(
+            s.prefill_utilisation > 0.95 && s.queue_ms > 10.0 * s.itl_ms,
+            "{s:?}"
+        );
         // A pool of 64 requests: the decodes fill it before the budget.
         let small = inputs(64 * 40 * 16 * (2 * 16 * 512 * 2 + 4 * 2048) as u64);
         let cap = capacity(&small).expect("a pool");
