@@ -11,6 +11,8 @@ pub mod calibrate;
 pub mod cost;
 pub mod hardware;
 pub mod rate;
+#[cfg(test)]
+mod rate_sim;
 pub mod report;
 pub mod shape;
 pub mod svg;

@@ -136,11 +136,14 @@ struct Lane<'a> {
     r: &'a Roofline<'a>,
     i: &'a PlanInputs,
     capacity: &'a Capacity,
-    /// Context of the decoding sequences (mean prompt + half the mean output).
+    /// Context of the decoding sequences (see [`decode_context`]).
     mean_ctx: f64,
     /// Mean prompt tokens computed (not found in the prefix cache), and cached.
     prompt_new: f64,
     prompt_cached: f64,
+    /// The prompt a prefill token belongs to, on average (`E[P^2] / E[P]` of the computed
+    /// tokens): the length of the prompts that make up a step's prefill.
+    piece: f64,
     mean_prompt: f64,
     mean_gen: f64,
     /// Decode steps per request: mean output - 1 (the first token comes with the prefill).
@@ -156,15 +159,23 @@ impl<'a> Lane<'a> {
             .iter()
             .map(|&p| cached_tokens(p, i.prefix_hit))
             .collect();
+        let computed: Vec<usize> = i
+            .prompt_lens
+            .iter()
+            .zip(&cached)
+            .map(|(p, c)| p - c)
+            .collect();
+        let squares: Vec<usize> = computed.iter().map(|n| n * n).collect();
         let mean_prompt = mean(&i.prompt_lens);
         let mean_gen = mean(&i.gen_lens);
         Lane {
             r,
             i,
             capacity,
-            mean_ctx: (i.prompt_len + i.gen_len / 2) as f64,
+            mean_ctx: decode_context(i),
             prompt_new: mean_prompt - mean(&cached),
             prompt_cached: mean(&cached),
+            piece: mean(&squares) / mean(&computed),
             mean_prompt,
             mean_gen,
             gen_left: (mean_gen - 1.0).max(0.0),
@@ -179,14 +190,90 @@ impl<'a> Lane<'a> {
 
     /// Mean seconds of a step at `x` arrivals per step, as a decoding request sees it.
     fn step_s(&self, x: f64) -> f64 {
+        self.step_times(x).iter().map(|&(w, t)| w * t).sum()
+    }
+
+    /// The kinds of step at `x` arrivals per step, as a decoding request sees them: their
+    /// chances and seconds.
+    fn step_times(&self, x: f64) -> Vec<(f64, f64)> {
         let decodes = 1.0 + x * self.gen_left;
-        let prefill = x * self.prompt_new;
-        let chunk = self.prompt_new.max(prefill).min(self.room(x));
-        let share = (prefill / chunk).min(1.0);
-        let pieces = self.chunk(chunk);
-        let with = by_batch(decodes, |n| self.step(n, &pieces));
-        let without = by_batch(decodes, |n| self.step(n, &[]));
-        share * with + (1.0 - share) * without
+        let room = self.room(x);
+        let m = self.prompts_per_step(x * self.prompt_new, room);
+        self.prefill_tokens(m, room, 0)
+            .into_iter()
+            .filter(|&(w, _)| w > 1e-12)
+            .map(|(w, tokens)| {
+                let pieces = self.chunk(tokens);
+                (w, by_batch(decodes, |n| self.step(n, &pieces)))
+            })
+            .collect()
+    }
+
+    /// The step that computes a prompt: its own tokens, the other prompts that came with it
+    /// (Poisson, `m` on average) and the others' decodes; seconds more than its own alone.
+    fn company_s(&self, x: f64) -> f64 {
+        let others = x * self.gen_left;
+        let room = self.room(x);
+        let m = self.prompts_per_step(x * self.prompt_new, room);
+        let alone = self.prefill_tokens(0.0, room, 1);
+        let with = self.prefill_tokens(m, room, 1);
+        let mean = |d: Vec<(f64, f64)>| -> f64 {
+            d.iter()
+                .filter(|&&(w, _)| w > 1e-12)
+                .map(|&(w, tokens)| {
+                    let pieces = self.chunk(tokens);
+                    w * by_batch(others, |n| self.step(n, &pieces))
+                })
+                .sum()
+        };
+        (mean(with) - mean(alone)).max(0.0)
+    }
+
+    /// Prefill tokens of a step and their chances: `extra + k` prompts, `k` Poisson with
+    /// mean `m`, at most `room` tokens.
+    fn prefill_tokens(&self, m: f64, room: f64, extra: usize) -> Vec<(f64, f64)> {
+        if !m.is_finite() {
+            return vec![(1.0, room)];
+        }
+        let p = self.piece;
+        let whole = (room / p).ceil() as usize;
+        let (mut out, mut pk, mut below) = (Vec::with_capacity(whole + 1), (-m).exp(), 0.0);
+        for k in 0..whole.saturating_sub(extra) {
+            out.push((pk, ((k + extra) as f64 * p).min(room)));
+            below += pk;
+            pk *= m / (k + 1) as f64;
+        }
+        out.push(((1.0 - below).max(0.0), room));
+        out
+    }
+
+    /// The mean number of prompts arriving per step such that `prefill` tokens go in on
+    /// average (what the room cuts off waits for the next steps, which raises it above
+    /// `prefill / prompt`).
+    fn prompts_per_step(&self, prefill: f64, room: f64) -> f64 {
+        let mean = |m: f64| {
+            self.prefill_tokens(m, room, 0)
+                .iter()
+                .map(|(w, t)| w * t)
+                .sum::<f64>()
+        };
+        if prefill >= room * (1.0 - 1e-9) {
+            return f64::INFINITY;
+        }
+        let p = self.piece;
+        let (mut lo, mut hi) = (prefill / p, 2.0 * prefill / p + 1.0);
+        while mean(hi) < prefill {
+            hi *= 2.0;
+        }
+        for _ in 0..BISECT {
+            let mid = (lo + hi) / 2.0;
+            if mean(mid) < prefill {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        (lo + hi) / 2.0
     }
 
     /// A prefill chunk of `tokens` tokens: part of one prompt (its middle, on average) or,
@@ -197,13 +284,13 @@ impl<'a> Lane<'a> {
             new,
             rows: 1.0,
         };
-        if tokens <= self.prompt_new {
-            let middle = self.prompt_cached + (self.prompt_new - tokens) / 2.0;
+        if tokens <= self.piece {
+            let middle = self.prompt_cached + (self.piece - tokens) / 2.0;
             return vec![prompt(tokens, middle)];
         }
-        let whole = (tokens / self.prompt_new).floor();
-        let mut pieces = vec![prompt(self.prompt_new, self.prompt_cached); whole as usize];
-        let rest = tokens - whole * self.prompt_new;
+        let whole = (tokens / self.piece).floor();
+        let mut pieces = vec![prompt(self.piece, self.prompt_cached); whole as usize];
+        let rest = tokens - whole * self.piece;
         if rest > 1e-9 {
             pieces.push(prompt(rest, self.prompt_cached));
         }
@@ -282,19 +369,28 @@ impl<'a> Lane<'a> {
     /// Latencies, concurrency and memory at `x` arrivals per step.
     fn steady(&self, rate: f64, x: f64) -> SteadyState {
         let i = self.i;
-        let t = self.step_s(x);
+        let steps = self.step_times(x);
+        let t: f64 = steps.iter().map(|&(w, t)| w * t).sum();
+        // Arriving while a step runs, a request waits for its end: long steps are more
+        // likely hit (E[T^2] / 2E[T]).
+        let residual = steps.iter().map(|&(w, t)| w * t * t).sum::<f64>() / (2.0 * t);
         let others = x * self.gen_left;
         let room = self.room(x);
         let prefill = x * self.prompt_new;
         let rho = prefill / room;
         // The prefill lane: each prompt's service time and the M/G/1 wait before it.
+        // While prompts queue, the steps are full: a prompt is served at `room` tokens per
+        // step of a full budget.
+        let full = by_batch(1.0 + others, |n| self.step(n, &self.chunk(room)));
         let service: Vec<f64> = i
             .prompt_lens
             .iter()
-            .map(|&p| (p - cached_tokens(p, i.prefix_hit)) as f64 * t / room)
+            .map(|&p| (p - cached_tokens(p, i.prefix_hit)) as f64 * full / room)
             .collect();
-        let second_moment = service.iter().map(|s| s * s).sum::<f64>() / service.len() as f64;
-        let queue = rate * second_moment / (2.0 * (1.0 - rho));
+        let n = service.len() as f64;
+        let lane = rate * service.iter().sum::<f64>() / n;
+        let second_moment = service.iter().map(|s| s * s).sum::<f64>() / n;
+        let queue = rate * second_moment / (2.0 * (1.0 - lane).max(1e-9));
         let own: Vec<f64> = i
             .prompt_lens
             .iter()
@@ -304,11 +400,13 @@ impl<'a> Lane<'a> {
                 })
             })
             .collect();
+        let company = self.company_s(x);
+        let own: Vec<f64> = own.iter().map(|o| o + company).collect();
         let mean_own = own.iter().sum::<f64>() / own.len() as f64;
         let decoding = rate * self.gen_left * t;
         let unaligned = queue + mean_own + self.gen_left * t;
         let busy = 1.0 - (-rate * unaligned).exp();
-        let align = busy * t / 2.0;
+        let align = busy * residual;
         let ttft = align + queue + mean_own;
         let latency = ttft + self.gen_left * t;
         let holding = decoding + rate * mean_own;
@@ -333,6 +431,25 @@ impl<'a> Lane<'a> {
             preemption: kv_tokens > c.capacity_tokens as f64,
             preemption_risk: c.preemption_from.map_or(0.0, |n| poisson_tail(holding, n)),
         }
+    }
+}
+
+/// The context a decode step's sequences hold on average: a request decodes `G - 1` steps
+/// from `P` to `P + G` positions, so longer outputs weigh more (`P + G/2` weighted by
+/// `G - 1`, over the workload's pairs of lengths).
+fn decode_context(i: &PlanInputs) -> f64 {
+    let (mut weighted, mut weight) = (0.0, 0.0);
+    for &p in &i.prompt_lens {
+        for &g in &i.gen_lens {
+            let steps = g.saturating_sub(1) as f64;
+            weighted += steps * (p as f64 + g as f64 / 2.0);
+            weight += steps;
+        }
+    }
+    if weight > 0.0 {
+        weighted / weight
+    } else {
+        (i.prompt_len + i.gen_len / 2) as f64
     }
 }
 
@@ -370,109 +487,11 @@ fn poisson_tail(mean: f64, n: usize) -> f64 {
     (1.0 - below).clamp(0.0, 1.0)
 }
 
-impl RateReport {
-    /// The report's lines for people.
-    pub fn text(&self) -> String {
-        let s = &self.saturation;
-        let most = format!(
-            "{:.2} req/s ({:.1} output tok/s, decode batch {:.1}, limited by the {})",
-            s.request_rate, s.output_tok_per_s, s.decode_batch, s.limited_by
-        );
-        let Some(st) = &self.steady else {
-            return format!(
-                "rate      {:.2} req/s (Poisson) is more than the engine sustains: the queue grows \
-                 without bound: at most {most}\n",
-                self.request_rate
-            );
-        };
-        let mut o = format!(
-            "rate      {:.2} req/s (Poisson), {:.0}% of the most the engine sustains: {most}\n",
-            self.request_rate,
-            self.utilisation * 100.0
-        );
-        o += &format!(
-            "          steady state: {:.1} requests in the engine, decode batch {:.1}, {:.0} prefill \
-             tokens/step ({:.0}% of the budget's room), busy {:.0}%\n",
-            st.concurrency,
-            st.decode_batch,
-            st.prefill_tokens_per_step,
-            st.prefill_utilisation * 100.0,
-            st.busy * 100.0
-        );
-        o += &format!(
-            "          TTFT {:.1} ms (queued {:.1}, longest prompt {:.1}), ITL {:.2} ms, {:.3} s per \
-             request, {:.1} output tok/s\n",
-            st.ttft_ms,
-            st.queue_ms,
-            st.ttft_ms_max,
-            st.itl_ms,
-            st.latency_ms / 1e3,
-            st.output_tok_per_s
-        );
-        o += &format!(
-            "          KV in use {:.0} of {} tokens ({:.1} MB); chance of preemption {:.2}%\n",
-            st.kv_tokens_in_use,
-            st.kv_capacity_tokens,
-            st.kv_bytes_in_use / 1e6,
-            st.preemption_risk * 100.0
-        );
-        if st.preemption {
-            o += "          WARNING: the steady state needs more KV than the pool holds: requests \
-                  will be preempted\n";
-        }
-        o
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::hardware;
+    use crate::plan::rate_sim::inputs;
     use crate::plan::report::capacity;
-    use crate::plan::shape::ModelShape;
-    use tandem_model::kv_store::KvDtype;
-
-    /// A Llama-3.2-1B-like dense model (16 layers, hidden 2048, GQA 32/8) on an H100.
-    fn inputs(kv_budget_bytes: u64) -> PlanInputs {
-        let (hidden, layers, vocab) = (2048usize, 16usize, 128_256usize);
-        let layer = hidden * (2 * hidden + 2 * 512) + 3 * hidden * 8192;
-        let lm_head = vocab * hidden;
-        let stored = 2.0 * (layers * layer + lm_head) as f64;
-        PlanInputs {
-            model_name: "test".into(),
-            shape: ModelShape {
-                num_layers: layers,
-                hidden_size: hidden,
-                num_heads: 32,
-                head_dim: 64,
-                kv_dim: 512,
-                vocab_size: vocab,
-                context_len: 8192,
-                layer_params: layers * layer,
-                lm_head_params: lm_head,
-                expert_params: 0,
-                expert_stored_bytes: 0.0,
-                experts: 0,
-                experts_picked: 0,
-                stored_bytes: stored,
-                stored_bytes_per_step: stored,
-            },
-            hw: hardware::builtin("h100").expect("built in"),
-            kv_dtype: KvDtype::Bf16,
-            kv_budget_bytes,
-            block_size: 16,
-            max_num_seqs: 256,
-            max_num_batched_tokens: 2048,
-            prompt_lens: vec![512],
-            gen_lens: vec![128],
-            prompt_len: 512,
-            gen_len: 128,
-            concurrency: 1,
-            prefix_hit: 0.0,
-            acceptance: 0.6,
-            num_speculative_tokens: 4,
-        }
-    }
 
     fn solve(i: &PlanInputs, rate: f64) -> RateReport {
         RateReport::solve(i, &capacity(i).expect("a pool"), rate)
