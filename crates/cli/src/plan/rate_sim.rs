@@ -1,9 +1,10 @@
-//! The reference `rate.rs` is checked against: an event-by-event simulation of the engine
-//! under Poisson arrivals. Every step is priced by [`Roofline::step`] over the sequences the
-//! scheduler would put in it (each decoding request's one token at its own context, then the
-//! prompts in arrival order, chunked into what the token budget leaves), requests arrive at
-//! random times and leave when their last token is out; TTFT, inter-token latency, time in the
-//! engine and the time-average number of requests are measured, not derived.
+//! The checks of `rate.rs`: its unit tests, and the reference it is held to, an event-by-event
+//! simulation of the engine under Poisson arrivals. Every step is priced by
+//! [`Roofline::step`] over the sequences the scheduler would put in it (each decoding
+//! request's one token at its own context, then the prompts in arrival order, chunked into
+//! what the token budget leaves), requests arrive at random times and leave when their last
+//! token is out; TTFT, inter-token latency, time in the engine and the time-average number of
+//! requests are measured, not derived.
 
 use std::collections::VecDeque;
 
@@ -224,7 +225,7 @@ pub fn simulate(i: &PlanInputs, rate: f64, n: usize, seed: u64) -> Measured {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::rate::RateReport;
+    use crate::plan::rate::{poisson_tail, RateReport};
     use crate::plan::report::capacity;
 
     fn off(model: f64, sim: f64) -> f64 {
@@ -280,5 +281,133 @@ mod tests {
                 );
             }
         }
+    }
+
+    fn solve(i: &PlanInputs, rate: f64) -> RateReport {
+        RateReport::solve(i, &capacity(i).expect("a pool"), rate)
+    }
+
+    fn close(a: f64, b: f64, rel: f64) -> bool {
+        (a - b).abs() <= rel * a.abs().max(b.abs())
+    }
+
+    #[test]
+    fn the_operating_point_satisfies_littles_law() {
+        let i = inputs(20_000_000_000);
+        let r = Roofline {
+            shape: &i.shape,
+            hw: &i.hw,
+            kv_dtype_bytes: 2,
+        };
+        let sat = solve(&i, 1.0).saturation.request_rate;
+        let mut last = (0.0, 0.0, 0.0);
+        for share in [0.1, 0.5, 0.9, 0.99] {
+            let rate = share * sat;
+            let rep = solve(&i, rate);
+            let s = rep.steady.as_ref().expect("below saturation");
+            let itl = s.itl_ms / 1e3;
+            // Decoding requests = rate x decode steps per request x step time (the fixed
+            // point), all requests = rate x time in the engine.
+            let decoding = s.decode_batch - 1.0;
+            assert!(close(decoding, rate * 127.0 * itl, 1e-6), "{share}: {s:?}");
+            assert!(close(s.concurrency, rate * s.latency_ms / 1e3, 1e-9));
+            assert!(close(s.latency_ms, s.ttft_ms + 127.0 * s.itl_ms, 1e-9));
+            assert!(close(s.output_tok_per_s, rate * 128.0, 1e-12));
+            assert!(close(rep.utilisation, share, 1e-12));
+            // The step lies between the bare decode step of that batch and the same step
+            // carrying a full budget of prefill.
+            let whole = s.decode_batch.floor() as usize;
+            let bare = r.decode_step(whole, 576.0).time_s;
+            let mut full = vec![
+                SeqWork {
+                    cached: 576.0,
+                    new: 1.0,
+                    rows: 1.0
+                };
+                whole + 1
+            ];
+            full.push(SeqWork {
+                cached: 0.0,
+                new: 2048.0 - whole as f64,
+                rows: 1.0,
+            });
+            assert!(bare <= itl && itl <= r.step(&full).time_s, "{share}: {s:?}");
+            // Everything grows with the rate.
+            assert!(s.concurrency > last.0 && itl > last.1 && s.ttft_ms > last.2);
+            last = (s.concurrency, itl, s.ttft_ms);
+            assert!(s.kv_tokens_in_use < s.kv_capacity_tokens as f64 && !s.preemption);
+        }
+    }
+
+    #[test]
+    fn a_rate_above_saturation_is_unstable() {
+        // 256 sequences at most: 2 requests a step of 127 decodes each fill them first.
+        let capped = solve(&inputs(20_000_000_000), 1.0).saturation;
+        assert_eq!(capped.limited_by, "sequence cap");
+        assert!(close(capped.decode_batch, 257.0, 1e-9));
+        let mut i = inputs(20_000_000_000);
+        i.max_num_seqs = 700;
+        let sat = solve(&i, 1.0).saturation;
+        // 2048 / (127 + 512) requests a step fill the token budget.
+        assert_eq!(sat.limited_by, "token budget");
+        assert!(close(sat.decode_batch, 1.0 + 127.0 * 2048.0 / 639.0, 1e-9));
+        assert!(sat.request_rate > capped.request_rate);
+        // No more than a full budget of tokens per step, and no step is faster than one
+        // decode alone.
+        let r = Roofline {
+            shape: &i.shape,
+            hw: &i.hw,
+            kv_dtype_bytes: 2,
+        };
+        let fastest = r.decode_step(1, 0.0).time_s;
+        assert!(sat.request_rate * (512.0 + 127.0) <= 2048.0 / fastest);
+        for factor in [1.01, 2.0, 100.0] {
+            let over = solve(&i, factor * sat.request_rate);
+            assert!(!over.stable && over.steady.is_none() && over.utilisation > 1.0);
+            assert!(
+                over.text().contains("grows without bound"),
+                "{}",
+                over.text()
+            );
+        }
+        let under = solve(&i, 0.999 * sat.request_rate);
+        let s = under.steady.expect("just below saturation");
+        // Near the budget the prefill queue dominates the time to first token.
+        assert!(
+            s.prefill_utilisation > 0.95 && s.queue_ms > 10.0 * s.itl_ms,
+            "{s:?}"
+        );
+        // A pool of 64 requests: the decodes fill it before the budget.
+        let small = inputs(64 * 40 * 16 * (2 * 16 * 512 * 2 + 4 * 2048) as u64);
+        let cap = capacity(&small).expect("a pool");
+        assert_eq!(cap.max_concurrent_requests, 64);
+        let kv = solve(&small, 1.0).saturation;
+        assert_eq!(kv.limited_by, "KV cache");
+        assert!(kv.request_rate < sat.request_rate && kv.decode_batch <= 65.0 + 1e-9);
+    }
+
+    #[test]
+    fn a_low_rate_costs_one_request_at_a_time() {
+        let i = inputs(20_000_000_000);
+        let r = Roofline {
+            shape: &i.shape,
+            hw: &i.hw,
+            kv_dtype_bytes: 2,
+        };
+        let alone = r.prefill(1, 512, 2048, (0, 0.0)) + r.decode(1, 512, 127);
+        let rate = 1e-3;
+        let s = solve(&i, rate).steady.expect("stable");
+        assert!(close(s.latency_ms / 1e3, alone, 0.01), "{s:?} vs {alone}");
+        assert!(close(s.concurrency, rate * alone, 0.01));
+        assert!(s.queue_ms < 0.01 * s.ttft_ms && s.busy < 0.01);
+    }
+
+    #[test]
+    fn the_poisson_tail_sums_its_terms() {
+        assert_eq!(poisson_tail(3.0, 0), 1.0);
+        assert!(close(poisson_tail(2.0, 1), 1.0 - (-2.0f64).exp(), 1e-12));
+        let below_two = (-2.0f64).exp() * (1.0 + 2.0);
+        assert!(close(poisson_tail(2.0, 2), 1.0 - below_two, 1e-12));
+        assert!(poisson_tail(5.0, 200) < 1e-12);
     }
 }
