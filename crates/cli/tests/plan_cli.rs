@@ -236,6 +236,19 @@ fn plan_at_a_request_rate_reports_a_consistent_steady_state() {
         1e-12
     ));
 
+    // The text and the throughput chart show the operating point.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("plan_rate_svg_stable");
+    let d = dir.display().to_string();
+    let out = tandem(&[&base[..7], &["--request-rate", &rate_arg, "--svg", &d]].concat());
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("steady state") && text.contains("50% of the most"),
+        "{text}"
+    );
+    let svg = std::fs::read_to_string(dir.join("throughput.svg")).unwrap();
+    assert!(svg.contains(&format!(">{rate:.2} req/s<")), "{svg}");
+
     // Past saturation: reported, not solved; the text and the charts say so too.
     let over = format!("{}", 3.0 * sat);
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("plan_rate_svg");

@@ -4,7 +4,8 @@
 //! request's one token at its own context, then the prompts in arrival order, chunked into
 //! what the token budget leaves), requests arrive at random times and leave when their last
 //! token is out; TTFT, inter-token latency, time in the engine and the time-average number of
-//! requests are measured, not derived.
+//! requests are measured, not derived. It has no sequence cap and no preemption: the cases
+//! stay below both.
 
 use std::collections::VecDeque;
 

@@ -191,8 +191,8 @@ impl RateReport {
             self.utilisation * 100.0
         );
         o += &format!(
-            "          steady state: {:.1} requests in the engine, decode batch {:.1}, {:.0} prefill \
-             tokens/step ({:.0}% of the budget's room), busy {:.0}%\n",
+            "          steady state: {:.1} requests in the engine, decode steps of {:.1} sequences, \
+             {:.0} prefill tokens/step ({:.0}% of the budget's room), busy {:.0}%\n",
             st.concurrency,
             st.decode_batch,
             st.prefill_tokens_per_step,
