@@ -208,9 +208,10 @@ pub fn run(a: PlanArgs) -> Result<()> {
             inputs.concurrency = rate.concurrency(&capacity);
             if !rate.stable {
                 eprintln!(
-                    "tandem: {r} req/s is more than the engine sustains: the queue grows \
-                     without bound: at most {:.2} req/s",
-                    rate.saturation.request_rate
+                    "tandem: {} is more than the engine sustains: the queue grows without \
+                     bound: at most {}",
+                    rate::req_per_s(r),
+                    rate::req_per_s(rate.saturation.request_rate)
                 );
             }
             Some(rate)

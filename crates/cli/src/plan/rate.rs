@@ -138,6 +138,15 @@ impl RateReport {
     }
 }
 
+/// Requests per second for people: two decimals, or three significant digits below 0.01.
+pub fn req_per_s(rate: f64) -> String {
+    if rate >= 0.01 {
+        format!("{rate:.2} req/s")
+    } else {
+        format!("{rate:.2e} req/s")
+    }
+}
+
 /// The workload's means and the engine's limits, with the cost model.
 struct Lane<'a> {
     r: &'a Roofline<'a>,

@@ -311,12 +311,15 @@ fn operating_point(panel: &Panel, o: &mut String, rate: &super::rate::RateReport
         Some(s) => (
             s.decode_batch,
             s.output_tok_per_s,
-            format!("{:.2} req/s", rate.request_rate),
+            super::rate::req_per_s(rate.request_rate),
         ),
         None => (
             rate.saturation.decode_batch,
             rate.saturation.output_tok_per_s,
-            format!("at most {:.2} req/s", rate.saturation.request_rate),
+            format!(
+                "at most {}",
+                super::rate::req_per_s(rate.saturation.request_rate)
+            ),
         ),
     };
     let (x, y) = (panel.px(batch.max(1.0)), panel.py(tok_per_s));

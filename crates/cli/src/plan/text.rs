@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use super::rate::RateReport;
+use super::rate::{req_per_s, RateReport};
 use super::report::Plan;
 
 fn mb(b: f64) -> String {
@@ -175,23 +175,26 @@ impl RateReport {
     pub fn text(&self) -> String {
         let s = &self.saturation;
         let most = format!(
-            "{:.2} req/s ({:.1} output tok/s, decode batch {:.1}, limited by the {})",
-            s.request_rate, s.output_tok_per_s, s.decode_batch, s.limited_by
+            "{} ({:.1} output tok/s, decode batch {:.1}, limited by the {})",
+            req_per_s(s.request_rate),
+            s.output_tok_per_s,
+            s.decode_batch,
+            s.limited_by
         );
         let Some(st) = &self.steady else {
             return format!(
-                "rate      {:.2} req/s (Poisson) is more than the engine sustains: the queue grows \
+                "rate      {} (Poisson) is more than the engine sustains: the queue grows \
                  without bound: at most {most}\n",
-                self.request_rate
+                req_per_s(self.request_rate)
             );
         };
         let mut o = format!(
-            "rate      {:.2} req/s (Poisson), {:.0}% of the most the engine sustains: {most}\n",
-            self.request_rate,
+            "rate      {} (Poisson), {:.0}% of the most the engine sustains: {most}\n",
+            req_per_s(self.request_rate),
             self.utilisation * 100.0
         );
         o += &format!(
-            "          steady state: {:.1} requests in the engine, decode steps of {:.1} sequences, \
+            "          steady state: {:.2} requests in the engine, decode steps of {:.1} sequences, \
              {:.0} prefill tokens/step ({:.0}% of the budget's room), busy {:.0}%\n",
             st.concurrency,
             st.decode_batch,
