@@ -22,8 +22,10 @@
 //! the engine is `R` times that (Little's law). `rate_sim.rs` holds this to an event
 //! simulation of the scheduler on the same step cost: within a few percent up to 60% of the
 //! saturation rate, and near it for one length of prompt and output; prompts longer than the
-//! token budget come out about a tenth optimistic from mid load, and lengths that vary widely
-//! up to a quarter pessimistic near saturation.
+//! token budget come out about a tenth optimistic from mid load, lengths that vary widely up
+//! to a quarter pessimistic near saturation, and a CPU (a prefill step costs a dozen decode
+//! steps, long steps gather arrivals that make the next steps long too) optimistic by up to
+//! half near saturation.
 
 use serde::Serialize;
 
