@@ -1,6 +1,7 @@
 //! `tandem plan` end to end: the KV capacity it predicts is the one the engine reports at
 //! start-up for the same flags (default model and an HF fixture, several budgets, block sizes
-//! and KV dtypes), a saved hardware profile is read, and bad input is a clear error.
+//! and KV dtypes), a saved hardware profile is read, a request rate gives a steady state that
+//! obeys Little's law (or is refused past saturation), and bad input is a clear error.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions
 
 use std::path::{Path, PathBuf};
@@ -157,5 +158,131 @@ fn plan_reports_the_workload_and_refuses_bad_input() {
             "{names}: {err}"
         );
         assert!(!err.contains("panicked"), "{names}: {err}");
+    }
+}
+
+fn plan_json(args: &[&str]) -> Value {
+    let out = tandem(args);
+    assert!(
+        out.status.success(),
+        "plan {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+fn close(a: f64, b: f64, rel: f64) -> bool {
+    (a - b).abs() <= rel * a.abs().max(b.abs())
+}
+
+#[test]
+fn plan_at_a_request_rate_reports_a_consistent_steady_state() {
+    let model = default_model();
+    let base = [
+        "plan",
+        "--model",
+        &model,
+        "--hardware",
+        "h100",
+        "--gen-len",
+        "64,192",
+        "--json",
+    ];
+    let probe = plan_json(&[&base[..], &["--request-rate", "1"]].concat());
+    let sat = probe["rate"]["saturation"]["request_rate"]
+        .as_f64()
+        .unwrap();
+    assert!(sat > 1.0, "{}", probe["rate"]);
+    // Half the saturation rate: a steady state that obeys Little's law.
+    let rate = sat / 2.0;
+    let rate_arg = format!("{rate}");
+    let v = plan_json(&[&base[..], &["--request-rate", &rate_arg]].concat());
+    let r = &v["rate"];
+    assert_eq!(r["stable"], true);
+    assert!(close(r["request_rate"].as_f64().unwrap(), rate, 1e-12));
+    assert!(close(r["utilisation"].as_f64().unwrap(), 0.5, 1e-9));
+    let s = &r["steady"];
+    let f = |k: &str| s[k].as_f64().unwrap_or_else(|| panic!("no {k} in {s}"));
+    let mean_gen = (64.0 + 192.0) / 2.0;
+    assert!(close(f("output_tok_per_s"), rate * mean_gen, 1e-9));
+    assert!(close(f("concurrency"), rate * f("latency_ms") / 1e3, 1e-9));
+    assert!(close(
+        f("latency_ms"),
+        f("ttft_ms") + (mean_gen - 1.0) * f("itl_ms"),
+        1e-9
+    ));
+    // Requests decoding = rate x decode steps per request x step time (the fixed point).
+    let decoding = f("decode_batch") - 1.0;
+    assert!(close(
+        decoding,
+        rate * (mean_gen - 1.0) * f("itl_ms") / 1e3,
+        1e-6
+    ));
+    assert!(f("ttft_ms_max") >= f("ttft_ms") && f("queue_ms") < f("ttft_ms"));
+    assert!(f("kv_tokens_in_use") > 0.0 && s["preemption"] == false);
+    assert_eq!(
+        s["kv_capacity_tokens"], v["capacity"]["capacity_tokens"],
+        "{s}"
+    );
+    // The rest of the plan runs at the implied concurrency.
+    assert_eq!(
+        v["concurrency"].as_f64().unwrap(),
+        f("concurrency").round().max(1.0)
+    );
+    // The same saturation point whatever the rate asked.
+    assert!(close(
+        r["saturation"]["request_rate"].as_f64().unwrap(),
+        sat,
+        1e-12
+    ));
+
+    // The text and the throughput chart show the operating point.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("plan_rate_svg_stable");
+    let d = dir.display().to_string();
+    let out = tandem(&[&base[..7], &["--request-rate", &rate_arg, "--svg", &d]].concat());
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("steady state") && text.contains("50% of the most"),
+        "{text}"
+    );
+    let svg = std::fs::read_to_string(dir.join("throughput.svg")).unwrap();
+    assert!(svg.contains(&format!(">{rate:.2} req/s<")), "{svg}");
+
+    // Past saturation: reported, not solved; the text and the charts say so too.
+    let over = format!("{}", 3.0 * sat);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("plan_rate_svg");
+    let d = dir.display().to_string();
+    let out = tandem(&[&base[..7], &["--request-rate", &over, "--svg", &d]].concat());
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    for t in [&text, &err] {
+        assert!(t.contains("grows without bound"), "{t}");
+    }
+    let svg = std::fs::read_to_string(dir.join("throughput.svg")).unwrap();
+    assert!(svg.contains(&format!("at most {sat:.2} req/s")), "{svg}");
+    let v = plan_json(&[&base[..], &["--request-rate", &over]].concat());
+    assert_eq!(v["rate"]["stable"], false);
+    assert!(v["rate"]["steady"].is_null());
+    assert_eq!(
+        v["concurrency"], v["capacity"]["max_concurrent_requests"],
+        "an unsustainable rate fills the engine"
+    );
+
+    // A rate or a concurrency, not both; a rate must be positive.
+    for (args, name) in [
+        (
+            vec!["--request-rate", "2", "--concurrency", "4"],
+            "--concurrency",
+        ),
+        (vec!["--request-rate", "0"], "--request-rate"),
+        (vec!["--request-rate=-1"], "--request-rate"),
+        (vec!["--request-rate", "inf"], "--request-rate"),
+    ] {
+        let out = tandem(&[&base[..], &args].concat());
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(name) && !err.contains("panicked"), "{err}");
     }
 }

@@ -3,12 +3,16 @@
 //! measured by [`calibrate`] or a built-in datasheet one) and the roofline of an engine step
 //! ([`cost`]), it predicts the KV capacity, each step's bytes, FLOPs and time, and from those
 //! time to first token, inter-token latency and throughput by batch size and context
-//! ([`report`]); it draws them as SVG ([`svg`]) and checks itself against `tandem bench`
-//! ([`validate`]).
+//! ([`report`]); given a request rate instead of a concurrency, the steady state the engine
+//! reaches and the highest rate it sustains ([`rate`]); it draws them as SVG ([`svg`]) and
+//! checks itself against `tandem bench` ([`validate`]).
 
 pub mod calibrate;
 pub mod cost;
 pub mod hardware;
+pub mod rate;
+#[cfg(test)]
+mod rate_sim;
 pub mod report;
 pub mod shape;
 pub mod svg;
@@ -50,6 +54,10 @@ pub struct PlanArgs {
     /// Requests running at once.
     #[arg(long, value_name = "C", default_value_t = 8)]
     concurrency: usize,
+    /// Requests per second, arriving as a Poisson process (instead of --concurrency): the
+    /// steady state the engine reaches and the highest rate it sustains.
+    #[arg(long, value_name = "R", conflicts_with = "concurrency")]
+    request_rate: Option<f64>,
     /// Share of each prompt found in the prefix cache (0 to 1).
     #[arg(long, value_name = "R", default_value_t = 0.0)]
     prefix_hit: f64,
@@ -175,7 +183,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         None if hw.kind == DeviceKind::Gpu => gpu_kv_budget(&a, &hw, &shape)?,
         None => DEFAULT_KV_BYTES,
     };
-    let inputs = PlanInputs {
+    let mut inputs = PlanInputs {
         model_name,
         shape,
         hw,
@@ -193,7 +201,25 @@ pub fn run(a: PlanArgs) -> Result<()> {
         acceptance: a.acceptance,
         num_speculative_tokens: a.engine.num_speculative_tokens.unwrap_or(4),
     };
+    let rate = match a.request_rate {
+        Some(r) => {
+            let capacity = report::capacity(&inputs)?;
+            let rate = rate::RateReport::solve(&inputs, &capacity, r);
+            inputs.concurrency = rate.concurrency(&capacity);
+            if !rate.stable {
+                eprintln!(
+                    "tandem: {} is more than the engine sustains: the queue grows without \
+                     bound: at most {}",
+                    rate::req_per_s(r),
+                    rate::req_per_s(rate.saturation.request_rate)
+                );
+            }
+            Some(rate)
+        }
+        None => None,
+    };
     let mut plan = report::Plan::compute(&inputs)?;
+    plan.rate = rate;
     if a.validate {
         let host = host.context("--validate needs a model on disk (not --config)")?;
         plan.validation = Some(validate::run(host, &a.model, &inputs, a.quick)?);
@@ -254,6 +280,11 @@ fn overhead_from_model(a: &PlanArgs, c: &mut calibrate::Calibration) -> Result<(
 fn check_ranges(a: &PlanArgs) -> Result<()> {
     if a.concurrency == 0 {
         bail!("--concurrency must be positive");
+    }
+    if let Some(r) = a.request_rate {
+        if !(r.is_finite() && r > 0.0) {
+            bail!("--request-rate {r} must be a positive number of requests per second");
+        }
     }
     for (name, v) in [
         ("--prefix-hit", a.prefix_hit),

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::cost::{Roofline, StepCost};
 use super::hardware::HardwareProfile;
+use super::rate::RateReport;
 use super::shape::ModelShape;
 use super::validate::Validation;
 use super::PlanInputs;
@@ -105,6 +106,9 @@ pub struct Plan {
     pub crossover_batch: Option<usize>,
     pub score_vs_generate: Vec<ScoreVsGenerate>,
     pub validation: Option<Validation>,
+    /// With `--request-rate`: the steady state at that rate and the saturation point
+    /// (`rate.rs`); `concurrency` is then the mean number of requests in the engine.
+    pub rate: Option<RateReport>,
 }
 
 impl Plan {
@@ -148,6 +152,7 @@ impl Plan {
             crossover_batch: r.crossover_batch(mean_ctx, 4096),
             score_vs_generate: curves.score_vs_generate,
             validation: None,
+            rate: None,
         })
     }
 }
@@ -216,7 +221,7 @@ fn workload(r: &Roofline<'_>, i: &PlanInputs, conc: usize, hit: f64) -> Workload
 
 /// Seconds to the first token of a prompt of `prompt_len` tokens, `hit` of it cached, its
 /// chunks beside the other `conc - 1` requests' decodes; and its first step's cost.
-fn time_to_first_token(
+pub(super) fn time_to_first_token(
     r: &Roofline<'_>,
     i: &PlanInputs,
     conc: usize,

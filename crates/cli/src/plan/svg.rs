@@ -258,6 +258,9 @@ fn throughput(plan: &Plan) -> String {
         COLORS[1],
         false,
     );
+    if let Some(rate) = &plan.rate {
+        operating_point(&left, &mut o, rate);
+    }
     left.legend(
         &mut o,
         &[("decode", COLORS[0]), ("prefill", COLORS[1])],
@@ -299,6 +302,34 @@ fn throughput(plan: &Plan) -> String {
         escape(&caption)
     );
     document(2.0 * W, H + 18.0, &o)
+}
+
+/// With `--request-rate`: the output tokens/s at the decode batch of the steady state (or of
+/// the saturation point when the rate is not sustainable), marked on the tokens/s panel.
+fn operating_point(panel: &Panel, o: &mut String, rate: &super::rate::RateReport) {
+    let (batch, tok_per_s, label) = match &rate.steady {
+        Some(s) => (
+            s.decode_batch,
+            s.output_tok_per_s,
+            super::rate::req_per_s(rate.request_rate),
+        ),
+        None => (
+            rate.saturation.decode_batch,
+            rate.saturation.output_tok_per_s,
+            format!(
+                "at most {}",
+                super::rate::req_per_s(rate.saturation.request_rate)
+            ),
+        ),
+    };
+    let (x, y) = (panel.px(batch.max(1.0)), panel.py(tok_per_s));
+    let _ = write!(
+        o,
+        r##"<circle cx="{x:.1}" cy="{y:.1}" r="4.5" fill="none" stroke="#000" stroke-width="1.5"/><text x="{:.1}" y="{:.1}" font-size="9">{}</text>"##,
+        x + 6.0,
+        y - 6.0,
+        escape(&label)
+    );
 }
 
 /// Weights, KV cache and activations at the workload's concurrency, by context length.

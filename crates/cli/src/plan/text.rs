@@ -1,8 +1,10 @@
-//! The plan as text for people: a summary of the KV cache, the workload, prefix hits,
-//! speculation and the crossover, then tables by batch size, context and length.
+//! The plan as text for people: a summary of the KV cache, the workload (at a request rate,
+//! its steady state), prefix hits, speculation and the crossover, then tables by batch size,
+//! context and length.
 
 use std::fmt::Write as _;
 
+use super::rate::{req_per_s, RateReport};
 use super::report::Plan;
 
 fn mb(b: f64) -> String {
@@ -92,6 +94,9 @@ impl Plan {
                 "bandwidth-bound"
             }
         );
+        if let Some(rate) = &self.rate {
+            o.push_str(&rate.text());
+        }
         let hit = &self.workload_with_prefix_hit;
         let _ = writeln!(
             o,
@@ -162,5 +167,62 @@ impl Plan {
 
     fn workload_batch(&self) -> usize {
         self.decode_by_context.first().map_or(1, |c| c.batch)
+    }
+}
+
+impl RateReport {
+    /// The report's lines for people.
+    pub fn text(&self) -> String {
+        let s = &self.saturation;
+        let most = format!(
+            "{} ({:.1} output tok/s, decode batch {:.1}, limited by the {})",
+            req_per_s(s.request_rate),
+            s.output_tok_per_s,
+            s.decode_batch,
+            s.limited_by
+        );
+        let Some(st) = &self.steady else {
+            return format!(
+                "rate      {} (Poisson) is more than the engine sustains: the queue grows \
+                 without bound: at most {most}\n",
+                req_per_s(self.request_rate)
+            );
+        };
+        let mut o = format!(
+            "rate      {} (Poisson), {:.0}% of the most the engine sustains: {most}\n",
+            req_per_s(self.request_rate),
+            self.utilisation * 100.0
+        );
+        o += &format!(
+            "          steady state: {:.2} requests in the engine, decode steps of {:.1} sequences, \
+             {:.0} prefill tokens/step ({:.0}% of the budget's room), busy {:.0}%\n",
+            st.concurrency,
+            st.decode_batch,
+            st.prefill_tokens_per_step,
+            st.prefill_utilisation * 100.0,
+            st.busy * 100.0
+        );
+        o += &format!(
+            "          TTFT {:.1} ms (queued {:.1}, longest prompt {:.1}), ITL {:.2} ms, {:.3} s per \
+             request, {:.1} output tok/s\n",
+            st.ttft_ms,
+            st.queue_ms,
+            st.ttft_ms_max,
+            st.itl_ms,
+            st.latency_ms / 1e3,
+            st.output_tok_per_s
+        );
+        o += &format!(
+            "          KV in use {:.0} of {} tokens ({:.1} MB); chance of preemption {:.2}%\n",
+            st.kv_tokens_in_use,
+            st.kv_capacity_tokens,
+            st.kv_bytes_in_use / 1e6,
+            st.preemption_risk * 100.0
+        );
+        if st.preemption {
+            o += "          WARNING: the steady state needs more KV than the pool holds: requests \
+                  will be preempted\n";
+        }
+        o
     }
 }
