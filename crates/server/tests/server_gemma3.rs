@@ -1,0 +1,24 @@
+//! The server on Gemma 3 270M (`gemma3-270m`, fetched on first use like the CLI does), checked
+//! with the official `openai` Python client (tests/py/test_gemma3_chat.py; the pinned release,
+//! installed on first use into the target directory): chat completions render Gemma's turn
+//! format (equal, token for token, to completions of the format written out by hand), the
+//! reply ends at <end_of_turn> with `finish_reason` stop and no marker in the text, streamed
+//! deltas concatenate to the greedy text, a `stop` string cuts it, and logprobs come with the
+//! greedy token as the most likely one.
+
+mod server_common;
+
+use std::time::Duration;
+
+use server_common::*;
+
+#[test]
+fn gemma3_chat_template_stop_token_streaming_and_logprobs() {
+    let path = tandem_model::default_model::known_model_path("gemma3-270m")
+        .expect("the Gemma 3 270M model is needed; this test does not skip");
+    let server = start_server(&path, |_| {});
+    let out = python_env::run_script(server.addr(), "test_gemma3_chat.py", "test-model", &[]);
+    eprintln!("{out}");
+    wait_health(server.addr(), Duration::from_secs(30), idle);
+    server.shutdown().expect("clean shutdown");
+}
