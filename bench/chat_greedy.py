@@ -3,13 +3,16 @@
 exact fp32 path) against llama.cpp's llama-server on the same GGUF (and on llama.cpp's own F32
 copy of it, the exact function of the quantized weights), same user messages.
 
-llama.cpp renders the chat template itself (`/apply-template`, the template in the GGUF) and
+llama.cpp renders the chat template itself (`/apply-template`: its built-in template named by
+`--chat-template`, `gemma` by default, as the Gemma 3 GGUF carries none; "" for the GGUF's own
+through its Jinja engine) and
 generates with `/completion` at temperature 0 and top-k 1, returning its token ids; tandem
 renders its own and reports its token ids (`generate --json`). For each prompt and engine:
 the prompt's length in tokens, the generated ids, where they first differ from llama.cpp's
 on the same file, the finish reason and the text.
 
-    python3 bench/chat_greedy.py [--model gemma3-270m] [--max-tokens 96] [--threads 2]
+    python3 bench/chat_greedy.py [--model gemma3-270m] [--chat-template gemma] [--max-tokens 96]
+                                 [--threads 2]
 
 Needs a release build of tandem and llama.cpp from bench/build_llama_cpp.sh.
 """
@@ -57,7 +60,7 @@ def tandem(model, prompt, a, kernels=None):
 class LlamaServer:
     """llama-server on a free loopback port for the length of a `with` block."""
 
-    def __init__(self, bin_dir, model, threads):
+    def __init__(self, bin_dir, model, threads, template):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -65,7 +68,8 @@ class LlamaServer:
         self.proc = subprocess.Popen(
             [str(bin_dir / "llama-server"), "-m", model, "--host", "127.0.0.1", "--port",
              str(self.port), "-c", "2048", "-t", str(threads), "-tb", str(threads), "-np", "1",
-             "--jinja"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             *(["--no-jinja", "--chat-template", template] if template else ["--jinja"])],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def post(self, path, body):
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}",
@@ -112,6 +116,8 @@ def first_difference(ids, ref):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="gemma3-270m", help="a GGUF file or a known model's name")
+    ap.add_argument("--chat-template", default="gemma",
+                    help="llama.cpp's built-in template; \"\" for the GGUF's own")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
@@ -123,25 +129,27 @@ def main():
                         "F32"], check=True, capture_output=True)
     runs = {p: {} for p in PROMPTS}
     for name, path in (("llama_cpp", model), ("llama_cpp_f32", str(f32))):
-        with LlamaServer(bin_dir, path, a.threads) as server:
+        with LlamaServer(bin_dir, path, a.threads, a.chat_template) as server:
             for p in PROMPTS:
                 runs[p][name] = server.chat(p, a.max_tokens)
     for p in PROMPTS:
         runs[p]["tandem_int8"] = tandem(model, p, a)
         runs[p]["tandem_exact"] = tandem(model, p, a, "avx512")
     print("\n| prompt | engine | prompt tokens | generated | first difference vs llama.cpp "
-          "| finish | text |\n| --- | --- | --- | --- | --- | --- | --- |")
+          "(same file) | vs llama.cpp F32 | finish | text (first 48 characters) |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- |")
     for p, by in runs.items():
-        ref = by["llama_cpp"]["ids"]
         for name in ("llama_cpp", "llama_cpp_f32", "tandem_int8", "tandem_exact"):
             r = by[name]
-            r["first_difference_vs_llama_cpp"] = first_difference(r["ids"], ref)
+            diffs = [first_difference(r["ids"], by[ref]["ids"])
+                     for ref in ("llama_cpp", "llama_cpp_f32")]
+            r["first_difference_vs_llama_cpp"], r["first_difference_vs_llama_cpp_f32"] = diffs
             print(json.dumps({"prompt": p, "engine": name, **r}, ensure_ascii=False),
                   file=sys.stderr)
-            diff = r["first_difference_vs_llama_cpp"]
-            text = r["text"].replace("\n", "\\n").replace("|", "\\|")
-            print(f"| {p} | {name} | {r['prompt_tokens']} | {len(r['ids'])} | "
-                  f"{'none' if diff is None else diff} | {r['finish_reason']} | {text} |")
+            cells = " | ".join("none" if d is None else str(d) for d in diffs)
+            text = r["text"][:48].replace("\n", "\\n").replace("|", "\\|")
+            print(f"| {p} | {name} | {r['prompt_tokens']} | {len(r['ids'])} | {cells} | "
+                  f"{r['finish_reason']} | {text} |")
 
 
 if __name__ == "__main__":

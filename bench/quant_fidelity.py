@@ -93,7 +93,8 @@ def deltas(run, ref):
 
 
 def summary(d, agree):
-    return {"mean_abs_dlogprob": round(sum(d) / len(d), 5), "max_abs_dlogprob": round(max(d), 4),
+    return {"mean_abs_dlogprob": float(f"{sum(d) / len(d):.4g}"),
+            "max_abs_dlogprob": float(f"{max(d):.4g}"),
             "top1_agreement": round(sum(agree) / len(agree), 4), "positions": len(d)}
 
 

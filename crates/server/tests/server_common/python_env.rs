@@ -105,7 +105,9 @@ fn check_python() {
 /// package could not be imported.
 pub fn run_script(addr: std::net::SocketAddr, name: &str, model: &str, extra: &[&str]) -> String {
     let site = openai_site_dir();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py").join(name);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/py")
+        .join(name);
     let out = Command::new("python3")
         .arg(&script)
         .arg("--base-url")
