@@ -1,10 +1,13 @@
 //! The server on Gemma 3 270M (`gemma3-270m`, fetched on first use like the CLI does), checked
 //! with the official `openai` Python client (tests/py/test_gemma3_chat.py; the pinned release,
 //! installed on first use into the target directory): chat completions render Gemma's turn
-//! format (equal, token for token, to completions of the format written out by hand), the
-//! reply ends at <end_of_turn> with `finish_reason` stop and no marker in the text, streamed
-//! deltas concatenate to the greedy text, a `stop` string cuts it, and logprobs come with the
-//! greedy token as the most likely one.
+//! format (its tokens equal those of the format written out by hand, and so do the
+//! completions), the reply ends at <end_of_turn> with `finish_reason` stop and no marker in
+//! the text (the pretrained 270M never ends a turn by itself: a logit bias and `min_tokens`
+//! put <end_of_turn> after the first greedy tokens), streamed deltas concatenate to the
+//! greedy text, a `stop` string cuts it, and logprobs come with the greedy token as the most
+//! likely one. The server runs in-process (as `tandem serve` builds it) on a free loopback
+//! port.
 
 mod server_common;
 
