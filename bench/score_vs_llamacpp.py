@@ -3,13 +3,16 @@
 (through llama-cpp-python, logits for every position), alternating, several repetitions,
 medians. Both use the same GGUF file, the same token ids and the same thread count.
 
-usage: bench/score_vs_llamacpp.py MODEL.gguf [--tokens 512] [--threads 2] [--reps 5]
+usage: bench/score_vs_llamacpp.py MODEL [--tokens 512] [--threads 2] [--reps 5]
+MODEL: a GGUF file or a model tandem knows by name (`gemma3-270m`).
 Needs: a release build of tandem (cargo build --release) and `pip install llama-cpp-python`.
 """
-import argparse, json, statistics, subprocess, time
+import argparse, json, statistics, subprocess, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from model_file import gguf_path  # noqa: E402
 
 
 def text_tokens(llm, n):
@@ -48,6 +51,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     a = ap.parse_args()
+    a.model = gguf_path(a.model)
     import llama_cpp
     llm = llama_cpp.Llama(a.model, n_ctx=max(a.tokens, 512), n_batch=a.tokens, n_ubatch=a.tokens,
                           n_threads=a.threads, n_threads_batch=a.threads, logits_all=True, verbose=False)

@@ -7,18 +7,22 @@ with `-c N --chunks 1 -b N -ub N`, which needs a text of at least 2N tokens; tan
 first N tokens of that text, tokenized by its own tokenizer, which matches llama.cpp's). Whole
 processes are timed, alternating, --reps times; medians and the ratio are printed as JSON.
 
-    python3 bench/score_vs_perplexity.py [--model M.gguf] [--tokens 4096] [--threads 2] [--reps 3]
+    python3 bench/score_vs_perplexity.py [--model M] [--tokens 4096] [--threads 2] [--reps 3]
+
+M: a GGUF file or a model tandem knows by name (`gemma3-270m`; default: the default model).
 """
 import argparse
 import json
-import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from model_file import gguf_path  # noqa: E402
 TANDEM = ROOT / "target/release/tandem"
 
 
@@ -36,11 +40,12 @@ def timed(cmd):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=os.path.expanduser("~/.cache/tandem/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--model", default="smollm2-135m", help="a GGUF file or a known model's name")
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
+    a.model = gguf_path(a.model)
     n = a.tokens
     prompts = json.loads((ROOT / "crates/model/tests/fixtures/default_model/prompts.json").read_text())
     text = "\n\n".join(prompts)

@@ -5,41 +5,11 @@
 
 mod server_common;
 
-use std::process::Command;
-
 use server_common::*;
 
-/// Runs the Python checks against `server` with `extra` arguments; panics on failure. The
-/// pinned `openai` client comes from a private environment under the target directory,
-/// created on first use (see `server_common::python_env`).
+/// Runs tests/py/test_openai_client.py against `server` with `extra` arguments.
 fn run_python(server: &tandem_server::RunningServer, extra: &[&str]) {
-    let site = python_env::openai_site_dir();
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/test_openai_client.py");
-    let out = Command::new("python3")
-        .arg(&script)
-        .arg("--base-url")
-        .arg(format!("http://{}/v1", server.addr()))
-        .arg("--model")
-        .arg("test-model")
-        .arg("--openai-version")
-        .arg(python_env::OPENAI_VERSION)
-        .args(extra)
-        .env("PYTHONPATH", site)
-        .output()
-        .expect("python3 runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_ne!(
-        out.status.code(),
-        Some(3),
-        "the pinned `openai` package is not importable from {}\n{stderr}",
-        site.display()
-    );
-    assert!(
-        out.status.success(),
-        "openai client checks failed:\n{stdout}\n{stderr}"
-    );
+    python_env::run_script(server.addr(), "test_openai_client.py", "test-model", extra);
 }
 
 #[test]

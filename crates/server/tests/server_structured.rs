@@ -9,32 +9,17 @@
 
 mod server_common;
 
-use std::process::Command;
-
 use serde_json::json;
 use server_common::*;
 
 #[test]
 fn openai_client_structured_outputs_validate() {
     let server = start_server(&default_model_path(), |_| {});
-    let site = python_env::openai_site_dir();
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/test_structured.py");
-    let out = Command::new("python3")
-        .arg(&script)
-        .arg("--base-url")
-        .arg(format!("http://{}/v1", server.addr()))
-        .args(["--model", "test-model", "--rounds", "13"])
-        .arg("--openai-version")
-        .arg(python_env::OPENAI_VERSION)
-        .env("PYTHONPATH", site)
-        .output()
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "structured output checks failed:\n{stdout}\n{stderr}"
+    let stdout = python_env::run_script(
+        server.addr(),
+        "test_structured.py",
+        "test-model",
+        &["--rounds", "13"],
     );
     eprintln!("{stdout}");
     wait_health(server.addr(), std::time::Duration::from_secs(10), idle);

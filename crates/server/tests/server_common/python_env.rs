@@ -98,3 +98,33 @@ fn check_python() {
         String::from_utf8_lossy(&pip.stderr)
     );
 }
+
+/// Runs the driver script `tests/py/NAME` against the server at `addr` (`--base-url`,
+/// `--model`, `--openai-version`, then `extra`) with the pinned client on `PYTHONPATH`;
+/// panics when it fails and returns its stdout. Exit status 3 means the pinned `openai`
+/// package could not be imported.
+pub fn run_script(addr: std::net::SocketAddr, name: &str, model: &str, extra: &[&str]) -> String {
+    let site = openai_site_dir();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/py")
+        .join(name);
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg("--base-url")
+        .arg(format!("http://{addr}/v1"))
+        .args(["--model", model, "--openai-version", OPENAI_VERSION])
+        .args(extra)
+        .env("PYTHONPATH", site)
+        .output()
+        .expect("python3 runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_ne!(
+        out.status.code(),
+        Some(3),
+        "the pinned `openai` package is not importable from {}\n{stderr}",
+        site.display()
+    );
+    assert!(out.status.success(), "{name} failed:\n{stdout}\n{stderr}");
+    stdout.into_owned()
+}
