@@ -27,5 +27,5 @@ pub mod thread_pool;
 pub use dtype::DType;
 pub use isa::Isa;
 pub use matmul::{matmul, matmul_with, WeightView};
-pub use packed::{matmul_packed, matmul_packed_with, PackedMatrix};
+pub use packed::{matmul_packed, matmul_packed_with, PackedMatrix, PackedRows};
 pub use thread_pool::ThreadPool;

@@ -102,36 +102,92 @@ impl PackedMatrix {
     /// Repacks `w`; `None` if its type is not one [`PackedMatrix::packs`]. The groups are
     /// packed in parallel on `pool`.
     pub fn pack(w: &WeightView<'_>, pool: &ThreadPool) -> Option<PackedMatrix> {
-        let kind = RecordKind::of(w.dtype)?;
-        let groups = w.rows.div_ceil(GROUP_ROWS);
-        let blocks = w.cols / BLOCK;
+        let row_bytes = w.dtype.bytes_for(w.cols).expect("a validated weight view");
+        let row = |r: usize| &w.data[r * row_bytes..(r + 1) * row_bytes];
+        PackedMatrix::pack_rows(w.dtype, w.rows, w.cols, row, pool)
+    }
+
+    /// Repacks the matrices `ws` stacked into one (`ws[0]`'s rows first), in one allocation
+    /// that huge pages can back: the experts of a mixture, each a few MB, would otherwise sit
+    /// on small pages, whose boundaries stop the hardware prefetcher while a product streams
+    /// them. Matrix `i` is then [`PackedMatrix::row_range`] of its rows. `None` unless every
+    /// matrix has the same packable type and columns and a whole number of row groups.
+    pub fn pack_stacked(ws: &[WeightView<'_>], pool: &ThreadPool) -> Option<PackedMatrix> {
+        let first = ws.first()?;
+        let (dtype, cols) = (first.dtype, first.cols);
+        let fits = |w: &WeightView<'_>| {
+            w.dtype == dtype && w.cols == cols && w.rows.is_multiple_of(GROUP_ROWS)
+        };
+        if !ws.iter().all(fits) {
+            return None;
+        }
+        let mut starts = vec![0];
+        for w in ws {
+            starts.push(starts[starts.len() - 1] + w.rows);
+        }
+        let row_bytes = dtype.bytes_for(cols).expect("a validated weight view");
+        let row = |r: usize| {
+            let i = starts.partition_point(|&s| s <= r) - 1;
+            let local = r - starts[i];
+            &ws[i].data[local * row_bytes..(local + 1) * row_bytes]
+        };
+        PackedMatrix::pack_rows(dtype, starts[ws.len()], cols, row, pool)
+    }
+
+    /// Packs `rows` rows of `cols` columns of `dtype`, row `r` stored as `row(r)`.
+    fn pack_rows<'a>(
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        row: impl Fn(usize) -> &'a [u8] + Sync,
+        pool: &ThreadPool,
+    ) -> Option<PackedMatrix> {
+        let kind = RecordKind::of(dtype)?;
+        let groups = rows.div_ceil(GROUP_ROWS);
+        let blocks = cols / BLOCK;
         let record = kind.record_bytes();
         let group_lines = blocks * record / 64;
         let mut lines = huge_page_lines(groups * group_lines);
-        let row_bytes = w.dtype.bytes_for(w.cols).expect("a validated weight view");
-        let block_bytes = w.dtype.block_bytes();
+        let block_bytes = dtype.block_bytes();
         // Records per stored block (K-quant blocks hold 256 columns).
-        let span = w.dtype.block_len() / BLOCK * record;
+        let span = dtype.block_len() / BLOCK * record;
         if group_lines > 0 {
             crate::parallel::for_each_chunk_mut(pool, &mut lines, group_lines, |g, dst| {
                 let dst = lines_as_bytes(dst);
-                for j in 0..GROUP_ROWS.min(w.rows - g * GROUP_ROWS) {
-                    let r = g * GROUP_ROWS + j;
-                    let row = &w.data[r * row_bytes..(r + 1) * row_bytes];
-                    for (b, src) in row.chunks_exact(block_bytes).enumerate() {
+                for j in 0..GROUP_ROWS.min(rows - g * GROUP_ROWS) {
+                    let src_row = row(g * GROUP_ROWS + j);
+                    for (b, src) in src_row.chunks_exact(block_bytes).enumerate() {
                         let records = &mut dst[b * span..(b + 1) * span];
-                        pack_block(w.dtype, kind, src, j, records);
+                        pack_block(dtype, kind, src, j, records);
                     }
                 }
             });
         }
         Some(PackedMatrix {
-            dtype: w.dtype,
+            dtype,
             kind,
-            rows: w.rows,
-            cols: w.cols,
+            rows,
+            cols,
             lines,
         })
+    }
+
+    /// Rows `first..first + rows` of this matrix as a matrix of their own, for the grouped
+    /// products (a stacked expert); `first` and `rows` must be whole row groups.
+    pub fn row_range(&self, first: usize, rows: usize) -> PackedRows<'_> {
+        assert!(
+            first.is_multiple_of(GROUP_ROWS)
+                && rows.is_multiple_of(GROUP_ROWS)
+                && first + rows <= self.rows,
+            "row_range: rows {first}..{} are not whole groups of the {} rows",
+            first + rows,
+            self.rows
+        );
+        PackedRows {
+            matrix: self,
+            first_group: first / GROUP_ROWS,
+            rows,
+        }
     }
 
     pub fn dtype(&self) -> DType {
@@ -162,6 +218,35 @@ impl PackedMatrix {
     pub(crate) fn group(&self, g: usize) -> &[u8] {
         let n = self.blocks() * self.record_bytes() / 64;
         lines_as_bytes_ref(&self.lines[g * n..(g + 1) * n])
+    }
+}
+
+/// Rows of a [`PackedMatrix`] taken as a matrix: all of it, or whole row groups of it
+/// ([`PackedMatrix::row_range`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PackedRows<'a> {
+    pub(crate) matrix: &'a PackedMatrix,
+    /// The first row group of the range.
+    pub(crate) first_group: usize,
+    pub(crate) rows: usize,
+}
+
+impl PackedRows<'_> {
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.matrix.cols
+    }
+}
+
+impl<'a> From<&'a PackedMatrix> for PackedRows<'a> {
+    fn from(matrix: &'a PackedMatrix) -> Self {
+        PackedRows {
+            matrix,
+            first_group: 0,
+            rows: matrix.rows,
+        }
     }
 }
 

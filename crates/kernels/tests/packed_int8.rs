@@ -302,7 +302,7 @@ proptest! {
                 .iter()
                 .zip(&xqs)
                 .zip(ys.iter_mut())
-                .map(|((w, xq), y)| GroupedProduct { w, xq, y: &mut y[..] })
+                .map(|((w, xq), y)| GroupedProduct { w: w.into(), xq, y: &mut y[..] })
                 .collect();
             matmuls_quantized_grouped(isa, pool(threads), &mut products);
             for ((w, xq), y) in packed.iter().zip(&xqs).zip(&ys) {
@@ -310,6 +310,52 @@ proptest! {
                 matmul_quantized_with(isa, pool(1), w, xq, &mut alone);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 prop_assert_eq!(bits(y), bits(&alone), "{}", isa);
+            }
+        }
+    }
+
+    /// Matrices packed stacked in one allocation (a layer's experts) give, as row ranges,
+    /// the bits of each packed alone.
+    #[test]
+    fn stacked_matrices_equal_each_packed_alone(
+        groups in prop::collection::vec(1usize..4, 1..5),
+        n_tokens in 1usize..4,
+        seed in any::<u64>(),
+    ) {
+        let (dtype, cols) = (DType::Q4_K, 256);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let row_bytes = dtype.bytes_for(cols).unwrap();
+        let data: Vec<Vec<u8>> = groups
+            .iter()
+            .map(|&g| {
+                let mut data = vec![0u8; 16 * g * row_bytes];
+                for row in data.chunks_exact_mut(row_bytes) {
+                    let v: Vec<f32> = (0..cols).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+                    quantize_row(dtype, &v, row);
+                }
+                data
+            })
+            .collect();
+        let views: Vec<WeightView<'_>> = groups
+            .iter()
+            .zip(&data)
+            .map(|(&g, d)| WeightView::new(dtype, 16 * g, cols, d).unwrap())
+            .collect();
+        let stacked = PackedMatrix::pack_stacked(&views, pool(2)).unwrap();
+        let x: Vec<f32> = (0..n_tokens * cols).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+        for isa in Isa::available().into_iter().filter(|i| !i.is_exact()) {
+            let xq = QuantizedRows::quantize_with(isa, pool(1), &x, n_tokens, cols);
+            let mut first = 0;
+            for view in &views {
+                let alone = PackedMatrix::pack(view, pool(1)).unwrap();
+                let mut want = vec![f32::NAN; n_tokens * view.rows];
+                matmul_quantized_with(isa, pool(1), &alone, &xq, &mut want);
+                let mut got = vec![f32::NAN; n_tokens * view.rows];
+                let w = stacked.row_range(first, view.rows);
+                matmuls_quantized_grouped(isa, pool(2), &mut [GroupedProduct { w, xq: &xq, y: &mut got }]);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                prop_assert_eq!(bits(&got), bits(&want), "{}", isa);
+                first += view.rows;
             }
         }
     }

@@ -6,17 +6,25 @@
 use std::collections::HashMap;
 
 use tandem_kernels::ops::rms_norm;
-use tandem_kernels::packed::{matmuls_quantized_with, QuantizedRows};
+use tandem_kernels::packed::{
+    matmuls_quantized_grouped, matmuls_quantized_with, GroupedProduct, QuantizedRows,
+};
 use tandem_kernels::parallel::for_each_chunk_mut;
-use tandem_kernels::{matmul, Isa, PackedMatrix, ThreadPool};
+use tandem_kernels::{matmul, Isa, PackedMatrix, PackedRows, ThreadPool};
 
-use crate::transformer::{GatedMlp, ModelWeights};
+use crate::transformer::{FeedForward, GatedMlp, ModelWeights};
 use crate::weights::{TensorHandle, TensorSet};
 
 /// Packed copies of the matrices whose type has int8 kernels, by tensor.
 #[derive(Debug)]
 pub(crate) struct PackedWeights {
     by_tensor: HashMap<TensorHandle, PackedMatrix>,
+    /// A mixture of experts' matrices, one stack per layer and part (gate, up, down): all
+    /// experts' matrices in one allocation that huge pages back
+    /// ([`PackedMatrix::pack_stacked`]).
+    stacks: Vec<PackedMatrix>,
+    /// Where each stacked expert matrix lives: its stack, first row and rows.
+    in_stack: HashMap<TensorHandle, (usize, usize, usize)>,
     /// The kernel variant every product of this model runs with.
     isa: Isa,
 }
@@ -31,13 +39,32 @@ impl PackedWeights {
         pool: &ThreadPool,
         isa: Isa,
     ) -> Self {
-        let mut by_tensor = HashMap::new();
+        let mut packed = PackedWeights {
+            by_tensor: HashMap::new(),
+            stacks: Vec::new(),
+            in_stack: HashMap::new(),
+            isa,
+        };
         if isa.is_exact() {
-            return PackedWeights { by_tensor, isa };
+            return packed;
         }
+        for layer in &w.layers {
+            if let FeedForward::Experts(e) = &layer.mlp {
+                let parts: [fn(&GatedMlp) -> TensorHandle; 3] = [|m| m.gate, |m| m.up, |m| m.down];
+                for part in parts {
+                    let hs: Vec<TensorHandle> = e.experts.iter().map(part).collect();
+                    packed.stack(tensors, &hs, pool);
+                }
+            }
+        }
+        let PackedWeights {
+            by_tensor,
+            in_stack,
+            ..
+        } = &mut packed;
         let layers = w.layers.iter().flat_map(|l| l.projections());
         for h in layers.chain([w.lm_head]) {
-            if by_tensor.contains_key(&h) {
+            if by_tensor.contains_key(&h) || in_stack.contains_key(&h) {
                 continue;
             }
             let view = tensors
@@ -49,7 +76,32 @@ impl PackedWeights {
                 by_tensor.insert(h, packed);
             }
         }
-        PackedWeights { by_tensor, isa }
+        packed
+    }
+
+    /// Packs the matrices `hs` (one per expert) as one stack, if they stack (see
+    /// [`PackedMatrix::pack_stacked`]); else leaves them to be packed one by one.
+    fn stack(&mut self, tensors: &TensorSet, hs: &[TensorHandle], pool: &ThreadPool) {
+        let views: Vec<_> = hs
+            .iter()
+            .map(|&h| {
+                tensors
+                    .by_handle(h)
+                    .matrix()
+                    .expect("matrix shapes are validated at load time")
+            })
+            .collect();
+        let Some(stack) = PackedMatrix::pack_stacked(&views, pool) else {
+            return;
+        };
+        let index = self.stacks.len();
+        let mut first = 0;
+        for (&h, view) in hs.iter().zip(&views) {
+            tensors.release_pages(h);
+            self.in_stack.insert(h, (index, first, view.rows));
+            first += view.rows;
+        }
+        self.stacks.push(stack);
     }
 
     /// The kernel variant of this model's products.
@@ -70,12 +122,16 @@ impl PackedWeights {
         n: usize,
         xq: &mut QuantizedRows,
     ) {
-        match self.by_tensor.get(&h) {
-            Some(p) => {
-                xq.quantize_into_with(self.isa, pool, x, n, p.cols());
-                matmuls_quantized_with(self.isa, pool, [p], xq, [y]);
-            }
-            None => exact_matmul(self.isa, tensors, pool, h, x, y, n),
+        if let Some(p) = self.by_tensor.get(&h) {
+            xq.quantize_into_with(self.isa, pool, x, n, p.cols());
+            matmuls_quantized_with(self.isa, pool, [p], xq, [y]);
+        } else if let Some(w) = self.packed(h) {
+            // A stacked expert (a mixture whose other matrices did not all pack).
+            xq.quantize_into_with(self.isa, pool, x, n, w.cols());
+            let product = GroupedProduct { w, xq, y };
+            matmuls_quantized_grouped(self.isa, pool, &mut [product]);
+        } else {
+            exact_matmul(self.isa, tensors, pool, h, x, y, n);
         }
     }
 
@@ -138,16 +194,20 @@ impl PackedWeights {
         }
     }
 
-    /// The packed copy of matrix `h`, if it was packed.
-    pub(crate) fn packed(&self, h: TensorHandle) -> Option<&PackedMatrix> {
-        self.by_tensor.get(&h)
+    /// The packed copy of matrix `h`, alone or in a stack, if it was packed.
+    pub(crate) fn packed(&self, h: TensorHandle) -> Option<PackedRows<'_>> {
+        if let Some(m) = self.by_tensor.get(&h) {
+            return Some(m.into());
+        }
+        let &(stack, first, rows) = self.in_stack.get(&h)?;
+        Some(self.stacks[stack].row_range(first, rows))
     }
 
     /// Whether every matrix of every gated MLP in `mlps` was packed.
     pub(crate) fn all_packed_slice(&self, mlps: &[GatedMlp]) -> bool {
         mlps.iter()
             .flat_map(|m| [m.gate, m.up, m.down])
-            .all(|h| self.by_tensor.contains_key(&h))
+            .all(|h| self.by_tensor.contains_key(&h) || self.in_stack.contains_key(&h))
     }
 
     /// The packed copies of all of `hs`, if every one was packed.
@@ -161,7 +221,12 @@ impl PackedWeights {
 
     /// Bytes held by the packed copies.
     pub(crate) fn bytes(&self) -> usize {
-        self.by_tensor.values().map(PackedMatrix::bytes).sum()
+        let stacks = self.stacks.iter().map(PackedMatrix::bytes);
+        self.by_tensor
+            .values()
+            .map(PackedMatrix::bytes)
+            .chain(stacks)
+            .sum()
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::ops::Range;
 
-use super::{PackedMatrix, QuantizedRows, GROUP_ROWS};
+use super::{PackedRows, QuantizedRows, GROUP_ROWS};
 use crate::isa::Isa;
 use crate::matmul::{with_scratch, ColumnsMut, SendPtr};
 use crate::simd::Kernels;
@@ -14,7 +14,7 @@ use crate::ThreadPool;
 /// One product of a grouped job: `y = xq · wᵀ` (`y`: `[xq.n_tokens(), w.rows()]`).
 #[derive(Debug)]
 pub struct GroupedProduct<'a> {
-    pub w: &'a PackedMatrix,
+    pub w: PackedRows<'a>,
     pub xq: &'a QuantizedRows,
     pub y: &'a mut [f32],
 }
@@ -32,7 +32,7 @@ pub fn matmuls_quantized_grouped(isa: Isa, pool: &ThreadPool, products: &mut [Gr
     for p in products.iter() {
         assert_eq!(
             p.xq.cols(),
-            p.w.cols,
+            p.w.cols(),
             "grouped product: x must have the matrix's columns"
         );
         assert_eq!(
@@ -58,7 +58,7 @@ pub fn matmuls_quantized_grouped(isa: Isa, pool: &ThreadPool, products: &mut [Gr
                 .map(|g| (i, g..(g + per_task).min(n))),
         );
     }
-    let bases: Vec<(SendPtr, &PackedMatrix, &QuantizedRows)> = products
+    let bases: Vec<(SendPtr, PackedRows<'_>, &QuantizedRows)> = products
         .iter_mut()
         .map(|p| (SendPtr(p.y.as_mut_ptr()), p.w, p.xq))
         .collect();
@@ -74,7 +74,7 @@ pub fn matmuls_quantized_grouped(isa: Isa, pool: &ThreadPool, products: &mut [Gr
         let mut out = unsafe { ColumnsMut::new(SendPtr(base.0), n_tokens, w.rows, columns) };
         with_scratch(n_tokens * GROUP_ROWS, |tile| {
             for group in g.clone() {
-                kernels.packed_group(w, group, xq, tile);
+                kernels.packed_group(w.matrix, w.first_group + group, xq, tile);
                 let first = group * GROUP_ROWS;
                 let live = GROUP_ROWS.min(w.rows - first);
                 for (t, lanes) in tile.chunks_exact(GROUP_ROWS).enumerate() {
