@@ -119,11 +119,12 @@ fn experts(md: &Metadata, arch: &str) -> Result<MixtureOfExperts> {
             reason: format!("is {n}: shared experts are not supported"),
         });
     }
-    // llama.cpp's gating functions: 1 softmax, 2 sigmoid.
-    if let Some(g) = md.opt_u32(&key("expert_gating_func"))?.filter(|&g| g != 1) {
+    // llama.cpp's gating functions: 0 unset (softmax for these architectures), 1 softmax,
+    // 2 sigmoid, 3 softmax over the chosen experts' weights.
+    if let Some(g) = md.opt_u32(&key("expert_gating_func"))?.filter(|&g| g > 1) {
         return Err(ModelError::Hyperparameter {
             key: key("expert_gating_func"),
-            reason: format!("is {g}: only softmax gating (1) is supported"),
+            reason: format!("is {g}: only softmax gating (0 or 1) is supported"),
         });
     }
     let expert_ffn = match md.opt_u32(&key("expert_feed_forward_length"))? {

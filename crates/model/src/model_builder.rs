@@ -91,10 +91,31 @@ fn split_experts(c: &ModelConfig, moe: &MixtureOfExperts, tensors: &mut TensorSe
             let views: Vec<String> = (0..moe.num_experts)
                 .map(|e| NameScheme::Gguf.expert(c.architecture, i, e, part))
                 .collect();
-            tensors.split_outer(&NameScheme::merged_experts(i, part), &views)?;
+            let merged = NameScheme::merged_experts(i, part);
+            if tensors.get(&merged).is_none() && tensors.get(&legacy_expert(i, part)).is_some() {
+                return Err(ModelError::BadTensor {
+                    name: legacy_expert(i, part),
+                    reason: "one tensor per expert is an old Mixtral GGUF layout, which tandem \
+                             does not read: convert the model again with a current llama.cpp \
+                             (experts merged into `ffn_*_exps`)"
+                        .into(),
+                });
+            }
+            tensors.split_outer(&merged, &views)?;
         }
     }
     Ok(())
+}
+
+/// Expert 0's tensor in the per-expert GGUF layout of early Mixtral conversions
+/// (`blk.i.ffn_gate.0.weight`).
+fn legacy_expert(i: usize, part: ExpertPart) -> String {
+    let name = match part {
+        ExpertPart::Gate => "ffn_gate",
+        ExpertPart::Up => "ffn_up",
+        ExpertPart::Down => "ffn_down",
+    };
+    format!("blk.{i}.{name}.0.weight")
 }
 
 /// Layer `i`'s feed-forward matrices: one gated MLP, or a router and its experts.

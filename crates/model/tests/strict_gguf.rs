@@ -479,6 +479,16 @@ fn expert_corruptions_name_the_key_or_tensor() {
         .set("llama.expert_gating_func", U32(2))
         .error();
     assert!(msg.contains("llama.expert_gating_func"), "{msg}");
+    Tiny::mixtral()
+        .set("llama.expert_gating_func", U32(0))
+        .load()
+        .expect("0 (unset) gating is softmax");
+    // Early Mixtral conversions stored one tensor per expert.
+    let legacy = Tiny::mixtral()
+        .without("blk.0.ffn_gate_exps.weight")
+        .with(f32_tensor("blk.0.ffn_gate.0.weight".into(), &[H, FF], 4));
+    let (_, msg) = legacy.error();
+    assert!(msg.contains("old Mixtral GGUF layout"), "{msg}");
     // With no experts declared, the file reads as a dense Llama whose MLP is missing.
     let (e, _) = Tiny::mixtral().set("llama.expert_count", U32(0)).error();
     assert!(matches!(e, ModelError::MissingTensor(_)), "{e:?}");

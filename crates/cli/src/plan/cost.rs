@@ -78,7 +78,11 @@ impl Roofline<'_> {
         let weight_bytes = s.weight_bytes_per_step(self.hw.bytes_per_weight(), tokens);
         let matmul = s.matmul_flops(tokens, rows);
         let weights_s = weight_bytes / self.hw.bandwidth;
-        let matmul_s = matmul / self.hw.matmul_flops(tokens);
+        // A mixture's experts each see only their share of the step's tokens, so their
+        // products run at the rate of that many rows.
+        let expert = s.picked_expert_flops(tokens);
+        let matmul_s = (matmul - expert) / self.hw.matmul_flops(tokens)
+            + expert / self.hw.matmul_flops(s.rows_per_expert(tokens));
         let kv_s = kv_bytes / self.hw.bandwidth;
         StepCost {
             tokens,

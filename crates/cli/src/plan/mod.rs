@@ -172,6 +172,12 @@ pub fn run(a: PlanArgs) -> Result<()> {
         None => saved_profile(&cache.join(CALIBRATION_FILE), threads)?,
     };
     let (model_name, shape, packs, host) = load_shape(&a)?;
+    if hw.kind == DeviceKind::Gpu && shape.experts > 0 {
+        eprintln!(
+            "tandem: note: tandem's CUDA runner does not run mixtures of experts yet; this plan \
+             is what the hardware's roofline allows"
+        );
+    }
     let kv_dtype = match (a.engine.kv_cache_dtype, hw.kind) {
         (Some(d), _) => d,
         (None, DeviceKind::Gpu) => KvDtype::Bf16,

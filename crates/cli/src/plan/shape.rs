@@ -118,6 +118,27 @@ impl ModelShape {
         2.0 * (self.layer_params as f64 * tokens + self.lm_head_params as f64 * rows)
     }
 
+    /// Of [`ModelShape::matmul_flops`] for `tokens` tokens, the experts' part (0 when dense).
+    pub fn picked_expert_flops(&self, tokens: f64) -> f64 {
+        if self.experts == 0 {
+            return 0.0;
+        }
+        let per_token =
+            self.expert_params as f64 * self.experts_picked as f64 / self.experts as f64;
+        2.0 * per_token * tokens
+    }
+
+    /// Rows an expert's products see in a step of `tokens` tokens, on average over the
+    /// experts the step reads.
+    pub fn rows_per_expert(&self, tokens: f64) -> f64 {
+        if self.experts == 0 {
+            return tokens;
+        }
+        let picks = tokens * self.experts_picked as f64;
+        let read = self.experts as f64 * self.expert_share_read(tokens);
+        (picks / read.max(1.0)).max(1.0)
+    }
+
     /// Attention FLOPs of one token attending `context` positions (scores and the weighted
     /// sum of values, every head of every layer).
     pub fn attention_flops(&self, context: f64) -> f64 {
@@ -198,5 +219,11 @@ mod tests {
         let many = s.weight_bytes_per_step(Some(2.0), 1e6);
         assert!((many - 2.0 * stored as f64).abs() < 1e-6 * many, "{many}");
         assert!(s.weight_bytes_per_step(None, 4.0) > s.weight_bytes_per_step(None, 1.0));
+        // A token's k experts each see it alone; many tokens share each expert.
+        assert_eq!(s.rows_per_expert(1.0), 1.0);
+        let (e, k) = (m.num_experts as f64, m.experts_per_token as f64);
+        assert!((s.rows_per_expert(1e6) - 1e6 * k / e).abs() < 1e-3);
+        let picked = c.num_layers * m.experts_per_token * expert;
+        assert_eq!(s.picked_expert_flops(3.0), 2.0 * 3.0 * picked as f64);
     }
 }

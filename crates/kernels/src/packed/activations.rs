@@ -178,6 +178,17 @@ impl QuantizedRows {
         self.scales.resize(x_len / BLOCK, BlockScale::default());
     }
 
+    /// Gives back the memory beyond the rows now held when it exceeds `slack` bytes (a buffer
+    /// that once held a long prefill chunk need not keep that size for the decode steps).
+    pub fn release_excess(&mut self, slack: usize) {
+        let spare = (self.q.capacity() - self.q.len())
+            + (self.scales.capacity() - self.scales.len()) * std::mem::size_of::<BlockScale>();
+        if spare > slack {
+            self.q.shrink_to_fit();
+            self.scales.shrink_to_fit();
+        }
+    }
+
     /// Number of token rows.
     pub fn n_tokens(&self) -> usize {
         self.q.len().checked_div(self.cols).unwrap_or(0)

@@ -276,8 +276,17 @@ impl Model {
             }
         }
         matmuls_quantized_grouped(isa, &self.pool, &mut products);
+        // Each expert's buffers keep what this step used plus a little: otherwise every
+        // expert would keep the most rows it ever received (E of them after long prefills).
+        for xq in xq_in.iter_mut().chain(xq_mid.iter_mut()) {
+            xq.release_excess(EXPERT_ROWS_SLACK);
+        }
     }
 }
+
+/// Bytes an expert's quantized rows may hold beyond the current step's before they are given
+/// back: enough that decode and short prefill steps never reallocate.
+const EXPERT_ROWS_SLACK: usize = 256 << 10;
 
 /// `buf` (`[rows, width]`) cut into the row ranges `starts[e]..starts[e + 1]`, one slice per
 /// expert `e`.
