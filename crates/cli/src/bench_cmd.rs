@@ -82,10 +82,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let lm = a.model.load()?;
     let (config, num_params) = (lm.host.config.clone(), lm.host.num_params());
-    // A mixture of experts reads only the experts its tokens pick.
-    let experts_unread =
-        |b: usize| lm.host.expert_bytes() as f64 * (1.0 - config.expert_share_read(b)) / 1e9;
-    let experts_unread: Vec<f64> = a.batches.iter().map(|&b| experts_unread(b)).collect();
+    // Weights a decode step reads: a mixture of experts reads only the experts its tokens pick.
+    let read_gb: Vec<f64> = a
+        .batches
+        .iter()
+        .map(|&b| lm.host.weight_bytes_read(b) / 1e9)
+        .collect();
     let step_tokens = a.engine.max_num_batched_tokens.unwrap_or(8192).max(1);
     let block_size = a.engine.block_size as usize;
     let mut pool_blocks = 1;
@@ -103,14 +105,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     // One runner whose pool holds the largest configuration; each uses blocks `0..`.
     let prepared = PreparedModel::new(lm.host, &a.model, a.engine.kv_cache_dtype)?;
-    let (kv_dtype, weight_bytes) = (prepared.kv_dtype(), prepared.weight_bytes());
+    let kv_dtype = prepared.kv_dtype();
     let kernels = prepared.kernels_name();
     let runner = prepared.into_runner(block_size, Some(pool_blocks))?;
     let mut runner = TracedRunner::wrap(runner, a.engine.trace.as_deref(), a.engine.trace_steps);
-    for (&b, unread_gb) in a.batches.iter().zip(&experts_unread) {
+    for (&b, &weights_gb) in a.batches.iter().zip(&read_gb) {
         for &p in &a.prompt_lens {
             let m = measure(runner.as_mut(), b, p, a.gen_len, step_tokens)?;
-            let weights_gb = weight_bytes as f64 / 1e9 - unread_gb;
             // Every decode step reads each sequence's keys and values over its context
             // (`p + step + 1` positions): on average `p + (g + 1) / 2`.
             let c = &config;

@@ -60,7 +60,7 @@ pub use grouped::{matmuls_quantized_grouped, GroupedProduct};
 pub(crate) use record::RecordKind;
 
 use crate::isa::{self, Isa};
-use crate::matmul::{for_each_column_chunk_of, with_scratch, ColumnSplit, WeightView};
+use crate::matmul::{for_each_column_chunk_of, with_scratch, ColumnSplit, ColumnsMut, WeightView};
 use crate::simd::Kernels;
 use crate::{DType, ThreadPool};
 
@@ -514,18 +514,30 @@ pub fn matmuls_quantized_with<const N: usize>(
     };
     let rows = ws.map(|w| w.rows);
     for_each_column_chunk_of(pool, ys, n_tokens, rows, split, |m, rows, out| {
-        let w = ws[m];
-        with_scratch(n_tokens * GROUP_ROWS, |tile| {
-            // tile: [n_tokens, 16]
-            for g in group_range(&rows) {
-                kernels.packed_group(w, g, xq, tile);
-                let first = g * GROUP_ROWS;
-                let live = GROUP_ROWS.min(w.rows - first);
-                for (t, lanes) in tile.chunks_exact(GROUP_ROWS).enumerate() {
-                    out.set_run(t, first - rows.start, &lanes[..live]);
-                }
+        product_groups(&kernels, ws[m].into(), group_range(&rows), xq, out);
+    });
+}
+
+/// Rows `groups` (row groups of `w`) of the product `xq · wᵀ` into `out`, whose columns start
+/// at the first group's first row: the one loop of every int8 product, alone or grouped.
+pub(crate) fn product_groups(
+    kernels: &Kernels,
+    w: PackedRows<'_>,
+    groups: Range<usize>,
+    xq: &QuantizedRows,
+    out: &mut ColumnsMut<'_>,
+) {
+    let start = groups.start * GROUP_ROWS;
+    with_scratch(xq.n_tokens() * GROUP_ROWS, |tile| {
+        // tile: [n_tokens, 16]
+        for g in groups {
+            kernels.packed_group(w.matrix, w.first_group + g, xq, tile);
+            let first = g * GROUP_ROWS;
+            let live = GROUP_ROWS.min(w.rows - first);
+            for (t, lanes) in tile.chunks_exact(GROUP_ROWS).enumerate() {
+                out.set_run(t, first - start, &lanes[..live]);
             }
-        });
+        }
     });
 }
 

@@ -242,6 +242,16 @@ pub struct MixtureOfExperts {
     pub normalize_top_k: bool,
 }
 
+impl MixtureOfExperts {
+    /// The share of a layer's experts that a step of `tokens` tokens reads, expected when each
+    /// token picks its experts independently and uniformly: `1 - (1 - k/E)^tokens`. Routing
+    /// that gives a batch's tokens correlated experts reads fewer.
+    pub fn share_read(&self, tokens: f64) -> f64 {
+        let miss = 1.0 - self.experts_per_token as f64 / self.num_experts as f64;
+        1.0 - miss.powf(tokens.max(1.0))
+    }
+}
+
 impl BlockFeatures {
     /// The attention window of layer `l`, if it slides.
     pub fn window(&self, l: usize) -> Option<usize> {
@@ -397,17 +407,12 @@ impl ModelConfig {
         }
     }
 
-    /// The share of a layer's experts that a step of `tokens` tokens reads, expected when each
-    /// token picks its experts independently and uniformly: `1 - (1 - k/E)^tokens` (1 for a
-    /// dense model). Trained routers are less uniform, so fewer experts are read in practice.
+    /// The share of a layer's experts that a step of `tokens` tokens reads (1 for a dense
+    /// model; see [`MixtureOfExperts::share_read`]).
     pub fn expert_share_read(&self, tokens: usize) -> f64 {
-        match &self.features.moe {
-            None => 1.0,
-            Some(m) => {
-                let miss = 1.0 - m.experts_per_token as f64 / m.num_experts as f64;
-                1.0 - miss.powi(tokens.min(i32::MAX as usize) as i32)
-            }
-        }
+        self.features
+            .moe
+            .map_or(1.0, |m| m.share_read(tokens as f64))
     }
 
     /// Width of the q projection output: `num_heads * head_dim`.

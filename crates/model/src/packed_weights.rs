@@ -189,9 +189,7 @@ impl PackedWeights {
         for_each_chunk_mut(pool, xn, hidden, |t, row| {
             rms_norm(&x[t * hidden..(t + 1) * hidden], weight, eps, row)
         });
-        for (h, y) in hs.into_iter().zip(ys) {
-            self.matmul(tensors, pool, h, xn, y, n, xq);
-        }
+        self.matmuls(tensors, pool, hs, xn, ys, n, xq);
     }
 
     /// The packed copy of matrix `h`, alone or in a stack, if it was packed.

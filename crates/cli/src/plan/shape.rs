@@ -4,6 +4,7 @@
 //! uploads them).
 
 use serde::Serialize;
+use tandem_model::config::MixtureOfExperts;
 use tandem_model::host_model::HostModel;
 use tandem_model::ModelConfig;
 
@@ -99,7 +100,13 @@ impl ModelShape {
         if self.experts == 0 {
             return 1.0;
         }
-        1.0 - (1.0 - self.experts_picked as f64 / self.experts as f64).powf(tokens.max(1.0))
+        let moe = MixtureOfExperts {
+            num_experts: self.experts,
+            experts_per_token: self.experts_picked,
+            expert_ffn: 0,
+            normalize_top_k: false,
+        };
+        moe.share_read(tokens)
     }
 
     /// Bytes of keys and values one token adds to the cache (all layers).

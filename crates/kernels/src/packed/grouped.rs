@@ -5,9 +5,9 @@
 
 use std::ops::Range;
 
-use super::{PackedRows, QuantizedRows, GROUP_ROWS};
+use super::{product_groups, PackedRows, QuantizedRows, GROUP_ROWS};
 use crate::isa::Isa;
-use crate::matmul::{with_scratch, ColumnsMut, SendPtr};
+use crate::matmul::{ColumnsMut, SendPtr};
 use crate::simd::Kernels;
 use crate::ThreadPool;
 
@@ -72,15 +72,6 @@ pub fn matmuls_quantized_grouped(isa: Isa, pool: &ThreadPool, products: &mut [Gr
         // ranges of its output, and `ThreadPool::run` calls each task exactly once; every
         // write is bounds-checked against the range and `n_tokens`.
         let mut out = unsafe { ColumnsMut::new(SendPtr(base.0), n_tokens, w.rows, columns) };
-        with_scratch(n_tokens * GROUP_ROWS, |tile| {
-            for group in g.clone() {
-                kernels.packed_group(w.matrix, w.first_group + group, xq, tile);
-                let first = group * GROUP_ROWS;
-                let live = GROUP_ROWS.min(w.rows - first);
-                for (t, lanes) in tile.chunks_exact(GROUP_ROWS).enumerate() {
-                    out.set_run(t, first - g.start * GROUP_ROWS, &lanes[..live]);
-                }
-            }
-        });
+        product_groups(&kernels, w, g.clone(), xq, &mut out);
     });
 }

@@ -239,42 +239,41 @@ impl Model {
         };
         quantize(xq_in, rows_in, h);
         let packed = |m: TensorHandle| self.packed.packed(m).expect("checked: all packed");
-        {
-            let mut gates = split_rows_mut(gate, starts, ff).into_iter();
-            let mut ups = split_rows_mut(up, starts, ff).into_iter();
-            let mut products = Vec::with_capacity(2 * n_experts);
-            for (e, mlp) in w.experts.iter().enumerate() {
-                let (g, u) = (gates.next(), ups.next());
-                if let (Some(g), Some(u)) = (g, u) {
-                    if starts[e] < starts[e + 1] {
-                        let xq = &xq_in[e];
-                        products.push(GroupedProduct {
-                            w: packed(mlp.gate),
-                            xq,
-                            y: g,
-                        });
-                        products.push(GroupedProduct {
-                            w: packed(mlp.up),
-                            xq,
-                            y: u,
-                        });
-                    }
-                }
+        // The experts no token chose have empty rows and are left out.
+        let mut products = Vec::with_capacity(2 * n_experts);
+        let parts = split_rows_mut(gate, starts, ff)
+            .into_iter()
+            .zip(split_rows_mut(up, starts, ff));
+        for ((mlp, xq), (g, u)) in w.experts.iter().zip(xq_in.iter()).zip(parts) {
+            if !g.is_empty() {
+                products.push(GroupedProduct {
+                    w: packed(mlp.gate),
+                    xq,
+                    y: g,
+                });
+                products.push(GroupedProduct {
+                    w: packed(mlp.up),
+                    xq,
+                    y: u,
+                });
             }
-            matmuls_quantized_grouped(isa, &self.pool, &mut products);
         }
+        matmuls_quantized_grouped(isa, &self.pool, &mut products);
         self.activate(gate, up, ff);
         quantize(xq_mid, gate, ff);
-        let mut outs = split_rows_mut(rows_out, starts, h).into_iter();
-        let mut products = Vec::with_capacity(n_experts);
-        for (e, mlp) in w.experts.iter().enumerate() {
-            if let Some(y) = outs.next() {
-                if starts[e] < starts[e + 1] {
-                    let (w, xq) = (packed(mlp.down), &xq_mid[e]);
-                    products.push(GroupedProduct { w, xq, y });
-                }
-            }
-        }
+        let outs = split_rows_mut(rows_out, starts, h);
+        let mut products: Vec<_> = w
+            .experts
+            .iter()
+            .zip(xq_mid.iter())
+            .zip(outs)
+            .filter(|(_, y)| !y.is_empty())
+            .map(|((mlp, xq), y)| GroupedProduct {
+                w: packed(mlp.down),
+                xq,
+                y,
+            })
+            .collect();
         matmuls_quantized_grouped(isa, &self.pool, &mut products);
         // Each expert's buffers keep what this step used plus a little: otherwise every
         // expert would keep the most rows it ever received (E of them after long prefills).
