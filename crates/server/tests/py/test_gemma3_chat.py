@@ -14,27 +14,16 @@ Exit status: 0 when every check passes, 1 on a failed check, 3 when the `openai`
 missing or is not the release `--openai-version` names.
 """
 
-import argparse
 import json
-import sys
 import urllib.request
 
-try:
-    import openai
-except ImportError:
-    print("the `openai` Python package is missing (the Rust test installs the pinned release;"
-          " by hand: pip install openai)", file=sys.stderr)
-    sys.exit(3)
+import driver  # exits 3 when the `openai` package is missing
+from driver import check
 
 MAX_TOKENS = 16
 MIN = 6
 QUESTION = "What is the capital of France? Answer in one word."
 MARKERS = ("<start_of_turn>", "<end_of_turn>", "<eos>", "<bos>")
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
 
 
 def turn(role, text):
@@ -182,16 +171,7 @@ def logprobs(client, model, reply):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--base-url", required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--openai-version", help="the `openai` release required")
-    a = p.parse_args()
-    if a.openai_version and openai.__version__ != a.openai_version:
-        print(f"openai {openai.__version__} was imported (from {openai.__file__}),"
-              f" but the checks need {a.openai_version}", file=sys.stderr)
-        sys.exit(3)
-    client = openai.OpenAI(base_url=a.base_url, api_key="none", max_retries=0, timeout=120)
+    a, client = driver.connect()
     end_of_turn(client, a.model, a.base_url)
     reply = greedy(client, a.model, [{"role": "user", "content": QUESTION}])
     template(client, a.model, a.base_url, reply)
@@ -202,8 +182,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print(f"FAILED: {e}", file=sys.stderr)
-        sys.exit(1)
+    driver.run(main)

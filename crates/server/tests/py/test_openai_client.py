@@ -14,24 +14,14 @@ Exit status: 0 when every check passes, 1 on a failed check, 3 when the `openai`
 is missing or is not the release `--openai-version` names.
 """
 
-import argparse
 import json
-import sys
 import threading
 import time
 import urllib.request
 
-try:
-    import openai
-except ImportError:
-    print("the `openai` Python package is missing (the Rust test installs the pinned release;"
-          " by hand: pip install openai)", file=sys.stderr)
-    sys.exit(3)
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
+import driver  # exits 3 when the `openai` package is missing
+import openai
+from driver import check
 
 
 def completions(client, model):
@@ -213,19 +203,13 @@ def limits(client, model, base_url):
     check(done.usage.completion_tokens == 1, "service is normal after a 429")
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--base-url", required=True)
-    p.add_argument("--model", required=True)
+def options(p):
     p.add_argument("--api-key", default="none")
     p.add_argument("--limits", action="store_true")
-    p.add_argument("--openai-version", help="the `openai` release required")
-    a = p.parse_args()
-    if a.openai_version and openai.__version__ != a.openai_version:
-        print(f"openai {openai.__version__} was imported (from {openai.__file__}),"
-              f" but the checks need {a.openai_version}", file=sys.stderr)
-        sys.exit(3)
-    client = openai.OpenAI(base_url=a.base_url, api_key=a.api_key, max_retries=0, timeout=120)
+
+
+def main():
+    a, client = driver.connect(options)
     if a.limits:
         limits(client, a.model, a.base_url)
         print("openai client limit checks passed")
@@ -243,8 +227,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print(f"FAILED: {e}", file=sys.stderr)
-        sys.exit(1)
+    driver.run(main)

@@ -15,11 +15,13 @@ same calls, and a call's result in the history renders.
 Exit status: 0 when every check passes, 1 on a failed check, 3 when a package is missing.
 """
 
-import argparse
 import json
 import re
 import sys
 from typing import Literal
+
+import driver  # exits 3 when the `openai` package is missing
+from driver import check
 
 try:
     import jsonschema
@@ -28,11 +30,6 @@ try:
 except ImportError as e:
     print(f"a Python package is missing: {e}", file=sys.stderr)
     sys.exit(3)
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
 
 
 S = {"type": "string", "maxLength": 12}
@@ -222,16 +219,8 @@ def errors(client, model):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--base-url", required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--openai-version")
-    a = p.parse_args()
-    if a.openai_version and openai.__version__ != a.openai_version:
-        print(f"openai {openai.__version__} is not {a.openai_version}", file=sys.stderr)
-        sys.exit(3)
-    client = openai.OpenAI(base_url=a.base_url, api_key="none", max_retries=0, timeout=300)
+    a, client = driver.connect(lambda p: p.add_argument("--rounds", type=int, default=4),
+                               timeout=300)
     errors(client, a.model)
     n = schemas(client, a.model, a.rounds)
     json_object_and_stream(client, a.model)
@@ -242,8 +231,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print(f"FAILED: {e}", file=sys.stderr)
-        sys.exit(1)
+    driver.run(main)
