@@ -13,6 +13,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use tandem_model::logits::Logits;
 use tandem_model::ModelConfig;
 
+use crate::attention_tiles::{tokens_per_tile, AttentionTiles};
 use crate::batch_layout::BatchLayout;
 use crate::decode_graphs::bucket_for;
 use crate::error::CudaError;
@@ -29,6 +30,12 @@ pub(crate) const LM_TILE: usize = 64;
 /// (token, head, partition) results the attention's partials buffer holds; a batch that
 /// needs more runs its attention in groups of rows.
 pub(crate) const PARTIAL_SLOTS: usize = 1 << 18;
+
+/// Tokens per attention launch: as many as the partials buffer holds at `parts` partitions
+/// per (token, head).
+fn attention_rows(num_heads: usize, parts: usize) -> usize {
+    (PARTIAL_SLOTS / (num_heads * parts)).max(1)
+}
 
 /// Activations of up to `capacity` tokens, plus the LM head's rows.
 #[derive(Debug)]
@@ -111,8 +118,29 @@ impl CudaRunner {
         }
         self.inputs.upload(&l)?;
         let parts = l.max_context().div_ceil(ATTN_PARTITION).max(1);
-        self.queue_layers(n, parts)?;
+        let tiles = self.attention_tiles(&l, parts)?;
+        self.queue_layers(n, parts, tiles.as_ref())?;
         self.lm_head(l.output_rows.clone(), &l.output_slots)
+    }
+
+    /// The attention's tiles of a step with several tokens of a sequence, uploaded; `None`
+    /// for decode steps, whose tiles are single tokens.
+    fn attention_tiles(
+        &mut self,
+        l: &BatchLayout,
+        parts: usize,
+    ) -> Result<Option<AttentionTiles>, CudaError> {
+        if l.is_decode() {
+            return Ok(None);
+        }
+        let c = &self.config;
+        let group = c.num_heads / c.num_kv_heads;
+        let limit = self.kernels.attention_shared_limit();
+        let per_tile = tokens_per_tile(group, c.head_dim, self.dtype.size(), limit);
+        let rows = attention_rows(c.num_heads, parts);
+        let tiles = AttentionTiles::build(&l.token_seq, &l.positions, per_tile, rows);
+        self.inputs.upload_tiles(&tiles.pairs)?;
+        Ok(Some(tiles))
     }
 
     /// Grows the workspace and the input buffers when a batch of `n` tokens with block
@@ -169,7 +197,7 @@ impl CudaRunner {
             let stream = self.device.stream.clone();
             let mut graphs = std::mem::take(&mut self.graphs);
             let recorded = graphs.record(&stream, bucket, || {
-                self.queue_layers(bucket, parts)?;
+                self.queue_layers(bucket, parts, None)?;
                 self.queue_lm_head(bucket)
             });
             self.graphs = graphs;
@@ -185,9 +213,15 @@ impl CudaRunner {
 
     /// Queues every layer over the `n` tokens in the input buffers, ending with the final
     /// norm that stores each token's hidden state. `parts`: context partitions the attention
-    /// launches name (at least the longest context's). Queues only: no host synchronisation
+    /// launches name (at least the longest context's); `tiles`: the attention's tiles, as
+    /// uploaded, or `None` for one token per tile. Queues only: no host synchronisation
     /// and no allocation, so that it can be recorded into a graph.
-    fn queue_layers(&self, n: usize, parts: usize) -> Result<(), CudaError> {
+    fn queue_layers(
+        &self,
+        n: usize,
+        parts: usize,
+        tiles: Option<&AttentionTiles>,
+    ) -> Result<(), CudaError> {
         let s = self.device.stream.clone();
         let inputs = self.inputs.ptrs();
         let c = &self.config;
@@ -204,7 +238,7 @@ impl CudaRunner {
             self.kernels
                 .add_rms_norm(x, prev, ptr(&w.attn_norm, &s), xn, n, h, c.rms_norm_eps)?;
             self.mark("add_rms_norm")?;
-            self.attention(i, &inputs, n, parts)?;
+            self.attention(i, &inputs, n, parts, tiles)?;
             self.mlp(i, n)?;
         }
         let hidden = self.pool.hidden_ptr();
@@ -222,7 +256,14 @@ impl CudaRunner {
     }
 
     /// The attention sub-layer of layer `i` (input: `xn`; output: `delta`).
-    fn attention(&self, i: usize, d: &InputPtrs, n: usize, parts: usize) -> Result<(), CudaError> {
+    fn attention(
+        &self,
+        i: usize,
+        d: &InputPtrs,
+        n: usize,
+        parts: usize,
+        tiles: Option<&AttentionTiles>,
+    ) -> Result<(), CudaError> {
         let (c, s, w) = (&self.config, &self.device.stream, &self.weights.layers[i]);
         let qkv_dim = c.q_dim() + 2 * c.kv_dim();
         let qkv = ptr(&self.ws.qkv, s);
@@ -244,19 +285,27 @@ impl CudaRunner {
         };
         self.kernels.qkv_rope_store(&bufs, self.qkv_shape(w), n)?;
         self.mark("qkv_rope_store")?;
-        let row_groups = (PARTIAL_SLOTS / (c.num_heads * parts)).max(1);
         if c.num_heads * parts > PARTIAL_SLOTS {
             return Err(CudaError::Unsupported(format!(
                 "a context of {} partitions exceeds the attention's partial buffer",
                 parts
             )));
         }
-        let shape = self.attn_shape(parts);
+        let row_groups = attention_rows(c.num_heads, parts);
+        let tile_tokens = tiles.map_or(1, |t| t.tile_tokens);
+        let shape = self.attn_shape(parts, tile_tokens);
         let q_row = (c.q_dim() * 4) as u64;
         let out_row = (c.q_dim() * self.dtype.size()) as u64;
-        for first in (0..n).step_by(row_groups) {
+        for (g, first) in (0..n).step_by(row_groups).enumerate() {
             let rows = row_groups.min(n - first);
             let f = first as u64;
+            let (tile_ptr, num_tiles) = match tiles {
+                Some(t) => {
+                    let range = t.groups[g].clone();
+                    (Some(d.tiles + range.start as u64 * 8), range.len())
+                }
+                None => (None, rows),
+            };
             let attn = AttnBuffers {
                 q: ptr(&self.ws.q, s) + f * q_row,
                 k_cache,
@@ -264,10 +313,12 @@ impl CudaRunner {
                 block_tables: d.block_tables,
                 token_seq: d.token_seq + f * 4,
                 positions: d.positions + f * 4,
+                tiles: tile_ptr,
                 out: ptr(&self.ws.attn, s) + f * out_row,
                 partials: ptr(&self.ws.partials, s),
             };
-            self.kernels.paged_attention(&attn, shape, rows)?;
+            self.kernels
+                .paged_attention(&attn, shape, rows, num_tiles)?;
         }
         self.mark("attention")?;
         let delta = ptr(&self.ws.delta, s);
@@ -315,7 +366,7 @@ impl CudaRunner {
         }
     }
 
-    fn attn_shape(&self, parts: usize) -> AttnShape {
+    fn attn_shape(&self, parts: usize, tile_tokens: usize) -> AttnShape {
         let c = &self.config;
         AttnShape {
             num_heads: c.num_heads as i32,
@@ -325,6 +376,7 @@ impl CudaRunner {
             max_blocks: self.inputs.table_stride as i32,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
             num_parts: parts as i32,
+            tile_tokens: tile_tokens as i32,
         }
     }
 

@@ -10,10 +10,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+    sys, CudaContext, CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
+use crate::attention_tiles::shared_bytes;
 use crate::error::CudaError;
 use crate::nvrtc_cache::load_or_compile;
 use crate::options::CudaDtype;
@@ -98,6 +99,8 @@ pub(crate) struct AttnShape {
     /// Partitions per (token, head) in the partials buffer; at least the longest context
     /// of the launch divided by [`ATTN_PARTITION`], rounded up.
     pub num_parts: i32,
+    /// Most tokens in a tile (see [`crate::attention_tiles`]); 1 without a tile table.
+    pub tile_tokens: i32,
 }
 
 // SAFETY: both are `repr(C)` structs of 4-byte integers and floats, laid out exactly as the
@@ -121,6 +124,10 @@ enum Arg {
 pub(crate) struct Kernels {
     stream: Arc<CudaStream>,
     functions: Vec<CudaFunction>,
+    /// Bytes of dynamic shared memory an attention block may take on this device.
+    attention_shared_limit: usize,
+    /// Bytes of the storage type (`act_t`).
+    act_size: usize,
 }
 
 impl Kernels {
@@ -140,10 +147,27 @@ impl Kernels {
             .iter()
             .map(|name| module.load_function(name))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Kernels {
+        let mut kernels = Kernels {
             stream: stream.clone(),
             functions,
-        })
+            attention_shared_limit: 0,
+            act_size: dtype.size(),
+        };
+        // Blocks may take more than the default 48 KiB of dynamic shared memory only when
+        // the function is told so; allow the attention what the device offers.
+        let optin = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
+        let limit = ctx.attribute(optin)?.max(48 << 10);
+        kernels.function("paged_attention").set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            limit,
+        )?;
+        kernels.attention_shared_limit = limit as usize;
+        Ok(kernels)
+    }
+
+    /// Bytes of dynamic shared memory an attention block may take.
+    pub fn attention_shared_limit(&self) -> usize {
+        self.attention_shared_limit
     }
 
     fn function(&self, name: &str) -> &CudaFunction {
@@ -305,6 +329,9 @@ pub(crate) struct AttnBuffers {
     /// `[n]` i32 each: the sequence and the position of every token.
     pub token_seq: DevPtr,
     pub positions: DevPtr,
+    /// `[tiles, 2]` i32: (first token, count) of every tile, or `None` for tiles of one
+    /// token each (see [`crate::attention_tiles`]).
+    pub tiles: Option<DevPtr>,
     /// `[n, q_dim]` act.
     pub out: DevPtr,
     /// `[n, num_heads, num_parts, head_dim + 2]` f32: per-partition results of tokens whose
@@ -337,13 +364,15 @@ impl Kernels {
         self.launch("qkv_rope_store", (n as u32, heads), threads, &args)
     }
 
-    /// Causal attention of `n` query tokens over the paged cache, then the merge of the
-    /// partitions of tokens whose context spans several (see attention.cu).
+    /// Causal attention of `n` query tokens, in `tiles` blocks per kv head and partition,
+    /// over the paged cache, then the merge of the partitions of tokens whose context spans
+    /// several (see attention.cu).
     pub fn paged_attention(
         &self,
         b: &AttnBuffers,
         shape: AttnShape,
         n: usize,
+        tiles: usize,
     ) -> Result<(), CudaError> {
         let args = [
             Arg::Ptr(b.q),
@@ -352,14 +381,21 @@ impl Kernels {
             Arg::Ptr(b.block_tables),
             Arg::Ptr(b.token_seq),
             Arg::Ptr(b.positions),
+            Arg::Ptr(b.tiles.unwrap_or(0)),
             Arg::Ptr(b.out),
             Arg::Ptr(b.partials),
             Arg::Attn(shape),
         ];
-        let group = (shape.num_heads / shape.num_kv_heads) as u32;
-        let grid = (n as u32, shape.num_kv_heads as u32, shape.num_parts as u32);
-        let shared = group * shape.head_dim as u32 * 4;
-        self.launch_3d("paged_attention", grid, group * 32, shared, &args)?;
+        let group = (shape.num_heads / shape.num_kv_heads) as usize;
+        let tile_tokens = shape.tile_tokens.max(1) as usize;
+        let grid = (
+            tiles as u32,
+            shape.num_kv_heads as u32,
+            shape.num_parts as u32,
+        );
+        let shared = shared_bytes(group, tile_tokens, shape.head_dim as usize, self.act_size);
+        let threads = (32 * group * tile_tokens) as u32;
+        self.launch_3d("paged_attention", grid, threads, shared as u32, &args)?;
         if shape.num_parts <= 1 {
             return Ok(()); // every token wrote its output directly
         }

@@ -9,6 +9,7 @@ use tandem_model::logits::Logits;
 use tandem_model::runner::{KvGeometry, ModelRunner};
 use tandem_model::{ModelConfig, Result as ModelResult};
 
+use crate::attention_tiles::shared_bytes;
 use crate::batch_layout::{slots_of_positions, BatchLayout};
 use crate::decode_graphs::DecodeGraphs;
 use crate::device::Device;
@@ -59,6 +60,7 @@ impl CudaRunner {
         let device = Device::open(o.device_ordinal)?;
         let stream = device.stream.clone();
         let kernels = Kernels::load(&stream, o.dtype, &o.kernel_cache_dir)?;
+        check_shared_memory(&config, o.dtype, kernels.attention_shared_limit())?;
         let gemm = Gemm::new(stream.clone(), o.dtype)?;
         let weights = upload(host, o.dtype, &stream)?;
         let ws = Workspace::new(&stream, &config, o.dtype, o.max_batch_tokens)?;
@@ -188,6 +190,21 @@ fn check_model(c: &ModelConfig) -> Result<(), CudaError> {
         return Err(CudaError::Unsupported(format!(
             "{} query heads per kv head; the attention kernel takes at most {MAX_GQA_GROUP}",
             c.num_heads / c.num_kv_heads
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that an attention block of one token fits the device's shared memory.
+fn check_shared_memory(c: &ModelConfig, dtype: CudaDtype, limit: usize) -> Result<(), CudaError> {
+    let group = c.num_heads / c.num_kv_heads;
+    let need = shared_bytes(group, 1, c.head_dim, dtype.size());
+    if need > limit {
+        return Err(CudaError::Unsupported(format!(
+            "the attention of head_dim {} in {} needs {need} bytes of shared memory per \
+             block; this device allows {limit}",
+            c.head_dim,
+            dtype.name()
         )));
     }
     Ok(())

@@ -35,6 +35,8 @@ pub(crate) struct StepInputs {
     block_tables: CudaSlice<i32>,
     /// `[LOGIT_ROWS]`: slots of the hidden states the LM head reads next.
     output_slots: CudaSlice<i64>,
+    /// `[rows, 2]`: the attention's tiles of a prefill or mixed step (at most one per token).
+    tiles: CudaSlice<i32>,
     half_dim: usize,
     stream: Arc<CudaStream>,
 }
@@ -50,6 +52,7 @@ pub(crate) struct InputPtrs {
     pub sin: DevPtr,
     pub block_tables: DevPtr,
     pub output_slots: DevPtr,
+    pub tiles: DevPtr,
 }
 
 impl StepInputs {
@@ -70,6 +73,7 @@ impl StepInputs {
             sin: stream.alloc_zeros(rows * half_dim)?,
             block_tables: stream.alloc_zeros(rows * table_stride)?,
             output_slots: stream.alloc_zeros(LOGIT_ROWS)?,
+            tiles: stream.alloc_zeros(2 * rows)?,
             half_dim,
             stream: stream.clone(),
         })
@@ -107,6 +111,12 @@ impl StepInputs {
         copy(&s, slots, &mut self.output_slots)
     }
 
+    /// Copies the attention's tile pairs (at most one tile per token the inputs hold).
+    pub fn upload_tiles(&mut self, pairs: &[i32]) -> Result<(), CudaError> {
+        let s = self.stream.clone();
+        copy(&s, pairs, &mut self.tiles)
+    }
+
     pub fn ptrs(&self) -> InputPtrs {
         let s = &self.stream;
         InputPtrs {
@@ -118,6 +128,7 @@ impl StepInputs {
             sin: self.sin.device_ptr(s).0,
             block_tables: self.block_tables.device_ptr(s).0,
             output_slots: self.output_slots.device_ptr(s).0,
+            tiles: self.tiles.device_ptr(s).0,
         }
     }
 
