@@ -408,8 +408,56 @@ fn profiles(runner: &mut CudaRunner, prompt: &[TokenId]) -> Result<Value> {
     Ok(out)
 }
 
+/// Teacher-forced logprobs of `tokens[1..]` computed on the device
+/// (`ModelRunner::forward_logprobs`) against the host's log-softmax of the same forward
+/// pass's logits: they must be bitwise equal. Also times both.
+fn device_logprobs(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
+    let t = Instant::now();
+    let (host, _) = score(runner, tokens, 0)?;
+    let host_ms = t.elapsed().as_secs_f64() * 1e3;
+    let table = blocks(0, tokens.len().div_ceil(BLOCK));
+    let t = Instant::now();
+    let mut device = Vec::new();
+    let mut done = 0;
+    while done < tokens.len() {
+        let n = CHUNK.min(tokens.len() - done);
+        let batch = ForwardBatch::single(
+            tokens[done..done + n].to_vec(),
+            done,
+            table[..(done + n).div_ceil(BLOCK)].to_vec(),
+            OutputSelection::All,
+        );
+        let targets: Vec<Option<TokenId>> = (0..n)
+            .map(|row| tokens.get(done + row + 1).copied())
+            .collect();
+        device.extend(
+            runner
+                .forward_logprobs(&batch, &targets)?
+                .into_iter()
+                .flatten(),
+        );
+        done += n;
+    }
+    let device_ms = t.elapsed().as_secs_f64() * 1e3;
+    let differ = host
+        .iter()
+        .zip(&device)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    let max_abs = host
+        .iter()
+        .zip(&device)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    Ok(json!({
+        "positions": host.len(), "device_positions": device.len(), "differ": differ,
+        "max_abs_diff": max_abs, "host_ms": host_ms, "device_ms": device_ms,
+    }))
+}
+
 fn checks(runner: &mut CudaRunner, seqs: &[Vec<TokenId>]) -> Result<Value> {
     let s = &seqs[0];
+    let logprobs = device_logprobs(runner, s)?;
     let decode = decode_vs_forward(runner, &s[..64.min(s.len())], 32)?;
     let prefix = prefix_and_copy(runner, s)?;
     let invariance = batch_invariance(runner, &s[..256.min(s.len())])?;
@@ -417,6 +465,7 @@ fn checks(runner: &mut CudaRunner, seqs: &[Vec<TokenId>]) -> Result<Value> {
     Ok(json!({
         "describe": runner.describe(), "weight_bytes": runner.weight_bytes(),
         "decode_vs_forward": decode, "prefix": prefix, "batch_invariance": invariance,
+        "device_logprobs": logprobs,
         "timing": timing,
     }))
 }

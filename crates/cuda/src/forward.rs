@@ -62,7 +62,13 @@ pub(crate) struct Workspace {
     /// `[LOGIT_ROWS, h]` storage type: LM head input.
     lm_in: CudaSlice<u8>,
     /// `[LOGIT_ROWS, vocab]` f32.
-    logits: CudaSlice<f32>,
+    pub(crate) logits: CudaSlice<f32>,
+    /// `[LOGIT_ROWS]` each: the targets of rows scored on the device, and each row's
+    /// maximum, softmax sum and target logit (see `device_logprobs.rs`).
+    pub(crate) lp_targets: CudaSlice<i32>,
+    pub(crate) lp_max: CudaSlice<f32>,
+    pub(crate) lp_sum: CudaSlice<f64>,
+    pub(crate) lp_target_logit: CudaSlice<f32>,
 }
 
 impl Workspace {
@@ -90,6 +96,10 @@ impl Workspace {
             act: b(capacity * ff)?,
             lm_in: b(LOGIT_ROWS * h)?,
             logits: f(LOGIT_ROWS * c.vocab_size)?,
+            lp_targets: stream.alloc_zeros::<i32>(LOGIT_ROWS)?,
+            lp_max: f(LOGIT_ROWS)?,
+            lp_sum: stream.alloc_zeros::<f64>(LOGIT_ROWS)?,
+            lp_target_logit: f(LOGIT_ROWS)?,
         })
     }
 }
@@ -101,7 +111,7 @@ fn logits_buffer(len: usize) -> Vec<f32> {
     tandem_kernels::huge_pages::zeroed_vec(len)
 }
 
-fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> DevPtr {
+pub(crate) fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> DevPtr {
     s.device_ptr(stream).0
 }
 
@@ -116,11 +126,17 @@ impl CudaRunner {
         if let Some(bucket) = self.graph_bucket(&l) {
             return self.decode_with_graph(l, bucket);
         }
-        self.inputs.upload(&l)?;
-        let parts = l.max_context().div_ceil(ATTN_PARTITION).max(1);
-        let tiles = self.attention_tiles(&l, parts)?;
-        self.queue_layers(n, parts, tiles.as_ref())?;
+        self.queue_eager(&l)?;
         self.lm_head(l.output_rows.clone(), &l.output_slots)
+    }
+
+    /// Uploads `l` (already fitted by [`CudaRunner::ensure_capacity`] and widened) and
+    /// queues every layer over it eagerly.
+    pub(crate) fn queue_eager(&mut self, l: &BatchLayout) -> Result<(), CudaError> {
+        self.inputs.upload(l)?;
+        let parts = l.max_context().div_ceil(ATTN_PARTITION).max(1);
+        let tiles = self.attention_tiles(l, parts)?;
+        self.queue_layers(l.tokens.len(), parts, tiles.as_ref())
     }
 
     /// The attention's tiles of a step with several tokens of a sequence, uploaded; `None`
@@ -146,7 +162,7 @@ impl CudaRunner {
     /// Grows the workspace and the input buffers when a batch of `n` tokens with block
     /// tables of `max_blocks` does not fit; recorded graphs then read stale addresses and
     /// are dropped.
-    fn ensure_capacity(&mut self, n: usize, max_blocks: usize) -> Result<(), CudaError> {
+    pub(crate) fn ensure_capacity(&mut self, n: usize, max_blocks: usize) -> Result<(), CudaError> {
         let s = self.device.stream.clone();
         if n > self.ws.capacity {
             self.ws = Workspace::new(&s, &self.config, self.dtype, n)?;
@@ -399,7 +415,7 @@ impl CudaRunner {
 
     /// Queues the LM head over the first `rows` (at most [`LOGIT_ROWS`]) output slots of
     /// the inputs, [`LM_TILE`] rows per product, into the logits buffer.
-    fn queue_lm_head(&self, rows: usize) -> Result<(), CudaError> {
+    pub(crate) fn queue_lm_head(&self, rows: usize) -> Result<(), CudaError> {
         let (c, s) = (&self.config, &self.device.stream);
         let (h, vocab) = (c.hidden_size, c.vocab_size);
         let e = self.dtype.size() as u64;

@@ -23,16 +23,17 @@ use crate::options::CudaDtype;
 pub(crate) type DevPtr = u64;
 
 /// The kernel files, in the order they are concatenated into one program.
-const SOURCES: [(&str, &str); 5] = [
+const SOURCES: [(&str, &str); 6] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("norm.cu", include_str!("../kernels/norm.cu")),
     ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
     ("rope_kv.cu", include_str!("../kernels/rope_kv.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
+    ("logprobs.cu", include_str!("../kernels/logprobs.cu")),
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 8] = [
+pub const KERNEL_NAMES: [&str; 9] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
@@ -41,6 +42,7 @@ pub const KERNEL_NAMES: [&str; 8] = [
     "attention_merge",
     "swiglu",
     "gather_hidden",
+    "logit_exp_sums",
 ];
 
 /// Positions of the context one attention block covers (`ATTN_PARTITION` in attention.cu).
@@ -52,6 +54,8 @@ pub(crate) const MAX_HEAD_DIM: usize = 256;
 pub(crate) const MAX_GQA_GROUP: usize = 32;
 /// Threads of a row-wise kernel block.
 const ROW_THREADS: u32 = 256;
+/// Threads of a `logit_exp_sums` block (`LP_THREADS` in logprobs.cu).
+const LOGPROB_THREADS: u32 = 256;
 
 /// The whole kernel program: every source file, concatenated.
 pub fn program_source() -> String {
@@ -444,5 +448,31 @@ impl Kernels {
             Arg::I32(h as i32),
         ];
         self.launch("gather_hidden", (rows as u32, 1), ROW_THREADS, &args)
+    }
+
+    /// Per row of `rows` logits rows: the maximum, the host-order `Σ exp(x - max)` (0 for a
+    /// row holding a NaN or an infinity) and the logit of the row's target (see
+    /// logprobs.cu). logits: `[rows, vocab]` f32; targets: `[rows]` i32 (negative: none);
+    /// row_max, target_logit: `[rows]` f32; row_sum: `[rows]` f64.
+    #[allow(clippy::too_many_arguments)] // the kernel's arguments
+    pub fn logit_exp_sums(
+        &self,
+        logits: DevPtr,
+        targets: DevPtr,
+        rows: usize,
+        vocab: usize,
+        row_max: DevPtr,
+        row_sum: DevPtr,
+        target_logit: DevPtr,
+    ) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(logits),
+            Arg::Ptr(targets),
+            Arg::I32(vocab as i32),
+            Arg::Ptr(row_max),
+            Arg::Ptr(row_sum),
+            Arg::Ptr(target_logit),
+        ];
+        self.launch("logit_exp_sums", (rows as u32, 1), LOGPROB_THREADS, &args)
     }
 }

@@ -24,6 +24,7 @@ mod attention_tiles;
 mod batch_layout;
 mod decode_graphs;
 mod device;
+mod device_logprobs;
 mod error;
 mod forward;
 mod gemm;

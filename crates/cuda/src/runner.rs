@@ -3,7 +3,7 @@
 use std::ops::Range;
 
 use sha2::{Digest, Sha256};
-use tandem_model::batch::{BlockId, ForwardBatch};
+use tandem_model::batch::{BlockId, ForwardBatch, TokenId};
 use tandem_model::host_model::HostModel;
 use tandem_model::logits::Logits;
 use tandem_model::runner::{KvGeometry, ModelRunner};
@@ -240,6 +240,14 @@ impl ModelRunner for CudaRunner {
 
     fn forward(&mut self, batch: &ForwardBatch) -> ModelResult<Logits> {
         Ok(self.forward_inner(batch)?)
+    }
+
+    fn forward_logprobs(
+        &mut self,
+        batch: &ForwardBatch,
+        targets: &[Option<TokenId>],
+    ) -> ModelResult<Vec<Option<f32>>> {
+        Ok(self.forward_logprobs_inner(batch, targets)?)
     }
 
     fn copy_blocks(&mut self, copies: &[(BlockId, BlockId)]) -> ModelResult<()> {

@@ -171,6 +171,14 @@ fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {
             &mut |_, _| {},
         )
         .expect("score");
+        // Log-probabilities alone take the runner's `forward_logprobs`: the same numbers.
+        let plain = score_tokens(
+            model.as_mut(),
+            &full,
+            &ScoreOptions::default(),
+            &mut |_, _| {},
+        )
+        .expect("score");
         let p = reqs[i].prompt.len();
         for (j, lp) in logprobs.iter().enumerate() {
             let s = scored.positions[p + j].as_ref().expect("scored");
@@ -178,6 +186,12 @@ fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {
                 s.logprob == *lp,
                 "request {i} token {j}: decode {lp} vs forward {}",
                 s.logprob
+            );
+            let alone = plain.positions[p + j].as_ref().expect("scored").logprob;
+            assert_eq!(
+                alone.to_bits(),
+                lp.to_bits(),
+                "request {i} token {j}: logprobs alone"
             );
             if !sampled {
                 assert_eq!(s.top[0].0, tokens[j], "greedy token is the forward argmax");

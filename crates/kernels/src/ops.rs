@@ -137,12 +137,23 @@ pub fn log_softmax(x: &[f32], out: &mut [f32]) -> Option<()> {
     if !max.is_finite() || x.iter().any(|v| !v.is_finite()) {
         return None;
     }
-    let sum = crate::exp_sum::exp_sum(x, max);
-    let lse = max as f64 + sum.ln();
+    let lse = log_sum_exp(max, crate::exp_sum::exp_sum(x, max));
     for (o, &v) in out.iter_mut().zip(x) {
-        *o = (v as f64 - lse) as f32;
+        *o = log_prob(v, lse);
     }
     Some(())
+}
+
+/// `logsumexp(x)` of a row from its maximum and `Σ exp(x_i − max)` ([`crate::exp_sum`]).
+pub fn log_sum_exp(max: f32, exp_sum: f64) -> f64 {
+    max as f64 + exp_sum.ln()
+}
+
+/// The log-probability of a logit `v` in a row whose [`log_sum_exp`] is `lse`: how
+/// [`log_softmax`] forms every entry (a device that computes the row's sums where the
+/// logits are finishes with this, for the same bits).
+pub fn log_prob(v: f32, lse: f64) -> f32 {
+    (v as f64 - lse) as f32
 }
 
 #[cfg(test)]

@@ -12,10 +12,11 @@
 
 use std::ops::Range;
 
-use crate::batch::{BlockId, ForwardBatch};
+use crate::batch::{BlockId, ForwardBatch, TokenId};
 use crate::config::ModelConfig;
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::logits::Logits;
+use crate::scoring::score_row;
 
 /// How a runner's KV pool stores keys and values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +85,35 @@ pub trait ModelRunner: Send + std::fmt::Debug {
     /// state) into the slots its block tables name and returns logits for the rows
     /// `batch.output` selects. A batch that does not fit the pool is an error, never a panic.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits>;
+
+    /// Teacher-forced log-probabilities: runs `batch` as [`ModelRunner::forward`] does and
+    /// returns, for output row `i`, `log p(targets[i])` under its logits (`None` where
+    /// `targets[i]` is `None`), bitwise what [`crate::scoring::score_row`] computes from
+    /// them; a row that holds a NaN or an infinity is an error. The default computes the
+    /// logits and scores them on the host; a device runner computes each row's softmax sums
+    /// where the logits are and copies back a few numbers per row instead of the rows.
+    fn forward_logprobs(
+        &mut self,
+        batch: &ForwardBatch,
+        targets: &[Option<TokenId>],
+    ) -> Result<Vec<Option<f32>>> {
+        let logits = self.forward(batch)?;
+        if targets.len() != logits.num_rows() {
+            return Err(ModelError::Batch(format!(
+                "{} targets for {} rows of logits",
+                targets.len(),
+                logits.num_rows()
+            )));
+        }
+        targets
+            .iter()
+            .enumerate()
+            .map(|(row, t)| {
+                t.map(|t| score_row(&logits, row, t, 0, false).map(|s| s.logprob))
+                    .transpose()
+            })
+            .collect()
+    }
 
     /// Copies whole blocks, `(src, dst)` in order (copy-on-write of a shared last block).
     fn copy_blocks(&mut self, copies: &[(BlockId, BlockId)]) -> Result<()>;

@@ -170,13 +170,32 @@ fn score_span(
             table[..(done + n).div_ceil(block_size)].to_vec(),
             OutputSelection::All,
         );
-        let logits = runner.forward(&batch)?;
-        for row in 0..n {
-            let target = start + done + row + 1; // the token this row predicts
-            if target < first_scored || target >= tokens.len() {
-                continue;
+        // The token each row predicts, where it is one this span scores.
+        let target = |row: usize| {
+            let t = start + done + row + 1;
+            (t >= first_scored && t < tokens.len()).then_some(t)
+        };
+        if opts.top_k == 0 {
+            // Only the log-probabilities: a device runner computes them where the logits are.
+            let targets: Vec<Option<TokenId>> =
+                (0..n).map(|row| target(row).map(|t| tokens[t])).collect();
+            let logprobs = runner.forward_logprobs(&batch, &targets)?;
+            for (row, logprob) in logprobs.into_iter().enumerate() {
+                if let (Some(t), Some(logprob)) = (target(row), logprob) {
+                    positions[t] = Some(PositionScore {
+                        logprob,
+                        rank: None,
+                        top: Vec::new(),
+                    });
+                }
             }
-            positions[target] = Some(position_score(&logits, row, tokens[target], opts.top_k)?);
+        } else {
+            let logits = runner.forward(&batch)?;
+            for row in 0..n {
+                if let Some(t) = target(row) {
+                    positions[t] = Some(position_score(&logits, row, tokens[t], opts.top_k)?);
+                }
+            }
         }
         done += n;
         progress(start + done, tokens.len());
