@@ -10,7 +10,8 @@
 # 1. scripts/gpu_check.sh with the new binaries (fidelity against torch, decode = forward,
 #    prefix/copy_blocks/cached_logits, batch invariance, decode with and without graphs).
 # 2. `cuda_score profile` of the Llama-3.2-1B shape: device time per operation of a prefill
-#    of 8 x 2,048 tokens and of decode steps at batch 1, 16, 64 and 256.
+#    of 8 x 2,048 tokens and of decode steps at batch 1, 16, 64 and 256; the rates of that
+#    prefill and of scoring all its positions on the device.
 # 3. `tandem bench --device cuda` at batch 1, 32 and 256 (512-token prompts, 128 steps) with
 #    the new binary and, when given, OLD_BIN_DIR's.
 # 4. transformers `generate` with a static cache at the same batch sizes (SKIP_HF=1 skips).
@@ -29,7 +30,7 @@ source "$(dirname "$0")/gpu_env.sh"
 export TANDEM_KERNEL_CACHE=/tmp/tandem-kernels
 M=/tmp/tandem-gpu-models
 P="$M/llama3.2-1b"
-timeout 60 "$NEW/cuda_score" profile "$P-bf16" bf16 "$M/ref_llama3.2-1b.json" \
+timeout 90 "$NEW/cuda_score" profile "$P-bf16" bf16 "$M/ref_llama3.2-1b.json" \
   "$OUT/profile_llama3.2-1b.json" 2>/dev/null
 python3 - "$OUT" <<'PY' | tee "$OUT/profile.txt"
 import json, sys
@@ -38,8 +39,9 @@ for k, v in d.items():
     if k == "describe":
         continue
     ops = " ".join(f"{n}={ms:.3f}" for n, ms in v["ops_ms"].items())
+    rates = "".join(f" {r}={v[r]:.0f}" for r in ("prefill_tok_s", "scoring_tok_s") if r in v)
     print(f"{k}: wall {v['wall_ms']:.3f} device {v['device_ms']:.3f} "
-          f"graph_wall {v.get('graph_wall_ms', 0):.3f} | {ops}")
+          f"graph_wall {v.get('graph_wall_ms', 0):.3f}{rates} | {ops}")
 PY
 
 SPEED="$OUT/speed.txt"

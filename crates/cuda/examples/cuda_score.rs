@@ -334,6 +334,30 @@ fn long_prefill(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<f64> {
     Ok(batch.num_tokens() as f64 / best)
 }
 
+/// Teacher-forced scoring of [`long_prefill_batch`]'s tokens in one forward call: every
+/// position's log-probability of the next token, computed on the device (tokens/s, best
+/// of 3).
+fn long_scoring(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<f64> {
+    let mut batch = long_prefill_batch(tokens);
+    batch.output = OutputSelection::All;
+    let targets: Vec<Option<TokenId>> = batch
+        .seqs
+        .iter()
+        .flat_map(|s| {
+            let seq = &batch.tokens[s.start..s.start + s.len];
+            (0..s.len).map(move |p| seq.get(p + 1).copied())
+        })
+        .collect();
+    runner.forward_logprobs(&batch, &targets)?;
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t = Instant::now();
+        runner.forward_logprobs(&batch, &targets)?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(batch.num_tokens() as f64 / best)
+}
+
 /// Batch invariance on the device: 16 sequences (the prompt rotated by i) decode one step
 /// together and each alone; how many logits differ, and by how much, with graphs and
 /// without.
@@ -370,7 +394,8 @@ fn batch_invariance(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value
 }
 
 /// Device time per operation (CUDA events) of eager steps: a prefill of 8 x 2,048 tokens and
-/// decode steps of 1, 16, 64 and 256 sequences after `prompt`.
+/// decode steps of 1, 16, 64 and 256 sequences after `prompt`; and the rates of that prefill
+/// and of scoring all its positions.
 fn profiles(runner: &mut CudaRunner, prompt: &[TokenId]) -> Result<Value> {
     let to_json = |p: tandem_cuda::StepProfile| {
         let ops: serde_json::Map<String, Value> = p
@@ -384,6 +409,9 @@ fn profiles(runner: &mut CudaRunner, prompt: &[TokenId]) -> Result<Value> {
     let prefill = long_prefill_batch(prompt);
     runner.profile_forward(&prefill)?; // warm-up (workspace growth, first launches)
     out["prefill_8x2048"] = to_json(runner.profile_forward(&prefill)?);
+    // The scoring goal: all positions' log-probabilities at the prefill's rate or near it.
+    out["prefill_8x2048"]["prefill_tok_s"] = json!(long_prefill(runner, prompt)?);
+    out["prefill_8x2048"]["scoring_tok_s"] = json!(long_scoring(runner, prompt)?);
     let n = prompt.len();
     for b in [1usize, 16, 64, 256] {
         let per_seq = (n + 2).div_ceil(BLOCK);
