@@ -181,6 +181,14 @@ pub fn run(a: PlanArgs) -> Result<()> {
                 if a.config.is_none() {
                     overhead_from_model(&a, &mut c)?;
                 }
+                // GPU profiles saved there before stay.
+                if let Ok(old) = read_calibration(&calibration) {
+                    let gpus = old
+                        .profiles
+                        .into_iter()
+                        .filter(|p| p.kind == DeviceKind::Gpu);
+                    c.profiles.extend(gpus);
+                }
                 c
             }
         };
