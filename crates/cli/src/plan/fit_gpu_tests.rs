@@ -118,9 +118,9 @@ fn the_fit_recovers_the_profile_that_produced_the_step_times() {
     let (shape, want) = (llama_1b(), known());
     let m = synthetic(&want, &shape);
     let base = builtin("h200").expect("built in");
-    let fit = fit(&base, &shape, 2, &m);
-    let got = &fit.profile;
-    assert!(fit.notes.is_empty(), "{:?}", fit.notes);
+    let fitted = fit(&base, &shape, 2, &m);
+    let got = &fitted.profile;
+    assert!(fitted.notes.is_empty(), "{:?}", fitted.notes);
     assert!(
         close(got.bandwidth, want.bandwidth, 1e-3),
         "{}",
@@ -170,8 +170,8 @@ fn slow_attention_is_fitted_as_an_attention_rate_not_as_bandwidth() {
         ..known()
     };
     let m = synthetic(&want, &shape);
-    let fit = fit(&builtin("h100").expect("built in"), &shape, 2, &m);
-    assert_eq!(fit.notes.len(), 1, "{:?}", fit.notes);
-    assert!(close(fit.profile.attention_flops, 4e12, 1e-2));
-    assert_reproduces(&fit.profile, &shape, &m, 1e-2);
+    let fitted = fit(&builtin("h100").expect("built in"), &shape, 2, &m);
+    assert_eq!(fitted.notes.len(), 1, "{:?}", fitted.notes);
+    assert!(close(fitted.profile.attention_flops, 4e12, 1e-2));
+    assert_reproduces(&fitted.profile, &shape, &m, 1e-2);
 }

@@ -68,11 +68,13 @@ pub struct PlanArgs {
     #[arg(long, value_name = "A", default_value_t = 0.6)]
     acceptance: f64,
     /// A built-in profile (h100, h200, a100, l4, rtx4090) or a profile file; default: this
-    /// machine's calibration (run --calibrate once first).
+    /// machine's calibration (run --calibrate once first; with --device cuda, the GPU
+    /// profile calibrated last).
     #[arg(long, value_name = "NAME|FILE")]
     hardware: Option<String>,
     /// Measure this machine (under a minute) and save its profiles in the cache directory
-    /// (or --save FILE), then plan with them.
+    /// (or --save FILE), then plan with them. With --device cuda[:N]: the GPU, fitted to the
+    /// model's own steps on the CUDA runner, saved next to the CPU profiles.
     #[arg(long)]
     calibrate: bool,
     /// Where --calibrate writes its profiles.
