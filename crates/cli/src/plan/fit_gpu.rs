@@ -89,6 +89,15 @@ pub fn fit(
                 ..reads.clone()
             })
         });
+        if reads.bandwidth > 1.2 * base.bandwidth {
+            notes.push(format!(
+                "the K/V read of decode steps gives {:.0} GB/s, above the {:.0} GB/s of {}: \
+                 the steps may have been disturbed",
+                reads.bandwidth / 1e9,
+                base.bandwidth / 1e9,
+                base.source
+            ));
+        }
     } else {
         notes.push(format!(
             "decode steps at context {:.0} were not slower than at {:.0}: bandwidth kept from {}",

@@ -2,6 +2,9 @@
 //! for the steps `--calibrate --device cuda` times; the fit must recover the profile.
 
 use super::*;
+use crate::plan::calibrate_gpu::{
+    DECODE_BATCHES, KV_BATCH, KV_LONG, PREFILL_CHUNKS, SHORT, SPLIT, STEPS,
+};
 use crate::plan::hardware::{builtin, DeviceKind};
 use crate::plan::step_times::{decode_work, prefill_work};
 
@@ -57,7 +60,8 @@ fn known() -> HardwareProfile {
     }
 }
 
-/// The steps `--calibrate --device cuda` times, as `hw` runs them.
+/// The steps `--calibrate --device cuda` times (on a model of 4096 tokens or more), as `hw`
+/// runs them.
 fn synthetic(hw: &HardwareProfile, shape: &ModelShape) -> GpuSteps {
     let r = Roofline {
         shape,
@@ -68,17 +72,18 @@ fn synthetic(hw: &HardwareProfile, shape: &ModelShape) -> GpuSteps {
         secs: r.step(&work).time_s,
         work,
     };
-    let mut products: Vec<TimedStep> = [1, 4, 16, 64]
+    let mut products: Vec<TimedStep> = DECODE_BATCHES
         .iter()
-        .map(|&b| timed(decode_work(b, 16, 8)))
+        .map(|&b| timed(decode_work(b, SHORT, STEPS)))
         .collect();
-    products.extend([256, 1024, 4096].iter().map(|&n| timed(prefill_work(1, n))));
+    products.extend(PREFILL_CHUNKS.iter().map(|&n| timed(prefill_work(1, n))));
+    let long = PREFILL_CHUNKS[2];
     GpuSteps {
-        decode_one: timed(decode_work(1, 16, 8)),
-        kv_short: timed(decode_work(16, 16, 8)),
-        kv_long: timed(decode_work(16, 1024, 8)),
-        prefill_long: timed(prefill_work(1, 4096)),
-        prefill_split: timed(prefill_work(16, 256)),
+        decode_one: timed(decode_work(1, SHORT, STEPS)),
+        kv_short: timed(decode_work(KV_BATCH, SHORT, STEPS)),
+        kv_long: timed(decode_work(KV_BATCH, KV_LONG, STEPS)),
+        prefill_long: timed(prefill_work(1, long)),
+        prefill_split: timed(prefill_work(long / SPLIT, SPLIT)),
         products,
         host_s: Some(hw.step_overhead_s),
     }
@@ -170,8 +175,9 @@ fn slow_attention_is_fitted_as_an_attention_rate_not_as_bandwidth() {
         ..known()
     };
     let m = synthetic(&want, &shape);
-    let fitted = fit(&builtin("h100").expect("built in"), &shape, 2, &m);
+    let fitted = fit(&builtin("h200").expect("built in"), &shape, 2, &m);
     assert_eq!(fitted.notes.len(), 1, "{:?}", fitted.notes);
+    assert!(fitted.notes[0].contains("attention"), "{:?}", fitted.notes);
     assert!(close(fitted.profile.attention_flops, 4e12, 1e-2));
     assert_reproduces(&fitted.profile, &shape, &m, 1e-2);
 }
