@@ -165,7 +165,10 @@ pub fn run(a: PlanArgs) -> Result<()> {
         let c = match a.model.device {
             Device::Cuda(n) => {
                 if a.config.is_some() {
-                    bail!("--calibrate --device cuda times the model's own steps: give --model, not --config");
+                    bail!(
+                        "--calibrate --device cuda times the model's own steps: give --model, \
+                         not --config"
+                    );
                 }
                 // Next to the CPU profiles already saved there.
                 let mut c = if calibration.exists() {
