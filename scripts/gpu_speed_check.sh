@@ -14,7 +14,10 @@
 #    prefill and of scoring all its positions on the device.
 # 3. `tandem bench --device cuda` at batch 1, 32 and 256 (512-token prompts, 128 steps) with
 #    the new binary and, when given, OLD_BIN_DIR's.
-# 4. transformers `generate` with a static cache at the same batch sizes (SKIP_HF=1 skips).
+# 4. `tandem plan --calibrate --device cuda` on the same model (a GPU profile fitted to its
+#    steps, saved to OUTDIR/plan_calibration.json), then `tandem plan --validate --quick
+#    --device cuda` with that profile: predicted vs measured (OUTDIR/plan_validate.txt).
+# 5. transformers `generate` with a static cache at the same batch sizes (SKIP_HF=1 skips).
 # Writes OUTDIR/speed.txt (JSON lines) and OUTDIR/profile.txt besides gpu_check.sh's files.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -54,6 +57,14 @@ bench() { # label bin_dir
 }
 bench new "$NEW"
 [ -n "$OLD" ] && bench old "$OLD"
+plan() { # label args...
+  local label=$1; shift
+  timeout 120 "$NEW/tandem" plan --cache-dir "$CACHE" --model "$P-bf16" --device cuda "$@" \
+    > "$OUT/plan_$label.txt" 2> "$OUT/plan_$label.log" || echo "!! plan $label failed ($?)"
+}
+plan calibrate --calibrate --save "$OUT/plan_calibration.json"
+plan validate --hardware "$OUT/plan_calibration.json" --validate --quick
+cat "$OUT/plan_calibrate.log" "$OUT/plan_validate.txt"
 if [ -z "${SKIP_HF:-}" ]; then
   timeout 300 python3 scripts/gpu_hf_baseline.py "$P-bf16" 1,32,256 static 2>/dev/null \
     | tee -a "$SPEED"

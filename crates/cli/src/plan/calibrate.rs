@@ -22,26 +22,44 @@ use serde::{Deserialize, Serialize};
 use tandem_kernels::attention::{attend, attend_rows, KvRows, KvView};
 use tandem_kernels::{matmul_packed, DType, PackedMatrix, ThreadPool, WeightView};
 
-use super::cost::{Roofline, SeqWork};
+use super::cost::Roofline;
 use super::hardware::{DeviceKind, HardwareProfile, RatePoint};
 use super::shape::ModelShape;
+use super::step_times::{self, TimedStep};
 use crate::bench_cmd::measure;
 use tandem_model::runner::ModelRunner;
 
-/// Saved calibration: one profile per thread count measured.
+/// Saved calibration: one CPU profile per thread count measured, and the GPU profiles
+/// `--calibrate --device cuda` added.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Calibration {
     pub profiles: Vec<HardwareProfile>,
 }
 
 impl Calibration {
-    /// The profile measured with `threads` threads, else the nearest thread count below it,
-    /// else the smallest.
+    /// The CPU profile measured with `threads` threads, else the nearest thread count below
+    /// it, else the smallest.
     pub fn for_threads(&self, threads: usize) -> Option<&HardwareProfile> {
-        let below = self.profiles.iter().filter(|p| p.threads <= threads);
+        let cpu = || self.profiles.iter().filter(|p| p.kind == DeviceKind::Cpu);
+        let below = cpu().filter(|p| p.threads <= threads);
         below
             .max_by_key(|p| p.threads)
-            .or_else(|| self.profiles.iter().min_by_key(|p| p.threads))
+            .or_else(|| cpu().min_by_key(|p| p.threads))
+    }
+
+    /// The GPU profile calibrated last.
+    pub fn gpu(&self) -> Option<&HardwareProfile> {
+        self.profiles
+            .iter()
+            .rev()
+            .find(|p| p.kind == DeviceKind::Gpu)
+    }
+
+    /// Adds `profile` after the others, in place of an earlier GPU profile of the same name.
+    pub fn put_gpu(&mut self, profile: HardwareProfile) {
+        self.profiles
+            .retain(|p| !(p.kind == DeviceKind::Gpu && p.name == profile.name));
+        self.profiles.push(profile);
     }
 }
 
@@ -139,24 +157,10 @@ pub fn fit_to_model(
     hw.layer_overhead_s = layer_overhead;
     for p in hw.matmul.iter_mut().filter(|p| p.tokens >= 4) {
         let n = p.tokens;
-        let (secs, work) = if n <= 32 {
-            let t = best_measure(runner, n, 16, 8)?.decode_s / 8.0;
-            let w = SeqWork {
-                cached: 19.5,
-                new: 1.0,
-                rows: 1.0,
-            };
-            (t, vec![w; n])
+        let TimedStep { work, secs } = if n <= 32 {
+            step_times::decode(runner, n, 16, 8)?
         } else {
-            let t = best_measure(runner, 1, n, 1)?.prefill_s;
-            (
-                t,
-                vec![SeqWork {
-                    cached: 0.0,
-                    new: n as f64,
-                    rows: 1.0,
-                }],
-            )
+            step_times::prefill(runner, 1, n)?
         };
         let attention: f64 = work
             .iter()

@@ -1,8 +1,8 @@
 //! The roofline cost of an engine step, and of the workloads built from steps.
 //!
 //! A step computing `tokens` new tokens reads every weight once and each scheduled
-//! sequence's keys and values (once per 16-token tile of its new tokens, as the attention
-//! kernels do), and does `2 x weights` FLOPs per token plus attention. Each layer runs its
+//! sequence's keys and values (on the CPU once per 16-token tile of its new tokens, as the
+//! attention kernels do; on a GPU once), and does `2 x weights` FLOPs per token plus attention. Each layer runs its
 //! matrix products, then attention, so the time is a fixed overhead plus, for each phase, the
 //! larger of its memory time (bytes / bandwidth) and its arithmetic time (matrix FLOPs at
 //! the profile's rate for that many tokens; attention FLOPs at the attention rate). Below
@@ -10,7 +10,7 @@
 
 use serde::Serialize;
 
-use super::hardware::HardwareProfile;
+use super::hardware::{DeviceKind, HardwareProfile};
 use super::shape::ModelShape;
 
 /// Query rows the attention kernels handle per pass over a sequence's K/V.
@@ -59,12 +59,18 @@ impl Roofline<'_> {
         let tokens: f64 = seqs.iter().map(|q| q.new).sum();
         let rows: f64 = seqs.iter().map(|q| q.rows).sum();
         let kv_per_pos = s.kv_bytes_per_token(self.kv_dtype_bytes) as f64;
+        // The CPU's tile kernel reads a sequence's K/V once per tile of its new tokens; on a
+        // GPU once a step (the step's other tokens find them in its cache).
+        let passes = |new: f64| match self.hw.kind {
+            DeviceKind::Cpu => (new / ATTENTION_TILE).ceil(),
+            DeviceKind::Gpu => new.min(1.0).ceil(),
+        };
         let mut kv_bytes = 0.0;
         let mut attention_s = 0.0;
         let mut attention = 0.0;
         for q in seqs {
             let context = q.cached + q.new;
-            kv_bytes += context * kv_per_pos * (q.new / ATTENTION_TILE).ceil();
+            kv_bytes += context * kv_per_pos * passes(q.new);
             // Token i of the new ones attends cached + i + 1 positions.
             let flops = s.attention_flops(q.new * q.cached + q.new * (q.new + 1.0) / 2.0);
             let rate = if q.new > 1.0 {
@@ -203,7 +209,7 @@ impl Roofline<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::hardware::{DeviceKind, RatePoint};
+    use crate::plan::hardware::RatePoint;
 
     fn shape() -> ModelShape {
         ModelShape {

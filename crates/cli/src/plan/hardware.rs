@@ -181,6 +181,42 @@ pub fn builtin(name: &str) -> Option<HardwareProfile> {
     }
 }
 
+/// The datasheet profile of a GPU the driver names `device_name` (`NVIDIA H100 80GB HBM3`,
+/// `NVIDIA L4`, ...), with the memory it reports, and the built-in profile it matched;
+/// `None`: a generic GPU profile whose rates are placeholders (1 TB/s, 100 TFLOP/s) for
+/// `--calibrate` to replace.
+pub fn for_gpu(device_name: &str, memory_bytes: f64) -> (HardwareProfile, Option<&'static str>) {
+    let upper = device_name.to_ascii_uppercase();
+    // Whole words only: an L40S is not an L4.
+    let words: Vec<&str> = upper.split(|c: char| !c.is_ascii_alphanumeric()).collect();
+    let has = |w: &str| words.contains(&w);
+    let matched = if has("H200") {
+        Some("h200")
+    } else if has("H100") {
+        Some("h100")
+    } else if has("A100") {
+        Some("a100")
+    } else if has("L4") {
+        Some("l4")
+    } else if has("4090") {
+        Some("rtx4090")
+    } else {
+        None
+    };
+    let mut p = match matched.and_then(builtin) {
+        Some(p) => p,
+        None => {
+            let mut p = gpu(device_name, 1.0, 100.0, 0.0);
+            p.source = "generic GPU (no datasheet profile): placeholder rates".into();
+            p
+        }
+    };
+    if memory_bytes > 0.0 {
+        p.memory_bytes = memory_bytes;
+    }
+    (p, matched)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,5 +240,43 @@ mod tests {
         p.bandwidth = 0.0;
         assert!(p.check().is_err());
         assert!(HardwareProfile::load("no-such-gpu").is_err());
+    }
+
+    #[test]
+    fn gpus_are_matched_to_their_datasheet_profile_by_name() {
+        let gb = 1e9;
+        let cases = [
+            ("NVIDIA H100 80GB HBM3", Some("h100")),
+            ("NVIDIA H100 PCIe", Some("h100")),
+            ("NVIDIA H200", Some("h200")),
+            ("NVIDIA A100-SXM4-40GB", Some("a100")),
+            ("NVIDIA L4", Some("l4")),
+            ("NVIDIA GeForce RTX 4090", Some("rtx4090")),
+            ("NVIDIA L40S", None),
+            ("NVIDIA GH200 480GB", None),
+            ("Tesla T4", None),
+        ];
+        for (name, want) in cases {
+            let (p, matched) = for_gpu(name, 40.0 * gb);
+            assert_eq!(matched, want, "{name}");
+            assert_eq!(p.kind, DeviceKind::Gpu);
+            // The memory is what the device reports, whatever the datasheet says.
+            assert_eq!(p.memory_bytes, 40.0 * gb, "{name}");
+            p.check().expect("a valid profile");
+            match want {
+                Some(b) => {
+                    let datasheet = builtin(b).expect("built in");
+                    assert_eq!(p.bandwidth, datasheet.bandwidth, "{name}");
+                    assert_eq!(p.matmul, datasheet.matmul, "{name}");
+                }
+                None => {
+                    assert_eq!(p.name, name);
+                    assert!(p.source.contains("generic"), "{}", p.source);
+                }
+            }
+        }
+        // A device that reports no memory keeps the datasheet's.
+        let (p, _) = for_gpu("NVIDIA H200", 0.0);
+        assert_eq!(p.memory_bytes, 141.0 * gb);
     }
 }

@@ -8,13 +8,16 @@
 //! checks itself against `tandem bench` ([`validate`]).
 
 pub mod calibrate;
+pub mod calibrate_gpu;
 pub mod cost;
+pub mod fit_gpu;
 pub mod hardware;
 pub mod rate;
 #[cfg(test)]
 mod rate_sim;
 pub mod report;
 pub mod shape;
+pub mod step_times;
 pub mod svg;
 pub mod text;
 pub mod validate;
@@ -25,7 +28,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tandem_model::kv_store::KvDtype;
 
-use crate::args::{EngineArgs, ModelArgs};
+use crate::args::{Device, EngineArgs, ModelArgs};
 use crate::engine_setup::parse_size;
 use hardware::{DeviceKind, HardwareProfile};
 use shape::ModelShape;
@@ -65,11 +68,13 @@ pub struct PlanArgs {
     #[arg(long, value_name = "A", default_value_t = 0.6)]
     acceptance: f64,
     /// A built-in profile (h100, h200, a100, l4, rtx4090) or a profile file; default: this
-    /// machine's calibration (run --calibrate once first).
+    /// machine's calibration (run --calibrate once first; with --device cuda, the GPU
+    /// profile calibrated last).
     #[arg(long, value_name = "NAME|FILE")]
     hardware: Option<String>,
     /// Measure this machine (under a minute) and save its profiles in the cache directory
-    /// (or --save FILE), then plan with them.
+    /// (or --save FILE), then plan with them. With --device cuda[:N]: the GPU, fitted to the
+    /// model's own steps on the CUDA runner, saved next to the CPU profiles.
     #[arg(long)]
     calibrate: bool,
     /// Where --calibrate writes its profiles.
@@ -150,26 +155,60 @@ pub fn run(a: PlanArgs) -> Result<()> {
     check_ranges(&a)?;
     let cache = tandem_model::default_model::cache_dir(a.model.cache_dir.as_deref())?;
     let threads = a.model.threads();
+    let gpu = matches!(a.model.device, Device::Cuda(_));
+    let calibration = a
+        .save
+        .clone()
+        .filter(|_| a.calibrate)
+        .unwrap_or_else(|| cache.join(CALIBRATION_FILE));
     if a.calibrate {
-        let mut c = calibrate::calibrate(threads);
-        if a.config.is_none() {
-            overhead_from_model(&a, &mut c)?;
-        }
-        let path = a
-            .save
-            .clone()
-            .unwrap_or_else(|| cache.join(CALIBRATION_FILE));
+        let c = match a.model.device {
+            Device::Cuda(n) => {
+                if a.config.is_some() {
+                    bail!(
+                        "--calibrate --device cuda times the model's own steps: give --model, \
+                         not --config"
+                    );
+                }
+                // Next to the CPU profiles already saved there.
+                let mut c = if calibration.exists() {
+                    read_calibration(&calibration)?
+                } else {
+                    calibrate::Calibration {
+                        profiles: Vec::new(),
+                    }
+                };
+                c.put_gpu(calibrate_gpu::calibrate(&a.model, n)?);
+                c
+            }
+            Device::Auto | Device::Cpu => {
+                let mut c = calibrate::calibrate(threads);
+                if a.config.is_none() {
+                    overhead_from_model(&a, &mut c)?;
+                }
+                // GPU profiles saved there before stay.
+                if let Ok(old) = read_calibration(&calibration) {
+                    let gpus = old
+                        .profiles
+                        .into_iter()
+                        .filter(|p| p.kind == DeviceKind::Gpu);
+                    c.profiles.extend(gpus);
+                }
+                c
+            }
+        };
+        let path = &calibration;
         std::fs::create_dir_all(path.parent().unwrap_or(std::path::Path::new(".")))?;
-        std::fs::write(&path, serde_json::to_string_pretty(&c)?)
+        std::fs::write(path, serde_json::to_string_pretty(&c)?)
             .with_context(|| path.display().to_string())?;
         eprintln!("tandem: hardware profiles saved to {}", path.display());
     }
     let hw = match &a.hardware {
         Some(h) => match hardware::builtin(h) {
             Some(p) => p,
-            None => saved_profile(std::path::Path::new(h), threads)?,
+            None => saved_profile(std::path::Path::new(h), threads, gpu)?,
         },
-        None => saved_profile(&cache.join(CALIBRATION_FILE), threads)?,
+        None => saved_profile(&calibration, threads, gpu)?,
     };
     let (model_name, shape, packs, host) = load_shape(&a)?;
     if hw.kind == DeviceKind::Gpu && shape.experts > 0 {
@@ -306,30 +345,45 @@ fn check_ranges(a: &PlanArgs) -> Result<()> {
     Ok(())
 }
 
-/// A saved profile: one profile, or a calibration (the profile for `threads` threads).
-fn saved_profile(path: &std::path::Path, threads: usize) -> Result<HardwareProfile> {
+/// A saved profile: one profile, or a calibration (the CPU profile for `threads` threads,
+/// or with `gpu` the GPU profile calibrated last).
+fn saved_profile(path: &std::path::Path, threads: usize, gpu: bool) -> Result<HardwareProfile> {
     if path.exists() && HardwareProfile::load(&path.display().to_string()).is_ok() {
         return HardwareProfile::load(&path.display().to_string());
     }
     if !path.exists() {
         bail!(
-            "no hardware profile: run `tandem plan --calibrate` once (saves {}), or pass \
+            "no hardware profile: run `tandem plan --calibrate{}` once (saves {}), or pass \
              --hardware h100|h200|a100|l4|rtx4090|FILE",
+            if gpu { " --device cuda" } else { "" },
             path.display()
         );
     }
+    let c = read_calibration(path)?;
+    let p = if gpu {
+        c.gpu().with_context(|| {
+            format!(
+                "{} holds no GPU profile: run `tandem plan --calibrate --device cuda` on the GPU",
+                path.display()
+            )
+        })?
+    } else {
+        c.for_threads(threads)
+            .with_context(|| format!("{} holds no profile", path.display()))?
+    };
+    p.check()?;
+    Ok(p.clone())
+}
+
+/// A calibration file.
+fn read_calibration(path: &std::path::Path) -> Result<calibrate::Calibration> {
     let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
-    let c: calibrate::Calibration = serde_json::from_str(&text).with_context(|| {
+    serde_json::from_str(&text).with_context(|| {
         format!(
             "{} is not a hardware profile or calibration",
             path.display()
         )
-    })?;
-    let p = c
-        .for_threads(threads)
-        .with_context(|| format!("{} holds no profile", path.display()))?;
-    p.check()?;
-    Ok(p.clone())
+    })
 }
 
 /// The model's name and shape; whether its matrices pack for the int8 kernels; the loaded

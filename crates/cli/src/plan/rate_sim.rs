@@ -237,7 +237,8 @@ mod tests {
     /// rate. Tolerances (concurrency, ITL and latency; TTFT) up to 60% and above it, as
     /// measured when written: prompts and outputs of one length are within a few percent
     /// everywhere; lengths that vary widely become pessimistic near saturation; prompts
-    /// longer than the token budget optimistic by about a tenth from mid load; on a CPU,
+    /// longer than the token budget off by about a tenth from mid load (TTFT 12% near
+    /// saturation since a GPU step reads a sequence's K/V once); on a CPU,
     /// where a prefill step costs a dozen decode steps and the decode step grows with the
     /// batch, optimistic by a tenth at 60% and by up to half near saturation.
     #[test]
@@ -255,7 +256,7 @@ mod tests {
         i.max_num_seqs = 1024;
         (i.prompt_lens, i.gen_lens) = (vec![4096], vec![64]);
         (i.prompt_len, i.gen_len) = (4096, 64);
-        cases.push(("prompts over the budget", i, [0.13, 0.14, 0.07, 0.1]));
+        cases.push(("prompts over the budget", i, [0.13, 0.14, 0.07, 0.12]));
         let mut i = inputs(40_000_000_000);
         i.prefix_hit = 0.75;
         cases.push(("prefix hits", i, [0.03, 0.05, 0.05, 0.08]));
