@@ -84,6 +84,16 @@ fn logprob(logits: &Logits, row: usize, token: TokenId) -> Result<f32> {
     Ok(lp[token.0 as usize])
 }
 
+/// Tokens `done..done + n` of a sequence on blocks `table`, every row's logits wanted.
+fn chunk_batch(tokens: &[TokenId], table: &[BlockId], done: usize, n: usize) -> ForwardBatch {
+    ForwardBatch::single(
+        tokens[done..done + n].to_vec(),
+        done,
+        table[..(done + n).div_ceil(BLOCK)].to_vec(),
+        OutputSelection::All,
+    )
+}
+
 /// Teacher-forced logprobs of `tokens[1..]`, in chunks of `CHUNK`, in blocks from `first`.
 fn score(
     runner: &mut CudaRunner,
@@ -95,12 +105,7 @@ fn score(
     let mut done = 0;
     while done < tokens.len() {
         let n = CHUNK.min(tokens.len() - done);
-        let batch = ForwardBatch::single(
-            tokens[done..done + n].to_vec(),
-            done,
-            table[..(done + n).div_ceil(BLOCK)].to_vec(),
-            OutputSelection::All,
-        );
+        let batch = chunk_batch(tokens, &table, done, n);
         let logits = runner.forward(&batch)?;
         for row in 0..n {
             if let Some(&next) = tokens.get(done + row + 1) {
@@ -449,12 +454,7 @@ fn device_logprobs(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value>
     let mut done = 0;
     while done < tokens.len() {
         let n = CHUNK.min(tokens.len() - done);
-        let batch = ForwardBatch::single(
-            tokens[done..done + n].to_vec(),
-            done,
-            table[..(done + n).div_ceil(BLOCK)].to_vec(),
-            OutputSelection::All,
-        );
+        let batch = chunk_batch(tokens, &table, done, n);
         let targets: Vec<Option<TokenId>> = (0..n)
             .map(|row| tokens.get(done + row + 1).copied())
             .collect();
