@@ -95,8 +95,11 @@ impl AttentionTiles {
         if !token_seq.is_empty() {
             groups.push(group_start..pairs.len() / 2);
         }
+        // Blocks are sized for the longest tile there is: a step whose sequences bring
+        // one token each (or few) leaves no warps idle.
+        let longest = pairs.chunks(2).map(|p| p[1] as usize).max().unwrap_or(1);
         AttentionTiles {
-            tile_tokens,
+            tile_tokens: longest.min(tile_tokens),
             pairs,
             groups,
         }
@@ -126,6 +129,11 @@ mod tests {
         let (pairs, groups) = tiles(&seq, &pos, 3, 100);
         assert_eq!(pairs, vec![(0, 3), (3, 3), (6, 1), (7, 2), (9, 1)]);
         assert_eq!(groups, vec![0..5]);
+        let short = AttentionTiles::build(&[0, 1, 1], &[9, 4, 5], 8, 64);
+        assert_eq!(
+            short.tile_tokens, 2,
+            "blocks sized by the longest tile built"
+        );
     }
 
     #[test]
