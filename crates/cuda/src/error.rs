@@ -38,6 +38,10 @@ pub enum CudaError {
     /// caught at the crate boundary.
     #[error("the CUDA bindings failed: {0}")]
     Binding(String),
+    /// A kernel run on the CPU emulator failed (tests; see `emulator`).
+    #[cfg(test)]
+    #[error("emulated kernel: {0}")]
+    Emulator(String),
     #[error(transparent)]
     Model(#[from] tandem_model::ModelError),
 }

@@ -45,6 +45,14 @@ pub const KERNEL_NAMES: [&str; 9] = [
     "logit_exp_sums",
 ];
 
+/// Index of kernel `name` in [`KERNEL_NAMES`].
+fn kernel_index(name: &str) -> usize {
+    KERNEL_NAMES
+        .iter()
+        .position(|n| *n == name)
+        .expect("kernel names are the constants of KERNEL_NAMES")
+}
+
 /// Positions of the context one attention block covers (`ATTN_PARTITION` in attention.cu).
 /// Fixed, so that a token's attention never depends on the batch it runs in.
 pub(crate) const ATTN_PARTITION: usize = 128;
@@ -115,7 +123,7 @@ unsafe impl DeviceRepr for AttnShape {}
 
 /// One kernel argument.
 #[derive(Debug, Clone, Copy)]
-enum Arg {
+pub(crate) enum Arg {
     Ptr(DevPtr),
     I32(i32),
     F32(f32),
@@ -123,11 +131,23 @@ enum Arg {
     Attn(AttnShape),
 }
 
+/// Where launches run.
+#[derive(Debug)]
+enum Launcher {
+    /// The device of the stream, with the program's functions in `KERNEL_NAMES` order.
+    Device {
+        stream: Arc<CudaStream>,
+        functions: Vec<CudaFunction>,
+    },
+    /// The CPU (tests), with host addresses for device pointers.
+    #[cfg(test)]
+    Emulated(crate::emulator::Emulator),
+}
+
 /// The loaded kernel functions.
 #[derive(Debug)]
 pub(crate) struct Kernels {
-    stream: Arc<CudaStream>,
-    functions: Vec<CudaFunction>,
+    launcher: Launcher,
     /// Bytes of dynamic shared memory an attention block may take on this device.
     attention_shared_limit: usize,
     /// Bytes of the storage type (`act_t`).
@@ -151,35 +171,48 @@ impl Kernels {
             .iter()
             .map(|name| module.load_function(name))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut kernels = Kernels {
-            stream: stream.clone(),
-            functions,
-            attention_shared_limit: 0,
-            act_size: dtype.size(),
-        };
         // Blocks may take more than the default 48 KiB of dynamic shared memory only when
         // the function is told so; allow the attention what the device offers.
         let optin = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
         let limit = ctx.attribute(optin)?.max(48 << 10);
-        kernels.function("paged_attention").set_attribute(
+        functions[kernel_index("paged_attention")].set_attribute(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             limit,
         )?;
-        kernels.attention_shared_limit = limit as usize;
-        Ok(kernels)
+        Ok(Kernels {
+            launcher: Launcher::Device {
+                stream: stream.clone(),
+                functions,
+            },
+            attention_shared_limit: limit as usize,
+            act_size: dtype.size(),
+        })
+    }
+
+    /// The program of `dtype` run on the CPU: every launch runs to completion before it
+    /// returns, and device addresses are host addresses (see [`crate::emulator`]).
+    #[cfg(test)]
+    pub fn emulated(dtype: CudaDtype) -> Result<Kernels, CudaError> {
+        let emulator = crate::emulator::Emulator::new(dtype)?;
+        let mut names = emulator.kernel_names();
+        let mut expected = KERNEL_NAMES.map(String::from).to_vec();
+        names.sort();
+        expected.sort();
+        if names != expected {
+            return Err(CudaError::Emulator(format!(
+                "the emulated program defines {names:?}, the launches expect {KERNEL_NAMES:?}"
+            )));
+        }
+        Ok(Kernels {
+            launcher: Launcher::Emulated(emulator),
+            attention_shared_limit: 232_448, // an H100's or H200's opt-in limit
+            act_size: dtype.size(),
+        })
     }
 
     /// Bytes of dynamic shared memory an attention block may take.
     pub fn attention_shared_limit(&self) -> usize {
         self.attention_shared_limit
-    }
-
-    fn function(&self, name: &str) -> &CudaFunction {
-        let i = KERNEL_NAMES
-            .iter()
-            .position(|n| *n == name)
-            .expect("kernel names are the constants of KERNEL_NAMES");
-        &self.functions[i]
     }
 
     /// Launches kernel `name` on a `grid` of blocks of `block` threads.
@@ -205,8 +238,13 @@ impl Kernels {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
-        let func = self.function(name);
-        let mut b = self.stream.launch_builder(func);
+        let (stream, functions) = match &self.launcher {
+            Launcher::Device { stream, functions } => (stream, functions),
+            #[cfg(test)]
+            Launcher::Emulated(e) => return e.launch(name, grid, block, shared, args),
+        };
+        let func = &functions[kernel_index(name)];
+        let mut b = stream.launch_builder(func);
         for a in args {
             match a {
                 Arg::Ptr(p) => b.arg(p),

@@ -25,6 +25,10 @@ mod batch_layout;
 mod decode_graphs;
 mod device;
 mod device_logprobs;
+#[cfg(test)]
+mod emulated_tests;
+#[cfg(test)]
+mod emulator;
 mod error;
 mod forward;
 mod gemm;

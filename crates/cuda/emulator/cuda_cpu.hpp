@@ -1,0 +1,178 @@
+// The CUDA built-ins that tandem's kernels use, on the CPU: thread and block indices, block
+// and warp barriers, warp shuffles, atomics, bit casts and the rounding intrinsics. The
+// build script includes this header before the kernel program (compiled as C++) so that
+// the kernels in kernels/*.cu run unchanged on a CPU without a GPU, for tests.
+//
+// Execution model (runtime.cpp): the blocks of a launch run one after another; within a
+// block every CUDA thread is a fiber with its own stack, run until it reaches a barrier
+// (__syncthreads, a warp shuffle, __syncwarp) or returns. A barrier releases once every
+// thread of its scope that has not returned has arrived; a launch where no thread can go on
+// fails with a message instead of hanging (a barrier some threads of the block skip, or a
+// warp shuffle reached by only part of a warp). `__shared__` variables are static, which is
+// exactly shared memory when blocks run one at a time, and thread-local, so that launches
+// on different OS threads (tests run in parallel) do not share them.
+//
+// Arithmetic is the CPU's IEEE arithmetic with contraction off (-ffp-contract=off): the
+// __d*_rn / __f*_rn intrinsics are the same separately rounded operations as on the GPU;
+// expf, sqrtf and friends are the C library's, which may differ from CUDA's by an ulp.
+
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <type_traits>
+
+namespace tandem_emu {
+
+struct Dim3 {
+    unsigned x, y, z;
+};
+
+const Dim3& thread_idx();
+const Dim3& block_idx();
+const Dim3& block_dim();
+const Dim3& grid_dim();
+
+// Waits for every live thread of the block.
+void sync_block();
+// Waits for every live lane of the calling thread's warp.
+void sync_warp();
+// Lane `lane`'s slot of the calling warp's exchange area (8 bytes per lane).
+uint64_t& warp_slot(unsigned lane);
+
+// One round of a warp shuffle: each lane publishes `v`, then reads lane `src`'s value.
+template <class T>
+T shuffle(T v, unsigned src) {
+    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of 8 bytes");
+    uint64_t bits = 0;
+    memcpy(&bits, &v, sizeof(T));
+    unsigned lane = thread_idx().x & 31u;
+    warp_slot(lane) = bits;
+    sync_warp();
+    uint64_t got = warp_slot(src & 31u);
+    sync_warp(); // every lane has read before any lane publishes again
+    T out;
+    memcpy(&out, &got, sizeof(T));
+    return out;
+}
+
+template <class To, class From>
+inline To bit_cast(From v) {
+    static_assert(sizeof(To) == sizeof(From), "bit cast of equal sizes");
+    To out;
+    memcpy(&out, &v, sizeof(To));
+    return out;
+}
+
+} // namespace tandem_emu
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static thread_local
+#define __align__(n) __attribute__((aligned(n)))
+
+#define threadIdx (::tandem_emu::thread_idx())
+#define blockIdx (::tandem_emu::block_idx())
+#define blockDim (::tandem_emu::block_dim())
+#define gridDim (::tandem_emu::grid_dim())
+#define warpSize 32
+
+struct __attribute__((aligned(16))) uint4 {
+    unsigned x, y, z, w;
+};
+struct __attribute__((aligned(16))) float4 {
+    float x, y, z, w;
+};
+struct __attribute__((aligned(8))) uint2 {
+    unsigned x, y;
+};
+struct __attribute__((aligned(8))) float2 {
+    float x, y;
+};
+
+inline void __syncthreads() { ::tandem_emu::sync_block(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { ::tandem_emu::sync_warp(); }
+
+template <class T>
+inline T __shfl_sync(unsigned, T v, int src) {
+    return ::tandem_emu::shuffle(v, (unsigned)src);
+}
+template <class T>
+inline T __shfl_xor_sync(unsigned, T v, int mask) {
+    return ::tandem_emu::shuffle(v, (threadIdx.x & 31u) ^ (unsigned)mask);
+}
+template <class T>
+inline T __shfl_down_sync(unsigned, T v, unsigned delta) {
+    unsigned lane = threadIdx.x & 31u;
+    return ::tandem_emu::shuffle(v, lane + delta < 32 ? lane + delta : lane);
+}
+template <class T>
+inline T __shfl_up_sync(unsigned, T v, unsigned delta) {
+    unsigned lane = threadIdx.x & 31u;
+    return ::tandem_emu::shuffle(v, lane >= delta ? lane - delta : lane);
+}
+
+// Fibers never run at the same time, so a read-modify-write is atomic as it stands.
+inline int atomicOr(int* p, int v) {
+    int old = *p;
+    *p = old | v;
+    return old;
+}
+inline int atomicAdd(int* p, int v) {
+    int old = *p;
+    *p = old + v;
+    return old;
+}
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+    unsigned old = *p;
+    *p = old + v;
+    return old;
+}
+inline float atomicAdd(float* p, float v) {
+    float old = *p;
+    *p = old + v;
+    return old;
+}
+inline int atomicMax(int* p, int v) {
+    int old = *p;
+    *p = old > v ? old : v;
+    return old;
+}
+
+inline float __int_as_float(int v) { return ::tandem_emu::bit_cast<float>(v); }
+inline float __uint_as_float(unsigned v) { return ::tandem_emu::bit_cast<float>(v); }
+inline int __float_as_int(float v) { return ::tandem_emu::bit_cast<int>(v); }
+inline unsigned __float_as_uint(float v) { return ::tandem_emu::bit_cast<unsigned>(v); }
+inline double __longlong_as_double(long long v) { return ::tandem_emu::bit_cast<double>(v); }
+inline long long __double_as_longlong(double v) { return ::tandem_emu::bit_cast<long long>(v); }
+
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline float rsqrtf(float v) { return 1.0f / sqrtf(v); }
+inline float __expf(float v) { return expf(v); }
+inline float __logf(float v) { return logf(v); }
+inline float __fdividef(float a, float b) { return a / b; }
+template <class T>
+inline T __ldg(const T* p) {
+    return *p;
+}
+
+// CUDA's integer and mixed min/max overloads.
+template <class A, class B>
+inline typename std::common_type<A, B>::type min(A a, B b) {
+    typedef typename std::common_type<A, B>::type C;
+    return (C)b < (C)a ? (C)b : (C)a;
+}
+template <class A, class B>
+inline typename std::common_type<A, B>::type max(A a, B b) {
+    typedef typename std::common_type<A, B>::type C;
+    return (C)a < (C)b ? (C)b : (C)a;
+}

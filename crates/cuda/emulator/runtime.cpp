@@ -1,0 +1,228 @@
+// The emulator's scheduler: a block's CUDA threads as fibers (ucontext), barriers that
+// release when every live thread of their scope has arrived, and deadlock detection.
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <ucontext.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launch.hpp"
+
+namespace tandem_emu {
+namespace {
+
+// Bytes of each fiber's stack: kernels keep a few hundred bytes of locals.
+constexpr size_t STACK_BYTES = 128 << 10;
+constexpr unsigned MAX_THREADS = 1024;
+
+struct Barrier {
+    unsigned arrived = 0;
+    unsigned generation = 0;
+};
+
+struct Fiber {
+    ucontext_t context;
+    Dim3 index;
+    bool done = false;
+    const Barrier* waiting = nullptr; // the barrier it waits at, if any
+    unsigned generation = 0;          // that barrier's generation when it arrived
+};
+
+// The block being run.
+struct Block {
+    Dim3 index, dim, grid;
+    std::vector<Fiber> fibers;
+    unsigned live = 0; // threads that have not returned
+    std::vector<unsigned> warp_live;
+    Barrier block_barrier;
+    std::vector<Barrier> warp_barriers;
+    std::vector<uint64_t> slots; // 32 per warp
+    ucontext_t scheduler;
+    size_t current = 0;
+    void (*call)(void**) = nullptr;
+    void** args = nullptr;
+};
+
+// The block being run by this OS thread's launch.
+thread_local Block* running = nullptr;
+
+Fiber& me() { return running->fibers[running->current]; }
+unsigned my_warp() { return me().index.x >> 5; }
+
+void release(Barrier& b) {
+    b.arrived = 0;
+    b.generation += 1;
+}
+
+void arrive(Barrier& b, unsigned expected) {
+    unsigned generation = b.generation;
+    b.arrived += 1;
+    if (b.arrived >= expected) {
+        release(b);
+        return;
+    }
+    Fiber& f = me();
+    f.waiting = &b;
+    f.generation = generation;
+    swapcontext(&f.context, &running->scheduler);
+}
+
+void fiber_main() {
+    running->call(running->args);
+    Fiber& f = me();
+    f.done = true;
+    unsigned w = my_warp();
+    running->live -= 1;
+    running->warp_live[w] -= 1;
+    // Threads that return no longer count: a barrier the others wait at may now be full.
+    Barrier& b = running->block_barrier;
+    if (b.arrived > 0 && b.arrived >= running->live) {
+        release(b);
+    }
+    Barrier& wb = running->warp_barriers[w];
+    if (wb.arrived > 0 && wb.arrived >= running->warp_live[w]) {
+        release(wb);
+    }
+    // Returning resumes the scheduler (uc_link).
+}
+
+bool runnable(const Fiber& f) {
+    return !f.done && (f.waiting == nullptr || f.waiting->generation != f.generation);
+}
+
+std::string deadlock_report(const Block& b) {
+    std::string s = "deadlock in block (" + std::to_string(b.index.x) + ", " +
+                    std::to_string(b.index.y) + ", " + std::to_string(b.index.z) + "): ";
+    unsigned at_block = 0, at_warp = 0;
+    for (const Fiber& f : b.fibers) {
+        if (f.done) {
+            continue;
+        }
+        if (f.waiting == &b.block_barrier) {
+            at_block += 1;
+        } else {
+            at_warp += 1;
+        }
+    }
+    s += std::to_string(at_block) + " threads wait at __syncthreads and " +
+         std::to_string(at_warp) + " at a warp barrier of " + std::to_string(b.live) +
+         " live threads (a barrier skipped by some threads, or a shuffle by part of a warp)";
+    return s;
+}
+
+// Runs one block to completion; returns an empty string or what went wrong.
+std::string run_block(Block& b, char* stacks) {
+    unsigned threads = b.dim.x;
+    unsigned warps = (threads + 31) / 32;
+    b.fibers.assign(threads, Fiber{});
+    b.live = threads;
+    b.warp_live.assign(warps, 0);
+    for (unsigned t = 0; t < threads; ++t) {
+        b.warp_live[t / 32] += 1;
+    }
+    b.block_barrier = Barrier{};
+    b.warp_barriers.assign(warps, Barrier{});
+    b.slots.assign(32 * (size_t)warps, 0);
+    for (unsigned t = 0; t < threads; ++t) {
+        Fiber& f = b.fibers[t];
+        f.index = Dim3{t, 0, 0};
+        if (getcontext(&f.context) != 0) {
+            return "getcontext failed";
+        }
+        f.context.uc_stack.ss_sp = stacks + (size_t)t * STACK_BYTES;
+        f.context.uc_stack.ss_size = STACK_BYTES;
+        f.context.uc_link = &b.scheduler;
+        makecontext(&f.context, fiber_main, 0);
+    }
+    while (b.live > 0) {
+        bool progressed = false;
+        for (size_t t = 0; t < threads; ++t) {
+            Fiber& f = b.fibers[t];
+            if (!runnable(f)) {
+                continue;
+            }
+            f.waiting = nullptr;
+            b.current = t;
+            progressed = true;
+            swapcontext(&b.scheduler, &f.context);
+        }
+        if (!progressed) {
+            return deadlock_report(b);
+        }
+    }
+    return std::string();
+}
+
+} // namespace
+
+const Dim3& thread_idx() { return me().index; }
+const Dim3& block_idx() { return running->index; }
+const Dim3& block_dim() { return running->dim; }
+const Dim3& grid_dim() { return running->grid; }
+
+void sync_block() { arrive(running->block_barrier, running->live); }
+
+void sync_warp() {
+    unsigned w = my_warp();
+    arrive(running->warp_barriers[w], running->warp_live[w]);
+}
+
+uint64_t& warp_slot(unsigned lane) { return running->slots[32 * (size_t)my_warp() + lane]; }
+
+int launch(const Kernel* table, size_t count, const char* name, const unsigned* grid,
+           unsigned block, unsigned shared, unsigned char* dynamic, size_t capacity,
+           void** args, size_t num_args, char* err, size_t err_len) {
+    auto fail = [&](const std::string& msg) {
+        snprintf(err, err_len, "%s: %s", name, msg.c_str());
+        return -1;
+    };
+    const Kernel* k = nullptr;
+    for (size_t i = 0; i < count; ++i) {
+        if (strcmp(table[i].name, name) == 0) {
+            k = &table[i];
+        }
+    }
+    if (k == nullptr) {
+        return fail("no such kernel in the emulated program");
+    }
+    if (num_args != k->arity) {
+        return fail("launched with " + std::to_string(num_args) + " arguments; the kernel takes " +
+                    std::to_string(k->arity));
+    }
+    if (block == 0 || block > MAX_THREADS) {
+        return fail("blocks of " + std::to_string(block) + " threads (1 to 1024)");
+    }
+    if (shared > capacity) {
+        return fail(std::to_string(shared) + " bytes of dynamic shared memory, more than the " +
+                    std::to_string(capacity) + " the emulator holds");
+    }
+    if (running != nullptr) {
+        return fail("a launch from inside a kernel");
+    }
+    std::unique_ptr<char[]> stacks(new char[(size_t)block * STACK_BYTES]);
+    Block b;
+    b.dim = Dim3{block, 1, 1};
+    b.grid = Dim3{grid[0], grid[1], grid[2]};
+    b.call = k->call;
+    b.args = args;
+    running = &b;
+    std::string problem;
+    for (unsigned z = 0; z < grid[2] && problem.empty(); ++z) {
+        for (unsigned y = 0; y < grid[1] && problem.empty(); ++y) {
+            for (unsigned x = 0; x < grid[0] && problem.empty(); ++x) {
+                b.index = Dim3{x, y, z};
+                // Shared memory starts as garbage: all ones (NaN as floats) makes a read
+                // of bytes nobody stored show.
+                memset(dynamic, 0xff, shared);
+                problem = run_block(b, stacks.get());
+            }
+        }
+    }
+    running = nullptr;
+    return problem.empty() ? 0 : fail(problem);
+}
+
+} // namespace tandem_emu

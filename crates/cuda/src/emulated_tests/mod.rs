@@ -1,0 +1,144 @@
+//! The kernels run on the CPU emulator (see [`crate::emulator`]) through their launch
+//! wrappers, against plain references computed here in f64, and against the host
+//! functions whose results they promise to match bitwise. Every test runs both numeric
+//! modes of the program (f32 and bf16 storage).
+
+mod logprobs;
+mod rope_kv;
+mod rows;
+
+use half::bf16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::kernels::{DevPtr, Kernels};
+use crate::options::CudaDtype;
+
+pub(super) const MODES: [CudaDtype; 2] = [CudaDtype::F32, CudaDtype::Bf16];
+
+pub(super) fn kernels(dtype: CudaDtype) -> Kernels {
+    Kernels::emulated(dtype).expect("the emulated program loads")
+}
+
+pub(super) fn rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+pub(super) fn normal_ish(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| (rng.random::<f32>() + rng.random::<f32>() + rng.random::<f32>() - 1.5) * scale)
+        .collect()
+}
+
+/// Plain values that may be viewed as bytes.
+pub(super) trait Pod: Copy + Default {}
+impl Pod for f32 {}
+impl Pod for f64 {}
+impl Pod for i32 {}
+impl Pod for i64 {}
+impl Pod for u16 {}
+
+/// A buffer as the device has them: 16-byte aligned, addressed by a `DevPtr`.
+pub(super) struct Buf {
+    words: Vec<u128>,
+    bytes: usize,
+}
+
+impl Buf {
+    pub fn zeroed(bytes: usize) -> Buf {
+        Buf {
+            words: vec![0; bytes.div_ceil(16).max(1)],
+            bytes,
+        }
+    }
+
+    pub fn of<T: Pod>(values: &[T]) -> Buf {
+        let mut b = Buf::zeroed(std::mem::size_of_val(values));
+        // SAFETY: the words hold at least `bytes` bytes, aligned for any `Pod` type, and
+        // `values` is plain data of exactly that size.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                values.as_ptr() as *const u8,
+                b.words.as_mut_ptr() as *mut u8,
+                b.bytes,
+            );
+        }
+        b
+    }
+
+    /// The buffer's address, for a kernel to read or write while no reference to the
+    /// buffer is alive.
+    pub fn ptr(&mut self) -> DevPtr {
+        self.words.as_mut_ptr() as DevPtr
+    }
+
+    pub fn read<T: Pod>(&self) -> Vec<T> {
+        let n = self.bytes / std::mem::size_of::<T>();
+        let mut out = vec![T::default(); n];
+        // SAFETY: as in `of`, in the other direction.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.words.as_ptr() as *const u8,
+                out.as_mut_ptr() as *mut u8,
+                n * std::mem::size_of::<T>(),
+            );
+        }
+        out
+    }
+}
+
+/// Values stored as the program's `act_t`: f32, or bf16 bits rounded to nearest even.
+pub(super) fn act_buf(dtype: CudaDtype, values: &[f32]) -> Buf {
+    match dtype {
+        CudaDtype::F32 => Buf::of(values),
+        CudaDtype::Bf16 => {
+            let bits: Vec<u16> = values
+                .iter()
+                .map(|&v| bf16::from_f32(v).to_bits())
+                .collect();
+            Buf::of(&bits)
+        }
+    }
+}
+
+/// `values` as the storage type holds them (rounded to bf16 in bf16 mode).
+pub(super) fn as_stored(dtype: CudaDtype, values: &[f32]) -> Vec<f32> {
+    match dtype {
+        CudaDtype::F32 => values.to_vec(),
+        CudaDtype::Bf16 => values.iter().map(|&v| bf16::from_f32(v).to_f32()).collect(),
+    }
+}
+
+/// An `act_t` buffer read back as f32.
+pub(super) fn read_act(dtype: CudaDtype, buf: &Buf) -> Vec<f32> {
+    match dtype {
+        CudaDtype::F32 => buf.read::<f32>(),
+        CudaDtype::Bf16 => buf
+            .read::<u16>()
+            .into_iter()
+            .map(|b| bf16::from_bits(b).to_f32())
+            .collect(),
+    }
+}
+
+/// Relative tolerance of a result stored as `dtype` (bf16 keeps 8 significant bits).
+pub(super) fn tolerance(dtype: CudaDtype) -> f64 {
+    match dtype {
+        CudaDtype::F32 => 2e-5,
+        CudaDtype::Bf16 => 8e-3,
+    }
+}
+
+/// Asserts `got` is `want` within `tol` of each element's magnitude (plus `tol` times the
+/// largest magnitude, for elements near zero).
+pub(super) fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (g as f64 - w).abs();
+        assert!(
+            err <= tol * (w.abs() + scale),
+            "{what}[{i}]: got {g}, want {w} (error {err:e})"
+        );
+    }
+}
