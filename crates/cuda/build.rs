@@ -30,7 +30,8 @@ fn main() {
         .flag("-ffp-contract=off")
         .flag_if_supported("-Wno-unknown-pragmas")
         .flag_if_supported("-Wno-unused-parameter")
-        .file(manifest.join("emulator/runtime.cpp"));
+        .file(manifest.join("emulator/runtime.cpp"))
+        .file(manifest.join("emulator/fiber.cpp"));
     for (suffix, bf16) in MODES {
         let path = out.join(format!("kernels_{suffix}.cpp"));
         std::fs::write(&path, translation_unit(&program, suffix, bf16))

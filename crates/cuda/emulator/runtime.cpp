@@ -1,14 +1,14 @@
-// The emulator's scheduler: a block's CUDA threads as fibers (ucontext), barriers that
-// release when every live thread of their scope has arrived, and deadlock detection.
+// The emulator's scheduler: a block's CUDA threads as fibers, barriers that release when
+// every live thread of their scope has arrived, and deadlock detection.
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <ucontext.h>
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "fiber.hpp"
 #include "launch.hpp"
 
 namespace tandem_emu {
@@ -24,7 +24,7 @@ struct Barrier {
 };
 
 struct Fiber {
-    ucontext_t context;
+    FiberContext context;
     Dim3 index;
     bool done = false;
     const Barrier* waiting = nullptr; // the barrier it waits at, if any
@@ -40,7 +40,7 @@ struct Block {
     Barrier block_barrier;
     std::vector<Barrier> warp_barriers;
     std::vector<uint64_t> slots; // 32 per warp
-    ucontext_t scheduler;
+    FiberContext scheduler;
     size_t current = 0;
     void (*call)(void**) = nullptr;
     void** args = nullptr;
@@ -67,7 +67,7 @@ void arrive(Barrier& b, unsigned expected) {
     Fiber& f = me();
     f.waiting = &b;
     f.generation = generation;
-    swapcontext(&f.context, &running->scheduler);
+    fiber_switch(&f.context, &running->scheduler);
 }
 
 void fiber_main() {
@@ -86,7 +86,7 @@ void fiber_main() {
     if (wb.arrived > 0 && wb.arrived >= running->warp_live[w]) {
         release(wb);
     }
-    // Returning resumes the scheduler (uc_link).
+    fiber_switch(&f.context, &running->scheduler); // never resumed
 }
 
 bool runnable(const Fiber& f) {
@@ -129,13 +129,7 @@ std::string run_block(Block& b, char* stacks) {
     for (unsigned t = 0; t < threads; ++t) {
         Fiber& f = b.fibers[t];
         f.index = Dim3{t, 0, 0};
-        if (getcontext(&f.context) != 0) {
-            return "getcontext failed";
-        }
-        f.context.uc_stack.ss_sp = stacks + (size_t)t * STACK_BYTES;
-        f.context.uc_stack.ss_size = STACK_BYTES;
-        f.context.uc_link = &b.scheduler;
-        makecontext(&f.context, fiber_main, 0);
+        fiber_init(&f.context, stacks + (size_t)t * STACK_BYTES, STACK_BYTES, fiber_main);
     }
     while (b.live > 0) {
         bool progressed = false;
@@ -147,7 +141,7 @@ std::string run_block(Block& b, char* stacks) {
             f.waiting = nullptr;
             b.current = t;
             progressed = true;
-            swapcontext(&b.scheduler, &f.context);
+            fiber_switch(&b.scheduler, &f.context);
         }
         if (!progressed) {
             return deadlock_report(b);

@@ -3,6 +3,7 @@
 //! functions whose results they promise to match bitwise. Every test runs both numeric
 //! modes of the program (f32 and bf16 storage).
 
+mod attention;
 mod logprobs;
 mod rope_kv;
 mod rows;

@@ -1,0 +1,251 @@
+//! `paged_attention` and `attention_merge` over a paged cache with shuffled blocks: against
+//! an f64 reference, and the invariance the decode ≡ forward promise rests on — a token's
+//! output is bitwise the same whether it runs alone in a decode step, in a prefill tile
+//! with its neighbours, in any launch group, or in a launch sized for longer contexts.
+
+use super::*;
+use crate::attention_tiles::{shared_bytes, tokens_per_tile, AttentionTiles};
+use crate::kernels::{AttnBuffers, AttnShape, ATTN_PARTITION};
+
+const BLOCK: usize = 16;
+
+/// A paged cache holding several sequences, and queries for every position of each.
+struct Scene {
+    dtype: CudaDtype,
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    lens: Vec<usize>,
+    /// `[num_seqs, max_blocks]`.
+    tables: Vec<i32>,
+    max_blocks: usize,
+    /// `[num_slots, kv_dim]`, as stored.
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// `[tokens, q_dim]`, every position of every sequence in order.
+    q: Vec<f32>,
+    token_seq: Vec<i32>,
+    positions: Vec<i32>,
+}
+
+impl Scene {
+    fn new(dtype: CudaDtype, heads: usize, kv_heads: usize, d: usize, lens: &[usize]) -> Scene {
+        let mut r = rng((heads * 1000 + d) as u64);
+        let max_blocks = lens.iter().map(|l| l.div_ceil(BLOCK)).max().unwrap_or(1);
+        let total: usize = lens.iter().map(|l| l.div_ceil(BLOCK)).sum();
+        // Blocks handed out in a scrambled order, two spare blocks never used.
+        let num_blocks = total + 2;
+        let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, r.random_range(0..=i));
+        }
+        let mut tables = vec![-1i32; lens.len() * max_blocks];
+        let mut next = 0;
+        for (s, l) in lens.iter().enumerate() {
+            for b in 0..l.div_ceil(BLOCK) {
+                tables[s * max_blocks + b] = ids[next];
+                next += 1;
+            }
+        }
+        let kv_dim = kv_heads * d;
+        let k = as_stored(dtype, &normal_ish(&mut r, num_blocks * BLOCK * kv_dim, 1.0));
+        let v = as_stored(dtype, &normal_ish(&mut r, num_blocks * BLOCK * kv_dim, 1.0));
+        let n: usize = lens.iter().sum();
+        let q = normal_ish(&mut r, n * heads * d, 1.0);
+        let (mut token_seq, mut positions) = (Vec::new(), Vec::new());
+        for (s, &l) in lens.iter().enumerate() {
+            token_seq.extend(std::iter::repeat_n(s as i32, l));
+            positions.extend(0..l as i32);
+        }
+        Scene {
+            dtype,
+            heads,
+            kv_heads,
+            d,
+            lens: lens.to_vec(),
+            tables,
+            max_blocks,
+            k,
+            v,
+            q,
+            token_seq,
+            positions,
+        }
+    }
+
+    fn slot(&self, seq: usize, p: usize) -> usize {
+        self.tables[seq * self.max_blocks + p / BLOCK] as usize * BLOCK + p % BLOCK
+    }
+
+    /// Attention of token `t` (an index into the scene's tokens), in f64.
+    fn reference(&self, t: usize) -> Vec<f64> {
+        let (d, group) = (self.d, self.heads / self.kv_heads);
+        let kv_dim = self.kv_heads * d;
+        let seq = self.token_seq[t] as usize;
+        let context = self.positions[t] as usize + 1;
+        let mut out = vec![0.0; self.heads * d];
+        for h in 0..self.heads {
+            let q = &self.q[(t * self.heads + h) * d..][..d];
+            let col = (h / group) * d;
+            let scores: Vec<f64> = (0..context)
+                .map(|p| {
+                    let key = &self.k[self.slot(seq, p) * kv_dim + col..][..d];
+                    let dot: f64 = q.iter().zip(key).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    dot / (d as f64).sqrt()
+                })
+                .collect();
+            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+            let total: f64 = w.iter().sum();
+            for (p, wp) in w.iter().enumerate() {
+                let value = &self.v[self.slot(seq, p) * kv_dim + col..][..d];
+                for i in 0..d {
+                    out[h * d + i] += wp / total * value[i] as f64;
+                }
+            }
+        }
+        out
+    }
+
+    fn parts(&self) -> usize {
+        self.lens
+            .iter()
+            .max()
+            .unwrap_or(&1)
+            .div_ceil(ATTN_PARTITION)
+    }
+
+    /// Runs the attention of tokens `tokens` (indices into the scene's tokens) in launch
+    /// groups of `group_rows`, with prefill tiles of up to `tile_tokens` tokens (`None`: one
+    /// token per tile, as decode steps run) and `parts` partitions per token; returns the
+    /// outputs of those tokens, `[tokens.len(), q_dim]`.
+    fn run(
+        &self,
+        tokens: &[usize],
+        group_rows: usize,
+        tile_tokens: Option<usize>,
+        parts: usize,
+    ) -> Vec<f32> {
+        let k = kernels(self.dtype);
+        let (q_dim, n) = (self.heads * self.d, tokens.len());
+        let q: Vec<f32> = tokens
+            .iter()
+            .flat_map(|&t| self.q[t * q_dim..(t + 1) * q_dim].to_vec())
+            .collect();
+        let seqs: Vec<i32> = tokens.iter().map(|&t| self.token_seq[t]).collect();
+        let positions: Vec<i32> = tokens.iter().map(|&t| self.positions[t]).collect();
+        let tiles = tile_tokens.map(|t| AttentionTiles::build(&seqs, &positions, t, group_rows));
+        let mut qb = Buf::of(&q);
+        let (mut kb, mut vb) = (act_buf(self.dtype, &self.k), act_buf(self.dtype, &self.v));
+        let (mut tb, mut sb, mut pb) = (Buf::of(&self.tables), Buf::of(&seqs), Buf::of(&positions));
+        let mut tiles_buf = Buf::of(tiles.as_ref().map_or(&[0][..], |t| &t.pairs[..]));
+        let mut out = act_buf(self.dtype, &vec![f32::NAN; n * q_dim]);
+        let mut partials = Buf::zeroed(n * self.heads * parts * (self.d + 2) * 4);
+        let shape = AttnShape {
+            num_heads: self.heads as i32,
+            num_kv_heads: self.kv_heads as i32,
+            head_dim: self.d as i32,
+            block_size: BLOCK as i32,
+            max_blocks: self.max_blocks as i32,
+            scale: 1.0 / (self.d as f32).sqrt(),
+            num_parts: parts as i32,
+            tile_tokens: tiles.as_ref().map_or(1, |t| t.tile_tokens as i32),
+        };
+        let act = self.dtype.size() as u64;
+        for (g, first) in (0..n).step_by(group_rows).enumerate() {
+            let rows = group_rows.min(n - first);
+            let f = first as u64;
+            let (tile_ptr, num_tiles) = match &tiles {
+                Some(t) => (
+                    Some(tiles_buf.ptr() + t.groups[g].start as u64 * 8),
+                    t.groups[g].len(),
+                ),
+                None => (None, rows),
+            };
+            let b = AttnBuffers {
+                q: qb.ptr() + f * q_dim as u64 * 4,
+                k_cache: kb.ptr(),
+                v_cache: vb.ptr(),
+                block_tables: tb.ptr(),
+                token_seq: sb.ptr() + f * 4,
+                positions: pb.ptr() + f * 4,
+                tiles: tile_ptr,
+                out: out.ptr() + f * q_dim as u64 * act,
+                partials: partials.ptr(),
+            };
+            k.paged_attention(&b, shape, rows, num_tiles)
+                .expect("launch");
+        }
+        read_act(self.dtype, &out)
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Prefill of every token against the reference, then the same tokens tiled, in launch
+/// groups, and as decode steps (last tokens only, in a launch sized for longer contexts):
+/// bitwise equal to the plain launch.
+fn check(heads: usize, kv_heads: usize, d: usize, lens: &[usize]) {
+    for dtype in MODES {
+        let s = Scene::new(dtype, heads, kv_heads, d, lens);
+        let what = format!("{dtype:?} heads {heads}/{kv_heads} d {d}");
+        let q_dim = heads * d;
+        let all: Vec<usize> = (0..s.token_seq.len()).collect();
+        let plain = s.run(&all, all.len(), None, s.parts());
+        for &t in &all {
+            let got = &plain[t * q_dim..(t + 1) * q_dim];
+            let name = format!("{what}: token {t} (position {})", s.positions[t]);
+            assert_close(&name, got, &s.reference(t), tolerance(dtype));
+        }
+        let group = heads / kv_heads;
+        let limit = kernels(dtype).attention_shared_limit();
+        let per_tile = tokens_per_tile(group, d, dtype.size(), limit);
+        assert!(shared_bytes(group, per_tile, d, dtype.size()) <= limit);
+        let tiled = s.run(&all, all.len(), Some(per_tile), s.parts());
+        assert_eq!(
+            bits(&tiled),
+            bits(&plain),
+            "{what}: tiles of {per_tile} tokens"
+        );
+        let grouped = s.run(&all, 50, Some(per_tile), s.parts() + 1);
+        assert_eq!(
+            bits(&grouped),
+            bits(&plain),
+            "{what}: launch groups of 50 rows"
+        );
+        let mut last = Vec::new();
+        let mut end = 0;
+        for l in &s.lens {
+            end += l;
+            last.push(end - 1);
+        }
+        let decode = s.run(&last, last.len(), None, s.parts() + 2);
+        let want: Vec<f32> = last
+            .iter()
+            .flat_map(|&t| plain[t * q_dim..(t + 1) * q_dim].to_vec())
+            .collect();
+        assert_eq!(
+            bits(&decode),
+            bits(&want),
+            "{what}: decode step of the last tokens"
+        );
+    }
+}
+
+#[test]
+fn grouped_query_heads_over_several_partitions() {
+    // Contexts of one position, part of a chunk, several chunks, and three partitions.
+    check(4, 2, 64, &[1, 45, 130, 260]);
+}
+
+#[test]
+fn one_kv_head_per_query_head_and_wide_heads() {
+    check(2, 2, 128, &[3, 140]);
+}
+
+#[test]
+fn many_query_heads_per_kv_head() {
+    check(8, 1, 32, &[70, 129]);
+}
