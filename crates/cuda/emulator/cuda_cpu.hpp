@@ -137,6 +137,11 @@ inline float atomicAdd(float* p, float v) {
     *p = old + v;
     return old;
 }
+inline int atomicMin(int* p, int v) {
+    int old = *p;
+    *p = old < v ? old : v;
+    return old;
+}
 inline int atomicMax(int* p, int v) {
     int old = *p;
     *p = old > v ? old : v;

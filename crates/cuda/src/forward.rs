@@ -64,11 +64,12 @@ pub(crate) struct Workspace {
     /// `[LOGIT_ROWS, vocab]` f32.
     pub(crate) logits: CudaSlice<f32>,
     /// `[LOGIT_ROWS]` each: the targets of rows scored on the device, and each row's
-    /// maximum, softmax sum and target logit (see `device_logprobs.rs`).
+    /// maximum, softmax sum, target logit and argmax (see `device_rows.rs`).
     pub(crate) lp_targets: CudaSlice<i32>,
     pub(crate) lp_max: CudaSlice<f32>,
     pub(crate) lp_sum: CudaSlice<f64>,
     pub(crate) lp_target_logit: CudaSlice<f32>,
+    pub(crate) lp_argmax: CudaSlice<i32>,
 }
 
 impl Workspace {
@@ -100,6 +101,7 @@ impl Workspace {
             lp_max: f(LOGIT_ROWS)?,
             lp_sum: stream.alloc_zeros::<f64>(LOGIT_ROWS)?,
             lp_target_logit: f(LOGIT_ROWS)?,
+            lp_argmax: stream.alloc_zeros::<i32>(LOGIT_ROWS)?,
         })
     }
 }
@@ -186,7 +188,7 @@ impl CudaRunner {
 
     /// The graph bucket of a decode layout, when graphs are on and the padded batch fits
     /// every fixed buffer.
-    fn graph_bucket(&self, l: &BatchLayout) -> Option<usize> {
+    pub(crate) fn graph_bucket(&self, l: &BatchLayout) -> Option<usize> {
         if !self.graphs.enabled || !l.is_decode() {
             return None;
         }
@@ -199,12 +201,23 @@ impl CudaRunner {
     }
 
     /// A decode step through the graph of `bucket`, recorded first if needed.
-    fn decode_with_graph(
+    fn decode_with_graph(&mut self, l: BatchLayout, bucket: usize) -> Result<Logits, CudaError> {
+        let n = l.tokens.len();
+        self.replay_decode(l, bucket)?;
+        let vocab = self.config.vocab_size;
+        let mut data = logits_buffer(n * vocab);
+        let s = &self.device.stream;
+        s.memcpy_dtoh(&self.ws.logits.slice(..n * vocab), &mut data)?;
+        Ok(Logits::new((0..n).collect(), vocab, data))
+    }
+
+    /// Queues the graph of `bucket` (recorded first if needed) over the decode layout `l`:
+    /// the logits of its tokens end in the first rows of the logits buffer.
+    pub(crate) fn replay_decode(
         &mut self,
         mut l: BatchLayout,
         bucket: usize,
-    ) -> Result<Logits, CudaError> {
-        let n = l.tokens.len();
+    ) -> Result<(), CudaError> {
         l.pad_decode(bucket, self.pool.scratch_block(), self.pool.block_size);
         self.inputs.upload(&l)?;
         self.inputs.upload_output_slots(&l.output_slots)?;
@@ -219,12 +232,7 @@ impl CudaRunner {
             self.graphs = graphs;
             recorded?;
         }
-        self.graphs.launch(bucket)?;
-        let vocab = self.config.vocab_size;
-        let mut data = logits_buffer(n * vocab);
-        let s = &self.device.stream;
-        s.memcpy_dtoh(&self.ws.logits.slice(..n * vocab), &mut data)?;
-        Ok(Logits::new((0..n).collect(), vocab, data))
+        self.graphs.launch(bucket)
     }
 
     /// Queues every layer over the `n` tokens in the input buffers, ending with the final

@@ -24,7 +24,7 @@ mod attention_tiles;
 mod batch_layout;
 mod decode_graphs;
 mod device;
-mod device_logprobs;
+mod device_rows;
 #[cfg(test)]
 mod emulated_tests;
 #[cfg(test)]

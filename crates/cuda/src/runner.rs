@@ -4,6 +4,7 @@ use std::ops::Range;
 
 use sha2::{Digest, Sha256};
 use tandem_model::batch::{BlockId, ForwardBatch, TokenId};
+use tandem_model::greedy::GreedyPick;
 use tandem_model::host_model::HostModel;
 use tandem_model::logits::Logits;
 use tandem_model::runner::{KvGeometry, ModelRunner};
@@ -248,6 +249,10 @@ impl ModelRunner for CudaRunner {
         targets: &[Option<TokenId>],
     ) -> ModelResult<Vec<Option<f32>>> {
         Ok(self.forward_logprobs_inner(batch, targets)?)
+    }
+
+    fn forward_greedy(&mut self, batch: &ForwardBatch) -> ModelResult<Vec<Option<GreedyPick>>> {
+        Ok(self.forward_greedy_inner(batch)?)
     }
 
     fn copy_blocks(&mut self, copies: &[(BlockId, BlockId)]) -> ModelResult<()> {

@@ -287,8 +287,16 @@ impl Engine {
         let prompt_rows = self.prompt_logprobs.plan_rows(&plan, &self.scheduler);
         prompt_logprobs::widen_output(&mut batch, &prompt_rows);
         clock.mark(Part::Schedule);
-        let (events, sampled) = match self.runner.forward(&batch) {
-            Ok(mut logits) => {
+        // Steps whose every row is plain greedy need only each row's argmax and softmax
+        // sum: a device runner keeps the logits where they are.
+        let greedy = prompt_rows.is_empty() && self.plan_is_plain_greedy(&plan);
+        let forwarded = if greedy {
+            self.runner.forward_greedy(&batch).map(|picks| {
+                clock.mark(Part::Forward);
+                self.greedy_samples(&plan, &picks)
+            })
+        } else {
+            self.runner.forward(&batch).map(|mut logits| {
                 clock.mark(Part::Forward);
                 if !prompt_rows.is_empty() {
                     let x = self.prompt_logprobs.extract(
@@ -301,7 +309,11 @@ impl Engine {
                     out.extend(x.events);
                     failed.extend(x.failed);
                 }
-                let samples = self.sample_plan(&plan, &logits);
+                self.sample_plan(&plan, &logits)
+            })
+        };
+        let (events, sampled) = match forwarded {
+            Ok(samples) => {
                 failed.extend(samples.failed);
                 let mut events = self.end_failed(failed);
                 events.extend(self.scheduler.update(&StepResult {

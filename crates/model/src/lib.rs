@@ -12,6 +12,7 @@ pub mod error;
 pub mod fake_runner;
 pub mod gguf;
 pub mod gguf_config;
+pub mod greedy;
 pub mod hf_config;
 mod hf_gemma3;
 mod hf_moe;

@@ -15,6 +15,7 @@ use std::ops::Range;
 use crate::batch::{BlockId, ForwardBatch, TokenId};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::greedy::GreedyPick;
 use crate::logits::Logits;
 use crate::scoring::score_row;
 
@@ -113,6 +114,18 @@ pub trait ModelRunner: Send + std::fmt::Debug {
                     .transpose()
             })
             .collect()
+    }
+
+    /// The greedy token of every output row of `batch` with its raw log-probability, `None`
+    /// for a row holding a NaN or an infinity: what the sampler chooses and reports for a
+    /// request without processors, bit for bit ([`GreedyPick`]). The default computes the
+    /// logits and picks on the host; a device runner reduces each row where the logits are
+    /// and copies back a few bytes per row instead of the vocabulary.
+    fn forward_greedy(&mut self, batch: &ForwardBatch) -> Result<Vec<Option<GreedyPick>>> {
+        let logits = self.forward(batch)?;
+        Ok((0..logits.num_rows())
+            .map(|r| GreedyPick::of_row(logits.row(r)))
+            .collect())
     }
 
     /// Copies whole blocks, `(src, dst)` in order (copy-on-write of a shared last block).

@@ -1,69 +1,114 @@
-//! `logit_exp_sums`: per row the maximum, the softmax sum and the target's logit, bitwise
-//! what the host's log-softmax computes (`tandem_kernels::exp_sum`), so that log-probs
-//! scored on the device equal those scored on the host.
+//! `logit_exp_sums`: per row the maximum, the softmax sum, the target's logit and the
+//! argmax, bitwise what the host computes (`tandem_kernels::exp_sum`, `GreedyPick::of_row`),
+//! so that log-probs scored and greedy tokens picked on the device equal the host's.
 
 use super::*;
+use tandem_model::greedy::GreedyPick;
 
-fn run(logits: &[f32], targets: &[i32], vocab: usize) -> (Vec<f32>, Vec<f64>, Vec<f32>) {
-    let rows = targets.len();
+struct Stats {
+    max: Vec<f32>,
+    sum: Vec<f64>,
+    target: Vec<f32>,
+    argmax: Vec<i32>,
+}
+
+fn run(logits: &[f32], targets: Option<&[i32]>, rows: usize, vocab: usize) -> Stats {
     // The program's numeric mode does not touch this kernel (f32 logits, f64 sums).
     let k = kernels(CudaDtype::Bf16);
-    let (mut l, mut t) = (Buf::of(logits), Buf::of(targets));
-    let (mut m, mut s, mut x) = (
+    let mut l = Buf::of(logits);
+    let mut t = Buf::of(targets.unwrap_or(&[0]));
+    let (mut m, mut s, mut x, mut a) = (
         Buf::zeroed(rows * 4),
         Buf::zeroed(rows * 8),
         Buf::zeroed(rows * 4),
+        Buf::zeroed(rows * 4),
     );
-    k.logit_exp_sums(l.ptr(), t.ptr(), rows, vocab, m.ptr(), s.ptr(), x.ptr())
-        .expect("launch");
-    (m.read(), s.read(), x.read())
+    let tp = targets.map_or(0, |_| t.ptr());
+    k.logit_exp_sums(
+        l.ptr(),
+        tp,
+        rows,
+        vocab,
+        m.ptr(),
+        s.ptr(),
+        x.ptr(),
+        Some(a.ptr()),
+    )
+    .expect("launch");
+    Stats {
+        max: m.read(),
+        sum: s.read(),
+        target: x.read(),
+        argmax: a.read(),
+    }
 }
 
 #[test]
-fn sums_are_bitwise_the_hosts_for_any_vocabulary_size() {
+fn sums_and_argmax_are_bitwise_the_hosts_for_any_vocabulary_size() {
     // One element; fewer than a tile; a tile and a bit; SmolLM2's vocabulary.
     for vocab in [1usize, 7, 2049, 49_152] {
         let rows = 3;
-        let logits = normal_ish(&mut rng(vocab as u64), rows * vocab, 8.0);
+        let mut logits = normal_ish(&mut rng(vocab as u64), rows * vocab, 8.0);
+        if vocab > 1000 {
+            // Row 1: the maximum twice, at two different threads' indices; row 2: the
+            // largest values are zeros of both signs.
+            logits[vocab + 900] = 99.0;
+            logits[vocab + 300] = 99.0;
+            let row2 = &mut logits[2 * vocab..];
+            row2.iter_mut().for_each(|v| *v = -v.abs());
+            row2[700] = 0.0;
+            row2[500] = -0.0;
+        }
         let targets: Vec<i32> = (0..rows as i32)
             .map(|r| (r * 7919) % vocab as i32)
             .collect();
-        let (max, sum, target) = run(&logits, &targets, vocab);
+        let st = run(&logits, Some(&targets), rows, vocab);
         for r in 0..rows {
             let row = &logits[r * vocab..(r + 1) * vocab];
             let host_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            assert_eq!(
-                max[r].to_bits(),
-                host_max.to_bits(),
-                "vocab {vocab} row {r}: max"
-            );
+            let what = format!("vocab {vocab} row {r}");
+            assert_eq!(st.max[r], host_max, "{what}: max");
             let host_sum = tandem_kernels::exp_sum::exp_sum(row, host_max);
+            assert_eq!(st.sum[r].to_bits(), host_sum.to_bits(), "{what}: sum");
+            assert_eq!(st.target[r], row[targets[r] as usize], "{what}: target");
+            let pick = GreedyPick::from_row_stats(st.argmax[r] as i64, st.max[r], st.sum[r]);
+            assert_eq!(pick, GreedyPick::of_row(row), "{what}: greedy pick");
+        }
+        if vocab > 1000 {
             assert_eq!(
-                sum[r].to_bits(),
-                host_sum.to_bits(),
-                "vocab {vocab} row {r}: sum"
-            );
-            assert_eq!(
-                target[r], row[targets[r] as usize],
-                "vocab {vocab} row {r}: target"
+                (st.argmax[1], st.argmax[2]),
+                (300, 500),
+                "ties go to the lowest id"
             );
         }
     }
 }
 
 #[test]
-fn rows_with_a_nan_or_infinity_have_a_zero_sum_and_no_target() {
+fn rows_with_a_nan_or_infinity_have_a_zero_sum_no_target_and_no_pick() {
     let vocab = 300;
     let mut logits = normal_ish(&mut rng(9), 3 * vocab, 1.0);
     logits[5] = f32::NAN;
     logits[vocab + 299] = f32::INFINITY;
-    let (_, sum, target) = run(&logits, &[0, 1, -1], vocab);
-    assert_eq!((sum[0], sum[1]), (0.0, 0.0), "non-finite rows");
+    let st = run(&logits, Some(&[0, 1, -1]), 3, vocab);
+    assert_eq!((st.sum[0], st.sum[1]), (0.0, 0.0), "non-finite rows");
     assert_eq!(
-        (target[0], target[1]),
+        (st.target[0], st.target[1]),
         (0.0, 0.0),
         "non-finite rows' targets"
     );
-    assert!(sum[2] > 1.0, "a finite row sums at least exp(0) = 1");
-    assert_eq!(target[2], 0.0, "a negative target reads no logit");
+    assert_eq!(
+        (st.argmax[0], st.argmax[1]),
+        (-1, -1),
+        "non-finite rows' argmax"
+    );
+    assert!(st.sum[2] > 1.0, "a finite row sums at least exp(0) = 1");
+    assert_eq!(st.target[2], 0.0, "a negative target reads no logit");
+    let no_targets = run(&logits, None, 3, vocab);
+    assert_eq!(
+        no_targets.target,
+        vec![0.0; 3],
+        "no targets: no target logits"
+    );
+    assert_eq!(no_targets.sum[2].to_bits(), st.sum[2].to_bits());
 }

@@ -58,6 +58,13 @@ pub(super) struct Beams {
     results: HashMap<SeqId, Vec<BeamHypothesis>>,
 }
 
+impl Beams {
+    /// Whether `seq` is a live beam of some beam request.
+    pub(super) fn contains(&self, seq: SeqId) -> bool {
+        self.root_of.contains_key(&seq)
+    }
+}
+
 impl Engine {
     /// Validates and queues a beam search over `req.prompt` (its `sampling` is ignored; its
     /// `limits` give `max_tokens`, `ignore_eos` and `stop_token_ids`). Returns the request's

@@ -4,10 +4,11 @@
 use std::collections::{HashMap, VecDeque};
 
 use tandem_model::batch::TokenId;
+use tandem_model::greedy::GreedyPick;
 use tandem_model::logits::Logits;
 
 use super::{Engine, EngineEvent};
-use crate::sampler::{sample, SampledToken};
+use crate::sampler::{sample, SampledToken, SamplerError};
 use crate::sequence::{FinishReason, SeqId};
 use crate::step_plan::{SeqEvent, SeqOutput, StepPlan};
 
@@ -60,6 +61,66 @@ impl Engine {
                     }
                     Err(e) => out.failed.push((id, e.to_string())),
                 }
+            }
+        }
+        out
+    }
+
+    /// Whether every row of `plan` can be sampled from its greedy pick alone (see
+    /// [`crate::sampler::SamplingParams::is_plain_greedy`]): one row per sequence, no beam,
+    /// no sibling forking, no grammar, plain greedy parameters.
+    pub(super) fn plan_is_plain_greedy(&self, plan: &StepPlan) -> bool {
+        plan.seqs.iter().filter(|s| s.num_output_rows > 0).all(|s| {
+            let Some(req) = self.requests.get(&s.seq_id) else {
+                return false;
+            };
+            let num_output = self
+                .scheduler
+                .sequence(s.seq_id)
+                .map_or(0, |q| q.output().len());
+            s.num_output_rows == 1
+                && !self.beams.contains(s.seq_id)
+                && self.scheduler.pending_siblings(s.seq_id).is_empty()
+                && !req.state.is_constrained()
+                && req.sampling.is_plain_greedy(num_output)
+        })
+    }
+
+    /// The samples of a plan that [`Self::plan_is_plain_greedy`] accepted, from the runner's
+    /// greedy picks (one per output row, in order): the tokens and logprobs `sample` returns
+    /// for such rows, with the one draw per call it makes from each request's stream.
+    pub(super) fn greedy_samples(
+        &mut self,
+        plan: &StepPlan,
+        picks: &[Option<GreedyPick>],
+    ) -> StepSamples {
+        let mut out = StepSamples::default();
+        let rows = plan.seqs.iter().filter(|s| s.num_output_rows > 0);
+        for (s, pick) in rows.zip(picks) {
+            let req = self
+                .requests
+                .get_mut(&s.seq_id)
+                .expect("every scheduled sequence has a request");
+            req.state.draw_uniform();
+            let vocab = self.runner.config().vocab_size;
+            let pick = match req.sampling.validate_ids(vocab) {
+                Err(e) => Err(e),
+                Ok(()) => pick.ok_or(SamplerError::NonFiniteLogits),
+            };
+            match pick {
+                Ok(p) => {
+                    out.outputs.push(SeqOutput {
+                        seq_id: s.seq_id,
+                        tokens: vec![p.token],
+                    });
+                    let t = SampledToken {
+                        token: p.token.0,
+                        logprob: p.logprob,
+                        top_logprobs: Vec::new(),
+                    };
+                    out.sampled.insert(s.seq_id, VecDeque::from([t]));
+                }
+                Err(e) => out.failed.push((s.seq_id, e.to_string())),
             }
         }
         out

@@ -96,6 +96,23 @@ impl SamplingParams {
         self.temperature == 0.0
     }
 
+    /// Whether a request with `num_output_tokens` generated takes the raw argmax and
+    /// reports nothing but the chosen token's logprob: greedy, with no bias, no penalties,
+    /// no stop tokens suppressed by `min_tokens` and no `top_logprobs`. (A grammar, held by
+    /// the request's state, is the one processor this cannot see.) Such a choice needs only
+    /// each row's argmax and softmax sum, which a device runner computes where the logits
+    /// are (`ModelRunner::forward_greedy`).
+    pub fn is_plain_greedy(&self, num_output_tokens: usize) -> bool {
+        self.is_greedy()
+            && self.logit_bias.is_empty()
+            && self.repetition_penalty == 1.0
+            && self.presence_penalty == 0.0
+            && self.frequency_penalty == 0.0
+            && !(self.logprobs && self.top_logprobs > 0)
+            && (num_output_tokens >= self.min_tokens
+                || self.suppressed_while_short().next().is_none())
+    }
+
     /// `Some(k)` when top-k truncation is active (`top_k >= 1`).
     pub fn top_k_limit(&self) -> Option<usize> {
         usize::try_from(self.top_k).ok().filter(|&k| k >= 1)

@@ -1,0 +1,187 @@
+//! Logits reduced where they are: teacher-forced log-probabilities
+//! ([`tandem_model::runner::ModelRunner::forward_logprobs`]) and greedy picks
+//! ([`tandem_model::runner::ModelRunner::forward_greedy`]).
+//!
+//! Both need a few numbers per row, but the forward pass makes a vocabulary's worth of
+//! logits per row: 32 sequences of 2,048 tokens of a 128k-vocabulary model are 34 GB of
+//! logits, and a decode step of 256 sequences 131 MB, more than the step's weights. Here the
+//! LM head's rows stay on the device; `logit_exp_sums` (logprobs.cu) reduces each row to its
+//! maximum, its softmax sum, the target's logit and, for greedy picks, the lowest index of
+//! the maximum; the host finishes with the same two operations its own log-softmax ends
+//! with ([`tandem_kernels::ops::log_sum_exp`], [`tandem_kernels::ops::log_prob`]). The
+//! kernel sums in the host's order with the host's exp, so a log-probability is bitwise the
+//! one the host computes from the same logits, and a greedy pick is the sampler's.
+
+use tandem_kernels::ops::{log_prob, log_sum_exp};
+use tandem_model::batch::{ForwardBatch, TokenId};
+use tandem_model::greedy::GreedyPick;
+use tandem_model::ModelError;
+
+use crate::batch_layout::BatchLayout;
+use crate::error::{catch_binding_panic, CudaError};
+use crate::forward::ptr;
+use crate::runner::CudaRunner;
+use crate::step_inputs::LOGIT_ROWS;
+
+/// The statistics of the first rows of the logits buffer.
+#[derive(Debug, Default)]
+struct RowStats {
+    max: Vec<f32>,
+    /// 0 for a row holding a NaN or an infinity (a finite row sums at least 1).
+    sum: Vec<f64>,
+    target_logit: Vec<f32>,
+    /// Empty unless asked for.
+    argmax: Vec<i32>,
+}
+
+impl CudaRunner {
+    /// [`tandem_model::runner::ModelRunner::forward_logprobs`] on the device.
+    pub(crate) fn forward_logprobs_inner(
+        &mut self,
+        batch: &ForwardBatch,
+        targets: &[Option<TokenId>],
+    ) -> Result<Vec<Option<f32>>, CudaError> {
+        let c = &self.config;
+        batch.validate(c.vocab_size, self.pool.block_size, self.pool.num_blocks)?;
+        let layout = BatchLayout::build(batch, self.pool.block_size, &self.inv_freqs)?;
+        if targets.len() != layout.output_rows.len() {
+            return Err(ModelError::Batch(format!(
+                "{} targets for {} output rows",
+                targets.len(),
+                layout.output_rows.len()
+            ))
+            .into());
+        }
+        if let Some(t) = targets
+            .iter()
+            .flatten()
+            .find(|t| t.0 as usize >= c.vocab_size)
+        {
+            return Err(ModelError::Batch(format!(
+                "target token {} is outside the vocabulary ({})",
+                t.0, c.vocab_size
+            ))
+            .into());
+        }
+        self.device.bind()?;
+        catch_binding_panic(|| self.run_logprobs(layout, targets))
+    }
+
+    /// [`tandem_model::runner::ModelRunner::forward_greedy`] on the device.
+    pub(crate) fn forward_greedy_inner(
+        &mut self,
+        batch: &ForwardBatch,
+    ) -> Result<Vec<Option<GreedyPick>>, CudaError> {
+        let c = &self.config;
+        batch.validate(c.vocab_size, self.pool.block_size, self.pool.num_blocks)?;
+        let layout = BatchLayout::build(batch, self.pool.block_size, &self.inv_freqs)?;
+        self.device.bind()?;
+        catch_binding_panic(|| self.run_greedy(layout))
+    }
+
+    /// Runs the layers eagerly, then the LM head and the row sums [`LOGIT_ROWS`] rows at a
+    /// time.
+    fn run_logprobs(
+        &mut self,
+        mut l: BatchLayout,
+        targets: &[Option<TokenId>],
+    ) -> Result<Vec<Option<f32>>, CudaError> {
+        self.ensure_capacity(l.tokens.len(), l.max_blocks)?;
+        l.widen_tables(self.inputs.table_stride);
+        self.queue_eager(&l)?;
+        let mut out = Vec::with_capacity(targets.len());
+        for (g, (slots, group)) in l
+            .output_slots
+            .chunks(LOGIT_ROWS)
+            .zip(targets.chunks(LOGIT_ROWS))
+            .enumerate()
+        {
+            self.inputs.upload_output_slots(slots)?;
+            self.queue_lm_head(slots.len())?;
+            let ids: Vec<i32> = group.iter().map(|t| t.map_or(-1, |t| t.0 as i32)).collect();
+            let st = self.row_stats(slots.len(), Some(&ids), false)?;
+            for (i, t) in group.iter().enumerate() {
+                let Some(_) = t else {
+                    out.push(None);
+                    continue;
+                };
+                // 0 marks a NaN or an infinity, which the host's log-softmax refuses too.
+                if st.sum[i] == 0.0 {
+                    let row = g * LOGIT_ROWS + i;
+                    return Err(ModelError::Batch(format!("non-finite logits at row {row}")).into());
+                }
+                out.push(Some(log_prob(
+                    st.target_logit[i],
+                    log_sum_exp(st.max[i], st.sum[i]),
+                )));
+            }
+        }
+        Ok(out)
+    }
+
+    /// A forward pass as [`CudaRunner::run_forward`] runs it (decode steps through their
+    /// graph), with each output row reduced to its greedy pick on the device.
+    fn run_greedy(&mut self, mut l: BatchLayout) -> Result<Vec<Option<GreedyPick>>, CudaError> {
+        self.ensure_capacity(l.tokens.len(), l.max_blocks)?;
+        l.widen_tables(self.inputs.table_stride);
+        if let Some(bucket) = self.graph_bucket(&l) {
+            let n = l.tokens.len();
+            self.replay_decode(l, bucket)?;
+            return self.greedy_rows(n);
+        }
+        self.queue_eager(&l)?;
+        let mut picks = Vec::with_capacity(l.output_slots.len());
+        for slots in l.output_slots.chunks(LOGIT_ROWS) {
+            self.inputs.upload_output_slots(slots)?;
+            self.queue_lm_head(slots.len())?;
+            picks.extend(self.greedy_rows(slots.len())?);
+        }
+        Ok(picks)
+    }
+
+    /// The greedy picks of the first `rows` rows of the logits buffer.
+    fn greedy_rows(&mut self, rows: usize) -> Result<Vec<Option<GreedyPick>>, CudaError> {
+        let st = self.row_stats(rows, None, true)?;
+        Ok((0..rows)
+            .map(|i| GreedyPick::from_row_stats(st.argmax[i] as i64, st.max[i], st.sum[i]))
+            .collect())
+    }
+
+    /// Reduces the first `rows` (at most [`LOGIT_ROWS`]) rows of the logits buffer and
+    /// copies the statistics to the host; `targets`: each row's target (negative: none).
+    fn row_stats(
+        &mut self,
+        rows: usize,
+        targets: Option<&[i32]>,
+        argmax: bool,
+    ) -> Result<RowStats, CudaError> {
+        let s = self.device.stream.clone();
+        if let Some(t) = targets {
+            s.memcpy_htod(t, &mut self.ws.lp_targets)?;
+        }
+        let ws = &self.ws;
+        self.kernels.logit_exp_sums(
+            ptr(&ws.logits, &s),
+            targets.map_or(0, |_| ptr(&ws.lp_targets, &s)),
+            rows,
+            self.config.vocab_size,
+            ptr(&ws.lp_max, &s),
+            ptr(&ws.lp_sum, &s),
+            ptr(&ws.lp_target_logit, &s),
+            argmax.then(|| ptr(&ws.lp_argmax, &s)),
+        )?;
+        let mut st = RowStats {
+            max: vec![0.0; rows],
+            sum: vec![0.0; rows],
+            target_logit: vec![0.0; rows],
+            argmax: vec![0; if argmax { rows } else { 0 }],
+        };
+        s.memcpy_dtoh(&ws.lp_max.slice(..rows), &mut st.max)?;
+        s.memcpy_dtoh(&ws.lp_sum.slice(..rows), &mut st.sum)?;
+        s.memcpy_dtoh(&ws.lp_target_logit.slice(..rows), &mut st.target_logit)?;
+        if argmax {
+            s.memcpy_dtoh(&ws.lp_argmax.slice(..rows), &mut st.argmax)?;
+        }
+        Ok(st)
+    }
+}
