@@ -79,6 +79,12 @@ def summary_lines(name, r):
             lines.append(
                 f"  batch invariance {dtype} {mode}: B={v['batch']} together vs alone: "
                 f"{v['mismatched_logits']} logits differ, max|d| {v['max_abs_diff']:.2e}")
+        for key in ("device_logprobs", "device_greedy"):
+            v = c.get(key)
+            if v is not None:
+                lines.append(f"  {key} {dtype}: {v['differ']} of "
+                             f"{v.get('positions', v.get('rows'))} differ from the host "
+                             f"(goal 0); {json.dumps({k: x for k, x in v.items() if k.endswith('_ms')})}")
         lines.append(
             f"  speed {dtype}: prefill {t['prefill_tok_s']:.0f} tok/s ({t['prefill_tokens']} "
             f"tokens), 8x2048 {t.get('prefill_8x2048_tok_s', 0):.0f} tok/s")

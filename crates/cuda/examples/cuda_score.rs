@@ -16,6 +16,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use tandem_cuda::{CudaDtype, CudaOptions, CudaRunner, KvBudget};
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
+use tandem_model::greedy::GreedyPick;
 use tandem_model::logits::Logits;
 use tandem_model::runner::ModelRunner;
 
@@ -483,9 +484,40 @@ fn device_logprobs(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value>
     }))
 }
 
+/// Greedy picks made on the device (`ModelRunner::forward_greedy`) against the host's pick
+/// from the same pass's logits, for a prefill chunk (eager) and a decode step (its CUDA
+/// graph): they must be equal, logprobs bitwise. Also times the decode step both ways.
+fn device_greedy(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
+    let n = 256.min(tokens.len() - 1);
+    let table = blocks(0, (n + 1).div_ceil(BLOCK));
+    let prefill = chunk_batch(tokens, &table, 0, n);
+    let decode = decode_batch(std::slice::from_ref(&table), tokens[n], n);
+    let mut differ = 0;
+    let mut rows = 0;
+    let mut times = Vec::new();
+    for batch in [&prefill, &decode] {
+        let t = Instant::now();
+        let logits = runner.forward(batch)?;
+        let host_ms = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        let device = runner.forward_greedy(batch)?;
+        let device_ms = t.elapsed().as_secs_f64() * 1e3;
+        times.push((host_ms, device_ms));
+        for (r, pick) in device.iter().enumerate() {
+            rows += 1;
+            differ += usize::from(GreedyPick::of_row(logits.row(r)) != *pick);
+        }
+    }
+    Ok(json!({
+        "rows": rows, "differ": differ,
+        "decode_logits_ms": times[1].0, "decode_greedy_ms": times[1].1,
+    }))
+}
+
 fn checks(runner: &mut CudaRunner, seqs: &[Vec<TokenId>]) -> Result<Value> {
     let s = &seqs[0];
     let logprobs = device_logprobs(runner, s)?;
+    let greedy = device_greedy(runner, s)?;
     let decode = decode_vs_forward(runner, &s[..64.min(s.len())], 32)?;
     let prefix = prefix_and_copy(runner, s)?;
     let invariance = batch_invariance(runner, &s[..256.min(s.len())])?;
@@ -493,7 +525,7 @@ fn checks(runner: &mut CudaRunner, seqs: &[Vec<TokenId>]) -> Result<Value> {
     Ok(json!({
         "describe": runner.describe(), "weight_bytes": runner.weight_bytes(),
         "decode_vs_forward": decode, "prefix": prefix, "batch_invariance": invariance,
-        "device_logprobs": logprobs,
+        "device_logprobs": logprobs, "device_greedy": greedy,
         "timing": timing,
     }))
 }
