@@ -16,9 +16,9 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use tandem_cuda::{CudaDtype, CudaOptions, CudaRunner, KvBudget};
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
-use tandem_model::greedy::GreedyPick;
 use tandem_model::logits::Logits;
 use tandem_model::runner::ModelRunner;
+use tandem_model::token_pick::TokenPick;
 
 const BLOCK: usize = 16;
 const CHUNK: usize = 256;
@@ -505,7 +505,7 @@ fn device_greedy(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
         times.push((host_ms, device_ms));
         for (r, pick) in device.iter().enumerate() {
             rows += 1;
-            differ += usize::from(GreedyPick::of_row(logits.row(r)) != *pick);
+            differ += usize::from(TokenPick::greedy(logits.row(r)) != *pick);
         }
     }
     Ok(json!({

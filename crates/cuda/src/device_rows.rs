@@ -1,6 +1,8 @@
 //! Logits reduced where they are: teacher-forced log-probabilities
-//! ([`tandem_model::runner::ModelRunner::forward_logprobs`]) and greedy picks
-//! ([`tandem_model::runner::ModelRunner::forward_greedy`]).
+//! ([`tandem_model::runner::ModelRunner::forward_logprobs`]), greedy picks
+//! ([`tandem_model::runner::ModelRunner::forward_greedy`]) and sampled tokens
+//! ([`tandem_model::runner::ModelRunner::forward_sample`]: `sample_rows`, sampling.cu,
+//! draws each row's token; its raw logprob then comes as a target's does).
 //!
 //! Both need a few numbers per row, but the forward pass makes a vocabulary's worth of
 //! logits per row: 32 sequences of 2,048 tokens of a 128k-vocabulary model are 34 GB of
@@ -14,12 +16,14 @@
 
 use tandem_kernels::ops::{log_prob, log_sum_exp};
 use tandem_model::batch::{ForwardBatch, TokenId};
-use tandem_model::greedy::GreedyPick;
+use tandem_model::row_sampling::RowSampling;
+use tandem_model::token_pick::TokenPick;
 use tandem_model::ModelError;
 
 use crate::batch_layout::BatchLayout;
 use crate::error::{catch_binding_panic, CudaError};
 use crate::forward::ptr;
+use crate::kernels::row_sampling_bytes;
 use crate::runner::CudaRunner;
 use crate::step_inputs::LOGIT_ROWS;
 
@@ -32,6 +36,18 @@ struct RowStats {
     target_logit: Vec<f32>,
     /// Empty unless asked for.
     argmax: Vec<i32>,
+    /// The targets, when a kernel chose them on the device (else empty).
+    tokens: Vec<i32>,
+}
+
+/// The targets whose logits [`CudaRunner::row_stats`] reads.
+#[derive(Debug, Clone, Copy)]
+enum Targets<'a> {
+    None,
+    /// Each row's target from the host (negative: none).
+    Host(&'a [i32]),
+    /// Already in the targets buffer (tokens drawn there by `sample_rows`).
+    OnDevice,
 }
 
 impl CudaRunner {
@@ -71,12 +87,33 @@ impl CudaRunner {
     pub(crate) fn forward_greedy_inner(
         &mut self,
         batch: &ForwardBatch,
-    ) -> Result<Vec<Option<GreedyPick>>, CudaError> {
+    ) -> Result<Vec<Option<TokenPick>>, CudaError> {
         let c = &self.config;
         batch.validate(c.vocab_size, self.pool.block_size, self.pool.num_blocks)?;
         let layout = BatchLayout::build(batch, self.pool.block_size, &self.inv_freqs)?;
         self.device.bind()?;
-        catch_binding_panic(|| self.run_greedy(layout))
+        catch_binding_panic(|| self.run_picks(layout, None))
+    }
+
+    /// [`tandem_model::runner::ModelRunner::forward_sample`] on the device.
+    pub(crate) fn forward_sample_inner(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> Result<Vec<Option<TokenPick>>, CudaError> {
+        let c = &self.config;
+        batch.validate(c.vocab_size, self.pool.block_size, self.pool.num_blocks)?;
+        let layout = BatchLayout::build(batch, self.pool.block_size, &self.inv_freqs)?;
+        if rows.len() != layout.output_rows.len() {
+            return Err(ModelError::Batch(format!(
+                "{} row samplings for {} output rows",
+                rows.len(),
+                layout.output_rows.len()
+            ))
+            .into());
+        }
+        self.device.bind()?;
+        catch_binding_panic(|| self.run_picks(layout, Some(rows)))
     }
 
     /// Runs the layers eagerly, then the LM head and the row sums [`LOGIT_ROWS`] rows at a
@@ -99,7 +136,7 @@ impl CudaRunner {
             self.inputs.upload_output_slots(slots)?;
             self.queue_lm_head(slots.len())?;
             let ids: Vec<i32> = group.iter().map(|t| t.map_or(-1, |t| t.0 as i32)).collect();
-            let st = self.row_stats(slots.len(), Some(&ids), false)?;
+            let st = self.row_stats(slots.len(), Targets::Host(&ids), false)?;
             for (i, t) in group.iter().enumerate() {
                 let Some(_) = t else {
                     out.push(None);
@@ -120,49 +157,87 @@ impl CudaRunner {
     }
 
     /// A forward pass as [`CudaRunner::run_forward`] runs it (decode steps through their
-    /// graph), with each output row reduced to its greedy pick on the device.
-    fn run_greedy(&mut self, mut l: BatchLayout) -> Result<Vec<Option<GreedyPick>>, CudaError> {
+    /// graph), with each output row reduced on the device to its greedy pick, or to the
+    /// token `sampling` draws for it.
+    fn run_picks(
+        &mut self,
+        mut l: BatchLayout,
+        sampling: Option<&[RowSampling]>,
+    ) -> Result<Vec<Option<TokenPick>>, CudaError> {
         self.ensure_capacity(l.tokens.len(), l.max_blocks)?;
         l.widen_tables(self.inputs.table_stride);
         if let Some(bucket) = self.graph_bucket(&l) {
             let n = l.tokens.len();
             self.replay_decode(l, bucket)?;
-            return self.greedy_rows(n);
+            return self.pick_rows(n, sampling);
         }
         self.queue_eager(&l)?;
         let mut picks = Vec::with_capacity(l.output_slots.len());
-        for slots in l.output_slots.chunks(LOGIT_ROWS) {
+        for (g, slots) in l.output_slots.chunks(LOGIT_ROWS).enumerate() {
             self.inputs.upload_output_slots(slots)?;
             self.queue_lm_head(slots.len())?;
-            picks.extend(self.greedy_rows(slots.len())?);
+            let group = sampling.map(|s| &s[g * LOGIT_ROWS..g * LOGIT_ROWS + slots.len()]);
+            picks.extend(self.pick_rows(slots.len(), group)?);
         }
         Ok(picks)
     }
 
-    /// The greedy picks of the first `rows` rows of the logits buffer.
-    fn greedy_rows(&mut self, rows: usize) -> Result<Vec<Option<GreedyPick>>, CudaError> {
-        let st = self.row_stats(rows, None, true)?;
+    /// The picks of the first `rows` rows of the logits buffer: greedy, or drawn as
+    /// `sampling` (one per row) says.
+    fn pick_rows(
+        &mut self,
+        rows: usize,
+        sampling: Option<&[RowSampling]>,
+    ) -> Result<Vec<Option<TokenPick>>, CudaError> {
+        let Some(sampling) = sampling else {
+            let st = self.row_stats(rows, Targets::None, true)?;
+            return Ok((0..rows)
+                .map(|i| TokenPick::greedy_from_stats(st.argmax[i] as i64, st.max[i], st.sum[i]))
+                .collect());
+        };
+        let s = self.device.stream.clone();
+        let bytes: Vec<u8> = sampling.iter().flat_map(row_sampling_bytes).collect();
+        s.memcpy_htod(&bytes, &mut self.ws.sample_params)?;
+        let ws = &self.ws;
+        self.kernels.sample_rows(
+            ptr(&ws.logits, &s),
+            ptr(&ws.sample_params, &s),
+            rows,
+            self.config.vocab_size,
+            ptr(&ws.lp_targets, &s),
+        )?;
+        let st = self.row_stats(rows, Targets::OnDevice, false)?;
         Ok((0..rows)
-            .map(|i| GreedyPick::from_row_stats(st.argmax[i] as i64, st.max[i], st.sum[i]))
+            .map(|i| {
+                TokenPick::from_stats(
+                    st.tokens[i] as i64,
+                    st.target_logit[i],
+                    st.max[i],
+                    st.sum[i],
+                )
+            })
             .collect())
     }
 
     /// Reduces the first `rows` (at most [`LOGIT_ROWS`]) rows of the logits buffer and
-    /// copies the statistics to the host; `targets`: each row's target (negative: none).
+    /// copies the statistics to the host.
     fn row_stats(
         &mut self,
         rows: usize,
-        targets: Option<&[i32]>,
+        targets: Targets<'_>,
         argmax: bool,
     ) -> Result<RowStats, CudaError> {
         let s = self.device.stream.clone();
-        if let Some(t) = targets {
+        if let Targets::Host(t) = targets {
             s.memcpy_htod(t, &mut self.ws.lp_targets)?;
         }
         let ws = &self.ws;
         self.kernels.logit_exp_sums(
             ptr(&ws.logits, &s),
-            targets.map_or(0, |_| ptr(&ws.lp_targets, &s)),
+            match targets {
+                Targets::None => 0,
+                Targets::Host(_) | Targets::OnDevice => ptr(&ws.lp_targets, &s),
+            },
             rows,
             self.config.vocab_size,
             ptr(&ws.lp_max, &s),
@@ -175,12 +250,17 @@ impl CudaRunner {
             sum: vec![0.0; rows],
             target_logit: vec![0.0; rows],
             argmax: vec![0; if argmax { rows } else { 0 }],
+            tokens: Vec::new(),
         };
         s.memcpy_dtoh(&ws.lp_max.slice(..rows), &mut st.max)?;
         s.memcpy_dtoh(&ws.lp_sum.slice(..rows), &mut st.sum)?;
         s.memcpy_dtoh(&ws.lp_target_logit.slice(..rows), &mut st.target_logit)?;
         if argmax {
             s.memcpy_dtoh(&ws.lp_argmax.slice(..rows), &mut st.argmax)?;
+        }
+        if matches!(targets, Targets::OnDevice) {
+            st.tokens = vec![0; rows];
+            s.memcpy_dtoh(&ws.lp_targets.slice(..rows), &mut st.tokens)?;
         }
         Ok(st)
     }

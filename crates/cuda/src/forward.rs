@@ -17,7 +17,9 @@ use crate::attention_tiles::{tokens_per_tile, AttentionTiles};
 use crate::batch_layout::BatchLayout;
 use crate::decode_graphs::bucket_for;
 use crate::error::CudaError;
-use crate::kernels::{AttnBuffers, AttnShape, DevPtr, QkvBuffers, QkvShape, ATTN_PARTITION};
+use crate::kernels::{
+    AttnBuffers, AttnShape, DevPtr, QkvBuffers, QkvShape, ATTN_PARTITION, ROW_SAMPLING_BYTES,
+};
 use crate::options::CudaDtype;
 use crate::runner::CudaRunner;
 use crate::step_inputs::{InputPtrs, StepInputs, LOGIT_ROWS};
@@ -70,6 +72,8 @@ pub(crate) struct Workspace {
     pub(crate) lp_sum: CudaSlice<f64>,
     pub(crate) lp_target_logit: CudaSlice<f32>,
     pub(crate) lp_argmax: CudaSlice<i32>,
+    /// `[LOGIT_ROWS]` parameters of rows sampled on the device (`kernels::row_sampling_bytes`).
+    pub(crate) sample_params: CudaSlice<u8>,
 }
 
 impl Workspace {
@@ -102,6 +106,7 @@ impl Workspace {
             lp_sum: stream.alloc_zeros::<f64>(LOGIT_ROWS)?,
             lp_target_logit: f(LOGIT_ROWS)?,
             lp_argmax: stream.alloc_zeros::<i32>(LOGIT_ROWS)?,
+            sample_params: stream.alloc_zeros::<u8>(LOGIT_ROWS * ROW_SAMPLING_BYTES)?,
         })
     }
 }

@@ -23,17 +23,18 @@ use crate::options::CudaDtype;
 pub(crate) type DevPtr = u64;
 
 /// The kernel files, in the order they are concatenated into one program.
-const SOURCES: [(&str, &str); 6] = [
+const SOURCES: [(&str, &str); 7] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("norm.cu", include_str!("../kernels/norm.cu")),
     ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
     ("rope_kv.cu", include_str!("../kernels/rope_kv.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
     ("logprobs.cu", include_str!("../kernels/logprobs.cu")),
+    ("sampling.cu", include_str!("../kernels/sampling.cu")),
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 9] = [
+pub const KERNEL_NAMES: [&str; 10] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
@@ -43,6 +44,7 @@ pub const KERNEL_NAMES: [&str; 9] = [
     "swiglu",
     "gather_hidden",
     "logit_exp_sums",
+    "sample_rows",
 ];
 
 /// Index of kernel `name` in [`KERNEL_NAMES`].
@@ -64,6 +66,22 @@ pub(crate) const MAX_GQA_GROUP: usize = 32;
 const ROW_THREADS: u32 = 256;
 /// Threads of a `logit_exp_sums` block (`LP_THREADS` in logprobs.cu).
 const LOGPROB_THREADS: u32 = 256;
+/// Threads of a `sample_rows` block (`SAMPLE_THREADS` in sampling.cu).
+const SAMPLE_THREADS: u32 = 256;
+/// Bytes of one row's parameters for `sample_rows` (`RowSampling` in sampling.cu).
+pub(crate) const ROW_SAMPLING_BYTES: usize = 24;
+
+/// `RowSampling` of sampling.cu, as bytes: temperature, top_k, top_p, min_p (4 bytes
+/// each), the uniform number (8).
+pub(crate) fn row_sampling_bytes(s: &tandem_model::row_sampling::RowSampling) -> [u8; 24] {
+    let mut b = [0u8; ROW_SAMPLING_BYTES];
+    b[0..4].copy_from_slice(&s.temperature.to_ne_bytes());
+    b[4..8].copy_from_slice(&s.top_k.to_ne_bytes());
+    b[8..12].copy_from_slice(&s.top_p.to_ne_bytes());
+    b[12..16].copy_from_slice(&s.min_p.to_ne_bytes());
+    b[16..24].copy_from_slice(&s.uniform.to_ne_bytes());
+    b
+}
 
 /// The whole kernel program: every source file, concatenated.
 pub fn program_source() -> String {
@@ -516,5 +534,25 @@ impl Kernels {
             Arg::Ptr(row_argmax.unwrap_or(0)),
         ];
         self.launch("logit_exp_sums", (rows as u32, 1), LOGPROB_THREADS, &args)
+    }
+
+    /// One token per row of `rows` logits rows, drawn as each row's parameters say (see
+    /// sampling.cu); -1 for a row holding a NaN or an infinity. logits: `[rows, vocab]`
+    /// f32; params: `[rows]` of [`row_sampling_bytes`]; tokens: `[rows]` i32.
+    pub fn sample_rows(
+        &self,
+        logits: DevPtr,
+        params: DevPtr,
+        rows: usize,
+        vocab: usize,
+        tokens: DevPtr,
+    ) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(logits),
+            Arg::Ptr(params),
+            Arg::I32(vocab as i32),
+            Arg::Ptr(tokens),
+        ];
+        self.launch("sample_rows", (rows as u32, 1), SAMPLE_THREADS, &args)
     }
 }

@@ -4,10 +4,11 @@ use std::ops::Range;
 
 use sha2::{Digest, Sha256};
 use tandem_model::batch::{BlockId, ForwardBatch, TokenId};
-use tandem_model::greedy::GreedyPick;
 use tandem_model::host_model::HostModel;
 use tandem_model::logits::Logits;
+use tandem_model::row_sampling::RowSampling;
 use tandem_model::runner::{KvGeometry, ModelRunner};
+use tandem_model::token_pick::TokenPick;
 use tandem_model::{ModelConfig, Result as ModelResult};
 
 use crate::attention_tiles::shared_bytes;
@@ -251,8 +252,20 @@ impl ModelRunner for CudaRunner {
         Ok(self.forward_logprobs_inner(batch, targets)?)
     }
 
-    fn forward_greedy(&mut self, batch: &ForwardBatch) -> ModelResult<Vec<Option<GreedyPick>>> {
+    fn forward_greedy(&mut self, batch: &ForwardBatch) -> ModelResult<Vec<Option<TokenPick>>> {
         Ok(self.forward_greedy_inner(batch)?)
+    }
+
+    fn samples_rows(&self) -> bool {
+        true
+    }
+
+    fn forward_sample(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> ModelResult<Vec<Option<TokenPick>>> {
+        Ok(self.forward_sample_inner(batch, rows)?)
     }
 
     fn copy_blocks(&mut self, copies: &[(BlockId, BlockId)]) -> ModelResult<()> {

@@ -39,6 +39,8 @@ mod sampling;
 mod speculation;
 mod step_trace;
 
+use sampling::RowPath;
+
 pub use prompt_logprobs::PromptTokenLogprob;
 
 /// One generation request: its prompt, how to choose tokens, and when to stop.
@@ -287,13 +289,22 @@ impl Engine {
         let prompt_rows = self.prompt_logprobs.plan_rows(&plan, &self.scheduler);
         prompt_logprobs::widen_output(&mut batch, &prompt_rows);
         clock.mark(Part::Schedule);
-        // Steps whose every row is plain greedy need only each row's argmax and softmax
-        // sum: a device runner keeps the logits where they are.
-        let greedy = prompt_rows.is_empty() && self.plan_is_plain_greedy(&plan);
-        let forwarded = if greedy {
-            self.runner.forward_greedy(&batch).map(|picks| {
+        // Steps whose rows need only their choice let the runner choose: a device runner
+        // keeps the logits where they are.
+        let path = if prompt_rows.is_empty() {
+            self.row_path(&plan)
+        } else {
+            RowPath::Host
+        };
+        let forwarded = if path != RowPath::Host {
+            let rows = self.draw_rows(&plan);
+            let picks = match path {
+                RowPath::Greedy => self.runner.forward_greedy(&batch),
+                _ => self.runner.forward_sample(&batch, &rows),
+            };
+            picks.map(|picks| {
                 clock.mark(Part::Forward);
-                self.greedy_samples(&plan, &picks)
+                self.picked_samples(&plan, &picks)
             })
         } else {
             self.runner.forward(&batch).map(|mut logits| {

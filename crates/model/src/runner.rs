@@ -15,9 +15,10 @@ use std::ops::Range;
 use crate::batch::{BlockId, ForwardBatch, TokenId};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::greedy::GreedyPick;
 use crate::logits::Logits;
+use crate::row_sampling::{self, RowSampling};
 use crate::scoring::score_row;
+use crate::token_pick::TokenPick;
 
 /// How a runner's KV pool stores keys and values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,13 +119,45 @@ pub trait ModelRunner: Send + std::fmt::Debug {
 
     /// The greedy token of every output row of `batch` with its raw log-probability, `None`
     /// for a row holding a NaN or an infinity: what the sampler chooses and reports for a
-    /// request without processors, bit for bit ([`GreedyPick`]). The default computes the
+    /// request without processors, bit for bit ([`TokenPick`]). The default computes the
     /// logits and picks on the host; a device runner reduces each row where the logits are
     /// and copies back a few bytes per row instead of the vocabulary.
-    fn forward_greedy(&mut self, batch: &ForwardBatch) -> Result<Vec<Option<GreedyPick>>> {
+    fn forward_greedy(&mut self, batch: &ForwardBatch) -> Result<Vec<Option<TokenPick>>> {
         let logits = self.forward(batch)?;
         Ok((0..logits.num_rows())
-            .map(|r| GreedyPick::of_row(logits.row(r)))
+            .map(|r| TokenPick::greedy(logits.row(r)))
+            .collect())
+    }
+
+    /// Whether the runner draws tokens where its logits are ([`Self::forward_sample`]), so
+    /// that the engine should ask it to rather than take the logits. Default: no.
+    fn samples_rows(&self) -> bool {
+        false
+    }
+
+    /// One token per output row of `batch`, drawn as `rows[r]` says by the algorithm of
+    /// [`crate::row_sampling`], with its raw log-probability; `None` for a row holding a
+    /// NaN or an infinity. The default computes the logits and draws on the host.
+    fn forward_sample(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> Result<Vec<Option<TokenPick>>> {
+        let logits = self.forward(batch)?;
+        if rows.len() != logits.num_rows() {
+            return Err(ModelError::Batch(format!(
+                "{} row samplings for {} rows of logits",
+                rows.len(),
+                logits.num_rows()
+            )));
+        }
+        Ok(rows
+            .iter()
+            .enumerate()
+            .map(|(r, s)| {
+                let row = logits.row(r);
+                row_sampling::pick(row, s).and_then(|t| TokenPick::of_row(row, t))
+            })
             .collect())
     }
 

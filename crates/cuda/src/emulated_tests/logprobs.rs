@@ -1,9 +1,9 @@
 //! `logit_exp_sums`: per row the maximum, the softmax sum, the target's logit and the
-//! argmax, bitwise what the host computes (`tandem_kernels::exp_sum`, `GreedyPick::of_row`),
+//! argmax, bitwise what the host computes (`tandem_kernels::exp_sum`, `TokenPick::greedy`),
 //! so that log-probs scored and greedy tokens picked on the device equal the host's.
 
 use super::*;
-use tandem_model::greedy::GreedyPick;
+use tandem_model::token_pick::TokenPick;
 
 struct Stats {
     max: Vec<f32>,
@@ -71,8 +71,8 @@ fn sums_and_argmax_are_bitwise_the_hosts_for_any_vocabulary_size() {
             let host_sum = tandem_kernels::exp_sum::exp_sum(row, host_max);
             assert_eq!(st.sum[r].to_bits(), host_sum.to_bits(), "{what}: sum");
             assert_eq!(st.target[r], row[targets[r] as usize], "{what}: target");
-            let pick = GreedyPick::from_row_stats(st.argmax[r] as i64, st.max[r], st.sum[r]);
-            assert_eq!(pick, GreedyPick::of_row(row), "{what}: greedy pick");
+            let pick = TokenPick::greedy_from_stats(st.argmax[r] as i64, st.max[r], st.sum[r]);
+            assert_eq!(pick, TokenPick::greedy(row), "{what}: greedy pick");
         }
         if vocab > 1000 {
             assert_eq!(

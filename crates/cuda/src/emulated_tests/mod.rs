@@ -7,6 +7,7 @@ mod attention;
 mod logprobs;
 mod rope_kv;
 mod rows;
+mod sampling;
 
 use half::bf16;
 use rand::rngs::StdRng;
@@ -62,6 +63,19 @@ impl Buf {
                 values.as_ptr() as *const u8,
                 b.words.as_mut_ptr() as *mut u8,
                 b.bytes,
+            );
+        }
+        b
+    }
+
+    pub fn of_bytes(bytes: &[u8]) -> Buf {
+        let mut b = Buf::zeroed(bytes.len());
+        // SAFETY: the words hold at least `bytes.len()` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                b.words.as_mut_ptr() as *mut u8,
+                bytes.len(),
             );
         }
         b

@@ -4,13 +4,25 @@
 use std::collections::{HashMap, VecDeque};
 
 use tandem_model::batch::TokenId;
-use tandem_model::greedy::GreedyPick;
 use tandem_model::logits::Logits;
+use tandem_model::row_sampling::RowSampling;
+use tandem_model::token_pick::TokenPick;
 
 use super::{Engine, EngineEvent};
 use crate::sampler::{sample, SampledToken, SamplerError};
 use crate::sequence::{FinishReason, SeqId};
 use crate::step_plan::{SeqEvent, SeqOutput, StepPlan};
+
+/// How a step's rows get their tokens (see [`Engine::row_path`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RowPath {
+    /// The runner's greedy picks (`ModelRunner::forward_greedy`).
+    Greedy,
+    /// The runner's draws (`ModelRunner::forward_sample`).
+    Device,
+    /// The logits, sampled on the host.
+    Host,
+}
 
 /// What sampling a step's logits produced.
 #[derive(Debug, Default)]
@@ -66,43 +78,72 @@ impl Engine {
         out
     }
 
-    /// Whether every row of `plan` can be sampled from its greedy pick alone (see
-    /// [`crate::sampler::SamplingParams::is_plain_greedy`]): one row per sequence, no beam,
-    /// no sibling forking, no grammar, plain greedy parameters.
-    pub(super) fn plan_is_plain_greedy(&self, plan: &StepPlan) -> bool {
-        plan.seqs.iter().filter(|s| s.num_output_rows > 0).all(|s| {
+    /// How the rows of `plan` get their tokens: from the runner's picks when every row is
+    /// one sequence's only row (no beam, no sibling fork, no drafts) with unprocessed
+    /// parameters and no grammar (see
+    /// [`crate::sampler::SamplingParams::is_unprocessed`]) — greedy picks when all are
+    /// greedy, draws where the logits are when the runner makes them — else by the sampler
+    /// on the host from the logits.
+    pub(super) fn row_path(&self, plan: &StepPlan) -> RowPath {
+        let mut all_greedy = true;
+        for s in plan.seqs.iter().filter(|s| s.num_output_rows > 0) {
             let Some(req) = self.requests.get(&s.seq_id) else {
-                return false;
+                return RowPath::Host;
             };
             let num_output = self
                 .scheduler
                 .sequence(s.seq_id)
                 .map_or(0, |q| q.output().len());
-            s.num_output_rows == 1
+            let picked = s.num_output_rows == 1
                 && !self.beams.contains(s.seq_id)
                 && self.scheduler.pending_siblings(s.seq_id).is_empty()
                 && !req.state.is_constrained()
-                && req.sampling.is_plain_greedy(num_output)
-        })
+                && req.sampling.is_unprocessed(num_output);
+            if !picked {
+                return RowPath::Host;
+            }
+            all_greedy &= req.sampling.is_greedy();
+        }
+        if all_greedy {
+            RowPath::Greedy
+        } else if self.runner.samples_rows() {
+            RowPath::Device
+        } else {
+            RowPath::Host
+        }
     }
 
-    /// The samples of a plan that [`Self::plan_is_plain_greedy`] accepted, from the runner's
-    /// greedy picks (one per output row, in order): the tokens and logprobs `sample` returns
-    /// for such rows, with the one draw per call it makes from each request's stream.
-    pub(super) fn greedy_samples(
-        &mut self,
-        plan: &StepPlan,
-        picks: &[Option<GreedyPick>],
-    ) -> StepSamples {
-        let mut out = StepSamples::default();
-        let rows = plan.seqs.iter().filter(|s| s.num_output_rows > 0);
-        for (s, pick) in rows.zip(picks) {
+    /// The one draw per row from each request's stream that `sample` would make, as the
+    /// row parameters of a draw by the runner (for a plan [`Self::row_path`] gave to the
+    /// runner).
+    pub(super) fn draw_rows(&mut self, plan: &StepPlan) -> Vec<RowSampling> {
+        let mut rows = Vec::new();
+        for s in plan.seqs.iter().filter(|s| s.num_output_rows > 0) {
             let req = self
                 .requests
                 .get_mut(&s.seq_id)
                 .expect("every scheduled sequence has a request");
-            req.state.draw_uniform();
-            let vocab = self.runner.config().vocab_size;
+            let u = req.state.draw_uniform();
+            rows.push(req.sampling.row_sampling(u));
+        }
+        rows
+    }
+
+    /// The samples of a plan given to the runner, from its picks (one per output row, in
+    /// order, drawn after [`Self::draw_rows`]).
+    pub(super) fn picked_samples(
+        &mut self,
+        plan: &StepPlan,
+        picks: &[Option<TokenPick>],
+    ) -> StepSamples {
+        let mut out = StepSamples::default();
+        let vocab = self.runner.config().vocab_size;
+        let rows = plan.seqs.iter().filter(|s| s.num_output_rows > 0);
+        for (s, pick) in rows.zip(picks) {
+            let req = self
+                .requests
+                .get(&s.seq_id)
+                .expect("every scheduled sequence has a request");
             let pick = match req.sampling.validate_ids(vocab) {
                 Err(e) => Err(e),
                 Ok(()) => pick.ok_or(SamplerError::NonFiniteLogits),

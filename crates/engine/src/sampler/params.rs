@@ -1,5 +1,7 @@
 //! Per-request sampling parameters and their validation.
 
+use tandem_model::row_sampling::RowSampling;
+
 use super::constraint::Constraint;
 use super::error::SamplerError;
 
@@ -96,21 +98,40 @@ impl SamplingParams {
         self.temperature == 0.0
     }
 
-    /// Whether a request with `num_output_tokens` generated takes the raw argmax and
-    /// reports nothing but the chosen token's logprob: greedy, with no bias, no penalties,
-    /// no stop tokens suppressed by `min_tokens` and no `top_logprobs`. (A grammar, held by
-    /// the request's state, is the one processor this cannot see.) Such a choice needs only
-    /// each row's argmax and softmax sum, which a device runner computes where the logits
-    /// are (`ModelRunner::forward_greedy`).
-    pub fn is_plain_greedy(&self, num_output_tokens: usize) -> bool {
-        self.is_greedy()
-            && self.logit_bias.is_empty()
+    /// Whether, with `num_output_tokens` generated, the request's processed logits are its
+    /// raw logits and it reports nothing but the chosen token's logprob: no bias, no
+    /// penalties, no stop tokens suppressed by `min_tokens`, no `top_logprobs`. (A grammar,
+    /// held by the request's state, is the one processor this cannot see.) Such a row needs
+    /// only its choice from the runner: the greedy pick, or a draw by temperature, top-k,
+    /// top-p and min-p, which a device runner makes where the logits are
+    /// (`ModelRunner::forward_greedy`, `ModelRunner::forward_sample`).
+    pub fn is_unprocessed(&self, num_output_tokens: usize) -> bool {
+        self.logit_bias.is_empty()
             && self.repetition_penalty == 1.0
             && self.presence_penalty == 0.0
             && self.frequency_penalty == 0.0
             && !(self.logprobs && self.top_logprobs > 0)
             && (num_output_tokens >= self.min_tokens
                 || self.suppressed_while_short().next().is_none())
+    }
+
+    /// Greedy and [`Self::is_unprocessed`]: the choice is the raw argmax.
+    pub fn is_plain_greedy(&self, num_output_tokens: usize) -> bool {
+        self.is_greedy() && self.is_unprocessed(num_output_tokens)
+    }
+
+    /// The row parameters of a device draw with uniform number `uniform`
+    /// (`tandem_model::row_sampling`).
+    pub fn row_sampling(&self, uniform: f64) -> RowSampling {
+        RowSampling {
+            temperature: self.temperature,
+            top_k: self
+                .top_k_limit()
+                .map_or(0, |k| i32::try_from(k).unwrap_or(i32::MAX)),
+            top_p: self.top_p,
+            min_p: self.min_p,
+            uniform,
+        }
     }
 
     /// `Some(k)` when top-k truncation is active (`top_k >= 1`).

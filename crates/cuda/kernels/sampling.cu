@@ -1,0 +1,351 @@
+// Sampling one token per logits row where the logits are: greedy, or temperature, top-k,
+// top-p and min-p with one uniform number per row drawn by the host from the request's own
+// stream. Only the chosen ids cross to the host (then logit_exp_sums gives their raw
+// log-probabilities). tandem_model::row_sampling is the host reference of this algorithm.
+//
+// The distribution is the host sampler's (tandem_engine's `sample`): with l the row, m its
+// maximum, T the temperature,
+//   1. top-k keeps the k largest l, ties to the lower id (order: l by total order, then id);
+//   2. weights w = exp((l - m) / T) in f64, total = the sum over the top-k survivors;
+//   3. top-p keeps, in that same order, the shortest prefix whose mass reaches
+//      top_p * total;
+//   4. min-p keeps w >= min_p (the largest weight is exactly 1);
+//   5. the draw walks the survivors in id order and takes the first whose cumulative
+//      weight exceeds u * (their total); if rounding never does, the last one.
+// Every reduction is a fixed tree over fixed thread ranges, so a row's token depends only
+// on its logits, its parameters and its u, never on the batch or the run.
+//
+// Grid: rows; block: SAMPLE_THREADS threads (a multiple of 32).
+
+#define SAMPLE_THREADS 256
+
+struct RowSampling {
+    float temperature; // 0: greedy
+    int top_k;         // <= 0: off
+    float top_p;       // >= 1: off
+    float min_p;       // <= 0: off
+    double uniform;    // in [0, 1)
+};
+
+// Larger floats get larger keys (the total order: -0 below +0); for finite values.
+__device__ __forceinline__ u32 order_key(float v) {
+    u32 b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// The float whose order_key is `k`.
+__device__ __forceinline__ float value_of_key(u32 k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+__device__ __forceinline__ double warp_sum_f64(double v) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, offset);
+    }
+    return v;
+}
+
+// Sum over the block in a fixed order; every thread gets it. `scratch`: 32 doubles.
+__device__ double block_sum_f64(double v, double* scratch) {
+    int lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5;
+    v = warp_sum_f64(v);
+    __syncthreads();
+    if (lane == 0) {
+        scratch[warp] = v;
+    }
+    __syncthreads();
+    double total = lane < (int)(blockDim.x >> 5) ? scratch[lane] : 0.0;
+    return warp_sum_f64(total);
+}
+
+// Integer sum, maximum and minimum over the block; every thread gets them.
+// `scratch`: 32 ints.
+__device__ int block_sum_int(int v, int* scratch) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, offset);
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) {
+        scratch[threadIdx.x >> 5] = v;
+    }
+    __syncthreads();
+    int total = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) {
+        total += scratch[w];
+    }
+    return total;
+}
+
+__device__ int block_min_int(int v, int* scratch) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v = min(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) {
+        scratch[threadIdx.x >> 5] = v;
+    }
+    __syncthreads();
+    int out = v;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) {
+        out = min(out, scratch[w]);
+    }
+    return out;
+}
+
+__device__ float block_max_f32(float v, float* scratch) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) {
+        scratch[threadIdx.x >> 5] = v;
+    }
+    __syncthreads();
+    float out = v;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) {
+        out = fmaxf(out, scratch[w]);
+    }
+    return out;
+}
+
+// Block-shared state of the selections.
+struct SelectShared {
+    int hist[256];
+    u32 prefix;
+    u32 rank;
+};
+
+// The value at `rank` (0-based) among { value(i) : i < n, pred(i) } in descending
+// (`descending`) or ascending order, by radix selection, 8 bits at a time from the top.
+// `rank` must be below the number of such i. On return `sh->rank` is the rank among the
+// elements equal to the result (those before it in the order: ties). Block-wide.
+template <class Value, class Pred>
+__device__ u32 radix_select(int n, Value value, Pred pred, u32 rank, bool descending,
+                            SelectShared* sh) {
+    u32 prefix = 0;
+    u32 mask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+            sh->hist[b] = 0;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            if (pred(i)) {
+                u32 v = value(i);
+                if ((v & mask) == prefix) {
+                    atomicAdd(&sh->hist[(v >> shift) & 255u], 1);
+                }
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            u32 r = rank;
+            int digit = 0;
+            for (int k = 0; k < 256; ++k) {
+                int d = descending ? 255 - k : k;
+                u32 count = (u32)sh->hist[d];
+                if (r < count) {
+                    digit = d;
+                    break;
+                }
+                r -= count;
+            }
+            sh->prefix = prefix | ((u32)digit << shift);
+            sh->rank = r;
+        }
+        __syncthreads();
+        prefix = sh->prefix;
+        rank = sh->rank;
+        mask |= 255u << shift;
+        __syncthreads(); // everyone has read before the next pass writes
+    }
+    return prefix;
+}
+
+extern "C" __global__ void sample_rows(const float* logits, const RowSampling* params,
+                                       int vocab, int* tokens) {
+    __shared__ SelectShared sel;
+    __shared__ double dscratch[32];
+    __shared__ int iscratch[32];
+    __shared__ float fscratch[32];
+    __shared__ double chunk_prefix[SAMPLE_THREADS + 1];
+    i64 row = blockIdx.x;
+    const float* x = logits + row * (i64)vocab;
+    RowSampling p = params[row];
+
+    // The maximum, and whether the row is finite.
+    float m = NEG_INF;
+    int bad = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float v = x[i];
+        bad |= !isfinite(v);
+        m = fmaxf(m, v);
+    }
+    m = block_max_f32(m, fscratch);
+    bad = block_sum_int(bad, iscratch);
+    if (bad != 0 || !isfinite(m)) {
+        if (threadIdx.x == 0) {
+            tokens[row] = -1;
+        }
+        return; // uniform over the block
+    }
+    if (p.temperature == 0.0f) { // greedy: the lowest id of the maximum
+        int first = vocab;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            if (x[i] == m) {
+                first = i;
+                break;
+            }
+        }
+        first = block_min_int(first, iscratch);
+        if (threadIdx.x == 0) {
+            tokens[row] = first;
+        }
+        return;
+    }
+    auto key = [&](int i) { return order_key(x[i]); };
+    auto all = [](int) { return true; };
+
+    // 1. top-k: element i survives when (key, -id) ranks at or above (k_key, -k_id).
+    u32 k_key = 0;
+    int k_id = vocab;
+    if (p.top_k > 0 && p.top_k < vocab) {
+        k_key = radix_select(vocab, key, all, (u32)(p.top_k - 1), true, &sel);
+        u32 tie_rank = sel.rank;
+        __syncthreads();
+        auto id = [](int i) { return (u32)i; };
+        auto tied = [&](int i) { return key(i) == k_key; };
+        k_id = (int)radix_select(vocab, id, tied, tie_rank, false, &sel);
+    }
+    auto in_top_k = [&](int i) {
+        u32 ki = key(i);
+        return ki > k_key || (ki == k_key && i <= k_id);
+    };
+    double t = (double)p.temperature;
+    double md = (double)m;
+    auto weight = [&](int i) { return exp(((double)x[i] - md) / t); };
+
+    // 2. The total weight of the top-k survivors.
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        if (in_top_k(i)) {
+            acc += weight(i);
+        }
+    }
+    double total = block_sum_f64(acc, dscratch);
+
+    // 3. top-p: the boundary (p_key, p_id) in the same order. p_key is the largest key K
+    // with mass(key >= K) >= threshold, found bit by bit from the top.
+    u32 p_key = 0;
+    int p_id = vocab;
+    if (p.top_p < 1.0f) {
+        double threshold = (double)p.top_p * total;
+        u32 found = 0;
+        for (int bit = 31; bit >= 0; --bit) {
+            u32 trial = found | (1u << bit);
+            double mass = 0.0;
+            for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+                if (in_top_k(i) && key(i) >= trial) {
+                    mass += weight(i);
+                }
+            }
+            if (block_sum_f64(mass, dscratch) >= threshold) {
+                found = trial;
+            }
+        }
+        p_key = found;
+        // Mass ranked above the boundary key, then the tied elements (all of the value
+        // the key stands for) one at a time in id order, as a sequential walk adds them.
+        double above = 0.0;
+        int ties = 0;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            if (in_top_k(i)) {
+                u32 ki = key(i);
+                if (ki > p_key) {
+                    above += weight(i);
+                } else if (ki == p_key) {
+                    ties += 1;
+                }
+            }
+        }
+        above = block_sum_f64(above, dscratch);
+        ties = block_sum_int(ties, iscratch);
+        if (ties > 0) { // always: p_key is the key of a survivor
+            double w = exp(((double)value_of_key(p_key) - md) / t);
+            int needed = 0;
+            double a = above;
+            while (needed < ties) {
+                a += w;
+                needed += 1;
+                if (a >= threshold) {
+                    break;
+                }
+            }
+            auto id = [](int i) { return (u32)i; };
+            auto tied = [&](int i) { return in_top_k(i) && key(i) == p_key; };
+            p_id = (int)radix_select(vocab, id, tied, (u32)(needed - 1), false, &sel);
+        }
+    }
+    auto survives = [&](int i) {
+        if (!in_top_k(i)) {
+            return false;
+        }
+        u32 ki = key(i);
+        if (!(ki > p_key || (ki == p_key && i <= p_id))) {
+            return false;
+        }
+        return p.min_p <= 0.0f || weight(i) >= (double)p.min_p;
+    };
+
+    // 4. The draw, in id order: thread j owns ids [j * per, (j + 1) * per).
+    int per = (vocab + blockDim.x - 1) / blockDim.x;
+    int lo = min(vocab, (int)threadIdx.x * per);
+    int hi = min(vocab, lo + per);
+    double local = 0.0;
+    int last = -1;
+    for (int i = lo; i < hi; ++i) {
+        if (survives(i)) {
+            double w = weight(i);
+            if (w > 0.0) {
+                local += w;
+                last = i;
+            }
+        }
+    }
+    __syncthreads();
+    chunk_prefix[threadIdx.x + 1] = local;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        chunk_prefix[0] = 0.0;
+        for (int j = 1; j <= (int)blockDim.x; ++j) {
+            chunk_prefix[j] = chunk_prefix[j - 1] + chunk_prefix[j];
+        }
+    }
+    __syncthreads();
+    double before = chunk_prefix[threadIdx.x];
+    double target = p.uniform * chunk_prefix[blockDim.x];
+    int chosen = vocab;
+    if (before <= target) {
+        double run = 0.0;
+        for (int i = lo; i < hi; ++i) {
+            if (survives(i)) {
+                double w = weight(i);
+                if (w > 0.0) {
+                    run += w;
+                    if (before + run > target) {
+                        chosen = i;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    chosen = block_min_int(chosen, iscratch);
+    if (chosen == vocab) { // rounding never passed the target: the last survivor
+        chosen = -block_min_int(-last, iscratch);
+    }
+    if (threadIdx.x == 0) {
+        tokens[row] = chosen;
+    }
+}

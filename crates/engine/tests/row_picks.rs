@@ -1,0 +1,340 @@
+//! Rows whose requests need only their choice get it from the runner: greedy picks
+//! (`ModelRunner::forward_greedy`) are the sampler's choice and logprob bit for bit; draws
+//! (`ModelRunner::forward_sample`, the algorithm of `tandem_model::row_sampling`) follow
+//! the sampler's distribution exactly. An engine run takes these paths exactly when every
+//! row of a step allows it, with outputs identical to the sampler's path for greedy rows
+//! and seeded draws that do not depend on the batch.
+
+mod cpu_engine;
+mod sampler_reference;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use cpu_engine::{config, cpu_runner, fixture_model};
+use sampler_reference::synthetic_logits;
+use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
+use tandem_engine::sampler::{processed_distribution, sample, SamplerState, SamplingParams};
+use tandem_engine::{RequestParams, SeqId};
+use tandem_model::batch::{BlockId, ForwardBatch, TokenId};
+use tandem_model::logits::Logits;
+use tandem_model::row_sampling::{survivors, RowSampling};
+use tandem_model::runner::{KvGeometry, ModelRunner};
+use tandem_model::token_pick::TokenPick;
+use tandem_model::{ModelConfig, Result as ModelResult};
+
+#[test]
+fn greedy_pick_is_the_samplers_choice_bitwise() {
+    let params = SamplingParams::greedy();
+    let mut state = SamplerState::new(5, &[]);
+    for step in 0..300u64 {
+        let mut row = synthetic_logits(1000, 4.0, step);
+        if step % 3 == 0 {
+            let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            row[(step as usize * 37) % 1000] = top; // a tie for the maximum
+        }
+        if step % 5 == 0 {
+            row.iter_mut().for_each(|v| *v = -v.abs());
+            row[600] = 0.0;
+            row[400] = -0.0; // zeros of both signs are the largest values
+        }
+        let s = sample(&row, &params, &mut state, 0).expect("finite");
+        let p = TokenPick::greedy(&row).expect("finite");
+        assert_eq!(p.token, TokenId(s.token), "step {step}: token");
+        assert_eq!(
+            p.logprob.to_bits(),
+            s.logprob.to_bits(),
+            "step {step}: logprob"
+        );
+    }
+    let mut row = synthetic_logits(50, 1.0, 1);
+    row[7] = f32::NAN;
+    assert_eq!(TokenPick::greedy(&row), None);
+    assert!(sample(&row, &params, &mut state, 0).is_err());
+    assert_eq!(TokenPick::greedy(&[]), None);
+}
+
+#[test]
+fn only_unprocessed_greedy_requests_are_plain() {
+    let plain = SamplingParams::greedy();
+    assert!(plain.is_plain_greedy(0));
+    let with = |f: fn(&mut SamplingParams)| {
+        let mut p = SamplingParams::greedy();
+        f(&mut p);
+        p
+    };
+    assert!(
+        !SamplingParams::default().is_plain_greedy(0),
+        "temperature 1"
+    );
+    assert!(!with(|p| p.logit_bias = vec![(1, 2.0)]).is_plain_greedy(0));
+    assert!(!with(|p| p.repetition_penalty = 1.2).is_plain_greedy(0));
+    assert!(!with(|p| p.presence_penalty = 0.5).is_plain_greedy(0));
+    assert!(!with(|p| p.frequency_penalty = 0.5).is_plain_greedy(0));
+    assert!(!with(|p| (p.logprobs, p.top_logprobs) = (true, 2)).is_plain_greedy(0));
+    assert!(
+        with(|p| p.logprobs = true).is_plain_greedy(0),
+        "the chosen logprob only"
+    );
+    let short = with(|p| (p.min_tokens, p.eos_token_ids) = (3, vec![2]));
+    assert!(
+        !short.is_plain_greedy(2),
+        "stop tokens suppressed while short"
+    );
+    assert!(short.is_plain_greedy(3));
+    assert!(
+        with(|p| p.min_tokens = 3).is_plain_greedy(0),
+        "nothing to suppress"
+    );
+}
+
+#[test]
+fn the_reference_draw_has_the_samplers_distribution() {
+    let cases = [
+        (0.7, -1, 1.0, 0.0),
+        (1.0, 5, 1.0, 0.0),
+        (1.0, 1, 1.0, 0.0),
+        (0.8, -1, 0.9, 0.0),
+        (1.3, 50, 0.3, 0.0),
+        (1.0, -1, 1.0, 0.1),
+        (0.6, 40, 0.8, 0.05),
+        (2.0, 7, 0.5, 0.0),
+    ];
+    for step in 0..40u64 {
+        let mut row = synthetic_logits(500, 3.0, 1000 + step);
+        if step % 2 == 0 {
+            // A coarse grid: ties at every truncation boundary.
+            row.iter_mut().for_each(|v| *v = (*v * 2.0).round() / 2.0);
+        }
+        for &(temperature, top_k, top_p, min_p) in &cases {
+            let params = SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                ..SamplingParams::default()
+            };
+            let mut state = SamplerState::new(1, &[]);
+            let want = processed_distribution(&row, &params, &mut state, 0).expect("finite");
+            let kept = survivors(&row, &params.row_sampling(0.5)).expect("finite");
+            let total: f64 = kept.iter().map(|&(_, w)| w).sum();
+            let mut got = vec![0.0; row.len()];
+            kept.iter()
+                .for_each(|&(id, w)| got[id as usize] = w / total);
+            for (id, (g, w)) in got.iter().zip(want.probs()).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-12 && (*g == 0.0) == (*w == 0.0),
+                    "step {step} {params:?}: token {id}: {g} vs {w}"
+                );
+            }
+        }
+    }
+}
+
+/// Counts which path each step took.
+#[derive(Debug)]
+struct PathCount {
+    inner: Box<dyn ModelRunner>,
+    /// (forward, forward_greedy, forward_sample) calls.
+    calls: Arc<Mutex<(usize, usize, usize)>>,
+    /// Whether to claim to draw where the logits are.
+    draws: bool,
+}
+
+impl ModelRunner for PathCount {
+    fn config(&self) -> &ModelConfig {
+        self.inner.config()
+    }
+    fn kv_geometry(&self) -> KvGeometry {
+        self.inner.kv_geometry()
+    }
+    fn forward(&mut self, batch: &ForwardBatch) -> ModelResult<Logits> {
+        self.calls.lock().expect("not poisoned").0 += 1;
+        self.inner.forward(batch)
+    }
+    fn forward_greedy(&mut self, batch: &ForwardBatch) -> ModelResult<Vec<Option<TokenPick>>> {
+        self.calls.lock().expect("not poisoned").1 += 1;
+        self.inner.forward_greedy(batch)
+    }
+    fn samples_rows(&self) -> bool {
+        self.draws
+    }
+    fn forward_sample(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> ModelResult<Vec<Option<TokenPick>>> {
+        self.calls.lock().expect("not poisoned").2 += 1;
+        self.inner.forward_sample(batch, rows)
+    }
+    fn copy_blocks(&mut self, copies: &[(BlockId, BlockId)]) -> ModelResult<()> {
+        self.inner.copy_blocks(copies)
+    }
+    fn cached_logits(&mut self, table: &[BlockId], positions: Range<usize>) -> ModelResult<Logits> {
+        self.inner.cached_logits(table, positions)
+    }
+    fn model_identity(&self) -> u64 {
+        self.inner.model_identity()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+type Output = (Vec<TokenId>, Vec<f32>);
+
+/// Runs requests `which` of 12 on the fixture model, all submitted at once, each as
+/// `sampling(i)` makes it; the runner draws where its logits are when `draws`. Returns
+/// every request's output and the (forward, forward_greedy, forward_sample) call counts.
+fn run(
+    which: &[usize],
+    sampling: impl Fn(usize) -> SamplingParams,
+    draws: bool,
+) -> (HashMap<usize, Output>, (usize, usize, usize)) {
+    let model = fixture_model();
+    let cfg = config(&model.config, 64, 48, 4);
+    let calls = Arc::new(Mutex::new((0, 0, 0)));
+    let runner = PathCount {
+        inner: cpu_runner(model, &cfg, None),
+        calls: calls.clone(),
+        draws,
+    };
+    let mut engine = Engine::new(Box::new(runner), cfg, 3).expect("engine");
+    let vocab = engine.model_config().vocab_size;
+    let mut ids: HashMap<SeqId, usize> = HashMap::new();
+    for &i in which {
+        let prompt = (0..3 + i * 5)
+            .map(|j| TokenId(((i * 131 + j * 17 + 5) % vocab) as u32))
+            .collect();
+        let req = GenerationRequest {
+            prompt,
+            sampling: sampling(i),
+            limits: RequestParams {
+                max_tokens: 8,
+                ignore_eos: true,
+                ..RequestParams::default()
+            },
+            sample_index: 0,
+            prompt_logprobs: None,
+            prompt_logprobs_start: 1,
+        };
+        ids.insert(engine.add_request(req).expect("admitted"), i);
+    }
+    let mut out: HashMap<usize, Output> = HashMap::new();
+    while engine.has_unfinished() {
+        for e in engine.step().expect("step") {
+            if let EngineEvent::Token {
+                seq_id,
+                token,
+                logprob,
+                ..
+            } = e
+            {
+                let o = out.entry(ids[&seq_id]).or_default();
+                o.0.push(token);
+                o.1.push(logprob);
+            }
+        }
+    }
+    let counts = *calls.lock().expect("not poisoned");
+    (out, counts)
+}
+
+fn bits(out: &HashMap<usize, Output>) -> Vec<(usize, Vec<TokenId>, Vec<u32>)> {
+    let mut v: Vec<_> = out
+        .iter()
+        .map(|(i, (t, l))| (*i, t.clone(), l.iter().map(|v| v.to_bits()).collect()))
+        .collect();
+    v.sort();
+    v
+}
+
+const ALL: [usize; 12] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11];
+
+fn greedy(top: bool) -> SamplingParams {
+    let mut p = SamplingParams::greedy();
+    if top {
+        (p.logprobs, p.top_logprobs) = (true, 1);
+    }
+    p
+}
+
+fn seeded(i: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.01,
+        seed: Some(500 + i as u64),
+        ..SamplingParams::default()
+    }
+}
+
+#[test]
+fn engine_steps_pick_greedy_rows_without_logits_and_agree_with_the_sampler() {
+    let (plain, (fwd, greedy_calls, _)) = run(&ALL, |_| greedy(false), false);
+    assert_eq!(
+        fwd, 0,
+        "every step of plain greedy requests takes the greedy path"
+    );
+    assert!(greedy_calls > 0);
+    let (sampled, (fwd, greedy_calls, _)) = run(&ALL, |_| greedy(true), false);
+    assert_eq!(greedy_calls, 0, "top_logprobs need the logits");
+    assert!(fwd > 0);
+    assert_eq!(
+        bits(&plain),
+        bits(&sampled),
+        "greedy picks = the sampler's tokens"
+    );
+    let (mixed, (fwd, greedy_calls, _)) = run(&ALL, |i| greedy(i.is_multiple_of(4)), false);
+    assert!(
+        fwd > 0 && greedy_calls > 0,
+        "steps with and without such a request"
+    );
+    assert_eq!(bits(&plain), bits(&mixed));
+    assert!(plain.values().all(|(t, _)| t.len() == 8));
+}
+
+#[test]
+fn draws_where_the_logits_are_are_seeded_and_batch_invariant() {
+    // A runner that draws: sampled and greedy rows go to it, never as logits.
+    let mix = |i: usize| {
+        if i.is_multiple_of(3) {
+            greedy(false)
+        } else {
+            seeded(i)
+        }
+    };
+    let (together, (fwd, _, draws)) = run(&ALL, mix, true);
+    assert_eq!(fwd, 0, "no step needs the logits");
+    assert!(draws > 0);
+    // The same requests alone, or in another company: the same tokens, bit for bit.
+    let (alone, _) = run(&[4], mix, true);
+    assert_eq!(bits(&alone)[0], bits(&together)[4]);
+    let (some, _) = run(&[1, 4, 9], mix, true);
+    assert_eq!(bits(&some), {
+        let t = bits(&together);
+        vec![t[1].clone(), t[4].clone(), t[9].clone()]
+    });
+    // Greedy requests in that company are unchanged by it.
+    let (plain, _) = run(&ALL, |_| greedy(false), false);
+    for i in [0, 3, 6, 9] {
+        assert_eq!(bits(&together)[i], bits(&plain)[i], "greedy request {i}");
+    }
+    // Draws do spread: different seeds give different outputs.
+    let distinct: std::collections::HashSet<Vec<TokenId>> = together
+        .iter()
+        .filter(|(i, _)| !i.is_multiple_of(3))
+        .map(|(_, (t, _))| t.clone())
+        .collect();
+    assert!(distinct.len() > 4);
+    // A runner that does not draw: the same requests are sampled on the host.
+    let (host, (fwd, _, draws)) = run(&ALL, mix, false);
+    assert!(fwd > 0 && draws == 0);
+    assert_eq!(
+        bits(&host)[0],
+        bits(&together)[0],
+        "greedy rows agree on every path"
+    );
+}

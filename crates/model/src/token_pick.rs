@@ -1,0 +1,63 @@
+//! A token chosen where the logits are, with its raw log-probability: what a runner returns
+//! instead of logits when the engine needs only the choice (`ModelRunner::forward_greedy`,
+//! `ModelRunner::forward_sample`).
+//!
+//! The log-probability is the one the sampler and `tandem score` report, bit for bit:
+//! `x_t - (max + ln Σ exp(x - max))`, the sum by the kernels' `exp_sum`. A device runner
+//! computes it from four numbers per row ([`TokenPick::from_stats`]) instead of copying the
+//! row to the host. The greedy choice is the lowest id holding the largest logit.
+
+use tandem_kernels::ops::{log_prob, log_sum_exp};
+
+use crate::batch::TokenId;
+
+/// One output row's chosen token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenPick {
+    pub token: TokenId,
+    /// `log p(token)` under the raw distribution of the row.
+    pub logprob: f32,
+}
+
+impl TokenPick {
+    /// `token` of a logits row; `None` when the row is empty, holds a NaN or an infinity,
+    /// or `token` is outside it.
+    pub fn of_row(row: &[f32], token: TokenId) -> Option<TokenPick> {
+        let max = row_max(row)?;
+        let logit = *row.get(token.0 as usize)?;
+        let sum = tandem_kernels::exp_sum::exp_sum(row, max);
+        TokenPick::from_stats(token.0 as i64, logit, max, sum)
+    }
+
+    /// The greedy pick of a logits row (the lowest id of its maximum); `None` as
+    /// [`TokenPick::of_row`].
+    pub fn greedy(row: &[f32]) -> Option<TokenPick> {
+        let max = row_max(row)?;
+        let token = row.iter().position(|&v| v == max)?;
+        TokenPick::of_row(row, TokenId(token as u32))
+    }
+
+    /// The pick of `token` from its row's statistics: the token's logit, the row's maximum
+    /// and `Σ exp(x - max)` in the host's order; `None` for a row marked non-finite (a
+    /// negative token or a zero sum: a finite row sums at least its maximum's term, 1).
+    pub fn from_stats(token: i64, logit: f32, max: f32, exp_sum: f64) -> Option<TokenPick> {
+        if token < 0 || exp_sum == 0.0 || token > u32::MAX as i64 {
+            return None;
+        }
+        Some(TokenPick {
+            token: TokenId(token as u32),
+            logprob: log_prob(logit, log_sum_exp(max, exp_sum)),
+        })
+    }
+
+    /// [`TokenPick::from_stats`] for the greedy token, whose logit is the maximum.
+    pub fn greedy_from_stats(argmax: i64, max: f32, exp_sum: f64) -> Option<TokenPick> {
+        TokenPick::from_stats(argmax, max, max, exp_sum)
+    }
+}
+
+/// The maximum of a row whose values are all finite.
+fn row_max(row: &[f32]) -> Option<f32> {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    (max.is_finite() && row.iter().all(|v| v.is_finite())).then_some(max)
+}
