@@ -78,8 +78,9 @@ def summary_lines(name, r):
         for mode, v in inv.items():
             lines.append(
                 f"  batch invariance {dtype} {mode}: B={v['batch']} together vs alone: "
-                f"{v['mismatched_logits']} logits differ, max|d| {v['max_abs_diff']:.2e}")
-        for key in ("device_logprobs", "device_greedy"):
+                f"{v['mismatched_logits']} logits differ, max|d| {v['max_abs_diff']:.2e}, "
+                f"batched step {v.get('step_ms', 0):.2f} ms")
+        for key in ("device_logprobs", "device_greedy", "device_sample"):
             v = c.get(key)
             if v is not None:
                 lines.append(f"  {key} {dtype}: {v['differ']} of "
@@ -90,8 +91,10 @@ def summary_lines(name, r):
             f"tokens), 8x2048 {t.get('prefill_8x2048_tok_s', 0):.0f} tok/s")
         for b in (1, 16, 64, 256):
             g, e = t.get(f"decode_b{b}_graphs_tok_s"), t.get(f"decode_b{b}_eager_tok_s")
+            p = t.get(f"decode_b{b}_greedy_tok_s")
             if g is not None:
-                lines.append(f"  decode {dtype} B={b}: graphs {g:.1f} tok/s, eager {e:.1f} tok/s")
+                lines.append(f"  decode {dtype} B={b}: graphs {g:.1f} tok/s, eager {e:.1f} tok/s"
+                             + (f", graphs + greedy picks on the device {p:.1f} tok/s" if p else ""))
     return lines
 
 

@@ -40,6 +40,11 @@ pub struct ModelArgs {
     /// step's recorded CUDA graph (slower; for comparison and debugging).
     #[arg(long)]
     pub no_cuda_graphs: bool,
+    /// On CUDA, compute matrix products with tandem's fixed-order kernel instead of cuBLAS,
+    /// so that a request's logits are bitwise the same whatever else is in its batch (as
+    /// they always are on the CPU); slower.
+    #[arg(long)]
+    pub batch_invariant: bool,
 }
 
 /// `--device`.

@@ -91,6 +91,7 @@ impl PreparedModel {
         options.dtype = args.dtype;
         options.kv = KvBudget::MemoryFraction(args.gpu_memory_utilization);
         options.cuda_graphs = !args.no_cuda_graphs;
+        options.batch_invariant = args.batch_invariant;
         Ok(PreparedModel::Cuda {
             host: Box::new(host),
             options,

@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 use tandem_cuda::{CudaDtype, CudaOptions, CudaRunner, KvBudget};
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
 use tandem_model::logits::Logits;
+use tandem_model::row_sampling::{self, RowSampling};
 use tandem_model::runner::ModelRunner;
 use tandem_model::token_pick::TokenPick;
 
@@ -280,6 +281,14 @@ fn timing(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
             out[format!("decode_b{batch_size}_{key}_tok_s")] = json!(tps);
         }
         runner.set_cuda_graphs(true);
+        // The same graph steps, each row reduced to its greedy pick on the device instead
+        // of copied to the host (what an engine step of greedy requests does).
+        let t0 = Instant::now();
+        for (step, &token) in tokens.iter().cycle().take(steps).enumerate() {
+            runner.forward_greedy(&decode_batch(&seq_tables, token, n + step))?;
+        }
+        let tps = (steps * batch_size) as f64 / t0.elapsed().as_secs_f64();
+        out[format!("decode_b{batch_size}_greedy_tok_s")] = json!(tps);
     }
     out["graphs_recorded"] = json!(runner.graphs_recorded());
     Ok(out)
@@ -381,9 +390,21 @@ fn batch_invariance(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value
         ))?;
     }
     let mut out = json!({});
-    for graphs in [true, false] {
+    // cuBLAS with and without graphs, then the fixed-order products (`--batch-invariant`),
+    // which must give 0 mismatches; each with the time of the batched decode step.
+    for (key, graphs, fixed) in [
+        ("graphs", true, false),
+        ("eager", false, false),
+        ("batch_invariant", true, true),
+    ] {
         runner.set_cuda_graphs(graphs);
+        runner.set_batch_invariant(fixed);
         let together = runner.forward(&decode_batch(&tables, tokens[0], n))?;
+        let t = Instant::now();
+        for _ in 0..10 {
+            runner.forward(&decode_batch(&tables, tokens[0], n))?;
+        }
+        let step_ms = t.elapsed().as_secs_f64() * 1e2;
         let (mut mismatched, mut max_diff) = (0usize, 0.0f32);
         for (i, t) in tables.iter().enumerate() {
             let alone = runner.forward(&decode_batch(std::slice::from_ref(t), tokens[0], n))?;
@@ -392,10 +413,13 @@ fn batch_invariance(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value
                 max_diff = max_diff.max((x - y).abs());
             }
         }
-        let key = if graphs { "graphs" } else { "eager" };
-        out[key] = json!({ "batch": b, "mismatched_logits": mismatched, "max_abs_diff": max_diff });
+        out[key] = json!({
+            "batch": b, "mismatched_logits": mismatched, "max_abs_diff": max_diff,
+            "step_ms": step_ms,
+        });
     }
     runner.set_cuda_graphs(true);
+    runner.set_batch_invariant(false);
     Ok(out)
 }
 
@@ -514,10 +538,54 @@ fn device_greedy(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
     }))
 }
 
+/// Tokens drawn on the device (`ModelRunner::forward_sample`, kernel `sample_rows`) against
+/// the host reference (`row_sampling::pick`) on the same pass's logits, for a prefill chunk
+/// with every row output and several truncation settings and uniform numbers. Equal up to
+/// the last bit of `exp` (the device's and the C library's may differ by an ulp, which can
+/// move a token across a boundary with a probability of order 1e-15), so `differ` should
+/// be 0; logprobs must match the host's bitwise where the tokens do.
+fn device_sample(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
+    let n = 256.min(tokens.len());
+    let table = blocks(0, n.div_ceil(BLOCK));
+    let batch = chunk_batch(tokens, &table, 0, n);
+    let logits = runner.forward(&batch)?;
+    let settings = [
+        (0.7f32, 0, 1.0f32, 0.0f32),
+        (1.0, 40, 0.9, 0.0),
+        (1.2, 0, 0.5, 0.05),
+    ];
+    let (mut differ, mut logprob_differ, mut rows) = (0, 0, 0);
+    for (k, &(temperature, top_k, top_p, min_p)) in settings.iter().enumerate() {
+        let params: Vec<RowSampling> = (0..n)
+            .map(|r| RowSampling {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                uniform: ((r * 7 + k * 3) % 97) as f64 / 97.0,
+            })
+            .collect();
+        let device = runner.forward_sample(&batch, &params)?;
+        for (r, (pick, s)) in device.iter().zip(&params).enumerate() {
+            rows += 1;
+            let row = logits.row(r);
+            let host = row_sampling::pick(row, s).and_then(|t| TokenPick::of_row(row, t));
+            match (host, pick) {
+                (Some(h), Some(d)) if h.token == d.token => {
+                    logprob_differ += usize::from(h.logprob.to_bits() != d.logprob.to_bits());
+                }
+                _ => differ += 1,
+            }
+        }
+    }
+    Ok(json!({ "rows": rows, "differ": differ, "logprob_differ": logprob_differ }))
+}
+
 fn checks(runner: &mut CudaRunner, seqs: &[Vec<TokenId>]) -> Result<Value> {
     let s = &seqs[0];
     let logprobs = device_logprobs(runner, s)?;
     let greedy = device_greedy(runner, s)?;
+    let sampled = device_sample(runner, s)?;
     let decode = decode_vs_forward(runner, &s[..64.min(s.len())], 32)?;
     let prefix = prefix_and_copy(runner, s)?;
     let invariance = batch_invariance(runner, &s[..256.min(s.len())])?;
@@ -526,6 +594,7 @@ fn checks(runner: &mut CudaRunner, seqs: &[Vec<TokenId>]) -> Result<Value> {
         "describe": runner.describe(), "weight_bytes": runner.weight_bytes(),
         "decode_vs_forward": decode, "prefix": prefix, "batch_invariance": invariance,
         "device_logprobs": logprobs, "device_greedy": greedy,
+        "device_sample": sampled,
         "timing": timing,
     }))
 }

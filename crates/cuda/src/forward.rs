@@ -297,8 +297,7 @@ impl CudaRunner {
         let qkv_dim = c.q_dim() + 2 * c.kv_dim();
         let qkv = ptr(&self.ws.qkv, s);
         let xn = ptr(&self.ws.xn, s);
-        self.gemm
-            .matmul(xn, ptr(&w.qkv, s), qkv, n, qkv_dim, c.hidden_size)?;
+        self.product(xn, ptr(&w.qkv, s), qkv, n, qkv_dim, c.hidden_size)?;
         self.mark("qkv_proj")?;
         let (k_cache, v_cache) = self.pool.layer_ptrs(i);
         let bufs = QkvBuffers {
@@ -352,8 +351,7 @@ impl CudaRunner {
         self.mark("attention")?;
         let delta = ptr(&self.ws.delta, s);
         let attn = ptr(&self.ws.attn, s);
-        self.gemm
-            .matmul(attn, ptr(&w.o, s), delta, n, c.hidden_size, c.q_dim())?;
+        self.product(attn, ptr(&w.o, s), delta, n, c.hidden_size, c.q_dim())?;
         self.mark("o_proj")
     }
 
@@ -372,13 +370,12 @@ impl CudaRunner {
             .add_rms_norm(x, Some(delta), ptr(&w.ffn_norm, s), xn, n, h, eps)?;
         self.mark("add_rms_norm")?;
         let gate_up = ptr(&self.ws.gate_up, s);
-        self.gemm
-            .matmul(xn, ptr(&w.gate_up, s), gate_up, n, 2 * ff, h)?;
+        self.product(xn, ptr(&w.gate_up, s), gate_up, n, 2 * ff, h)?;
         self.mark("gate_up_proj")?;
         let act = ptr(&self.ws.act, s);
         self.kernels.swiglu(gate_up, act, n, ff)?;
         self.mark("swiglu")?;
-        self.gemm.matmul(act, ptr(&w.down, s), delta, n, h, ff)?;
+        self.product(act, ptr(&w.down, s), delta, n, h, ff)?;
         self.mark("down_proj")
     }
 
@@ -426,6 +423,24 @@ impl CudaRunner {
         Ok(Logits::new(rows, vocab, data))
     }
 
+    /// `y[n, m] = x[n, k] · w[m, k]ᵀ`: cuBLAS, or the fixed-order kernel when the runner is
+    /// batch-invariant.
+    fn product(
+        &self,
+        x: DevPtr,
+        w: DevPtr,
+        y: DevPtr,
+        n: usize,
+        m: usize,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        if self.batch_invariant {
+            self.kernels.matmul_fixed(x, w, y, n, m, k)
+        } else {
+            self.gemm.matmul(x, w, y, n, m, k)
+        }
+    }
+
     /// Queues the LM head over the first `rows` (at most [`LOGIT_ROWS`]) output slots of
     /// the inputs, [`LM_TILE`] rows per product, into the logits buffer.
     pub(crate) fn queue_lm_head(&self, rows: usize) -> Result<(), CudaError> {
@@ -442,7 +457,7 @@ impl CudaRunner {
             let hidden = self.pool.hidden_ptr();
             self.kernels
                 .gather_hidden(hidden, slots + f * 8, lm_in, tile, h)?;
-            self.gemm.matmul(lm_in, head, logits, LM_TILE, vocab, h)?;
+            self.product(lm_in, head, logits, LM_TILE, vocab, h)?;
         }
         self.mark("lm_head")
     }

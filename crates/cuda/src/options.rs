@@ -74,6 +74,10 @@ pub struct CudaOptions {
     /// Replay decode steps as recorded CUDA graphs (off: every kernel launched from the
     /// host, for comparison and debugging).
     pub cuda_graphs: bool,
+    /// Matrix products by tandem's fixed-order kernel instead of cuBLAS, so that a token's
+    /// logits are bitwise the same whatever else is in its batch (slower; see
+    /// `kernels/matmul.cu`).
+    pub batch_invariant: bool,
 }
 
 impl CudaOptions {
@@ -88,6 +92,7 @@ impl CudaOptions {
             kernel_cache_dir,
             max_batch_tokens: 2048,
             cuda_graphs: true,
+            batch_invariant: false,
         }
     }
 

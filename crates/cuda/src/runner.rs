@@ -42,6 +42,8 @@ pub struct CudaRunner {
     pub(crate) inputs: StepInputs,
     pub(crate) kernels: Kernels,
     pub(crate) gemm: Gemm,
+    /// Products by the fixed-order kernel rather than cuBLAS (`CudaOptions::batch_invariant`).
+    pub(crate) batch_invariant: bool,
     /// Events of a profiled step (empty otherwise); dropped before the device.
     pub(crate) profile: EventLog,
     pub(crate) device: Device,
@@ -81,7 +83,7 @@ impl CudaRunner {
         let inputs = StepInputs::new(&stream, o.max_batch_tokens, half, table_stride)?;
         stream.synchronize()?;
         Ok(CudaRunner {
-            identity: identity(host, o.dtype),
+            identity: identity(host, o.dtype, o.batch_invariant),
             inv_freqs: host.weights.inv_freqs.clone(),
             dtype: o.dtype,
             config,
@@ -92,6 +94,7 @@ impl CudaRunner {
             inputs,
             kernels,
             gemm,
+            batch_invariant: o.batch_invariant,
             profile: EventLog::default(),
             device,
         })
@@ -115,6 +118,16 @@ impl CudaRunner {
     /// kept for when it is turned on again).
     pub fn set_cuda_graphs(&mut self, on: bool) {
         self.graphs.enabled = on;
+    }
+
+    /// Switches between cuBLAS and the fixed-order products (`CudaOptions::batch_invariant`);
+    /// recorded graphs, which hold the other kind, are dropped. For comparisons: a runner
+    /// whose results an engine has cached should not switch.
+    pub fn set_batch_invariant(&mut self, on: bool) {
+        if on != self.batch_invariant {
+            self.batch_invariant = on;
+            self.graphs.clear();
+        }
     }
 
     /// Decode graphs recorded so far.
@@ -213,9 +226,10 @@ fn check_shared_memory(c: &ModelConfig, dtype: CudaDtype, limit: usize) -> Resul
 }
 
 /// A hash of the configuration, the numeric mode and samples of the weights.
-fn identity(host: &HostModel, dtype: CudaDtype) -> u64 {
+fn identity(host: &HostModel, dtype: CudaDtype, batch_invariant: bool) -> u64 {
     let mut h = Sha256::new();
-    h.update(format!("cuda {} {:?}", dtype.name(), host.config).as_bytes());
+    let products = if batch_invariant { "fixed" } else { "cublas" };
+    h.update(format!("cuda {} {products} {:?}", dtype.name(), host.config).as_bytes());
     for name in host.tensors.names() {
         if let Some(t) = host.tensors.get(name) {
             h.update(name.as_bytes());

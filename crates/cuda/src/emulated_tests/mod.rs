@@ -5,6 +5,7 @@
 
 mod attention;
 mod logprobs;
+mod matmul;
 mod rope_kv;
 mod rows;
 mod sampling;
