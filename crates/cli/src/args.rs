@@ -45,6 +45,11 @@ pub struct ModelArgs {
     /// they always are on the CPU); slower.
     #[arg(long)]
     pub batch_invariant: bool,
+    /// How a CUDA device stores the layers' matrices: `dense` (in --dtype) or `q8_0` (int8
+    /// codes and a scale per 32 values, quantized on load: about half the bytes of bf16,
+    /// read straight by decode steps).
+    #[arg(long, value_name = "FORMAT", default_value = "dense", value_parser = parse_cuda_weights)]
+    pub cuda_weights: tandem_cuda::CudaWeights,
 }
 
 /// `--device`.
@@ -73,6 +78,14 @@ fn parse_cuda_dtype(s: &str) -> Result<tandem_cuda::CudaDtype, String> {
         "bf16" => Ok(tandem_cuda::CudaDtype::Bf16),
         "f32" => Ok(tandem_cuda::CudaDtype::F32),
         other => Err(format!("unknown dtype {other:?} (bf16 or f32)")),
+    }
+}
+
+fn parse_cuda_weights(s: &str) -> Result<tandem_cuda::CudaWeights, String> {
+    match s {
+        "dense" => Ok(tandem_cuda::CudaWeights::Dense),
+        "q8_0" => Ok(tandem_cuda::CudaWeights::Q8_0),
+        other => Err(format!("unknown weight format {other:?} (dense or q8_0)")),
     }
 }
 

@@ -92,6 +92,7 @@ impl PreparedModel {
         options.kv = KvBudget::MemoryFraction(args.gpu_memory_utilization);
         options.cuda_graphs = !args.no_cuda_graphs;
         options.batch_invariant = args.batch_invariant;
+        options.weights = args.cuda_weights;
         Ok(PreparedModel::Cuda {
             host: Box::new(host),
             options,

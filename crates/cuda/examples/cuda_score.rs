@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use tandem_cuda::{CudaDtype, CudaOptions, CudaRunner, KvBudget};
+use tandem_cuda::{CudaDtype, CudaOptions, CudaRunner, CudaWeights, KvBudget};
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
 use tandem_model::logits::Logits;
 use tandem_model::row_sampling::{self, RowSampling};
@@ -27,11 +27,13 @@ const CHUNK: usize = 256;
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let [_, cmd, model, dtype, reference, out] = &args[..] else {
-        bail!("usage: cuda_score score|check|profile MODEL_DIR bf16|f32 REF_JSON OUT_JSON");
+        bail!("usage: cuda_score score|check|profile MODEL_DIR bf16|f32|q8_0 REF_JSON OUT_JSON");
     };
-    let dtype = match dtype.as_str() {
-        "bf16" => CudaDtype::Bf16,
-        "f32" => CudaDtype::F32,
+    // q8_0: bf16 storage with the layers' matrices in Q8_0.
+    let (dtype, weights) = match dtype.as_str() {
+        "bf16" => (CudaDtype::Bf16, CudaWeights::Dense),
+        "f32" => (CudaDtype::F32, CudaWeights::Dense),
+        "q8_0" => (CudaDtype::Bf16, CudaWeights::Q8_0),
         other => bail!("unknown dtype {other}"),
     };
     let seqs = read_sequences(Path::new(reference))?;
@@ -41,6 +43,7 @@ fn main() -> Result<()> {
         .unwrap_or_else(|| PathBuf::from("/tmp/tandem-kernels"));
     let options = CudaOptions {
         dtype,
+        weights,
         block_size: BLOCK,
         kv: KvBudget::Blocks(12_000),
         ..CudaOptions::new(cache)

@@ -21,9 +21,10 @@ use crate::kernels::{
     AttnBuffers, AttnShape, DevPtr, QkvBuffers, QkvShape, ATTN_PARTITION, ROW_SAMPLING_BYTES,
 };
 use crate::options::CudaDtype;
+use crate::product_kernels::Q8_MATVEC_ROWS;
 use crate::runner::CudaRunner;
 use crate::step_inputs::{InputPtrs, StepInputs, LOGIT_ROWS};
-use crate::weights::DeviceLayer;
+use crate::weights::{DeviceLayer, DeviceMatrix};
 
 /// Rows of one LM head product. Always this many (padded), so that a row's logits come from
 /// the same cuBLAS kernel whichever call computes them (`forward` or `cached_logits`).
@@ -297,7 +298,7 @@ impl CudaRunner {
         let qkv_dim = c.q_dim() + 2 * c.kv_dim();
         let qkv = ptr(&self.ws.qkv, s);
         let xn = ptr(&self.ws.xn, s);
-        self.product(xn, ptr(&w.qkv, s), qkv, n, qkv_dim, c.hidden_size)?;
+        self.product(xn, &w.qkv, qkv, n, qkv_dim, c.hidden_size)?;
         self.mark("qkv_proj")?;
         let (k_cache, v_cache) = self.pool.layer_ptrs(i);
         let bufs = QkvBuffers {
@@ -351,7 +352,7 @@ impl CudaRunner {
         self.mark("attention")?;
         let delta = ptr(&self.ws.delta, s);
         let attn = ptr(&self.ws.attn, s);
-        self.product(attn, ptr(&w.o, s), delta, n, c.hidden_size, c.q_dim())?;
+        self.product(attn, &w.o, delta, n, c.hidden_size, c.q_dim())?;
         self.mark("o_proj")
     }
 
@@ -370,12 +371,12 @@ impl CudaRunner {
             .add_rms_norm(x, Some(delta), ptr(&w.ffn_norm, s), xn, n, h, eps)?;
         self.mark("add_rms_norm")?;
         let gate_up = ptr(&self.ws.gate_up, s);
-        self.product(xn, ptr(&w.gate_up, s), gate_up, n, 2 * ff, h)?;
+        self.product(xn, &w.gate_up, gate_up, n, 2 * ff, h)?;
         self.mark("gate_up_proj")?;
         let act = ptr(&self.ws.act, s);
         self.kernels.swiglu(gate_up, act, n, ff)?;
         self.mark("swiglu")?;
-        self.product(act, ptr(&w.down, s), delta, n, h, ff)?;
+        self.product(act, &w.down, delta, n, h, ff)?;
         self.mark("down_proj")
     }
 
@@ -423,9 +424,42 @@ impl CudaRunner {
         Ok(Logits::new(rows, vocab, data))
     }
 
+    /// `y[n, m] = x[n, k] · w[m, k]ᵀ` for a layer's matrix `w`. A Q8_0 matrix multiplies
+    /// from its codes when `n` is small (decode), unless the runner is batch-invariant;
+    /// otherwise it is expanded into the scratch matrix first (the product's time then
+    /// includes writing and reading 2 bytes a weight once more).
+    fn product(
+        &self,
+        x: DevPtr,
+        w: &DeviceMatrix,
+        y: DevPtr,
+        n: usize,
+        m: usize,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        let s = &self.device.stream;
+        match w {
+            DeviceMatrix::Dense(d) => self.dense_product(x, ptr(d, s), y, n, m, k),
+            DeviceMatrix::Q8 { codes, scales } => {
+                let (codes, scales) = (ptr(codes, s), ptr(scales, s));
+                if n <= Q8_MATVEC_ROWS && !self.batch_invariant {
+                    return self.kernels.q8_matvec(codes, scales, x, y, n, m, k);
+                }
+                let Some(scratch) = &self.q8_scratch else {
+                    return Err(CudaError::Unsupported(
+                        "a Q8_0 matrix without its scratch".into(),
+                    ));
+                };
+                let scratch = ptr(scratch, s);
+                self.kernels.q8_dequant(codes, scales, scratch, m, k)?;
+                self.dense_product(x, scratch, y, n, m, k)
+            }
+        }
+    }
+
     /// `y[n, m] = x[n, k] · w[m, k]ᵀ`: cuBLAS, or the fixed-order kernel when the runner is
     /// batch-invariant.
-    fn product(
+    fn dense_product(
         &self,
         x: DevPtr,
         w: DevPtr,
@@ -457,7 +491,7 @@ impl CudaRunner {
             let hidden = self.pool.hidden_ptr();
             self.kernels
                 .gather_hidden(hidden, slots + f * 8, lm_in, tile, h)?;
-            self.product(lm_in, head, logits, LM_TILE, vocab, h)?;
+            self.dense_product(lm_in, head, logits, LM_TILE, vocab, h)?;
         }
         self.mark("lm_head")
     }

@@ -23,7 +23,7 @@ use crate::options::CudaDtype;
 pub(crate) type DevPtr = u64;
 
 /// The kernel files, in the order they are concatenated into one program.
-const SOURCES: [(&str, &str); 8] = [
+const SOURCES: [(&str, &str); 9] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("norm.cu", include_str!("../kernels/norm.cu")),
     ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
@@ -32,10 +32,11 @@ const SOURCES: [(&str, &str); 8] = [
     ("logprobs.cu", include_str!("../kernels/logprobs.cu")),
     ("sampling.cu", include_str!("../kernels/sampling.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
+    ("q8.cu", include_str!("../kernels/q8.cu")),
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 11] = [
+pub const KERNEL_NAMES: [&str; 13] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
@@ -47,6 +48,8 @@ pub const KERNEL_NAMES: [&str; 11] = [
     "logit_exp_sums",
     "sample_rows",
     "matmul_fixed",
+    "q8_matvec",
+    "q8_dequant",
 ];
 
 /// Index of kernel `name` in [`KERNEL_NAMES`].
@@ -65,12 +68,9 @@ pub(crate) const MAX_HEAD_DIM: usize = 256;
 /// Largest number of query heads per kv head (one warp each in an attention block).
 pub(crate) const MAX_GQA_GROUP: usize = 32;
 /// Threads of a row-wise kernel block.
-const ROW_THREADS: u32 = 256;
+pub(crate) const ROW_THREADS: u32 = 256;
 /// Threads of a `logit_exp_sums` block (`LP_THREADS` in logprobs.cu).
 const LOGPROB_THREADS: u32 = 256;
-/// Output tile of a `matmul_fixed` block (`MM_TILE_N` x `MM_TILE_M` in matmul.cu).
-const MM_TILE_N: usize = 16;
-const MM_TILE_M: usize = 64;
 /// Threads of a `sample_rows` block (`SAMPLE_THREADS` in sampling.cu).
 const SAMPLE_THREADS: u32 = 256;
 /// Bytes of one row's parameters for `sample_rows` (`RowSampling` in sampling.cu).
@@ -239,7 +239,7 @@ impl Kernels {
     }
 
     /// Launches kernel `name` on a `grid` of blocks of `block` threads.
-    fn launch(
+    pub(crate) fn launch(
         &self,
         name: &str,
         grid: (u32, u32),
@@ -539,31 +539,6 @@ impl Kernels {
             Arg::Ptr(row_argmax.unwrap_or(0)),
         ];
         self.launch("logit_exp_sums", (rows as u32, 1), LOGPROB_THREADS, &args)
-    }
-
-    /// `y[n, m] = x[n, k] · w[m, k]ᵀ` with every element summed over k in ascending order
-    /// by one thread, whatever the shape (matmul.cu): the batch-invariant product. x, w:
-    /// storage type; y: f32.
-    #[allow(clippy::too_many_arguments)] // the kernel's arguments
-    pub fn matmul_fixed(
-        &self,
-        x: DevPtr,
-        w: DevPtr,
-        y: DevPtr,
-        n: usize,
-        m: usize,
-        k: usize,
-    ) -> Result<(), CudaError> {
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(w),
-            Arg::Ptr(y),
-            Arg::I32(n as i32),
-            Arg::I32(m as i32),
-            Arg::I32(k as i32),
-        ];
-        let grid = (m.div_ceil(MM_TILE_M) as u32, n.div_ceil(MM_TILE_N) as u32);
-        self.launch("matmul_fixed", grid, 256, &args)
     }
 
     /// One token per row of `rows` logits rows, drawn as each row's parameters say (see

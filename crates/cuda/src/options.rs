@@ -41,6 +41,26 @@ impl CudaDtype {
     }
 }
 
+/// How the matrices of the decoder layers are stored on the device (the embedding and the
+/// LM head are always in the storage type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaWeights {
+    /// In the storage type (`CudaDtype`).
+    Dense,
+    /// Q8_0: int8 codes and one f32 scale per 32 values (kernels/q8.cu); decode steps
+    /// multiply from the codes, larger batches expand a matrix at a time.
+    Q8_0,
+}
+
+impl CudaWeights {
+    pub fn name(self) -> &'static str {
+        match self {
+            CudaWeights::Dense => "dense",
+            CudaWeights::Q8_0 => "q8_0",
+        }
+    }
+}
+
 /// How many KV blocks to allocate.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum KvBudget {
@@ -78,6 +98,8 @@ pub struct CudaOptions {
     /// logits are bitwise the same whatever else is in its batch (slower; see
     /// `kernels/matmul.cu`).
     pub batch_invariant: bool,
+    /// How the layers' matrices are stored.
+    pub weights: CudaWeights,
 }
 
 impl CudaOptions {
@@ -93,6 +115,7 @@ impl CudaOptions {
             max_batch_tokens: 2048,
             cuda_graphs: true,
             batch_invariant: false,
+            weights: CudaWeights::Dense,
         }
     }
 

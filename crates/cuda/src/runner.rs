@@ -2,6 +2,7 @@
 
 use std::ops::Range;
 
+use cudarc::driver::CudaSlice;
 use sha2::{Digest, Sha256};
 use tandem_model::batch::{BlockId, ForwardBatch, TokenId};
 use tandem_model::host_model::HostModel;
@@ -37,6 +38,9 @@ pub struct CudaRunner {
     // and the graphs, which read the buffers, before them.
     pub(crate) graphs: DecodeGraphs,
     pub(crate) weights: DeviceWeights,
+    /// The storage-type matrix a Q8_0 matrix expands into for larger products (`None`
+    /// with dense weights).
+    pub(crate) q8_scratch: Option<CudaSlice<u8>>,
     pub(crate) pool: KvPool,
     pub(crate) ws: Workspace,
     pub(crate) inputs: StepInputs,
@@ -66,7 +70,11 @@ impl CudaRunner {
         let kernels = Kernels::load(&stream, o.dtype, &o.kernel_cache_dir)?;
         check_shared_memory(&config, o.dtype, kernels.attention_shared_limit())?;
         let gemm = Gemm::new(stream.clone(), o.dtype)?;
-        let weights = upload(host, o.dtype, &stream)?;
+        let weights = upload(host, o.dtype, o.weights, &stream)?;
+        let q8_scratch = match weights.largest_q8 {
+            0 => None,
+            n => Some(stream.alloc_zeros::<u8>(n * o.dtype.size())?),
+        };
         let ws = Workspace::new(&stream, &config, o.dtype, o.max_batch_tokens)?;
         let block_bytes = o.block_size * bytes_per_token(&config, o.dtype);
         let num_blocks = match o.kv {
@@ -83,11 +91,12 @@ impl CudaRunner {
         let inputs = StepInputs::new(&stream, o.max_batch_tokens, half, table_stride)?;
         stream.synchronize()?;
         Ok(CudaRunner {
-            identity: identity(host, o.dtype, o.batch_invariant),
+            identity: identity(host, o),
             inv_freqs: host.weights.inv_freqs.clone(),
             dtype: o.dtype,
             config,
             weights,
+            q8_scratch,
             graphs: DecodeGraphs::new(o.cuda_graphs),
             pool,
             ws,
@@ -226,10 +235,11 @@ fn check_shared_memory(c: &ModelConfig, dtype: CudaDtype, limit: usize) -> Resul
 }
 
 /// A hash of the configuration, the numeric mode and samples of the weights.
-fn identity(host: &HostModel, dtype: CudaDtype, batch_invariant: bool) -> u64 {
+fn identity(host: &HostModel, o: &CudaOptions) -> u64 {
     let mut h = Sha256::new();
-    let products = if batch_invariant { "fixed" } else { "cublas" };
-    h.update(format!("cuda {} {products} {:?}", dtype.name(), host.config).as_bytes());
+    let products = if o.batch_invariant { "fixed" } else { "cublas" };
+    let (dtype, weights) = (o.dtype.name(), o.weights.name());
+    h.update(format!("cuda {dtype} {weights} {products} {:?}", host.config).as_bytes());
     for name in host.tensors.names() {
         if let Some(t) = host.tensors.get(name) {
             h.update(name.as_bytes());

@@ -1,7 +1,8 @@
 //! The model's weights on the device. Each matrix is dequantized on the host a block of rows
-//! at a time (any stored format, GGUF quants included), converted to the storage type and
-//! uploaded; q/k/v and gate/up are concatenated row-wise into one matrix each, so one
-//! matrix product computes all three (two). Norm weights and biases stay f32.
+//! at a time (any stored format, GGUF quants included), converted to the storage type (or,
+//! for the layers' matrices under `--cuda-weights q8_0`, quantized to Q8_0) and uploaded;
+//! q/k/v and gate/up are concatenated row-wise into one matrix each, so one matrix product
+//! computes all three (two). Norm weights and biases stay f32.
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
@@ -11,30 +12,43 @@ use tandem_model::weights::TensorRef;
 use tandem_model::ModelConfig;
 
 use crate::error::CudaError;
-use crate::options::CudaDtype;
+use crate::options::{CudaDtype, CudaWeights};
+use crate::q8_weights::{self, Q8_BLOCK};
 
 /// Rows dequantized per step when converting a matrix.
 const ROW_BLOCK: usize = 64;
+
+/// A `[rows, cols]` matrix of a decoder layer on the device.
+#[derive(Debug)]
+pub(crate) enum DeviceMatrix {
+    /// In the storage type.
+    Dense(CudaSlice<u8>),
+    /// Q8_0: `[rows, cols]` int8 codes and `[rows, cols / 32]` f32 scales.
+    Q8 {
+        codes: CudaSlice<u8>,
+        scales: CudaSlice<f32>,
+    },
+}
 
 /// One decoder layer on the device.
 #[derive(Debug)]
 pub(crate) struct DeviceLayer {
     /// `[h]` f32.
     pub attn_norm: CudaSlice<f32>,
-    /// `[q_dim + 2 * kv_dim, h]` storage type: q, k, v rows.
-    pub qkv: CudaSlice<u8>,
+    /// `[q_dim + 2 * kv_dim, h]`: q, k, v rows.
+    pub qkv: DeviceMatrix,
     /// `[q_dim + 2 * kv_dim]` f32 (Qwen2).
     pub qkv_bias: Option<CudaSlice<f32>>,
     /// `[2, head_dim]` f32: q then k head-norm weights (Qwen3).
     pub qk_norm: Option<CudaSlice<f32>>,
-    /// `[h, q_dim]` storage type.
-    pub o: CudaSlice<u8>,
+    /// `[h, q_dim]`.
+    pub o: DeviceMatrix,
     /// `[h]` f32.
     pub ffn_norm: CudaSlice<f32>,
-    /// `[2 * ff, h]` storage type: gate rows, then up rows.
-    pub gate_up: CudaSlice<u8>,
-    /// `[h, ff]` storage type.
-    pub down: CudaSlice<u8>,
+    /// `[2 * ff, h]`: gate rows, then up rows.
+    pub gate_up: DeviceMatrix,
+    /// `[h, ff]`.
+    pub down: DeviceMatrix,
 }
 
 /// All weights on the device.
@@ -49,6 +63,8 @@ pub(crate) struct DeviceWeights {
     pub layers: Vec<DeviceLayer>,
     /// Bytes of device memory the weights take.
     pub bytes: usize,
+    /// Elements of the largest Q8_0 matrix (0 without any): the scratch it expands into.
+    pub largest_q8: usize,
 }
 
 impl DeviceWeights {
@@ -62,6 +78,7 @@ impl DeviceWeights {
 pub(crate) fn upload(
     host: &HostModel,
     dtype: CudaDtype,
+    format: CudaWeights,
     stream: &std::sync::Arc<CudaStream>,
 ) -> Result<DeviceWeights, CudaError> {
     let c = &host.config;
@@ -69,7 +86,9 @@ pub(crate) fn upload(
     let mut up = Uploader {
         stream,
         dtype,
+        format,
         bytes: 0,
+        largest_q8: 0,
     };
     let tensor = |h| host.tensors.by_handle(h);
     let embed = up.matrices(&[(tensor(w.embed), c.vocab_size, c.hidden_size)])?;
@@ -90,6 +109,7 @@ pub(crate) fn upload(
         final_norm,
         layers,
         bytes: up.bytes,
+        largest_q8: up.largest_q8,
     })
 }
 
@@ -106,8 +126,8 @@ fn upload_layer(
             "mixture-of-experts layers run on the CPU only".into(),
         ));
     };
-    let qkv = up.matrices(&[(t(l.q), q_dim, h), (t(l.k), kv_dim, h), (t(l.v), kv_dim, h)])?;
-    let gate_up = up.matrices(&[(t(mlp.gate), ff, h), (t(mlp.up), ff, h)])?;
+    let qkv = up.layer_matrix(&[(t(l.q), q_dim, h), (t(l.k), kv_dim, h), (t(l.v), kv_dim, h)])?;
+    let gate_up = up.layer_matrix(&[(t(mlp.gate), ff, h), (t(mlp.up), ff, h)])?;
     let qkv_bias = match &l.qkv_bias {
         Some(parts) => Some(up.floats(&parts.concat())?),
         None => None,
@@ -121,10 +141,10 @@ fn upload_layer(
         qkv,
         qkv_bias,
         qk_norm,
-        o: up.matrices(&[(t(l.o), h, q_dim)])?,
+        o: up.layer_matrix(&[(t(l.o), h, q_dim)])?,
         ffn_norm: up.floats(&l.ffn_norm)?,
         gate_up,
-        down: up.matrices(&[(t(mlp.down), h, ff)])?,
+        down: up.layer_matrix(&[(t(mlp.down), h, ff)])?,
     })
 }
 
@@ -132,13 +152,44 @@ fn upload_layer(
 struct Uploader<'a> {
     stream: &'a std::sync::Arc<CudaStream>,
     dtype: CudaDtype,
+    format: CudaWeights,
     bytes: usize,
+    largest_q8: usize,
 }
 
 impl Uploader<'_> {
     fn floats(&mut self, v: &[f32]) -> Result<CudaSlice<f32>, CudaError> {
         self.bytes += std::mem::size_of_val(v);
         Ok(self.stream.clone_htod(v)?)
+    }
+
+    /// A layer's matrices `(tensor, rows, cols)`, stacked row-wise, in the layers' format.
+    fn layer_matrix(
+        &mut self,
+        parts: &[(TensorRef<'_>, usize, usize)],
+    ) -> Result<DeviceMatrix, CudaError> {
+        if self.format == CudaWeights::Dense {
+            return Ok(DeviceMatrix::Dense(self.matrices(parts)?));
+        }
+        let (mut codes, mut scales) = (Vec::new(), Vec::new());
+        for (t, rows, cols) in parts {
+            if cols % Q8_BLOCK != 0 {
+                return Err(CudaError::Unsupported(format!(
+                    "--cuda-weights q8_0 needs rows of a multiple of {Q8_BLOCK} values; {} \
+                     has {cols}",
+                    t.name
+                )));
+            }
+            for_each_row_block(t, *rows, *cols, |values| {
+                q8_weights::quantize(values, &mut codes, &mut scales)
+            })?;
+        }
+        self.largest_q8 = self.largest_q8.max(codes.len());
+        self.bytes += codes.len() + 4 * scales.len();
+        Ok(DeviceMatrix::Q8 {
+            codes: self.stream.clone_htod(&codes)?,
+            scales: self.stream.clone_htod(&scales)?,
+        })
     }
 
     /// The matrices `(tensor, rows, cols)`, stacked row-wise, in the storage type.
@@ -164,6 +215,17 @@ pub(crate) fn append_converted(
     dtype: CudaDtype,
     out: &mut Vec<u8>,
 ) -> Result<(), CudaError> {
+    for_each_row_block(t, rows, cols, |values| encode(values, dtype, out))
+}
+
+/// Calls `f` with the `[rows, cols]` matrix `t` dequantized to f32, [`ROW_BLOCK`] rows at a
+/// time, in order.
+fn for_each_row_block(
+    t: &TensorRef<'_>,
+    rows: usize,
+    cols: usize,
+    mut f: impl FnMut(&[f32]),
+) -> Result<(), CudaError> {
     if t.shape != [rows, cols] {
         return Err(CudaError::Unsupported(format!(
             "tensor {} has shape {:?}, expected [{rows}, {cols}]",
@@ -177,7 +239,7 @@ pub(crate) fn append_converted(
         let src = &t.data[first * row_bytes..(first + n) * row_bytes];
         let dst = &mut buf[..n * cols];
         tandem_kernels::quant::dequantize_row(t.dtype, src, dst);
-        encode(dst, dtype, out);
+        f(dst);
     }
     Ok(())
 }

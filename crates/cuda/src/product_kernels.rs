@@ -1,0 +1,89 @@
+//! The launches of the matrix-product kernels: the batch-invariant product (matmul.cu) and
+//! the Q8_0 weights' products (q8.cu). Like every launch they go through
+//! [`Kernels::launch`].
+
+use crate::error::CudaError;
+use crate::kernels::{Arg, DevPtr, Kernels, ROW_THREADS};
+
+/// Output tile of a `matmul_fixed` block (`MM_TILE_N` x `MM_TILE_M` in matmul.cu).
+const MM_TILE_N: usize = 16;
+const MM_TILE_M: usize = 64;
+/// Most rows of x a `q8_matvec` launch takes (`Q8_MAX_ROWS` in q8.cu); larger products
+/// expand the matrix first.
+pub(crate) const Q8_MATVEC_ROWS: usize = 8;
+
+impl Kernels {
+    /// `y[n, m] = x[n, k] · w[m, k]ᵀ` with every element summed over k in ascending order
+    /// by one thread, whatever the shape (matmul.cu): the batch-invariant product. x, w:
+    /// storage type; y: f32.
+    #[allow(clippy::too_many_arguments)] // the kernel's arguments
+    pub fn matmul_fixed(
+        &self,
+        x: DevPtr,
+        w: DevPtr,
+        y: DevPtr,
+        n: usize,
+        m: usize,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::Ptr(y),
+            Arg::I32(n as i32),
+            Arg::I32(m as i32),
+            Arg::I32(k as i32),
+        ];
+        let grid = (m.div_ceil(MM_TILE_M) as u32, n.div_ceil(MM_TILE_N) as u32);
+        self.launch("matmul_fixed", grid, 256, &args)
+    }
+
+    /// `y[n, m] = x[n, k] · W[m, k]ᵀ` from a Q8_0 matrix (codes `[m, k]` bytes, scales
+    /// `[m, k / 32]` f32), for `n <= Q8_MATVEC_ROWS`. x: storage type; y: f32.
+    #[allow(clippy::too_many_arguments)] // the kernel's arguments
+    pub fn q8_matvec(
+        &self,
+        codes: DevPtr,
+        scales: DevPtr,
+        x: DevPtr,
+        y: DevPtr,
+        n: usize,
+        m: usize,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(codes),
+            Arg::Ptr(scales),
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::I32(n as i32),
+            Arg::I32(m as i32),
+            Arg::I32(k as i32),
+        ];
+        let warps = (ROW_THREADS / 32) as usize;
+        self.launch(
+            "q8_matvec",
+            (m.div_ceil(warps) as u32, 1),
+            ROW_THREADS,
+            &args,
+        )
+    }
+
+    /// `out[m, k]` (storage type) = the Q8_0 matrix's weights.
+    pub fn q8_dequant(
+        &self,
+        codes: DevPtr,
+        scales: DevPtr,
+        out: DevPtr,
+        m: usize,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(codes),
+            Arg::Ptr(scales),
+            Arg::Ptr(out),
+            Arg::I32(k as i32),
+        ];
+        self.launch("q8_dequant", (m as u32, 1), ROW_THREADS, &args)
+    }
+}
