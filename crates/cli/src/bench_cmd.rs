@@ -253,10 +253,10 @@ pub(crate) fn measure(
             done[s] += n;
             finishing.push((s, done[s] == p));
         }
-        let logits = runner.forward(&batch)?;
+        let picks = greedy_step(runner, &batch)?;
         for (row, &(s, finished)) in finishing.iter().enumerate() {
             if finished {
-                next[s] = argmax(logits.row(row));
+                next[s] = picks[row];
             }
         }
     }
@@ -275,15 +275,30 @@ pub(crate) fn measure(
                 .collect(),
             output: OutputSelection::Last,
         };
-        let logits = runner.forward(&batch)?;
-        for (s, t) in next.iter_mut().enumerate() {
-            *t = argmax(logits.row(s));
-        }
+        next = greedy_step(runner, &batch)?;
     }
     Ok(Measured {
         prefill_s,
         decode_s: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The greedy token of every output row of one step. A runner that reduces rows where its
+/// logits are (a GPU) returns the picks, as an engine step of greedy requests asks it to;
+/// otherwise the logits' argmax, so that a CPU step costs what llama.cpp's benchmark
+/// measures: the forward pass alone.
+fn greedy_step(runner: &mut dyn ModelRunner, batch: &ForwardBatch) -> Result<Vec<TokenId>> {
+    if runner.samples_rows() {
+        return runner
+            .forward_greedy(batch)?
+            .into_iter()
+            .map(|p| p.map(|p| p.token).context("non-finite logits"))
+            .collect();
+    }
+    let logits = runner.forward(batch)?;
+    Ok((0..logits.num_rows())
+        .map(|r| argmax(logits.row(r)))
+        .collect())
 }
 
 fn argmax(row: &[f32]) -> TokenId {

@@ -9,9 +9,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use tandem_engine::trace::{MarkKind, Part, SeqSlice, StepClock, StepCounters, StepTrace, Work};
 use tandem_engine::SeqId;
-use tandem_model::batch::{BlockId, ForwardBatch};
+use tandem_model::batch::{BlockId, ForwardBatch, TokenId};
 use tandem_model::logits::Logits;
+use tandem_model::row_sampling::RowSampling;
 use tandem_model::runner::{KvGeometry, ModelRunner};
+use tandem_model::token_pick::TokenPick;
 use tandem_model::ModelConfig;
 
 /// Writes `trace` as Chrome trace JSON to `path`.
@@ -56,22 +58,13 @@ impl TracedRunner {
     }
 }
 
-impl Drop for TracedRunner {
-    fn drop(&mut self) {
-        if let Err(e) = write(Some(&self.trace), Some(&self.path)) {
-            eprintln!("tandem: error: {e:#}");
-        }
-    }
-}
-
-impl ModelRunner for TracedRunner {
-    fn config(&self) -> &ModelConfig {
-        self.inner.config()
-    }
-    fn kv_geometry(&self) -> KvGeometry {
-        self.inner.kv_geometry()
-    }
-    fn forward(&mut self, batch: &ForwardBatch) -> tandem_model::Result<Logits> {
+impl TracedRunner {
+    /// Runs `pass` on the inner runner as one traced step of `batch`.
+    fn traced<T>(
+        &mut self,
+        batch: &ForwardBatch,
+        pass: impl FnOnce(&mut dyn ModelRunner) -> T,
+    ) -> T {
         let seqs: Vec<SeqSlice> = batch
             .seqs
             .iter()
@@ -93,7 +86,7 @@ impl ModelRunner for TracedRunner {
         }
         let mut clock = StepClock::start();
         clock.mark(Part::Schedule);
-        let out = self.inner.forward(batch);
+        let out = pass(self.inner.as_mut());
         clock.mark(Part::Forward);
         let counters = StepCounters {
             running: seqs.len(),
@@ -103,6 +96,49 @@ impl ModelRunner for TracedRunner {
             .record(self.step, &clock, seqs, counters, Vec::new());
         self.step += 1;
         out
+    }
+}
+
+impl Drop for TracedRunner {
+    fn drop(&mut self) {
+        if let Err(e) = write(Some(&self.trace), Some(&self.path)) {
+            eprintln!("tandem: error: {e:#}");
+        }
+    }
+}
+
+impl ModelRunner for TracedRunner {
+    fn config(&self) -> &ModelConfig {
+        self.inner.config()
+    }
+    fn kv_geometry(&self) -> KvGeometry {
+        self.inner.kv_geometry()
+    }
+    fn forward(&mut self, batch: &ForwardBatch) -> tandem_model::Result<Logits> {
+        self.traced(batch, |inner| inner.forward(batch))
+    }
+    fn forward_logprobs(
+        &mut self,
+        batch: &ForwardBatch,
+        targets: &[Option<TokenId>],
+    ) -> tandem_model::Result<Vec<Option<f32>>> {
+        self.traced(batch, |inner| inner.forward_logprobs(batch, targets))
+    }
+    fn forward_greedy(
+        &mut self,
+        batch: &ForwardBatch,
+    ) -> tandem_model::Result<Vec<Option<TokenPick>>> {
+        self.traced(batch, |inner| inner.forward_greedy(batch))
+    }
+    fn samples_rows(&self) -> bool {
+        self.inner.samples_rows()
+    }
+    fn forward_sample(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[RowSampling],
+    ) -> tandem_model::Result<Vec<Option<TokenPick>>> {
+        self.traced(batch, |inner| inner.forward_sample(batch, rows))
     }
     fn copy_blocks(&mut self, copies: &[(BlockId, BlockId)]) -> tandem_model::Result<()> {
         self.inner.copy_blocks(copies)
