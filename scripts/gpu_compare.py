@@ -86,6 +86,13 @@ def summary_lines(name, r):
                 lines.append(f"  {key} {dtype}: {v['differ']} of "
                              f"{v.get('positions', v.get('rows'))} differ from the host "
                              f"(goal 0); {json.dumps({k: x for k, x in v.items() if k.endswith('_ms')})}")
+        tc = c.get("tensor_core_attention")
+        if tc is not None:
+            lines.append(
+                f"  tensor-core prefill attention {dtype}: max|dlogprob| vs tiled "
+                f"{tc['max_abs_logprob_diff']:.2e}; 8x2048 prefill "
+                f"{tc['prefill_8x2048_tok_s_tiled']:.0f} -> "
+                f"{tc['prefill_8x2048_tok_s_tensor_cores']:.0f} tok/s")
         lines.append(
             f"  speed {dtype}: prefill {t['prefill_tok_s']:.0f} tok/s ({t['prefill_tokens']} "
             f"tokens), 8x2048 {t.get('prefill_8x2048_tok_s', 0):.0f} tok/s")

@@ -84,6 +84,7 @@ fn translation_unit(program: &str, suffix: &str, bf16: u8) -> String {
 
     let ns = format!("tandem_emu_{suffix}");
     let mut s = String::new();
+    let _ = writeln!(s, "#define TANDEM_EMULATOR 1");
     let _ = writeln!(s, "#define TANDEM_ACT_BF16 {bf16}");
     let _ = writeln!(s, "#define TANDEM_ATTN_PARTITION {ATTN_PARTITION}");
     s.push_str("#include \"launch.hpp\"\n");

@@ -50,6 +50,10 @@ pub struct ModelArgs {
     /// read straight by decode steps).
     #[arg(long, value_name = "FORMAT", default_value = "dense", value_parser = parse_cuda_weights)]
     pub cuda_weights: tandem_cuda::CudaWeights,
+    /// On CUDA with bf16, run the attention of prompt steps on tensor cores (faster
+    /// prefill; such steps then differ from decode steps in rounding). Off unless given.
+    #[arg(long)]
+    pub tensor_core_attention: bool,
 }
 
 /// `--device`.

@@ -93,6 +93,7 @@ impl PreparedModel {
         options.cuda_graphs = !args.no_cuda_graphs;
         options.batch_invariant = args.batch_invariant;
         options.weights = args.cuda_weights;
+        options.tensor_core_attention = args.tensor_core_attention;
         Ok(PreparedModel::Cuda {
             host: Box::new(host),
             options,

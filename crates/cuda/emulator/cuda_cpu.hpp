@@ -41,6 +41,8 @@ void sync_block();
 void sync_warp();
 // Lane `lane`'s slot of the calling warp's exchange area (8 bytes per lane).
 uint64_t& warp_slot(unsigned lane);
+// Lane `lane`'s 16 words of the calling warp's fragment area (warp-wide matrix operations).
+uint64_t* warp_area(unsigned lane);
 
 // One round of a warp shuffle: each lane publishes `v`, then reads lane `src`'s value.
 template <class T>
@@ -93,6 +95,10 @@ struct __attribute__((aligned(8))) uint2 {
 struct __attribute__((aligned(8))) float2 {
     float x, y;
 };
+
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
+    return uint4{x, y, z, w};
+}
 
 inline void __syncthreads() { ::tandem_emu::sync_block(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { ::tandem_emu::sync_warp(); }
@@ -180,4 +186,55 @@ template <class A, class B>
 inline typename std::common_type<A, B>::type max(A a, B b) {
     typedef typename std::common_type<A, B>::type C;
     return (C)a < (C)b ? (C)b : (C)a;
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 with d as both C and D: a
+// warp-collective operation. Every lane publishes its fragments (layouts in
+// kernels/attention_tc.cu, after the PTX ISA), then computes its four outputs with f32
+// products summed over k in ascending order (the hardware's order of accumulation is its
+// own: results may differ from a GPU's in the last bits, never in layout).
+inline void tandem_emu_mma_bf16_16816(float* d, const unsigned* a, const unsigned* b) {
+    unsigned lane = threadIdx.x & 31u;
+    uint32_t* mine = reinterpret_cast<uint32_t*>(::tandem_emu::warp_area(lane));
+    for (int i = 0; i < 4; ++i) {
+        mine[i] = a[i];
+        mine[6 + i] = ::tandem_emu::bit_cast<uint32_t>(d[i]);
+    }
+    mine[4] = b[0];
+    mine[5] = b[1];
+    ::tandem_emu::sync_warp();
+    float A[16][16], B[16][8], C[16][8];
+    auto lo = [](uint32_t v) { return ::tandem_emu::bit_cast<float>(v << 16); };
+    auto hi = [](uint32_t v) { return ::tandem_emu::bit_cast<float>(v & 0xffff0000u); };
+    for (unsigned l = 0; l < 32; ++l) {
+        const uint32_t* r = reinterpret_cast<const uint32_t*>(::tandem_emu::warp_area(l));
+        unsigned g = l >> 2, t = l & 3u;
+        A[g][2 * t] = lo(r[0]);
+        A[g][2 * t + 1] = hi(r[0]);
+        A[g + 8][2 * t] = lo(r[1]);
+        A[g + 8][2 * t + 1] = hi(r[1]);
+        A[g][2 * t + 8] = lo(r[2]);
+        A[g][2 * t + 9] = hi(r[2]);
+        A[g + 8][2 * t + 8] = lo(r[3]);
+        A[g + 8][2 * t + 9] = hi(r[3]);
+        B[2 * t][g] = lo(r[4]);
+        B[2 * t + 1][g] = hi(r[4]);
+        B[2 * t + 8][g] = lo(r[5]);
+        B[2 * t + 9][g] = hi(r[5]);
+        C[g][2 * t] = ::tandem_emu::bit_cast<float>(r[6]);
+        C[g][2 * t + 1] = ::tandem_emu::bit_cast<float>(r[7]);
+        C[g + 8][2 * t] = ::tandem_emu::bit_cast<float>(r[8]);
+        C[g + 8][2 * t + 1] = ::tandem_emu::bit_cast<float>(r[9]);
+    }
+    ::tandem_emu::sync_warp(); // every lane has read before any publishes again
+    unsigned g = lane >> 2, t = lane & 3u;
+    for (int i = 0; i < 4; ++i) {
+        unsigned row = g + ((i & 2) ? 8u : 0u);
+        unsigned col = 2 * t + (unsigned)(i & 1);
+        float acc = 0.0f;
+        for (int k = 0; k < 16; ++k) {
+            acc += A[row][k] * B[k][col];
+        }
+        d[i] = C[row][col] + acc;
+    }
 }

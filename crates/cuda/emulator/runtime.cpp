@@ -40,6 +40,7 @@ struct Block {
     Barrier block_barrier;
     std::vector<Barrier> warp_barriers;
     std::vector<uint64_t> slots; // 32 per warp
+    std::vector<uint64_t> areas; // 32 * 16 per warp
     FiberContext scheduler;
     size_t current = 0;
     void (*call)(void**) = nullptr;
@@ -126,6 +127,7 @@ std::string run_block(Block& b, char* stacks) {
     b.block_barrier = Barrier{};
     b.warp_barriers.assign(warps, Barrier{});
     b.slots.assign(32 * (size_t)warps, 0);
+    b.areas.assign(32 * 16 * (size_t)warps, 0);
     for (unsigned t = 0; t < threads; ++t) {
         Fiber& f = b.fibers[t];
         f.index = Dim3{t, 0, 0};
@@ -165,6 +167,10 @@ void sync_warp() {
 }
 
 uint64_t& warp_slot(unsigned lane) { return running->slots[32 * (size_t)my_warp() + lane]; }
+
+uint64_t* warp_area(unsigned lane) {
+    return &running->areas[16 * (32 * (size_t)my_warp() + lane)];
+}
 
 int launch(const Kernel* table, size_t count, const char* name, const unsigned* grid,
            unsigned block, unsigned shared, unsigned char* dynamic, size_t capacity,

@@ -584,11 +584,34 @@ fn device_sample(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
     Ok(json!({ "rows": rows, "differ": differ, "logprob_differ": logprob_differ }))
 }
 
+/// The tensor-core prefill attention against the tiled kernel: the largest difference of
+/// the teacher-forced logprobs of `tokens`, and the rate of a prefill of 8 x 2,048 tokens
+/// with each (the same in f32 mode, where it does not apply).
+fn tensor_cores(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
+    let (tiled, _) = score(runner, tokens, 0)?;
+    let tiled_rate = long_prefill(runner, tokens)?;
+    runner.set_tensor_core_attention(true);
+    let scored = score(runner, tokens, 0);
+    let rate = long_prefill(runner, tokens);
+    runner.set_tensor_core_attention(false);
+    let ((tc, _), tc_rate) = (scored?, rate?);
+    let max_abs = tiled
+        .iter()
+        .zip(&tc)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    Ok(json!({
+        "positions": tc.len(), "max_abs_logprob_diff": max_abs,
+        "prefill_8x2048_tok_s_tiled": tiled_rate, "prefill_8x2048_tok_s_tensor_cores": tc_rate,
+    }))
+}
+
 fn checks(runner: &mut CudaRunner, seqs: &[Vec<TokenId>]) -> Result<Value> {
     let s = &seqs[0];
     let logprobs = device_logprobs(runner, s)?;
     let greedy = device_greedy(runner, s)?;
     let sampled = device_sample(runner, s)?;
+    let tc = tensor_cores(runner, s)?;
     let decode = decode_vs_forward(runner, &s[..64.min(s.len())], 32)?;
     let prefix = prefix_and_copy(runner, s)?;
     let invariance = batch_invariance(runner, &s[..256.min(s.len())])?;
@@ -597,7 +620,7 @@ fn checks(runner: &mut CudaRunner, seqs: &[Vec<TokenId>]) -> Result<Value> {
         "describe": runner.describe(), "weight_bytes": runner.weight_bytes(),
         "decode_vs_forward": decode, "prefix": prefix, "batch_invariance": invariance,
         "device_logprobs": logprobs, "device_greedy": greedy,
-        "device_sample": sampled,
+        "device_sample": sampled, "tensor_core_attention": tc,
         "timing": timing,
     }))
 }

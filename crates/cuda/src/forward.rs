@@ -19,6 +19,7 @@ use crate::decode_graphs::bucket_for;
 use crate::error::CudaError;
 use crate::kernels::{
     AttnBuffers, AttnShape, DevPtr, QkvBuffers, QkvShape, ATTN_PARTITION, ROW_SAMPLING_BYTES,
+    TC_MAX_HEAD_DIM, TC_TILE_TOKENS,
 };
 use crate::options::CudaDtype;
 use crate::product_kernels::Q8_MATVEC_ROWS;
@@ -156,6 +157,12 @@ impl CudaRunner {
     ) -> Result<Option<AttentionTiles>, CudaError> {
         if l.is_decode() {
             return Ok(None);
+        }
+        if self.tensor_core_prefill() {
+            let n = l.tokens.len();
+            let tiles = AttentionTiles::build(&l.token_seq, &l.positions, TC_TILE_TOKENS, n);
+            self.inputs.upload_tiles(&tiles.pairs)?;
+            return Ok(Some(tiles));
         }
         let c = &self.config;
         let group = c.num_heads / c.num_kv_heads;
@@ -320,9 +327,24 @@ impl CudaRunner {
                 parts
             )));
         }
-        let row_groups = attention_rows(c.num_heads, parts);
         let tile_tokens = tiles.map_or(1, |t| t.tile_tokens);
         let shape = self.attn_shape(parts, tile_tokens);
+        if let (Some(t), true) = (tiles, self.tensor_core_prefill()) {
+            let attn = AttnBuffers {
+                q: ptr(&self.ws.q, s),
+                k_cache,
+                v_cache,
+                block_tables: d.block_tables,
+                token_seq: d.token_seq,
+                positions: d.positions,
+                tiles: Some(d.tiles),
+                out: ptr(&self.ws.attn, s),
+                partials: 0,
+            };
+            self.kernels.attention_tc(&attn, shape, t.pairs.len() / 2)?;
+            return self.attention_output(i, n);
+        }
+        let row_groups = attention_rows(c.num_heads, parts);
         let q_row = (c.q_dim() * 4) as u64;
         let out_row = (c.q_dim() * self.dtype.size()) as u64;
         for (g, first) in (0..n).step_by(row_groups).enumerate() {
@@ -349,11 +371,30 @@ impl CudaRunner {
             self.kernels
                 .paged_attention(&attn, shape, rows, num_tiles)?;
         }
+        self.attention_output(i, n)
+    }
+
+    /// The end of layer `i`'s attention sub-layer: the o projection of the attention's
+    /// output into `delta`.
+    fn attention_output(&self, i: usize, n: usize) -> Result<(), CudaError> {
         self.mark("attention")?;
+        let (c, s, w) = (&self.config, &self.device.stream, &self.weights.layers[i]);
         let delta = ptr(&self.ws.delta, s);
         let attn = ptr(&self.ws.attn, s);
         self.product(attn, &w.o, delta, n, c.hidden_size, c.q_dim())?;
         self.mark("o_proj")
+    }
+
+    /// Whether steps with several tokens of a sequence run their attention on tensor cores
+    /// (attention_tc.cu): asked for, bf16, head dimension a multiple of 16 up to 128, and
+    /// not batch-invariant (the tiled kernel keeps prefill and decode identical).
+    pub(crate) fn tensor_core_prefill(&self) -> bool {
+        let d = self.config.head_dim;
+        self.tensor_core_attention
+            && self.dtype == CudaDtype::Bf16
+            && !self.batch_invariant
+            && d.is_multiple_of(16)
+            && d <= TC_MAX_HEAD_DIM
     }
 
     /// The MLP sub-layer of layer `i`: adds the attention output to `x`, norms, and leaves

@@ -23,12 +23,16 @@ use crate::options::CudaDtype;
 pub(crate) type DevPtr = u64;
 
 /// The kernel files, in the order they are concatenated into one program.
-const SOURCES: [(&str, &str); 9] = [
+const SOURCES: [(&str, &str); 10] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("norm.cu", include_str!("../kernels/norm.cu")),
     ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
     ("rope_kv.cu", include_str!("../kernels/rope_kv.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
+    (
+        "attention_tc.cu",
+        include_str!("../kernels/attention_tc.cu"),
+    ),
     ("logprobs.cu", include_str!("../kernels/logprobs.cu")),
     ("sampling.cu", include_str!("../kernels/sampling.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
@@ -36,13 +40,14 @@ const SOURCES: [(&str, &str); 9] = [
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 13] = [
+pub const KERNEL_NAMES: [&str; 14] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
     "qkv_rope_store",
     "paged_attention",
     "attention_merge",
+    "attention_tc",
     "swiglu",
     "gather_hidden",
     "logit_exp_sums",
@@ -65,6 +70,11 @@ fn kernel_index(name: &str) -> usize {
 pub(crate) const ATTN_PARTITION: usize = 128;
 /// Largest head dimension the attention kernel handles (`32 * ATTN_MAX_PER_LANE`).
 pub(crate) const MAX_HEAD_DIM: usize = 256;
+/// Tokens per tile of `attention_tc` (`TC_ROWS` in attention_tc.cu), its threads
+/// (`TC_WARPS` warps) and the largest head dimension it takes (`TC_MAX_DIM`).
+pub(crate) const TC_TILE_TOKENS: usize = 64;
+const TC_THREADS: u32 = 128;
+pub(crate) const TC_MAX_HEAD_DIM: usize = 128;
 /// Largest number of query heads per kv head (one warp each in an attention block).
 pub(crate) const MAX_GQA_GROUP: usize = 32;
 /// Threads of a row-wise kernel block.
@@ -477,6 +487,30 @@ impl Kernels {
             threads,
             &merge,
         )
+    }
+
+    /// Prefill attention on tensor cores (attention_tc.cu, bf16 only) of the tokens of
+    /// `tiles` tiles of up to [`TC_TILE_TOKENS`] tokens each (`b.tiles`, required); no
+    /// partials. `shape.tile_tokens` is ignored.
+    pub fn attention_tc(
+        &self,
+        b: &AttnBuffers,
+        shape: AttnShape,
+        tiles: usize,
+    ) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(b.q),
+            Arg::Ptr(b.k_cache),
+            Arg::Ptr(b.v_cache),
+            Arg::Ptr(b.block_tables),
+            Arg::Ptr(b.token_seq),
+            Arg::Ptr(b.positions),
+            Arg::Ptr(b.tiles.unwrap_or(0)),
+            Arg::Ptr(b.out),
+            Arg::Attn(shape),
+        ];
+        let grid = (tiles as u32, shape.num_heads as u32);
+        self.launch("attention_tc", grid, TC_THREADS, &args)
     }
 
     /// `out = silu(gate) * up`. gate_up: `[n, 2 * ff]` f32; out: `[n, ff]` act.

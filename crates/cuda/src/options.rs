@@ -100,6 +100,10 @@ pub struct CudaOptions {
     pub batch_invariant: bool,
     /// How the layers' matrices are stored.
     pub weights: CudaWeights,
+    /// Run the attention of prefill and mixed steps on tensor cores (bf16; kernels/
+    /// attention_tc.cu). Off by default until measured on a GPU; such steps then no longer
+    /// match decode steps bit for bit.
+    pub tensor_core_attention: bool,
 }
 
 impl CudaOptions {
@@ -116,6 +120,7 @@ impl CudaOptions {
             cuda_graphs: true,
             batch_invariant: false,
             weights: CudaWeights::Dense,
+            tensor_core_attention: false,
         }
     }
 

@@ -48,6 +48,8 @@ pub struct CudaRunner {
     pub(crate) gemm: Gemm,
     /// Products by the fixed-order kernel rather than cuBLAS (`CudaOptions::batch_invariant`).
     pub(crate) batch_invariant: bool,
+    /// `CudaOptions::tensor_core_attention`.
+    pub(crate) tensor_core_attention: bool,
     /// Events of a profiled step (empty otherwise); dropped before the device.
     pub(crate) profile: EventLog,
     pub(crate) device: Device,
@@ -104,6 +106,7 @@ impl CudaRunner {
             kernels,
             gemm,
             batch_invariant: o.batch_invariant,
+            tensor_core_attention: o.tensor_core_attention,
             profile: EventLog::default(),
             device,
         })
@@ -137,6 +140,12 @@ impl CudaRunner {
             self.batch_invariant = on;
             self.graphs.clear();
         }
+    }
+
+    /// Turns the tensor-core prefill attention on or off
+    /// (`CudaOptions::tensor_core_attention`; decode steps and their graphs never use it).
+    pub fn set_tensor_core_attention(&mut self, on: bool) {
+        self.tensor_core_attention = on;
     }
 
     /// Decode graphs recorded so far.
@@ -238,8 +247,14 @@ fn check_shared_memory(c: &ModelConfig, dtype: CudaDtype, limit: usize) -> Resul
 fn identity(host: &HostModel, o: &CudaOptions) -> u64 {
     let mut h = Sha256::new();
     let products = if o.batch_invariant { "fixed" } else { "cublas" };
+    let attention = if o.tensor_core_attention {
+        "tc"
+    } else {
+        "tiled"
+    };
     let (dtype, weights) = (o.dtype.name(), o.weights.name());
-    h.update(format!("cuda {dtype} {weights} {products} {:?}", host.config).as_bytes());
+    let mode = format!("{dtype} {weights} {products} {attention}");
+    h.update(format!("cuda {mode} {:?}", host.config).as_bytes());
     for name in host.tensors.names() {
         if let Some(t) = host.tensors.get(name) {
             h.update(name.as_bytes());

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::attention_tiles::{shared_bytes, tokens_per_tile, AttentionTiles};
-use crate::kernels::{AttnBuffers, AttnShape, ATTN_PARTITION};
+use crate::kernels::{AttnBuffers, AttnShape, ATTN_PARTITION, TC_TILE_TOKENS};
 
 const BLOCK: usize = 16;
 
@@ -178,6 +178,76 @@ impl Scene {
         }
         read_act(self.dtype, &out)
     }
+}
+
+impl Scene {
+    /// Runs the tensor-core prefill attention (bf16 scenes only) of every token, the tiles
+    /// cut within launch groups of `group_rows` tokens; returns `[tokens, q_dim]`.
+    fn run_tensor_cores(&self, group_rows: usize) -> Vec<f32> {
+        let k = kernels(self.dtype);
+        let (q_dim, n) = (self.heads * self.d, self.token_seq.len());
+        let tiles =
+            AttentionTiles::build(&self.token_seq, &self.positions, TC_TILE_TOKENS, group_rows);
+        let mut qb = Buf::of(&self.q);
+        let (mut kb, mut vb) = (act_buf(self.dtype, &self.k), act_buf(self.dtype, &self.v));
+        let (mut tb, mut sb, mut pb) = (
+            Buf::of(&self.tables),
+            Buf::of(&self.token_seq),
+            Buf::of(&self.positions),
+        );
+        let mut tiles_buf = Buf::of(&tiles.pairs);
+        let mut out = act_buf(self.dtype, &vec![f32::NAN; n * q_dim]);
+        let shape = AttnShape {
+            num_heads: self.heads as i32,
+            num_kv_heads: self.kv_heads as i32,
+            head_dim: self.d as i32,
+            block_size: BLOCK as i32,
+            max_blocks: self.max_blocks as i32,
+            scale: 1.0 / (self.d as f32).sqrt(),
+            num_parts: 1,
+            tile_tokens: TC_TILE_TOKENS as i32,
+        };
+        let act = self.dtype.size() as u64;
+        for (g, first) in (0..n).step_by(group_rows).enumerate() {
+            let f = first as u64;
+            let range = tiles.groups[g].clone();
+            let b = AttnBuffers {
+                q: qb.ptr() + f * q_dim as u64 * 4,
+                k_cache: kb.ptr(),
+                v_cache: vb.ptr(),
+                block_tables: tb.ptr(),
+                token_seq: sb.ptr() + f * 4,
+                positions: pb.ptr() + f * 4,
+                tiles: Some(tiles_buf.ptr() + range.start as u64 * 8),
+                out: out.ptr() + f * q_dim as u64 * act,
+                partials: 0,
+            };
+            k.attention_tc(&b, shape, range.len()).expect("launch");
+        }
+        read_act(self.dtype, &out)
+    }
+}
+
+/// The tensor-core prefill attention against the f64 reference (its probabilities are
+/// rounded to bf16: a looser tolerance), and bitwise the same however tokens are tiled.
+fn check_tensor_cores(heads: usize, kv_heads: usize, d: usize, lens: &[usize]) {
+    let s = Scene::new(CudaDtype::Bf16, heads, kv_heads, d, lens);
+    let q_dim = heads * d;
+    let all = s.run_tensor_cores(s.token_seq.len());
+    for t in 0..s.token_seq.len() {
+        let got = &all[t * q_dim..(t + 1) * q_dim];
+        let name = format!("tensor cores heads {heads}/{kv_heads} d {d}: token {t}");
+        assert_close(&name, got, &s.reference(t), 2e-2);
+    }
+    let regrouped = s.run_tensor_cores(50);
+    assert_eq!(bits(&regrouped), bits(&all), "launch groups of 50 tokens");
+}
+
+#[test]
+fn tensor_core_prefill_attention() {
+    check_tensor_cores(4, 2, 64, &[1, 45, 130]);
+    check_tensor_cores(2, 1, 128, &[70, 3]);
+    check_tensor_cores(8, 8, 16, &[66]);
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
