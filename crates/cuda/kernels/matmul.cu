@@ -3,7 +3,7 @@
 // the shape, so a row's result can change with how many rows share the product; here every
 // element is one thread's sum over k in ascending order, whatever n, m, the tile or the
 // element's place in it, so a token's logits are bitwise the same alone or in any batch.
-// The cost is speed: CUDA cores instead of tensor cores (measured in BENCHMARKS.md).
+// The cost is speed: CUDA cores instead of tensor cores (`cuda_score check` measures it).
 //
 // Grid: (ceil(m / MM_TILE_M), ceil(n / MM_TILE_N)); block: 256 threads. The block stages
 // MM_TILE_K columns of its x rows and w rows in shared memory at a time (as f32); thread

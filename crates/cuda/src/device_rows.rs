@@ -104,6 +104,9 @@ impl CudaRunner {
         let c = &self.config;
         batch.validate(c.vocab_size, self.pool.block_size, self.pool.num_blocks)?;
         let layout = BatchLayout::build(batch, self.pool.block_size, &self.inv_freqs)?;
+        if let Some(e) = rows.iter().find_map(|r| r.validate().err()) {
+            return Err(ModelError::Batch(e).into());
+        }
         if rows.len() != layout.output_rows.len() {
             return Err(ModelError::Batch(format!(
                 "{} row samplings for {} output rows",

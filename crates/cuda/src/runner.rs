@@ -21,7 +21,7 @@ use crate::forward::Workspace;
 use crate::gemm::Gemm;
 use crate::kernels::{Kernels, MAX_GQA_GROUP, MAX_HEAD_DIM};
 use crate::kv_pool::{blocks_for_fraction, bytes_per_token, KvPool};
-use crate::options::{CudaDtype, CudaOptions, KvBudget};
+use crate::options::{CudaDtype, CudaOptions, CudaWeights, KvBudget};
 use crate::step_inputs::StepInputs;
 use crate::step_profile::{EventLog, StepProfile};
 use crate::weights::{upload, DeviceWeights};
@@ -53,6 +53,8 @@ pub struct CudaRunner {
     /// Events of a profiled step (empty otherwise); dropped before the device.
     pub(crate) profile: EventLog,
     pub(crate) device: Device,
+    /// The identity of the weights, numeric mode and weight format; the switchable modes
+    /// (products, attention) are mixed in by `model_identity`.
     identity: u64,
 }
 
@@ -93,7 +95,7 @@ impl CudaRunner {
         let inputs = StepInputs::new(&stream, o.max_batch_tokens, half, table_stride)?;
         stream.synchronize()?;
         Ok(CudaRunner {
-            identity: identity(host, o),
+            identity: identity(host, o.dtype, o.weights),
             inv_freqs: host.weights.inv_freqs.clone(),
             dtype: o.dtype,
             config,
@@ -133,8 +135,9 @@ impl CudaRunner {
     }
 
     /// Switches between cuBLAS and the fixed-order products (`CudaOptions::batch_invariant`);
-    /// recorded graphs, which hold the other kind, are dropped. For comparisons: a runner
-    /// whose results an engine has cached should not switch.
+    /// recorded graphs, which hold the other kind, are dropped, and `model_identity`
+    /// changes with it. For comparisons: a runner whose results an engine has cached should
+    /// not switch.
     pub fn set_batch_invariant(&mut self, on: bool) {
         if on != self.batch_invariant {
             self.batch_invariant = on;
@@ -244,16 +247,9 @@ fn check_shared_memory(c: &ModelConfig, dtype: CudaDtype, limit: usize) -> Resul
 }
 
 /// A hash of the configuration, the numeric mode and samples of the weights.
-fn identity(host: &HostModel, o: &CudaOptions) -> u64 {
+fn identity(host: &HostModel, dtype: CudaDtype, weights: CudaWeights) -> u64 {
     let mut h = Sha256::new();
-    let products = if o.batch_invariant { "fixed" } else { "cublas" };
-    let attention = if o.tensor_core_attention {
-        "tc"
-    } else {
-        "tiled"
-    };
-    let (dtype, weights) = (o.dtype.name(), o.weights.name());
-    let mode = format!("{dtype} {weights} {products} {attention}");
+    let mode = format!("{} {}", dtype.name(), weights.name());
     h.update(format!("cuda {mode} {:?}", host.config).as_bytes());
     for name in host.tensors.names() {
         if let Some(t) = host.tensors.get(name) {
@@ -321,7 +317,10 @@ impl ModelRunner for CudaRunner {
     }
 
     fn model_identity(&self) -> u64 {
-        self.identity
+        // Both modes change the numbers a pass computes: results of one are not the other's.
+        let fixed = u64::from(self.batch_invariant) * 0x9E37_79B9_7F4A_7C15;
+        let tc = u64::from(self.tensor_core_prefill()) * 0xC2B2_AE3D_27D4_EB4F;
+        self.identity ^ fixed ^ tc
     }
 
     fn describe(&self) -> String {

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 
 use tandem_model::batch::TokenId;
 use tandem_model::runner::ModelRunner;
-use tandem_model::ModelConfig;
+use tandem_model::{ModelConfig, ModelError};
 
 use crate::error::{EngineError, Result};
 use crate::sampler::{SamplerState, SamplingParams};
@@ -302,10 +302,22 @@ impl Engine {
                 RowPath::Greedy => self.runner.forward_greedy(&batch),
                 _ => self.runner.forward_sample(&batch, &rows),
             };
-            picks.map(|picks| {
-                clock.mark(Part::Forward);
-                self.picked_samples(&plan, &picks)
-            })
+            picks
+                .and_then(|picks| {
+                    if picks.len() == rows.len() {
+                        Ok(picks)
+                    } else {
+                        Err(ModelError::Batch(format!(
+                            "the runner chose {} tokens for {} rows",
+                            picks.len(),
+                            rows.len()
+                        )))
+                    }
+                })
+                .map(|picks| {
+                    clock.mark(Part::Forward);
+                    self.picked_samples(&plan, &picks)
+                })
         } else {
             self.runner.forward(&batch).map(|mut logits| {
                 clock.mark(Part::Forward);

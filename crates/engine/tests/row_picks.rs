@@ -329,12 +329,24 @@ fn draws_where_the_logits_are_are_seeded_and_batch_invariant() {
         .map(|(_, (t, _))| t.clone())
         .collect();
     assert!(distinct.len() > 4);
-    // A runner that does not draw: the same requests are sampled on the host.
+    // A runner that does not draw: the same requests are sampled on the host, which walks
+    // the survivors in the same id order: the same tokens.
     let (host, (fwd, _, draws)) = run(&ALL, mix, false);
     assert!(fwd > 0 && draws == 0);
-    assert_eq!(
-        bits(&host)[0],
-        bits(&together)[0],
-        "greedy rows agree on every path"
-    );
+    assert_eq!(bits(&host), bits(&together), "host draws = device draws");
+    // A neighbour with a penalty sends the steps it shares to the host sampler: the
+    // seeded requests beside it keep their tokens.
+    let penalised = |i: usize| {
+        let mut p = mix(i);
+        if i == 2 {
+            p.presence_penalty = 0.5;
+        }
+        p
+    };
+    let (company, (fwd, _, draws)) = run(&ALL, penalised, true);
+    assert!(fwd > 0 && draws > 0, "steps on both paths");
+    let (t, c) = (bits(&together), bits(&company));
+    for i in ALL.iter().filter(|&&i| i != 2) {
+        assert_eq!(c[*i], t[*i], "request {i} beside a penalised one");
+    }
 }

@@ -12,11 +12,12 @@
 //! 5. the draw walks the survivors in id order and takes the first whose cumulative weight
 //!    exceeds `u` times their total; if rounding never does, the last one.
 //!
-//! Steps 1-4 give the distribution of the engine's sampler (`tandem_engine::sampler`) for a
-//! request without bias, penalties or a grammar — a test compares the two exactly. The draw
-//! walks in id order where the engine's sampler walks in its own candidate order, so the
-//! same `u` may choose a different token: the distributions are equal, the draws are not.
-//! Temperature 0 is greedy: the lowest id of the maximum.
+//! These are the steps of the engine's sampler (`tandem_engine::sampler`) for a request
+//! without bias, penalties or a grammar: the distributions are equal (a test compares them
+//! exactly), and as both draws walk the survivors in id order, the same `u` picks the same
+//! token, except where rounding (the order of a sum, an ulp of `exp`) moves a boundary
+//! across it, with a probability of order 1e-15 per draw. Temperature 0 is greedy: the
+//! lowest id of the maximum.
 
 use std::cmp::Ordering;
 
@@ -35,6 +36,24 @@ pub struct RowSampling {
     pub min_p: f32,
     /// The row's uniform number, in `[0, 1)`.
     pub uniform: f64,
+}
+
+impl RowSampling {
+    /// Checks the parameters' ranges: temperature finite and `>= 0`, `top_p` in `(0, 1]`,
+    /// `min_p` in `[0, 1]`, `uniform` in `[0, 1)`.
+    pub fn validate(&self) -> Result<(), String> {
+        let ok = self.temperature.is_finite()
+            && self.temperature >= 0.0
+            && self.top_p > 0.0
+            && self.top_p <= 1.0
+            && (0.0..=1.0).contains(&self.min_p)
+            && (0.0..1.0).contains(&self.uniform);
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("row sampling parameters out of range: {self:?}"))
+        }
+    }
 }
 
 /// The surviving ids of `row` in ascending order with their unnormalised weights; `None`

@@ -143,6 +143,9 @@ pub trait ModelRunner: Send + std::fmt::Debug {
         batch: &ForwardBatch,
         rows: &[RowSampling],
     ) -> Result<Vec<Option<TokenPick>>> {
+        if let Some(e) = rows.iter().find_map(|r| r.validate().err()) {
+            return Err(ModelError::Batch(e));
+        }
         let logits = self.forward(batch)?;
         if rows.len() != logits.num_rows() {
             return Err(ModelError::Batch(format!(

@@ -21,8 +21,8 @@
 //!    prefix in descending-probability order whose mass is `>= top_p`;
 //! 9. **min-p**: keep tokens with `p >= min_p * max p` (a ratio, so renormalisation does not
 //!    change it);
-//! 10. **draw** one token from the renormalised survivors by inverse CDF with one uniform
-//!     number from the request's stream.
+//! 10. **draw** one token from the renormalised survivors, walked in id order, by inverse
+//!     CDF with one uniform number from the request's stream.
 //!
 //! This is the order of Hugging Face transformers' processors (vLLM applies min-p before
 //! top-p, which differs only when both are set).

@@ -41,7 +41,10 @@ fn by_value_desc(values: &[f64]) -> impl Fn(&u32, &u32) -> Ordering + '_ {
 ///    preceding mass is `< top_p * sum(w)`, i.e. the shortest prefix reaching `top_p`;
 /// 5. min-p: keep tokens with `w >= min_p` (probability >= min_p x the largest one; this
 ///    ratio does not depend on renormalisation, so min-p commutes with steps 2 and 4);
-/// 6. choose the first candidate whose cumulative weight exceeds `u * sum(w)`.
+/// 6. choose, walking the survivors in id order, the first whose cumulative weight exceeds
+///    `u * sum(w)`. (Id order, not the order truncation leaves them in: it is the order a
+///    runner drawing where its logits are walks (`tandem_model::row_sampling`), so a seed
+///    draws the same token on either path, up to rounding at a boundary.)
 pub(crate) fn sample_random(
     values: &mut [f64],
     candidates: &mut Vec<u32>,
@@ -51,6 +54,7 @@ pub(crate) fn sample_random(
     if !truncate(values, candidates, params) {
         return None;
     }
+    candidates.sort_unstable();
     draw(values, candidates, u)
 }
 
