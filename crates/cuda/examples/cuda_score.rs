@@ -544,9 +544,9 @@ fn device_greedy(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
 /// Tokens drawn on the device (`ModelRunner::forward_sample`, kernel `sample_rows`) against
 /// the host reference (`row_sampling::pick`) on the same pass's logits, for a prefill chunk
 /// with every row output and several truncation settings and uniform numbers. Equal up to
-/// the last bit of `exp` (the device's and the C library's may differ by an ulp, which can
-/// move a token across a boundary with a probability of order 1e-15), so `differ` should
-/// be 0; logprobs must match the host's bitwise where the tokens do.
+/// rounding at a boundary (sums in another order, an ulp of `exp`: a probability of order
+/// 1e-15 per draw), so `differ` should be 0; logprobs must match the host's bitwise where
+/// the tokens do.
 fn device_sample(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
     let n = 256.min(tokens.len());
     let table = blocks(0, n.div_ceil(BLOCK));
