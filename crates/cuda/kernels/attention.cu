@@ -15,7 +15,10 @@
 // chunk's key and value rows (one kv head) into shared memory together, 16 bytes per copy,
 // asynchronously (cp.async) and one chunk ahead of the arithmetic, so that the loads of a
 // chunk are in flight at once instead of one row after another, and the rows serve every
-// query head of the group and every token of the tile. Then each warp takes the chunk:
+// query head of the group and every token of the tile. Where a position's row sits in the
+// cache is looked up in the block table once per chunk, two chunks ahead: the first warp's
+// lanes, one per position, list the rows' byte offsets in shared memory, and the copies
+// read them from there. Then each warp takes the chunk:
 // lane l computes the score of position base + l (a dot product over the head dimension
 // with the query, kept in shared memory), the warp updates its online softmax (running max
 // and sum) and its weighted sum of values, lane l holding dimensions l, l + 32, ...
@@ -49,32 +52,41 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Dot product of one key row (`d` elements of act_t, 16-byte aligned) with `q` (shared).
+// Dot product of one key row (`d` elements of act_t, 16-byte aligned) with `q` (shared,
+// 16-byte aligned), read 16 bytes at a time; the products are summed in dimension order.
+// The loops are not unrolled: the sum is one chain of dependent additions anyway, and
+// unrolled, the compiler keeps many loads in flight at the cost of registers (with NVRTC
+// 13.0 for sm_90 and bf16: 64 instead of 48), which would cut the blocks resident per
+// multiprocessor.
 __device__ __forceinline__ float dot_key(const act_t* key, const float* q, int d) {
+    const float4* q4 = reinterpret_cast<const float4*>(q);
     float acc = 0.0f;
 #if TANDEM_ACT_BF16
     const uint4* k8 = reinterpret_cast<const uint4*>(key);
+#pragma unroll 1
     for (int i = 0; i < d / 8; ++i) {
         uint4 w = k8[i];
-        const float* qi = q + 8 * i;
-        acc += qi[0] * __uint_as_float(w.x << 16);
-        acc += qi[1] * __uint_as_float(w.x & 0xffff0000u);
-        acc += qi[2] * __uint_as_float(w.y << 16);
-        acc += qi[3] * __uint_as_float(w.y & 0xffff0000u);
-        acc += qi[4] * __uint_as_float(w.z << 16);
-        acc += qi[5] * __uint_as_float(w.z & 0xffff0000u);
-        acc += qi[6] * __uint_as_float(w.w << 16);
-        acc += qi[7] * __uint_as_float(w.w & 0xffff0000u);
+        float4 qa = q4[2 * i];
+        float4 qb = q4[2 * i + 1];
+        acc += qa.x * __uint_as_float(w.x << 16);
+        acc += qa.y * __uint_as_float(w.x & 0xffff0000u);
+        acc += qa.z * __uint_as_float(w.y << 16);
+        acc += qa.w * __uint_as_float(w.y & 0xffff0000u);
+        acc += qb.x * __uint_as_float(w.z << 16);
+        acc += qb.y * __uint_as_float(w.z & 0xffff0000u);
+        acc += qb.z * __uint_as_float(w.w << 16);
+        acc += qb.w * __uint_as_float(w.w & 0xffff0000u);
     }
 #else
     const float4* k4 = reinterpret_cast<const float4*>(key);
+#pragma unroll 1
     for (int i = 0; i < d / 4; ++i) {
         float4 w = k4[i];
-        const float* qi = q + 4 * i;
-        acc += qi[0] * w.x;
-        acc += qi[1] * w.y;
-        acc += qi[2] * w.z;
-        acc += qi[3] * w.w;
+        float4 qi = q4[i];
+        acc += qi.x * w.x;
+        acc += qi.y * w.y;
+        acc += qi.z * w.z;
+        acc += qi.w * w.w;
     }
 #endif
     return acc;
@@ -116,26 +128,42 @@ __device__ __forceinline__ void copies_wait(int pending) {
 #endif
 }
 
-// Issues the copies of the key and value rows of positions [base, min(base + ATTN_CHUNK,
-// end)) into `stage` (keys: ATTN_CHUNK rows of `row_bytes`, then values alike). Every thread
-// of the block takes 16-byte pieces, consecutive threads consecutive pieces of a row.
-__device__ __forceinline__ void stage_chunk(unsigned char* stage, const act_t* keys,
-                                            const act_t* values, const int* table, int base,
-                                            int end, int kv_dim, int d, int block_size,
-                                            int row_bytes) {
-    int pieces = d * (int)sizeof(act_t) / 16; // per row
-    int rows = min(ATTN_CHUNK, end - base);
-    int per_plane = rows * pieces;
-    for (int u = threadIdx.x; u < 2 * per_plane; u += blockDim.x) {
-        int plane = u >= per_plane; // 0: keys, 1: values
-        int rest = u - plane * per_plane;
-        int r = rest / pieces;
-        int c = rest - r * pieces;
-        int p = base + r;
-        i64 slot = (i64)table[p / block_size] * block_size + p % block_size;
-        const act_t* row = (plane ? values : keys) + slot * kv_dim;
-        unsigned char* dst = stage + (plane * ATTN_CHUNK + r) * row_bytes + c * 16;
-        copy16_to_shared(dst, reinterpret_cast<const unsigned char*>(row) + c * 16);
+// Byte offset of position p's row in the cache, from the kv head's row of slot 0.
+__device__ __forceinline__ i64 row_offset(const int* table, int p, int block_size,
+                                          i64 slot_bytes) {
+    return ((i64)table[p / block_size] * block_size + p % block_size) * slot_bytes;
+}
+
+// How a thread walks the 16-byte pieces of a chunk's rows: piece u (row u / pieces, column
+// u % pieces, the rows being the keys' and then the values') goes to thread u % blockDim.x,
+// so consecutive threads copy consecutive pieces of a row. A thread's first piece is
+// threadIdx.x and each next one blockDim.x further: counted in rows and columns, so the
+// walk needs no division.
+struct PieceWalk {
+    int row, col;           // the first piece
+    int row_step, col_step; // blockDim.x pieces: row_step rows and col_step columns
+    int pieces;             // per row
+};
+
+// Issues the copies of the key and value rows of a chunk's `rows` positions into `stage`
+// (keys: ATTN_CHUNK rows of `row_bytes`, then values alike). Row r of the chunk lies at
+// `offsets[r]` bytes from `keys` and from `values`.
+__device__ __forceinline__ void stage_chunk(unsigned char* stage, const unsigned char* keys,
+                                            const unsigned char* values, const i64* offsets,
+                                            int rows, PieceWalk w, int row_bytes) {
+    int row = w.row;
+    int col = w.col;
+    while (row < 2 * rows) {
+        int plane = row >= rows; // 0: keys, 1: values
+        int r = row - plane * rows;
+        const unsigned char* src = (plane ? values : keys) + offsets[r] + col * 16;
+        copy16_to_shared(stage + (plane * ATTN_CHUNK + r) * row_bytes + col * 16, src);
+        row += w.row_step;
+        col += w.col_step;
+        if (col >= w.pieces) {
+            col -= w.pieces;
+            row += 1;
+        }
     }
 }
 
@@ -144,8 +172,9 @@ __device__ __forceinline__ void stage_chunk(unsigned char* stage, const act_t* k
 // positions: [n] position of each token; tiles: [tiles, 2] (first token, count) or null;
 // out: [n, num_heads * head_dim] act_t;
 // partials: [n, num_heads, num_parts, head_dim + 2] f32 (value sum, max, sum).
-// Dynamic shared memory: attention_shared_bytes() in kernels.rs — a query row of f32 per
-// warp, then two stages of ATTN_CHUNK key rows and ATTN_CHUNK value rows.
+// Dynamic shared memory: shared_bytes() in attention_tiles.rs — a query row of f32 per
+// warp, then two stages of ATTN_CHUNK key rows and ATTN_CHUNK value rows, then the row
+// offsets (i64) of two chunks.
 extern "C" __global__ void paged_attention(const float* q, const act_t* k_cache,
                                            const act_t* v_cache, const int* block_tables,
                                            const int* token_seq, const int* positions,
@@ -176,14 +205,20 @@ extern "C" __global__ void paged_attention(const float* q, const act_t* k_cache,
     int end = min(context, start + ATTN_PARTITION);
     bool works = active && start < end; // this warp has positions [start, end)
     int h = kvh * group + g;
-    int kv_dim = s.num_kv_heads * d;
-    const act_t* keys = k_cache + kvh * d;
-    const act_t* values = v_cache + kvh * d;
+    const unsigned char* keys = reinterpret_cast<const unsigned char*>(k_cache + kvh * d);
+    const unsigned char* values = reinterpret_cast<const unsigned char*>(v_cache + kvh * d);
     const int* table = block_tables + (i64)token_seq[first] * s.max_blocks;
+    i64 slot_bytes = (i64)s.num_kv_heads * d * (i64)sizeof(act_t);
     int row_bytes = staged_row_bytes(d);
     int stage_bytes = 2 * ATTN_CHUNK * row_bytes;
-    float* qs = reinterpret_cast<float*>(attn_shared) + warp * d;
+    float* qs = reinterpret_cast<float*>(attn_shared) + warp * d; // 16-byte aligned: 32 | d
     unsigned char* stages = attn_shared + (blockDim.x >> 5) * d * sizeof(float);
+    // The row offsets of chunk k are at offsets + (k & 1) * ATTN_CHUNK.
+    i64* offsets = reinterpret_cast<i64*>(stages + 2 * stage_bytes);
+    int pieces = d * (int)sizeof(act_t) / 16;
+    PieceWalk walk = {(int)threadIdx.x / pieces, (int)threadIdx.x % pieces,
+                      (int)blockDim.x / pieces, (int)blockDim.x % pieces, pieces};
+    bool lister = threadIdx.x < ATTN_CHUNK; // lists position base + threadIdx.x of a chunk
     if (works) {
         const float* qrow = q + token * (i64)(s.num_heads * d) + h * d;
         for (int i = lane; i < d; i += 32) {
@@ -199,14 +234,29 @@ extern "C" __global__ void paged_attention(const float* q, const act_t* k_cache,
     float run_max = NEG_INF;
     float run_sum = 0.0f;
     int chunks = (block_end - start + ATTN_CHUNK - 1) / ATTN_CHUNK;
-    stage_chunk(stages, keys, values, table, start, block_end, kv_dim, d, s.block_size,
+    for (int k = 0; k < 2; ++k) {
+        int p = start + k * ATTN_CHUNK + threadIdx.x;
+        if (lister && p < block_end) {
+            offsets[k * ATTN_CHUNK + threadIdx.x] = row_offset(table, p, s.block_size, slot_bytes);
+        }
+    }
+    __syncthreads(); // the rows of chunks 0 and 1 are listed
+    stage_chunk(stages, keys, values, offsets, min(ATTN_CHUNK, block_end - start), walk,
                 row_bytes);
     copies_commit();
     for (int c = 0; c < chunks; ++c) {
         int base = start + c * ATTN_CHUNK;
+        // The first warp looks up the rows of chunk c + 2 now and lists them at the end of
+        // the iteration, in the place of chunk c's: every thread has read those (to stage
+        // chunk c, before the loop or in the previous iteration) by the barrier below.
+        int ahead = base + 2 * ATTN_CHUNK + threadIdx.x;
+        bool lists = lister && ahead < block_end;
+        i64 ahead_offset = lists ? row_offset(table, ahead, s.block_size, slot_bytes) : 0;
         if (c + 1 < chunks) { // the next chunk's copies go out before this one's arithmetic
-            stage_chunk(stages + ((c + 1) & 1) * stage_bytes, keys, values, table,
-                        base + ATTN_CHUNK, block_end, kv_dim, d, s.block_size, row_bytes);
+            int next = base + ATTN_CHUNK;
+            stage_chunk(stages + ((c + 1) & 1) * stage_bytes, keys, values,
+                        offsets + ((c + 1) & 1) * ATTN_CHUNK, min(ATTN_CHUNK, block_end - next),
+                        walk, row_bytes);
             copies_commit();
             copies_wait(1);
         } else {
@@ -245,7 +295,12 @@ extern "C" __global__ void paged_attention(const float* q, const act_t* k_cache,
             }
             run_max = new_max;
         }
-        __syncthreads(); // every warp is done with chunk c before its stage is refilled
+        if (lists) {
+            offsets[(c & 1) * ATTN_CHUNK + threadIdx.x] = ahead_offset;
+        }
+        // Every warp is done with chunk c before its stage is refilled, and the rows of
+        // chunk c + 2 are listed before they are staged.
+        __syncthreads();
     }
     if (!works) {
         return;

@@ -25,11 +25,11 @@ const MAX_BLOCK_THREADS: usize = 1024;
 
 /// Bytes of dynamic shared memory a block of `tile_tokens` tokens takes: a query row of f32
 /// per warp, then two stages of [`ATTN_CHUNK`] key rows and as many value rows, each row
-/// padded by 16 bytes.
+/// padded by 16 bytes, then the cache offsets (i64) of two chunks' rows.
 pub(crate) fn shared_bytes(group: usize, tile_tokens: usize, head_dim: usize, act: usize) -> usize {
     let warps = group * tile_tokens;
     let row = head_dim * act + 16;
-    warps * head_dim * 4 + 2 * 2 * ATTN_CHUNK * row
+    warps * head_dim * 4 + 2 * 2 * ATTN_CHUNK * row + 2 * ATTN_CHUNK * 8
 }
 
 /// Tokens per tile for prefill: about [`TARGET_WARPS`] warps per block, within the block

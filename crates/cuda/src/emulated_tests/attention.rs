@@ -319,3 +319,11 @@ fn one_kv_head_per_query_head_and_wide_heads() {
 fn many_query_heads_per_kv_head() {
     check(8, 1, 32, &[70, 129]);
 }
+
+#[test]
+fn rows_whose_pieces_do_not_divide_the_block() {
+    // 96 dimensions: 24 (f32) or 12 (bf16) 16-byte pieces a row, which do not divide a
+    // block of 64 threads; 256 f32 dimensions: 64 pieces a row, more than a one-warp block.
+    check(2, 1, 96, &[5, 100]);
+    check(1, 1, 256, &[40]);
+}
