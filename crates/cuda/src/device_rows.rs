@@ -23,7 +23,7 @@ use tandem_model::ModelError;
 use crate::batch_layout::BatchLayout;
 use crate::error::{catch_binding_panic, CudaError};
 use crate::forward::ptr;
-use crate::kernels::row_sampling_bytes;
+use crate::row_kernels::row_sampling_bytes;
 use crate::runner::CudaRunner;
 use crate::step_inputs::LOGIT_ROWS;
 

@@ -18,11 +18,12 @@ use crate::batch_layout::BatchLayout;
 use crate::decode_graphs::bucket_for;
 use crate::error::CudaError;
 use crate::kernels::{
-    AttnBuffers, AttnShape, DevPtr, QkvBuffers, QkvShape, ATTN_PARTITION, ROW_SAMPLING_BYTES,
-    TC_MAX_HEAD_DIM, TC_TILE_TOKENS,
+    AttnBuffers, AttnShape, DevPtr, QkvBuffers, QkvShape, ATTN_PARTITION, TC_MAX_HEAD_DIM,
+    TC_TILE_TOKENS,
 };
 use crate::options::CudaDtype;
 use crate::product_kernels::Q8_MATVEC_ROWS;
+use crate::row_kernels::ROW_SAMPLING_BYTES;
 use crate::runner::CudaRunner;
 use crate::step_inputs::{InputPtrs, StepInputs, LOGIT_ROWS};
 use crate::weights::{DeviceLayer, DeviceMatrix};

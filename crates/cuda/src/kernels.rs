@@ -79,24 +79,6 @@ pub(crate) const TC_MAX_HEAD_DIM: usize = 128;
 pub(crate) const MAX_GQA_GROUP: usize = 32;
 /// Threads of a row-wise kernel block.
 pub(crate) const ROW_THREADS: u32 = 256;
-/// Threads of a `logit_exp_sums` block (`LP_THREADS` in logprobs.cu).
-const LOGPROB_THREADS: u32 = 256;
-/// Threads of a `sample_rows` block (`SAMPLE_THREADS` in sampling.cu).
-const SAMPLE_THREADS: u32 = 256;
-/// Bytes of one row's parameters for `sample_rows` (`RowSampling` in sampling.cu).
-pub(crate) const ROW_SAMPLING_BYTES: usize = 24;
-
-/// `RowSampling` of sampling.cu, as bytes: temperature, top_k, top_p, min_p (4 bytes
-/// each), the uniform number (8).
-pub(crate) fn row_sampling_bytes(s: &tandem_model::row_sampling::RowSampling) -> [u8; 24] {
-    let mut b = [0u8; ROW_SAMPLING_BYTES];
-    b[0..4].copy_from_slice(&s.temperature.to_ne_bytes());
-    b[4..8].copy_from_slice(&s.top_k.to_ne_bytes());
-    b[8..12].copy_from_slice(&s.top_p.to_ne_bytes());
-    b[12..16].copy_from_slice(&s.min_p.to_ne_bytes());
-    b[16..24].copy_from_slice(&s.uniform.to_ne_bytes());
-    b
-}
 
 /// The whole kernel program: every source file, concatenated.
 pub fn program_source() -> String {
@@ -391,6 +373,20 @@ pub(crate) struct QkvBuffers {
     pub v_cache: DevPtr,
 }
 
+/// The first eight arguments of both attention kernels, in their order.
+fn attention_inputs(b: &AttnBuffers) -> [Arg; 8] {
+    [
+        Arg::Ptr(b.q),
+        Arg::Ptr(b.k_cache),
+        Arg::Ptr(b.v_cache),
+        Arg::Ptr(b.block_tables),
+        Arg::Ptr(b.token_seq),
+        Arg::Ptr(b.positions),
+        Arg::Ptr(b.tiles.unwrap_or(0)),
+        Arg::Ptr(b.out),
+    ]
+}
+
 /// Buffers of `paged_attention` for one layer (n tokens).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AttnBuffers {
@@ -449,15 +445,16 @@ impl Kernels {
         n: usize,
         tiles: usize,
     ) -> Result<(), CudaError> {
+        let [q, k, v, tables, seqs, positions, tiles_arg, out] = attention_inputs(b);
         let args = [
-            Arg::Ptr(b.q),
-            Arg::Ptr(b.k_cache),
-            Arg::Ptr(b.v_cache),
-            Arg::Ptr(b.block_tables),
-            Arg::Ptr(b.token_seq),
-            Arg::Ptr(b.positions),
-            Arg::Ptr(b.tiles.unwrap_or(0)),
-            Arg::Ptr(b.out),
+            q,
+            k,
+            v,
+            tables,
+            seqs,
+            positions,
+            tiles_arg,
+            out,
             Arg::Ptr(b.partials),
             Arg::Attn(shape),
         ];
@@ -498,15 +495,16 @@ impl Kernels {
         shape: AttnShape,
         tiles: usize,
     ) -> Result<(), CudaError> {
+        let [q, k, v, tables, seqs, positions, tiles_arg, out] = attention_inputs(b);
         let args = [
-            Arg::Ptr(b.q),
-            Arg::Ptr(b.k_cache),
-            Arg::Ptr(b.v_cache),
-            Arg::Ptr(b.block_tables),
-            Arg::Ptr(b.token_seq),
-            Arg::Ptr(b.positions),
-            Arg::Ptr(b.tiles.unwrap_or(0)),
-            Arg::Ptr(b.out),
+            q,
+            k,
+            v,
+            tables,
+            seqs,
+            positions,
+            tiles_arg,
+            out,
             Arg::Attn(shape),
         ];
         let grid = (tiles as u32, shape.num_heads as u32);
@@ -543,55 +541,5 @@ impl Kernels {
             Arg::I32(h as i32),
         ];
         self.launch("gather_hidden", (rows as u32, 1), ROW_THREADS, &args)
-    }
-
-    /// Per row of `rows` logits rows: the maximum, the host-order `Σ exp(x - max)` (0 for a
-    /// row holding a NaN or an infinity), the logit of the row's target and, when
-    /// `row_argmax` is given, the lowest index of the maximum (-1 for a non-finite row); see
-    /// logprobs.cu. logits: `[rows, vocab]` f32; targets: `[rows]` i32 (negative: none) or
-    /// 0 (none for every row);
-    /// row_max, target_logit: `[rows]` f32; row_sum: `[rows]` f64; row_argmax: `[rows]` i32.
-    #[allow(clippy::too_many_arguments)] // the kernel's arguments
-    pub fn logit_exp_sums(
-        &self,
-        logits: DevPtr,
-        targets: DevPtr,
-        rows: usize,
-        vocab: usize,
-        row_max: DevPtr,
-        row_sum: DevPtr,
-        target_logit: DevPtr,
-        row_argmax: Option<DevPtr>,
-    ) -> Result<(), CudaError> {
-        let args = [
-            Arg::Ptr(logits),
-            Arg::Ptr(targets),
-            Arg::I32(vocab as i32),
-            Arg::Ptr(row_max),
-            Arg::Ptr(row_sum),
-            Arg::Ptr(target_logit),
-            Arg::Ptr(row_argmax.unwrap_or(0)),
-        ];
-        self.launch("logit_exp_sums", (rows as u32, 1), LOGPROB_THREADS, &args)
-    }
-
-    /// One token per row of `rows` logits rows, drawn as each row's parameters say (see
-    /// sampling.cu); -1 for a row holding a NaN or an infinity. logits: `[rows, vocab]`
-    /// f32; params: `[rows]` of [`row_sampling_bytes`]; tokens: `[rows]` i32.
-    pub fn sample_rows(
-        &self,
-        logits: DevPtr,
-        params: DevPtr,
-        rows: usize,
-        vocab: usize,
-        tokens: DevPtr,
-    ) -> Result<(), CudaError> {
-        let args = [
-            Arg::Ptr(logits),
-            Arg::Ptr(params),
-            Arg::I32(vocab as i32),
-            Arg::Ptr(tokens),
-        ];
-        self.launch("sample_rows", (rows as u32, 1), SAMPLE_THREADS, &args)
     }
 }

@@ -39,6 +39,7 @@ pub mod nvrtc_cache;
 mod options;
 mod product_kernels;
 mod q8_weights;
+mod row_kernels;
 mod runner;
 mod step_inputs;
 mod step_profile;

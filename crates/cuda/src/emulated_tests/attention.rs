@@ -107,6 +107,20 @@ impl Scene {
         out
     }
 
+    /// The kernels' shape arguments for this scene.
+    fn shape(&self, parts: usize, tile_tokens: usize) -> AttnShape {
+        AttnShape {
+            num_heads: self.heads as i32,
+            num_kv_heads: self.kv_heads as i32,
+            head_dim: self.d as i32,
+            block_size: BLOCK as i32,
+            max_blocks: self.max_blocks as i32,
+            scale: 1.0 / (self.d as f32).sqrt(),
+            num_parts: parts as i32,
+            tile_tokens: tile_tokens as i32,
+        }
+    }
+
     fn parts(&self) -> usize {
         self.lens
             .iter()
@@ -141,16 +155,7 @@ impl Scene {
         let mut tiles_buf = Buf::of(tiles.as_ref().map_or(&[0][..], |t| &t.pairs[..]));
         let mut out = act_buf(self.dtype, &vec![f32::NAN; n * q_dim]);
         let mut partials = Buf::zeroed(n * self.heads * parts * (self.d + 2) * 4);
-        let shape = AttnShape {
-            num_heads: self.heads as i32,
-            num_kv_heads: self.kv_heads as i32,
-            head_dim: self.d as i32,
-            block_size: BLOCK as i32,
-            max_blocks: self.max_blocks as i32,
-            scale: 1.0 / (self.d as f32).sqrt(),
-            num_parts: parts as i32,
-            tile_tokens: tiles.as_ref().map_or(1, |t| t.tile_tokens as i32),
-        };
+        let shape = self.shape(parts, tiles.as_ref().map_or(1, |t| t.tile_tokens));
         let act = self.dtype.size() as u64;
         for (g, first) in (0..n).step_by(group_rows).enumerate() {
             let rows = group_rows.min(n - first);
@@ -197,16 +202,7 @@ impl Scene {
         );
         let mut tiles_buf = Buf::of(&tiles.pairs);
         let mut out = act_buf(self.dtype, &vec![f32::NAN; n * q_dim]);
-        let shape = AttnShape {
-            num_heads: self.heads as i32,
-            num_kv_heads: self.kv_heads as i32,
-            head_dim: self.d as i32,
-            block_size: BLOCK as i32,
-            max_blocks: self.max_blocks as i32,
-            scale: 1.0 / (self.d as f32).sqrt(),
-            num_parts: 1,
-            tile_tokens: TC_TILE_TOKENS as i32,
-        };
+        let shape = self.shape(1, TC_TILE_TOKENS);
         let act = self.dtype.size() as u64;
         for (g, first) in (0..n).step_by(group_rows).enumerate() {
             let f = first as u64;

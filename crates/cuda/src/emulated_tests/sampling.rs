@@ -7,7 +7,7 @@ use super::*;
 use tandem_model::batch::TokenId;
 use tandem_model::row_sampling::{pick, RowSampling};
 
-use crate::kernels::row_sampling_bytes;
+use crate::row_kernels::row_sampling_bytes;
 
 const VOCAB: usize = 1000;
 
