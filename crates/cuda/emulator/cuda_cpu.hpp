@@ -123,34 +123,28 @@ inline T __shfl_up_sync(unsigned, T v, unsigned delta) {
 }
 
 // Fibers never run at the same time, so a read-modify-write is atomic as it stands.
-inline int atomicOr(int* p, int v) {
-    int old = *p;
+template <class T>
+inline T atomicOr(T* p, T v) {
+    T old = *p;
     *p = old | v;
     return old;
 }
-inline int atomicAdd(int* p, int v) {
-    int old = *p;
+template <class T>
+inline T atomicAdd(T* p, T v) {
+    T old = *p;
     *p = old + v;
     return old;
 }
-inline unsigned atomicAdd(unsigned* p, unsigned v) {
-    unsigned old = *p;
-    *p = old + v;
+template <class T>
+inline T atomicMin(T* p, T v) {
+    T old = *p;
+    *p = v < old ? v : old;
     return old;
 }
-inline float atomicAdd(float* p, float v) {
-    float old = *p;
-    *p = old + v;
-    return old;
-}
-inline int atomicMin(int* p, int v) {
-    int old = *p;
-    *p = old < v ? old : v;
-    return old;
-}
-inline int atomicMax(int* p, int v) {
-    int old = *p;
-    *p = old > v ? old : v;
+template <class T>
+inline T atomicMax(T* p, T v) {
+    T old = *p;
+    *p = old < v ? v : old;
     return old;
 }
 

@@ -47,19 +47,17 @@ __device__ double exp_nonpositive(double x) {
 
 // logits: [rows, vocab] f32; targets: [rows] or null (a negative target or null: none);
 // row_max: [rows] f32; row_sum: [rows] f64 (0 when the row holds a NaN or an infinity);
-// target_logit: [rows] f32; row_argmax: [rows] or null: the lowest index holding the
-// maximum (the host sampler's greedy choice), -1 for a row with a NaN or an infinity.
+// target_logit: [rows] f32.
 // Grid: rows; block: LP_THREADS threads (a multiple of 32, at least 64). Warp 0's first 8
 // lanes add; the other warps compute the exps of the next tile meanwhile.
 // Shared memory: 2 * LP_TILE doubles (static).
 #define LP_THREADS 256
 extern "C" __global__ void logit_exp_sums(const float* logits, const int* targets, int vocab,
                                           float* row_max, double* row_sum,
-                                          float* target_logit, int* row_argmax) {
+                                          float* target_logit) {
     __shared__ double exps[2][LP_TILE];
     __shared__ float scratch[32];
     __shared__ int bad_shared;
-    __shared__ int first_max;
     i64 row = blockIdx.x;
     const float* x = logits + row * (i64)vocab;
     int warp = threadIdx.x >> 5;
@@ -96,27 +94,8 @@ extern "C" __global__ void logit_exp_sums(const float* logits, const int* target
             row_max[row] = m;
             row_sum[row] = 0.0;
             target_logit[row] = 0.0f;
-            if (row_argmax != 0) {
-                row_argmax[row] = -1;
-            }
         }
         return; // uniform: every thread read the same flag and maximum
-    }
-    if (row_argmax != 0) { // the lowest index whose value equals the maximum
-        if (threadIdx.x == 0) {
-            first_max = vocab;
-        }
-        __syncthreads();
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-            if (x[i] == m) {
-                atomicMin(&first_max, i);
-                break; // this thread's later indices are larger
-            }
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            row_argmax[row] = first_max;
-        }
     }
 
     // Iteration k: warps 1.. compute the exps of tile k into buffer k % 2 while lanes 0-7

@@ -4,13 +4,13 @@
 //! ([`tandem_model::runner::ModelRunner::forward_sample`]: `sample_rows`, sampling.cu,
 //! draws each row's token; its raw logprob then comes as a target's does).
 //!
-//! Both need a few numbers per row, but the forward pass makes a vocabulary's worth of
+//! All need a few numbers per row, but the forward pass makes a vocabulary's worth of
 //! logits per row: 32 sequences of 2,048 tokens of a 128k-vocabulary model are 34 GB of
 //! logits, and a decode step of 256 sequences 131 MB, more than the step's weights. Here the
-//! LM head's rows stay on the device; `logit_exp_sums` (logprobs.cu) reduces each row to its
-//! maximum, its softmax sum, the target's logit and, for greedy picks, the lowest index of
-//! the maximum; the host finishes with the same two operations its own log-softmax ends
-//! with ([`tandem_kernels::ops::log_sum_exp`], [`tandem_kernels::ops::log_prob`]). The
+//! LM head's rows stay on the device; `sample_rows` chooses each row's token (greedy picks
+//! are draws at temperature 0), and `logit_exp_sums` (logprobs.cu) reduces each row to its
+//! maximum, its softmax sum and the target's (or chosen token's) logit; the host finishes
+//! with the same two operations its own log-softmax ends with ([`tandem_kernels::ops::log_sum_exp`], [`tandem_kernels::ops::log_prob`]). The
 //! kernel sums in the host's order with the host's exp, so a log-probability is bitwise the
 //! one the host computes from the same logits, and a greedy pick is the sampler's.
 
@@ -34,8 +34,6 @@ struct RowStats {
     /// 0 for a row holding a NaN or an infinity (a finite row sums at least 1).
     sum: Vec<f64>,
     target_logit: Vec<f32>,
-    /// Empty unless asked for.
-    argmax: Vec<i32>,
     /// The targets, when a kernel chose them on the device (else empty).
     tokens: Vec<i32>,
 }
@@ -43,7 +41,6 @@ struct RowStats {
 /// The targets whose logits [`CudaRunner::row_stats`] reads.
 #[derive(Debug, Clone, Copy)]
 enum Targets<'a> {
-    None,
     /// Each row's target from the host (negative: none).
     Host(&'a [i32]),
     /// Already in the targets buffer (tokens drawn there by `sample_rows`).
@@ -91,8 +88,17 @@ impl CudaRunner {
         let c = &self.config;
         batch.validate(c.vocab_size, self.pool.block_size, self.pool.num_blocks)?;
         let layout = BatchLayout::build(batch, self.pool.block_size, &self.inv_freqs)?;
+        // Greedy rows are draws at temperature 0: the lowest id of the maximum.
+        let greedy = RowSampling {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            uniform: 0.0,
+        };
+        let rows = vec![greedy; layout.output_rows.len()];
         self.device.bind()?;
-        catch_binding_panic(|| self.run_picks(layout, None))
+        catch_binding_panic(|| self.run_picks(layout, &rows))
     }
 
     /// [`tandem_model::runner::ModelRunner::forward_sample`] on the device.
@@ -116,7 +122,7 @@ impl CudaRunner {
             .into());
         }
         self.device.bind()?;
-        catch_binding_panic(|| self.run_picks(layout, Some(rows)))
+        catch_binding_panic(|| self.run_picks(layout, rows))
     }
 
     /// Runs the layers eagerly, then the LM head and the row sums [`LOGIT_ROWS`] rows at a
@@ -139,7 +145,7 @@ impl CudaRunner {
             self.inputs.upload_output_slots(slots)?;
             self.queue_lm_head(slots.len())?;
             let ids: Vec<i32> = group.iter().map(|t| t.map_or(-1, |t| t.0 as i32)).collect();
-            let st = self.row_stats(slots.len(), Targets::Host(&ids), false)?;
+            let st = self.row_stats(slots.len(), Targets::Host(&ids))?;
             for (i, t) in group.iter().enumerate() {
                 let Some(_) = t else {
                     out.push(None);
@@ -160,12 +166,12 @@ impl CudaRunner {
     }
 
     /// A forward pass as [`CudaRunner::run_forward`] runs it (decode steps through their
-    /// graph), with each output row reduced on the device to its greedy pick, or to the
-    /// token `sampling` draws for it.
+    /// graph), with each output row reduced on the device to the token `sampling` (one per
+    /// row) draws for it.
     fn run_picks(
         &mut self,
         mut l: BatchLayout,
-        sampling: Option<&[RowSampling]>,
+        sampling: &[RowSampling],
     ) -> Result<Vec<Option<TokenPick>>, CudaError> {
         self.ensure_capacity(l.tokens.len(), l.max_blocks)?;
         l.widen_tables(self.inputs.table_stride);
@@ -179,25 +185,19 @@ impl CudaRunner {
         for (g, slots) in l.output_slots.chunks(LOGIT_ROWS).enumerate() {
             self.inputs.upload_output_slots(slots)?;
             self.queue_lm_head(slots.len())?;
-            let group = sampling.map(|s| &s[g * LOGIT_ROWS..g * LOGIT_ROWS + slots.len()]);
+            let group = &sampling[g * LOGIT_ROWS..g * LOGIT_ROWS + slots.len()];
             picks.extend(self.pick_rows(slots.len(), group)?);
         }
         Ok(picks)
     }
 
-    /// The picks of the first `rows` rows of the logits buffer: greedy, or drawn as
-    /// `sampling` (one per row) says.
+    /// The picks of the first `rows` rows of the logits buffer, drawn as `sampling` (one
+    /// per row) says; then their raw logprobs, as targets'.
     fn pick_rows(
         &mut self,
         rows: usize,
-        sampling: Option<&[RowSampling]>,
+        sampling: &[RowSampling],
     ) -> Result<Vec<Option<TokenPick>>, CudaError> {
-        let Some(sampling) = sampling else {
-            let st = self.row_stats(rows, Targets::None, true)?;
-            return Ok((0..rows)
-                .map(|i| TokenPick::greedy_from_stats(st.argmax[i] as i64, st.max[i], st.sum[i]))
-                .collect());
-        };
         let s = self.device.stream.clone();
         let bytes: Vec<u8> = sampling.iter().flat_map(row_sampling_bytes).collect();
         s.memcpy_htod(&bytes, &mut self.ws.sample_params)?;
@@ -209,7 +209,7 @@ impl CudaRunner {
             self.config.vocab_size,
             ptr(&ws.lp_targets, &s),
         )?;
-        let st = self.row_stats(rows, Targets::OnDevice, false)?;
+        let st = self.row_stats(rows, Targets::OnDevice)?;
         Ok((0..rows)
             .map(|i| {
                 TokenPick::from_stats(
@@ -224,12 +224,7 @@ impl CudaRunner {
 
     /// Reduces the first `rows` (at most [`LOGIT_ROWS`]) rows of the logits buffer and
     /// copies the statistics to the host.
-    fn row_stats(
-        &mut self,
-        rows: usize,
-        targets: Targets<'_>,
-        argmax: bool,
-    ) -> Result<RowStats, CudaError> {
+    fn row_stats(&mut self, rows: usize, targets: Targets<'_>) -> Result<RowStats, CudaError> {
         let s = self.device.stream.clone();
         if let Targets::Host(t) = targets {
             s.memcpy_htod(t, &mut self.ws.lp_targets)?;
@@ -237,30 +232,22 @@ impl CudaRunner {
         let ws = &self.ws;
         self.kernels.logit_exp_sums(
             ptr(&ws.logits, &s),
-            match targets {
-                Targets::None => 0,
-                Targets::Host(_) | Targets::OnDevice => ptr(&ws.lp_targets, &s),
-            },
+            ptr(&ws.lp_targets, &s),
             rows,
             self.config.vocab_size,
             ptr(&ws.lp_max, &s),
             ptr(&ws.lp_sum, &s),
             ptr(&ws.lp_target_logit, &s),
-            argmax.then(|| ptr(&ws.lp_argmax, &s)),
         )?;
         let mut st = RowStats {
             max: vec![0.0; rows],
             sum: vec![0.0; rows],
             target_logit: vec![0.0; rows],
-            argmax: vec![0; if argmax { rows } else { 0 }],
             tokens: Vec::new(),
         };
         s.memcpy_dtoh(&ws.lp_max.slice(..rows), &mut st.max)?;
         s.memcpy_dtoh(&ws.lp_sum.slice(..rows), &mut st.sum)?;
         s.memcpy_dtoh(&ws.lp_target_logit.slice(..rows), &mut st.target_logit)?;
-        if argmax {
-            s.memcpy_dtoh(&ws.lp_argmax.slice(..rows), &mut st.argmax)?;
-        }
         if matches!(targets, Targets::OnDevice) {
             st.tokens = vec![0; rows];
             s.memcpy_dtoh(&ws.lp_targets.slice(..rows), &mut st.tokens)?;

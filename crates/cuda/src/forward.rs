@@ -69,12 +69,11 @@ pub(crate) struct Workspace {
     /// `[LOGIT_ROWS, vocab]` f32.
     pub(crate) logits: CudaSlice<f32>,
     /// `[LOGIT_ROWS]` each: the targets of rows scored on the device, and each row's
-    /// maximum, softmax sum, target logit and argmax (see `device_rows.rs`).
+    /// maximum, softmax sum and target logit (see `device_rows.rs`).
     pub(crate) lp_targets: CudaSlice<i32>,
     pub(crate) lp_max: CudaSlice<f32>,
     pub(crate) lp_sum: CudaSlice<f64>,
     pub(crate) lp_target_logit: CudaSlice<f32>,
-    pub(crate) lp_argmax: CudaSlice<i32>,
     /// `[LOGIT_ROWS]` parameters of rows sampled on the device (`kernels::row_sampling_bytes`).
     pub(crate) sample_params: CudaSlice<u8>,
 }
@@ -108,7 +107,6 @@ impl Workspace {
             lp_max: f(LOGIT_ROWS)?,
             lp_sum: stream.alloc_zeros::<f64>(LOGIT_ROWS)?,
             lp_target_logit: f(LOGIT_ROWS)?,
-            lp_argmax: stream.alloc_zeros::<i32>(LOGIT_ROWS)?,
             sample_params: stream.alloc_zeros::<u8>(LOGIT_ROWS * ROW_SAMPLING_BYTES)?,
         })
     }

@@ -445,19 +445,8 @@ impl Kernels {
         n: usize,
         tiles: usize,
     ) -> Result<(), CudaError> {
-        let [q, k, v, tables, seqs, positions, tiles_arg, out] = attention_inputs(b);
-        let args = [
-            q,
-            k,
-            v,
-            tables,
-            seqs,
-            positions,
-            tiles_arg,
-            out,
-            Arg::Ptr(b.partials),
-            Arg::Attn(shape),
-        ];
+        let mut args = attention_inputs(b).to_vec();
+        args.extend([Arg::Ptr(b.partials), Arg::Attn(shape)]);
         let group = (shape.num_heads / shape.num_kv_heads) as usize;
         let tile_tokens = shape.tile_tokens.max(1) as usize;
         let grid = (
@@ -495,18 +484,8 @@ impl Kernels {
         shape: AttnShape,
         tiles: usize,
     ) -> Result<(), CudaError> {
-        let [q, k, v, tables, seqs, positions, tiles_arg, out] = attention_inputs(b);
-        let args = [
-            q,
-            k,
-            v,
-            tables,
-            seqs,
-            positions,
-            tiles_arg,
-            out,
-            Arg::Attn(shape),
-        ];
+        let mut args = attention_inputs(b).to_vec();
+        args.push(Arg::Attn(shape));
         let grid = (tiles as u32, shape.num_heads as u32);
         self.launch("attention_tc", grid, TC_THREADS, &args)
     }

@@ -26,11 +26,9 @@ pub(crate) fn row_sampling_bytes(s: &tandem_model::row_sampling::RowSampling) ->
 
 impl Kernels {
     /// Per row of `rows` logits rows: the maximum, the host-order `Σ exp(x - max)` (0 for a
-    /// row holding a NaN or an infinity), the logit of the row's target and, when
-    /// `row_argmax` is given, the lowest index of the maximum (-1 for a non-finite row); see
-    /// logprobs.cu. logits: `[rows, vocab]` f32; targets: `[rows]` i32 (negative: none) or
-    /// 0 (none for every row);
-    /// row_max, target_logit: `[rows]` f32; row_sum: `[rows]` f64; row_argmax: `[rows]` i32.
+    /// row holding a NaN or an infinity) and the logit of the row's target (see
+    /// logprobs.cu). logits: `[rows, vocab]` f32; targets: `[rows]` i32 (negative: none) or
+    /// 0 (none for every row); row_max, target_logit: `[rows]` f32; row_sum: `[rows]` f64.
     #[allow(clippy::too_many_arguments)] // the kernel's arguments
     pub fn logit_exp_sums(
         &self,
@@ -41,7 +39,6 @@ impl Kernels {
         row_max: DevPtr,
         row_sum: DevPtr,
         target_logit: DevPtr,
-        row_argmax: Option<DevPtr>,
     ) -> Result<(), CudaError> {
         let args = [
             Arg::Ptr(logits),
@@ -50,7 +47,6 @@ impl Kernels {
             Arg::Ptr(row_max),
             Arg::Ptr(row_sum),
             Arg::Ptr(target_logit),
-            Arg::Ptr(row_argmax.unwrap_or(0)),
         ];
         self.launch("logit_exp_sums", (rows as u32, 1), LOGPROB_THREADS, &args)
     }

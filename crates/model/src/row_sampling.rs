@@ -79,9 +79,7 @@ pub fn survivors(row: &[f32], s: &RowSampling) -> Option<Vec<(u32, f64)>> {
     let (t, md) = (s.temperature as f64, m as f64);
     let weight = |id: u32| ((row[id as usize] as f64 - md) / t).exp();
     if s.top_p < 1.0 {
-        let mut by_id = order.clone();
-        by_id.sort_unstable();
-        let total: f64 = by_id.iter().map(|&id| weight(id)).sum();
+        let total: f64 = order.iter().map(|&id| weight(id)).sum();
         let threshold = s.top_p as f64 * total;
         let mut above = 0.0;
         let keep = order

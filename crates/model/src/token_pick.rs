@@ -4,8 +4,8 @@
 //!
 //! The log-probability is the one the sampler and `tandem score` report, bit for bit:
 //! `x_t - (max + ln Σ exp(x - max))`, the sum by the kernels' `exp_sum`. A device runner
-//! computes it from four numbers per row ([`TokenPick::from_stats`]) instead of copying the
-//! row to the host. The greedy choice is the lowest id holding the largest logit.
+//! computes it from a few numbers per row ([`TokenPick::from_stats`]) instead of copying
+//! the row to the host. The greedy choice is the lowest id holding the largest logit.
 
 use tandem_kernels::ops::{log_prob, log_sum_exp};
 
@@ -34,7 +34,8 @@ impl TokenPick {
     pub fn greedy(row: &[f32]) -> Option<TokenPick> {
         let max = row_max(row)?;
         let token = row.iter().position(|&v| v == max)?;
-        TokenPick::of_row(row, TokenId(token as u32))
+        let sum = tandem_kernels::exp_sum::exp_sum(row, max);
+        TokenPick::from_stats(token as i64, max, max, sum)
     }
 
     /// The pick of `token` from its row's statistics: the token's logit, the row's maximum
@@ -49,15 +50,13 @@ impl TokenPick {
             logprob: log_prob(logit, log_sum_exp(max, exp_sum)),
         })
     }
-
-    /// [`TokenPick::from_stats`] for the greedy token, whose logit is the maximum.
-    pub fn greedy_from_stats(argmax: i64, max: f32, exp_sum: f64) -> Option<TokenPick> {
-        TokenPick::from_stats(argmax, max, max, exp_sum)
-    }
 }
 
-/// The maximum of a row whose values are all finite.
+/// The maximum of a row whose values are all finite (one pass: an infinity or a NaN makes
+/// the fold's result non-finite or is caught by the flag).
 fn row_max(row: &[f32]) -> Option<f32> {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    (max.is_finite() && row.iter().all(|v| v.is_finite())).then_some(max)
+    let (max, finite) = row.iter().fold((f32::NEG_INFINITY, true), |(m, ok), &v| {
+        (m.max(v), ok && v.is_finite())
+    });
+    (max.is_finite() && finite).then_some(max)
 }

@@ -41,6 +41,7 @@ impl Pod for f64 {}
 impl Pod for i32 {}
 impl Pod for i64 {}
 impl Pod for u16 {}
+impl Pod for u8 {}
 
 /// A buffer as the device has them: 16-byte aligned, addressed by a `DevPtr`.
 pub(super) struct Buf {
@@ -65,19 +66,6 @@ impl Buf {
                 values.as_ptr() as *const u8,
                 b.words.as_mut_ptr() as *mut u8,
                 b.bytes,
-            );
-        }
-        b
-    }
-
-    pub fn of_bytes(bytes: &[u8]) -> Buf {
-        let mut b = Buf::zeroed(bytes.len());
-        // SAFETY: the words hold at least `bytes.len()` bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                b.words.as_mut_ptr() as *mut u8,
-                bytes.len(),
             );
         }
         b

@@ -20,7 +20,7 @@ fn dequantized_weights_and_products_match_the_host() {
                 .enumerate()
                 .map(|(i, &c)| dequantize(c, scales[i / Q8_BLOCK]))
                 .collect();
-            let (mut cb, mut sb) = (Buf::of_bytes(&codes), Buf::of(&scales));
+            let (mut cb, mut sb) = (Buf::of(&codes), Buf::of(&scales));
             let mut out = act_buf(dtype, &vec![0.0; m * k]);
             kern.q8_dequant(cb.ptr(), sb.ptr(), out.ptr(), m, k)
                 .expect("launch");

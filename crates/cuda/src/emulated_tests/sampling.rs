@@ -26,7 +26,7 @@ fn run(logits: &[Vec<f32>], rows: &[RowSampling]) -> Vec<i32> {
     let k = kernels(CudaDtype::Bf16);
     let flat: Vec<f32> = logits.iter().flatten().copied().collect();
     let bytes: Vec<u8> = rows.iter().flat_map(row_sampling_bytes).collect();
-    let (mut l, mut p) = (Buf::of(&flat), Buf::of_bytes(&bytes));
+    let (mut l, mut p) = (Buf::of(&flat), Buf::of(&bytes));
     let mut t = Buf::zeroed(rows.len() * 4);
     k.sample_rows(l.ptr(), p.ptr(), rows.len(), VOCAB, t.ptr())
         .expect("launch");
