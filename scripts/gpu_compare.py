@@ -85,7 +85,7 @@ def summary_lines(name, r):
             if v is not None:
                 lines.append(f"  {key} {dtype}: {v['differ']} of "
                              f"{v.get('positions', v.get('rows'))} differ from the host "
-                             f"(goal 0); {json.dumps({k: x for k, x in v.items() if k.endswith('_ms')})}")
+                             f"(goal 0); {json.dumps({k: x for k, x in v.items() if k.endswith(('_ms', '_differ'))})}")
         tc = c.get("tensor_core_attention")
         if tc is not None:
             lines.append(

@@ -11,7 +11,7 @@ use tandem_engine::trace::{MarkKind, Part, SeqSlice, StepClock, StepCounters, St
 use tandem_engine::SeqId;
 use tandem_model::batch::{BlockId, ForwardBatch, TokenId};
 use tandem_model::logits::Logits;
-use tandem_model::row_sampling::RowSampling;
+use tandem_model::row_sampling::RowDraw;
 use tandem_model::runner::{KvGeometry, ModelRunner};
 use tandem_model::token_pick::TokenPick;
 use tandem_model::ModelConfig;
@@ -136,7 +136,7 @@ impl ModelRunner for TracedRunner {
     fn forward_sample(
         &mut self,
         batch: &ForwardBatch,
-        rows: &[RowSampling],
+        rows: &[RowDraw],
     ) -> tandem_model::Result<Vec<Option<TokenPick>>> {
         self.traced(batch, |inner| inner.forward_sample(batch, rows))
     }

@@ -161,6 +161,7 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline double __dadd_rn(double a, double b) { return a + b; }
 inline double __dsub_rn(double a, double b) { return a - b; }
 inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
 inline float rsqrtf(float v) { return 1.0f / sqrtf(v); }
 inline float __expf(float v) { return expf(v); }
 inline float __logf(float v) { return logf(v); }

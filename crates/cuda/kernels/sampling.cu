@@ -1,10 +1,12 @@
 // Sampling one token per logits row where the logits are: greedy, or temperature, top-k,
 // top-p and min-p with one uniform number per row drawn by the host from the request's own
-// stream. Only the chosen ids cross to the host (then logit_exp_sums gives their raw
-// log-probabilities). tandem_model::row_sampling is the host reference of this algorithm.
+// stream, from the row processing.cu left (a -inf there cannot be chosen). Only the chosen
+// ids cross to the host (then logit_exp_sums gives their raw log-probabilities, and
+// top_logits the raw rows' most likely tokens). tandem_model::row_sampling is the host
+// reference of this algorithm.
 //
 // The distribution is the host sampler's (tandem_engine's `sample`): with l the row, m its
-// maximum, T the temperature,
+// maximum, T the temperature (a -inf weighs 0, so it never survives the draw),
 //   1. top-k keeps the k largest l, ties to the lower id (order: l by total order, then id);
 //   2. weights w = exp((l - m) / T) in f64, total = the sum over the top-k survivors;
 //   3. top-p keeps, in that same order, the shortest prefix whose mass reaches
@@ -174,12 +176,13 @@ extern "C" __global__ void sample_rows(const float* logits, const RowSampling* p
     const float* x = logits + row * (i64)vocab;
     RowSampling p = params[row];
 
-    // The maximum, and whether the row is finite.
+    // The maximum, and whether the row holds a NaN or +inf (-inf is a token that cannot be
+    // chosen: a processed row's suppressed one; a row of nothing else has no token).
     float m = NEG_INF;
     int bad = 0;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
         float v = x[i];
-        bad |= !isfinite(v);
+        bad |= isnan(v) || (isinf(v) && v > 0.0f);
         m = fmaxf(m, v);
     }
     m = block_max_f32(m, fscratch);
@@ -347,5 +350,63 @@ extern "C" __global__ void sample_rows(const float* logits, const RowSampling* p
     }
     if (threadIdx.x == 0) {
         tokens[row] = chosen;
+    }
+}
+
+#define TOP_LOGITS_MAX 20 // the most a row may ask for (MAX_TOP_LOGPROBS on the host)
+
+// The counts[row] (at most TOP_LOGITS_MAX) largest logits of each row, largest first, ties
+// to the lower id (values in their total order), as ids and values in the row's
+// TOP_LOGITS_MAX slots of `ids` and `values`; nothing for a row whose count is 0. Grid:
+// rows; block: SAMPLE_THREADS threads.
+extern "C" __global__ void top_logits(const float* logits, const int* counts, int vocab,
+                                      int* ids, float* values) {
+    __shared__ SelectShared sel;
+    __shared__ int found[TOP_LOGITS_MAX];
+    __shared__ int num_found;
+    i64 row = blockIdx.x;
+    int n = min(min(counts[row], TOP_LOGITS_MAX), vocab);
+    if (n <= 0) {
+        return; // uniform over the block
+    }
+    const float* x = logits + row * (i64)vocab;
+    auto key = [&](int i) { return order_key(x[i]); };
+    auto all = [](int) { return true; };
+    // The n-th largest (key, -id): every element ranked at or above it is a result.
+    u32 k_key = radix_select(vocab, key, all, (u32)(n - 1), true, &sel);
+    u32 tie_rank = sel.rank;
+    __syncthreads();
+    auto id = [](int i) { return (u32)i; };
+    auto tied = [&](int i) { return key(i) == k_key; };
+    int k_id = (int)radix_select(vocab, id, tied, tie_rank, false, &sel);
+    if (threadIdx.x == 0) {
+        num_found = 0;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        u32 ki = key(i);
+        if (ki > k_key || (ki == k_key && i <= k_id)) {
+            int slot = atomicAdd(&num_found, 1);
+            if (slot < TOP_LOGITS_MAX) {
+                found[slot] = i;
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { // exactly n found, in whatever order the atomics gave: sort
+        for (int a = 1; a < n; ++a) {
+            int v = found[a];
+            int b = a;
+            while (b > 0 && (key(found[b - 1]) < key(v) ||
+                             (key(found[b - 1]) == key(v) && found[b - 1] > v))) {
+                found[b] = found[b - 1];
+                --b;
+            }
+            found[b] = v;
+        }
+        for (int a = 0; a < n; ++a) {
+            ids[row * TOP_LOGITS_MAX + a] = found[a];
+            values[row * TOP_LOGITS_MAX + a] = x[found[a]];
+        }
     }
 }

@@ -1,8 +1,10 @@
 //! Logits reduced where they are: teacher-forced log-probabilities
 //! ([`tandem_model::runner::ModelRunner::forward_logprobs`]), greedy picks
 //! ([`tandem_model::runner::ModelRunner::forward_greedy`]) and sampled tokens
-//! ([`tandem_model::runner::ModelRunner::forward_sample`]: `sample_rows`, sampling.cu,
-//! draws each row's token; its raw logprob then comes as a target's does).
+//! ([`tandem_model::runner::ModelRunner::forward_sample`]: processing.cu applies each
+//! row's processors in place, `sample_rows`, sampling.cu, draws each row's token, the raw
+//! logits are put back, and the token's raw logprob then comes as a target's does, with
+//! the row's most likely tokens from `top_logits` when asked; see `draw_buffers.rs`).
 //!
 //! All need a few numbers per row, but the forward pass makes a vocabulary's worth of
 //! logits per row: 32 sequences of 2,048 tokens of a 128k-vocabulary model are 34 GB of
@@ -16,14 +18,14 @@
 
 use tandem_kernels::ops::{log_prob, log_sum_exp};
 use tandem_model::batch::{ForwardBatch, TokenId};
-use tandem_model::row_sampling::RowSampling;
+use tandem_model::row_sampling::{RowDraw, RowSampling};
 use tandem_model::token_pick::TokenPick;
 use tandem_model::ModelError;
 
 use crate::batch_layout::BatchLayout;
 use crate::error::{catch_binding_panic, CudaError};
 use crate::forward::ptr;
-use crate::row_kernels::row_sampling_bytes;
+use crate::row_kernels::{row_sampling_bytes, TOP_LOGITS_MAX};
 use crate::runner::CudaRunner;
 use crate::step_inputs::LOGIT_ROWS;
 
@@ -89,13 +91,13 @@ impl CudaRunner {
         batch.validate(c.vocab_size, self.pool.block_size, self.pool.num_blocks)?;
         let layout = BatchLayout::build(batch, self.pool.block_size, &self.inv_freqs)?;
         // Greedy rows are draws at temperature 0: the lowest id of the maximum.
-        let greedy = RowSampling {
+        let greedy = RowDraw::plain(RowSampling {
             temperature: 0.0,
             top_k: 0,
             top_p: 1.0,
             min_p: 0.0,
             uniform: 0.0,
-        };
+        });
         let rows = vec![greedy; layout.output_rows.len()];
         self.device.bind()?;
         catch_binding_panic(|| self.run_picks(layout, &rows))
@@ -105,13 +107,20 @@ impl CudaRunner {
     pub(crate) fn forward_sample_inner(
         &mut self,
         batch: &ForwardBatch,
-        rows: &[RowSampling],
+        rows: &[RowDraw],
     ) -> Result<Vec<Option<TokenPick>>, CudaError> {
         let c = &self.config;
         batch.validate(c.vocab_size, self.pool.block_size, self.pool.num_blocks)?;
         let layout = BatchLayout::build(batch, self.pool.block_size, &self.inv_freqs)?;
-        if let Some(e) = rows.iter().find_map(|r| r.validate().err()) {
+        if let Some(e) = rows.iter().find_map(|r| r.validate(c.vocab_size).err()) {
             return Err(ModelError::Batch(e).into());
+        }
+        if let Some(r) = rows.iter().find(|r| r.top_logprobs > TOP_LOGITS_MAX) {
+            return Err(ModelError::Batch(format!(
+                "{} top logprobs asked for; the device reports at most {TOP_LOGITS_MAX}",
+                r.top_logprobs
+            ))
+            .into());
         }
         if rows.len() != layout.output_rows.len() {
             return Err(ModelError::Batch(format!(
@@ -171,7 +180,7 @@ impl CudaRunner {
     fn run_picks(
         &mut self,
         mut l: BatchLayout,
-        sampling: &[RowSampling],
+        sampling: &[RowDraw],
     ) -> Result<Vec<Option<TokenPick>>, CudaError> {
         self.ensure_capacity(l.tokens.len(), l.max_blocks)?;
         l.widen_tables(self.inputs.table_stride);
@@ -191,16 +200,20 @@ impl CudaRunner {
         Ok(picks)
     }
 
-    /// The picks of the first `rows` rows of the logits buffer, drawn as `sampling` (one
-    /// per row) says; then their raw logprobs, as targets'.
+    /// The picks of the first `rows` rows of the logits buffer, chosen as `draws` (one per
+    /// row) say; then their raw logprobs, as targets', and the top logprobs asked for.
     fn pick_rows(
         &mut self,
         rows: usize,
-        sampling: &[RowSampling],
+        draws: &[RowDraw],
     ) -> Result<Vec<Option<TokenPick>>, CudaError> {
         let s = self.device.stream.clone();
-        let bytes: Vec<u8> = sampling.iter().flat_map(row_sampling_bytes).collect();
+        let bytes: Vec<u8> = draws
+            .iter()
+            .flat_map(|d| row_sampling_bytes(&d.sampling))
+            .collect();
         s.memcpy_htod(&bytes, &mut self.ws.sample_params)?;
+        let processed = self.process_drawn_rows(draws)?;
         let ws = &self.ws;
         self.kernels.sample_rows(
             ptr(&ws.logits, &s),
@@ -209,15 +222,24 @@ impl CudaRunner {
             self.config.vocab_size,
             ptr(&ws.lp_targets, &s),
         )?;
+        if processed {
+            self.restore_processed(rows)?;
+        }
         let st = self.row_stats(rows, Targets::OnDevice)?;
+        let mut tops = self.top_logprobs(draws, &st.max, &st.sum)?.into_iter();
         Ok((0..rows)
             .map(|i| {
+                let top = tops.next().unwrap_or_default();
                 TokenPick::from_stats(
                     st.tokens[i] as i64,
                     st.target_logit[i],
                     st.max[i],
                     st.sum[i],
                 )
+                .map(|p| TokenPick {
+                    top_logprobs: top,
+                    ..p
+                })
             })
             .collect())
     }

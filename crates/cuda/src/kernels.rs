@@ -23,7 +23,7 @@ use crate::options::CudaDtype;
 pub(crate) type DevPtr = u64;
 
 /// The kernel files, in the order they are concatenated into one program.
-const SOURCES: [(&str, &str); 10] = [
+const SOURCES: [(&str, &str); 11] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("norm.cu", include_str!("../kernels/norm.cu")),
     ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
@@ -34,13 +34,14 @@ const SOURCES: [(&str, &str); 10] = [
         include_str!("../kernels/attention_tc.cu"),
     ),
     ("logprobs.cu", include_str!("../kernels/logprobs.cu")),
+    ("processing.cu", include_str!("../kernels/processing.cu")),
     ("sampling.cu", include_str!("../kernels/sampling.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("q8.cu", include_str!("../kernels/q8.cu")),
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 14] = [
+pub const KERNEL_NAMES: [&str; 17] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
@@ -51,7 +52,10 @@ pub const KERNEL_NAMES: [&str; 14] = [
     "swiglu",
     "gather_hidden",
     "logit_exp_sums",
+    "process_rows",
+    "restore_rows",
     "sample_rows",
+    "top_logits",
     "matmul_fixed",
     "q8_matvec",
     "q8_dequant",

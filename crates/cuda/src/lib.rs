@@ -25,6 +25,7 @@ mod batch_layout;
 mod decode_graphs;
 mod device;
 mod device_rows;
+mod draw_buffers;
 #[cfg(test)]
 mod emulated_tests;
 #[cfg(test)]

@@ -2,6 +2,8 @@
 //! sampling.cu), for `device_rows.rs`. Like every launch they go through
 //! [`Kernels::launch`].
 
+use tandem_model::logit_processing::LogitProcessing;
+
 use crate::error::CudaError;
 use crate::kernels::{Arg, DevPtr, Kernels};
 
@@ -22,6 +24,35 @@ pub(crate) fn row_sampling_bytes(s: &tandem_model::row_sampling::RowSampling) ->
     b[12..16].copy_from_slice(&s.min_p.to_ne_bytes());
     b[16..24].copy_from_slice(&s.uniform.to_ne_bytes());
     b
+}
+
+/// Results per row of `top_logits` (`TOP_LOGITS_MAX` in sampling.cu): the most a request
+/// may ask for.
+pub(crate) const TOP_LOGITS_MAX: usize = 20;
+/// Bytes of one row's `RowProcessing` and of one `TokenAdjustment` (processing.cu).
+pub(crate) const ROW_PROCESSING_BYTES: usize = 24;
+pub(crate) const TOKEN_ADJUSTMENT_BYTES: usize = 24;
+
+/// The processing of rows, as `process_rows` reads it: one `RowProcessing` per row
+/// (appended to `rows`), its tokens' `TokenAdjustment`s (appended to `tokens`, the row's
+/// range within them recorded in its `RowProcessing`).
+pub(crate) fn append_processing(p: &LogitProcessing, rows: &mut Vec<u8>, tokens: &mut Vec<u8>) {
+    let begin = tokens.len() / TOKEN_ADJUSTMENT_BYTES;
+    for t in &p.tokens {
+        let flags = u32::from(t.seen) | (u32::from(t.suppressed) << 1);
+        tokens.extend_from_slice(&t.bias.to_ne_bytes());
+        tokens.extend_from_slice(&t.id.to_ne_bytes());
+        tokens.extend_from_slice(&t.count.to_ne_bytes());
+        tokens.extend_from_slice(&flags.to_ne_bytes());
+        tokens.extend_from_slice(&0u32.to_ne_bytes());
+    }
+    let end = tokens.len() / TOKEN_ADJUSTMENT_BYTES;
+    rows.extend_from_slice(&p.repetition_penalty.to_ne_bytes());
+    rows.extend_from_slice(&p.presence_penalty.to_ne_bytes());
+    rows.extend_from_slice(&p.frequency_penalty.to_ne_bytes());
+    rows.extend_from_slice(&(begin as i32).to_ne_bytes());
+    rows.extend_from_slice(&(end as i32).to_ne_bytes());
+    rows.extend_from_slice(&0i32.to_ne_bytes());
 }
 
 impl Kernels {
@@ -69,5 +100,56 @@ impl Kernels {
             Arg::Ptr(tokens),
         ];
         self.launch("sample_rows", (rows as u32, 1), SAMPLE_THREADS, &args)
+    }
+
+    /// Applies each row's processors to its logits in place, saving the raw values
+    /// (`restore` puts them back): logits `[rows, vocab]` f32; row_params and tokens as
+    /// [`append_processing`] lays them out; saved: one f32 per token of the list.
+    #[allow(clippy::too_many_arguments)] // the kernel's arguments and the direction
+    pub fn process_rows(
+        &self,
+        logits: DevPtr,
+        row_params: DevPtr,
+        tokens: DevPtr,
+        saved: DevPtr,
+        rows: usize,
+        vocab: usize,
+        restore: bool,
+    ) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(logits),
+            Arg::Ptr(row_params),
+            Arg::Ptr(tokens),
+            Arg::Ptr(saved),
+            Arg::I32(vocab as i32),
+        ];
+        let name = if restore {
+            "restore_rows"
+        } else {
+            "process_rows"
+        };
+        self.launch(name, (rows as u32, 1), SAMPLE_THREADS, &args)
+    }
+
+    /// The `counts[r]` (at most [`TOP_LOGITS_MAX`]) largest logits of each row, largest
+    /// first, ties to the lower id: logits `[rows, vocab]` f32; counts `[rows]` i32; ids
+    /// and values `[rows, TOP_LOGITS_MAX]` i32 and f32.
+    pub fn top_logits(
+        &self,
+        logits: DevPtr,
+        counts: DevPtr,
+        rows: usize,
+        vocab: usize,
+        ids: DevPtr,
+        values: DevPtr,
+    ) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(logits),
+            Arg::Ptr(counts),
+            Arg::I32(vocab as i32),
+            Arg::Ptr(ids),
+            Arg::Ptr(values),
+        ];
+        self.launch("top_logits", (rows as u32, 1), SAMPLE_THREADS, &args)
     }
 }

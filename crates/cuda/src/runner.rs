@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 use tandem_model::batch::{BlockId, ForwardBatch, TokenId};
 use tandem_model::host_model::HostModel;
 use tandem_model::logits::Logits;
-use tandem_model::row_sampling::RowSampling;
+use tandem_model::row_sampling::RowDraw;
 use tandem_model::runner::{KvGeometry, ModelRunner};
 use tandem_model::token_pick::TokenPick;
 use tandem_model::{ModelConfig, Result as ModelResult};
@@ -16,6 +16,7 @@ use crate::attention_tiles::shared_bytes;
 use crate::batch_layout::{slots_of_positions, BatchLayout};
 use crate::decode_graphs::DecodeGraphs;
 use crate::device::Device;
+use crate::draw_buffers::DrawBuffers;
 use crate::error::{catch_binding_panic, CudaError};
 use crate::forward::Workspace;
 use crate::gemm::Gemm;
@@ -43,6 +44,7 @@ pub struct CudaRunner {
     pub(crate) q8_scratch: Option<CudaSlice<u8>>,
     pub(crate) pool: KvPool,
     pub(crate) ws: Workspace,
+    pub(crate) draws: DrawBuffers,
     pub(crate) inputs: StepInputs,
     pub(crate) kernels: Kernels,
     pub(crate) gemm: Gemm,
@@ -80,6 +82,7 @@ impl CudaRunner {
             n => Some(stream.alloc_zeros::<u8>(n * o.dtype.size())?),
         };
         let ws = Workspace::new(&stream, &config, o.dtype, o.max_batch_tokens)?;
+        let draws = DrawBuffers::new(&stream)?;
         let block_bytes = o.block_size * bytes_per_token(&config, o.dtype);
         let num_blocks = match o.kv {
             KvBudget::Blocks(n) => n,
@@ -104,6 +107,7 @@ impl CudaRunner {
             graphs: DecodeGraphs::new(o.cuda_graphs),
             pool,
             ws,
+            draws,
             inputs,
             kernels,
             gemm,
@@ -298,7 +302,7 @@ impl ModelRunner for CudaRunner {
     fn forward_sample(
         &mut self,
         batch: &ForwardBatch,
-        rows: &[RowSampling],
+        rows: &[RowDraw],
     ) -> ModelResult<Vec<Option<TokenPick>>> {
         Ok(self.forward_sample_inner(batch, rows)?)
     }

@@ -19,7 +19,7 @@ use tandem_engine::sampler::{processed_distribution, sample, SamplerState, Sampl
 use tandem_engine::{RequestParams, SeqId};
 use tandem_model::batch::{BlockId, ForwardBatch, TokenId};
 use tandem_model::logits::Logits;
-use tandem_model::row_sampling::{survivors, RowSampling};
+use tandem_model::row_sampling::{survivors, RowDraw};
 use tandem_model::runner::{KvGeometry, ModelRunner};
 use tandem_model::token_pick::TokenPick;
 use tandem_model::{ModelConfig, Result as ModelResult};
@@ -55,36 +55,47 @@ fn greedy_pick_is_the_samplers_choice_bitwise() {
     assert_eq!(TokenPick::greedy(&[]), None);
 }
 
+/// Greedy without processors or top logprobs: what the greedy path takes.
+fn is_plain_greedy(p: &SamplingParams, num_output: usize) -> bool {
+    p.is_greedy() && p.is_unprocessed(num_output)
+}
+
 #[test]
 fn only_unprocessed_greedy_requests_are_plain() {
     let plain = SamplingParams::greedy();
-    assert!(plain.is_plain_greedy(0));
+    assert!(is_plain_greedy(&plain, 0));
     let with = |f: fn(&mut SamplingParams)| {
         let mut p = SamplingParams::greedy();
         f(&mut p);
         p
     };
     assert!(
-        !SamplingParams::default().is_plain_greedy(0),
+        !is_plain_greedy(&SamplingParams::default(), 0),
         "temperature 1"
     );
-    assert!(!with(|p| p.logit_bias = vec![(1, 2.0)]).is_plain_greedy(0));
-    assert!(!with(|p| p.repetition_penalty = 1.2).is_plain_greedy(0));
-    assert!(!with(|p| p.presence_penalty = 0.5).is_plain_greedy(0));
-    assert!(!with(|p| p.frequency_penalty = 0.5).is_plain_greedy(0));
-    assert!(!with(|p| (p.logprobs, p.top_logprobs) = (true, 2)).is_plain_greedy(0));
+    assert!(!is_plain_greedy(
+        &with(|p| p.logit_bias = vec![(1, 2.0)]),
+        0
+    ));
+    assert!(!is_plain_greedy(&with(|p| p.repetition_penalty = 1.2), 0));
+    assert!(!is_plain_greedy(&with(|p| p.presence_penalty = 0.5), 0));
+    assert!(!is_plain_greedy(&with(|p| p.frequency_penalty = 0.5), 0));
+    assert!(!is_plain_greedy(
+        &with(|p| (p.logprobs, p.top_logprobs) = (true, 2)),
+        0
+    ));
     assert!(
-        with(|p| p.logprobs = true).is_plain_greedy(0),
+        is_plain_greedy(&with(|p| p.logprobs = true), 0),
         "the chosen logprob only"
     );
     let short = with(|p| (p.min_tokens, p.eos_token_ids) = (3, vec![2]));
     assert!(
-        !short.is_plain_greedy(2),
+        !is_plain_greedy(&short, 2),
         "stop tokens suppressed while short"
     );
-    assert!(short.is_plain_greedy(3));
+    assert!(is_plain_greedy(&short, 3));
     assert!(
-        with(|p| p.min_tokens = 3).is_plain_greedy(0),
+        is_plain_greedy(&with(|p| p.min_tokens = 3), 0),
         "nothing to suppress"
     );
 }
@@ -163,7 +174,7 @@ impl ModelRunner for PathCount {
     fn forward_sample(
         &mut self,
         batch: &ForwardBatch,
-        rows: &[RowSampling],
+        rows: &[RowDraw],
     ) -> ModelResult<Vec<Option<TokenPick>>> {
         self.calls.lock().expect("not poisoned").2 += 1;
         self.inner.forward_sample(batch, rows)
@@ -182,7 +193,8 @@ impl ModelRunner for PathCount {
     }
 }
 
-type Output = (Vec<TokenId>, Vec<f32>);
+/// Tokens, their logprobs and top logprobs.
+type Output = (Vec<TokenId>, Vec<f32>, Vec<Vec<(TokenId, f32)>>);
 
 /// Runs requests `which` of 12 on the fixture model, all submitted at once, each as
 /// `sampling(i)` makes it; the runner draws where its logits are when `draws`. Returns
@@ -191,6 +203,17 @@ fn run(
     which: &[usize],
     sampling: impl Fn(usize) -> SamplingParams,
     draws: bool,
+) -> (HashMap<usize, Output>, (usize, usize, usize)) {
+    run_with(which, sampling, draws, None)
+}
+
+/// [`run`], request `scored` (if any) asking for its prompt's logprobs, which its prefill
+/// steps can only get from the logits.
+fn run_with(
+    which: &[usize],
+    sampling: impl Fn(usize) -> SamplingParams,
+    draws: bool,
+    scored: Option<usize>,
 ) -> (HashMap<usize, Output>, (usize, usize, usize)) {
     let model = fixture_model();
     let cfg = config(&model.config, 64, 48, 4);
@@ -216,7 +239,7 @@ fn run(
                 ..RequestParams::default()
             },
             sample_index: 0,
-            prompt_logprobs: None,
+            prompt_logprobs: (scored == Some(i)).then_some(2),
             prompt_logprobs_start: 1,
         };
         ids.insert(engine.add_request(req).expect("admitted"), i);
@@ -228,12 +251,13 @@ fn run(
                 seq_id,
                 token,
                 logprob,
-                ..
+                top_logprobs,
             } = e
             {
                 let o = out.entry(ids[&seq_id]).or_default();
                 o.0.push(token);
                 o.1.push(logprob);
+                o.2.push(top_logprobs);
             }
         }
     }
@@ -241,13 +265,30 @@ fn run(
     (out, counts)
 }
 
-fn bits(out: &HashMap<usize, Output>) -> Vec<(usize, Vec<TokenId>, Vec<u32>)> {
+/// Per request (in order): its tokens, and the bits of its logprobs and top logprobs.
+type Bits = (usize, Vec<TokenId>, Vec<u32>, Vec<Vec<(TokenId, u32)>>);
+
+fn bits(out: &HashMap<usize, Output>) -> Vec<Bits> {
     let mut v: Vec<_> = out
         .iter()
-        .map(|(i, (t, l))| (*i, t.clone(), l.iter().map(|v| v.to_bits()).collect()))
+        .map(|(i, (t, l, top))| {
+            let top = top
+                .iter()
+                .map(|alts| alts.iter().map(|&(t, l)| (t, l.to_bits())).collect())
+                .collect();
+            (*i, t.clone(), l.iter().map(|v| v.to_bits()).collect(), top)
+        })
         .collect();
     v.sort();
     v
+}
+
+/// [`bits`] without the top logprobs.
+fn chosen(out: &HashMap<usize, Output>) -> Vec<(usize, Vec<TokenId>, Vec<u32>)> {
+    bits(out)
+        .into_iter()
+        .map(|(i, t, l, _)| (i, t, l))
+        .collect()
 }
 
 const ALL: [usize; 12] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11];
@@ -283,8 +324,8 @@ fn engine_steps_pick_greedy_rows_without_logits_and_agree_with_the_sampler() {
     assert_eq!(greedy_calls, 0, "top_logprobs need the logits");
     assert!(fwd > 0);
     assert_eq!(
-        bits(&plain),
-        bits(&sampled),
+        chosen(&plain),
+        chosen(&sampled),
         "greedy picks = the sampler's tokens"
     );
     let (mixed, (fwd, greedy_calls, _)) = run(&ALL, |i| greedy(i.is_multiple_of(4)), false);
@@ -292,8 +333,8 @@ fn engine_steps_pick_greedy_rows_without_logits_and_agree_with_the_sampler() {
         fwd > 0 && greedy_calls > 0,
         "steps with and without such a request"
     );
-    assert_eq!(bits(&plain), bits(&mixed));
-    assert!(plain.values().all(|(t, _)| t.len() == 8));
+    assert_eq!(chosen(&plain), chosen(&mixed));
+    assert!(plain.values().all(|(t, _, _)| t.len() == 8));
 }
 
 #[test]
@@ -326,7 +367,7 @@ fn draws_where_the_logits_are_are_seeded_and_batch_invariant() {
     let distinct: std::collections::HashSet<Vec<TokenId>> = together
         .iter()
         .filter(|(i, _)| !i.is_multiple_of(3))
-        .map(|(_, (t, _))| t.clone())
+        .map(|(_, (t, _, _))| t.clone())
         .collect();
     assert!(distinct.len() > 4);
     // A runner that does not draw: the same requests are sampled on the host, which walks
@@ -334,19 +375,74 @@ fn draws_where_the_logits_are_are_seeded_and_batch_invariant() {
     let (host, (fwd, _, draws)) = run(&ALL, mix, false);
     assert!(fwd > 0 && draws == 0);
     assert_eq!(bits(&host), bits(&together), "host draws = device draws");
-    // A neighbour with a penalty sends the steps it shares to the host sampler: the
-    // seeded requests beside it keep their tokens.
-    let penalised = |i: usize| {
-        let mut p = mix(i);
-        if i == 2 {
-            p.presence_penalty = 0.5;
-        }
-        p
-    };
-    let (company, (fwd, _, draws)) = run(&ALL, penalised, true);
+    // A neighbour asking for its prompt's logprobs sends the steps of its prefill to the
+    // host sampler: the seeded requests beside it keep their tokens.
+    let (company, (fwd, _, draws)) = run_with(&ALL, mix, true, Some(2));
     assert!(fwd > 0 && draws > 0, "steps on both paths");
     let (t, c) = (bits(&together), bits(&company));
     for i in ALL.iter().filter(|&&i| i != 2) {
-        assert_eq!(c[*i], t[*i], "request {i} beside a penalised one");
+        assert_eq!(c[*i], t[*i], "request {i} beside a scored one");
+    }
+}
+
+/// Requests with processors of every kind, greedy and seeded, some reporting top logprobs.
+fn processed(i: usize) -> SamplingParams {
+    let mut p = if i.is_multiple_of(2) {
+        SamplingParams::greedy()
+    } else {
+        seeded(i)
+    };
+    match i % 4 {
+        0 => p.repetition_penalty = 1.3,
+        1 => (p.presence_penalty, p.frequency_penalty) = (0.7, 0.4),
+        2 => p.logit_bias = vec![(5, 3.0), (9, -2.0), (5, 1.5), (40, 6.0)],
+        _ => (p.min_tokens, p.stop_token_ids) = (5, vec![7, 40, 41]),
+    }
+    if i.is_multiple_of(3) {
+        (p.logprobs, p.top_logprobs) = (true, 1 + i);
+    }
+    p
+}
+
+#[test]
+fn processors_and_top_logprobs_run_where_the_logits_are_with_the_samplers_results() {
+    let (device, (fwd, greedy_calls, draws)) = run(&ALL, processed, true);
+    assert_eq!(
+        (fwd, greedy_calls),
+        (0, 0),
+        "every step draws on the runner"
+    );
+    assert!(draws > 0);
+    // The host sampler gives the same tokens, logprobs and top logprobs, bit for bit.
+    let (host, (fwd, _, draws)) = run(&ALL, processed, false);
+    assert!(fwd > 0 && draws == 0);
+    assert_eq!(bits(&device), bits(&host), "device draws = host sampler");
+    // Alone, or in other company: unchanged.
+    let (some, _) = run(&[2, 3, 5], processed, true);
+    let d = bits(&device);
+    assert_eq!(bits(&some), vec![d[2].clone(), d[3].clone(), d[5].clone()]);
+    // The processors did act: outputs differ from the same requests without them.
+    let plain = |i: usize| SamplingParams {
+        repetition_penalty: 1.0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        logit_bias: Vec::new(),
+        min_tokens: 0,
+        ..processed(i)
+    };
+    let (unprocessed, _) = run(&ALL, plain, true);
+    let u = bits(&unprocessed);
+    let changed = ALL.iter().filter(|&&i| u[i].1 != d[i].1).count();
+    assert!(
+        changed >= 4,
+        "{changed} requests changed by their processors"
+    );
+    // Top logprobs as asked, most likely first.
+    for (i, (_, _, top)) in &device {
+        let want = if i.is_multiple_of(3) { 1 + i } else { 0 };
+        for alts in top {
+            assert_eq!(alts.len(), want, "request {i}");
+            assert!(alts.windows(2).all(|w| w[0].1 >= w[1].1));
+        }
     }
 }

@@ -18,6 +18,7 @@ mod hf_moe;
 pub mod host_model;
 pub mod kv_store;
 pub mod loader;
+pub mod logit_processing;
 pub mod logits;
 pub mod model_builder;
 mod packed_weights;

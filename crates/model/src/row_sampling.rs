@@ -12,16 +12,22 @@
 //! 5. the draw walks the survivors in id order and takes the first whose cumulative weight
 //!    exceeds `u` times their total; if rounding never does, the last one.
 //!
-//! These are the steps of the engine's sampler (`tandem_engine::sampler`) for a request
-//! without bias, penalties or a grammar: the distributions are equal (a test compares them
-//! exactly), and as both draws walk the survivors in id order, the same `u` picks the same
-//! token, except where rounding (the order of a sum, an ulp of `exp`) moves a boundary
-//! across it, with a probability of order 1e-15 per draw. Temperature 0 is greedy: the
-//! lowest id of the maximum.
+//! The row is the processed one (`crate::logit_processing` applied to the raw logits): a
+//! `-inf` there is a token that cannot be chosen. These are the steps of the engine's
+//! sampler (`tandem_engine::sampler`) for a request without a grammar: the distributions
+//! are equal (a test compares them exactly), and as both draws walk the survivors in id
+//! order, the same `u` picks the same token, except where rounding (the order of a sum, an
+//! ulp of `exp`) moves a boundary across it, with a probability of order 1e-15 per draw.
+//! Temperature 0 is greedy: the lowest id of the maximum.
+//!
+//! A [`RowDraw`] is the whole of what a runner needs for one row: these parameters, the
+//! processors, and how many of the raw distribution's most likely tokens to report.
 
 use std::cmp::Ordering;
 
 use crate::batch::TokenId;
+use crate::logit_processing::LogitProcessing;
+use crate::token_pick::{top_logprobs, TokenPick};
 
 /// How one output row is sampled.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -56,11 +62,56 @@ impl RowSampling {
     }
 }
 
-/// The surviving ids of `row` in ascending order with their unnormalised weights; `None`
-/// when the row is empty or not finite. Greedy rows have one survivor of weight 1.
+/// How a runner chooses one output row's token: the processors applied to the raw logits,
+/// the draw from the processed row, and the number of the raw distribution's most likely
+/// tokens reported with it (`top_logprobs`, 0 for none).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowDraw {
+    pub sampling: RowSampling,
+    pub processing: LogitProcessing,
+    pub top_logprobs: usize,
+}
+
+impl RowDraw {
+    /// A draw of unprocessed logits reporting only the chosen token.
+    pub fn plain(sampling: RowSampling) -> RowDraw {
+        RowDraw {
+            sampling,
+            processing: LogitProcessing::default(),
+            top_logprobs: 0,
+        }
+    }
+
+    /// Checks the parameters ([`RowSampling::validate`], [`LogitProcessing::validate`]).
+    pub fn validate(&self, vocab: usize) -> Result<(), String> {
+        self.sampling.validate()?;
+        self.processing.validate(vocab)
+    }
+
+    /// The pick of the raw logits `row` (see the module documentation); `None` when the row
+    /// is empty or not finite, or no token can be chosen.
+    pub fn pick(&self, row: &[f32]) -> Option<TokenPick> {
+        let token = if self.processing.is_empty() {
+            pick(row, &self.sampling)?
+        } else {
+            let mut processed = row.to_vec();
+            self.processing.apply(&mut processed);
+            pick(&processed, &self.sampling)?
+        };
+        let mut p = TokenPick::of_row(row, token)?;
+        if self.top_logprobs > 0 {
+            p.top_logprobs = top_logprobs(row, self.top_logprobs);
+        }
+        Some(p)
+    }
+}
+
+/// The surviving ids of the processed `row` in ascending order with their unnormalised
+/// weights; `None` when the row is empty, holds a NaN or `+inf`, or is all `-inf`. Greedy
+/// rows have one survivor of weight 1; a `-inf` survives only with weight 0.
 pub fn survivors(row: &[f32], s: &RowSampling) -> Option<Vec<(u32, f64)>> {
     let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if !m.is_finite() || row.iter().any(|v| !v.is_finite()) {
+    if !m.is_finite() || row.iter().any(|v| v.is_nan()) {
         return None;
     }
     if s.temperature == 0.0 {
@@ -100,8 +151,8 @@ pub fn survivors(row: &[f32], s: &RowSampling) -> Option<Vec<(u32, f64)>> {
     Some(kept)
 }
 
-/// The token drawn from `row` (see the module documentation); `None` when the row is
-/// empty or not finite.
+/// The token drawn from the processed `row` (see the module documentation); `None` as
+/// [`survivors`].
 pub fn pick(row: &[f32], s: &RowSampling) -> Option<TokenId> {
     let kept = survivors(row, s)?;
     let total: f64 = kept.iter().map(|&(_, w)| w).filter(|&w| w > 0.0).sum();

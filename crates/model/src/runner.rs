@@ -16,7 +16,7 @@ use crate::batch::{BlockId, ForwardBatch, TokenId};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::logits::Logits;
-use crate::row_sampling::{self, RowSampling};
+use crate::row_sampling::RowDraw;
 use crate::scoring::score_row;
 use crate::token_pick::TokenPick;
 
@@ -135,21 +135,24 @@ pub trait ModelRunner: Send + std::fmt::Debug {
         false
     }
 
-    /// One token per output row of `batch`, drawn as `rows[r]` says by the algorithm of
-    /// [`crate::row_sampling`], with its raw log-probability; `None` for a row holding a
-    /// NaN or an infinity. The default computes the logits and draws on the host.
+    /// One token per output row of `batch`, chosen as `rows[r]` says ([`RowDraw`]: the
+    /// processors, then the draw of [`crate::row_sampling`]), with its raw log-probability
+    /// and the requested most likely tokens; `None` for a row holding a NaN or an infinity
+    /// or with no token left to choose. The default computes the logits and draws on the
+    /// host.
     fn forward_sample(
         &mut self,
         batch: &ForwardBatch,
-        rows: &[RowSampling],
+        rows: &[RowDraw],
     ) -> Result<Vec<Option<TokenPick>>> {
-        if let Some(e) = rows.iter().find_map(|r| r.validate().err()) {
+        let vocab = self.config().vocab_size;
+        if let Some(e) = rows.iter().find_map(|r| r.validate(vocab).err()) {
             return Err(ModelError::Batch(e));
         }
         let logits = self.forward(batch)?;
         if rows.len() != logits.num_rows() {
             return Err(ModelError::Batch(format!(
-                "{} row samplings for {} rows of logits",
+                "{} row draws for {} rows of logits",
                 rows.len(),
                 logits.num_rows()
             )));
@@ -157,10 +160,7 @@ pub trait ModelRunner: Send + std::fmt::Debug {
         Ok(rows
             .iter()
             .enumerate()
-            .map(|(r, s)| {
-                let row = logits.row(r);
-                row_sampling::pick(row, s).and_then(|t| TokenPick::of_row(row, t))
-            })
+            .map(|(r, d)| d.pick(logits.row(r)))
             .collect())
     }
 

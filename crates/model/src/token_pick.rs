@@ -12,11 +12,14 @@ use tandem_kernels::ops::{log_prob, log_sum_exp};
 use crate::batch::TokenId;
 
 /// One output row's chosen token.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TokenPick {
     pub token: TokenId,
     /// `log p(token)` under the raw distribution of the row.
     pub logprob: f32,
+    /// The most likely tokens of the raw distribution with their logprobs, most likely
+    /// first, ties to the lower id, as many as were asked for ([`top_logprobs`]).
+    pub top_logprobs: Vec<(TokenId, f32)>,
 }
 
 impl TokenPick {
@@ -48,8 +51,39 @@ impl TokenPick {
         Some(TokenPick {
             token: TokenId(token as u32),
             logprob: log_prob(logit, log_sum_exp(max, exp_sum)),
+            top_logprobs: Vec::new(),
         })
     }
+}
+
+/// The `n` most likely tokens of the raw logits `row` with their log-probabilities, most
+/// likely first, ties to the lower id (values in their total order); empty when the row is
+/// not finite.
+pub fn top_logprobs(row: &[f32], n: usize) -> Vec<(TokenId, f32)> {
+    let Some(max) = row_max(row) else {
+        return Vec::new();
+    };
+    let lse = log_sum_exp(max, tandem_kernels::exp_sum::exp_sum(row, max));
+    top_logprobs_of(row, n, lse, &mut Vec::new())
+}
+
+/// [`top_logprobs`] of a finite row whose [`log_sum_exp`] is `lse`; `ids` is scratch.
+pub fn top_logprobs_of(row: &[f32], n: usize, lse: f64, ids: &mut Vec<u32>) -> Vec<(TokenId, f32)> {
+    let n = n.min(row.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    ids.clear();
+    ids.extend(0..row.len() as u32);
+    let by_logit = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
+    if n < ids.len() {
+        ids.select_nth_unstable_by(n - 1, by_logit);
+    }
+    ids.truncate(n);
+    ids.sort_unstable_by(by_logit);
+    ids.iter()
+        .map(|&id| (TokenId(id), log_prob(row[id as usize], lse)))
+        .collect()
 }
 
 /// The maximum of a row whose values are all finite (one pass: an infinity or a NaN makes

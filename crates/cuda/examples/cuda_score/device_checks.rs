@@ -8,7 +8,8 @@ use anyhow::Result;
 use serde_json::{json, Value};
 use tandem_cuda::CudaRunner;
 use tandem_model::batch::TokenId;
-use tandem_model::row_sampling::{self, RowSampling};
+use tandem_model::logit_processing::{LogitProcessing, TokenAdjustment};
+use tandem_model::row_sampling::{RowDraw, RowSampling};
 use tandem_model::runner::ModelRunner;
 use tandem_model::token_pick::TokenPick;
 
@@ -86,47 +87,87 @@ pub(crate) fn device_greedy(runner: &mut CudaRunner, tokens: &[TokenId]) -> Resu
     }))
 }
 
-/// Tokens drawn on the device (`ModelRunner::forward_sample`, kernel `sample_rows`) against
-/// the host reference (`row_sampling::pick`) on the same pass's logits, for a prefill chunk
-/// with every row output and several truncation settings and uniform numbers. Equal up to
-/// rounding at a boundary (sums in another order, an ulp of `exp`: a probability of order
-/// 1e-15 per draw), so `differ` should be 0; logprobs must match the host's bitwise where
-/// the tokens do.
+/// Tokens drawn on the device (`ModelRunner::forward_sample`: processing.cu, `sample_rows`,
+/// `top_logits`) against the host reference ([`RowDraw::pick`]) on the same pass's logits,
+/// for a prefill chunk with every row output, several truncation settings and uniform
+/// numbers, with and without processors (bias, repetition, presence and frequency
+/// penalties, a suppressed token) and top logprobs. Equal up to rounding at a boundary
+/// (sums in another order, an ulp of `exp`: a probability of order 1e-15 per draw), so
+/// `differ` should be 0; logprobs and top logprobs must match the host's bitwise where the
+/// tokens do.
 pub(crate) fn device_sample(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
     let n = 256.min(tokens.len());
     let table = blocks(0, n.div_ceil(BLOCK));
     let batch = chunk_batch(tokens, &table, 0, n);
     let logits = runner.forward(&batch)?;
     let settings = [
-        (0.7f32, 0, 1.0f32, 0.0f32),
-        (1.0, 40, 0.9, 0.0),
-        (1.2, 0, 0.5, 0.05),
+        (0.7f32, 0, 1.0f32, 0.0f32, false),
+        (1.0, 40, 0.9, 0.0, false),
+        (1.2, 0, 0.5, 0.05, false),
+        (0.0, 0, 1.0, 0.0, true),
+        (0.9, 50, 0.95, 0.0, true),
     ];
-    let (mut differ, mut logprob_differ, mut rows) = (0, 0, 0);
-    for (k, &(temperature, top_k, top_p, min_p)) in settings.iter().enumerate() {
-        let params: Vec<RowSampling> = (0..n)
-            .map(|r| RowSampling {
-                temperature,
-                top_k,
-                top_p,
-                min_p,
-                uniform: ((r * 7 + k * 3) % 97) as f64 / 97.0,
+    let (mut differ, mut logprob_differ, mut top_differ, mut rows) = (0, 0, 0, 0);
+    for (k, &(temperature, top_k, top_p, min_p, processed)) in settings.iter().enumerate() {
+        let draws: Vec<RowDraw> = (0..n)
+            .map(|r| {
+                let sampling = RowSampling {
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p,
+                    uniform: ((r * 7 + k * 3) % 97) as f64 / 97.0,
+                };
+                let mut d = RowDraw::plain(sampling);
+                if processed {
+                    d.processing = processing_of(&tokens[..=r], runner.config().vocab_size);
+                    d.top_logprobs = 1 + r % 20;
+                }
+                d
             })
             .collect();
-        let device = runner.forward_sample(&batch, &params)?;
-        for (r, (pick, s)) in device.iter().zip(&params).enumerate() {
+        let device = runner.forward_sample(&batch, &draws)?;
+        for (r, (pick, d)) in device.iter().zip(&draws).enumerate() {
             rows += 1;
-            let row = logits.row(r);
-            let host = row_sampling::pick(row, s).and_then(|t| TokenPick::of_row(row, t));
-            match (host, pick) {
-                (Some(h), Some(d)) if h.token == d.token => {
-                    logprob_differ += usize::from(h.logprob.to_bits() != d.logprob.to_bits());
+            match (d.pick(logits.row(r)), pick) {
+                (Some(h), Some(p)) if h.token == p.token => {
+                    logprob_differ += usize::from(h.logprob.to_bits() != p.logprob.to_bits());
+                    top_differ += usize::from(h.top_logprobs != p.top_logprobs);
                 }
                 _ => differ += 1,
             }
         }
     }
-    Ok(json!({ "rows": rows, "differ": differ, "logprob_differ": logprob_differ }))
+    Ok(json!({
+        "rows": rows, "differ": differ, "logprob_differ": logprob_differ,
+        "top_logprobs_differ": top_differ,
+    }))
+}
+
+/// Processors as a request with `history` behind it would have them: every token of the
+/// history seen, counted and biased, the first one suppressed.
+fn processing_of(history: &[TokenId], vocab: usize) -> LogitProcessing {
+    let mut counts = std::collections::BTreeMap::new();
+    for t in history {
+        *counts.entry(t.0).or_insert(0u32) += 1;
+    }
+    let first = history[0].0;
+    LogitProcessing {
+        repetition_penalty: 1.3,
+        presence_penalty: 0.4,
+        frequency_penalty: 0.2,
+        tokens: counts
+            .into_iter()
+            .filter(|&(id, _)| (id as usize) < vocab)
+            .map(|(id, count)| TokenAdjustment {
+                id,
+                bias: (id % 7) as f64 * 0.5 - 1.5,
+                count,
+                seen: true,
+                suppressed: id == first,
+            })
+            .collect(),
+    }
 }
 
 /// The tensor-core prefill attention against the tiled kernel: the largest difference of

@@ -6,6 +6,7 @@
 mod attention;
 mod logprobs;
 mod matmul;
+mod processing;
 mod q8;
 mod rope_kv;
 mod rows;

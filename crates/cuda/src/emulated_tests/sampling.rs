@@ -77,14 +77,35 @@ fn draws_equal_the_host_reference() {
 }
 
 #[test]
-fn non_finite_rows_draw_nothing() {
-    let mut row = normal_ish(&mut rng(22), VOCAB, 1.0);
-    row[3] = f32::NAN;
-    let mut inf = row.clone();
-    (inf[3], inf[4]) = (0.0, f32::NEG_INFINITY);
-    let got = run(
-        &[row, inf],
-        &[params(1.0, 0, 1.0, 0.0), params(0.0, 0, 1.0, 0.0)],
-    );
-    assert_eq!(got, vec![-1, -1]);
+fn rows_with_nan_or_plus_infinity_draw_nothing_and_minus_infinity_is_never_drawn() {
+    let base = normal_ish(&mut rng(22), VOCAB, 1.0);
+    let with = |at: &[(usize, f32)]| {
+        let mut row = base.clone();
+        at.iter().for_each(|&(i, v)| row[i] = v);
+        row
+    };
+    let top = base.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let best = base.iter().position(|&v| v == top).expect("a maximum");
+    let logits = [
+        with(&[(3, f32::NAN)]),
+        with(&[(3, f32::INFINITY)]),
+        vec![f32::NEG_INFINITY; VOCAB],
+        with(&[(best, f32::NEG_INFINITY)]), // greedy takes the next best
+        with(&[(4, f32::NEG_INFINITY), (5, f32::NEG_INFINITY)]),
+    ];
+    let rows = [
+        params(1.0, 0, 1.0, 0.0),
+        params(0.0, 0, 1.0, 0.0),
+        params(1.0, 0, 1.0, 0.0),
+        params(0.0, 0, 1.0, 0.0),
+        params(1.0, VOCAB as i32 - 1, 0.9, 0.0),
+    ];
+    let got = run(&logits, &rows);
+    assert_eq!(&got[..3], &[-1, -1, -1]);
+    for r in 3..5 {
+        let want = pick(&logits[r], &rows[r]).map_or(-1, |TokenId(t)| t as i32);
+        assert_eq!(got[r], want, "row {r}");
+        assert!(want >= 0 && logits[r][want as usize].is_finite());
+    }
+    assert_ne!(got[3], best as i32);
 }

@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 
 use tandem_model::batch::TokenId;
 use tandem_model::logits::Logits;
-use tandem_model::row_sampling::RowSampling;
+use tandem_model::row_sampling::RowDraw;
 use tandem_model::token_pick::TokenPick;
 
 use super::{Engine, EngineEvent};
@@ -18,7 +18,8 @@ use crate::step_plan::{SeqEvent, SeqOutput, StepPlan};
 pub(super) enum RowPath {
     /// The runner's greedy picks (`ModelRunner::forward_greedy`).
     Greedy,
-    /// The runner's draws (`ModelRunner::forward_sample`).
+    /// The runner's draws, processors and reported logprobs included
+    /// (`ModelRunner::forward_sample`).
     Device,
     /// The logits, sampled on the host.
     Host,
@@ -78,33 +79,28 @@ impl Engine {
         out
     }
 
-    /// How the rows of `plan` get their tokens: from the runner's picks when every row is
-    /// one sequence's only row (no beam, no sibling fork, no drafts) with unprocessed
-    /// parameters and no grammar (see
-    /// [`crate::sampler::SamplingParams::is_unprocessed`]) — greedy picks when all are
-    /// greedy, draws where the logits are when the runner makes them — else by the sampler
-    /// on the host from the logits.
+    /// How the rows of `plan` get their tokens: from the runner when every row is one
+    /// sequence's only row (no beam, no sibling fork, no drafts) without a grammar — greedy
+    /// picks when all are greedy without processors or top logprobs (see
+    /// [`crate::sampler::SamplingParams::is_unprocessed`]), else draws where the logits are
+    /// when the runner makes them — otherwise by the sampler on the host from the logits.
     pub(super) fn row_path(&self, plan: &StepPlan) -> RowPath {
-        let mut all_greedy = true;
+        let mut all_plain_greedy = true;
         for s in plan.seqs.iter().filter(|s| s.num_output_rows > 0) {
             let Some(req) = self.requests.get(&s.seq_id) else {
                 return RowPath::Host;
             };
-            let num_output = self
-                .scheduler
-                .sequence(s.seq_id)
-                .map_or(0, |q| q.output().len());
-            let picked = s.num_output_rows == 1
+            let single = s.num_output_rows == 1
                 && !self.beams.contains(s.seq_id)
                 && self.scheduler.pending_siblings(s.seq_id).is_empty()
-                && !req.state.is_constrained()
-                && req.sampling.is_unprocessed(num_output);
-            if !picked {
+                && !req.state.is_constrained();
+            if !single {
                 return RowPath::Host;
             }
-            all_greedy &= req.sampling.is_greedy();
+            let num_output = self.num_output(s.seq_id);
+            all_plain_greedy &= req.sampling.is_greedy() && req.sampling.is_unprocessed(num_output);
         }
-        if all_greedy {
+        if all_plain_greedy {
             RowPath::Greedy
         } else if self.runner.samples_rows() {
             RowPath::Device
@@ -113,18 +109,25 @@ impl Engine {
         }
     }
 
-    /// The one draw per row from each request's stream that `sample` would make, as the
-    /// row parameters of a draw by the runner (for a plan [`Self::row_path`] gave to the
-    /// runner).
-    pub(super) fn draw_rows(&mut self, plan: &StepPlan) -> Vec<RowSampling> {
+    /// Tokens the sequence has generated so far.
+    fn num_output(&self, id: SeqId) -> usize {
+        self.scheduler.sequence(id).map_or(0, |q| q.output().len())
+    }
+
+    /// The one draw per row from each request's stream that `sample` would make, with the
+    /// rest of what the runner needs to choose the token as `sample` would (for a plan
+    /// [`Self::row_path`] gave to the runner).
+    pub(super) fn draw_rows(&mut self, plan: &StepPlan) -> Vec<RowDraw> {
+        let vocab = self.runner.config().vocab_size;
         let mut rows = Vec::new();
         for s in plan.seqs.iter().filter(|s| s.num_output_rows > 0) {
+            let num_output = self.num_output(s.seq_id);
             let req = self
                 .requests
                 .get_mut(&s.seq_id)
                 .expect("every scheduled sequence has a request");
             let u = req.state.draw_uniform();
-            rows.push(req.sampling.row_sampling(u));
+            rows.push(req.sampling.row_draw(&req.state, num_output, u, vocab));
         }
         rows
     }
@@ -134,7 +137,7 @@ impl Engine {
     pub(super) fn picked_samples(
         &mut self,
         plan: &StepPlan,
-        picks: &[Option<TokenPick>],
+        picks: Vec<Option<TokenPick>>,
     ) -> StepSamples {
         let mut out = StepSamples::default();
         let vocab = self.runner.config().vocab_size;
@@ -157,7 +160,7 @@ impl Engine {
                     let t = SampledToken {
                         token: p.token.0,
                         logprob: p.logprob,
-                        top_logprobs: Vec::new(),
+                        top_logprobs: p.top_logprobs.iter().map(|&(t, l)| (t.0, l)).collect(),
                     };
                     out.sampled.insert(s.seq_id, VecDeque::from([t]));
                 }

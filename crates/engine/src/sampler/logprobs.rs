@@ -24,13 +24,13 @@ impl RawLogSoftmax {
         }
         let sum = tandem_kernels::exp_sum::exp_sum(row, max);
         Ok(RawLogSoftmax {
-            lse: max as f64 + sum.ln(),
+            lse: tandem_kernels::ops::log_sum_exp(max, sum),
         })
     }
 
     /// `log p` of a token whose raw logit is `logit`.
     pub(crate) fn logprob(&self, logit: f32) -> f32 {
-        (logit as f64 - self.lse) as f32
+        tandem_kernels::ops::log_prob(logit, self.lse)
     }
 }
 
@@ -42,20 +42,9 @@ pub(crate) fn top_logprobs(
     lsm: RawLogSoftmax,
     ids: &mut Vec<u32>,
 ) -> Vec<(u32, f32)> {
-    let n = n.min(row.len());
-    if n == 0 {
-        return Vec::new();
-    }
-    ids.clear();
-    ids.extend(0..row.len() as u32);
-    let by_logit = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
-    if n < ids.len() {
-        ids.select_nth_unstable_by(n - 1, by_logit);
-    }
-    ids.truncate(n);
-    ids.sort_unstable_by(by_logit);
-    ids.iter()
-        .map(|&id| (id, lsm.logprob(row[id as usize])))
+    tandem_model::token_pick::top_logprobs_of(row, n, lsm.lse, ids)
+        .into_iter()
+        .map(|(t, l)| (t.0, l))
         .collect()
 }
 

@@ -11,6 +11,9 @@
 //!    `l = l / r` if `l > 0`, else `l = l * r`;
 //! 4. **presence / frequency penalties** (output tokens only):
 //!    `l -= presence + frequency * count`;
+//!    steps 1-4 compute each changed logit in f64 and round it once to f32
+//!    ([`tandem_model::logit_processing`]), so a runner that applies them to its f32 logits
+//!    where they are (`ModelRunner::forward_sample`) gets the same values;
 //!    then the **constraint** (structured output, [`constraint`]): tokens the request's
 //!    grammar does not allow get `-inf`; stop tokens only where the grammar accepts;
 //! 5. **greedy** when `temperature == 0`: the largest `l`, ties to the lowest id (top-k,

@@ -1,9 +1,11 @@
 //! Per-request sampling parameters and their validation.
 
-use tandem_model::row_sampling::RowSampling;
+use tandem_model::row_sampling::{RowDraw, RowSampling};
 
 use super::constraint::Constraint;
 use super::error::SamplerError;
+use super::processors::logit_processing;
+use super::state::SamplerState;
 
 /// The largest `top_logprobs` a request may ask for (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
@@ -101,10 +103,8 @@ impl SamplingParams {
     /// Whether, with `num_output_tokens` generated, the request's processed logits are its
     /// raw logits and it reports nothing but the chosen token's logprob: no bias, no
     /// penalties, no stop tokens suppressed by `min_tokens`, no `top_logprobs`. (A grammar,
-    /// held by the request's state, is the one processor this cannot see.) Such a row needs
-    /// only its choice from the runner: the greedy pick, or a draw by temperature, top-k,
-    /// top-p and min-p, which a device runner makes where the logits are
-    /// (`ModelRunner::forward_greedy`, `ModelRunner::forward_sample`).
+    /// held by the request's state, is the one processor this cannot see.) A greedy such row
+    /// needs only the runner's greedy pick (`ModelRunner::forward_greedy`).
     pub fn is_unprocessed(&self, num_output_tokens: usize) -> bool {
         self.logit_bias.is_empty()
             && self.repetition_penalty == 1.0
@@ -113,11 +113,6 @@ impl SamplingParams {
             && !(self.logprobs && self.top_logprobs > 0)
             && (num_output_tokens >= self.min_tokens
                 || self.suppressed_while_short().next().is_none())
-    }
-
-    /// Greedy and [`Self::is_unprocessed`]: the choice is the raw argmax.
-    pub fn is_plain_greedy(&self, num_output_tokens: usize) -> bool {
-        self.is_greedy() && self.is_unprocessed(num_output_tokens)
     }
 
     /// The row parameters of a device draw with uniform number `uniform`
@@ -131,6 +126,27 @@ impl SamplingParams {
             top_p: self.top_p,
             min_p: self.min_p,
             uniform,
+        }
+    }
+
+    /// Everything a runner needs to choose this request's next token where its logits are,
+    /// with `state`'s history, `num_output_tokens` generated and the uniform number
+    /// `uniform` (a grammar excepted: a constrained request is sampled on the host).
+    /// Processed tokens outside a vocabulary of `vocab_size` are left out, as the host's
+    /// processors ignore them.
+    pub fn row_draw(
+        &self,
+        state: &SamplerState,
+        num_output_tokens: usize,
+        uniform: f64,
+        vocab_size: usize,
+    ) -> RowDraw {
+        let mut processing = logit_processing(self, state, num_output_tokens);
+        processing.tokens.retain(|t| (t.id as usize) < vocab_size);
+        RowDraw {
+            sampling: self.row_sampling(uniform),
+            processing,
+            top_logprobs: if self.logprobs { self.top_logprobs } else { 0 },
         }
     }
 

@@ -1,82 +1,75 @@
 //! The logit processors that run before temperature, in this order:
 //! logit_bias -> min_tokens stop-token suppression -> repetition penalty ->
-//! presence and frequency penalties. They work in f64 on a copy of the raw row, so no
-//! finite input and in-range parameter can overflow.
+//! presence and frequency penalties. A request's processors at one position are one sparse
+//! list of adjusted tokens ([`LogitProcessing`], whose documentation gives the arithmetic:
+//! f64, rounded once to f32), the list a runner drawing where its logits are applies too.
+
+use std::collections::BTreeMap;
+
+use tandem_model::logit_processing::{LogitProcessing, TokenAdjustment};
 
 use super::params::SamplingParams;
 use super::state::SamplerState;
 
-/// Applies every processor, in the documented order, to `values` (`[vocab_size]`, holding
-/// the raw logits on entry). Token ids outside the row are ignored (validation rejects them
-/// in parameters; prompt ids are the engine's to check).
+/// The processors of a request with this state's history and `num_output_tokens`
+/// generated tokens: every token whose logit they change, once, in id order.
+pub(crate) fn logit_processing(
+    params: &SamplingParams,
+    state: &SamplerState,
+    num_output_tokens: usize,
+) -> LogitProcessing {
+    let mut tokens: BTreeMap<u32, TokenAdjustment> = BTreeMap::new();
+    for &(id, b) in &params.logit_bias {
+        entry(&mut tokens, id).bias += b as f64;
+    }
+    if num_output_tokens < params.min_tokens {
+        for id in params.suppressed_while_short() {
+            entry(&mut tokens, id).suppressed = true;
+        }
+    }
+    if params.repetition_penalty != 1.0 {
+        let outputs = state.output_counts().map(|(t, _)| t);
+        for id in state.prompt_tokens().iter().copied().chain(outputs) {
+            entry(&mut tokens, id).seen = true;
+        }
+    }
+    if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
+        for (id, count) in state.output_counts() {
+            entry(&mut tokens, id).count = count;
+        }
+    }
+    LogitProcessing {
+        repetition_penalty: params.repetition_penalty,
+        presence_penalty: params.presence_penalty,
+        frequency_penalty: params.frequency_penalty,
+        tokens: tokens.into_values().collect(),
+    }
+}
+
+/// The adjustment of token `id`, a neutral one first if it has none yet.
+fn entry(tokens: &mut BTreeMap<u32, TokenAdjustment>, id: u32) -> &mut TokenAdjustment {
+    tokens.entry(id).or_insert(TokenAdjustment {
+        id,
+        bias: 0.0,
+        count: 0,
+        seen: false,
+        suppressed: false,
+    })
+}
+
+/// Applies every processor to `values` (`[vocab_size]`, holding the raw logits on entry).
+/// Token ids outside the row are ignored (validation rejects them in parameters; prompt ids
+/// are the engine's to check).
 pub(crate) fn apply_all(
     values: &mut [f64],
     params: &SamplingParams,
     state: &SamplerState,
     num_output_tokens: usize,
 ) {
-    apply_logit_bias(values, &params.logit_bias);
-    if num_output_tokens < params.min_tokens {
-        suppress(values, params.suppressed_while_short());
-    }
-    if params.repetition_penalty != 1.0 {
-        let seen = state.prompt_tokens().iter().copied().chain(
-            state
-                .output_counts()
-                .map(|(t, _)| t)
-                .filter(|&t| !state.in_prompt(t)),
-        );
-        apply_repetition_penalty(values, seen, params.repetition_penalty as f64);
-    }
-    if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
-        apply_presence_frequency(
-            values,
-            state.output_counts(),
-            params.presence_penalty as f64,
-            params.frequency_penalty as f64,
-        );
-    }
-}
-
-/// `values[id] += bias` for every pair (repeated ids add up).
-fn apply_logit_bias(values: &mut [f64], bias: &[(u32, f32)]) {
-    for &(id, b) in bias {
-        if let Some(v) = values.get_mut(id as usize) {
-            *v += b as f64;
-        }
-    }
-}
-
-/// Sets the listed ids to `-inf` so they can never be chosen.
-fn suppress(values: &mut [f64], ids: impl Iterator<Item = u32>) {
-    for id in ids {
-        if let Some(v) = values.get_mut(id as usize) {
-            *v = f64::NEG_INFINITY;
-        }
-    }
-}
-
-/// For each id in `seen` (each at most once): divide a positive logit by `penalty`, multiply
-/// a non-positive one by it (the CTRL / Hugging Face rule; `-inf` stays `-inf`).
-fn apply_repetition_penalty(values: &mut [f64], seen: impl Iterator<Item = u32>, penalty: f64) {
-    for id in seen {
-        if let Some(v) = values.get_mut(id as usize) {
-            *v = if *v > 0.0 { *v / penalty } else { *v * penalty };
-        }
-    }
-}
-
-/// For each generated token with `count` occurrences:
-/// `logit -= presence + frequency * count` (OpenAI's definition).
-fn apply_presence_frequency(
-    values: &mut [f64],
-    counts: impl Iterator<Item = (u32, u32)>,
-    presence: f64,
-    frequency: f64,
-) {
-    for (id, count) in counts {
-        if let Some(v) = values.get_mut(id as usize) {
-            *v -= presence + frequency * count as f64;
+    let processing = logit_processing(params, state, num_output_tokens);
+    for t in &processing.tokens {
+        if let Some(v) = values.get_mut(t.id as usize) {
+            *v = processing.value(t, *v as f32) as f64;
         }
     }
 }
@@ -95,16 +88,65 @@ mod tests {
 
     #[test]
     fn logit_bias_adds_and_repeats_accumulate() {
+        let params = SamplingParams {
+            logit_bias: vec![(0, 0.5), (2, -3.0), (2, -1.0), (9, 5.0)],
+            ..SamplingParams::default()
+        };
         let mut v = vec![1.0, 2.0, 3.0];
-        apply_logit_bias(&mut v, &[(0, 0.5), (2, -3.0), (2, -1.0), (9, 5.0)]);
+        apply_all(&mut v, &params, &state_with(&[], &[]), 0);
         assert_eq!(v, vec![1.5, 2.0, -1.0]);
     }
 
     #[test]
     fn repetition_penalty_divides_positive_and_multiplies_negative() {
+        let params = SamplingParams {
+            repetition_penalty: 2.0,
+            ..SamplingParams::default()
+        };
         let mut v = vec![2.0, -2.0, 0.0, 4.0, f64::NEG_INFINITY];
-        apply_repetition_penalty(&mut v, [0, 1, 2, 4].into_iter(), 2.0);
+        apply_all(&mut v, &params, &state_with(&[0, 1, 2, 4], &[]), 0);
         assert_eq!(v, vec![1.0, -4.0, 0.0, 4.0, f64::NEG_INFINITY]);
+    }
+
+    #[test]
+    fn only_tokens_a_processor_changes_are_listed() {
+        // Neutral parameters list nothing, whatever the history.
+        let state = state_with(&[4, 5], &[5, 6]);
+        let neutral = SamplingParams {
+            min_tokens: 9, // no stop token to suppress
+            ..SamplingParams::default()
+        };
+        assert!(logit_processing(&neutral, &state, 2).is_empty());
+        // A presence penalty lists the output tokens only; a repetition penalty all seen.
+        let presence = SamplingParams {
+            presence_penalty: 0.5,
+            ..SamplingParams::default()
+        };
+        let ids = |p: &SamplingParams| -> Vec<u32> {
+            logit_processing(p, &state, 2)
+                .tokens
+                .iter()
+                .map(|t| t.id)
+                .collect()
+        };
+        assert_eq!(ids(&presence), vec![5, 6]);
+        let repetition = SamplingParams {
+            repetition_penalty: 1.5,
+            ..SamplingParams::default()
+        };
+        assert_eq!(ids(&repetition), vec![4, 5, 6]);
+    }
+
+    #[test]
+    fn processed_values_are_rounded_to_f32() {
+        let params = SamplingParams {
+            logit_bias: vec![(0, 0.1)],
+            ..SamplingParams::default()
+        };
+        let mut v = vec![1.0, 2.0];
+        apply_all(&mut v, &params, &state_with(&[], &[]), 0);
+        assert_eq!(v[0], (1.0f64 + 0.1f32 as f64) as f32 as f64);
+        assert_ne!(v[0], 1.0 + 0.1f32 as f64, "not the unrounded f64 sum");
     }
 
     #[test]

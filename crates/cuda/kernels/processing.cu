@@ -1,0 +1,77 @@
+// The logit processors of rows sampled where the logits are (tandem_model's
+// logit_processing is the reference): each row lists the tokens whose logit its request's
+// logit bias, min_tokens suppression, repetition penalty and presence and frequency
+// penalties change, and process_rows rewrites those logits in place before sample_rows
+// draws, saving the raw ones; restore_rows puts them back, so that the raw row's
+// log-probabilities (logit_exp_sums) and top tokens are read afterwards from the same
+// buffer. Every operation is a separately rounded f64 one (no fused multiply-add), then
+// one rounding to f32, as on the host.
+//
+// Grid: rows; block: any number of threads (each takes every blockDim.x-th token of the
+// row's list). A row's list holds each id once, so no two threads touch the same logit.
+
+struct RowProcessing {
+    float repetition_penalty; // > 0; 1 is neutral
+    float presence_penalty;
+    float frequency_penalty;
+    int begin; // the row's tokens: [begin, end) of the token list
+    int end;
+    int pad;
+};
+
+#define ADJUST_SEEN 1u
+#define ADJUST_SUPPRESSED 2u
+
+struct TokenAdjustment {
+    double bias; // added to the raw logit
+    u32 id;
+    u32 count; // occurrences in the output
+    u32 flags; // ADJUST_SEEN, ADJUST_SUPPRESSED
+    u32 pad;
+};
+
+// The processed logit of token `t` whose raw logit is `raw`.
+__device__ float processed_logit(const RowProcessing& p, const TokenAdjustment& t, float raw) {
+    if (t.flags & ADJUST_SUPPRESSED) {
+        return NEG_INF;
+    }
+    double v = __dadd_rn((double)raw, t.bias);
+    if (t.flags & ADJUST_SEEN) {
+        double r = (double)p.repetition_penalty;
+        v = v > 0.0 ? __ddiv_rn(v, r) : __dmul_rn(v, r);
+    }
+    if (t.count > 0) {
+        double penalty = __dadd_rn((double)p.presence_penalty,
+                                   __dmul_rn((double)p.frequency_penalty, (double)t.count));
+        v = __dsub_rn(v, penalty);
+    }
+    if (isfinite(v)) { // finite results are clamped to f32's range
+        v = fmin(fmax(v, -3.4028234663852886e38), 3.4028234663852886e38);
+    }
+    return (float)v;
+}
+
+// logits: [rows, vocab] f32, processed in place; saved: one f32 per listed token.
+extern "C" __global__ void process_rows(float* logits, const RowProcessing* rows,
+                                        const TokenAdjustment* tokens, float* saved,
+                                        int vocab) {
+    RowProcessing p = rows[blockIdx.x];
+    float* x = logits + (i64)blockIdx.x * vocab;
+    for (int e = p.begin + (int)threadIdx.x; e < p.end; e += blockDim.x) {
+        TokenAdjustment t = tokens[e];
+        float raw = x[t.id];
+        saved[e] = raw;
+        x[t.id] = processed_logit(p, t, raw);
+    }
+}
+
+// Undoes process_rows with the same arguments.
+extern "C" __global__ void restore_rows(float* logits, const RowProcessing* rows,
+                                        const TokenAdjustment* tokens, const float* saved,
+                                        int vocab) {
+    RowProcessing p = rows[blockIdx.x];
+    float* x = logits + (i64)blockIdx.x * vocab;
+    for (int e = p.begin + (int)threadIdx.x; e < p.end; e += blockDim.x) {
+        x[tokens[e].id] = saved[e];
+    }
+}
