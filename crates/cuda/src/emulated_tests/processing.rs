@@ -160,3 +160,87 @@ fn top_logits_are_the_references_most_likely_tokens() {
         );
     }
 }
+
+/// The device's draws follow the engine sampler's distribution
+/// (`tandem_engine::sampler::processed_distribution`) for a request with every processor,
+/// built as the engine builds it (`SamplingParams::row_draw`): a chi-square test over
+/// 3,000 draws with independent uniform numbers, and no draw of a token the sampler gives
+/// probability 0. (No top-p: its 32-pass search makes each emulated draw several times
+/// slower, and the test above covers it draw by draw.)
+#[test]
+fn draws_follow_the_samplers_distribution() {
+    use tandem_engine::sampler::{processed_distribution, SamplerState, SamplingParams};
+    const V: usize = 48;
+    const DRAWS: usize = 3000;
+    let mut r = rng(33);
+    let row = normal_ish(&mut r, V, 2.5);
+    let params = SamplingParams {
+        temperature: 0.8,
+        top_k: 30,
+        min_p: 0.02,
+        repetition_penalty: 1.2,
+        presence_penalty: 0.3,
+        frequency_penalty: 0.2,
+        logit_bias: vec![(3, 2.0), (11, -1.0)],
+        min_tokens: 4,
+        stop_token_ids: vec![7],
+        ..SamplingParams::default()
+    };
+    let mut state = SamplerState::new(1, &[1, 2, 3, 20]);
+    for t in [2, 5, 5, 30] {
+        state.append_output(t);
+    }
+    let want = processed_distribution(&row, &params, &mut state, 3).expect("a distribution");
+    let draws: Vec<RowDraw> = (0..DRAWS)
+        .map(|_| params.row_draw(&state, 3, r.random::<f64>(), V))
+        .collect();
+    let k = kernels(CudaDtype::F32);
+    let flat: Vec<f32> = (0..DRAWS).flat_map(|_| row.iter().copied()).collect();
+    let (mut rows, mut tokens) = (Vec::new(), Vec::new());
+    draws
+        .iter()
+        .for_each(|d| append_processing(&d.processing, &mut rows, &mut tokens));
+    let params_bytes: Vec<u8> = draws
+        .iter()
+        .flat_map(|d| row_sampling_bytes(&d.sampling))
+        .collect();
+    let (mut l, mut rp, mut tk) = (Buf::of(&flat), Buf::of(&rows), Buf::of(&tokens));
+    let mut saved = Buf::zeroed(tokens.len());
+    let (mut p, mut t) = (Buf::of(&params_bytes), Buf::zeroed(DRAWS * 4));
+    k.process_rows(l.ptr(), rp.ptr(), tk.ptr(), saved.ptr(), DRAWS, V, false)
+        .expect("launch");
+    k.sample_rows(l.ptr(), p.ptr(), DRAWS, V, t.ptr())
+        .expect("launch");
+    let mut counts = [0usize; V];
+    for token in t.read::<i32>() {
+        counts[usize::try_from(token).expect("a token")] += 1;
+    }
+    // Bins of at least 5 expected draws, the rest pooled.
+    let (mut chi2, mut bins, mut pooled) = (0.0, 0usize, (0.0, 0.0));
+    for (id, &c) in counts.iter().enumerate() {
+        let expected = want.prob(id as u32) * DRAWS as f64;
+        if expected == 0.0 {
+            assert_eq!(c, 0, "token {id} has probability 0");
+        } else if expected >= 5.0 {
+            chi2 += (c as f64 - expected).powi(2) / expected;
+            bins += 1;
+        } else {
+            pooled = (pooled.0 + expected, pooled.1 + c as f64);
+        }
+    }
+    if pooled.0 > 0.0 {
+        chi2 += (pooled.1 - pooled.0).powi(2) / pooled.0;
+        bins += 1;
+    }
+    let df = (bins - 1) as f64;
+    assert!(bins >= 8, "a spread distribution: {bins} bins");
+    // Far in the tail: P(chi2 > df + 7 sqrt(2 df)) is below 1e-6 for these df.
+    assert!(
+        chi2 < df + 7.0 * (2.0 * df).sqrt(),
+        "chi2 {chi2:.1} over {bins} bins"
+    );
+    assert_eq!(
+        counts[7], 0,
+        "the stop token is suppressed before min_tokens"
+    );
+}
