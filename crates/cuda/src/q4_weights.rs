@@ -6,7 +6,8 @@
 //! value for value; only the layout differs: a ggml block's 4 bytes of `d, m` and 16 bytes of
 //! codes go to two arrays, so that the kernels load a block's codes with one aligned 16-byte
 //! load. The weights are quantized from whatever the model file holds, dequantized to f32
-//! first; a model stored in Q4_1 gets its own weights back (tested below).
+//! first; blocks that ggml's quantizer wrote come back unchanged (the default model's, byte
+//! for byte: tested below).
 
 use tandem_kernels::quant::quantize_row;
 use tandem_kernels::DType;
@@ -108,8 +109,7 @@ mod tests {
         }
     }
 
-    /// A model whose matrices are stored in Q4_1 (the default model) keeps exactly its
-    /// weights: quantizing the file's dequantized weights gives back the same weights.
+    /// Quantizing the dequantized weights of Q4_1 blocks gives back the same weights.
     #[test]
     fn requantizing_q4_1_weights_gives_them_back() {
         let values: Vec<f32> = (0..32 * 512)
@@ -121,5 +121,36 @@ mod tests {
         let (mut codes2, mut scales2) = (Vec::new(), Vec::new());
         quantize(&file_weights, &mut codes2, &mut scales2);
         assert_eq!(dequantize(&codes2, &scales2), file_weights);
+    }
+
+    /// The default model stores its layers' matrices in Q4_1 (ggml's quantizer): under
+    /// `--cuda-weights q4_1` they reach the device as the file's own blocks, byte for byte.
+    #[test]
+    fn the_default_models_q4_1_blocks_come_back_byte_for_byte() {
+        let path = tandem_model::default_model::test_model_path()
+            .expect("the default model is needed; this test does not skip");
+        let loaded = tandem_model::loader::load_model(&path).expect("loading the default model");
+        let tensors = &loaded.host.tensors;
+        let (mut matrices, mut blocks, mut differing) = (0, 0, 0);
+        for name in tensors.names() {
+            let t = tensors.get(name).expect("a listed tensor");
+            if t.dtype != DType::Q4_1 {
+                continue;
+            }
+            let mut values = vec![0.0f32; t.shape.iter().product()];
+            tandem_kernels::quant::dequantize_row(DType::Q4_1, t.data, &mut values);
+            let (mut codes, mut scales) = (Vec::new(), Vec::new());
+            quantize(&values, &mut codes, &mut scales);
+            for (b, file) in t.data.chunks_exact(GGML_BLOCK_BYTES).enumerate() {
+                let ours = &codes[b * Q4_CODE_BYTES..(b + 1) * Q4_CODE_BYTES];
+                if file[..4] != scales[b].to_le_bytes() || &file[4..] != ours {
+                    differing += 1;
+                }
+                blocks += 1;
+            }
+            matrices += 1;
+        }
+        assert_eq!(matrices, 30 * 7, "q, k, v, o, gate, up, down of 30 layers");
+        assert_eq!(differing, 0, "blocks of {blocks} changed by requantization");
     }
 }
