@@ -55,7 +55,7 @@ fn dequantized_weights_are_the_cpus_q4_1_weights() {
 #[test]
 fn products_match_f64_and_do_not_depend_on_the_row_count() {
     // 70 and 9 columns: not multiples of the 8 warps of a block; k = 96: 3 blocks a row
-    // (most lanes idle); k = 2048: 2 blocks a lane; k = 1056: 33 blocks, one lane takes 2.
+    // (most lanes idle); k = 2048: 64 blocks, 2 a lane; k = 1056: 33 blocks, lane 0 takes 2.
     for (m, k) in [(70usize, 96usize), (9, 2048), (13, 1056)] {
         let (codes, scales, weights) = matrix(m, k, 7 * (m * k) as u64);
         for dtype in MODES {
@@ -78,13 +78,11 @@ fn products_match_f64_and_do_not_depend_on_the_row_count() {
                             .sum()
                     })
                     .collect();
-                // Column 1's weights sit near 4 with steps of about 0.003: d · Σqx + m · Σx
-                // cancels more there, so the tolerance is relative to the row's scale.
                 assert_close(
                     &format!("{dtype:?} q4_matvec n={n} {m}x{k}"),
                     &got,
                     &want,
-                    2e-5,
+                    1e-5,
                 );
                 if n == Q4_MATVEC_ROWS {
                     full = got;
