@@ -18,8 +18,8 @@
 #    steps, saved to OUTDIR/plan_calibration.json), then `tandem plan --validate --quick
 #    --device cuda` with that profile: predicted vs measured (OUTDIR/plan_validate.txt).
 # 5. transformers `generate` with a static cache at the same batch sizes (SKIP_HF=1 skips).
-# Step 3 also benches `--cuda-weights q8_0` and `--batch-invariant`, and scores one text in
-# each mode (OUTDIR/q8_fidelity.txt).
+# Step 3 also benches `--cuda-weights q8_0`, `--cuda-weights q4_1` and `--batch-invariant`,
+# and scores one text in each mode (OUTDIR/quant_fidelity.txt).
 # Writes OUTDIR/speed.txt (JSON lines) and OUTDIR/profile.txt besides gpu_check.sh's files.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -61,16 +61,17 @@ bench() { # label bin_dir seconds [flags...]
 ALL_BATCHES="--batch 1 --batch 32 --batch 256"
 bench new "$NEW" 150 $ALL_BATCHES
 [ -n "$OLD" ] && bench old "$OLD" 150 $ALL_BATCHES
-# Q8_0 layer weights, and the batch-invariant products, at batch 1 and 32: speed against
-# the dense bf16 run above, and the perplexity of one text in each mode (fidelity).
+# Q8_0 and Q4_1 layer weights, and the batch-invariant products, at batch 1 and 32: speed
+# against the dense bf16 run above, and the perplexity of one text in each mode (fidelity).
 bench new-q8_0 "$NEW" 90 --batch 1 --batch 32 --cuda-weights q8_0
+bench new-q4_1 "$NEW" 90 --batch 1 --batch 32 --cuda-weights q4_1
 bench new-batch-invariant "$NEW" 90 --batch 1 --batch 32 --batch-invariant
 TEXT="The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step."
-for flags in "" "--cuda-weights q8_0" "--batch-invariant"; do
+for flags in "" "--cuda-weights q8_0" "--cuda-weights q4_1" "--batch-invariant"; do
   timeout 60 "$NEW/tandem" score --cache-dir "$CACHE" --model "$P-bf16" --device cuda $flags \
     --text "$TEXT" --json 2>/dev/null \
     | python3 -c "import json,sys; r=json.load(sys.stdin); print('score [$flags]: perplexity', r['perplexity'])" \
-    | tee -a "$OUT/q8_fidelity.txt"
+    | tee -a "$OUT/quant_fidelity.txt"
 done
 plan() { # label args...
   local label=$1; shift

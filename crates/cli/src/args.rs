@@ -45,9 +45,10 @@ pub struct ModelArgs {
     /// they always are on the CPU); slower.
     #[arg(long)]
     pub batch_invariant: bool,
-    /// How a CUDA device stores the layers' matrices: `dense` (in --dtype) or `q8_0` (int8
-    /// codes and a scale per 32 values, quantized on load: about half the bytes of bf16,
-    /// read straight by decode steps).
+    /// How a CUDA device stores the layers' matrices: `dense` (in --dtype), `q8_0` (int8
+    /// codes and a scale per 32 values, quantized on load: about half the bytes of bf16) or
+    /// `q4_1` (4-bit codes with a scale and a minimum per 32 values, the CPU's Q4_1: under a
+    /// third of bf16's bytes); decode steps read the codes straight.
     #[arg(long, value_name = "FORMAT", default_value = "dense", value_parser = parse_cuda_weights)]
     pub cuda_weights: tandem_cuda::CudaWeights,
     /// On CUDA with bf16, run the attention of prompt steps on tensor cores (faster
@@ -89,7 +90,10 @@ fn parse_cuda_weights(s: &str) -> Result<tandem_cuda::CudaWeights, String> {
     match s {
         "dense" => Ok(tandem_cuda::CudaWeights::Dense),
         "q8_0" => Ok(tandem_cuda::CudaWeights::Q8_0),
-        other => Err(format!("unknown weight format {other:?} (dense or q8_0)")),
+        "q4_1" => Ok(tandem_cuda::CudaWeights::Q4_1),
+        other => Err(format!(
+            "unknown weight format {other:?} (dense, q8_0 or q4_1)"
+        )),
     }
 }
 
@@ -239,5 +243,19 @@ fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
         "f32" => Ok(KvDtype::F32),
         "f16" => Ok(KvDtype::F16),
         other => Err(format!("unknown KV cache dtype {other:?} (f32 or f16)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_cuda::CudaWeights;
+
+    #[test]
+    fn every_cuda_weight_format_parses_from_its_name() {
+        for format in [CudaWeights::Dense, CudaWeights::Q8_0, CudaWeights::Q4_1] {
+            assert_eq!(parse_cuda_weights(format.name()), Ok(format));
+        }
+        assert!(parse_cuda_weights("q4_0").is_err());
     }
 }

@@ -22,7 +22,7 @@ use crate::kernels::{
     TC_TILE_TOKENS,
 };
 use crate::options::CudaDtype;
-use crate::product_kernels::Q8_MATVEC_ROWS;
+use crate::product_kernels::{Q4_MATVEC_ROWS, Q8_MATVEC_ROWS};
 use crate::row_kernels::ROW_SAMPLING_BYTES;
 use crate::runner::CudaRunner;
 use crate::step_inputs::{InputPtrs, StepInputs, LOGIT_ROWS};
@@ -464,10 +464,10 @@ impl CudaRunner {
         Ok(Logits::new(rows, vocab, data))
     }
 
-    /// `y[n, m] = x[n, k] · w[m, k]ᵀ` for a layer's matrix `w`. A Q8_0 matrix multiplies
-    /// from its codes when `n` is small (decode), unless the runner is batch-invariant;
-    /// otherwise it is expanded into the scratch matrix first (the product's time then
-    /// includes writing and reading 2 bytes a weight once more).
+    /// `y[n, m] = x[n, k] · w[m, k]ᵀ` for a layer's matrix `w`. A quantized matrix (Q8_0,
+    /// Q4_1) multiplies from its codes when `n` is small (decode), unless the runner is
+    /// batch-invariant; otherwise it is expanded into the scratch matrix first (the
+    /// product's time then includes writing and reading 2 bytes a weight once more).
     fn product(
         &self,
         x: DevPtr,
@@ -478,20 +478,31 @@ impl CudaRunner {
         k: usize,
     ) -> Result<(), CudaError> {
         let s = &self.device.stream;
+        let from_codes = !self.batch_invariant;
+        let scratch = || match &self.quant_scratch {
+            Some(scratch) => Ok(ptr(scratch, s)),
+            None => Err(CudaError::Unsupported(
+                "a quantized matrix without its scratch".into(),
+            )),
+        };
         match w {
             DeviceMatrix::Dense(d) => self.dense_product(x, ptr(d, s), y, n, m, k),
             DeviceMatrix::Q8 { codes, scales } => {
                 let (codes, scales) = (ptr(codes, s), ptr(scales, s));
-                if n <= Q8_MATVEC_ROWS && !self.batch_invariant {
+                if from_codes && n <= Q8_MATVEC_ROWS {
                     return self.kernels.q8_matvec(codes, scales, x, y, n, m, k);
                 }
-                let Some(scratch) = &self.q8_scratch else {
-                    return Err(CudaError::Unsupported(
-                        "a Q8_0 matrix without its scratch".into(),
-                    ));
-                };
-                let scratch = ptr(scratch, s);
+                let scratch = scratch()?;
                 self.kernels.q8_dequant(codes, scales, scratch, m, k)?;
+                self.dense_product(x, scratch, y, n, m, k)
+            }
+            DeviceMatrix::Q4 { codes, scales } => {
+                let (codes, scales) = (ptr(codes, s), ptr(scales, s));
+                if from_codes && n <= Q4_MATVEC_ROWS {
+                    return self.kernels.q4_matvec(codes, scales, x, y, n, m, k);
+                }
+                let scratch = scratch()?;
+                self.kernels.q4_dequant(codes, scales, scratch, m, k)?;
                 self.dense_product(x, scratch, y, n, m, k)
             }
         }

@@ -23,7 +23,7 @@ use crate::options::CudaDtype;
 pub(crate) type DevPtr = u64;
 
 /// The kernel files, in the order they are concatenated into one program.
-const SOURCES: [(&str, &str); 11] = [
+const SOURCES: [(&str, &str); 12] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("norm.cu", include_str!("../kernels/norm.cu")),
     ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
@@ -38,10 +38,11 @@ const SOURCES: [(&str, &str); 11] = [
     ("sampling.cu", include_str!("../kernels/sampling.cu")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("q8.cu", include_str!("../kernels/q8.cu")),
+    ("q4.cu", include_str!("../kernels/q4.cu")),
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 17] = [
+pub const KERNEL_NAMES: [&str; 19] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
@@ -59,6 +60,8 @@ pub const KERNEL_NAMES: [&str; 17] = [
     "matmul_fixed",
     "q8_matvec",
     "q8_dequant",
+    "q4_matvec",
+    "q4_dequant",
 ];
 
 /// Index of kernel `name` in [`KERNEL_NAMES`].

@@ -39,6 +39,7 @@ mod libs;
 pub mod nvrtc_cache;
 mod options;
 mod product_kernels;
+mod q4_weights;
 mod q8_weights;
 mod row_kernels;
 mod runner;

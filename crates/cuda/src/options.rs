@@ -50,6 +50,9 @@ pub enum CudaWeights {
     /// Q8_0: int8 codes and one f32 scale per 32 values (kernels/q8.cu); decode steps
     /// multiply from the codes, larger batches expand a matrix at a time.
     Q8_0,
+    /// Q4_1: 4-bit codes with an f16 scale and minimum per 32 values (kernels/q4.cu), the
+    /// CPU's Q4_1 weights; used as Q8_0 is.
+    Q4_1,
 }
 
 impl CudaWeights {
@@ -57,6 +60,7 @@ impl CudaWeights {
         match self {
             CudaWeights::Dense => "dense",
             CudaWeights::Q8_0 => "q8_0",
+            CudaWeights::Q4_1 => "q4_1",
         }
     }
 }

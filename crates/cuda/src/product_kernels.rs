@@ -1,5 +1,5 @@
 //! The launches of the matrix-product kernels: the batch-invariant product (matmul.cu) and
-//! the Q8_0 weights' products (q8.cu). Like every launch they go through
+//! the quantized weights' products (Q8_0: q8.cu; Q4_1: q4.cu). Like every launch they go through
 //! [`Kernels::launch`].
 
 use crate::error::CudaError;
@@ -11,6 +11,8 @@ const MM_TILE_M: usize = 64;
 /// Most rows of x a `q8_matvec` launch takes (`Q8_MAX_ROWS` in q8.cu); larger products
 /// expand the matrix first.
 pub(crate) const Q8_MATVEC_ROWS: usize = 8;
+/// Most rows of x a `q4_matvec` launch takes (`Q4_MAX_ROWS` in q4.cu).
+pub(crate) const Q4_MATVEC_ROWS: usize = 8;
 
 impl Kernels {
     /// `y[n, m] = x[n, k] · w[m, k]ᵀ` with every element summed over k in ascending order
@@ -85,5 +87,55 @@ impl Kernels {
             Arg::I32(k as i32),
         ];
         self.launch("q8_dequant", (m as u32, 1), ROW_THREADS, &args)
+    }
+
+    /// `y[n, m] = x[n, k] · W[m, k]ᵀ` from a Q4_1 matrix (codes `[m, k / 2]` bytes, scales
+    /// `[m, k / 32]` u32 of f16 `d` and `m`), for `n <= Q4_MATVEC_ROWS`. x: storage type;
+    /// y: f32.
+    #[allow(clippy::too_many_arguments)] // the kernel's arguments
+    pub fn q4_matvec(
+        &self,
+        codes: DevPtr,
+        scales: DevPtr,
+        x: DevPtr,
+        y: DevPtr,
+        n: usize,
+        m: usize,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(codes),
+            Arg::Ptr(scales),
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::I32(n as i32),
+            Arg::I32(m as i32),
+            Arg::I32(k as i32),
+        ];
+        let warps = (ROW_THREADS / 32) as usize;
+        self.launch(
+            "q4_matvec",
+            (m.div_ceil(warps) as u32, 1),
+            ROW_THREADS,
+            &args,
+        )
+    }
+
+    /// `out[m, k]` (storage type) = the Q4_1 matrix's weights.
+    pub fn q4_dequant(
+        &self,
+        codes: DevPtr,
+        scales: DevPtr,
+        out: DevPtr,
+        m: usize,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(codes),
+            Arg::Ptr(scales),
+            Arg::Ptr(out),
+            Arg::I32(k as i32),
+        ];
+        self.launch("q4_dequant", (m as u32, 1), ROW_THREADS, &args)
     }
 }

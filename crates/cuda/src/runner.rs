@@ -39,9 +39,9 @@ pub struct CudaRunner {
     // and the graphs, which read the buffers, before them.
     pub(crate) graphs: DecodeGraphs,
     pub(crate) weights: DeviceWeights,
-    /// The storage-type matrix a Q8_0 matrix expands into for larger products (`None`
+    /// The storage-type matrix a quantized matrix expands into for larger products (`None`
     /// with dense weights).
-    pub(crate) q8_scratch: Option<CudaSlice<u8>>,
+    pub(crate) quant_scratch: Option<CudaSlice<u8>>,
     pub(crate) pool: KvPool,
     pub(crate) ws: Workspace,
     pub(crate) draws: DrawBuffers,
@@ -77,7 +77,7 @@ impl CudaRunner {
         check_shared_memory(&config, o.dtype, kernels.attention_shared_limit())?;
         let gemm = Gemm::new(stream.clone(), o.dtype)?;
         let weights = upload(host, o.dtype, o.weights, &stream)?;
-        let q8_scratch = match weights.largest_q8 {
+        let quant_scratch = match weights.largest_quantized {
             0 => None,
             n => Some(stream.alloc_zeros::<u8>(n * o.dtype.size())?),
         };
@@ -103,7 +103,7 @@ impl CudaRunner {
             dtype: o.dtype,
             config,
             weights,
-            q8_scratch,
+            quant_scratch,
             graphs: DecodeGraphs::new(o.cuda_graphs),
             pool,
             ws,
@@ -329,12 +329,15 @@ impl ModelRunner for CudaRunner {
 
     fn describe(&self) -> String {
         let (major, minor) = self.device.info.compute_capability;
+        let weights = match self.weights.format {
+            CudaWeights::Dense => self.dtype.name().to_string(),
+            q => format!("{} (layers {})", self.dtype.name(), q.name()),
+        };
         format!(
-            "cuda:{} {} (sm_{major}{minor}), {} weights ({:.2} GiB), NVRTC kernels + cuBLAS, \
-             KV {} x {} tokens {}, CUDA graphs {}",
+            "cuda:{} {} (sm_{major}{minor}), {weights} weights ({:.2} GiB), NVRTC kernels + \
+             cuBLAS, KV {} x {} tokens {}, CUDA graphs {}",
             self.device.info.ordinal,
             self.device.info.name,
-            self.dtype.name(),
             self.weights.bytes as f64 / (1u64 << 30) as f64,
             self.pool.num_blocks,
             self.pool.block_size,

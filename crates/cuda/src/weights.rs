@@ -1,6 +1,6 @@
 //! The model's weights on the device. Each matrix is dequantized on the host a block of rows
 //! at a time (any stored format, GGUF quants included), converted to the storage type (or,
-//! for the layers' matrices under `--cuda-weights q8_0`, quantized to Q8_0) and uploaded;
+//! for the layers' matrices under `--cuda-weights q8_0` or `q4_1`, quantized) and uploaded;
 //! q/k/v and gate/up are concatenated row-wise into one matrix each, so one matrix product
 //! computes all three (two). Norm weights and biases stay f32.
 
@@ -13,6 +13,7 @@ use tandem_model::ModelConfig;
 
 use crate::error::CudaError;
 use crate::options::{CudaDtype, CudaWeights};
+use crate::q4_weights::{self, Q4_BLOCK};
 use crate::q8_weights::{self, Q8_BLOCK};
 
 /// Rows dequantized per step when converting a matrix.
@@ -27,6 +28,12 @@ pub(crate) enum DeviceMatrix {
     Q8 {
         codes: CudaSlice<u8>,
         scales: CudaSlice<f32>,
+    },
+    /// Q4_1: `[rows, cols / 32]` blocks of 16 code bytes and as many u32 scales (f16 `d`
+    /// and `m`); see kernels/q4.cu.
+    Q4 {
+        codes: CudaSlice<u8>,
+        scales: CudaSlice<u32>,
     },
 }
 
@@ -63,8 +70,11 @@ pub(crate) struct DeviceWeights {
     pub layers: Vec<DeviceLayer>,
     /// Bytes of device memory the weights take.
     pub bytes: usize,
-    /// Elements of the largest Q8_0 matrix (0 without any): the scratch it expands into.
-    pub largest_q8: usize,
+    /// Elements of the largest quantized matrix (0 without any): the scratch it expands
+    /// into.
+    pub largest_quantized: usize,
+    /// How the layers' matrices are stored.
+    pub format: CudaWeights,
 }
 
 impl DeviceWeights {
@@ -88,7 +98,7 @@ pub(crate) fn upload(
         dtype,
         format,
         bytes: 0,
-        largest_q8: 0,
+        largest_quantized: 0,
     };
     let tensor = |h| host.tensors.by_handle(h);
     let embed = up.matrices(&[(tensor(w.embed), c.vocab_size, c.hidden_size)])?;
@@ -109,7 +119,8 @@ pub(crate) fn upload(
         final_norm,
         layers,
         bytes: up.bytes,
-        largest_q8: up.largest_q8,
+        largest_quantized: up.largest_quantized,
+        format,
     })
 }
 
@@ -154,7 +165,7 @@ struct Uploader<'a> {
     dtype: CudaDtype,
     format: CudaWeights,
     bytes: usize,
-    largest_q8: usize,
+    largest_quantized: usize,
 }
 
 impl Uploader<'_> {
@@ -168,23 +179,40 @@ impl Uploader<'_> {
         &mut self,
         parts: &[(TensorRef<'_>, usize, usize)],
     ) -> Result<DeviceMatrix, CudaError> {
-        if self.format == CudaWeights::Dense {
-            return Ok(DeviceMatrix::Dense(self.matrices(parts)?));
+        let block = match self.format {
+            CudaWeights::Dense => return Ok(DeviceMatrix::Dense(self.matrices(parts)?)),
+            CudaWeights::Q8_0 => Q8_BLOCK,
+            CudaWeights::Q4_1 => Q4_BLOCK,
+        };
+        if let Some((t, _, cols)) = parts.iter().find(|(_, _, cols)| cols % block != 0) {
+            return Err(CudaError::Unsupported(format!(
+                "--cuda-weights {} needs rows of a multiple of {block} values; {} has {cols}",
+                self.format.name(),
+                t.name
+            )));
         }
-        let (mut codes, mut scales) = (Vec::new(), Vec::new());
-        for (t, rows, cols) in parts {
-            if cols % Q8_BLOCK != 0 {
-                return Err(CudaError::Unsupported(format!(
-                    "--cuda-weights q8_0 needs rows of a multiple of {Q8_BLOCK} values; {} \
-                     has {cols}",
-                    t.name
-                )));
+        let elements: usize = parts.iter().map(|(_, r, c)| r * c).sum();
+        self.largest_quantized = self.largest_quantized.max(elements);
+        let mut codes = Vec::new();
+        if self.format == CudaWeights::Q4_1 {
+            let mut scales = Vec::new();
+            for (t, rows, cols) in parts {
+                for_each_row_block(t, *rows, *cols, |values| {
+                    q4_weights::quantize(values, &mut codes, &mut scales)
+                })?;
             }
+            self.bytes += codes.len() + 4 * scales.len();
+            return Ok(DeviceMatrix::Q4 {
+                codes: self.stream.clone_htod(&codes)?,
+                scales: self.stream.clone_htod(&scales)?,
+            });
+        }
+        let mut scales = Vec::new();
+        for (t, rows, cols) in parts {
             for_each_row_block(t, *rows, *cols, |values| {
                 q8_weights::quantize(values, &mut codes, &mut scales)
             })?;
         }
-        self.largest_q8 = self.largest_q8.max(codes.len());
         self.bytes += codes.len() + 4 * scales.len();
         Ok(DeviceMatrix::Q8 {
             codes: self.stream.clone_htod(&codes)?,

@@ -1,10 +1,11 @@
 //! GPU checks of `CudaRunner`, driven by `scripts/gpu_check.sh`.
 //!
 //! ```text
-//! cuda_score score MODEL_DIR bf16|f32 REF_JSON OUT_JSON   # teacher-forced logprobs
-//! cuda_score check MODEL_DIR bf16|f32 REF_JSON OUT_JSON   # decode = forward, prefix, timing
-//! cuda_score profile MODEL_DIR bf16|f32 REF_JSON OUT_JSON # device time per operation
+//! cuda_score score MODEL_DIR DTYPE REF_JSON OUT_JSON   # teacher-forced logprobs
+//! cuda_score check MODEL_DIR DTYPE REF_JSON OUT_JSON   # decode = forward, prefix, timing
+//! cuda_score profile MODEL_DIR DTYPE REF_JSON OUT_JSON # device time per operation
 //! ```
+//! `DTYPE` is bf16, f32, or q8_0 / q4_1 (bf16 with the layers' matrices in that format).
 //! `REF_JSON` holds `{"tokens": [[id, ...], ...]}` (the reference file of
 //! `scripts/make_gpu_models.py`). Kernels are cached under `$TANDEM_KERNEL_CACHE` (default
 //! `/tmp/tandem-kernels`).
@@ -29,13 +30,16 @@ const CHUNK: usize = 256;
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let [_, cmd, model, dtype, reference, out] = &args[..] else {
-        bail!("usage: cuda_score score|check|profile MODEL_DIR bf16|f32|q8_0 REF_JSON OUT_JSON");
+        bail!(
+            "usage: cuda_score score|check|profile MODEL_DIR bf16|f32|q8_0|q4_1 REF_JSON OUT_JSON"
+        );
     };
-    // q8_0: bf16 storage with the layers' matrices in Q8_0.
+    // q8_0, q4_1: bf16 storage with the layers' matrices in Q8_0 or Q4_1.
     let (dtype, weights) = match dtype.as_str() {
         "bf16" => (CudaDtype::Bf16, CudaWeights::Dense),
         "f32" => (CudaDtype::F32, CudaWeights::Dense),
         "q8_0" => (CudaDtype::Bf16, CudaWeights::Q8_0),
+        "q4_1" => (CudaDtype::Bf16, CudaWeights::Q4_1),
         other => bail!("unknown dtype {other}"),
     };
     let seqs = read_sequences(Path::new(reference))?;

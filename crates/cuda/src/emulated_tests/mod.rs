@@ -7,6 +7,7 @@ mod attention;
 mod logprobs;
 mod matmul;
 mod processing;
+mod q4;
 mod q8;
 mod rope_kv;
 mod rows;
@@ -42,6 +43,7 @@ impl Pod for f64 {}
 impl Pod for i32 {}
 impl Pod for i64 {}
 impl Pod for u16 {}
+impl Pod for u32 {}
 impl Pod for u8 {}
 
 /// A buffer as the device has them: 16-byte aligned, addressed by a `DevPtr`.
