@@ -30,6 +30,10 @@ struct TokenAdjustment {
     u32 pad;
 };
 
+// The byte layouts row_kernels.rs writes (append_processing).
+static_assert(sizeof(RowProcessing) == 24, "RowProcessing is 24 bytes");
+static_assert(sizeof(TokenAdjustment) == 24, "TokenAdjustment is 24 bytes");
+
 // The processed logit of token `t` whose raw logit is `raw`.
 __device__ float processed_logit(const RowProcessing& p, const TokenAdjustment& t, float raw) {
     if (t.flags & ADJUST_SUPPRESSED) {

@@ -13,7 +13,8 @@
 //      top_p * total;
 //   4. min-p keeps w >= min_p (the largest weight is exactly 1);
 //   5. the draw walks the survivors in id order and takes the first whose cumulative
-//      weight exceeds u * (their total); if rounding never does, the last one.
+//      weight exceeds u * (their total); if rounding never does, the last one of positive
+//      weight.
 // Every reduction is a fixed tree over fixed thread ranges, so a row's token depends only
 // on its logits, its parameters and its u, never on the batch or the run.
 //

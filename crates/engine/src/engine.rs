@@ -316,7 +316,7 @@ impl Engine {
                 })
                 .map(|picks| {
                     clock.mark(Part::Forward);
-                    self.picked_samples(&plan, picks)
+                    self.picked_samples(&plan, &rows, picks)
                 })
         } else {
             self.runner.forward(&batch).map(|mut logits| {

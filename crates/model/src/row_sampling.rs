@@ -10,12 +10,13 @@
 //!    `top_p * total`;
 //! 4. min-p keeps `w >= min_p` (the largest weight is exactly 1);
 //! 5. the draw walks the survivors in id order and takes the first whose cumulative weight
-//!    exceeds `u` times their total; if rounding never does, the last one.
+//!    exceeds `u` times their total; if rounding never does, the last one of positive
+//!    weight.
 //!
 //! The row is the processed one (`crate::logit_processing` applied to the raw logits): a
 //! `-inf` there is a token that cannot be chosen. These are the steps of the engine's
 //! sampler (`tandem_engine::sampler`) for a request without a grammar: the distributions
-//! are equal (a test compares them exactly), and as both draws walk the survivors in id
+//! are equal (a test compares them to 1e-12), and as both draws walk the survivors in id
 //! order, the same `u` picks the same token, except where rounding (the order of a sum, an
 //! ulp of `exp`) moves a boundary across it, with a probability of order 1e-15 per draw.
 //! Temperature 0 is greedy: the lowest id of the maximum.

@@ -244,3 +244,7 @@ fn draws_follow_the_samplers_distribution() {
         "the stop token is suppressed before min_tokens"
     );
 }
+
+// The device reports as many top logprobs as a request may ask for (a request asking for
+// more would fail its whole step): checked when the tests compile.
+const _: () = assert!(TOP_LOGITS_MAX >= tandem_engine::sampler::MAX_TOP_LOGPROBS);

@@ -133,22 +133,30 @@ impl Engine {
     }
 
     /// The samples of a plan given to the runner, from its picks (one per output row, in
-    /// order, drawn after [`Self::draw_rows`]).
+    /// order, drawn as `draws` from [`Self::draw_rows`] said). A row without a pick had a
+    /// NaN or an infinity, or, when its processors suppress the whole vocabulary (bias and
+    /// penalties never make a `-inf`), no candidate.
     pub(super) fn picked_samples(
         &mut self,
         plan: &StepPlan,
+        draws: &[RowDraw],
         picks: Vec<Option<TokenPick>>,
     ) -> StepSamples {
         let mut out = StepSamples::default();
         let vocab = self.runner.config().vocab_size;
         let rows = plan.seqs.iter().filter(|s| s.num_output_rows > 0);
-        for (s, pick) in rows.zip(picks) {
+        for ((s, pick), draw) in rows.zip(picks).zip(draws) {
             let req = self
                 .requests
                 .get(&s.seq_id)
                 .expect("every scheduled sequence has a request");
+            let all_suppressed = || {
+                let suppressed = draw.processing.tokens.iter().filter(|t| t.suppressed);
+                suppressed.count() == vocab
+            };
             let pick = match req.sampling.validate_ids(vocab) {
                 Err(e) => Err(e),
+                Ok(()) if pick.is_none() && all_suppressed() => Err(SamplerError::NoCandidates),
                 Ok(()) => pick.ok_or(SamplerError::NonFiniteLogits),
             };
             match pick {

@@ -12,49 +12,92 @@ use super::params::SamplingParams;
 use super::state::SamplerState;
 
 /// The processors of a request with this state's history and `num_output_tokens`
-/// generated tokens: every token whose logit they change, once, in id order.
+/// generated tokens: every token whose logit they change, once, in id order. Built by
+/// merging sorted lists (the prompt's distinct tokens and the output counts are kept
+/// sorted), so a long prompt costs one linear pass per step.
 pub(crate) fn logit_processing(
     params: &SamplingParams,
     state: &SamplerState,
     num_output_tokens: usize,
 ) -> LogitProcessing {
-    let mut tokens: BTreeMap<u32, TokenAdjustment> = BTreeMap::new();
+    // The few tokens the parameters name: bias and suppression.
+    let mut named: BTreeMap<u32, TokenAdjustment> = BTreeMap::new();
     for &(id, b) in &params.logit_bias {
-        entry(&mut tokens, id).bias += b as f64;
+        named.entry(id).or_insert_with(|| neutral(id)).bias += b as f64;
     }
     if num_output_tokens < params.min_tokens {
         for id in params.suppressed_while_short() {
-            entry(&mut tokens, id).suppressed = true;
+            named.entry(id).or_insert_with(|| neutral(id)).suppressed = true;
         }
     }
-    if params.repetition_penalty != 1.0 {
-        let outputs = state.output_counts().map(|(t, _)| t);
-        for id in state.prompt_tokens().iter().copied().chain(outputs) {
-            entry(&mut tokens, id).seen = true;
-        }
-    }
-    if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
-        for (id, count) in state.output_counts() {
-            entry(&mut tokens, id).count = count;
-        }
-    }
+    let repetition = params.repetition_penalty != 1.0;
+    let counted = params.presence_penalty != 0.0 || params.frequency_penalty != 0.0;
+    let prompt: &[u32] = if repetition {
+        state.prompt_tokens()
+    } else {
+        &[]
+    };
+    let outputs = state
+        .output_counts()
+        .filter(|_| repetition || counted)
+        .map(|(id, count)| TokenAdjustment {
+            seen: repetition,
+            count: if counted { count } else { 0 },
+            ..neutral(id)
+        });
+    let seen = prompt.iter().map(|&id| TokenAdjustment {
+        seen: true,
+        ..neutral(id)
+    });
+    let history = merge(seen, outputs);
     LogitProcessing {
         repetition_penalty: params.repetition_penalty,
         presence_penalty: params.presence_penalty,
         frequency_penalty: params.frequency_penalty,
-        tokens: tokens.into_values().collect(),
+        tokens: merge(history.into_iter(), named.into_values()),
     }
 }
 
-/// The adjustment of token `id`, a neutral one first if it has none yet.
-fn entry(tokens: &mut BTreeMap<u32, TokenAdjustment>, id: u32) -> &mut TokenAdjustment {
-    tokens.entry(id).or_insert(TokenAdjustment {
+/// Token `id` with nothing to change.
+fn neutral(id: u32) -> TokenAdjustment {
+    TokenAdjustment {
         id,
         bias: 0.0,
         count: 0,
         seen: false,
         suppressed: false,
-    })
+    }
+}
+
+/// Two lists ascending by id merged into one, the adjustments of an id both hold combined.
+fn merge(
+    a: impl Iterator<Item = TokenAdjustment>,
+    b: impl Iterator<Item = TokenAdjustment>,
+) -> Vec<TokenAdjustment> {
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    let mut out = Vec::with_capacity(a.size_hint().0 + b.size_hint().0);
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) if x.id == y.id => {
+                let (x, y) = (a.next(), b.next());
+                x.zip(y).map(|(x, y)| TokenAdjustment {
+                    id: x.id,
+                    bias: x.bias + y.bias,
+                    count: x.count.max(y.count),
+                    seen: x.seen || y.seen,
+                    suppressed: x.suppressed || y.suppressed,
+                })
+            }
+            (Some(x), Some(y)) if x.id < y.id => a.next(),
+            (Some(_), Some(_)) | (None, Some(_)) => b.next(),
+            (Some(_), None) => a.next(),
+            (None, None) => None,
+        };
+        match next {
+            Some(t) => out.push(t),
+            None => return out,
+        }
+    }
 }
 
 /// Applies every processor to `values` (`[vocab_size]`, holding the raw logits on entry).
