@@ -80,6 +80,7 @@ fn translation_unit(program: &str, suffix: &str, bf16: u8) -> String {
         rest = &rest[at + 1..];
     }
     let body = body.replace("extern __shared__", "extern thread_local");
+    let body = static_shared(&body, bf16);
     let names = kernel_names(&body);
 
     let ns = format!("tandem_emu_{suffix}");
@@ -121,6 +122,46 @@ fn translation_unit(program: &str, suffix: &str, bf16: u8) -> String {
         "extern \"C\" size_t tandem_emu_attn_partition_{suffix}() {{ return {ATTN_PARTITION}; }}"
     );
     s
+}
+
+/// `program` with every (static) `__shared__` declaration, `__shared__ [__align__(n)] T
+/// name[dims];`, turned into a reference to the emulator's shared memory for it
+/// (`shared_static` in cuda_cpu.hpp): one buffer per declaration and numeric mode
+/// (`mode`), filled with garbage before every block, so that a kernel reading shared
+/// memory nobody in its block wrote fails its tests as on a GPU, instead of reading what
+/// the previous block left.
+fn static_shared(program: &str, mode: u8) -> String {
+    let mut out = String::new();
+    let mut rest = program;
+    let mut id = u32::from(mode) * 100_000;
+    while let Some(at) = rest.find("__shared__") {
+        out.push_str(&rest[..at]);
+        let decl = &rest[at + "__shared__".len()..];
+        let end = decl.find(';').expect("a declaration ends with ;");
+        let mut text = decl[..end].trim();
+        if let Some(after) = text.strip_prefix("__align__") {
+            let close = after.find(')').expect("__align__(n)");
+            text = after[close + 1..].trim();
+        }
+        let dims_at = text.find('[').unwrap_or(text.len());
+        let (head, dims) = text.split_at(dims_at);
+        let name_at = head
+            .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .map_or(0, |i| i + 1);
+        let (ty, name) = (head[..name_at].trim(), head[name_at..].trim());
+        assert!(
+            !ty.is_empty() && !name.is_empty(),
+            "cannot read the __shared__ declaration `{text}`"
+        );
+        let _ = write!(
+            out,
+            "auto& {name} = ::tandem_emu::shared_static<{ty} {dims}>({id})"
+        );
+        id += 1;
+        rest = &decl[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Names of the `__global__` functions of `program`, in order.

@@ -8,9 +8,11 @@
 // (__syncthreads, a warp shuffle, __syncwarp) or returns. A barrier releases once every
 // thread of its scope that has not returned has arrived; a launch where no thread can go on
 // fails with a message instead of hanging (a barrier some threads of the block skip, or a
-// warp shuffle reached by only part of a warp). `__shared__` variables are static, which is
-// exactly shared memory when blocks run one at a time, and thread-local, so that launches
-// on different OS threads (tests run in parallel) do not share them.
+// warp shuffle reached by only part of a warp). The build script turns each `__shared__`
+// declaration into a reference to one buffer of the OS thread running the launch (tests run
+// in parallel), which is exactly shared memory when blocks run one at a time; the buffers
+// are filled with garbage (all ones: NaN as floats) before every block, as dynamic shared
+// memory is, so a read of shared memory no thread of the block wrote shows.
 //
 // Arithmetic is the CPU's IEEE arithmetic with contraction off (-ffp-contract=off): the
 // __d*_rn / __f*_rn intrinsics are the same separately rounded operations as on the GPU;
@@ -19,6 +21,7 @@
 #pragma once
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -68,13 +71,22 @@ inline To bit_cast(From v) {
     return out;
 }
 
+// The buffer of `__shared__` declaration `id` (`bytes` bytes, 64-byte aligned), garbage
+// at the start of each block.
+void* static_shared(unsigned id, size_t bytes);
+
+template <class T>
+T& shared_static(unsigned id) {
+    static_assert(std::is_trivially_copyable<T>::value, "shared memory holds plain data");
+    return *static_cast<T*>(static_shared(id, sizeof(T)));
+}
+
 } // namespace tandem_emu
 
 #define __global__
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __shared__ static thread_local
 #define __align__(n) __attribute__((aligned(n)))
 
 #define threadIdx (::tandem_emu::thread_idx())

@@ -6,7 +6,14 @@
 
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#include <unistd.h>
+#define TANDEM_EMU_GUARD_PAGES 1
+#endif
 
 #include "fiber.hpp"
 #include "launch.hpp"
@@ -49,6 +56,65 @@ struct Block {
 
 // The block being run by this OS thread's launch.
 thread_local Block* running = nullptr;
+
+// Buffers of the program's `__shared__` declarations, by id (see static_shared).
+struct SharedBuffer {
+    std::unique_ptr<unsigned char, decltype(&free)> bytes{nullptr, &free};
+    size_t size = 0;
+};
+thread_local std::unordered_map<unsigned, SharedBuffer> shared_buffers;
+
+// Fills every shared buffer with all ones, as a block finds shared memory.
+void poison_shared() {
+    for (auto& entry : shared_buffers) {
+        memset(entry.second.bytes.get(), 0xff, entry.second.size);
+    }
+}
+
+// The fibers' stacks, each above an inaccessible guard page where the system allows it, so
+// a stack overflow faults at once instead of overwriting the next fiber's stack.
+class Stacks {
+  public:
+    explicit Stacks(unsigned count) {
+#ifdef TANDEM_EMU_GUARD_PAGES
+        page_ = (size_t)sysconf(_SC_PAGESIZE);
+        stride_ = page_ + STACK_BYTES;
+        len_ = stride_ * count;
+        void* p = mmap(nullptr, len_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            return;
+        }
+        base_ = static_cast<char*>(p);
+        for (unsigned t = 0; t < count; ++t) {
+            mprotect(base_ + t * stride_, page_, PROT_NONE);
+        }
+#else
+        stride_ = STACK_BYTES;
+        owned_.reset(new char[(size_t)count * STACK_BYTES]);
+        base_ = owned_.get();
+#endif
+    }
+    ~Stacks() {
+#ifdef TANDEM_EMU_GUARD_PAGES
+        if (base_ != nullptr) {
+            munmap(base_, len_);
+        }
+#endif
+    }
+    Stacks(const Stacks&) = delete;
+    Stacks& operator=(const Stacks&) = delete;
+
+    bool ok() const { return base_ != nullptr; }
+    // The lowest address of thread t's stack.
+    char* stack(unsigned t) const { return base_ + (size_t)t * stride_ + page_; }
+
+  private:
+    char* base_ = nullptr;
+    size_t page_ = 0;
+    size_t stride_ = 0;
+    size_t len_ = 0;
+    std::unique_ptr<char[]> owned_;
+};
 
 Fiber& me() { return running->fibers[running->current]; }
 unsigned my_warp() { return me().index.x >> 5; }
@@ -115,7 +181,7 @@ std::string deadlock_report(const Block& b) {
 }
 
 // Runs one block to completion; returns an empty string or what went wrong.
-std::string run_block(Block& b, char* stacks) {
+std::string run_block(Block& b, const Stacks& stacks) {
     unsigned threads = b.dim.x;
     unsigned warps = (threads + 31) / 32;
     b.fibers.assign(threads, Fiber{});
@@ -131,7 +197,7 @@ std::string run_block(Block& b, char* stacks) {
     for (unsigned t = 0; t < threads; ++t) {
         Fiber& f = b.fibers[t];
         f.index = Dim3{t, 0, 0};
-        fiber_init(&f.context, stacks + (size_t)t * STACK_BYTES, STACK_BYTES, fiber_main);
+        fiber_init(&f.context, stacks.stack(t), STACK_BYTES, fiber_main);
     }
     while (b.live > 0) {
         bool progressed = false;
@@ -153,6 +219,20 @@ std::string run_block(Block& b, char* stacks) {
 }
 
 } // namespace
+
+void* static_shared(unsigned id, size_t bytes) {
+    SharedBuffer& b = shared_buffers[id];
+    if (b.size != bytes) {
+        size_t rounded = (bytes + 63) / 64 * 64;
+        b.bytes.reset(static_cast<unsigned char*>(aligned_alloc(64, rounded == 0 ? 64 : rounded)));
+        if (b.bytes == nullptr) {
+            abort(); // no memory for a few KiB: nothing sensible is left to do
+        }
+        b.size = bytes;
+        memset(b.bytes.get(), 0xff, bytes);
+    }
+    return b.bytes.get();
+}
 
 const Dim3& thread_idx() { return me().index; }
 const Dim3& block_idx() { return running->index; }
@@ -202,7 +282,10 @@ int launch(const Kernel* table, size_t count, const char* name, const unsigned* 
     if (running != nullptr) {
         return fail("a launch from inside a kernel");
     }
-    std::unique_ptr<char[]> stacks(new char[(size_t)block * STACK_BYTES]);
+    Stacks stacks(block);
+    if (!stacks.ok()) {
+        return fail("no memory for " + std::to_string(block) + " fiber stacks");
+    }
     Block b;
     b.dim = Dim3{block, 1, 1};
     b.grid = Dim3{grid[0], grid[1], grid[2]};
@@ -217,7 +300,8 @@ int launch(const Kernel* table, size_t count, const char* name, const unsigned* 
                 // Shared memory starts as garbage: all ones (NaN as floats) makes a read
                 // of bytes nobody stored show.
                 memset(dynamic, 0xff, shared);
-                problem = run_block(b, stacks.get());
+                poison_shared();
+                problem = run_block(b, stacks);
             }
         }
     }

@@ -53,22 +53,7 @@ impl Kernels {
         m: usize,
         k: usize,
     ) -> Result<(), CudaError> {
-        let args = [
-            Arg::Ptr(codes),
-            Arg::Ptr(scales),
-            Arg::Ptr(x),
-            Arg::Ptr(y),
-            Arg::I32(n as i32),
-            Arg::I32(m as i32),
-            Arg::I32(k as i32),
-        ];
-        let warps = (ROW_THREADS / 32) as usize;
-        self.launch(
-            "q8_matvec",
-            (m.div_ceil(warps) as u32, 1),
-            ROW_THREADS,
-            &args,
-        )
+        self.quant_matvec("q8_matvec", [codes, scales, x, y], n, m, k)
     }
 
     /// `out[m, k]` (storage type) = the Q8_0 matrix's weights.
@@ -80,13 +65,7 @@ impl Kernels {
         m: usize,
         k: usize,
     ) -> Result<(), CudaError> {
-        let args = [
-            Arg::Ptr(codes),
-            Arg::Ptr(scales),
-            Arg::Ptr(out),
-            Arg::I32(k as i32),
-        ];
-        self.launch("q8_dequant", (m as u32, 1), ROW_THREADS, &args)
+        self.quant_dequant("q8_dequant", [codes, scales, out], m, k)
     }
 
     /// `y[n, m] = x[n, k] · W[m, k]ᵀ` from a Q4_1 matrix (codes `[m, k / 2]` bytes, scales
@@ -103,22 +82,7 @@ impl Kernels {
         m: usize,
         k: usize,
     ) -> Result<(), CudaError> {
-        let args = [
-            Arg::Ptr(codes),
-            Arg::Ptr(scales),
-            Arg::Ptr(x),
-            Arg::Ptr(y),
-            Arg::I32(n as i32),
-            Arg::I32(m as i32),
-            Arg::I32(k as i32),
-        ];
-        let warps = (ROW_THREADS / 32) as usize;
-        self.launch(
-            "q4_matvec",
-            (m.div_ceil(warps) as u32, 1),
-            ROW_THREADS,
-            &args,
-        )
+        self.quant_matvec("q4_matvec", [codes, scales, x, y], n, m, k)
     }
 
     /// `out[m, k]` (storage type) = the Q4_1 matrix's weights.
@@ -130,12 +94,47 @@ impl Kernels {
         m: usize,
         k: usize,
     ) -> Result<(), CudaError> {
+        self.quant_dequant("q4_dequant", [codes, scales, out], m, k)
+    }
+
+    /// A quantized matrix-vector kernel (codes, scales, x, y; one warp per output column).
+    fn quant_matvec(
+        &self,
+        kernel: &str,
+        ptrs: [DevPtr; 4],
+        n: usize,
+        m: usize,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        let [codes, scales, x, y] = ptrs;
+        let args = [
+            Arg::Ptr(codes),
+            Arg::Ptr(scales),
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::I32(n as i32),
+            Arg::I32(m as i32),
+            Arg::I32(k as i32),
+        ];
+        let warps = (ROW_THREADS / 32) as usize;
+        self.launch(kernel, (m.div_ceil(warps) as u32, 1), ROW_THREADS, &args)
+    }
+
+    /// A dequantization kernel (codes, scales, out; one block per row).
+    fn quant_dequant(
+        &self,
+        kernel: &str,
+        ptrs: [DevPtr; 3],
+        m: usize,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        let [codes, scales, out] = ptrs;
         let args = [
             Arg::Ptr(codes),
             Arg::Ptr(scales),
             Arg::Ptr(out),
             Arg::I32(k as i32),
         ];
-        self.launch("q4_dequant", (m as u32, 1), ROW_THREADS, &args)
+        self.launch(kernel, (m as u32, 1), ROW_THREADS, &args)
     }
 }

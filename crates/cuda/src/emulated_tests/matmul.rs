@@ -24,14 +24,7 @@ fn rows_are_bitwise_the_same_in_any_batch() {
         let w = normal_ish(&mut r, m * k, 1.0);
         let all = product(dtype, &x, &w, n, m, k);
         let (xs, ws) = (as_stored(dtype, &x), as_stored(dtype, &w));
-        let want: Vec<f64> = (0..n * m)
-            .map(|e| {
-                let (i, j) = (e / m, e % m);
-                (0..k)
-                    .map(|t| xs[i * k + t] as f64 * ws[j * k + t] as f64)
-                    .sum()
-            })
-            .collect();
+        let want = reference_product(&xs, &ws, n, m, k);
         assert_close(&format!("{dtype:?} product"), &all, &want, 1e-5);
         for (first, rows) in [(0, 1), (36, 1), (5, 3), (10, 17)] {
             let part = product(dtype, &x[first * k..(first + rows) * k], &w, rows, m, k);

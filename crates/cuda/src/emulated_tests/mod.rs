@@ -137,6 +137,18 @@ pub(super) fn tolerance(dtype: CudaDtype) -> f64 {
     }
 }
 
+/// `y[n, m] = x[n, k] · W[m, k]ᵀ` in f64: the reference of the matrix products.
+pub(super) fn reference_product(x: &[f32], w: &[f32], n: usize, m: usize, k: usize) -> Vec<f64> {
+    (0..n * m)
+        .map(|e| {
+            let (row, col) = (e / m, e % m);
+            (0..k)
+                .map(|t| x[row * k + t] as f64 * w[col * k + t] as f64)
+                .sum()
+        })
+        .collect()
+}
+
 /// Asserts `got` is `want` within `tol` of each element's magnitude (plus `tol` times the
 /// largest magnitude, for elements near zero).
 pub(super) fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {

@@ -70,14 +70,7 @@ fn products_match_f64_and_do_not_depend_on_the_row_count() {
                 kern.q4_matvec(cb.ptr(), sb.ptr(), xb.ptr(), y.ptr(), n, m, k)
                     .expect("launch");
                 let got = y.read::<f32>();
-                let want: Vec<f64> = (0..n * m)
-                    .map(|e| {
-                        let (row, col) = (e / m, e % m);
-                        (0..k)
-                            .map(|t| xs[row * k + t] as f64 * weights[col * k + t] as f64)
-                            .sum()
-                    })
-                    .collect();
+                let want = reference_product(&xs, &weights, n, m, k);
                 assert_close(
                     &format!("{dtype:?} q4_matvec n={n} {m}x{k}"),
                     &got,

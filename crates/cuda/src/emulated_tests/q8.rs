@@ -39,14 +39,7 @@ fn dequantized_weights_and_products_match_the_host() {
                 kern.q8_matvec(cb.ptr(), sb.ptr(), xb.ptr(), y.ptr(), n, m, k)
                     .expect("launch");
                 let got = y.read::<f32>();
-                let want: Vec<f64> = (0..n * m)
-                    .map(|e| {
-                        let (row, col) = (e / m, e % m);
-                        (0..k)
-                            .map(|t| xs[row * k + t] as f64 * weights[col * k + t] as f64)
-                            .sum()
-                    })
-                    .collect();
+                let want = reference_product(&xs, &weights, n, m, k);
                 assert_close(
                     &format!("{dtype:?} q8_matvec n={n} k={k}"),
                     &got,
