@@ -47,6 +47,17 @@ impl SeqSpan {
     }
 }
 
+/// A token of a batch that an earlier step chose and that has not crossed to the host: the
+/// runner takes it from that step's picks where they are (see
+/// [`crate::runner::ModelRunner::launch_sample`]). The batch holds a placeholder id there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CarriedToken {
+    /// The flat row of the batch whose token this is.
+    pub row: usize,
+    /// The output row of the step launched before whose pick it is.
+    pub from_output: usize,
+}
+
 /// A flattened batch: the new tokens of all scheduled sequences, concatenated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForwardBatch {

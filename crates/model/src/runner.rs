@@ -12,7 +12,7 @@
 
 use std::ops::Range;
 
-use crate::batch::{BlockId, ForwardBatch, TokenId};
+use crate::batch::{BlockId, CarriedToken, ForwardBatch, TokenId};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::logits::Logits;
@@ -162,6 +162,43 @@ pub trait ModelRunner: Send + std::fmt::Debug {
             .enumerate()
             .map(|(r, d)| d.pick(logits.row(r)))
             .collect())
+    }
+
+    /// Whether the runner overlaps steps: [`Self::launch_sample`] queues a step and returns
+    /// before it has run, so that the engine plans the next step while the device runs this
+    /// one. Default: no (the engine then runs each step to its end).
+    fn overlaps_steps(&self) -> bool {
+        false
+    }
+
+    /// Queues the step [`Self::forward_sample`] would run for `batch` and `rows` and returns
+    /// without waiting for it; [`Self::collect_picks`] returns its picks. The rows `carried`
+    /// names take their tokens from the picks of the step launched just before (possibly
+    /// still running), where those picks are: such an id reaches the step that reads it
+    /// without a round trip through the host (the batch holds a placeholder there; a
+    /// carried pick that was `None` reads as token 0, and the engine discards that row).
+    /// At most two launched steps are uncollected at a time; picks are collected in launch
+    /// order. A runner that does not [`Self::overlaps_steps`] refuses.
+    fn launch_sample(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[RowDraw],
+        carried: &[CarriedToken],
+    ) -> Result<()> {
+        let _ = (batch, rows, carried);
+        Err(ModelError::Batch(
+            "this runner does not overlap steps".to_string(),
+        ))
+    }
+
+    /// The picks of the oldest launched step not yet collected (one per output row, as
+    /// [`Self::forward_sample`] returns them), once it has run. An error when no step is
+    /// launched; after any error the launched steps are dropped and the next launch starts
+    /// afresh.
+    fn collect_picks(&mut self) -> Result<Vec<Option<TokenPick>>> {
+        Err(ModelError::Batch(
+            "this runner does not overlap steps".to_string(),
+        ))
     }
 
     /// Copies whole blocks, `(src, dst)` in order (copy-on-write of a shared last block).
