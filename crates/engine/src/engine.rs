@@ -34,6 +34,7 @@ use crate::step_plan::{to_forward_batch, StepResult};
 use crate::trace::{MarkKind, Part, StepTrace};
 
 mod beams;
+mod overlap;
 mod prompt_logprobs;
 mod sampling;
 mod speculation;
@@ -114,6 +115,10 @@ pub struct Engine {
     spec: Option<crate::speculative::Speculation>,
     /// The step timeline, when recording (see `engine/step_trace.rs`); `None` costs nothing.
     trace: Option<Box<StepTrace>>,
+    /// Whether steps overlap when the runner can (see `engine/overlap.rs`).
+    overlap: bool,
+    /// The step launched on the runner and not answered yet.
+    launched: Option<overlap::Launched>,
 }
 
 impl Engine {
@@ -138,6 +143,8 @@ impl Engine {
             seed,
             spec: None,
             trace: None,
+            overlap: true,
+            launched: None,
         })
     }
 
@@ -251,14 +258,18 @@ impl Engine {
         self.scheduler.reset_prefix_cache()
     }
 
-    /// Whether any request is waiting or running.
+    /// Whether any request is waiting or running, or a launched step is still to be
+    /// answered.
     pub fn has_unfinished(&self) -> bool {
-        self.scheduler.has_unfinished()
+        self.scheduler.has_unfinished() || self.launched.is_some()
     }
 
     /// Runs one engine step and returns its events. A failure of the forward pass ends the
     /// step's requests with an error; bad logits in one row end only that request.
     pub fn step(&mut self) -> Result<Vec<EngineEvent>> {
+        if let Some(launched) = self.launched.take() {
+            return self.step_overlapped(launched);
+        }
         let mut clock = self.step_clock();
         self.propose_drafts()?;
         let plan = self.scheduler.schedule()?;
@@ -271,15 +282,7 @@ impl Engine {
             let events = self.scheduler.fail_step(&message);
             return Ok(self.translate(events, HashMap::new()));
         }
-        let mut out: Vec<EngineEvent> = plan
-            .first_admissions
-            .iter()
-            .filter(|(id, _)| self.requests.contains_key(id))
-            .map(|&(seq_id, cached_tokens)| EngineEvent::Admitted {
-                seq_id,
-                cached_tokens,
-            })
-            .collect();
+        let mut out = self.admitted_events(&plan);
         let (cached_events, mut failed) =
             self.prompt_logprobs
                 .score_cached(&plan, &self.scheduler, self.runner.as_mut());
@@ -298,6 +301,11 @@ impl Engine {
         };
         let forwarded = if path != RowPath::Host {
             let rows = self.draw_rows(&plan);
+            if self.may_overlap() {
+                // Its picks are collected by the next step, which plans ahead meanwhile.
+                out.extend(self.launch_first(plan, &batch, rows));
+                return Ok(out);
+            }
             let picks = match path {
                 RowPath::Greedy => self.runner.forward_greedy(&batch),
                 _ => self.runner.forward_sample(&batch, &rows),
@@ -335,12 +343,31 @@ impl Engine {
                 self.sample_plan(&plan, &logits)
             })
         };
+        out.extend(self.answer_step(plan.step, forwarded, failed)?);
+        out.extend(self.advance_beams()?);
+        self.prompt_logprobs.retain_live(&self.scheduler);
+        clock.mark(Part::Sample);
+        self.record_step(&plan, &clock, slices, &out);
+        Ok(out)
+    }
+}
+
+impl Engine {
+    /// Answers the oldest plan in flight: ends the rows that failed to sample, hands the
+    /// sampled tokens to the scheduler and translates its events; a failed forward pass
+    /// fails every plan in flight.
+    fn answer_step(
+        &mut self,
+        step: u64,
+        forwarded: std::result::Result<sampling::StepSamples, ModelError>,
+        mut failed: Vec<(SeqId, String)>,
+    ) -> Result<Vec<EngineEvent>> {
         let (events, sampled) = match forwarded {
             Ok(samples) => {
                 failed.extend(samples.failed);
                 let mut events = self.end_failed(failed);
                 events.extend(self.scheduler.update(&StepResult {
-                    step: plan.step,
+                    step,
                     outputs: samples.outputs,
                 })?);
                 (events, samples.sampled)
@@ -350,12 +377,7 @@ impl Engine {
                 (self.scheduler.fail_step(&message), HashMap::new())
             }
         };
-        out.extend(self.translate(events, sampled));
-        out.extend(self.advance_beams()?);
-        self.prompt_logprobs.retain_live(&self.scheduler);
-        clock.mark(Part::Sample);
-        self.record_step(&plan, &clock, slices, &out);
-        Ok(out)
+        Ok(self.translate(events, sampled))
     }
 }
 

@@ -55,6 +55,8 @@ pub struct SchedulerStats {
     pub prefix_cache_queries: u64,
     /// Of those, tokens found cached (`vllm:prefix_cache_hits`).
     pub prefix_cache_hits: u64,
+    /// Plans made ahead of the previous step's result ([`Scheduler::schedule_ahead`]).
+    pub num_planned_ahead: u64,
 }
 
 /// One sequence's grant in the step in flight.
@@ -68,7 +70,7 @@ struct Grant {
     siblings: Vec<SeqId>,
 }
 
-/// The plan handed out and not yet answered.
+/// A plan handed out and not yet answered.
 #[derive(Debug)]
 struct InFlight {
     step: u64,
@@ -88,7 +90,9 @@ pub struct Scheduler {
     running: Vec<SeqId>,
     next_seq: u64,
     next_step: u64,
-    in_flight: Option<InFlight>,
+    /// Plans handed out and not yet answered, oldest first: one, or two while a step is
+    /// planned ahead of the one running (see `scheduler/ahead.rs`).
+    in_flight: VecDeque<InFlight>,
     stats: SchedulerStats,
     /// `n > 1` group parent -> sibling ids reserved for it and not forked yet.
     pending: HashMap<SeqId, Vec<SeqId>>,
@@ -112,7 +116,7 @@ impl Scheduler {
             running: Vec::new(),
             next_seq: 0,
             next_step: 0,
-            in_flight: None,
+            in_flight: VecDeque::new(),
             stats: SchedulerStats::default(),
             pending: HashMap::new(),
             reserve: HashMap::new(),
@@ -246,7 +250,7 @@ impl Scheduler {
     /// next step (as many as fit `max_seq_len`). Drafts that do not fit a step's grant are
     /// rolled back; a preempted sequence loses its drafts.
     pub fn add_drafts(&mut self, id: SeqId, drafts: &[TokenId]) -> Result<()> {
-        if let Some(f) = &self.in_flight {
+        if let Some(f) = self.in_flight.front() {
             return Err(EngineError::StepInFlight(f.step));
         }
         let max_len = self.config.max_seq_len();
@@ -265,7 +269,7 @@ impl Scheduler {
     /// plan is in flight until [`Scheduler::update`] or [`Scheduler::fail_step`]; an empty
     /// plan (nothing to run) needs no answer.
     pub fn schedule(&mut self) -> Result<StepPlan> {
-        if let Some(f) = &self.in_flight {
+        if let Some(f) = self.in_flight.front() {
             return Err(EngineError::StepInFlight(f.step));
         }
         let mut budget = self.config.max_num_batched_tokens;
@@ -288,7 +292,7 @@ impl Scheduler {
         if !grants.is_empty() {
             self.next_step += 1;
             self.stats.num_steps += 1;
-            self.in_flight = Some(InFlight { step, grants });
+            self.in_flight.push_back(InFlight { step, grants });
         }
         Ok(StepPlan {
             step,
@@ -432,6 +436,7 @@ impl Scheduler {
             tokens: seq.tokens()[start..start + g.num_new].to_vec(),
             block_table: seq.block_table().blocks().to_vec(),
             num_output_rows: g.num_output_rows,
+            carries_pick: false,
         }
     }
 
@@ -522,6 +527,7 @@ struct Admitted<'a> {
     first: &'a mut Vec<(SeqId, usize)>,
 }
 
+mod ahead;
 mod drafts;
 mod groups;
 mod prefix;

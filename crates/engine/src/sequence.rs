@@ -343,12 +343,17 @@ impl Sequence {
         self.num_draft += drafts.len();
     }
 
-    /// Turns the first `accepted` drafts into output and rolls back the rest.
+    /// Turns the first `accepted` drafts into output and rolls back the rest. Without drafts
+    /// it changes nothing: in particular it keeps a block leased past the tokens for a step
+    /// planned ahead (`scheduler/ahead.rs`).
     pub fn commit_drafts(&mut self, accepted: usize) {
         assert!(
             accepted <= self.num_draft,
             "cannot accept more drafts than exist"
         );
+        if self.num_draft == 0 {
+            return;
+        }
         let keep = self.tokens.len() - self.num_draft + accepted;
         self.rollback_to(keep);
         self.num_draft = 0;

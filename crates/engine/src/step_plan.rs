@@ -22,6 +22,10 @@ pub struct ScheduledSeq {
     /// known tokens, 1 when the step reaches them (the next token is sampled), 1 + k when k
     /// speculative drafts are verified.
     pub num_output_rows: usize,
+    /// The one new token is the pick of this sequence's output row in the step planned
+    /// before this one, still running when this plan was made (`tokens` holds a placeholder;
+    /// see `scheduler/ahead.rs`).
+    pub carries_pick: bool,
 }
 
 impl ScheduledSeq {
@@ -152,6 +156,7 @@ mod tests {
                     tokens: vec![TokenId(9)],
                     block_table: vec![BlockId(2), BlockId(5)],
                     num_output_rows: 1,
+                    carries_pick: false,
                 },
                 ScheduledSeq {
                     seq_id: SeqId(1),
@@ -159,6 +164,7 @@ mod tests {
                     tokens: vec![TokenId(1), TokenId(2), TokenId(3)],
                     block_table: vec![BlockId(0)],
                     num_output_rows: 0,
+                    carries_pick: false,
                 },
                 ScheduledSeq {
                     seq_id: SeqId(2),
@@ -166,6 +172,7 @@ mod tests {
                     tokens: vec![TokenId(7), TokenId(8)],
                     block_table: vec![BlockId(1)],
                     num_output_rows: 2,
+                    carries_pick: false,
                 },
             ],
             preempted: vec![],

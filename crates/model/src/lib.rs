@@ -22,6 +22,7 @@ pub mod logit_processing;
 pub mod logits;
 pub mod model_builder;
 mod packed_weights;
+pub mod queued_runner;
 pub mod row_sampling;
 pub mod runner;
 pub mod safetensors;

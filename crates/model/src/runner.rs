@@ -193,8 +193,8 @@ pub trait ModelRunner: Send + std::fmt::Debug {
 
     /// The picks of the oldest launched step not yet collected (one per output row, as
     /// [`Self::forward_sample`] returns them), once it has run. An error when no step is
-    /// launched; after any error the launched steps are dropped and the next launch starts
-    /// afresh.
+    /// launched. A failed launch or collect drops every launched step: the next launch
+    /// starts afresh and carries nothing.
     fn collect_picks(&mut self) -> Result<Vec<Option<TokenPick>>> {
         Err(ModelError::Batch(
             "this runner does not overlap steps".to_string(),

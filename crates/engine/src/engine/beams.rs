@@ -63,6 +63,11 @@ impl Beams {
     pub(super) fn contains(&self, seq: SeqId) -> bool {
         self.root_of.contains_key(&seq)
     }
+
+    /// Whether no beam request is live.
+    pub(super) fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
 }
 
 impl Engine {

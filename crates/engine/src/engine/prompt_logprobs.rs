@@ -128,6 +128,11 @@ impl PromptLogprobs {
         self.pending.insert(id, Pending { top_k, next });
     }
 
+    /// Whether no request is owed prompt logprobs.
+    pub(super) fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
     /// Forgets requests that are no longer live (finished or aborted).
     pub(super) fn retain_live(&mut self, scheduler: &Scheduler) {
         self.pending

@@ -121,7 +121,8 @@ impl Engine {
         let vocab = self.runner.config().vocab_size;
         let mut rows = Vec::new();
         for s in plan.seqs.iter().filter(|s| s.num_output_rows > 0) {
-            let num_output = self.num_output(s.seq_id);
+            // A carried token (a step planned ahead) is output the row comes after.
+            let num_output = self.num_output(s.seq_id) + usize::from(s.carries_pick);
             let req = self
                 .requests
                 .get_mut(&s.seq_id)
@@ -146,10 +147,9 @@ impl Engine {
         let vocab = self.runner.config().vocab_size;
         let rows = plan.seqs.iter().filter(|s| s.num_output_rows > 0);
         for ((s, pick), draw) in rows.zip(picks).zip(draws) {
-            let req = self
-                .requests
-                .get(&s.seq_id)
-                .expect("every scheduled sequence has a request");
+            let Some(req) = self.requests.get(&s.seq_id) else {
+                continue; // ended while its step was launched: the row is discarded
+            };
             let all_suppressed = || {
                 let suppressed = draw.processing.tokens.iter().filter(|t| t.suppressed);
                 suppressed.count() == vocab

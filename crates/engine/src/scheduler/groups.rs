@@ -86,7 +86,7 @@ impl Scheduler {
     /// running parent gives a running child, a preempted one a preempted child. The parent
     /// must have no uncomputed tokens unless preempted.
     pub fn fork_managed(&mut self, parent: SeqId, token: TokenId) -> Result<SeqId> {
-        if let Some(f) = &self.in_flight {
+        if let Some(f) = self.in_flight.front() {
             return Err(EngineError::StepInFlight(f.step));
         }
         let seq = self

@@ -11,7 +11,7 @@ use crate::sequence::{FinishReason, RequestParams, SeqId};
 use crate::step_plan::{SeqEvent, StepResult};
 
 impl Scheduler {
-    /// Applies the runner's answer to the plan in flight: advances `num_computed_tokens` by
+    /// Applies the runner's answer to the (oldest) plan in flight: advances `num_computed_tokens` by
     /// each grant, appends the sampled tokens, applies the stop conditions (in order: EOS
     /// unless `ignore_eos`, `stop_token_ids`, `max_tokens`, the longest sequence the engine
     /// holds) and releases finished sequences' blocks. Sequences aborted while the step was
@@ -21,10 +21,10 @@ impl Scheduler {
     pub fn update(&mut self, result: &StepResult) -> Result<Vec<SeqEvent>> {
         let flight = self
             .in_flight
-            .as_ref()
+            .front()
             .ok_or_else(|| EngineError::ResultMismatch("no step is in flight".into()))?;
         let outputs = self.check_result(flight, result)?;
-        let flight = self.in_flight.take().expect("checked above");
+        let flight = self.in_flight.pop_front().expect("checked above");
         let mut events = Vec::new();
         for g in &flight.grants {
             let Some(seq) = self.seqs.get_mut(&g.seq_id) else {
@@ -59,14 +59,13 @@ impl Scheduler {
         Ok(events)
     }
 
-    /// Ends every live sequence of the plan in flight with `FinishReason::Error` (the
-    /// runner failed) and releases their blocks.
+    /// Ends every live sequence of the plans in flight with `FinishReason::Error` (the
+    /// runner failed; a step planned ahead of the failed one fails with it) and releases
+    /// their blocks.
     pub fn fail_step(&mut self, message: &str) -> Vec<SeqEvent> {
-        let Some(flight) = self.in_flight.take() else {
-            return Vec::new();
-        };
+        let grants: Vec<Grant> = self.in_flight.drain(..).flat_map(|f| f.grants).collect();
         let mut events = Vec::new();
-        for g in flight.grants {
+        for g in grants {
             if self.seqs.contains_key(&g.seq_id) {
                 let mut ids = vec![g.seq_id];
                 ids.extend_from_slice(self.pending_siblings(g.seq_id));

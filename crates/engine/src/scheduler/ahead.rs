@@ -1,0 +1,173 @@
+//! Planning a step ahead: the plan of step n+1 made while step n runs on the device, so that
+//! the device does not wait for the host between steps (what vLLM calls async scheduling).
+//!
+//! The sequences step n samples for take their next token from step n's pick, which the host
+//! does not know yet: the plan grants each of them one *carried* token
+//! ([`ScheduledSeq::carries_pick`]), a placeholder the runner replaces by the pick where the
+//! picks are, at the position step n's token will occupy. Everything else is planned as
+//! [`Scheduler::schedule`] plans it, from the state step n leaves behind (its grants counted
+//! as computed). The rules that keep the scheduler's invariants:
+//!
+//! - Only one plan may be in flight, it must verify no drafts, and no group may be waiting
+//!   for its fork nor any managed sequence be live (those need their results on the host
+//!   before anything follows them). So every row planned ahead is one sequence's only row.
+//! - A sequence that step n's token finishes by length for certain (`max_tokens`, the longest
+//!   sequence the engine holds) gets no carried token. One that a stop token finishes, which
+//!   nobody can foresee, has its carried row computed and thrown away: [`Scheduler::update`]
+//!   skips a grant whose sequence has ended (as it skips an aborted one), and step n's
+//!   result released its blocks. The device runs steps in order, so the discarded row's KV
+//!   write lands before any later plan reuses those blocks, and it never touches a block the
+//!   prefix cache holds: only blocks full of computed tokens are registered, and the carried
+//!   position lies past them.
+//! - Nothing is preempted: when the pool cannot hold a grant, planning stops there and the
+//!   sequences after it wait for a later step, as when the token budget runs out. Nothing
+//!   planned ahead is ever undone.
+//! - Waiting sequences are admitted as usual: their tokens are known.
+
+use std::collections::HashMap;
+
+use tandem_model::batch::TokenId;
+
+use super::{Admitted, Grant, InFlight, Scheduler};
+use crate::error::Result;
+use crate::sequence::{SeqId, Sequence};
+use crate::step_plan::{ScheduledSeq, StepPlan};
+
+/// Where a running sequence's grant ahead starts, and whether its token is carried.
+#[derive(Debug, Clone, Copy)]
+struct AheadStart {
+    start: usize,
+    carried: bool,
+}
+
+impl Scheduler {
+    /// Plans the step after the one in flight, before its result is known (see the module
+    /// doc). `None`, with nothing changed, when it cannot: no plan or two plans in flight, a
+    /// plan in flight that forks, verifies drafts or holds a managed sequence, or nothing to
+    /// grant without preempting. A plan is then in flight behind the first; results answer
+    /// them in order.
+    pub fn schedule_ahead(&mut self) -> Result<Option<StepPlan>> {
+        let Some(flight) = self.in_flight.front() else {
+            return Ok(None);
+        };
+        if self.in_flight.len() > 1 || !self.can_plan_after(flight) {
+            return Ok(None);
+        }
+        // Per granted sequence: tokens the plan in flight computes, and whether it samples.
+        let granted: HashMap<SeqId, (usize, bool)> = flight
+            .grants
+            .iter()
+            .map(|g| (g.seq_id, (g.num_new, g.num_output_rows == 1)))
+            .collect();
+        let mut budget = self.config.max_num_batched_tokens;
+        let mut grants = Vec::new();
+        let mut starts: HashMap<SeqId, AheadStart> = HashMap::new();
+        let mut copies = Vec::new();
+        for i in 0..self.running.len() {
+            if budget == 0 {
+                break;
+            }
+            let id = self.running[i];
+            let seq = &self.seqs[&id];
+            let (computing, samples) = granted.get(&id).copied().unwrap_or((0, false));
+            let start = seq.num_computed_tokens() + computing;
+            let (num_new, carried) = if samples {
+                if finishes_by_length(self, seq) {
+                    continue;
+                }
+                (1, true)
+            } else {
+                let left = seq.num_tokens() - start;
+                if left == 0 {
+                    continue;
+                }
+                let threshold = self.config.long_prefill_token_threshold;
+                (left.min(threshold).min(budget), false)
+            };
+            let table = self.seq_mut(id).block_table_mut();
+            let Ok(c) = table.prepare_write(start, start + num_new) else {
+                break; // the pool is dry: no preemption ahead of a result
+            };
+            copies.extend(c);
+            starts.insert(id, AheadStart { start, carried });
+            grants.push(self.grant_ahead(id, start, num_new, carried));
+            budget -= num_new;
+        }
+        let mut preempted = Vec::new();
+        let mut first_admissions = Vec::new();
+        let mut admitted = Admitted {
+            grants: &mut grants,
+            copies: &mut copies,
+            preempted: &mut preempted,
+            first: &mut first_admissions,
+        };
+        self.schedule_waiting(&mut budget, &mut admitted);
+        if grants.is_empty() {
+            return Ok(None);
+        }
+        let seqs = grants
+            .iter()
+            .map(|g| match starts.get(&g.seq_id) {
+                Some(&s) => self.scheduled_ahead(g, s),
+                None => self.scheduled_seq(g),
+            })
+            .collect();
+        let step = self.next_step;
+        self.next_step += 1;
+        self.stats.num_steps += 1;
+        self.stats.num_planned_ahead += 1;
+        self.in_flight.push_back(InFlight { step, grants });
+        Ok(Some(StepPlan {
+            step,
+            seqs,
+            preempted,
+            block_copies: copies,
+            first_admissions,
+        }))
+    }
+
+    /// Whether a step may be planned behind `flight` before its result: no group waits for
+    /// its fork (the fork needs the shared row on the host) and no managed sequence lives.
+    fn can_plan_after(&self, flight: &InFlight) -> bool {
+        let plain = |g: &Grant| g.siblings.is_empty() && g.num_output_rows <= 1;
+        flight.grants.iter().all(plain)
+            && self.pending.is_empty()
+            && !self.seqs.values().any(Sequence::is_managed)
+    }
+
+    /// The grant of `num_new` tokens from `start` to running `id` (no group is pending).
+    fn grant_ahead(&self, id: SeqId, start: usize, num_new: usize, carried: bool) -> Grant {
+        let seq = &self.seqs[&id];
+        let reaches_end = carried || start + num_new == seq.num_tokens();
+        Grant {
+            seq_id: id,
+            num_new,
+            num_output_rows: usize::from(reaches_end && seq.params().max_tokens > 0),
+            siblings: Vec::new(),
+        }
+    }
+
+    fn scheduled_ahead(&self, g: &Grant, s: AheadStart) -> ScheduledSeq {
+        let seq = &self.seqs[&g.seq_id];
+        let tokens = if s.carried {
+            vec![TokenId(0)]
+        } else {
+            seq.tokens()[s.start..s.start + g.num_new].to_vec()
+        };
+        ScheduledSeq {
+            seq_id: g.seq_id,
+            num_computed: s.start,
+            tokens,
+            block_table: seq.block_table().blocks().to_vec(),
+            num_output_rows: g.num_output_rows,
+            carries_pick: s.carried,
+        }
+    }
+}
+
+/// Whether the token the plan in flight samples for `seq` ends it by length, whatever it is
+/// (the length conditions of `update::stop_reason`).
+fn finishes_by_length(s: &Scheduler, seq: &Sequence) -> bool {
+    seq.output().len() + 1 >= seq.params().max_tokens
+        || seq.num_tokens() + 1 >= s.config.max_seq_len()
+}
