@@ -333,3 +333,30 @@ fn overlapped_steps_on_the_cpu_model_equal_the_synchronous_loop() {
     let sampled = want.iter().flat_map(|o| &o.tokens).count();
     assert!(sampled > 40, "only {sampled} tokens");
 }
+
+#[test]
+fn min_tokens_counts_the_carried_token() {
+    // Every request may stop on EOS, and must not before its 6th token: a carried row's
+    // suppression depends on the output it comes after, the token still on the device.
+    let mut reqs = requests();
+    for (i, r) in reqs.iter_mut().enumerate() {
+        r.sampling = sampling(Some(300 + i as u64));
+        r.sampling.min_tokens = 6;
+        r.sampling.eos_token_ids = vec![EOS.0];
+        r.limits.ignore_eos = false;
+        r.limits.max_tokens = r.limits.max_tokens.max(8);
+    }
+    let subs = singles(&reqs);
+    let want = reference(&subs);
+    // The suppression mattered: EOS was among the most likely tokens before the 6th.
+    let early_eos = want
+        .iter()
+        .flat_map(|o| o.tokens.iter().take(5))
+        .filter(|t| t.2.iter().any(|&(id, _)| id == EOS))
+        .count();
+    assert!(early_eos > 3, "EOS was never likely early ({early_eos})");
+    for shape in [REFERENCE, CHUNKED, TINY_POOL] {
+        let engine = check_overlapped(shape, &subs, Arrival::Every(1), &want);
+        assert!(engine.scheduler().stats().num_planned_ahead > 0);
+    }
+}
