@@ -152,6 +152,11 @@ pub struct EngineArgs {
     /// default, it never changes results).
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// Plan each step only once the previous step's tokens are on the host. By default, on a
+    /// GPU, the engine plans and queues step n+1 while step n runs (overlapped steps; never
+    /// a different result); this flag is for comparison.
+    #[arg(long)]
+    pub no_overlap: bool,
     /// Speculative decoding proposer: `ngram` (prompt lookup, matches of 1 to 3 tokens),
     /// `ngram:MIN:MAX`, or `draft:PATH` (a draft model with the same vocabulary).
     #[arg(long, value_name = "ngram|draft:PATH")]

@@ -103,6 +103,7 @@ pub fn build_engine(
         if config.enable_prefix_caching { "on" } else { "off" }
     );
     let mut engine = Engine::new(runner, config, seed)?;
+    engine.set_overlap(!args.no_overlap);
     if args.trace.is_some() {
         engine.enable_trace(args.trace_steps);
     }
