@@ -19,7 +19,8 @@
 #    --device cuda` with that profile: predicted vs measured (OUTDIR/plan_validate.txt).
 # 5. transformers `generate` with a static cache at the same batch sizes (SKIP_HF=1 skips).
 # Step 3 also benches `--cuda-weights q8_0`, `--cuda-weights q4_1` and `--batch-invariant`,
-# and scores one text in each mode (OUTDIR/quant_fidelity.txt).
+# and scores one text in each mode (OUTDIR/quant_fidelity.txt), and runs the whole engine
+# loop (`--engine`) on both model shapes with and without overlapped steps (`--no-overlap`).
 # Writes OUTDIR/speed.txt (JSON lines) and OUTDIR/profile.txt besides gpu_check.sh's files.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -54,7 +55,7 @@ SPEED="$OUT/speed.txt"
 CACHE=$(mktemp -d)
 bench() { # label bin_dir seconds [flags...]
   local label=$1 bin=$2 secs=$3; shift 3
-  timeout "$secs" "$bin/tandem" bench --cache-dir "$CACHE" --model "$P-bf16" --device cuda \
+  timeout "$secs" "$bin/tandem" bench --cache-dir "$CACHE" --model "${BENCH_MODEL:-$P-bf16}" --device cuda \
     --prompt-len 512 --gen-len 128 "$@" 2>/dev/null \
     | sed "s/^{/{\"label\":\"$label\",/" | tee -a "$SPEED"
 }
@@ -66,6 +67,14 @@ bench new "$NEW" 150 $ALL_BATCHES
 bench new-q8_0 "$NEW" 90 --batch 1 --batch 32 --cuda-weights q8_0
 bench new-q4_1 "$NEW" 90 --batch 1 --batch 32 --cuda-weights q4_1
 bench new-batch-invariant "$NEW" 90 --batch 1 --batch 32 --batch-invariant
+# Overlapped steps: the engine loop (scheduler, sampler, events) planning step n+1 while step
+# n runs, against the synchronous loop; the 135M shape is where host time shows most.
+for shape in "$P-bf16" "$M/smollm2-135m-bf16"; do
+  name=$(basename "$shape")
+  BENCH_MODEL=$shape bench "engine-$name" "$NEW" 120 --batch 1 --batch 64 --engine
+  BENCH_MODEL=$shape bench "engine-no-overlap-$name" "$NEW" 120 --batch 1 --batch 64 \
+    --engine --no-overlap
+done
 TEXT="The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step."
 for flags in "" "--cuda-weights q8_0" "--cuda-weights q4_1" "--batch-invariant"; do
   timeout 60 "$NEW/tandem" score --cache-dir "$CACHE" --model "$P-bf16" --device cuda $flags \
