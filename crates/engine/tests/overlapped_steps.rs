@@ -18,7 +18,7 @@ mod fake_paths;
 use cpu_engine::{config, cpu_runner, fixture_model};
 use fake_paths::*;
 use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
-use tandem_engine::sampler::SamplingParams;
+use tandem_engine::sampler::{SamplerState, SamplingParams};
 use tandem_engine::{FinishReason, RequestParams, SeqId};
 use tandem_model::batch::{CarriedToken, ForwardBatch, OutputSelection, TokenId};
 use tandem_model::fake_runner::FakeRunner;
@@ -139,50 +139,129 @@ fn aborts_while_a_step_runs_leave_other_requests_unchanged() {
 
 #[test]
 fn requests_that_need_their_tokens_on_the_host_suspend_overlap() {
-    let mut reqs = requests();
-    // A penalty reads the tokens generated so far: while it runs, no step is planned ahead.
-    reqs[3].sampling = sampling(Some(77));
-    reqs[3].sampling.repetition_penalty = 1.3;
-    reqs[3].limits.max_tokens = 4;
-    let subs = singles(&reqs);
-    let want = reference(&subs);
+    // Prompt logprobs are scored on the host from the prompt's logits: while such a request
+    // is live, no step is planned ahead. Its generated tokens are those of the same request
+    // without them.
+    const K: usize = 1; // a prompt of 13 tokens
+    let reqs = requests();
+    let mut short = reqs[K].clone();
+    short.limits.max_tokens = 4;
+    let mut check = singles(&reqs);
+    check[K] = Sub(short.clone(), 1);
+    let want = reference(&check);
+    let mut scored = short;
+    scored.prompt_logprobs = Some(2);
     let mut engine = Shape(256, 4096, 4096, true).overlapped_engine();
-    let mut ahead_with_penalty = Vec::new();
+    let mut ahead_while_scoring = Vec::new();
     let mut rec = Vec::new();
-    let mut ids = vec![SeqId(u64::MAX); subs.len()];
-    for (i, Sub(req, _)) in subs.iter().enumerate().filter(|(i, _)| *i != 3) {
+    let mut ids = vec![SeqId(u64::MAX); check.len()];
+    for (i, Sub(req, _)) in check.iter().enumerate().filter(|(i, _)| *i != K) {
         ids[i] = engine.add_request(req.clone()).expect("admissible");
     }
-    // Everything else first makes progress with overlap on, then the penalised one comes.
+    // Everything else first makes progress with overlap on, then the scored one comes.
     for _ in 0..3 {
         rec.extend(engine.step().expect("a step"));
     }
     let ahead_before = engine.scheduler().stats().num_planned_ahead;
     assert!(
         ahead_before > 0,
-        "no step planned ahead before the penalised request"
+        "no step planned ahead before the scored request"
     );
-    ids[3] = engine.add_request(subs[3].0.clone()).expect("admissible");
+    ids[K] = engine.add_request(scored).expect("admissible");
     while engine.has_unfinished() {
         let before = engine.scheduler().stats().num_planned_ahead;
-        let penalised_live = engine.scheduler().sequence(ids[3]).is_some();
+        let scored_live = engine.scheduler().sequence(ids[K]).is_some();
         rec.extend(engine.step().expect("a step"));
         let after = engine.scheduler().stats().num_planned_ahead;
-        if penalised_live {
-            ahead_with_penalty.push(after - before);
+        if scored_live {
+            ahead_while_scoring.push(after - before);
         }
     }
     assert!(
-        ahead_with_penalty.iter().all(|&n| n == 0),
-        "planned ahead while a penalised request was live: {ahead_with_penalty:?}"
+        ahead_while_scoring.iter().all(|&n| n == 0),
+        "planned ahead while prompt logprobs were owed: {ahead_while_scoring:?}"
     );
+    let scored_events = rec
+        .iter()
+        .filter(|e| matches!(e, EngineEvent::PromptLogprobs { seq_id, .. } if *seq_id == ids[K]));
+    assert!(scored_events.count() > 0, "no prompt logprobs");
     let ahead_after = engine.scheduler().stats().num_planned_ahead;
     assert!(
         ahead_after > ahead_before,
         "overlap did not resume after it ended"
     );
     let got = outputs(&ids, rec);
-    assert_same("penalty among overlapped", &subs, &got, &want);
+    assert_same("prompt logprobs among overlapped", &check, &got, &want);
+}
+
+#[test]
+fn penalties_count_the_carried_token() {
+    // Seeded draws with every penalty: the runner counts each carried token for them.
+    let mut reqs = requests();
+    for (i, r) in reqs.iter_mut().enumerate() {
+        r.sampling = sampling(Some(500 + i as u64));
+        r.sampling.repetition_penalty = [1.0, 1.4, 0.7][i % 3];
+        r.sampling.presence_penalty = [0.8, 0.0, -0.5][i % 3];
+        r.sampling.frequency_penalty = [0.6, 0.3, 0.0][i % 3];
+        r.sampling.temperature = 0.5; // sharp enough for the penalties to change choices
+    }
+    let subs = singles(&reqs);
+    let want = reference(&subs);
+    let mut plain = reqs.clone();
+    for r in &mut plain {
+        (r.sampling.repetition_penalty, r.sampling.presence_penalty) = (1.0, 0.0);
+        r.sampling.frequency_penalty = 0.0;
+    }
+    let unpenalised = reference(&singles(&plain));
+    let differ = want
+        .iter()
+        .zip(&unpenalised)
+        .filter(|(a, b)| a != b)
+        .count();
+    assert!(differ > 3, "the penalties change only {differ} outputs");
+    for shape in [REFERENCE, CHUNKED, TINY_POOL] {
+        let engine = check_overlapped(shape, &subs, Arrival::Every(1), &want);
+        assert!(engine.scheduler().stats().num_planned_ahead > 0);
+    }
+}
+
+#[test]
+fn a_carried_tokens_processing_is_the_list_built_after_it() {
+    let mut rng = 0x9e37_u64;
+    let mut next = |below: u64| {
+        rng = rng
+            .wrapping_mul(0x5851_f42d_4c95_7f2d)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (rng >> 33) % below
+    };
+    let vocab = 40;
+    for case in 0..300 {
+        let params = SamplingParams {
+            temperature: 0.7,
+            repetition_penalty: [1.0, 1.3, 0.8][case % 3],
+            presence_penalty: [0.0, 0.4][case / 3 % 2],
+            frequency_penalty: [0.0, 0.25][case / 6 % 2],
+            logit_bias: (0..next(4)).map(|_| (next(vocab) as u32, 1.5)).collect(),
+            min_tokens: next(4) as usize,
+            stop_token_ids: vec![next(vocab) as u32],
+            ..SamplingParams::default()
+        };
+        let prompt: Vec<u32> = (0..next(12)).map(|_| next(vocab) as u32).collect();
+        let mut state = SamplerState::new(1, &prompt);
+        let outputs = next(6) as usize;
+        for _ in 0..outputs {
+            state.append_output(next(vocab) as u32);
+        }
+        let token = next(vocab) as u32;
+        let before = params.row_draw(&state, outputs + 1, 0.5, vocab as usize);
+        state.append_output(token);
+        let after = params.row_draw(&state, outputs + 1, 0.5, vocab as usize);
+        assert_eq!(
+            before.processing.with_output(token),
+            after.processing,
+            "case {case}: token {token}"
+        );
+    }
 }
 
 /// The outputs of `ids` from their events, in order.

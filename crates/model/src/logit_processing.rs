@@ -85,6 +85,39 @@ impl LogitProcessing {
         }
     }
 
+    /// The processing of the same request's next row when `token` is generated in between:
+    /// `token` counts once more for the penalties (seen, for the repetition penalty; one more
+    /// occurrence, for the presence and frequency penalties), exactly the list the request's
+    /// processors give once `token` is appended to its output. A runner applies it to a row
+    /// whose input token it carries from an earlier step's pick
+    /// (`ModelRunner::launch_sample`). Unchanged without a penalty.
+    pub fn with_output(&self, token: u32) -> LogitProcessing {
+        let repetition = self.repetition_penalty != 1.0;
+        let counted = self.presence_penalty != 0.0 || self.frequency_penalty != 0.0;
+        let mut next = self.clone();
+        if !(repetition || counted) {
+            return next;
+        }
+        match next.tokens.binary_search_by_key(&token, |t| t.id) {
+            Ok(i) => {
+                let t = &mut next.tokens[i];
+                t.seen |= repetition;
+                t.count += u32::from(counted);
+            }
+            Err(i) => next.tokens.insert(
+                i,
+                TokenAdjustment {
+                    id: token,
+                    bias: 0.0,
+                    count: u32::from(counted),
+                    seen: repetition,
+                    suppressed: false,
+                },
+            ),
+        }
+        next
+    }
+
     /// Checks what a runner relies on: ids ascending, unique and below `vocab`; the
     /// repetition penalty finite and positive; the other penalties and the biases finite.
     pub fn validate(&self, vocab: usize) -> Result<(), String> {

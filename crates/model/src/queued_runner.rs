@@ -57,6 +57,8 @@ impl QueuedRunner {
             )));
         }
         let mut batch = batch.clone();
+        let mut rows = rows.to_vec();
+        let outputs = batch.output_rows();
         for c in carried {
             let from = self.last.get(c.from_output).ok_or_else(|| {
                 ModelError::Batch(format!(
@@ -72,8 +74,15 @@ impl QueuedRunner {
                 ))
             })?;
             *slot = from.unwrap_or(TokenId(0));
+            // The carried token is output the row's penalties count.
+            let out = outputs.binary_search(&c.row).map_err(|_| {
+                ModelError::Batch(format!("carried row {} is not an output row", c.row))
+            })?;
+            if let Some(draw) = rows.get_mut(out) {
+                draw.processing = draw.processing.with_output(slot.0);
+            }
         }
-        let picks = self.inner.forward_sample(&batch, rows)?;
+        let picks = self.inner.forward_sample(&batch, &rows)?;
         self.last = picks.iter().map(|p| p.as_ref().map(|p| p.token)).collect();
         self.queue.push_back(picks);
         Ok(())

@@ -177,8 +177,11 @@ pub trait ModelRunner: Send + std::fmt::Debug {
     /// still running), where those picks are: such an id reaches the step that reads it
     /// without a round trip through the host (the batch holds a placeholder there; a
     /// carried pick that was `None` reads as token 0, and the engine discards that row).
-    /// At most two launched steps are uncollected at a time; picks are collected in launch
-    /// order. A runner that does not [`Self::overlaps_steps`] refuses.
+    /// A carried row is its sequence's output row, and its `RowDraw` was made before the
+    /// carried token was known: the runner draws it with
+    /// [`crate::logit_processing::LogitProcessing::with_output`] of that token (the
+    /// penalties count it). At most two launched steps are uncollected at a time; picks are
+    /// collected in launch order. A runner that does not [`Self::overlaps_steps`] refuses.
     fn launch_sample(
         &mut self,
         batch: &ForwardBatch,

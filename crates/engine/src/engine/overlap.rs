@@ -15,11 +15,14 @@
 //! own stream in order. What changes is the cost: a sequence that a stop token ends at step
 //! n has computed one row of step n+1 for nothing (`scheduler/ahead.rs`).
 //!
+//! A carried row's processors are built before its carried token is known: `min_tokens`
+//! counts it as output here, and the runner counts it for the penalties
+//! (`LogitProcessing::with_output`) once it has it.
+//!
 //! Overlap holds only while every live request can take its next token without the host:
-//! no grammar (its mask needs the token), no penalty (its counts need it), no prompt
-//! logprobs, no beam search, no speculative decoding, no step timeline being recorded. Any
-//! of them present, the engine answers the launched step first and plans the next one
-//! from the result, as without overlap.
+//! no grammar (its mask needs the token), no prompt logprobs, no beam search, no speculative
+//! decoding, no step timeline being recorded. Any of them present, the engine answers the
+//! launched step first and plans the next one from the result, as without overlap.
 
 use std::collections::HashMap;
 
@@ -56,10 +59,7 @@ impl Engine {
             && self.trace.is_none()
             && self.beams.is_empty()
             && self.prompt_logprobs.is_empty()
-            && self
-                .requests
-                .values()
-                .all(|r| !r.state.is_constrained() && !r.sampling.reads_output_tokens())
+            && self.requests.values().all(|r| !r.state.is_constrained())
     }
 
     /// Launches `plan` (its block copies done) and keeps it to answer next step; returns the

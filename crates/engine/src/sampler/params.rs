@@ -115,14 +115,6 @@ impl SamplingParams {
                 || self.suppressed_while_short().next().is_none())
     }
 
-    /// Whether choosing a token reads the tokens generated before it (the repetition,
-    /// presence and frequency penalties count them).
-    pub fn reads_output_tokens(&self) -> bool {
-        self.repetition_penalty != 1.0
-            || self.presence_penalty != 0.0
-            || self.frequency_penalty != 0.0
-    }
-
     /// The row parameters of a device draw with uniform number `uniform`
     /// (`tandem_model::row_sampling`).
     pub fn row_sampling(&self, uniform: f64) -> RowSampling {
