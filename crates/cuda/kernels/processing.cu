@@ -7,8 +7,16 @@
 // buffer. Every operation is a separately rounded f64 one (no fused multiply-add), then
 // one rounding to f32, as on the host.
 //
+// A row whose input token was carried from the previous step's pick (overlapped steps)
+// had its list made before that token was known; `carried[row]` (when given) names the
+// token, and it counts once more for the penalties: as the list made after it would say
+// (tandem_model's LogitProcessing::with_output), its entry is seen (repetition penalty)
+// and one occurrence more (presence and frequency), or, when the list lacks it, it is
+// processed as an entry of its own whose raw logit goes to `carried_saved[row]`.
+//
 // Grid: rows; block: any number of threads (each takes every blockDim.x-th token of the
-// row's list). A row's list holds each id once, so no two threads touch the same logit.
+// row's list; thread 0 the carried token when it is not listed). A row's list holds each
+// id once, so no two threads touch the same logit.
 
 struct RowProcessing {
     float repetition_penalty; // > 0; 1 is neutral
@@ -55,27 +63,79 @@ __device__ float processed_logit(const RowProcessing& p, const TokenAdjustment& 
     return (float)v;
 }
 
-// logits: [rows, vocab] f32, processed in place; saved: one f32 per listed token.
+// The token a row's penalties count once more (see above), or -1: none carried, a carried
+// pick that failed (negative) or one outside the vocabulary, or no penalty to count it.
+__device__ int counted_carry(const RowProcessing& p, const int* carried, int vocab) {
+    int c = carried ? carried[blockIdx.x] : -1;
+    bool penalised = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
+                     p.frequency_penalty != 0.0f;
+    return penalised && c >= 0 && c < vocab ? c : -1;
+}
+
+// Whether `id` is in the row's (ascending) list.
+__device__ bool listed(const TokenAdjustment* tokens, int begin, int end, u32 id) {
+    while (begin < end) {
+        int mid = begin + (end - begin) / 2;
+        u32 m = tokens[mid].id;
+        if (m == id) {
+            return true;
+        }
+        if (m < id) {
+            begin = mid + 1;
+        } else {
+            end = mid;
+        }
+    }
+    return false;
+}
+
+// `t` with the carried token `c` counted once more when it is `t`'s token.
+__device__ TokenAdjustment with_carry(const RowProcessing& p, TokenAdjustment t, int c) {
+    if (c >= 0 && t.id == (u32)c) {
+        if (p.repetition_penalty != 1.0f) {
+            t.flags |= ADJUST_SEEN;
+        }
+        if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+            t.count += 1;
+        }
+    }
+    return t;
+}
+
+// logits: [rows, vocab] f32, processed in place; saved: one f32 per listed token;
+// carried: [rows] i32 or null; carried_saved: [rows] f32 (with carried).
 extern "C" __global__ void process_rows(float* logits, const RowProcessing* rows,
                                         const TokenAdjustment* tokens, float* saved,
-                                        int vocab) {
+                                        const int* carried, float* carried_saved, int vocab) {
     RowProcessing p = rows[blockIdx.x];
     float* x = logits + (i64)blockIdx.x * vocab;
+    int c = counted_carry(p, carried, vocab);
     for (int e = p.begin + (int)threadIdx.x; e < p.end; e += blockDim.x) {
-        TokenAdjustment t = tokens[e];
+        TokenAdjustment t = with_carry(p, tokens[e], c);
         float raw = x[t.id];
         saved[e] = raw;
         x[t.id] = processed_logit(p, t, raw);
+    }
+    if (threadIdx.x == 0 && c >= 0 && !listed(tokens, p.begin, p.end, (u32)c)) {
+        TokenAdjustment t = with_carry(p, TokenAdjustment{0.0, (u32)c, 0u, 0u, 0u}, c);
+        float raw = x[c];
+        carried_saved[blockIdx.x] = raw;
+        x[c] = processed_logit(p, t, raw);
     }
 }
 
 // Undoes process_rows with the same arguments.
 extern "C" __global__ void restore_rows(float* logits, const RowProcessing* rows,
                                         const TokenAdjustment* tokens, const float* saved,
+                                        const int* carried, const float* carried_saved,
                                         int vocab) {
     RowProcessing p = rows[blockIdx.x];
     float* x = logits + (i64)blockIdx.x * vocab;
     for (int e = p.begin + (int)threadIdx.x; e < p.end; e += blockDim.x) {
         x[tokens[e].id] = saved[e];
+    }
+    int c = counted_carry(p, carried, vocab);
+    if (threadIdx.x == 0 && c >= 0 && !listed(tokens, p.begin, p.end, (u32)c)) {
+        x[c] = carried_saved[blockIdx.x];
     }
 }

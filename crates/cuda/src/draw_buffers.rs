@@ -87,6 +87,7 @@ impl CudaRunner {
             ptr(&b.rows, s),
             ptr(&b.tokens, s),
             ptr(&b.saved, s),
+            None,
             rows,
             self.config.vocab_size,
             restore,

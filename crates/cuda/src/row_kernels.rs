@@ -104,7 +104,9 @@ impl Kernels {
 
     /// Applies each row's processors to its logits in place, saving the raw values
     /// (`restore` puts them back): logits `[rows, vocab]` f32; row_params and tokens as
-    /// [`append_processing`] lays them out; saved: one f32 per token of the list.
+    /// [`append_processing`] lays them out; saved: one f32 per token of the list. With
+    /// `carried` (`[rows]` i32 tokens, -1 for none, and `[rows]` f32 of room), each row's
+    /// carried token counts once more for its penalties (processing.cu).
     #[allow(clippy::too_many_arguments)] // the kernel's arguments and the direction
     pub fn process_rows(
         &self,
@@ -112,15 +114,19 @@ impl Kernels {
         row_params: DevPtr,
         tokens: DevPtr,
         saved: DevPtr,
+        carried: Option<(DevPtr, DevPtr)>,
         rows: usize,
         vocab: usize,
         restore: bool,
     ) -> Result<(), CudaError> {
+        let (carried, carried_saved) = carried.unwrap_or((0, 0));
         let args = [
             Arg::Ptr(logits),
             Arg::Ptr(row_params),
             Arg::Ptr(tokens),
             Arg::Ptr(saved),
+            Arg::Ptr(carried),
+            Arg::Ptr(carried_saved),
             Arg::I32(vocab as i32),
         ];
         let name = if restore {

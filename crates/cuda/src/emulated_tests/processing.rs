@@ -83,8 +83,17 @@ fn processed_draws_are_the_references_and_the_raw_rows_come_back() {
     let mut saved = Buf::zeroed(tokens.len().max(1));
     let (mut p, mut t) = (Buf::of(&params), Buf::zeroed(draws.len() * 4));
     let n = draws.len();
-    k.process_rows(l.ptr(), rp.ptr(), tk.ptr(), saved.ptr(), n, VOCAB, false)
-        .expect("launch");
+    k.process_rows(
+        l.ptr(),
+        rp.ptr(),
+        tk.ptr(),
+        saved.ptr(),
+        None,
+        n,
+        VOCAB,
+        false,
+    )
+    .expect("launch");
     let processed = l.read::<f32>();
     for (i, (row, d)) in logits.iter().zip(&draws).enumerate() {
         let mut want = row.clone();
@@ -96,8 +105,17 @@ fn processed_draws_are_the_references_and_the_raw_rows_come_back() {
     }
     k.sample_rows(l.ptr(), p.ptr(), n, VOCAB, t.ptr())
         .expect("launch");
-    k.process_rows(l.ptr(), rp.ptr(), tk.ptr(), saved.ptr(), n, VOCAB, true)
-        .expect("launch");
+    k.process_rows(
+        l.ptr(),
+        rp.ptr(),
+        tk.ptr(),
+        saved.ptr(),
+        None,
+        n,
+        VOCAB,
+        true,
+    )
+    .expect("launch");
     let restored = l.read::<f32>();
     assert!(
         restored
@@ -207,8 +225,17 @@ fn draws_follow_the_samplers_distribution() {
     let (mut l, mut rp, mut tk) = (Buf::of(&flat), Buf::of(&rows), Buf::of(&tokens));
     let mut saved = Buf::zeroed(tokens.len());
     let (mut p, mut t) = (Buf::of(&params_bytes), Buf::zeroed(DRAWS * 4));
-    k.process_rows(l.ptr(), rp.ptr(), tk.ptr(), saved.ptr(), DRAWS, V, false)
-        .expect("launch");
+    k.process_rows(
+        l.ptr(),
+        rp.ptr(),
+        tk.ptr(),
+        saved.ptr(),
+        None,
+        DRAWS,
+        V,
+        false,
+    )
+    .expect("launch");
     k.sample_rows(l.ptr(), p.ptr(), DRAWS, V, t.ptr())
         .expect("launch");
     let mut counts = [0usize; V];
@@ -248,3 +275,88 @@ fn draws_follow_the_samplers_distribution() {
 // The device reports as many top logprobs as a request may ask for (a request asking for
 // more would fail its whole step): checked when the tests compile.
 const _: () = assert!(TOP_LOGITS_MAX >= tandem_engine::sampler::MAX_TOP_LOGPROBS);
+
+#[test]
+fn a_carried_token_counts_once_more_for_the_penalties() {
+    let mut r = rng(33);
+    let mut logits = Vec::new();
+    let mut lists = Vec::new();
+    let mut carried = Vec::new();
+    for i in 0..48usize {
+        logits.push(normal_ish(&mut r, VOCAB, 4.0));
+        let mut p = processing(&mut r, 1 + i * 5, [1.0, 1.3, 0.7][i % 3]);
+        p.tokens.iter_mut().for_each(|t| t.suppressed = false);
+        if i % 6 == 5 {
+            (p.presence_penalty, p.frequency_penalty) = (0.0, 0.0);
+            p.repetition_penalty = 1.0; // no penalty: the carried token changes nothing
+        }
+        // A listed token, an unlisted one, a failed pick, or nothing carried.
+        let c = match i % 4 {
+            0 if !p.tokens.is_empty() => p.tokens[r.random_range(0..p.tokens.len())].id as i32,
+            3 => -1,
+            _ => loop {
+                let id = r.random_range(0..VOCAB as u32);
+                if p.tokens.iter().all(|t| t.id != id) {
+                    break id as i32;
+                }
+            },
+        };
+        lists.push(p);
+        carried.push(c);
+    }
+    let k = kernels(CudaDtype::F32);
+    let flat: Vec<f32> = logits.iter().flatten().copied().collect();
+    let (mut rows, mut tokens) = (Vec::new(), Vec::new());
+    lists
+        .iter()
+        .for_each(|p| append_processing(p, &mut rows, &mut tokens));
+    let (mut l, mut rp, mut tk) = (Buf::of(&flat), Buf::of(&rows), Buf::of(&tokens));
+    let mut saved = Buf::zeroed(tokens.len().max(4));
+    let (mut c, mut cs) = (Buf::of(&carried), Buf::zeroed(carried.len() * 4));
+    let n = lists.len();
+    let with = Some((c.ptr(), cs.ptr()));
+    k.process_rows(
+        l.ptr(),
+        rp.ptr(),
+        tk.ptr(),
+        saved.ptr(),
+        with,
+        n,
+        VOCAB,
+        false,
+    )
+    .expect("launch");
+    let processed = l.read::<f32>();
+    let mut counted = 0;
+    for (i, (row, p)) in logits.iter().zip(&lists).enumerate() {
+        let next = match carried[i] {
+            c if c >= 0 => p.with_output(c as u32),
+            _ => p.clone(),
+        };
+        counted += usize::from(next != *p);
+        let mut want = row.clone();
+        next.apply(&mut want);
+        let got = &processed[i * VOCAB..(i + 1) * VOCAB];
+        for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "row {i} token {j}: {g} vs {w}");
+        }
+    }
+    assert!(counted > 20, "the carried tokens change {counted} lists");
+    k.process_rows(
+        l.ptr(),
+        rp.ptr(),
+        tk.ptr(),
+        saved.ptr(),
+        with,
+        n,
+        VOCAB,
+        true,
+    )
+    .expect("launch");
+    let restored = l.read::<f32>();
+    let same = restored
+        .iter()
+        .zip(&flat)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same, "the raw rows come back, carried tokens included");
+}
