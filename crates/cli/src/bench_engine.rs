@@ -43,6 +43,10 @@ pub struct EngineRun {
     pub spec: SpecStats,
     /// With a constraint: the mean mask time per step, in ms.
     pub mask_ms: Option<f64>,
+    /// Engine steps, and of them those planned ahead of the previous step's result
+    /// (overlapped steps).
+    pub steps: u64,
+    pub planned_ahead: u64,
 }
 
 /// The prompt of sequence `seq` of `kind`, `len` tokens.
@@ -66,6 +70,7 @@ pub fn run(
 ) -> Result<EngineRun> {
     ensure!(gen_len >= 2, "--gen-len must be at least 2 with --engine");
     let before = engine.spec_stats();
+    let stats_before = engine.scheduler().stats();
     let b = prompts.len();
     let started = Instant::now();
     for p in prompts {
@@ -105,7 +110,10 @@ pub fn run(
         }
     }
     let (t0, tokens_at_t0) = decode_started.unwrap_or((Instant::now(), tokens));
+    let stats = engine.scheduler().stats();
     Ok(EngineRun {
+        steps: stats.num_steps - stats_before.num_steps,
+        planned_ahead: stats.num_planned_ahead - stats_before.num_planned_ahead,
         prefill_s: (t0 - started).as_secs_f64(),
         decode_s: t0.elapsed().as_secs_f64(),
         decode_tokens: tokens - tokens_at_t0,
@@ -160,6 +168,8 @@ pub fn report(r: &EngineRun) -> Value {
         "decode_tok_per_s": r.decode_tokens as f64 / r.decode_s,
         "decode_tokens": r.decode_tokens,
         "mask_ms_per_step": r.mask_ms,
+        "steps": r.steps,
+        "steps_planned_ahead": r.planned_ahead,
         "spec_num_drafts": r.spec.num_drafts,
         "spec_num_draft_tokens": r.spec.num_draft_tokens,
         "spec_num_accepted_tokens": r.spec.num_accepted_tokens,
