@@ -303,9 +303,10 @@ impl Worker {
             self.drop_disconnected();
             if self.alive && self.engine.has_unfinished() {
                 let steps = self.engine.scheduler().stats().num_steps;
-                self.step();
-                if self.engine.scheduler().stats().num_steps == steps {
-                    // Nothing could be scheduled: wait briefly instead of spinning.
+                let answered = self.step();
+                if !answered && self.engine.scheduler().stats().num_steps == steps {
+                    // Nothing could be scheduled: wait briefly instead of spinning. (A call
+                    // that only answers a launched step plans nothing, yet is progress.)
                     std::thread::sleep(Duration::from_millis(1));
                 }
             }
@@ -448,10 +449,12 @@ impl Worker {
         }
     }
 
-    fn step(&mut self) {
+    /// One engine step; true when it brought events (or ended requests).
+    fn step(&mut self) -> bool {
         let started = Instant::now();
-        match catch_unwind(AssertUnwindSafe(|| self.engine.step())) {
+        let answered = match catch_unwind(AssertUnwindSafe(|| self.engine.step())) {
             Ok(Ok(events)) => {
+                let answered = !events.is_empty();
                 let scheduler = self.engine.scheduler();
                 // Gone from the scheduler means finished (aborts forget their clock first).
                 self.metrics.on_step(started, |id| {
@@ -464,18 +467,22 @@ impl Worker {
                 if let Some(trace) = self.engine.trace_mut() {
                     trace.add_detokenize(detokenize);
                 }
+                answered
             }
             Ok(Err(e)) => {
                 tracing::error!(error = %e, "engine step failed: ending the requests in flight");
                 self.end_all(FinishReason::Error(format!("engine step failed: {e}")));
+                true
             }
             Err(_) => {
                 tracing::error!("the engine panicked: ending every request; /health turns 503");
                 self.alive = false;
                 self.end_all(FinishReason::Error("the engine panicked".into()));
+                true
             }
-        }
+        };
         self.flush();
+        answered
     }
 
     /// Publishes the snapshot, then sends the events held back until it shows them.

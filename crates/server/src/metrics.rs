@@ -168,6 +168,7 @@ impl ServingMetrics {
     pub fn snapshot(&self, scheduler: SchedulerStats, spec: SpecStats) -> MetricsSnapshot {
         let mut s = self.counters.clone();
         s.preemptions = scheduler.num_preemptions;
+        (s.steps, s.steps_planned_ahead) = (scheduler.num_steps, scheduler.num_planned_ahead);
         s.prefix_cache_queries = scheduler.prefix_cache_queries;
         s.prefix_cache_hits = scheduler.prefix_cache_hits;
         s.spec = spec;
@@ -183,6 +184,9 @@ pub struct MetricsSnapshot {
     /// Finished requests by reason: stop, length, abort, error.
     pub finished: [u64; 4],
     pub preemptions: u64,
+    /// Engine steps, and of them those planned while the previous one still ran.
+    pub steps: u64,
+    pub steps_planned_ahead: u64,
     /// Tokens looked up in the prefix cache at admissions, and those found.
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
@@ -200,6 +204,8 @@ impl Default for MetricsSnapshot {
             generation_tokens: 0,
             finished: [0; 4],
             preemptions: 0,
+            steps: 0,
+            steps_planned_ahead: 0,
             prefix_cache_queries: 0,
             prefix_cache_hits: 0,
             spec: SpecStats::default(),
@@ -255,7 +261,7 @@ pub fn render(model_name: &str, gauges: Gauges, m: &MetricsSnapshot) -> String {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
         let _ = writeln!(out, "{name}{{{labels}}} {value}");
     }
-    let counter_rows: [(&str, &str, u64); 8] = [
+    let counter_rows: [(&str, &str, u64); 10] = [
         (
             "vllm:prompt_tokens_total",
             "Prompt tokens admitted.",
@@ -270,6 +276,16 @@ pub fn render(model_name: &str, gauges: Gauges, m: &MetricsSnapshot) -> String {
             "vllm:num_preemptions_total",
             "Recompute preemptions.",
             m.preemptions,
+        ),
+        (
+            "tandem:engine_steps_total",
+            "Engine steps that computed something.",
+            m.steps,
+        ),
+        (
+            "tandem:engine_steps_planned_ahead_total",
+            "Engine steps planned while the previous step still ran (overlapped steps).",
+            m.steps_planned_ahead,
         ),
         (
             "vllm:prefix_cache_queries_total",

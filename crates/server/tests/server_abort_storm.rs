@@ -2,7 +2,7 @@
 //! by the client at random points (before the response, or after a random number of chunks).
 //! Afterwards `/metrics` shows nothing running or waiting and no KV block in use, the
 //! requests that were not cut got exactly the text of an undisturbed run, and the server
-//! still answers correctly.
+//! still answers correctly; with and without overlapped steps.
 
 mod server_common;
 
@@ -82,7 +82,30 @@ fn metrics(addr: SocketAddr) -> HashMap<String, f64> {
 
 #[test]
 fn two_hundred_streams_half_cut_leave_nothing_behind() {
-    let server = start_server(&fixture_path(), |_| {});
+    let m = storm(start_server(&fixture_path(), |_| {}));
+    assert_eq!(
+        m["tandem:engine_steps_planned_ahead_total{model_name=\"test-model\"}"],
+        0.0
+    );
+}
+
+/// The same storm with overlapped steps: every cut lands while a step is launched.
+#[test]
+fn two_hundred_streams_half_cut_with_overlapped_steps_leave_nothing_behind() {
+    let m = storm(start_overlapped_server(&fixture_path()));
+    let l = "{model_name=\"test-model\"}";
+    let (ahead, steps) = (
+        m[&format!("tandem:engine_steps_planned_ahead_total{l}")],
+        m[&format!("tandem:engine_steps_total{l}")],
+    );
+    assert!(
+        2.0 * ahead > steps,
+        "{ahead} of {steps} steps planned ahead"
+    );
+}
+
+/// Runs the storm; returns the metrics once settled.
+fn storm(server: tandem_server::RunningServer) -> HashMap<String, f64> {
     let addr = server.addr();
     let reference = post(addr, "/v1/completions", &body(false)).json()["choices"][0]["text"]
         .as_str()
@@ -153,4 +176,5 @@ fn two_hundred_streams_half_cut_leave_nothing_behind() {
     let after = post(addr, "/v1/completions", &body(false)).json();
     assert_eq!(after["choices"][0]["text"], reference.as_str());
     server.shutdown().expect("clean shutdown");
+    m
 }

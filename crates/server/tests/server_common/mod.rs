@@ -18,6 +18,7 @@ use tandem_engine::SchedulerConfig;
 use tandem_model::cpu_runner::{CpuRunner, KvSpec};
 use tandem_model::host_model::HostModel;
 use tandem_model::loader::{load_model, LoadedModel};
+use tandem_model::queued_runner::QueuedRunner;
 use tandem_model::runner::ModelRunner;
 use tandem_model::tokenizer::Tokenizer;
 use tandem_model::transformer::Model;
@@ -69,13 +70,36 @@ pub fn engine_with(
     num_blocks: usize,
     sched: impl FnOnce(&mut SchedulerConfig),
 ) -> (Engine, Arc<Tokenizer>, Option<String>) {
+    engine_over(lm, num_blocks, sched, false)
+}
+
+/// [`engine_with`], the runner behind `QueuedRunner` when `queued` (overlapped steps).
+fn engine_over(
+    lm: LoadedModel,
+    num_blocks: usize,
+    sched: impl FnOnce(&mut SchedulerConfig),
+    queued: bool,
+) -> (Engine, Arc<Tokenizer>, Option<String>) {
     let max_len = lm.host.config.context_len.min(2048);
     let mut config = SchedulerConfig::new(num_blocks, 16, max_len);
     config.eos_token_ids = lm.eos_token_ids.clone();
     sched(&mut config);
-    let runner = cpu_runner(lm.host, &config);
+    let mut runner = cpu_runner(lm.host, &config);
+    if queued {
+        runner = Box::new(QueuedRunner::new(runner));
+    }
     let engine = Engine::new(runner, config, 0).expect("engine config is valid");
     (engine, Arc::new(lm.tokenizer), lm.chat_template)
+}
+
+/// [`start_server`] over an engine whose runner overlaps steps (`QueuedRunner`: each step
+/// runs at its launch), so the engine plans each step ahead of the previous one's result as
+/// it does on a GPU.
+pub fn start_overlapped_server(path: &std::path::Path) -> RunningServer {
+    let (engine, tokenizer, template) = engine_over(load(path), 256, |_| {}, true);
+    let mut config = ServerConfig::new("test-model");
+    config.addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    tandem_server::start(engine, tokenizer, template, config).expect("server starts")
 }
 
 /// A server on 127.0.0.1 with a free port; `tweak` adjusts the config.
