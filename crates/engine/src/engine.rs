@@ -190,7 +190,8 @@ impl Engine {
             .seed
             .unwrap_or_else(|| splitmix64(self.seed ^ splitmix64(ids[0].0)));
         let first = SamplerState::new(base.wrapping_add(req.sample_index), &prompt_ids)
-            .with_constraint(req.sampling.constraint.as_ref());
+            .with_constraint(req.sampling.constraint.as_ref())
+            .with_penalties(&req.sampling);
         let mut sampling = req.sampling;
         if sampling.constraint.is_some() && sampling.eos_token_ids.is_empty() {
             // The grammar must know what ends the request, as the scheduler does.

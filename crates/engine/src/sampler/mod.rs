@@ -46,6 +46,7 @@
 pub mod constraint;
 mod distribution;
 mod error;
+mod history;
 mod logprobs;
 mod params;
 mod processors;

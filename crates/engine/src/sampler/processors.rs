@@ -8,13 +8,15 @@ use std::collections::BTreeMap;
 
 use tandem_model::logit_processing::{LogitProcessing, TokenAdjustment};
 
+use super::history::{History, PenaltyKinds};
 use super::params::SamplingParams;
 use super::state::SamplerState;
 
 /// The processors of a request with this state's history and `num_output_tokens`
-/// generated tokens: every token whose logit they change, once, in id order. Built by
-/// merging sorted lists (the prompt's distinct tokens and the output counts are kept
-/// sorted), so a long prompt costs one linear pass per step.
+/// generated tokens: every token whose logit they change, once, in id order. The penalties'
+/// part is the state's kept list (`history.rs`; built here from the sorted prompt and
+/// output counts for a state without one), merged with the few tokens the parameters name:
+/// one linear pass per step.
 pub(crate) fn logit_processing(
     params: &SamplingParams,
     state: &SamplerState,
@@ -30,31 +32,25 @@ pub(crate) fn logit_processing(
             named.entry(id).or_insert_with(|| neutral(id)).suppressed = true;
         }
     }
-    let repetition = params.repetition_penalty != 1.0;
-    let counted = params.presence_penalty != 0.0 || params.frequency_penalty != 0.0;
-    let prompt: &[u32] = if repetition {
-        state.prompt_tokens()
-    } else {
-        &[]
+    let kinds = PenaltyKinds::of(params);
+    let built;
+    let history: &[TokenAdjustment] = match state.history(kinds) {
+        Some(kept) => kept,
+        None if !kinds.any() => &[],
+        None => {
+            built = History::new(kinds, state.prompt_tokens(), state.output_counts());
+            &built.tokens
+        }
     };
-    let outputs = state
-        .output_counts()
-        .filter(|_| repetition || counted)
-        .map(|(id, count)| TokenAdjustment {
-            seen: repetition,
-            count: if counted { count } else { 0 },
-            ..neutral(id)
-        });
-    let seen = prompt.iter().map(|&id| TokenAdjustment {
-        seen: true,
-        ..neutral(id)
-    });
-    let history = merge(seen, outputs);
     LogitProcessing {
         repetition_penalty: params.repetition_penalty,
         presence_penalty: params.presence_penalty,
         frequency_penalty: params.frequency_penalty,
-        tokens: merge(history.into_iter(), named.into_values()),
+        tokens: if named.is_empty() {
+            history.to_vec()
+        } else {
+            merge(history.iter().copied(), named.into_values())
+        },
     }
 }
 

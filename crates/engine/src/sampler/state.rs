@@ -3,7 +3,11 @@
 
 use std::collections::BTreeMap;
 
+use tandem_model::logit_processing::TokenAdjustment;
+
 use super::constraint::{Constraint, ConstraintState};
+use super::history::{History, PenaltyKinds};
+use super::params::SamplingParams;
 use super::rng::StreamRng;
 
 /// Buffers reused across calls so that sampling a row allocates nothing in the steady state.
@@ -31,6 +35,9 @@ pub struct SamplerState {
     output_counts: BTreeMap<u32, u32>,
     /// The grammar position after the committed output, for a constrained request.
     pub(crate) constraint: Option<ConstraintState>,
+    /// The penalties' token list, kept in step with the output (`None` without penalties,
+    /// or until [`SamplerState::with_penalties`]).
+    history: Option<History>,
     pub(crate) scratch: Scratch,
 }
 
@@ -48,8 +55,27 @@ impl SamplerState {
             prompt_tokens: prompt,
             output_counts: BTreeMap::new(),
             constraint: None,
+            history: None,
             scratch: Scratch::default(),
         }
+    }
+
+    /// This state keeping the token list of `params`' penalties from step to step (see
+    /// `history.rs`); without penalties, unchanged.
+    pub fn with_penalties(mut self, params: &SamplingParams) -> SamplerState {
+        let kinds = PenaltyKinds::of(params);
+        self.history = kinds
+            .any()
+            .then(|| History::new(kinds, &self.prompt_tokens, self.output_counts()));
+        self
+    }
+
+    /// The kept penalty list, if it is for `kinds`.
+    pub(crate) fn history(&self, kinds: PenaltyKinds) -> Option<&[TokenAdjustment]> {
+        self.history
+            .as_ref()
+            .filter(|h| h.kinds == kinds)
+            .map(|h| h.tokens.as_slice())
     }
 
     /// This state with `constraint`'s start position (a request with a grammar).
@@ -90,6 +116,7 @@ impl SamplerState {
             prompt_tokens: self.prompt_tokens.clone(),
             output_counts: self.output_counts.clone(),
             constraint: self.constraint.clone(),
+            history: self.history.clone(),
             scratch: Scratch::default(),
         }
     }
@@ -108,6 +135,7 @@ impl SamplerState {
     /// tokens accepted from a speculative draft).
     pub fn append_output(&mut self, token: u32) {
         *self.output_counts.entry(token).or_insert(0) += 1;
+        self.refresh_history(token);
     }
 
     /// Undoes one [`SamplerState::append_output`] of `token` (speculative verification
@@ -119,6 +147,16 @@ impl SamplerState {
             if *c == 0 {
                 self.output_counts.remove(&token);
             }
+            self.refresh_history(token);
+        }
+    }
+
+    /// Brings the kept penalty list's entry of `token` up to date.
+    fn refresh_history(&mut self, token: u32) {
+        let in_prompt = self.in_prompt(token);
+        let count = self.output_count(token);
+        if let Some(h) = self.history.as_mut() {
+            h.set(token, in_prompt, count);
         }
     }
 
