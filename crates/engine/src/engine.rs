@@ -119,6 +119,8 @@ pub struct Engine {
     overlap: bool,
     /// The step launched on the runner and not answered yet.
     launched: Option<overlap::Launched>,
+    /// Processor lists of answered row draws, reused by the next draws.
+    spare_lists: Vec<Vec<tandem_model::logit_processing::TokenAdjustment>>,
 }
 
 impl Engine {
@@ -145,6 +147,7 @@ impl Engine {
             trace: None,
             overlap: true,
             launched: None,
+            spare_lists: Vec::new(),
         })
     }
 
@@ -311,7 +314,7 @@ impl Engine {
                 RowPath::Greedy => self.runner.forward_greedy(&batch),
                 _ => self.runner.forward_sample(&batch, &rows),
             };
-            picks
+            let samples = picks
                 .and_then(|picks| {
                     if picks.len() == rows.len() {
                         Ok(picks)
@@ -326,7 +329,9 @@ impl Engine {
                 .map(|picks| {
                     clock.mark(Part::Forward);
                     self.picked_samples(&plan, &rows, picks)
-                })
+                });
+            self.recycle_rows(rows);
+            samples
         } else {
             self.runner.forward(&batch).map(|mut logits| {
                 clock.mark(Part::Forward);

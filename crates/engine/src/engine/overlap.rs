@@ -116,6 +116,7 @@ impl Engine {
         }
         self.launched = next;
         let samples = picks.map(|p| self.picked_samples(&launched.plan, &launched.rows, p));
+        self.recycle_rows(launched.rows);
         out.extend(self.answer_step(launched.plan.step, samples, Vec::new())?);
         Ok(out)
     }

@@ -13,6 +13,9 @@ use crate::sampler::{sample, SampledToken, SamplerError};
 use crate::sequence::{FinishReason, SeqId};
 use crate::step_plan::{SeqEvent, SeqOutput, StepPlan};
 
+/// Processor lists kept for reuse between steps, at most.
+const SPARE_LISTS: usize = 4096;
+
 /// How a step's rows get their tokens (see [`Engine::row_path`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum RowPath {
@@ -128,9 +131,22 @@ impl Engine {
                 .get_mut(&s.seq_id)
                 .expect("every scheduled sequence has a request");
             let u = req.state.draw_uniform();
-            rows.push(req.sampling.row_draw(&req.state, num_output, u, vocab));
+            let buffer = self.spare_lists.pop().unwrap_or_default();
+            rows.push(
+                req.sampling
+                    .row_draw_in(&req.state, num_output, u, vocab, buffer),
+            );
         }
         rows
+    }
+
+    /// Keeps the processor lists of answered row draws for the next steps' draws (at most
+    /// [`SPARE_LISTS`]).
+    pub(super) fn recycle_rows(&mut self, rows: Vec<RowDraw>) {
+        let room = SPARE_LISTS.saturating_sub(self.spare_lists.len());
+        let lists = rows.into_iter().map(|r| r.processing.tokens);
+        self.spare_lists
+            .extend(lists.filter(|l| l.capacity() > 0).take(room));
     }
 
     /// The samples of a plan given to the runner, from its picks (one per output row, in

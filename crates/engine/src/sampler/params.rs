@@ -1,10 +1,11 @@
 //! Per-request sampling parameters and their validation.
 
+use tandem_model::logit_processing::TokenAdjustment;
 use tandem_model::row_sampling::{RowDraw, RowSampling};
 
 use super::constraint::Constraint;
 use super::error::SamplerError;
-use super::processors::logit_processing;
+use super::processors::logit_processing_in;
 use super::state::SamplerState;
 
 /// The largest `top_logprobs` a request may ask for (OpenAI's limit).
@@ -141,7 +142,19 @@ impl SamplingParams {
         uniform: f64,
         vocab_size: usize,
     ) -> RowDraw {
-        let mut processing = logit_processing(self, state, num_output_tokens);
+        self.row_draw_in(state, num_output_tokens, uniform, vocab_size, Vec::new())
+    }
+
+    /// [`Self::row_draw`] with the processors' list in `buffer` (its allocation reused).
+    pub fn row_draw_in(
+        &self,
+        state: &SamplerState,
+        num_output_tokens: usize,
+        uniform: f64,
+        vocab_size: usize,
+        buffer: Vec<TokenAdjustment>,
+    ) -> RowDraw {
+        let mut processing = logit_processing_in(self, state, num_output_tokens, buffer);
         processing.tokens.retain(|t| (t.id as usize) < vocab_size);
         RowDraw {
             sampling: self.row_sampling(uniform),

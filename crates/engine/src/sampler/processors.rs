@@ -22,6 +22,17 @@ pub(crate) fn logit_processing(
     state: &SamplerState,
     num_output_tokens: usize,
 ) -> LogitProcessing {
+    logit_processing_in(params, state, num_output_tokens, Vec::new())
+}
+
+/// [`logit_processing`] with its list written into `buffer` (cleared first), so that a
+/// caller drawing many rows every step reuses the same allocations.
+pub(crate) fn logit_processing_in(
+    params: &SamplingParams,
+    state: &SamplerState,
+    num_output_tokens: usize,
+    mut buffer: Vec<TokenAdjustment>,
+) -> LogitProcessing {
     // The few tokens the parameters name: bias and suppression.
     let mut named: BTreeMap<u32, TokenAdjustment> = BTreeMap::new();
     for &(id, b) in &params.logit_bias {
@@ -42,15 +53,17 @@ pub(crate) fn logit_processing(
             &built.tokens
         }
     };
+    buffer.clear();
+    if named.is_empty() {
+        buffer.extend_from_slice(history);
+    } else {
+        merge(history.iter().copied(), named.into_values(), &mut buffer);
+    }
     LogitProcessing {
         repetition_penalty: params.repetition_penalty,
         presence_penalty: params.presence_penalty,
         frequency_penalty: params.frequency_penalty,
-        tokens: if named.is_empty() {
-            history.to_vec()
-        } else {
-            merge(history.iter().copied(), named.into_values())
-        },
+        tokens: buffer,
     }
 }
 
@@ -65,13 +78,14 @@ fn neutral(id: u32) -> TokenAdjustment {
     }
 }
 
-/// Two lists ascending by id merged into one, the adjustments of an id both hold combined.
+/// Two lists ascending by id merged into `out`, the adjustments of an id both hold combined.
 fn merge(
     a: impl Iterator<Item = TokenAdjustment>,
     b: impl Iterator<Item = TokenAdjustment>,
-) -> Vec<TokenAdjustment> {
+    out: &mut Vec<TokenAdjustment>,
+) {
     let (mut a, mut b) = (a.peekable(), b.peekable());
-    let mut out = Vec::with_capacity(a.size_hint().0 + b.size_hint().0);
+    out.reserve(a.size_hint().0 + b.size_hint().0);
     loop {
         let next = match (a.peek(), b.peek()) {
             (Some(x), Some(y)) if x.id == y.id => {
@@ -91,7 +105,7 @@ fn merge(
         };
         match next {
             Some(t) => out.push(t),
-            None => return out,
+            None => return,
         }
     }
 }
