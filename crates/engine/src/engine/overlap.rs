@@ -1,14 +1,14 @@
 //! Overlapped steps: the host plans step n+1 while the runner computes step n.
 //!
-//! With a runner that [`tandem_model::runner::ModelRunner::overlaps_steps`] (a GPU: kernels are queued and run
-//! while the host goes on), a step whose rows the runner chooses is *launched*
-//! ([`tandem_model::runner::ModelRunner::launch_sample`]) and answered by the next call to [`Engine::step`]. That
-//! call first plans the following step ahead of the result ([`crate::scheduler::Scheduler::schedule_ahead`]:
-//! each sequence being sampled gets one carried token, the runner's pick, which never
-//! crosses to the host before the step that reads it is queued), launches it, and only then
-//! waits for the older step's picks ([`tandem_model::runner::ModelRunner::collect_picks`]) and applies them. The
-//! device so always has the next step queued while the host samples, appends, checks stop
-//! conditions and streams tokens.
+//! With a runner that overlaps steps (a GPU: kernels are queued and run while the host goes
+//! on; `ModelRunner::overlaps_steps`), a step whose rows the runner chooses is *launched*
+//! (`ModelRunner::launch_sample`) and answered by the next call to [`Engine::step`]. That
+//! call first plans the following step ahead of the result
+//! ([`crate::scheduler::Scheduler::schedule_ahead`]: each sequence being sampled gets one
+//! carried token, the runner's pick, which never crosses to the host before the step that
+//! reads it is queued), launches it, and only then waits for the older step's picks
+//! (`ModelRunner::collect_picks`) and applies them. The device so always has the next step
+//! queued while the host samples, appends, checks stop conditions and streams tokens.
 //!
 //! Results are those of the synchronous loop, request by request, token for token: a row's
 //! token depends only on its own sequence (batch invariance) and each request draws from its

@@ -11,13 +11,14 @@ use crate::sequence::{FinishReason, RequestParams, SeqId};
 use crate::step_plan::{SeqEvent, StepResult};
 
 impl Scheduler {
-    /// Applies the runner's answer to the (oldest) plan in flight: advances `num_computed_tokens` by
-    /// each grant, appends the sampled tokens, applies the stop conditions (in order: EOS
-    /// unless `ignore_eos`, `stop_token_ids`, `max_tokens`, the longest sequence the engine
-    /// holds) and releases finished sequences' blocks. Sequences aborted while the step was
-    /// in flight are skipped. A group whose prompt completed is first forked into its
-    /// siblings (each then gets its own token); managed sequences only advance. A result that
-    /// does not answer the plan changes nothing.
+    /// Applies the runner's answer to the (oldest) plan in flight: advances
+    /// `num_computed_tokens` by each grant, appends the sampled tokens, applies the stop
+    /// conditions (in order: EOS unless `ignore_eos`, `stop_token_ids`, `max_tokens`, the
+    /// longest sequence the engine holds) and releases finished sequences' blocks. Sequences
+    /// that ended while the step was in flight (aborted, or finished by the step before it)
+    /// are skipped. A group whose prompt completed is first forked into its siblings (each
+    /// then gets its own token); managed sequences only advance. A result that does not
+    /// answer the plan changes nothing.
     pub fn update(&mut self, result: &StepResult) -> Result<Vec<SeqEvent>> {
         let flight = self
             .in_flight
