@@ -276,13 +276,8 @@ fn outputs(ids: &[SeqId], events: Vec<EngineEvent>) -> Vec<Out> {
                 logprob,
                 top_logprobs,
             } => {
-                let top = top_logprobs
-                    .iter()
-                    .map(|&(t, l)| (t, l.to_bits()))
-                    .collect();
-                outs[index(seq_id)]
-                    .tokens
-                    .push(Tok(token, logprob.to_bits(), top));
+                let tok = Tok::of(token, logprob, &top_logprobs);
+                outs[index(seq_id)].tokens.push(tok);
             }
             EngineEvent::Finished { seq_id, reason } => outs[index(seq_id)].finish = Some(reason),
             _ => {}

@@ -315,17 +315,14 @@ fn a_carried_token_counts_once_more_for_the_penalties() {
     let (mut c, mut cs) = (Buf::of(&carried), Buf::zeroed(carried.len() * 4));
     let n = lists.len();
     let with = Some((c.ptr(), cs.ptr()));
-    k.process_rows(
-        l.ptr(),
-        rp.ptr(),
-        tk.ptr(),
-        saved.ptr(),
-        with,
-        n,
-        VOCAB,
-        false,
-    )
-    .expect("launch");
+    let (logits_ptr, rows_ptr, tokens_ptr, saved_ptr) = (l.ptr(), rp.ptr(), tk.ptr(), saved.ptr());
+    let run = |restore| {
+        k.process_rows(
+            logits_ptr, rows_ptr, tokens_ptr, saved_ptr, with, n, VOCAB, restore,
+        )
+        .expect("launch")
+    };
+    run(false);
     let processed = l.read::<f32>();
     let mut counted = 0;
     for (i, (row, p)) in logits.iter().zip(&lists).enumerate() {
@@ -342,17 +339,7 @@ fn a_carried_token_counts_once_more_for_the_penalties() {
         }
     }
     assert!(counted > 20, "the carried tokens change {counted} lists");
-    k.process_rows(
-        l.ptr(),
-        rp.ptr(),
-        tk.ptr(),
-        saved.ptr(),
-        with,
-        n,
-        VOCAB,
-        true,
-    )
-    .expect("launch");
+    run(true);
     let restored = l.read::<f32>();
     let same = restored
         .iter()

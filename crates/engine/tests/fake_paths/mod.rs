@@ -33,6 +33,14 @@ pub const TINY: usize = CONTEXT / BLOCK + 2;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tok(pub TokenId, pub u32, pub Vec<(TokenId, u32)>);
 
+impl Tok {
+    /// An emitted token, its logprobs as bits.
+    pub fn of(token: TokenId, logprob: f32, top: &[(TokenId, f32)]) -> Tok {
+        let top = top.iter().map(|&(t, l)| (t, l.to_bits())).collect();
+        Tok(token, logprob.to_bits(), top)
+    }
+}
+
 /// What one request (one sample) produced.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Out {
@@ -115,8 +123,7 @@ impl Run {
                 } => {
                     let out = self.out(seq_id);
                     assert!(out.finish.is_none(), "{seq_id:?}: a token after its end");
-                    let top = top.iter().map(|&(t, l)| (t, l.to_bits())).collect();
-                    out.tokens.push(Tok(token, logprob.to_bits(), top));
+                    out.tokens.push(Tok::of(token, logprob, &top));
                 }
                 EngineEvent::Finished { seq_id, reason } => {
                     let failed = matches!(reason, FinishReason::Error(_));
