@@ -46,9 +46,7 @@ fn carry_tokens_covers_more_pairs_than_a_block_has_threads() {
     for dtype in MODES {
         let n = 700;
         let mut r = rng(11);
-        let picks: Vec<i32> = (0..n)
-            .map(|_| r.random_range(-3..50_000))
-            .collect();
+        let picks: Vec<i32> = (0..n).map(|_| r.random_range(-3..50_000)).collect();
         let tokens: Vec<i32> = (0..n as i32).map(|i| -i - 1).collect();
         // Every third row carries the pick of a shuffled output.
         let pairs: Vec<(usize, usize)> = (0..n)
