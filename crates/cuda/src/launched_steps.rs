@@ -194,25 +194,7 @@ impl LaunchedSteps {
 
     /// Checks `carried` for a batch of `tokens` tokens against the latest step.
     pub fn check_carried(&self, carried: &[CarriedToken], tokens: usize) -> Result<(), CudaError> {
-        if carried.is_empty() {
-            return Ok(());
-        }
-        let Some(outputs) = self.latest_outputs else {
-            return Err(bad("carried tokens but no step was launched before".into()));
-        };
-        let mut seen = vec![false; tokens];
-        for c in carried {
-            if c.row >= tokens || c.from_output >= outputs {
-                return Err(bad(format!(
-                    "carried token {c:?} outside the batch's {tokens} rows or the last \
-                     step's {outputs} output rows"
-                )));
-            }
-            if std::mem::replace(&mut seen[c.row], true) {
-                return Err(bad(format!("row {} is carried twice", c.row)));
-            }
-        }
-        Ok(())
+        check_carried(carried, tokens, self.latest_outputs)
     }
 
     /// Makes room for the picks of `outputs` rows; a grown buffer keeps the latest step's
@@ -286,6 +268,34 @@ impl LaunchedSteps {
     }
 }
 
+/// Checks that `carried` names distinct rows of a batch of `tokens` tokens and output rows
+/// of the latest step, which had `latest_outputs` (`None`: there is none).
+fn check_carried(
+    carried: &[CarriedToken],
+    tokens: usize,
+    latest_outputs: Option<usize>,
+) -> Result<(), CudaError> {
+    if carried.is_empty() {
+        return Ok(());
+    }
+    let Some(outputs) = latest_outputs else {
+        return Err(bad("carried tokens but no step was launched before".into()));
+    };
+    let mut seen = vec![false; tokens];
+    for c in carried {
+        if c.row >= tokens || c.from_output >= outputs {
+            return Err(bad(format!(
+                "carried token {c:?} outside the batch's {tokens} rows or the last step's \
+                 {outputs} output rows"
+            )));
+        }
+        if std::mem::replace(&mut seen[c.row], true) {
+            return Err(bad(format!("row {} is carried twice", c.row)));
+        }
+    }
+    Ok(())
+}
+
 fn bad(message: String) -> CudaError {
     ModelError::Batch(message).into()
 }
@@ -293,6 +303,28 @@ fn bad(message: String) -> CudaError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn carried(pairs: &[(usize, usize)]) -> Vec<CarriedToken> {
+        pairs
+            .iter()
+            .map(|&(row, from_output)| CarriedToken { row, from_output })
+            .collect()
+    }
+
+    #[test]
+    fn carried_tokens_must_name_distinct_rows_and_outputs_of_the_latest_step() {
+        assert!(check_carried(&[], 3, None).is_ok());
+        assert!(check_carried(&carried(&[(0, 1), (2, 0)]), 3, Some(2)).is_ok());
+        for (pairs, outputs) in [
+            (vec![(0, 0)], None),            // no step before
+            (vec![(3, 0)], Some(2)),         // past the batch
+            (vec![(0, 2)], Some(2)),         // past the outputs of the step before
+            (vec![(1, 0), (1, 1)], Some(2)), // a row twice
+        ] {
+            let r = check_carried(&carried(&pairs), 3, outputs);
+            assert!(r.is_err(), "{pairs:?} of {outputs:?}");
+        }
+    }
 
     #[test]
     fn the_result_layout_packs_every_row_result_without_overlap() {
