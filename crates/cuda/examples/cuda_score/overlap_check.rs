@@ -98,9 +98,10 @@ fn tokens_of(picks: &[Option<TokenPick>]) -> Vec<TokenId> {
 }
 
 /// Two decode steps of `n` sequences both ways; the rows that differ. The reference runs
-/// on blocks from `first_block`, the overlapped steps on as many blocks after them. The
-/// second overlapped step lists the sequences in reverse order, so output row `i` of the
-/// first step feeds row `n - 1 - i`; its row 0 is not carried but holds the host's token.
+/// on blocks from `first`, the overlapped steps on as many blocks after them. The second
+/// step lists the sequences in reverse order, so output row `i` of the first step feeds
+/// row `n - 1 - i` (the same batches on both paths: only where the tokens come from
+/// differs).
 fn compare(runner: &mut CudaRunner, tokens: &[TokenId], n: usize, first: usize) -> Result<usize> {
     let per_seq = (PROMPT + 2).div_ceil(BLOCK);
     let tables = |base: usize| -> Vec<Vec<BlockId>> {
@@ -114,25 +115,28 @@ fn compare(runner: &mut CudaRunner, tokens: &[TokenId], n: usize, first: usize) 
     let start: Vec<TokenId> = (0..n).map(|i| tokens[(i * 3 + 1) % tokens.len()]).collect();
     let (d1, d2) = (draws(n, 1), draws(n, 2));
 
-    let r1 = runner.forward_sample(&step_batch(&reference, &start, PROMPT), &d1)?;
-    let r2 = runner.forward_sample(&step_batch(&reference, &tokens_of(&r1), PROMPT + 1), &d2)?;
+    // The second step lists the sequences in reverse order, on both paths.
+    let reversed = |t: &[Vec<BlockId>]| -> Vec<Vec<BlockId>> { t.iter().rev().cloned().collect() };
+    let d2: Vec<RowDraw> = d2.into_iter().rev().collect();
 
-    let reversed: Vec<Vec<BlockId>> = overlapped.iter().rev().cloned().collect();
+    let r1 = runner.forward_sample(&step_batch(&reference, &start, PROMPT), &d1)?;
+    let fed: Vec<TokenId> = tokens_of(&r1).into_iter().rev().collect();
+    let r2 = runner.forward_sample(&step_batch(&reversed(&reference), &fed, PROMPT + 1), &d2)?;
+
+    // Row 0 is not carried: it holds the host's token, as the reference's does.
     let mut placeholders = vec![TokenId(0); n];
-    placeholders[0] = tokens_of(&r1)[n - 1];
+    placeholders[0] = fed[0];
     let carried: Vec<CarriedToken> = (1..n)
         .map(|row| CarriedToken {
             row,
             from_output: n - 1 - row,
         })
         .collect();
-    let d2_reversed: Vec<RowDraw> = d2.iter().rev().cloned().collect();
     runner.launch_sample(&step_batch(&overlapped, &start, PROMPT), &d1, &[])?;
-    let second = step_batch(&reversed, &placeholders, PROMPT + 1);
-    runner.launch_sample(&second, &d2_reversed, &carried)?;
+    let second = step_batch(&reversed(&overlapped), &placeholders, PROMPT + 1);
+    runner.launch_sample(&second, &d2, &carried)?;
     let o1 = runner.collect_picks()?;
-    let mut o2 = runner.collect_picks()?;
-    o2.reverse();
+    let o2 = runner.collect_picks()?;
     ensure!(
         runner.collect_picks().is_err(),
         "a third collect found a step"
