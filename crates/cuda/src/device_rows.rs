@@ -4,7 +4,9 @@
 //! ([`tandem_model::runner::ModelRunner::forward_sample`]: processing.cu applies each
 //! row's processors in place, `sample_rows`, sampling.cu, draws each row's token, the raw
 //! logits are put back, and the token's raw logprob then comes as a target's does, with
-//! the row's most likely tokens from `top_logits` when asked; see `draw_buffers.rs`).
+//! the row's most likely tokens from `top_logits` when asked; see `draw_buffers.rs`). Picks
+//! are queued and collected by `step_launch.rs`, the same way for a step run to its end and
+//! for an overlapped one.
 //!
 //! All need a few numbers per row, but the forward pass makes a vocabulary's worth of
 //! logits per row: 32 sequences of 2,048 tokens of a 128k-vocabulary model are 34 GB of
