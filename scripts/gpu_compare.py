@@ -86,6 +86,14 @@ def summary_lines(name, r):
                 lines.append(f"  {key} {dtype}: {v['differ']} of "
                              f"{v.get('positions', v.get('rows'))} differ from the host "
                              f"(goal 0); {json.dumps({k: x for k, x in v.items() if k.endswith(('_ms', '_differ'))})}")
+        ov = c.get("overlap")
+        if ov is not None:
+            rates = ", ".join(
+                f"B={b} {ov[f'decode_b{b}_sequential_tok_s']:.1f} -> "
+                f"{ov[f'decode_b{b}_overlapped_tok_s']:.1f} tok/s"
+                for b in (1, 16, 64) if f"decode_b{b}_overlapped_tok_s" in ov)
+            lines.append(f"  overlapped steps {dtype}: overlap_differ {ov['overlap_differ']} of "
+                         f"{ov['rows']} rows (goal 0); decode sequential -> overlapped: {rates}")
         tc = c.get("tensor_core_attention")
         if tc is not None:
             lines.append(

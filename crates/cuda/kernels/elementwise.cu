@@ -36,3 +36,16 @@ extern "C" __global__ void gather_hidden(const float* hidden_store, const i64* s
         store_act(out, row * width + i, src[i]);
     }
 }
+
+// The tokens an overlapped step carries from the step before (`launched_steps.rs`): for
+// each of `count` pairs (row, from_output), tokens[row] = picks[from_output], where a
+// negative pick (a row the step before could not draw) reads as token 0. picks: that
+// step's [output rows] tokens as `sample_rows` wrote them; pairs: [count, 2]. One block,
+// threads stride the pairs; the rows are distinct, so no two threads write one token.
+extern "C" __global__ void carry_tokens(int* tokens, const int* picks, const int* pairs,
+                                        int count) {
+    for (int i = threadIdx.x; i < count; i += blockDim.x) {
+        int pick = picks[pairs[2 * i + 1]];
+        tokens[pairs[2 * i]] = pick < 0 ? 0 : pick;
+    }
+}

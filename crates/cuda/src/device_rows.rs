@@ -4,7 +4,9 @@
 //! ([`tandem_model::runner::ModelRunner::forward_sample`]: processing.cu applies each
 //! row's processors in place, `sample_rows`, sampling.cu, draws each row's token, the raw
 //! logits are put back, and the token's raw logprob then comes as a target's does, with
-//! the row's most likely tokens from `top_logits` when asked; see `draw_buffers.rs`).
+//! the row's most likely tokens from `top_logits` when asked; see `draw_buffers.rs`). Picks
+//! are queued and collected by `step_launch.rs`, the same way for a step run to its end and
+//! for an overlapped one.
 //!
 //! All need a few numbers per row, but the forward pass makes a vocabulary's worth of
 //! logits per row: 32 sequences of 2,048 tokens of a 128k-vocabulary model are 34 GB of
@@ -25,7 +27,7 @@ use tandem_model::ModelError;
 use crate::batch_layout::BatchLayout;
 use crate::error::{catch_binding_panic, CudaError};
 use crate::forward::ptr;
-use crate::row_kernels::{row_sampling_bytes, TOP_LOGITS_MAX};
+use crate::row_kernels::TOP_LOGITS_MAX;
 use crate::runner::CudaRunner;
 use crate::step_inputs::LOGIT_ROWS;
 
@@ -36,17 +38,6 @@ struct RowStats {
     /// 0 for a row holding a NaN or an infinity (a finite row sums at least 1).
     sum: Vec<f64>,
     target_logit: Vec<f32>,
-    /// The targets, when a kernel chose them on the device (else empty).
-    tokens: Vec<i32>,
-}
-
-/// The targets whose logits [`CudaRunner::row_stats`] reads.
-#[derive(Debug, Clone, Copy)]
-enum Targets<'a> {
-    /// Each row's target from the host (negative: none).
-    Host(&'a [i32]),
-    /// Already in the targets buffer (tokens drawn there by `sample_rows`).
-    OnDevice,
 }
 
 impl CudaRunner {
@@ -99,8 +90,7 @@ impl CudaRunner {
             uniform: 0.0,
         });
         let rows = vec![greedy; layout.output_rows.len()];
-        self.device.bind()?;
-        catch_binding_panic(|| self.run_picks(layout, &rows))
+        self.picks_now(layout, &rows)
     }
 
     /// [`tandem_model::runner::ModelRunner::forward_sample`] on the device.
@@ -109,6 +99,16 @@ impl CudaRunner {
         batch: &ForwardBatch,
         rows: &[RowDraw],
     ) -> Result<Vec<Option<TokenPick>>, CudaError> {
+        let layout = self.sample_layout(batch, rows)?;
+        self.picks_now(layout, rows)
+    }
+
+    /// The layout of `batch` after checking it and its row draws (one per output row).
+    pub(crate) fn sample_layout(
+        &self,
+        batch: &ForwardBatch,
+        rows: &[RowDraw],
+    ) -> Result<BatchLayout, CudaError> {
         let c = &self.config;
         batch.validate(c.vocab_size, self.pool.block_size, self.pool.num_blocks)?;
         let layout = BatchLayout::build(batch, self.pool.block_size, &self.inv_freqs)?;
@@ -130,8 +130,7 @@ impl CudaRunner {
             ))
             .into());
         }
-        self.device.bind()?;
-        catch_binding_panic(|| self.run_picks(layout, rows))
+        Ok(layout)
     }
 
     /// Runs the layers eagerly, then the LM head and the row sums [`LOGIT_ROWS`] rows at a
@@ -143,7 +142,7 @@ impl CudaRunner {
     ) -> Result<Vec<Option<f32>>, CudaError> {
         self.ensure_capacity(l.tokens.len(), l.max_blocks)?;
         l.widen_tables(self.inputs.table_stride);
-        self.queue_eager(&l)?;
+        self.queue_eager(&l, &[])?;
         let mut out = Vec::with_capacity(targets.len());
         for (g, (slots, group)) in l
             .output_slots
@@ -151,10 +150,10 @@ impl CudaRunner {
             .zip(targets.chunks(LOGIT_ROWS))
             .enumerate()
         {
-            self.inputs.upload_output_slots(slots)?;
+            self.inputs.upload_output_slots(slots, &mut self.staging)?;
             self.queue_lm_head(slots.len())?;
             let ids: Vec<i32> = group.iter().map(|t| t.map_or(-1, |t| t.0 as i32)).collect();
-            let st = self.row_stats(slots.len(), Targets::Host(&ids))?;
+            let st = self.row_stats(slots.len(), &ids)?;
             for (i, t) in group.iter().enumerate() {
                 let Some(_) = t else {
                     out.push(None);
@@ -174,83 +173,11 @@ impl CudaRunner {
         Ok(out)
     }
 
-    /// A forward pass as [`CudaRunner::run_forward`] runs it (decode steps through their
-    /// graph), with each output row reduced on the device to the token `sampling` (one per
-    /// row) draws for it.
-    fn run_picks(
-        &mut self,
-        mut l: BatchLayout,
-        sampling: &[RowDraw],
-    ) -> Result<Vec<Option<TokenPick>>, CudaError> {
-        self.ensure_capacity(l.tokens.len(), l.max_blocks)?;
-        l.widen_tables(self.inputs.table_stride);
-        if let Some(bucket) = self.graph_bucket(&l) {
-            let n = l.tokens.len();
-            self.replay_decode(l, bucket)?;
-            return self.pick_rows(n, sampling);
-        }
-        self.queue_eager(&l)?;
-        let mut picks = Vec::with_capacity(l.output_slots.len());
-        for (g, slots) in l.output_slots.chunks(LOGIT_ROWS).enumerate() {
-            self.inputs.upload_output_slots(slots)?;
-            self.queue_lm_head(slots.len())?;
-            let group = &sampling[g * LOGIT_ROWS..g * LOGIT_ROWS + slots.len()];
-            picks.extend(self.pick_rows(slots.len(), group)?);
-        }
-        Ok(picks)
-    }
-
-    /// The picks of the first `rows` rows of the logits buffer, chosen as `draws` (one per
-    /// row) say; then their raw logprobs, as targets', and the top logprobs asked for.
-    fn pick_rows(
-        &mut self,
-        rows: usize,
-        draws: &[RowDraw],
-    ) -> Result<Vec<Option<TokenPick>>, CudaError> {
+    /// Reduces the first `rows` (at most [`LOGIT_ROWS`]) rows of the logits buffer with
+    /// the host's `targets` (negative: none) and copies the statistics to the host.
+    fn row_stats(&mut self, rows: usize, targets: &[i32]) -> Result<RowStats, CudaError> {
         let s = self.device.stream.clone();
-        let bytes: Vec<u8> = draws
-            .iter()
-            .flat_map(|d| row_sampling_bytes(&d.sampling))
-            .collect();
-        s.memcpy_htod(&bytes, &mut self.ws.sample_params)?;
-        let processed = self.process_drawn_rows(draws)?;
-        let ws = &self.ws;
-        self.kernels.sample_rows(
-            ptr(&ws.logits, &s),
-            ptr(&ws.sample_params, &s),
-            rows,
-            self.config.vocab_size,
-            ptr(&ws.lp_targets, &s),
-        )?;
-        if processed {
-            self.restore_processed(rows)?;
-        }
-        let st = self.row_stats(rows, Targets::OnDevice)?;
-        let mut tops = self.top_logprobs(draws, &st.max, &st.sum)?.into_iter();
-        Ok((0..rows)
-            .map(|i| {
-                let top = tops.next().unwrap_or_default();
-                TokenPick::from_stats(
-                    st.tokens[i] as i64,
-                    st.target_logit[i],
-                    st.max[i],
-                    st.sum[i],
-                )
-                .map(|p| TokenPick {
-                    top_logprobs: top,
-                    ..p
-                })
-            })
-            .collect())
-    }
-
-    /// Reduces the first `rows` (at most [`LOGIT_ROWS`]) rows of the logits buffer and
-    /// copies the statistics to the host.
-    fn row_stats(&mut self, rows: usize, targets: Targets<'_>) -> Result<RowStats, CudaError> {
-        let s = self.device.stream.clone();
-        if let Targets::Host(t) = targets {
-            s.memcpy_htod(t, &mut self.ws.lp_targets)?;
-        }
+        s.memcpy_htod(targets, &mut self.ws.lp_targets)?;
         let ws = &self.ws;
         self.kernels.logit_exp_sums(
             ptr(&ws.logits, &s),
@@ -265,15 +192,10 @@ impl CudaRunner {
             max: vec![0.0; rows],
             sum: vec![0.0; rows],
             target_logit: vec![0.0; rows],
-            tokens: Vec::new(),
         };
         s.memcpy_dtoh(&ws.lp_max.slice(..rows), &mut st.max)?;
         s.memcpy_dtoh(&ws.lp_sum.slice(..rows), &mut st.sum)?;
         s.memcpy_dtoh(&ws.lp_target_logit.slice(..rows), &mut st.target_logit)?;
-        if matches!(targets, Targets::OnDevice) {
-            st.tokens = vec![0; rows];
-            s.memcpy_dtoh(&ws.lp_targets.slice(..rows), &mut st.tokens)?;
-        }
         Ok(st)
     }
 }

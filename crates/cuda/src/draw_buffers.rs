@@ -11,6 +11,7 @@ use tandem_model::row_sampling::RowDraw;
 
 use crate::error::CudaError;
 use crate::forward::ptr;
+use crate::launched_steps::{PinnedResults, RowResult};
 use crate::row_kernels::{
     append_processing, ROW_PROCESSING_BYTES, TOKEN_ADJUSTMENT_BYTES, TOP_LOGITS_MAX,
 };
@@ -68,8 +69,8 @@ impl CudaRunner {
             b.tokens = s.alloc_zeros(grown * TOKEN_ADJUSTMENT_BYTES)?;
             b.saved = s.alloc_zeros(grown)?;
         }
-        s.memcpy_htod(&rows, &mut b.rows)?;
-        s.memcpy_htod(&tokens, &mut b.tokens)?;
+        self.staging.copy(&s, &rows, &mut b.rows)?;
+        self.staging.copy(&s, &tokens, &mut b.tokens)?;
         self.launch_processing(draws.len(), false)?;
         Ok(true)
     }
@@ -94,18 +95,18 @@ impl CudaRunner {
         )
     }
 
-    /// The most likely tokens of the raw rows `draws` ask for (one per row of the logits
-    /// buffer), with their log-probabilities from each row's maximum and softmax sum;
-    /// empty lists when no row asks.
-    pub(crate) fn top_logprobs(
+    /// Queues `top_logits` over the rows of the logits buffer for the top logprobs `draws`
+    /// ask for (one per row) and the copies of its results to output rows `first..` of
+    /// `results`; nothing when no row asks.
+    pub(crate) fn queue_top_logits(
         &mut self,
         draws: &[RowDraw],
-        max: &[f32],
-        sum: &[f64],
-    ) -> Result<Vec<Vec<(TokenId, f32)>>, CudaError> {
+        first: usize,
+        results: &mut PinnedResults,
+    ) -> Result<(), CudaError> {
         let rows = draws.len();
         if draws.iter().all(|d| d.top_logprobs == 0) {
-            return Ok(vec![Vec::new(); rows]);
+            return Ok(());
         }
         let counts: Vec<i32> = draws
             .iter()
@@ -113,27 +114,37 @@ impl CudaRunner {
             .collect();
         let s = self.device.stream.clone();
         let b = &mut self.draws;
-        s.memcpy_htod(&counts, &mut b.top_counts)?;
-        self.kernels.top_logits(
-            ptr(&self.ws.logits, &s),
-            ptr(&b.top_counts, &s),
-            rows,
-            self.config.vocab_size,
-            ptr(&b.top_ids, &s),
-            ptr(&b.top_values, &s),
-        )?;
-        let mut ids = vec![0i32; rows * TOP_LOGITS_MAX];
-        let mut values = vec![0f32; rows * TOP_LOGITS_MAX];
-        s.memcpy_dtoh(&b.top_ids.slice(..ids.len()), &mut ids)?;
-        s.memcpy_dtoh(&b.top_values.slice(..values.len()), &mut values)?;
-        Ok((0..rows)
-            .map(|r| {
-                let n = (counts[r] as usize).min(self.config.vocab_size);
-                let lse = log_sum_exp(max[r], sum[r]);
-                (r * TOP_LOGITS_MAX..r * TOP_LOGITS_MAX + n)
-                    .map(|i| (TokenId(ids[i] as u32), log_prob(values[i], lse)))
-                    .collect()
-            })
-            .collect())
+        self.staging.copy(&s, &counts, &mut b.top_counts)?;
+        let (ids, values) = (ptr(&b.top_ids, &s), ptr(&b.top_values, &s));
+        let logits = ptr(&self.ws.logits, &s);
+        let vocab = self.config.vocab_size;
+        self.kernels
+            .top_logits(logits, ptr(&b.top_counts, &s), rows, vocab, ids, values)?;
+        results.queue_copy(&s, RowResult::TopIds, first, rows, ids)?;
+        results.queue_copy(&s, RowResult::TopValues, first, rows, values)
     }
+}
+
+/// The `count` (at most [`TOP_LOGITS_MAX`] and the vocabulary) most likely tokens of output
+/// row `row` from its collected results, with their log-probabilities from the row's
+/// maximum and softmax sum.
+pub(crate) fn top_logprobs_of(
+    results: &PinnedResults,
+    row: usize,
+    count: usize,
+    vocab: usize,
+) -> Vec<(TokenId, f32)> {
+    let n = count.min(TOP_LOGITS_MAX).min(vocab);
+    if n == 0 {
+        return Vec::new();
+    }
+    let max = results.f32_at(RowResult::Max, row, 0);
+    let lse = log_sum_exp(max, results.f64_at(RowResult::Sum, row));
+    (0..n)
+        .map(|i| {
+            let id = results.i32_at(RowResult::TopIds, row, i);
+            let value = results.f32_at(RowResult::TopValues, row, i);
+            (TokenId(id as u32), log_prob(value, lse))
+        })
+        .collect()
 }

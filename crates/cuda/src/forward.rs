@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use tandem_model::batch::CarriedToken;
 use tandem_model::logits::Logits;
 use tandem_model::ModelConfig;
 
@@ -134,14 +135,19 @@ impl CudaRunner {
         if let Some(bucket) = self.graph_bucket(&l) {
             return self.decode_with_graph(l, bucket);
         }
-        self.queue_eager(&l)?;
+        self.queue_eager(&l, &[])?;
         self.lm_head(l.output_rows.clone(), &l.output_slots)
     }
 
-    /// Uploads `l` (already fitted by [`CudaRunner::ensure_capacity`] and widened) and
-    /// queues every layer over it eagerly.
-    pub(crate) fn queue_eager(&mut self, l: &BatchLayout) -> Result<(), CudaError> {
-        self.inputs.upload(l)?;
+    /// Uploads `l` (already fitted by [`CudaRunner::ensure_capacity`] and widened), writes
+    /// the `carried` tokens from the latest step's picks and queues every layer eagerly.
+    pub(crate) fn queue_eager(
+        &mut self,
+        l: &BatchLayout,
+        carried: &[CarriedToken],
+    ) -> Result<(), CudaError> {
+        self.inputs.upload(l, &mut self.staging)?;
+        self.queue_carried(carried)?;
         let parts = l.max_context().div_ceil(ATTN_PARTITION).max(1);
         let tiles = self.attention_tiles(l, parts)?;
         self.queue_layers(l.tokens.len(), parts, tiles.as_ref())
@@ -160,7 +166,7 @@ impl CudaRunner {
         if self.tensor_core_prefill() {
             let n = l.tokens.len();
             let tiles = AttentionTiles::build(&l.token_seq, &l.positions, TC_TILE_TOKENS, n);
-            self.inputs.upload_tiles(&tiles.pairs)?;
+            self.inputs.upload_tiles(&tiles.pairs, &mut self.staging)?;
             return Ok(Some(tiles));
         }
         let c = &self.config;
@@ -169,7 +175,7 @@ impl CudaRunner {
         let per_tile = tokens_per_tile(group, c.head_dim, self.dtype.size(), limit);
         let rows = attention_rows(c.num_heads, parts);
         let tiles = AttentionTiles::build(&l.token_seq, &l.positions, per_tile, rows);
-        self.inputs.upload_tiles(&tiles.pairs)?;
+        self.inputs.upload_tiles(&tiles.pairs, &mut self.staging)?;
         Ok(Some(tiles))
     }
 
@@ -215,7 +221,7 @@ impl CudaRunner {
     /// A decode step through the graph of `bucket`, recorded first if needed.
     fn decode_with_graph(&mut self, l: BatchLayout, bucket: usize) -> Result<Logits, CudaError> {
         let n = l.tokens.len();
-        self.replay_decode(l, bucket)?;
+        self.replay_decode(l, bucket, &[])?;
         let vocab = self.config.vocab_size;
         let mut data = logits_buffer(n * vocab);
         let s = &self.device.stream;
@@ -223,16 +229,20 @@ impl CudaRunner {
         Ok(Logits::new((0..n).collect(), vocab, data))
     }
 
-    /// Queues the graph of `bucket` (recorded first if needed) over the decode layout `l`:
-    /// the logits of its tokens end in the first rows of the logits buffer.
+    /// Queues the graph of `bucket` (recorded first if needed) over the decode layout `l`
+    /// with its `carried` tokens from the latest step's picks: the logits of its tokens end
+    /// in the first rows of the logits buffer.
     pub(crate) fn replay_decode(
         &mut self,
         mut l: BatchLayout,
         bucket: usize,
+        carried: &[CarriedToken],
     ) -> Result<(), CudaError> {
         l.pad_decode(bucket, self.pool.scratch_block(), self.pool.block_size);
-        self.inputs.upload(&l)?;
-        self.inputs.upload_output_slots(&l.output_slots)?;
+        self.inputs.upload(&l, &mut self.staging)?;
+        self.inputs
+            .upload_output_slots(&l.output_slots, &mut self.staging)?;
+        self.queue_carried(carried)?;
         if !self.graphs.has(bucket) {
             let parts = self.graph_parts();
             let stream = self.device.stream.clone();
@@ -457,7 +467,7 @@ impl CudaRunner {
             .chunks(LOGIT_ROWS)
             .zip(data.chunks_mut(LOGIT_ROWS * vocab))
         {
-            self.inputs.upload_output_slots(group)?;
+            self.inputs.upload_output_slots(group, &mut self.staging)?;
             self.queue_lm_head(group.len())?;
             s.memcpy_dtoh(&self.ws.logits.slice(..group.len() * vocab), out)?;
         }

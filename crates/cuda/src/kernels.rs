@@ -42,7 +42,7 @@ const SOURCES: [(&str, &str); 12] = [
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 19] = [
+pub const KERNEL_NAMES: [&str; 20] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
@@ -52,6 +52,7 @@ pub const KERNEL_NAMES: [&str; 19] = [
     "attention_tc",
     "swiglu",
     "gather_hidden",
+    "carry_tokens",
     "logit_exp_sums",
     "process_rows",
     "restore_rows",

@@ -33,8 +33,10 @@ mod emulator;
 mod error;
 mod forward;
 mod gemm;
+mod host_staging;
 pub mod kernels;
 mod kv_pool;
+mod launched_steps;
 mod libs;
 pub mod nvrtc_cache;
 mod options;
@@ -44,6 +46,7 @@ mod q8_weights;
 mod row_kernels;
 mod runner;
 mod step_inputs;
+mod step_launch;
 mod step_profile;
 mod weights;
 

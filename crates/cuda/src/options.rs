@@ -108,11 +108,16 @@ pub struct CudaOptions {
     /// attention_tc.cu). Off by default until measured on a GPU; such steps then no longer
     /// match decode steps bit for bit.
     pub tensor_core_attention: bool,
+    /// Overlap steps (`ModelRunner::overlaps_steps`): the engine launches a step, plans
+    /// the next while the device runs it, and collects its picks after launching the next
+    /// (see `launched_steps.rs`). Off: every step runs to its end before the next is
+    /// planned.
+    pub overlap_steps: bool,
 }
 
 impl CudaOptions {
     /// bf16 on device 0, blocks of 16, 90% of device memory, workspace for 2048 tokens,
-    /// CUDA graphs for decode steps.
+    /// CUDA graphs for decode steps, overlapped steps.
     pub fn new(kernel_cache_dir: PathBuf) -> CudaOptions {
         CudaOptions {
             device_ordinal: 0,
@@ -125,6 +130,7 @@ impl CudaOptions {
             batch_invariant: false,
             weights: CudaWeights::Dense,
             tensor_core_attention: false,
+            overlap_steps: true,
         }
     }
 

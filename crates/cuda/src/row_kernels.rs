@@ -158,4 +158,25 @@ impl Kernels {
         ];
         self.launch("top_logits", (rows as u32, 1), SAMPLE_THREADS, &args)
     }
+
+    /// `tokens[row] = max(picks[from_output], 0)` for each of `count` pairs `(row,
+    /// from_output)`: the tokens an overlapped step carries from the picks of the step
+    /// before. tokens: the step's `[n]` i32 input tokens; picks: `[outputs]` i32 as
+    /// `sample_rows` wrote them; pairs: `[count, 2]` i32, distinct rows.
+    pub fn carry_tokens(
+        &self,
+        tokens: DevPtr,
+        picks: DevPtr,
+        pairs: DevPtr,
+        count: usize,
+    ) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(tokens),
+            Arg::Ptr(picks),
+            Arg::Ptr(pairs),
+            Arg::I32(count as i32),
+        ];
+        let blocks = u32::from(count > 0);
+        self.launch("carry_tokens", (blocks, 1), SAMPLE_THREADS, &args)
+    }
 }

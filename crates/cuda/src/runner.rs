@@ -4,7 +4,7 @@ use std::ops::Range;
 
 use cudarc::driver::CudaSlice;
 use sha2::{Digest, Sha256};
-use tandem_model::batch::{BlockId, ForwardBatch, TokenId};
+use tandem_model::batch::{BlockId, CarriedToken, ForwardBatch, TokenId};
 use tandem_model::host_model::HostModel;
 use tandem_model::logits::Logits;
 use tandem_model::row_sampling::RowDraw;
@@ -20,8 +20,10 @@ use crate::draw_buffers::DrawBuffers;
 use crate::error::{catch_binding_panic, CudaError};
 use crate::forward::Workspace;
 use crate::gemm::Gemm;
+use crate::host_staging::HostStaging;
 use crate::kernels::{Kernels, MAX_GQA_GROUP, MAX_HEAD_DIM};
 use crate::kv_pool::{blocks_for_fraction, bytes_per_token, KvPool};
+use crate::launched_steps::LaunchedSteps;
 use crate::options::{CudaDtype, CudaOptions, CudaWeights, KvBudget};
 use crate::step_inputs::StepInputs;
 use crate::step_profile::{EventLog, StepProfile};
@@ -45,13 +47,19 @@ pub struct CudaRunner {
     pub(crate) pool: KvPool,
     pub(crate) ws: Workspace,
     pub(crate) draws: DrawBuffers,
+    /// Launched steps not yet collected, and the latest step's picks on the device.
+    pub(crate) steps: LaunchedSteps,
     pub(crate) inputs: StepInputs,
+    /// Page-locked staging of a launched step's uploads.
+    pub(crate) staging: HostStaging,
     pub(crate) kernels: Kernels,
     pub(crate) gemm: Gemm,
     /// Products by the fixed-order kernel rather than cuBLAS (`CudaOptions::batch_invariant`).
     pub(crate) batch_invariant: bool,
     /// `CudaOptions::tensor_core_attention`.
     pub(crate) tensor_core_attention: bool,
+    /// `CudaOptions::overlap_steps`.
+    overlap_steps: bool,
     /// Events of a profiled step (empty otherwise); dropped before the device.
     pub(crate) profile: EventLog,
     pub(crate) device: Device,
@@ -83,6 +91,7 @@ impl CudaRunner {
         };
         let ws = Workspace::new(&stream, &config, o.dtype, o.max_batch_tokens)?;
         let draws = DrawBuffers::new(&stream)?;
+        let steps = LaunchedSteps::new(&stream, o.max_batch_tokens)?;
         let block_bytes = o.block_size * bytes_per_token(&config, o.dtype);
         let num_blocks = match o.kv {
             KvBudget::Blocks(n) => n,
@@ -108,11 +117,14 @@ impl CudaRunner {
             pool,
             ws,
             draws,
+            steps,
+            staging: HostStaging::new(&device.ctx)?,
             inputs,
             kernels,
             gemm,
             batch_invariant: o.batch_invariant,
             tensor_core_attention: o.tensor_core_attention,
+            overlap_steps: o.overlap_steps,
             profile: EventLog::default(),
             device,
         })
@@ -136,6 +148,12 @@ impl CudaRunner {
     /// kept for when it is turned on again).
     pub fn set_cuda_graphs(&mut self, on: bool) {
         self.graphs.enabled = on;
+    }
+
+    /// Turns overlapped steps on or off (`CudaOptions::overlap_steps`; the engine asks
+    /// [`ModelRunner::overlaps_steps`] when it starts).
+    pub fn set_overlap_steps(&mut self, on: bool) {
+        self.overlap_steps = on;
     }
 
     /// Switches between cuBLAS and the fixed-order products (`CudaOptions::batch_invariant`);
@@ -203,6 +221,16 @@ impl CudaRunner {
         let slots = slots_of_positions(block_table, positions.clone(), bs, nb)?;
         self.device.bind()?;
         catch_binding_panic(|| self.lm_head((0..positions.len()).collect(), &slots))
+    }
+}
+
+impl Drop for CudaRunner {
+    /// Waits for queued work first: launched steps' copies may still read and write
+    /// page-locked memory the runner is about to free.
+    fn drop(&mut self) {
+        if self.device.bind().is_ok() {
+            let _ = self.device.stream.synchronize();
+        }
     }
 }
 
@@ -307,6 +335,28 @@ impl ModelRunner for CudaRunner {
         Ok(self.forward_sample_inner(batch, rows)?)
     }
 
+    fn overlaps_steps(&self) -> bool {
+        self.overlap_steps
+    }
+
+    fn launch_sample(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[RowDraw],
+        carried: &[CarriedToken],
+    ) -> ModelResult<()> {
+        if !self.overlap_steps {
+            return Err(tandem_model::ModelError::Batch(
+                "overlapped steps are turned off on this CUDA runner".to_string(),
+            ));
+        }
+        Ok(self.launch_sample_inner(batch, rows, carried)?)
+    }
+
+    fn collect_picks(&mut self) -> ModelResult<Vec<Option<TokenPick>>> {
+        Ok(self.collect_launched()?)
+    }
+
     fn copy_blocks(&mut self, copies: &[(BlockId, BlockId)]) -> ModelResult<()> {
         self.device.bind().map_err(tandem_model::ModelError::from)?;
         Ok(catch_binding_panic(|| self.pool.copy_blocks(copies))?)
@@ -335,7 +385,7 @@ impl ModelRunner for CudaRunner {
         };
         format!(
             "cuda:{} {} (sm_{major}{minor}), {weights} weights ({:.2} GiB), NVRTC kernels + \
-             cuBLAS, KV {} x {} tokens {}, CUDA graphs {}",
+             cuBLAS, KV {} x {} tokens {}, CUDA graphs {}, overlapped steps {}",
             self.device.info.ordinal,
             self.device.info.name,
             self.weights.bytes as f64 / (1u64 << 30) as f64,
@@ -343,6 +393,7 @@ impl ModelRunner for CudaRunner {
             self.pool.block_size,
             self.dtype.kv_dtype().name(),
             if self.graphs.enabled { "on" } else { "off" },
+            if self.overlap_steps { "on" } else { "off" },
         )
     }
 }

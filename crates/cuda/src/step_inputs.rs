@@ -7,10 +7,11 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
 use crate::batch_layout::BatchLayout;
 use crate::error::CudaError;
+use crate::host_staging::HostStaging;
 use crate::kernels::DevPtr;
 
 /// Rows of logits computed on the device before they are copied to the host together
@@ -37,6 +38,8 @@ pub(crate) struct StepInputs {
     output_slots: CudaSlice<i64>,
     /// `[rows, 2]`: the attention's tiles of a prefill or mixed step (at most one per token).
     tiles: CudaSlice<i32>,
+    /// `[rows, 2]`: (row, output row of the step before) of the tokens a step carries.
+    carried: CudaSlice<i32>,
     half_dim: usize,
     stream: Arc<CudaStream>,
 }
@@ -53,6 +56,7 @@ pub(crate) struct InputPtrs {
     pub block_tables: DevPtr,
     pub output_slots: DevPtr,
     pub tiles: DevPtr,
+    pub carried: DevPtr,
 }
 
 impl StepInputs {
@@ -74,6 +78,7 @@ impl StepInputs {
             block_tables: stream.alloc_zeros(rows * table_stride)?,
             output_slots: stream.alloc_zeros(LOGIT_ROWS)?,
             tiles: stream.alloc_zeros(2 * rows)?,
+            carried: stream.alloc_zeros(2 * rows)?,
             half_dim,
             stream: stream.clone(),
         })
@@ -86,7 +91,7 @@ impl StepInputs {
 
     /// Copies `l`'s index arrays (already widened to `table_stride`) into the buffers; the
     /// output slots go separately ([`StepInputs::upload_output_slots`]).
-    pub fn upload(&mut self, l: &BatchLayout) -> Result<(), CudaError> {
+    pub fn upload(&mut self, l: &BatchLayout, st: &mut HostStaging) -> Result<(), CudaError> {
         let n = l.tokens.len();
         if n > self.rows || l.max_blocks != self.table_stride {
             return Err(CudaError::Unsupported(format!(
@@ -96,25 +101,35 @@ impl StepInputs {
             )));
         }
         let s = self.stream.clone();
-        copy(&s, &l.tokens, &mut self.tokens)?;
-        copy(&s, &l.positions, &mut self.positions)?;
-        copy(&s, &l.token_seq, &mut self.token_seq)?;
-        copy(&s, &l.write_slots, &mut self.write_slots)?;
-        copy(&s, &l.cos, &mut self.cos)?;
-        copy(&s, &l.sin, &mut self.sin)?;
-        copy(&s, &l.block_tables, &mut self.block_tables)
+        st.copy(&s, &l.tokens, &mut self.tokens)?;
+        st.copy(&s, &l.positions, &mut self.positions)?;
+        st.copy(&s, &l.token_seq, &mut self.token_seq)?;
+        st.copy(&s, &l.write_slots, &mut self.write_slots)?;
+        st.copy(&s, &l.cos, &mut self.cos)?;
+        st.copy(&s, &l.sin, &mut self.sin)?;
+        st.copy(&s, &l.block_tables, &mut self.block_tables)
     }
 
     /// Copies up to [`LOGIT_ROWS`] slots for the LM head.
-    pub fn upload_output_slots(&mut self, slots: &[i64]) -> Result<(), CudaError> {
+    pub fn upload_output_slots(
+        &mut self,
+        slots: &[i64],
+        st: &mut HostStaging,
+    ) -> Result<(), CudaError> {
         let s = self.stream.clone();
-        copy(&s, slots, &mut self.output_slots)
+        st.copy(&s, slots, &mut self.output_slots)
     }
 
     /// Copies the attention's tile pairs (at most one tile per token the inputs hold).
-    pub fn upload_tiles(&mut self, pairs: &[i32]) -> Result<(), CudaError> {
+    pub fn upload_tiles(&mut self, pairs: &[i32], st: &mut HostStaging) -> Result<(), CudaError> {
         let s = self.stream.clone();
-        copy(&s, pairs, &mut self.tiles)
+        st.copy(&s, pairs, &mut self.tiles)
+    }
+
+    /// Copies the (row, output row) pairs of the carried tokens (at most one per token).
+    pub fn upload_carried(&mut self, pairs: &[i32], st: &mut HostStaging) -> Result<(), CudaError> {
+        let s = self.stream.clone();
+        st.copy(&s, pairs, &mut self.carried)
     }
 
     pub fn ptrs(&self) -> InputPtrs {
@@ -129,6 +144,7 @@ impl StepInputs {
             block_tables: self.block_tables.device_ptr(s).0,
             output_slots: self.output_slots.device_ptr(s).0,
             tiles: self.tiles.device_ptr(s).0,
+            carried: self.carried.device_ptr(s).0,
         }
     }
 
@@ -136,23 +152,4 @@ impl StepInputs {
     pub fn half_dim(&self) -> usize {
         self.half_dim
     }
-}
-
-/// Copies `src` into the front of `dst`, which must be at least as long.
-fn copy<T: DeviceRepr>(
-    stream: &Arc<CudaStream>,
-    src: &[T],
-    dst: &mut CudaSlice<T>,
-) -> Result<(), CudaError> {
-    if src.len() > dst.len() {
-        return Err(CudaError::Unsupported(format!(
-            "{} values do not fit a device buffer of {}",
-            src.len(),
-            dst.len()
-        )));
-    }
-    if !src.is_empty() {
-        stream.memcpy_htod(src, dst)?;
-    }
-    Ok(())
 }

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cuda_score score MODEL_DIR DTYPE REF_JSON OUT_JSON   # teacher-forced logprobs
-//! cuda_score check MODEL_DIR DTYPE REF_JSON OUT_JSON   # decode = forward, prefix, timing
+//! cuda_score check MODEL_DIR DTYPE REF_JSON OUT_JSON   # decode = forward, prefix, overlap, timing
 //! cuda_score profile MODEL_DIR DTYPE REF_JSON OUT_JSON # device time per operation
 //! ```
 //! `DTYPE` is bf16, f32, or q8_0 / q4_1 (bf16 with the layers' matrices in that format).
@@ -21,6 +21,7 @@ use tandem_model::logits::Logits;
 use tandem_model::runner::ModelRunner;
 
 mod device_checks;
+mod overlap_check;
 
 use device_checks::{device_greedy, device_logprobs, device_sample, tensor_cores};
 
@@ -485,11 +486,12 @@ fn checks(runner: &mut CudaRunner, seqs: &[Vec<TokenId>]) -> Result<Value> {
     let prefix = prefix_and_copy(runner, s)?;
     let invariance = batch_invariance(runner, &s[..256.min(s.len())])?;
     let timing = timing(runner, &s[..512.min(s.len())])?;
+    let overlap = overlap_check::overlap(runner, s)?;
     Ok(json!({
         "describe": runner.describe(), "weight_bytes": runner.weight_bytes(),
         "decode_vs_forward": decode, "prefix": prefix, "batch_invariance": invariance,
         "device_logprobs": logprobs, "device_greedy": greedy,
         "device_sample": sampled, "tensor_core_attention": tc,
-        "timing": timing,
+        "timing": timing, "overlap": overlap,
     }))
 }

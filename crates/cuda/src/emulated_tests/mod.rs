@@ -4,6 +4,7 @@
 //! modes of the program (f32 and bf16 storage).
 
 mod attention;
+mod carried;
 mod logprobs;
 mod matmul;
 mod processing;
