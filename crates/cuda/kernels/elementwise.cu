@@ -38,14 +38,22 @@ extern "C" __global__ void gather_hidden(const float* hidden_store, const i64* s
 }
 
 // The tokens an overlapped step carries from the step before (`launched_steps.rs`): for
-// each of `count` pairs (row, from_output), tokens[row] = picks[from_output], where a
-// negative pick (a row the step before could not draw) reads as token 0. picks: that
-// step's [output rows] tokens as `sample_rows` wrote them; pairs: [count, 2]. One block,
-// threads stride the pairs; the rows are distinct, so no two threads write one token.
-extern "C" __global__ void carry_tokens(int* tokens, const int* picks, const int* pairs,
-                                        int count) {
+// each of `count` triples (row, from_output, output), tokens[row] = picks[from_output],
+// where a negative pick (a row the step before could not draw) reads as token 0, and
+// carried[output] = that pick as drawn: the token the row's penalties count once more
+// (processing.cu); every other of the step's `outputs` output rows gets -1. picks: that
+// step's [output rows] tokens as `sample_rows` wrote them; triples: [count, 3]. One block:
+// threads stride the outputs, then the triples; rows and outputs are distinct, so no two
+// threads write one value.
+extern "C" __global__ void carry_tokens(int* tokens, const int* picks, const int* triples,
+                                        int count, int* carried, int outputs) {
+    for (int i = threadIdx.x; i < outputs; i += blockDim.x) {
+        carried[i] = -1;
+    }
+    __syncthreads();
     for (int i = threadIdx.x; i < count; i += blockDim.x) {
-        int pick = picks[pairs[2 * i + 1]];
-        tokens[pairs[2 * i]] = pick < 0 ? 0 : pick;
+        int pick = picks[triples[3 * i + 1]];
+        tokens[triples[3 * i]] = pick < 0 ? 0 : pick;
+        carried[triples[3 * i + 2]] = pick;
     }
 }

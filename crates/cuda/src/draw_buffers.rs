@@ -34,6 +34,11 @@ pub(crate) struct DrawBuffers {
     top_counts: CudaSlice<i32>,
     top_ids: CudaSlice<i32>,
     top_values: CudaSlice<f32>,
+    /// `[LOGIT_ROWS]`: the raw logits of carried tokens the rows' lists do not hold.
+    carried_saved: CudaSlice<f32>,
+    /// The first output row of the group being processed, when its rows count carried
+    /// tokens (set by `process_drawn_rows` for its `restore_processed`).
+    carried_from: Option<usize>,
 }
 
 impl DrawBuffers {
@@ -45,6 +50,8 @@ impl DrawBuffers {
             top_counts: stream.alloc_zeros(LOGIT_ROWS)?,
             top_ids: stream.alloc_zeros(LOGIT_ROWS * TOP_LOGITS_MAX)?,
             top_values: stream.alloc_zeros(LOGIT_ROWS * TOP_LOGITS_MAX)?,
+            carried_saved: stream.alloc_zeros(LOGIT_ROWS)?,
+            carried_from: None,
         })
     }
 }
@@ -53,10 +60,24 @@ impl CudaRunner {
     /// Applies the processors of `draws` (one per row of the logits buffer, at most
     /// [`LOGIT_ROWS`]) to their rows in place; true when there were any, and
     /// [`Self::restore_processed`] must follow the draw.
-    pub(crate) fn process_drawn_rows(&mut self, draws: &[RowDraw]) -> Result<bool, CudaError> {
-        if draws.iter().all(|d| d.processing.is_empty()) {
+    ///
+    /// With `carried_from` (the group's first output row, in a step that carries tokens),
+    /// each row's carried token counts once more for its penalties (`carry_tokens` noted
+    /// them per output row).
+    pub(crate) fn process_drawn_rows(
+        &mut self,
+        draws: &[RowDraw],
+        carried_from: Option<usize>,
+    ) -> Result<bool, CudaError> {
+        let penalised = |d: &RowDraw| {
+            let p = &d.processing;
+            p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0
+        };
+        let counts_carried = carried_from.is_some() && draws.iter().any(penalised);
+        if draws.iter().all(|d| d.processing.is_empty()) && !counts_carried {
             return Ok(false);
         }
+        self.draws.carried_from = carried_from.filter(|_| counts_carried);
         let s = self.device.stream.clone();
         let (mut rows, mut tokens) = (Vec::new(), Vec::new());
         for d in draws {
@@ -83,12 +104,16 @@ impl CudaRunner {
     fn launch_processing(&mut self, rows: usize, restore: bool) -> Result<(), CudaError> {
         let s = &self.device.stream;
         let b = &self.draws;
+        let carried = b.carried_from.map(|first| {
+            let ids = self.inputs.ptrs().carried_out + 4 * first as u64;
+            (ids, ptr(&b.carried_saved, s))
+        });
         self.kernels.process_rows(
             ptr(&self.ws.logits, s),
             ptr(&b.rows, s),
             ptr(&b.tokens, s),
             ptr(&b.saved, s),
-            None,
+            carried,
             rows,
             self.config.vocab_size,
             restore,

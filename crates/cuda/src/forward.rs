@@ -147,7 +147,7 @@ impl CudaRunner {
         carried: &[CarriedToken],
     ) -> Result<(), CudaError> {
         self.inputs.upload(l, &mut self.staging)?;
-        self.queue_carried(carried)?;
+        self.queue_carried(carried, &l.output_rows)?;
         let parts = l.max_context().div_ceil(ATTN_PARTITION).max(1);
         let tiles = self.attention_tiles(l, parts)?;
         self.queue_layers(l.tokens.len(), parts, tiles.as_ref())
@@ -242,7 +242,7 @@ impl CudaRunner {
         self.inputs.upload(&l, &mut self.staging)?;
         self.inputs
             .upload_output_slots(&l.output_slots, &mut self.staging)?;
-        self.queue_carried(carried)?;
+        self.queue_carried(carried, &l.output_rows)?;
         if !self.graphs.has(bucket) {
             let parts = self.graph_parts();
             let stream = self.device.stream.clone();

@@ -159,22 +159,28 @@ impl Kernels {
         self.launch("top_logits", (rows as u32, 1), SAMPLE_THREADS, &args)
     }
 
-    /// `tokens[row] = max(picks[from_output], 0)` for each of `count` pairs `(row,
-    /// from_output)`: the tokens an overlapped step carries from the picks of the step
-    /// before. tokens: the step's `[n]` i32 input tokens; picks: `[outputs]` i32 as
-    /// `sample_rows` wrote them; pairs: `[count, 2]` i32, distinct rows.
+    /// `tokens[row] = max(picks[from_output], 0)` and `carried[output] = picks[from_output]`
+    /// for each of `count` triples `(row, from_output, output)`, `carried` -1 at the other of
+    /// the step's `outputs` output rows: the tokens an overlapped step carries from the picks
+    /// of the step before, and the ones its rows' penalties count. tokens: the step's `[n]`
+    /// i32 input tokens; picks: `[outputs before]` i32 as `sample_rows` wrote them; triples:
+    /// `[count, 3]` i32, distinct rows and outputs; carried: `[outputs]` i32.
     pub fn carry_tokens(
         &self,
         tokens: DevPtr,
         picks: DevPtr,
-        pairs: DevPtr,
+        triples: DevPtr,
         count: usize,
+        carried: DevPtr,
+        outputs: usize,
     ) -> Result<(), CudaError> {
         let args = [
             Arg::Ptr(tokens),
             Arg::Ptr(picks),
-            Arg::Ptr(pairs),
+            Arg::Ptr(triples),
             Arg::I32(count as i32),
+            Arg::Ptr(carried),
+            Arg::I32(outputs as i32),
         ];
         let blocks = u32::from(count > 0);
         self.launch("carry_tokens", (blocks, 1), SAMPLE_THREADS, &args)

@@ -38,8 +38,11 @@ pub(crate) struct StepInputs {
     output_slots: CudaSlice<i64>,
     /// `[rows, 2]`: the attention's tiles of a prefill or mixed step (at most one per token).
     tiles: CudaSlice<i32>,
-    /// `[rows, 2]`: (row, output row of the step before) of the tokens a step carries.
+    /// `[rows, 3]`: (row, output row of the step before, output row) of the tokens a step
+    /// carries.
     carried: CudaSlice<i32>,
+    /// `[rows]`: per output row, the token it carries (its penalties count it), or -1.
+    carried_out: CudaSlice<i32>,
     half_dim: usize,
     stream: Arc<CudaStream>,
 }
@@ -57,6 +60,7 @@ pub(crate) struct InputPtrs {
     pub output_slots: DevPtr,
     pub tiles: DevPtr,
     pub carried: DevPtr,
+    pub carried_out: DevPtr,
 }
 
 impl StepInputs {
@@ -78,7 +82,8 @@ impl StepInputs {
             block_tables: stream.alloc_zeros(rows * table_stride)?,
             output_slots: stream.alloc_zeros(LOGIT_ROWS)?,
             tiles: stream.alloc_zeros(2 * rows)?,
-            carried: stream.alloc_zeros(2 * rows)?,
+            carried: stream.alloc_zeros(3 * rows)?,
+            carried_out: stream.alloc_zeros(rows)?,
             half_dim,
             stream: stream.clone(),
         })
@@ -126,10 +131,15 @@ impl StepInputs {
         st.copy(&s, pairs, &mut self.tiles)
     }
 
-    /// Copies the (row, output row) pairs of the carried tokens (at most one per token).
-    pub fn upload_carried(&mut self, pairs: &[i32], st: &mut HostStaging) -> Result<(), CudaError> {
+    /// Copies the (row, output row before, output row) triples of the carried tokens (at
+    /// most one per token).
+    pub fn upload_carried(
+        &mut self,
+        triples: &[i32],
+        st: &mut HostStaging,
+    ) -> Result<(), CudaError> {
         let s = self.stream.clone();
-        st.copy(&s, pairs, &mut self.carried)
+        st.copy(&s, triples, &mut self.carried)
     }
 
     pub fn ptrs(&self) -> InputPtrs {
@@ -145,6 +155,7 @@ impl StepInputs {
             output_slots: self.output_slots.device_ptr(s).0,
             tiles: self.tiles.device_ptr(s).0,
             carried: self.carried.device_ptr(s).0,
+            carried_out: self.carried_out.device_ptr(s).0,
         }
     }
 

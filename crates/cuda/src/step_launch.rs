@@ -151,45 +151,61 @@ impl CudaRunner {
         carried: &[CarriedToken],
         results: &mut PinnedResults,
     ) -> Result<(), CudaError> {
+        let carries = !carried.is_empty();
         if let Some(bucket) = self.graph_bucket(&l) {
             self.replay_decode(l, bucket, carried)?;
-            return self.queue_group_picks(0, sampling, results);
+            return self.queue_group_picks(0, sampling, carries, results);
         }
         self.queue_eager(&l, carried)?;
         for (g, slots) in l.output_slots.chunks(LOGIT_ROWS).enumerate() {
             self.inputs.upload_output_slots(slots, &mut self.staging)?;
             self.queue_lm_head(slots.len())?;
             let first = g * LOGIT_ROWS;
-            self.queue_group_picks(first, &sampling[first..first + slots.len()], results)?;
+            let draws = &sampling[first..first + slots.len()];
+            self.queue_group_picks(first, draws, carries, results)?;
         }
         Ok(())
     }
 
-    /// Uploads the pairs of `carried` and queues `carry_tokens`, which writes the latest
-    /// step's picks into the input tokens (after the inputs' upload, before the layers).
-    pub(crate) fn queue_carried(&mut self, carried: &[CarriedToken]) -> Result<(), CudaError> {
+    /// Uploads the triples of `carried` and queues `carry_tokens`, which writes the latest
+    /// step's picks into the input tokens (after the inputs' upload, before the layers) and
+    /// notes, per output row (`output_rows`: the layout's), the token it carries.
+    pub(crate) fn queue_carried(
+        &mut self,
+        carried: &[CarriedToken],
+        output_rows: &[usize],
+    ) -> Result<(), CudaError> {
         if carried.is_empty() {
             return Ok(());
         }
-        let pairs: Vec<i32> = carried
-            .iter()
-            .flat_map(|c| [c.row as i32, c.from_output as i32])
-            .collect();
-        self.inputs.upload_carried(&pairs, &mut self.staging)?;
+        let mut triples = Vec::with_capacity(3 * carried.len());
+        for c in carried {
+            let output = output_rows.binary_search(&c.row).map_err(|_| {
+                CudaError::from(ModelError::Batch(format!(
+                    "carried row {} is not an output row",
+                    c.row
+                )))
+            })?;
+            triples.extend([c.row as i32, c.from_output as i32, output as i32]);
+        }
+        self.inputs.upload_carried(&triples, &mut self.staging)?;
         let s = &self.device.stream;
         let p = self.inputs.ptrs();
         let picks = self.steps.picks_ptr(s, 0);
+        let (count, outputs) = (carried.len(), output_rows.len());
         self.kernels
-            .carry_tokens(p.tokens, picks, p.carried, carried.len())
+            .carry_tokens(p.tokens, picks, p.carried, count, p.carried_out, outputs)
     }
 
     /// Queues the draws of the first `draws.len()` (at most [`LOGIT_ROWS`]) rows of the
     /// logits buffer, output rows `first..`, their reductions and the copies of the results
-    /// into `results`. The drawn tokens go to the device picks at `first..`.
+    /// into `results`. The drawn tokens go to the device picks at `first..`. In a step that
+    /// `carries` tokens, each carried row's penalties count its token.
     fn queue_group_picks(
         &mut self,
         first: usize,
         draws: &[RowDraw],
+        carries: bool,
         results: &mut PinnedResults,
     ) -> Result<(), CudaError> {
         let rows = draws.len();
@@ -199,7 +215,7 @@ impl CudaRunner {
             .flat_map(|d| row_sampling_bytes(&d.sampling))
             .collect();
         self.staging.copy(&s, &bytes, &mut self.ws.sample_params)?;
-        let processed = self.process_drawn_rows(draws)?;
+        let processed = self.process_drawn_rows(draws, carries.then_some(first))?;
         let picks = self.steps.picks_ptr(&s, first);
         let (ws, vocab) = (&self.ws, self.config.vocab_size);
         let logits = ptr(&ws.logits, &s);

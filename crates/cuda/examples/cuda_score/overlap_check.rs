@@ -1,7 +1,8 @@
 //! `cuda_score check`'s comparison of overlapped steps with ordinary ones: two decode
 //! steps launched back to back (`ModelRunner::launch_sample`), the second carrying the
 //! first's picks on the device, then both collected, against `forward_sample` of the same
-//! two steps with the tokens passed from the host. The picks must be bitwise equal
+//! two steps with the tokens passed from the host (and counted there for the penalties of
+//! the rows that have them). The picks must be bitwise equal
 //! (`overlap_differ`: rows whose token, logprob or top logprobs differ). Also times decode
 //! steps with and without overlap.
 
@@ -11,6 +12,7 @@ use anyhow::{ensure, Result};
 use serde_json::{json, Value};
 use tandem_cuda::CudaRunner;
 use tandem_model::batch::{BlockId, CarriedToken, ForwardBatch, OutputSelection, SeqSpan, TokenId};
+use tandem_model::logit_processing::{LogitProcessing, TokenAdjustment};
 use tandem_model::row_sampling::{RowDraw, RowSampling};
 use tandem_model::runner::ModelRunner;
 use tandem_model::token_pick::TokenPick;
@@ -59,9 +61,34 @@ fn draws(n: usize, step: usize) -> Vec<RowDraw> {
                 uniform: ((r * 13 + step * 29) % 101) as f64 / 101.0,
             });
             d.top_logprobs = if r % 3 == 0 { 1 + r % 7 } else { 0 };
+            if r % 4 == 1 {
+                d.processing = penalties(r);
+            }
             d
         })
         .collect()
+}
+
+/// Penalties of every kind over a few tokens (an empty list for every eighth row): a
+/// carried row's penalties count its carried token once more.
+fn penalties(r: usize) -> LogitProcessing {
+    let seen = |id: u32, count: u32| TokenAdjustment {
+        id,
+        bias: 0.0,
+        count,
+        seen: true,
+        suppressed: false,
+    };
+    let mut tokens = vec![seen((r % 50) as u32, 1), seen(100 + r as u32, 0)];
+    if r % 8 == 1 {
+        tokens.clear();
+    }
+    LogitProcessing {
+        repetition_penalty: 1.3,
+        presence_penalty: 0.4,
+        frequency_penalty: 0.2,
+        tokens,
+    }
 }
 
 /// A decode step of the sequences on `tables` at position `pos`, sequence `i` with
@@ -121,7 +148,20 @@ fn compare(runner: &mut CudaRunner, tokens: &[TokenId], n: usize, first: usize) 
 
     let r1 = runner.forward_sample(&step_batch(&reference, &start, PROMPT), &d1)?;
     let fed: Vec<TokenId> = tokens_of(&r1).into_iter().rev().collect();
-    let r2 = runner.forward_sample(&step_batch(&reversed(&reference), &fed, PROMPT + 1), &d2)?;
+    // The host's second step counts each carried row's token for its penalties itself.
+    let d2_host: Vec<RowDraw> = d2
+        .iter()
+        .enumerate()
+        .map(|(row, d)| match row {
+            0 => d.clone(),
+            _ => RowDraw {
+                processing: d.processing.with_output(fed[row].0),
+                ..d.clone()
+            },
+        })
+        .collect();
+    let second_host = step_batch(&reversed(&reference), &fed, PROMPT + 1);
+    let r2 = runner.forward_sample(&second_host, &d2_host)?;
 
     // Row 0 is not carried: it holds the host's token, as the reference's does.
     let mut placeholders = vec![TokenId(0); n];
