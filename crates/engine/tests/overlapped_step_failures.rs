@@ -1,0 +1,164 @@
+//! Overlapped steps when the runner fails part of a step planned ahead: what the engine
+//! believes is launched must stay what the runner holds, so that requests outside the failed
+//! plans are unaffected (`engine/overlap.rs`).
+
+mod fake_paths;
+
+use std::ops::Range;
+
+use fake_paths::*;
+use tandem_engine::engine::{Engine, EngineEvent};
+use tandem_engine::{FinishReason, SeqId};
+use tandem_model::batch::{BlockId, CarriedToken, ForwardBatch, TokenId};
+use tandem_model::config::ModelConfig;
+use tandem_model::error::{ModelError, Result as ModelResult};
+use tandem_model::fake_runner::FakeRunner;
+use tandem_model::logits::Logits;
+use tandem_model::queued_runner::QueuedRunner;
+use tandem_model::row_sampling::RowDraw;
+use tandem_model::runner::{KvGeometry, ModelRunner};
+use tandem_model::token_pick::TokenPick;
+
+/// A `QueuedRunner` over the fake whose `fail_at`-th non-empty block copy fails (as a
+/// device copy can), everything else delegated.
+#[derive(Debug)]
+struct FailingCopy {
+    inner: QueuedRunner,
+    copies: usize,
+    fail_at: usize,
+}
+
+impl ModelRunner for FailingCopy {
+    fn config(&self) -> &ModelConfig {
+        self.inner.config()
+    }
+    fn kv_geometry(&self) -> KvGeometry {
+        self.inner.kv_geometry()
+    }
+    fn forward(&mut self, batch: &ForwardBatch) -> ModelResult<Logits> {
+        self.inner.forward(batch)
+    }
+    fn forward_logprobs(
+        &mut self,
+        batch: &ForwardBatch,
+        targets: &[Option<TokenId>],
+    ) -> ModelResult<Vec<Option<f32>>> {
+        self.inner.forward_logprobs(batch, targets)
+    }
+    fn forward_greedy(&mut self, batch: &ForwardBatch) -> ModelResult<Vec<Option<TokenPick>>> {
+        self.inner.forward_greedy(batch)
+    }
+    fn samples_rows(&self) -> bool {
+        self.inner.samples_rows()
+    }
+    fn forward_sample(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[RowDraw],
+    ) -> ModelResult<Vec<Option<TokenPick>>> {
+        self.inner.forward_sample(batch, rows)
+    }
+    fn overlaps_steps(&self) -> bool {
+        true
+    }
+    fn launch_sample(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[RowDraw],
+        carried: &[CarriedToken],
+    ) -> ModelResult<()> {
+        self.inner.launch_sample(batch, rows, carried)
+    }
+    fn collect_picks(&mut self) -> ModelResult<Vec<Option<TokenPick>>> {
+        self.inner.collect_picks()
+    }
+    fn copy_blocks(&mut self, copies: &[(BlockId, BlockId)]) -> ModelResult<()> {
+        if !copies.is_empty() {
+            self.copies += 1;
+            if self.copies == self.fail_at {
+                return Err(ModelError::Batch("injected copy failure".into()));
+            }
+        }
+        self.inner.copy_blocks(copies)
+    }
+    fn cached_logits(&mut self, table: &[BlockId], pos: Range<usize>) -> ModelResult<Logits> {
+        self.inner.cached_logits(table, pos)
+    }
+    fn model_identity(&self) -> u64 {
+        self.inner.model_identity()
+    }
+    fn describe(&self) -> String {
+        "failing copies".into()
+    }
+}
+
+#[test]
+fn a_failed_copy_ahead_leaves_requests_outside_the_failed_plans_unchanged() {
+    // An n = 3 group over a prompt that ends inside a block: after the fork the siblings
+    // share that block, and each but the last copies it before its first write. With a
+    // budget of one token per step the parent runs alone first, so the second copy (the
+    // first sibling's) is made by a plan made ahead while the parent's step runs.
+    let mut req = requests()[4].clone();
+    req.prompt = ids(6, 6);
+    req.sampling = sampling(Some(77));
+    req.limits.max_tokens = 3;
+    req.limits.ignore_eos = true;
+    let want = reference(&[Sub(req.clone(), 3)]);
+    let shape = Shape(256, 1, 1, false);
+    let engine_with = |fail_at| {
+        let fake = FakeRunner::new(VOCAB, CONTEXT, shape.0, BLOCK, SALT);
+        let runner = FailingCopy {
+            inner: QueuedRunner::new(Box::new(fake)),
+            copies: 0,
+            fail_at,
+        };
+        let mut config = tandem_engine::SchedulerConfig::new(shape.0, BLOCK, CONTEXT);
+        config.max_num_batched_tokens = 1;
+        config.long_prefill_token_threshold = 1;
+        config.eos_token_ids = vec![EOS];
+        Engine::new(Box::new(runner), config, 5).expect("engine")
+    };
+    let run_all = |engine: &mut Engine| {
+        let ids = engine.add_request_n(req.clone(), 3).expect("admissible");
+        let mut outs = vec![Out::default(); 3];
+        let mut steps = 0;
+        while engine.has_unfinished() {
+            steps += 1;
+            assert!(steps < 1000, "no end");
+            for e in engine.step().expect("a step") {
+                let slot = |id: SeqId| ids.iter().position(|&i| i == id).expect("known id");
+                match e {
+                    EngineEvent::Token {
+                        seq_id,
+                        token,
+                        logprob,
+                        top_logprobs,
+                    } => {
+                        let top = top_logprobs.iter().map(|&(t, l)| (t, l.to_bits()));
+                        let tok = Tok(token, logprob.to_bits(), top.collect());
+                        outs[slot(seq_id)].tokens.push(tok);
+                    }
+                    EngineEvent::Finished { seq_id, reason } => {
+                        outs[slot(seq_id)].finish = Some(reason);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        assert_pool_idle("pool", engine.scheduler().allocator());
+        outs
+    };
+    // Without a failure: the reference, and the second copy is made ahead.
+    let mut engine = engine_with(usize::MAX);
+    assert_eq!(run_all(&mut engine), want);
+    assert!(engine.scheduler().stats().num_planned_ahead > 0);
+
+    let mut engine = engine_with(2);
+    let got = run_all(&mut engine);
+    let failed = |o: &Out| matches!(o.finish, Some(FinishReason::Error(_)));
+    assert!(failed(&got[1]), "the sibling whose copy failed: {:?}", got[1]);
+    // The last sibling was in no failed plan: it must be untouched.
+    assert_eq!(got[2], want[2], "a request outside the failed plans changed");
+    // The parent's step was launched before the failed plan and ran: answered as usual.
+    assert_eq!(got[0], want[0], "the step launched before the failed plan");
+}
