@@ -7,7 +7,7 @@ mod fake_paths;
 use std::ops::Range;
 
 use fake_paths::*;
-use tandem_engine::engine::{Engine, EngineEvent};
+use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
 use tandem_engine::{FinishReason, SeqId};
 use tandem_model::batch::{BlockId, CarriedToken, ForwardBatch, TokenId};
 use tandem_model::config::ModelConfig;
@@ -20,15 +20,73 @@ use tandem_model::runner::{KvGeometry, ModelRunner};
 use tandem_model::token_pick::TokenPick;
 
 /// A `QueuedRunner` over the fake whose `fail_at`-th non-empty block copy fails (as a
-/// device copy can), everything else delegated.
+/// device copy can) and whose `bad_collect`-th collect returns one pick too many (a faulty
+/// runner), everything else delegated.
 #[derive(Debug)]
-struct FailingCopy {
+struct Faulty {
     inner: QueuedRunner,
     copies: usize,
     fail_at: usize,
+    collects: usize,
+    bad_collect: usize,
 }
 
-impl ModelRunner for FailingCopy {
+impl Faulty {
+    fn engine(fail_at: usize, bad_collect: usize) -> Engine {
+        let shape = Shape(256, 1, 1, false);
+        let fake = FakeRunner::new(VOCAB, CONTEXT, shape.0, BLOCK, SALT);
+        let runner = Faulty {
+            inner: QueuedRunner::new(Box::new(fake)),
+            copies: 0,
+            fail_at,
+            collects: 0,
+            bad_collect,
+        };
+        let mut config = tandem_engine::SchedulerConfig::new(shape.0, BLOCK, CONTEXT);
+        config.max_num_batched_tokens = 1;
+        config.long_prefill_token_threshold = 1;
+        config.eos_token_ids = vec![EOS];
+        Engine::new(Box::new(runner), config, 5).expect("engine")
+    }
+}
+
+/// Runs `n` samples of `req` to their end on `engine`; the pool is idle after.
+fn run_to_end(engine: &mut Engine, req: &GenerationRequest, n: usize) -> Vec<Out> {
+    let ids = engine.add_request_n(req.clone(), n).expect("admissible");
+    let mut outs = vec![Out::default(); n];
+    let mut steps = 0;
+    while engine.has_unfinished() {
+        steps += 1;
+        assert!(steps < 1000, "no end");
+        for e in engine.step().expect("a step") {
+            let slot = |id: SeqId| ids.iter().position(|&i| i == id).expect("known id");
+            match e {
+                EngineEvent::Token {
+                    seq_id,
+                    token,
+                    logprob,
+                    top_logprobs,
+                } => {
+                    let top = top_logprobs.iter().map(|&(t, l)| (t, l.to_bits()));
+                    let tok = Tok(token, logprob.to_bits(), top.collect());
+                    outs[slot(seq_id)].tokens.push(tok);
+                }
+                EngineEvent::Finished { seq_id, reason } => {
+                    outs[slot(seq_id)].finish = Some(reason);
+                }
+                _ => {}
+            }
+        }
+    }
+    assert_pool_idle("pool", engine.scheduler().allocator());
+    outs
+}
+
+fn failed(o: &Out) -> bool {
+    matches!(o.finish, Some(FinishReason::Error(_)))
+}
+
+impl ModelRunner for Faulty {
     fn config(&self) -> &ModelConfig {
         self.inner.config()
     }
@@ -70,7 +128,12 @@ impl ModelRunner for FailingCopy {
         self.inner.launch_sample(batch, rows, carried)
     }
     fn collect_picks(&mut self) -> ModelResult<Vec<Option<TokenPick>>> {
-        self.inner.collect_picks()
+        let mut picks = self.inner.collect_picks()?;
+        self.collects += 1;
+        if self.collects == self.bad_collect {
+            picks.push(None);
+        }
+        Ok(picks)
     }
     fn copy_blocks(&mut self, copies: &[(BlockId, BlockId)]) -> ModelResult<()> {
         if !copies.is_empty() {
@@ -104,61 +167,45 @@ fn a_failed_copy_ahead_leaves_requests_outside_the_failed_plans_unchanged() {
     req.limits.max_tokens = 3;
     req.limits.ignore_eos = true;
     let want = reference(&[Sub(req.clone(), 3)]);
-    let shape = Shape(256, 1, 1, false);
-    let engine_with = |fail_at| {
-        let fake = FakeRunner::new(VOCAB, CONTEXT, shape.0, BLOCK, SALT);
-        let runner = FailingCopy {
-            inner: QueuedRunner::new(Box::new(fake)),
-            copies: 0,
-            fail_at,
-        };
-        let mut config = tandem_engine::SchedulerConfig::new(shape.0, BLOCK, CONTEXT);
-        config.max_num_batched_tokens = 1;
-        config.long_prefill_token_threshold = 1;
-        config.eos_token_ids = vec![EOS];
-        Engine::new(Box::new(runner), config, 5).expect("engine")
-    };
-    let run_all = |engine: &mut Engine| {
-        let ids = engine.add_request_n(req.clone(), 3).expect("admissible");
-        let mut outs = vec![Out::default(); 3];
-        let mut steps = 0;
-        while engine.has_unfinished() {
-            steps += 1;
-            assert!(steps < 1000, "no end");
-            for e in engine.step().expect("a step") {
-                let slot = |id: SeqId| ids.iter().position(|&i| i == id).expect("known id");
-                match e {
-                    EngineEvent::Token {
-                        seq_id,
-                        token,
-                        logprob,
-                        top_logprobs,
-                    } => {
-                        let top = top_logprobs.iter().map(|&(t, l)| (t, l.to_bits()));
-                        let tok = Tok(token, logprob.to_bits(), top.collect());
-                        outs[slot(seq_id)].tokens.push(tok);
-                    }
-                    EngineEvent::Finished { seq_id, reason } => {
-                        outs[slot(seq_id)].finish = Some(reason);
-                    }
-                    _ => {}
-                }
-            }
-        }
-        assert_pool_idle("pool", engine.scheduler().allocator());
-        outs
-    };
     // Without a failure: the reference, and the second copy is made ahead.
-    let mut engine = engine_with(usize::MAX);
-    assert_eq!(run_all(&mut engine), want);
+    let mut engine = Faulty::engine(usize::MAX, usize::MAX);
+    assert_eq!(run_to_end(&mut engine, &req, 3), want);
     assert!(engine.scheduler().stats().num_planned_ahead > 0);
 
-    let mut engine = engine_with(2);
-    let got = run_all(&mut engine);
-    let failed = |o: &Out| matches!(o.finish, Some(FinishReason::Error(_)));
-    assert!(failed(&got[1]), "the sibling whose copy failed: {:?}", got[1]);
+    let mut engine = Faulty::engine(2, usize::MAX);
+    let got = run_to_end(&mut engine, &req, 3);
+    assert!(
+        failed(&got[1]),
+        "the sibling whose copy failed: {:?}",
+        got[1]
+    );
     // The last sibling was in no failed plan: it must be untouched.
-    assert_eq!(got[2], want[2], "a request outside the failed plans changed");
+    assert_eq!(
+        got[2], want[2],
+        "a request outside the failed plans changed"
+    );
     // The parent's step was launched before the failed plan and ran: answered as usual.
     assert_eq!(got[0], want[0], "the step launched before the failed plan");
+}
+
+#[test]
+fn picks_that_do_not_answer_a_step_fail_it_and_leave_the_runner_empty() {
+    // The second collect answers a step with one pick too many while a step planned ahead
+    // of it (reading those picks) is launched: both fail. The runner must not keep the
+    // step launched ahead, or the next request's steps would be answered by its picks.
+    let mut req = requests()[4].clone();
+    req.prompt = ids(6, 2);
+    req.sampling = sampling(Some(78));
+    req.limits.max_tokens = 6;
+    req.limits.ignore_eos = true;
+    let want = reference(&[Sub(req.clone(), 1)]);
+    let mut engine = Faulty::engine(usize::MAX, usize::MAX);
+    assert_eq!(run_to_end(&mut engine, &req, 1), want);
+
+    let mut engine = Faulty::engine(usize::MAX, 3);
+    let got = run_to_end(&mut engine, &req, 1);
+    assert!(failed(&got[0]), "answered by a bad result: {:?}", got[0]);
+    assert!(engine.scheduler().stats().num_planned_ahead > 0);
+    // A request that comes after the failure is the reference's.
+    assert_eq!(run_to_end(&mut engine, &req, 1), want, "after the failure");
 }
