@@ -29,10 +29,16 @@ struct Faulty {
     fail_at: usize,
     collects: usize,
     bad_collect: usize,
+    launches: usize,
+    fail_launch: usize,
 }
 
 impl Faulty {
     fn engine(fail_at: usize, bad_collect: usize) -> Engine {
+        Faulty::engine_failing_launch(fail_at, bad_collect, usize::MAX)
+    }
+
+    fn engine_failing_launch(fail_at: usize, bad_collect: usize, fail_launch: usize) -> Engine {
         let shape = Shape(256, 1, 1, false);
         let fake = FakeRunner::new(VOCAB, CONTEXT, shape.0, BLOCK, SALT);
         let runner = Faulty {
@@ -41,6 +47,8 @@ impl Faulty {
             fail_at,
             collects: 0,
             bad_collect,
+            launches: 0,
+            fail_launch,
         };
         let mut config = tandem_engine::SchedulerConfig::new(shape.0, BLOCK, CONTEXT);
         config.max_num_batched_tokens = 1;
@@ -125,6 +133,14 @@ impl ModelRunner for Faulty {
         rows: &[RowDraw],
         carried: &[CarriedToken],
     ) -> ModelResult<()> {
+        self.launches += 1;
+        if self.launches == self.fail_launch {
+            // As the contract says: a failed launch drops every launched step.
+            while self.inner.num_launched() > 0 {
+                self.inner.collect_picks()?;
+            }
+            return Err(ModelError::Batch("injected launch failure".into()));
+        }
         self.inner.launch_sample(batch, rows, carried)
     }
     fn collect_picks(&mut self) -> ModelResult<Vec<Option<TokenPick>>> {
@@ -207,5 +223,24 @@ fn picks_that_do_not_answer_a_step_fail_it_and_leave_the_runner_empty() {
     assert!(failed(&got[0]), "answered by a bad result: {:?}", got[0]);
     assert!(engine.scheduler().stats().num_planned_ahead > 0);
     // A request that comes after the failure is the reference's.
+    assert_eq!(run_to_end(&mut engine, &req, 1), want, "after the failure");
+}
+
+#[test]
+fn a_failed_launch_ahead_fails_both_steps_and_nothing_after() {
+    let mut req = requests()[4].clone();
+    req.prompt = ids(6, 2);
+    req.sampling = sampling(Some(79));
+    req.limits.max_tokens = 6;
+    req.limits.ignore_eos = true;
+    let want = reference(&[Sub(req.clone(), 1)]);
+    // Launch 3 is made ahead of launch 2 (the prompt takes two one-token steps).
+    let mut engine = Faulty::engine_failing_launch(usize::MAX, usize::MAX, 3);
+    let got = run_to_end(&mut engine, &req, 1);
+    let Some(FinishReason::Error(message)) = &got[0].finish else {
+        panic!("not failed: {:?}", got[0]);
+    };
+    assert!(message.contains("forward pass failed"), "{message}");
+    assert!(engine.scheduler().stats().num_planned_ahead > 0);
     assert_eq!(run_to_end(&mut engine, &req, 1), want, "after the failure");
 }
