@@ -20,9 +20,9 @@
 //!   prefix cache holds: only blocks full of computed tokens are registered, and the carried
 //!   position lies past them.
 //! - Nothing is preempted: when the pool cannot hold a grant, planning stops there and the
-//!   sequences after it wait for a later step, as when the token budget runs out. Nothing
-//!   planned ahead is ever undone.
-//! - Waiting sequences are admitted as usual: their tokens are known.
+//!   sequences after it wait for a later step, waiting ones included (as `schedule` admits
+//!   nobody once it preempted). Nothing planned ahead is ever undone.
+//! - Otherwise waiting sequences are admitted as usual: their tokens are known.
 
 use std::collections::HashMap;
 
@@ -63,6 +63,7 @@ impl Scheduler {
         let mut grants = Vec::new();
         let mut starts: HashMap<SeqId, AheadStart> = HashMap::new();
         let mut copies = Vec::new();
+        let mut short = false;
         for i in 0..self.running.len() {
             if budget == 0 {
                 break;
@@ -86,7 +87,8 @@ impl Scheduler {
             };
             let table = self.seq_mut(id).block_table_mut();
             let Ok(c) = table.prepare_write(start, start + num_new) else {
-                break; // the pool is dry: no preemption ahead of a result
+                short = true; // the pool is dry: no preemption ahead of a result
+                break;
             };
             copies.extend(c);
             starts.insert(id, AheadStart { start, carried });
@@ -101,7 +103,11 @@ impl Scheduler {
             preempted: &mut preempted,
             first: &mut first_admissions,
         };
-        self.schedule_waiting(&mut budget, &mut admitted);
+        if !short {
+            // As `schedule` admits nobody once it preempted: the blocks a running sequence
+            // is short of are not handed to a waiting one.
+            self.schedule_waiting(&mut budget, &mut admitted);
+        }
         if grants.is_empty() {
             return Ok(None);
         }
