@@ -47,7 +47,7 @@ fn run_aborting(
             slot.extend(added.iter().enumerate().map(|(j, &id)| (id, (step, j))));
             ids[step] = added;
         }
-        for &(i, j, at) in aborts.iter().filter(|a| a.2 == step) {
+        for &(i, j, _) in aborts.iter().filter(|a| a.2 == step) {
             let Some(&id) = ids.get(i).and_then(|v| v.get(j)) else {
                 continue;
             };
