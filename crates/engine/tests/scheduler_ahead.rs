@@ -69,3 +69,36 @@ fn a_waiting_sequence_does_not_overtake_a_running_one_the_dry_pool_left_short() 
         ahead.map(|p| ids(&p))
     );
 }
+
+#[test]
+fn a_group_waiting_behind_others_does_not_stop_planning_ahead() {
+    // S decodes; W and then an n = 2 group G wait. Planning ahead of S's step admits W and
+    // stops at G (its fork needs the shared row on the host); once G is next in the queue,
+    // the plan is made from the result instead.
+    let mut c = SchedulerConfig::new(64, 4, 64);
+    c.enable_prefix_caching = false;
+    c.max_num_seqs = 3;
+    let mut s = Scheduler::new(c).expect("valid config");
+    let id_s = s.add_request(toks(5), params(8)).expect("S");
+    let first = s.schedule().expect("S's prompt");
+    s.update(&answer(&first)).expect("S's first token");
+    let decode = s.schedule().expect("S decodes");
+    assert_eq!(ids(&decode), vec![id_s]);
+    let w = s.add_request(toks(3), params(8)).expect("W");
+    let g = s.add_group(toks(6), params(8), 2).expect("G");
+    let ahead = s.schedule_ahead().expect("no error");
+    let ahead = ahead.expect("planned ahead with a group queued behind the running ones");
+    assert_eq!(
+        ids(&ahead),
+        vec![id_s, w],
+        "the group is not admitted ahead"
+    );
+    s.update(&answer(&decode)).expect("decode result");
+    s.update(&answer(&ahead)).expect("ahead result");
+    // G is next in the queue (it needs two of the three running slots): once it may be
+    // admitted, it is planned from a result.
+    s.abort(w).expect("W");
+    let next = s.schedule().expect("S and G");
+    assert_eq!(ids(&next), vec![id_s, g[0]]);
+    assert!(s.schedule_ahead().expect("no error").is_none(), "G forks");
+}
