@@ -269,7 +269,10 @@ impl Engine {
     }
 
     /// Runs one engine step and returns its events. A failure of the forward pass ends the
-    /// step's requests with an error; bad logits in one row end only that request.
+    /// step's requests with an error; bad logits in one row end only that request. With
+    /// overlapped steps (`engine/overlap.rs`) a call may only launch the step it plans: its
+    /// tokens come with the next call's events, and a call may return none while a launched
+    /// step is still to be answered ([`Engine::has_unfinished`] says so).
     pub fn step(&mut self) -> Result<Vec<EngineEvent>> {
         if let Some(launched) = self.launched.take() {
             return self.step_overlapped(launched);

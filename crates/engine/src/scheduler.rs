@@ -284,6 +284,7 @@ impl Scheduler {
                 copies: &mut block_copies,
                 preempted: &mut preempted,
                 first: &mut first_admissions,
+                stop_at_groups: false,
             };
             self.schedule_waiting(&mut budget, &mut admitted);
         }
@@ -352,6 +353,9 @@ impl Scheduler {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
+            if out.stop_at_groups && self.pending.contains_key(&id) {
+                break; // admitted by a plan made on the host's result
+            }
             if self.prefix_in_flight(id) {
                 // Its prefix is being computed: it is admitted once that is cached, and
                 // nobody behind it overtakes it meanwhile.
@@ -525,6 +529,9 @@ struct Admitted<'a> {
     preempted: &'a mut Vec<SeqId>,
     /// First admissions with the prefix cache on, with their cached prompt tokens.
     first: &'a mut Vec<(SeqId, usize)>,
+    /// Admission stops at a group waiting for its fork (a plan made ahead: the fork needs
+    /// the shared row on the host; see `scheduler/ahead.rs`).
+    stop_at_groups: bool,
 }
 
 mod ahead;

@@ -182,6 +182,11 @@ pub trait ModelRunner: Send + std::fmt::Debug {
     /// [`crate::logit_processing::LogitProcessing::with_output`] of that token (the
     /// penalties count it). At most two launched steps are uncollected at a time; picks are
     /// collected in launch order. A runner that does not [`Self::overlaps_steps`] refuses.
+    ///
+    /// Launched steps, and [`Self::copy_blocks`] called while steps are launched, run in
+    /// call order (a device runner queues them on one stream): a block the engine freed
+    /// under a launched step (an abort, a stop token) may be the destination of the next
+    /// plan's copy or writes, which must land after that step's stale writes into it.
     fn launch_sample(
         &mut self,
         batch: &ForwardBatch,
@@ -205,6 +210,7 @@ pub trait ModelRunner: Send + std::fmt::Debug {
     }
 
     /// Copies whole blocks, `(src, dst)` in order (copy-on-write of a shared last block).
+    /// With steps launched ([`Self::launch_sample`]) the copies run after them.
     fn copy_blocks(&mut self, copies: &[(BlockId, BlockId)]) -> Result<()>;
 
     /// Logits of positions `positions` of the sequence whose blocks are `block_table`, from

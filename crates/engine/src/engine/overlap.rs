@@ -89,15 +89,14 @@ impl Engine {
             None
         };
         let mut next = None;
+        let mut ahead_failed = None;
         if let Some(plan) = ahead {
             out.extend(self.admitted_events(&plan));
             match self.launch_ahead(&plan, &launched.plan) {
                 Ok(rows) => next = Some(Launched { plan, rows }),
-                Err(e) => {
-                    // The runner dropped both launched steps: both plans fail.
-                    out.extend(self.fail_in_flight(&format!("forward pass failed: {e}")));
-                    return Ok(out);
-                }
+                // Only the plan made ahead failed, unless `launch_sample` itself did: the
+                // runner then dropped the older step too, whose collect fails below.
+                Err(e) => ahead_failed = Some(format!("forward pass failed: {e}")),
             }
         }
         let picks = self.runner.collect_picks().and_then(|picks| {
@@ -111,13 +110,20 @@ impl Engine {
                 )))
             }
         });
-        if picks.is_err() {
-            next = None; // dropped by the runner with the collected one; failed below
+        if picks.is_err() && next.take().is_some() {
+            // The step launched ahead read the older step's picks: it fails with it. A failed
+            // collect dropped it already; picks of the wrong length did not, so the runner
+            // is drained here and holds nothing the engine does not.
+            let _ = self.runner.collect_picks();
         }
         self.launched = next;
         let samples = picks.map(|p| self.picked_samples(&launched.plan, &launched.rows, p));
         self.recycle_rows(launched.rows);
         out.extend(self.answer_step(launched.plan.step, samples, Vec::new())?);
+        if let Some(message) = ahead_failed {
+            // The older step is answered; the plan made ahead (still in flight) fails.
+            out.extend(self.fail_in_flight(&message));
+        }
         Ok(out)
     }
 
@@ -148,7 +154,8 @@ impl Engine {
             .collect()
     }
 
-    /// Fails every plan in flight (the runner dropped its launched steps).
+    /// Fails every plan in flight (the runner holds none of them: it dropped them, or they
+    /// were never launched).
     fn fail_in_flight(&mut self, message: &str) -> Vec<EngineEvent> {
         self.launched = None;
         let events = self.scheduler.fail_step(message);

@@ -8,9 +8,11 @@
 //! [`Scheduler::schedule`] plans it, from the state step n leaves behind (its grants counted
 //! as computed). The rules that keep the scheduler's invariants:
 //!
-//! - Only one plan may be in flight, it must verify no drafts, and no group may be waiting
-//!   for its fork nor any managed sequence be live (those need their results on the host
-//!   before anything follows them). So every row planned ahead is one sequence's only row.
+//! - Only one plan may be in flight, it must verify no drafts, no group waiting for its fork
+//!   may be running or next in the queue, and no managed sequence may be live (those need
+//!   their results on the host before anything follows them). Admission stops at a group
+//!   further back in the queue: it is admitted once it is next, by a plan made from a
+//!   result. So every row planned ahead is one sequence's only row.
 //! - A sequence that step n's token finishes by length for certain (`max_tokens`, the longest
 //!   sequence the engine holds) gets no carried token. One that a stop token finishes, which
 //!   nobody can foresee, has its carried row computed and thrown away: [`Scheduler::update`]
@@ -20,9 +22,9 @@
 //!   prefix cache holds: only blocks full of computed tokens are registered, and the carried
 //!   position lies past them.
 //! - Nothing is preempted: when the pool cannot hold a grant, planning stops there and the
-//!   sequences after it wait for a later step, as when the token budget runs out. Nothing
-//!   planned ahead is ever undone.
-//! - Waiting sequences are admitted as usual: their tokens are known.
+//!   sequences after it wait for a later step, waiting ones included (as `schedule` admits
+//!   nobody once it preempted). Nothing planned ahead is ever undone.
+//! - Otherwise waiting sequences are admitted as usual: their tokens are known.
 
 use std::collections::HashMap;
 
@@ -43,8 +45,8 @@ struct AheadStart {
 impl Scheduler {
     /// Plans the step after the one in flight, before its result is known (see the module
     /// doc). `None`, with nothing changed, when it cannot: no plan or two plans in flight, a
-    /// plan in flight that forks, verifies drafts or holds a managed sequence, or nothing to
-    /// grant without preempting. A plan is then in flight behind the first; results answer
+    /// plan in flight that forks or verifies drafts, a group waiting for its fork running or
+    /// next in the queue, a managed sequence live, or nothing to grant without preempting. A plan is then in flight behind the first; results answer
     /// them in order.
     pub fn schedule_ahead(&mut self) -> Result<Option<StepPlan>> {
         let Some(flight) = self.in_flight.front() else {
@@ -63,6 +65,7 @@ impl Scheduler {
         let mut grants = Vec::new();
         let mut starts: HashMap<SeqId, AheadStart> = HashMap::new();
         let mut copies = Vec::new();
+        let mut short = false;
         for i in 0..self.running.len() {
             if budget == 0 {
                 break;
@@ -86,7 +89,8 @@ impl Scheduler {
             };
             let table = self.seq_mut(id).block_table_mut();
             let Ok(c) = table.prepare_write(start, start + num_new) else {
-                break; // the pool is dry: no preemption ahead of a result
+                short = true; // the pool is dry: no preemption ahead of a result
+                break;
             };
             copies.extend(c);
             starts.insert(id, AheadStart { start, carried });
@@ -100,8 +104,13 @@ impl Scheduler {
             copies: &mut copies,
             preempted: &mut preempted,
             first: &mut first_admissions,
+            stop_at_groups: true,
         };
-        self.schedule_waiting(&mut budget, &mut admitted);
+        if !short {
+            // As `schedule` admits nobody once it preempted: the blocks a running sequence
+            // is short of are not handed to a waiting one.
+            self.schedule_waiting(&mut budget, &mut admitted);
+        }
         if grants.is_empty() {
             return Ok(None);
         }
@@ -126,12 +135,19 @@ impl Scheduler {
         }))
     }
 
-    /// Whether a step may be planned behind `flight` before its result: no group waits for
-    /// its fork (the fork needs the shared row on the host) and no managed sequence lives.
+    /// Whether a step may be planned behind `flight` before its result: no group waiting
+    /// for its fork is running or next in the queue (the fork needs the shared row on the
+    /// host: such a group is planned from a result; one further back only stops admission,
+    /// see `schedule_waiting`) and no managed sequence lives.
     fn can_plan_after(&self, flight: &InFlight) -> bool {
         let plain = |g: &Grant| g.siblings.is_empty() && g.num_output_rows <= 1;
+        let next_waiting = self.waiting.front();
+        let group_due = self
+            .pending
+            .keys()
+            .any(|p| self.running.contains(p) || next_waiting == Some(p));
         flight.grants.iter().all(plain)
-            && self.pending.is_empty()
+            && !group_due
             && !self.seqs.values().any(Sequence::is_managed)
     }
 
