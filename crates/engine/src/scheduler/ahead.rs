@@ -46,8 +46,8 @@ impl Scheduler {
     /// Plans the step after the one in flight, before its result is known (see the module
     /// doc). `None`, with nothing changed, when it cannot: no plan or two plans in flight, a
     /// plan in flight that forks or verifies drafts, a group waiting for its fork running or
-    /// next in the queue, a managed sequence live, or nothing to grant without preempting. A plan is then in flight behind the first; results answer
-    /// them in order.
+    /// next in the queue, a managed sequence live, or nothing to grant without preempting.
+    /// A plan is then in flight behind the first; results answer them in order.
     pub fn schedule_ahead(&mut self) -> Result<Option<StepPlan>> {
         let Some(flight) = self.in_flight.front() else {
             return Ok(None);
