@@ -17,7 +17,8 @@ use tandem_engine::engine::{Engine, GenerationRequest};
 use tandem_engine::sampler::SamplingParams;
 use tandem_engine::{RequestParams, SchedulerConfig};
 use tandem_model::batch::{BlockId, ForwardBatch, TokenId};
-use tandem_model::config::{Architecture, ModelConfig, RopeConfig, RopeStyle};
+use tandem_model::config::ModelConfig;
+use tandem_model::fake_runner::FakeRunner;
 use tandem_model::logits::Logits;
 use tandem_model::row_sampling::RowDraw;
 use tandem_model::runner::{KvDtype, KvGeometry, ModelRunner};
@@ -91,28 +92,10 @@ impl InstantRunner {
     }
 }
 
+/// A model's configuration with `vocab` tokens (the fake runner's shapes; nothing is
+/// computed with them).
 fn config(vocab: usize) -> ModelConfig {
-    ModelConfig {
-        architecture: Architecture::Llama,
-        vocab_size: vocab,
-        hidden_size: 8,
-        intermediate_size: 8,
-        num_layers: 1,
-        num_heads: 1,
-        num_kv_heads: 1,
-        head_dim: 8,
-        rms_norm_eps: 1e-6,
-        rope: RopeConfig {
-            theta: 10000.0,
-            style: RopeStyle::Neox,
-            llama3_scaling: None,
-        },
-        context_len: 4096,
-        tie_word_embeddings: true,
-        qkv_bias: false,
-        qk_norm: false,
-        features: Default::default(),
-    }
+    FakeRunner::new(vocab, 4096, 1, 1, 0).config().clone()
 }
 
 /// Microseconds of host time per decode step for `batch` requests of 512-token prompts

@@ -246,14 +246,12 @@ fn aborts_leave_other_requests_unchanged() {
     let subs = singles(&requests());
     let want = reference(&subs);
     let shapes = [REFERENCE, CHUNKED, Shape(TINY, 64, 5, true)];
-    let (mut rng, mut aborted_mid_run) = (0x5eed_u64, 0);
+    let mut aborted_mid_run = 0;
     // Three (request, step) pairs per round from a 64-bit LCG.
-    let mut lcg = |below: usize| {
-        rng = rng.wrapping_mul(0x5851_f42d_4c95_7f2d).wrapping_add(1);
-        ((rng >> 33) % below as u64) as usize
-    };
+    let mut random = lcg(0x5eed);
     for round in 0..12 {
-        let aborts: Vec<(usize, usize)> = (0..3).map(|_| (lcg(subs.len()), lcg(16))).collect();
+        let aborts: Vec<(usize, usize)> =
+            (0..3).map(|_| (random(subs.len()), random(16))).collect();
         let mut engine = shapes[round % shapes.len()].engine();
         let got = run(&mut engine, &subs, Arrival::Every(1), &aborts).flat();
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {

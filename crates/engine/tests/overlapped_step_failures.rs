@@ -7,8 +7,8 @@ mod fake_paths;
 use std::ops::Range;
 
 use fake_paths::*;
-use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
-use tandem_engine::{FinishReason, SeqId};
+use tandem_engine::engine::{Engine, GenerationRequest};
+use tandem_engine::FinishReason;
 use tandem_model::batch::{BlockId, CarriedToken, ForwardBatch, TokenId};
 use tandem_model::config::ModelConfig;
 use tandem_model::error::{ModelError, Result as ModelResult};
@@ -61,31 +61,14 @@ impl Faulty {
 /// Runs `n` samples of `req` to their end on `engine`; the pool is idle after.
 fn run_to_end(engine: &mut Engine, req: &GenerationRequest, n: usize) -> Vec<Out> {
     let ids = engine.add_request_n(req.clone(), n).expect("admissible");
-    let mut outs = vec![Out::default(); n];
+    let mut events = Vec::new();
     let mut steps = 0;
     while engine.has_unfinished() {
         steps += 1;
         assert!(steps < 1000, "no end");
-        for e in engine.step().expect("a step") {
-            let slot = |id: SeqId| ids.iter().position(|&i| i == id).expect("known id");
-            match e {
-                EngineEvent::Token {
-                    seq_id,
-                    token,
-                    logprob,
-                    top_logprobs,
-                } => {
-                    let top = top_logprobs.iter().map(|&(t, l)| (t, l.to_bits()));
-                    let tok = Tok(token, logprob.to_bits(), top.collect());
-                    outs[slot(seq_id)].tokens.push(tok);
-                }
-                EngineEvent::Finished { seq_id, reason } => {
-                    outs[slot(seq_id)].finish = Some(reason);
-                }
-                _ => {}
-            }
-        }
+        events.extend(engine.step().expect("a step"));
     }
+    let outs = outputs(&ids, events);
     assert_pool_idle("pool", engine.scheduler().allocator());
     outs
 }

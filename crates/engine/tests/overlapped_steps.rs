@@ -113,14 +113,11 @@ fn aborts_while_a_step_runs_leave_other_requests_unchanged() {
     let subs = singles(&requests());
     let want = reference(&subs);
     let shapes = [REFERENCE, CHUNKED, Shape(TINY, 64, 5, true)];
-    let mut rng = 0xab0_u64;
-    let mut lcg = |below: usize| {
-        rng = rng.wrapping_mul(0x5851_f42d_4c95_7f2d).wrapping_add(1);
-        ((rng >> 33) % below as u64) as usize
-    };
+    let mut random = lcg(0xab0);
     let mut aborted_mid_run = 0;
     for round in 0..12 {
-        let aborts: Vec<(usize, usize)> = (0..3).map(|_| (lcg(subs.len()), lcg(16))).collect();
+        let aborts: Vec<(usize, usize)> =
+            (0..3).map(|_| (random(subs.len()), random(16))).collect();
         let mut engine = shapes[round % shapes.len()].overlapped_engine();
         // `run` aborts between steps: with overlap, always while a step is launched.
         let got = run(&mut engine, &subs, Arrival::Every(1), &aborts).flat();
@@ -262,28 +259,6 @@ fn a_carried_tokens_processing_is_the_list_built_after_it() {
             "case {case}: token {token}"
         );
     }
-}
-
-/// The outputs of `ids` from their events, in order.
-fn outputs(ids: &[SeqId], events: Vec<EngineEvent>) -> Vec<Out> {
-    let mut outs = vec![Out::default(); ids.len()];
-    let index = |id: SeqId| ids.iter().position(|&i| i == id).expect("a known id");
-    for e in events {
-        match e {
-            EngineEvent::Token {
-                seq_id,
-                token,
-                logprob,
-                top_logprobs,
-            } => {
-                let tok = Tok::of(token, logprob, &top_logprobs);
-                outs[index(seq_id)].tokens.push(tok);
-            }
-            EngineEvent::Finished { seq_id, reason } => outs[index(seq_id)].finish = Some(reason),
-            _ => {}
-        }
-    }
-    outs
 }
 
 #[test]

@@ -123,18 +123,14 @@ fn priority_scheduling_overlaps_unchanged() {
 fn aborting_any_group_member_while_a_step_runs_changes_no_other_sample() {
     let subs = group_subs();
     let want = reference(&subs);
-    let mut rng = 0x5eed_u64;
-    let mut lcg = |below: usize| {
-        rng = rng.wrapping_mul(0x5851_f42d_4c95_7f2d).wrapping_add(1);
-        ((rng >> 33) % below as u64) as usize
-    };
+    let mut random = lcg(0x5eed);
     let shapes = [REFERENCE, CHUNKED, TINY_POOL, Shape(TINY, 64, 5, true)];
     let mut cut = 0;
     for round in 0..24 {
         let aborts: Vec<(usize, usize, usize)> = (0..4)
             .map(|_| {
-                let i = lcg(subs.len());
-                (i, lcg(subs[i].1), lcg(20))
+                let i = random(subs.len());
+                (i, random(subs[i].1), random(20))
             })
             .collect();
         for policy in [SchedulingPolicy::Fcfs, SchedulingPolicy::Priority] {

@@ -359,3 +359,33 @@ pub fn check_path(shape: Shape, subs: &[Sub], arrival: Arrival, want: &[Out]) ->
     assert_same(&format!("{shape:?}, {arrival:?}"), subs, &got, want);
     engine
 }
+
+/// A 64-bit LCG from `seed`: `next(below)` is in `0..below`.
+pub fn lcg(seed: u64) -> impl FnMut(usize) -> usize {
+    let mut rng = seed;
+    move |below: usize| {
+        rng = rng.wrapping_mul(0x5851_f42d_4c95_7f2d).wrapping_add(1);
+        ((rng >> 33) % below as u64) as usize
+    }
+}
+
+/// The outputs of `ids` from their events, in order (other events are ignored).
+pub fn outputs(ids: &[SeqId], events: Vec<EngineEvent>) -> Vec<Out> {
+    let mut outs = vec![Out::default(); ids.len()];
+    let index = |id: SeqId| ids.iter().position(|&i| i == id).expect("a known id");
+    for e in events {
+        match e {
+            EngineEvent::Token {
+                seq_id,
+                token,
+                logprob,
+                top_logprobs,
+            } => outs[index(seq_id)]
+                .tokens
+                .push(Tok::of(token, logprob, &top_logprobs)),
+            EngineEvent::Finished { seq_id, reason } => outs[index(seq_id)].finish = Some(reason),
+            _ => {}
+        }
+    }
+    outs
+}
