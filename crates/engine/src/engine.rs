@@ -19,8 +19,6 @@
 //! [`EngineEvent::PromptLogprobs`]; with `max_tokens == 0` the request ends right after its
 //! prompt (a scoring request).
 
-use std::collections::HashMap;
-
 use tandem_model::batch::TokenId;
 use tandem_model::runner::ModelRunner;
 use tandem_model::{ModelConfig, ModelError};
@@ -29,7 +27,7 @@ use crate::error::{EngineError, Result};
 use crate::sampler::{SamplerState, SamplingParams};
 use crate::scheduler::Scheduler;
 use crate::scheduler_config::SchedulerConfig;
-use crate::sequence::{FinishReason, RequestParams, SeqId};
+use crate::sequence::{FinishReason, RequestParams, SeqId, SeqMap};
 use crate::step_plan::{to_forward_batch, StepResult};
 use crate::trace::{MarkKind, Part, StepTrace};
 
@@ -104,7 +102,7 @@ struct ActiveRequest {
 pub struct Engine {
     runner: Box<dyn ModelRunner>,
     scheduler: Scheduler,
-    requests: HashMap<SeqId, ActiveRequest>,
+    requests: SeqMap<ActiveRequest>,
     /// Beam search requests.
     beams: beams::Beams,
     /// Requests still owed prompt logprobs.
@@ -139,7 +137,7 @@ impl Engine {
         Ok(Engine {
             runner,
             scheduler,
-            requests: HashMap::new(),
+            requests: SeqMap::default(),
             beams: beams::Beams::default(),
             prompt_logprobs: prompt_logprobs::PromptLogprobs::default(),
             seed,
@@ -287,7 +285,7 @@ impl Engine {
         if let Err(e) = self.runner.copy_blocks(&plan.block_copies) {
             let message = format!("KV block copy failed: {e}");
             let events = self.scheduler.fail_step(&message);
-            return Ok(self.translate(events, HashMap::new()));
+            return Ok(self.translate(events, SeqMap::default()));
         }
         let mut out = self.admitted_events(&plan);
         let (cached_events, mut failed) =
@@ -383,7 +381,7 @@ impl Engine {
             }
             Err(e) => {
                 let message = format!("forward pass failed: {e}");
-                (self.scheduler.fail_step(&message), HashMap::new())
+                (self.scheduler.fail_step(&message), SeqMap::default())
             }
         };
         Ok(self.translate(events, sampled))

@@ -32,7 +32,7 @@
 //! `num_computed_tokens`, appends tokens, applies the stop conditions and releases the blocks
 //! of finished sequences.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use tandem_model::batch::{BlockId, TokenId};
 
@@ -41,7 +41,9 @@ use crate::block_table::BlockTable;
 use crate::error::{EngineError, Result};
 use crate::prefix_cache::PrefixHasher;
 use crate::scheduler_config::SchedulerConfig;
-use crate::sequence::{FinishReason, RequestParams, SchedulingPolicy, SeqId, SeqStatus, Sequence};
+use crate::sequence::{
+    FinishReason, RequestParams, SchedulingPolicy, SeqId, SeqMap, SeqStatus, Sequence,
+};
 use crate::step_plan::{ScheduledSeq, StepPlan};
 
 /// Counters over the scheduler's life.
@@ -83,7 +85,7 @@ pub struct Scheduler {
     config: SchedulerConfig,
     allocator: BlockAllocator,
     /// Every live (not finished) sequence.
-    seqs: HashMap<SeqId, Sequence>,
+    seqs: SeqMap<Sequence>,
     /// Waiting and preempted sequences, in admission order.
     waiting: VecDeque<SeqId>,
     /// Running sequences, in service order (FCFS: admission order; priority: by key).
@@ -95,9 +97,9 @@ pub struct Scheduler {
     in_flight: VecDeque<InFlight>,
     stats: SchedulerStats,
     /// `n > 1` group parent -> sibling ids reserved for it and not forked yet.
-    pending: HashMap<SeqId, Vec<SeqId>>,
+    pending: SeqMap<Vec<SeqId>>,
     /// Running slots a managed root needs at admission (its beam width).
-    reserve: HashMap<SeqId, usize>,
+    reserve: SeqMap<usize>,
     /// Block keys for the prefix cache; `None` when it is off.
     prefix_hasher: Option<PrefixHasher>,
 }
@@ -111,15 +113,15 @@ impl Scheduler {
         Ok(Scheduler {
             config,
             allocator,
-            seqs: HashMap::new(),
+            seqs: SeqMap::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             next_seq: 0,
             next_step: 0,
             in_flight: VecDeque::new(),
             stats: SchedulerStats::default(),
-            pending: HashMap::new(),
-            reserve: HashMap::new(),
+            pending: SeqMap::default(),
+            reserve: SeqMap::default(),
             prefix_hasher,
         })
     }

@@ -20,6 +20,10 @@ use crate::prefix_cache::{BlockKey, PrefixHasher};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqId(pub u64);
 
+/// A map keyed by sequence, with a fast hasher: the engine looks sequences up several
+/// times per row per step (keys are the engine's own counters, not adversarial input).
+pub type SeqMap<V> = std::collections::HashMap<SeqId, V, foldhash::fast::RandomState>;
+
 /// Why a sequence stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FinishReason {

@@ -20,12 +20,12 @@
 //! When tracing is off the engine holds no recorder and a step costs one branch per part
 //! ([`StepClock::off`] never reads the clock).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use crate::sequence::SeqId;
+use crate::sequence::{SeqId, SeqMap};
 
 /// A part of an engine step, in the order they run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -395,7 +395,7 @@ fn step_events(s: &StepRecord, out: &mut Vec<Value>) {
 #[derive(Debug, Default)]
 struct RequestTracks {
     /// Request -> when its current wait began.
-    queued_since: HashMap<SeqId, f64>,
+    queued_since: SeqMap<f64>,
     seen: Vec<SeqId>,
 }
 

@@ -20,15 +20,13 @@
 //! `max_tokens`, else `Stop`, or an `Error`), and [`Engine::take_beam_result`] then returns
 //! its hypotheses, best first.
 
-use std::collections::HashMap;
-
 use tandem_model::logits::Logits;
 
 use super::{Engine, EngineEvent, GenerationRequest};
 use crate::beam_search::{top_k_logprobs, BeamHypothesis, BeamParams, BeamSearch, LiveBeam};
 use crate::error::{EngineError, Result};
 use crate::sampler::constraint::ConstraintState;
-use crate::sequence::{FinishReason, SeqId};
+use crate::sequence::{FinishReason, SeqId, SeqMap};
 
 /// One live beam: its sequence, cumulative logprob and, once computed, its candidates.
 #[derive(Debug)]
@@ -54,8 +52,8 @@ pub(super) struct BeamGroup {
 #[derive(Debug, Default)]
 pub(super) struct Beams {
     groups: std::collections::BTreeMap<SeqId, BeamGroup>,
-    root_of: HashMap<SeqId, SeqId>,
-    results: HashMap<SeqId, Vec<BeamHypothesis>>,
+    root_of: SeqMap<SeqId>,
+    results: SeqMap<Vec<BeamHypothesis>>,
 }
 
 impl Beams {

@@ -24,14 +24,13 @@
 //! decoding, no step timeline being recorded. Any of them present, the engine answers the
 //! launched step first and plans the next one from the result, as without overlap.
 
-use std::collections::HashMap;
-
 use tandem_model::batch::{CarriedToken, ForwardBatch};
 use tandem_model::row_sampling::RowDraw;
 use tandem_model::ModelError;
 
 use super::{Engine, EngineEvent};
 use crate::error::Result;
+use crate::sequence::SeqMap;
 use crate::step_plan::{to_forward_batch, StepPlan};
 
 /// A step launched on the runner and not answered yet.
@@ -159,7 +158,7 @@ impl Engine {
     fn fail_in_flight(&mut self, message: &str) -> Vec<EngineEvent> {
         self.launched = None;
         let events = self.scheduler.fail_step(message);
-        self.translate(events, HashMap::new())
+        self.translate(events, SeqMap::default())
     }
 }
 
@@ -169,7 +168,7 @@ fn carried_tokens(
     before: &StepPlan,
     batch: &ForwardBatch,
 ) -> std::result::Result<Vec<CarriedToken>, ModelError> {
-    let output_of: HashMap<_, usize> = before
+    let output_of: SeqMap<usize> = before
         .seqs
         .iter()
         .filter(|s| s.num_output_rows > 0)

@@ -33,8 +33,6 @@
 //! the request, before the rows of its first computed chunk. The events are the same as
 //! without the cache; the cost of those positions drops to one LM-head row each.
 
-use std::collections::HashMap;
-
 use tandem_model::batch::{ForwardBatch, OutputSelection, TokenId};
 use tandem_model::logits::Logits;
 use tandem_model::runner::ModelRunner;
@@ -44,7 +42,7 @@ use super::{EngineEvent, GenerationRequest};
 use crate::error::{EngineError, Result};
 use crate::sampler::MAX_TOP_LOGPROBS;
 use crate::scheduler::Scheduler;
-use crate::sequence::SeqId;
+use crate::sequence::{SeqId, SeqMap};
 use crate::step_plan::StepPlan;
 
 /// The score of one prompt token.
@@ -106,7 +104,7 @@ pub(super) struct PromptRows {
 /// The engine's requests owed prompt logprobs, by id.
 #[derive(Debug, Default)]
 pub(super) struct PromptLogprobs {
-    pending: HashMap<SeqId, Pending>,
+    pending: SeqMap<Pending>,
 }
 
 /// What [`PromptLogprobs::extract`] produced.

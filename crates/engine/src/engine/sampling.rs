@@ -1,7 +1,7 @@
 //! The sampling half of [`Engine::step`]: one token per logits row (per group member for a
 //! group forking this step), and the translation of scheduler events into client events.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use tandem_model::batch::TokenId;
 use tandem_model::logits::Logits;
@@ -10,7 +10,7 @@ use tandem_model::token_pick::TokenPick;
 
 use super::{Engine, EngineEvent};
 use crate::sampler::{sample, SampledToken, SamplerError};
-use crate::sequence::{FinishReason, SeqId};
+use crate::sequence::{FinishReason, SeqId, SeqMap};
 use crate::step_plan::{SeqEvent, SeqOutput, StepPlan};
 
 /// Processor lists kept for reuse between steps, at most.
@@ -35,7 +35,7 @@ pub(super) struct StepSamples {
     pub(super) outputs: Vec<SeqOutput>,
     /// The chosen tokens with their logprobs, for the events, in order per sequence (more
     /// than one when speculative drafts were accepted).
-    pub(super) sampled: HashMap<SeqId, VecDeque<SampledToken>>,
+    pub(super) sampled: SeqMap<VecDeque<SampledToken>>,
     /// Sequences whose row could not be sampled, with the reason.
     pub(super) failed: Vec<(SeqId, String)>,
 }
@@ -219,7 +219,7 @@ impl Engine {
     pub(super) fn translate(
         &mut self,
         events: Vec<SeqEvent>,
-        mut sampled: HashMap<SeqId, VecDeque<SampledToken>>,
+        mut sampled: SeqMap<VecDeque<SampledToken>>,
     ) -> Vec<EngineEvent> {
         let mut out = Vec::with_capacity(events.len());
         for e in events {

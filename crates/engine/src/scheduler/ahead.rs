@@ -26,13 +26,11 @@
 //!   nobody once it preempted). Nothing planned ahead is ever undone.
 //! - Otherwise waiting sequences are admitted as usual: their tokens are known.
 
-use std::collections::HashMap;
-
 use tandem_model::batch::TokenId;
 
 use super::{Admitted, Grant, InFlight, Scheduler};
 use crate::error::Result;
-use crate::sequence::{SeqId, Sequence};
+use crate::sequence::{SeqId, SeqMap, Sequence};
 use crate::step_plan::{ScheduledSeq, StepPlan};
 
 /// Where a running sequence's grant ahead starts, and whether its token is carried.
@@ -56,14 +54,14 @@ impl Scheduler {
             return Ok(None);
         }
         // Per granted sequence: tokens the plan in flight computes, and whether it samples.
-        let granted: HashMap<SeqId, (usize, bool)> = flight
+        let granted: SeqMap<(usize, bool)> = flight
             .grants
             .iter()
             .map(|g| (g.seq_id, (g.num_new, g.num_output_rows == 1)))
             .collect();
         let mut budget = self.config.max_num_batched_tokens;
         let mut grants = Vec::new();
-        let mut starts: HashMap<SeqId, AheadStart> = HashMap::new();
+        let mut starts: SeqMap<AheadStart> = SeqMap::default();
         let mut copies = Vec::new();
         let mut short = false;
         for i in 0..self.running.len() {

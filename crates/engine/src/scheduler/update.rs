@@ -1,13 +1,11 @@
 //! Applying a step's result: computed tokens, sampled tokens, stop conditions, events.
 
-use std::collections::HashMap;
-
 use tandem_model::batch::TokenId;
 
 use super::{Grant, InFlight, Scheduler};
 use crate::error::{EngineError, Result};
 use crate::scheduler_config::SchedulerConfig;
-use crate::sequence::{FinishReason, RequestParams, SeqId};
+use crate::sequence::{FinishReason, RequestParams, SeqId, SeqMap};
 use crate::step_plan::{SeqEvent, StepResult};
 
 impl Scheduler {
@@ -88,7 +86,7 @@ impl Scheduler {
         &self,
         flight: &InFlight,
         result: &'r StepResult,
-    ) -> Result<HashMap<SeqId, &'r [TokenId]>> {
+    ) -> Result<SeqMap<&'r [TokenId]>> {
         let bad = |m: String| Err(EngineError::ResultMismatch(m));
         if result.step != flight.step {
             return bad(format!(
@@ -97,12 +95,12 @@ impl Scheduler {
             ));
         }
         // Who answers for each id: its own grant, or its parent's for a sibling.
-        let mut grants: HashMap<SeqId, &Grant> = HashMap::new();
+        let mut grants: SeqMap<&Grant> = SeqMap::default();
         for g in &flight.grants {
             grants.insert(g.seq_id, g);
             grants.extend(g.siblings.iter().map(|&s| (s, g)));
         }
-        let mut outputs = HashMap::new();
+        let mut outputs = SeqMap::default();
         for o in &result.outputs {
             let managed = self.seqs.get(&o.seq_id).is_some_and(|s| s.is_managed());
             let Some(g) = grants

@@ -2,12 +2,10 @@
 //! request (chosen from its observed acceptance and the draft cost; a pause when none pays),
 //! the drafts' distributions between proposal and verification, and the counters.
 
-use std::collections::HashMap;
-
 use super::{Proposal, ProposalInput, Proposer, MAX_SPECULATIVE_TOKENS};
 use crate::error::{EngineError, Result};
 use crate::sampler::TokenDistribution;
-use crate::sequence::SeqId;
+use crate::sequence::{SeqId, SeqMap};
 
 /// How speculative decoding runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -153,7 +151,7 @@ pub struct Speculation {
     config: SpeculativeConfig,
     proposer: Box<dyn Proposer>,
     stats: SpecStats,
-    requests: HashMap<SeqId, RequestSpec>,
+    requests: SeqMap<RequestSpec>,
     step: u64,
 }
 
@@ -169,7 +167,7 @@ impl Speculation {
             config,
             proposer,
             stats,
-            requests: HashMap::new(),
+            requests: SeqMap::default(),
             step: 0,
         })
     }

@@ -14,8 +14,6 @@
 //! settings (penalties see no history), from a stream keyed by the request's seed; greedy
 //! requests get the draft model's argmax (certain drafts).
 
-use std::collections::HashMap;
-
 use tandem_model::batch::{ForwardBatch, OutputSelection, SeqSpan, TokenId};
 use tandem_model::runner::ModelRunner;
 
@@ -26,7 +24,7 @@ use crate::error::{EngineError, Result};
 use crate::sampler::{
     processed_argmax, processed_distribution, SamplerState, StreamRng, TokenDistribution,
 };
-use crate::sequence::SeqId;
+use crate::sequence::{SeqId, SeqMap};
 
 /// Salt separating the draft stream from the request's own stream of the same seed.
 const DRAFT_STREAM_SALT: u64 = 0x6472_6166_745f_7331;
@@ -60,7 +58,7 @@ struct Job {
 pub struct DraftModelProposer {
     runner: Box<dyn ModelRunner>,
     allocator: BlockAllocator,
-    seqs: HashMap<SeqId, DraftSeq>,
+    seqs: SeqMap<DraftSeq>,
 }
 
 impl DraftModelProposer {
@@ -78,7 +76,7 @@ impl DraftModelProposer {
         Ok(DraftModelProposer {
             runner,
             allocator,
-            seqs: HashMap::new(),
+            seqs: SeqMap::default(),
         })
     }
 
