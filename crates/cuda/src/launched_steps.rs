@@ -241,6 +241,12 @@ impl LaunchedSteps {
         self.queue.push_back(step);
     }
 
+    /// After a step run to its end (`forward_sample`, `forward_greedy`): nothing can be
+    /// carried until the next launch, as after a runner's start.
+    pub fn forget_latest(&mut self) {
+        self.latest_outputs = None;
+    }
+
     pub fn pop(&mut self) -> Option<LaunchedStep> {
         self.queue.pop_front()
     }

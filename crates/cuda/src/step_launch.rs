@@ -72,7 +72,11 @@ impl CudaRunner {
             .into());
         }
         self.launch_layout(layout, rows, &[])?;
-        self.collect_launched()
+        let picks = self.collect_launched();
+        // Not a launched step: its picks overwrote the device copy of the last launched
+        // step's, which a later launch could otherwise carry without an error.
+        self.steps.forget_latest();
+        picks
     }
 
     /// [`tandem_model::runner::ModelRunner::collect_picks`]: waits for the oldest launched
@@ -117,7 +121,10 @@ impl CudaRunner {
         l.widen_tables(self.inputs.table_stride);
         let mut results = self.steps.take_results(&self.device.ctx, outputs)?;
         self.staging.begin_step()?;
-        let queued = self.queue_step_picks(l, sampling, carried, &mut results);
+        // A panic in the bindings must not unwind past `results` (freed under its queued
+        // copies) nor skip `end_step`: caught here, it takes the error path below.
+        let queued =
+            catch_binding_panic(|| self.queue_step_picks(l, sampling, carried, &mut results));
         let staged = self.staging.end_step(&stream);
         let queued = queued.and(staged);
         let event = queued.and_then(|()| Ok(stream.record_event(None)?));
