@@ -74,12 +74,13 @@ impl QueuedRunner {
                 ))
             })?;
             *slot = from.unwrap_or(TokenId(0));
-            // The carried token is output the row's penalties count.
+            // The carried token is output the row's penalties count (a failed pick is no
+            // token: its row is discarded, and nothing is counted, as on a device).
             let out = outputs.binary_search(&c.row).map_err(|_| {
                 ModelError::Batch(format!("carried row {} is not an output row", c.row))
             })?;
-            if let Some(draw) = rows.get_mut(out) {
-                draw.processing = draw.processing.with_output(slot.0);
+            if let (Some(draw), Some(token)) = (rows.get_mut(out), from) {
+                draw.processing = draw.processing.with_output(token.0);
             }
         }
         let picks = self.inner.forward_sample(&batch, &rows)?;
