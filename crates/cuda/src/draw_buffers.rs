@@ -69,11 +69,8 @@ impl CudaRunner {
         draws: &[RowDraw],
         carried_from: Option<usize>,
     ) -> Result<bool, CudaError> {
-        let penalised = |d: &RowDraw| {
-            let p = &d.processing;
-            p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0
-        };
-        let counts_carried = carried_from.is_some() && draws.iter().any(penalised);
+        let counts_carried =
+            carried_from.is_some() && draws.iter().any(|d| d.processing.has_penalties());
         if draws.iter().all(|d| d.processing.is_empty()) && !counts_carried {
             return Ok(false);
         }

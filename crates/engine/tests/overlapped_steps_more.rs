@@ -8,19 +8,14 @@ use std::collections::HashMap;
 
 use fake_paths::*;
 use tandem_engine::engine::{Engine, EngineEvent};
-use tandem_engine::{FinishReason, SchedulerConfig, SchedulingPolicy, SeqId};
+use tandem_engine::{FinishReason, SchedulingPolicy, SeqId};
 use tandem_model::fake_runner::FakeRunner;
 use tandem_model::queued_runner::QueuedRunner;
 
 fn engine(shape: Shape, policy: SchedulingPolicy, overlap: bool) -> Engine {
-    let Shape(blocks, budget, chunk, caching) = shape;
-    let mut c = SchedulerConfig::new(blocks, BLOCK, CONTEXT);
-    c.max_num_batched_tokens = budget;
-    c.long_prefill_token_threshold = chunk;
-    c.enable_prefix_caching = caching;
-    c.eos_token_ids = vec![EOS];
+    let mut c = shape.config();
     c.policy = policy;
-    let fake = FakeRunner::new(VOCAB, CONTEXT, blocks, BLOCK, SALT);
+    let fake = FakeRunner::new(VOCAB, CONTEXT, shape.0, BLOCK, SALT);
     let runner: Box<dyn tandem_model::runner::ModelRunner> = if overlap {
         Box::new(QueuedRunner::new(Box::new(fake)))
     } else {

@@ -95,7 +95,7 @@ impl LogitProcessing {
         let repetition = self.repetition_penalty != 1.0;
         let counted = self.presence_penalty != 0.0 || self.frequency_penalty != 0.0;
         let mut next = self.clone();
-        if !(repetition || counted) {
+        if !self.has_penalties() {
             return next;
         }
         match next.tokens.binary_search_by_key(&token, |t| t.id) {
@@ -116,6 +116,13 @@ impl LogitProcessing {
             ),
         }
         next
+    }
+
+    /// Whether a penalty reads the generated tokens (repetition, presence or frequency).
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
     }
 
     /// Checks what a runner relies on: ids ascending, unique and below `vocab`; the

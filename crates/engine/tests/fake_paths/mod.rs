@@ -66,7 +66,8 @@ impl Shape {
         Engine::new(Box::new(runner), self.config(), 5).expect("the config matches the pool")
     }
 
-    fn config(self) -> SchedulerConfig {
+    /// The scheduler's configuration of this shape.
+    pub fn config(self) -> SchedulerConfig {
         let Shape(blocks, budget, chunk, caching) = self;
         let mut c = SchedulerConfig::new(blocks, BLOCK, CONTEXT);
         c.max_num_batched_tokens = budget;
