@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Streaming load generator for OpenAI-compatible servers (a benchmark, not a test).
 
-Sends streamed `/v1/completions` requests (~100-token prompts, 128 output tokens with
-`ignore_eos`, greedy) at a fixed concurrency and measures requests/s, output tokens/s, time to
+Sends streamed `/v1/completions` requests (~100-token prompts unless --prompt-words, 128
+output tokens with `ignore_eos`, greedy) at a fixed concurrency and measures requests/s, output tokens/s, time to
 first token (TTFT) and inter-token latency (ITL: the gaps between streamed chunks) p50/p90/p99.
 Standard library only (asyncio + raw HTTP/1.1); loopback only; bounded in requests and time.
 
 usage:
   bench/serve_load.py --url http://127.0.0.1:8000 [--concurrency 1 4 16] [--json]
-      measure a server that is already running
+      [--model auto] [--wait-ready SECONDS]
+      measure a server that is already running (or starting: --wait-ready polls /health);
+      --model auto sends the first model id the server lists
   bench/serve_load.py --compare --model M.gguf [--threads 2] [--reps 2]
       start `tandem serve` and llama.cpp's `llama-server` (bench/build_llama_cpp.sh) in turn on
       the same GGUF and threads, alternating, and print per-level medians and ratios
@@ -17,7 +19,8 @@ usage:
       alternating, every prompt behind the same system prompt, and print the ratios on/off
 
 --system-prompt-words N puts the same N-word text (a shared system prompt) before every
-request's own ~100 tokens.
+request's own ~100 tokens; --prompt-words N makes each request's own text N words (the
+prompt's token count, as the server reports it, is in each level's `prompt_tokens_mean`).
 """
 import argparse
 import asyncio
@@ -75,7 +78,7 @@ async def read_chunked(reader):
 
 
 async def one_request(url, model, prompt, max_tokens):
-    """Returns (ttft, [chunk times after send], output tokens reported or None)."""
+    """Returns ([chunk times after send], (prompt, output) tokens reported or None)."""
     u = urllib.parse.urlparse(url)
     assert u.hostname in ("127.0.0.1", "localhost", "::1"), "loopback only"
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
@@ -98,7 +101,8 @@ async def one_request(url, model, prompt, max_tokens):
                 continue
             event = json.loads(line[6:])
             if event.get("usage"):
-                usage = event["usage"].get("completion_tokens")
+                usage = (event["usage"].get("prompt_tokens"),
+                         event["usage"].get("completion_tokens"))
             choices = event.get("choices") or []
             if choices and choices[0].get("text"):
                 times.append(now)
@@ -107,6 +111,7 @@ async def one_request(url, model, prompt, max_tokens):
 
 
 SYSTEM_PROMPT_WORDS = 0
+PROMPT_WORDS = 99
 
 
 def system_prompt():
@@ -119,7 +124,7 @@ def system_prompt():
 async def run_level(url, model, concurrency, requests, max_tokens, time_limit, seed):
     rng = random.Random(seed)
     shared = system_prompt()
-    prompts = [shared + prompt_text(rng) for _ in range(requests)]
+    prompts = [shared + prompt_text(rng, PROMPT_WORDS) for _ in range(requests)]
     queue = list(range(requests))
     results = []
     deadline = time.perf_counter() + time_limit
@@ -135,13 +140,15 @@ async def run_level(url, model, concurrency, requests, max_tokens, time_limit, s
     elapsed = time.perf_counter() - t0
     ttft = [t[0] for t, _ in results if t]
     itl = [b - a for t, _ in results for a, b in zip(t, t[1:])]
-    tokens = sum(u if u is not None else len(t) for t, u in results)
+    tokens = sum(u[1] if u is not None else len(t) for t, u in results)
+    prompt_tokens = [u[0] for _, u in results if u is not None and u[0] is not None]
     return {"concurrency": concurrency, "requests": len(results), "seconds": round(elapsed, 3),
             "req_per_s": len(results) / elapsed, "out_tok_per_s": tokens / elapsed,
             "ttft_p50": percentile(ttft, 50), "ttft_p90": percentile(ttft, 90),
             "ttft_p99": percentile(ttft, 99), "itl_p50": percentile(itl, 50),
             "itl_p90": percentile(itl, 90), "itl_p99": percentile(itl, 99),
-            "output_tokens": tokens}
+            "output_tokens": tokens,
+            "prompt_tokens_mean": statistics.mean(prompt_tokens) if prompt_tokens else None}
 
 
 def measure(url, model, a):
@@ -157,7 +164,7 @@ def measure(url, model, a):
 def wait_ready(url, proc, timeout=300):
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as r:
@@ -255,6 +262,7 @@ def main():
     p.add_argument("--compare", action="store_true")
     p.add_argument("--compare-prefix-cache", action="store_true")
     p.add_argument("--system-prompt-words", type=int, default=0)
+    p.add_argument("--prompt-words", type=int, default=99, help="words of each request's text")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--llama-bin", type=Path, help="llama.cpp build/bin (default: build it)")
@@ -264,15 +272,25 @@ def main():
     p.add_argument("--requests-per-slot", type=int, default=2)
     p.add_argument("--min-requests", type=int, default=4)
     p.add_argument("--time-limit", type=float, default=300.0, help="seconds per level at most")
+    p.add_argument("--wait-ready", type=float, default=0.0,
+                   help="--url: seconds to wait for /health first")
     a = p.parse_args()
-    global SYSTEM_PROMPT_WORDS
+    global SYSTEM_PROMPT_WORDS, PROMPT_WORDS
     SYSTEM_PROMPT_WORDS = a.system_prompt_words
+    PROMPT_WORDS = a.prompt_words
     if a.compare_prefix_cache:
         compare_prefix_cache(a)
     elif a.compare:
         compare(a)
     elif a.url:
-        for row in measure(a.url.rstrip("/"), a.model, a):
+        url = a.url.rstrip("/")
+        if a.wait_ready > 0:
+            wait_ready(url, None, a.wait_ready)
+        model = a.model
+        if model == "auto":
+            with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
+                model = json.load(r)["data"][0]["id"]
+        for row in measure(url, model, a):
             print(json.dumps(row), flush=True)
     else:
         p.error("give --url or --compare")

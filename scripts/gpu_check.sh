@@ -10,7 +10,10 @@
 # scores their reference sequences with tandem in f32 and bf16, runs the decode/prefix/
 # copy_blocks/cached_logits checks and timing, and compares with torch
 # (scripts/gpu_compare.py). Writes OUTDIR/log.txt, OUTDIR/*.json and OUTDIR/summary.txt.
-# A failing model does not stop the others. Set MODELS="a b" to run a subset.
+# A failing model does not stop the others. Set MODELS="a b" to run a subset. A result
+# already in OUTDIR is kept, not computed again (a second call resumes a cut one), and with
+# TANDEM_DEADLINE (seconds since the epoch, set by gpu_speed_check.sh) each run gets at most
+# the time left and none starts with under 30 s left.
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 
@@ -43,17 +46,27 @@ for m in $MODELS; do
     python3 scripts/make_gpu_models.py "$MODELS_DIR" "$m" || echo "!! generating $m failed"
 done
 
+# run WHAT OUT_JSON ARGS...: `cuda_score WHAT ARGS... OUT_JSON` unless OUT_JSON exists.
+run() {
+    local what=$1 out=$2 secs=600; shift 2
+    [ -s "$out" ] && { echo "== kept $out"; return 0; }
+    if [ -n "${TANDEM_DEADLINE:-}" ]; then
+        secs=$(( TANDEM_DEADLINE - $(date +%s) ))
+        [ "$secs" -gt 600 ] && secs=600
+        if [ "$secs" -lt 30 ]; then echo "!! $what $out skipped: ${secs}s left"; return 0; fi
+    fi
+    timeout "$secs" "$BIN" "$what" "$@" "$out" || echo "!! $what $out failed ($?)"
+}
+
 for m in $MODELS; do
     ref="$MODELS_DIR/ref_$m.json"
     [ -f "$ref" ] || { echo "!! no reference for $m"; continue; }
-    for dtype in f32 bf16; do
+    for dtype in bf16 f32; do
         dir="$MODELS_DIR/$m-$dtype"
         echo "== $m $dtype: score"
-        timeout 600 "$BIN" score "$dir" "$dtype" "$ref" "$OUT/cuda_${m}_${dtype}.json" \
-            || echo "!! $m $dtype score failed ($?)"
+        run score "$OUT/cuda_${m}_${dtype}.json" "$dir" "$dtype" "$ref"
         echo "== $m $dtype: checks"
-        timeout 600 "$BIN" check "$dir" "$dtype" "$ref" "$OUT/check_${m}_${dtype}.json" \
-            || echo "!! $m $dtype check failed ($?)"
+        run check "$OUT/check_${m}_${dtype}.json" "$dir" "$dtype" "$ref"
     done
 done
 

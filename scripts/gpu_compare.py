@@ -107,9 +107,11 @@ def summary_lines(name, r):
         for b in (1, 16, 64, 256):
             g, e = t.get(f"decode_b{b}_graphs_tok_s"), t.get(f"decode_b{b}_eager_tok_s")
             p = t.get(f"decode_b{b}_greedy_tok_s")
+            s = t.get(f"decode_b{b}_top_p_tok_s")
             if g is not None:
                 lines.append(f"  decode {dtype} B={b}: graphs {g:.1f} tok/s, eager {e:.1f} tok/s"
-                             + (f", graphs + greedy picks on the device {p:.1f} tok/s" if p else ""))
+                             + (f", graphs + greedy picks on the device {p:.1f} tok/s" if p else "")
+                             + (f", graphs + top-p draws on the device {s:.1f} tok/s" if s else ""))
     return lines
 
 

@@ -1,44 +1,95 @@
 #!/usr/bin/env bash
 # GPU speed checks of the CUDA backend, run on the device machine from the repository root:
 #
-#   scripts/gpu_speed_check.sh OUTDIR NEW_BIN_DIR [OLD_BIN_DIR]
+#   STAGE=goals scripts/gpu_speed_check.sh OUTDIR NEW_BIN_DIR [OLD_BIN_DIR]   # first call
+#   STAGE=rest  scripts/gpu_speed_check.sh OUTDIR NEW_BIN_DIR [OLD_BIN_DIR]   # second call
 #
 # BIN_DIRs hold stripped `tandem` and `cuda_score` binaries, built here with
 #   cargo build --release -p tandem-cli
 #   cargo build --release -p tandem-cuda --example cuda_score
 # (two commands: with --example, cargo builds only the example) and `strip -o`.
-# 1. scripts/gpu_check.sh with the new binaries (fidelity against torch, decode = forward,
-#    prefix/copy_blocks/cached_logits, batch invariance, decode with and without graphs).
-# 2. `cuda_score profile` of the Llama-3.2-1B shape: device time per operation of a prefill
-#    of 8 x 2,048 tokens and of decode steps at batch 1, 16, 64 and 256; the rates of that
-#    prefill and of scoring all its positions on the device.
-# 3. `tandem bench --device cuda` at batch 1, 32 and 256 (512-token prompts, 128 steps) with
-#    the new binary and, when given, OLD_BIN_DIR's.
-# 4. `tandem plan --calibrate --device cuda` on the same model (a GPU profile fitted to its
-#    steps, saved to OUTDIR/plan_calibration.json), then `tandem plan --validate --quick
-#    --device cuda` with that profile: predicted vs measured (OUTDIR/plan_validate.txt).
-# 5. transformers `generate` with a static cache at the same batch sizes (SKIP_HF=1 skips).
-# Step 3 also benches `--cuda-weights q8_0`, `--cuda-weights q4_1` and `--batch-invariant`,
-# and scores one text in each mode (OUTDIR/quant_fidelity.txt), and runs the whole engine
-# loop (`--engine`) on both model shapes with and without overlapped steps (`--no-overlap`).
-# Writes OUTDIR/speed.txt (JSON lines) and OUTDIR/profile.txt besides gpu_check.sh's files.
+#
+# A device session has little time, so the steps run in the order of what the CUDA speed
+# issue's goals table needs, and BUDGET_S (default 540) bounds a call: each step gets at most
+# the time left, and a step that needs more than is left is skipped and named in
+# OUTDIR/skipped.txt. STAGE=all (the default) runs both stages in one call.
+#
+# Stage goals:
+#  1. random-weight models at the Llama-3.2-1B and SmolLM2-135M shapes
+#     (scripts/make_gpu_models.py; kept when already there);
+#  2. `tandem bench --device cuda`, 1B shape, batch 1, 32, 64 and 256, 512-token prompts and
+#     128 steps (single-stream and batched decode; the B=64 step time the server's ITL is
+#     held to), and the 135M shape at batch 1 (the launch-bound goal);
+#  3. `cuda_score profile` of the 1B shape: device time per operation of a prefill of
+#     8 x 2,048 tokens and of decode steps at batch 1, 16, 64 and 256, and the rates of that
+#     prefill and of scoring all its positions on the device;
+#  4. `tandem serve --device cuda` on the 1B shape under bench/serve_load.py: 64 concurrent
+#     streams, ~512-token prompts, 256 tokens out (TTFT, ITL, output tok/s);
+#  5. transformers `generate` with a static cache, 128 tokens after 512, batch 256 and 1
+#     (scripts/gpu_hf_baseline.py; SKIP_HF=1 skips);
+#  6. scripts/gpu_check.sh on both shapes (fidelity against torch, decode = forward,
+#     prefix/copy_blocks/cached_logits, batch invariance, sampling on the device against the
+#     host, overlapped steps, decode rates with and without graphs, greedy and top-p).
+# Stage rest: what step 6 did not finish; OLD_BIN_DIR's bench beside the new one;
+#  `--cuda-weights q8_0`, `--cuda-weights q4_1` and `--batch-invariant` (speed at batch 1
+#  and 32, and the perplexity of one text in each mode: OUTDIR/quant_fidelity.txt); the whole
+#  engine loop (`--engine`) on both shapes with and without overlapped steps
+#  (`--no-overlap`); `tandem plan --calibrate --device cuda`, then `plan --validate --quick`
+#  with that profile (OUTDIR/plan_*.txt).
+# Writes OUTDIR/speed.txt (JSON lines), OUTDIR/profile.txt and OUTDIR/serve.txt besides
+# gpu_check.sh's files.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${1:?usage: gpu_speed_check.sh OUTDIR NEW_BIN_DIR [OLD_BIN_DIR]}
 NEW=${2:?new binaries}
 OLD=${3:-}
-MODELS=${MODELS:-"smollm2-135m llama3.2-1b"}
+STAGE=${STAGE:-all}
 mkdir -p "$OUT"
-MODELS="$MODELS" scripts/gpu_check.sh "$OUT" "$NEW" > /dev/null 2>&1 || echo "!! gpu_check failed"
-cat "$OUT/summary.txt"
+START=$(date +%s)
+export TANDEM_DEADLINE=$(( START + ${BUDGET_S:-540} )) # gpu_check.sh keeps to it too
+
+# allot NAME MIN MAX: the seconds step NAME may take (MAX, or what is left), or status 1 and
+# a line in skipped.txt when fewer than MIN are left.
+allot() {
+  local left=$(( TANDEM_DEADLINE - $(date +%s) - 5 ))
+  if [ "$left" -lt "$2" ]; then
+    echo "$STAGE: $1 skipped, ${left}s left (needs $2)" | tee -a "$OUT/skipped.txt" >&2
+    return 1
+  fi
+  echo $(( left < $3 ? left : $3 ))
+}
 
 source "$(dirname "$0")/gpu_env.sh"
 export TANDEM_KERNEL_CACHE=/tmp/tandem-kernels
 M=/tmp/tandem-gpu-models
 P="$M/llama3.2-1b"
-timeout 90 "$NEW/cuda_score" profile "$P-bf16" bf16 "$M/ref_llama3.2-1b.json" \
-  "$OUT/profile_llama3.2-1b.json" 2>/dev/null
-python3 - "$OUT" <<'PY' | tee "$OUT/profile.txt"
+SMALL="$M/smollm2-135m"
+SPEED="$OUT/speed.txt"
+CACHE=$(mktemp -d)
+trap 'rm -rf "$CACHE"' EXIT
+
+bench() { # label bin_dir min_seconds max_seconds [flags...]
+  local label=$1 bin=$2 secs; secs=$(allot "bench $label" "$3" "$4") || return 0; shift 4
+  timeout "$secs" "$bin/tandem" bench --cache-dir "$CACHE" --model "${BENCH_MODEL:-$P-bf16}" \
+    --device cuda --prompt-len 512 --gen-len 128 "$@" 2>>"$OUT/bench.log" \
+    | sed "s/^{/{\"label\":\"$label\",/" | tee -a "$SPEED"
+}
+
+models() {
+  local secs
+  for m in llama3.2-1b smollm2-135m; do
+    [ -f "$M/ref_$m.json" ] && continue
+    secs=$(allot "models $m" 30 240) || return 0
+    timeout "$secs" python3 scripts/make_gpu_models.py "$M" "$m" >> "$OUT/models.log" 2>&1 \
+      || echo "!! generating $m failed" | tee -a "$OUT/skipped.txt"
+  done
+}
+
+profile() {
+  local secs; secs=$(allot profile 30 90) || return 0
+  timeout "$secs" "$NEW/cuda_score" profile "$P-bf16" bf16 "$M/ref_llama3.2-1b.json" \
+    "$OUT/profile_llama3.2-1b.json" 2>>"$OUT/profile.log" || return 0
+  python3 - "$OUT" <<'PY' | tee "$OUT/profile.txt"
 import json, sys
 d = json.load(open(f"{sys.argv[1]}/profile_llama3.2-1b.json"))
 for k, v in d.items():
@@ -49,49 +100,89 @@ for k, v in d.items():
     print(f"{k}: wall {v['wall_ms']:.3f} device {v['device_ms']:.3f} "
           f"graph_wall {v.get('graph_wall_ms', 0):.3f}{rates} | {ops}")
 PY
-
-SPEED="$OUT/speed.txt"
-: > "$SPEED"
-CACHE=$(mktemp -d)
-bench() { # label bin_dir seconds [flags...]
-  local label=$1 bin=$2 secs=$3; shift 3
-  timeout "$secs" "$bin/tandem" bench --cache-dir "$CACHE" --model "${BENCH_MODEL:-$P-bf16}" --device cuda \
-    --prompt-len 512 --gen-len 128 "$@" 2>/dev/null \
-    | sed "s/^{/{\"label\":\"$label\",/" | tee -a "$SPEED"
 }
-ALL_BATCHES="--batch 1 --batch 32 --batch 256"
-bench new "$NEW" 150 $ALL_BATCHES
-[ -n "$OLD" ] && bench old "$OLD" 150 $ALL_BATCHES
-# Q8_0 and Q4_1 layer weights, and the batch-invariant products, at batch 1 and 32: speed
-# against the dense bf16 run above, and the perplexity of one text in each mode (fidelity).
-bench new-q8_0 "$NEW" 90 --batch 1 --batch 32 --cuda-weights q8_0
-bench new-q4_1 "$NEW" 90 --batch 1 --batch 32 --cuda-weights q4_1
-bench new-batch-invariant "$NEW" 90 --batch 1 --batch 32 --batch-invariant
-# Overlapped steps: the engine loop (scheduler, sampler, events) planning step n+1 while step
-# n runs, against the synchronous loop; the 135M shape is where host time shows most.
-for shape in "$P-bf16" "$M/smollm2-135m-bf16"; do
-  name=$(basename "$shape")
-  BENCH_MODEL=$shape bench "engine-$name" "$NEW" 120 --batch 1 --batch 64 --engine
-  BENCH_MODEL=$shape bench "engine-no-overlap-$name" "$NEW" 120 --batch 1 --batch 64 \
-    --engine --no-overlap
-done
-TEXT="The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step."
-for flags in "" "--cuda-weights q8_0" "--cuda-weights q4_1" "--batch-invariant"; do
-  timeout 60 "$NEW/tandem" score --cache-dir "$CACHE" --model "$P-bf16" --device cuda $flags \
-    --text "$TEXT" --json 2>/dev/null \
-    | python3 -c "import json,sys; r=json.load(sys.stdin); print('score [$flags]: perplexity', r['perplexity'])" \
-    | tee -a "$OUT/quant_fidelity.txt"
-done
+
+# The server goal: 64 concurrent streams of ~512-token prompts (the models' tokenizer has one
+# token per byte: 93 words are ~512 bytes) and 256 tokens out, greedy, EOS ignored.
+serve() {
+  local secs; secs=$(allot serve 60 150) || return 0
+  local port
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  "$NEW/tandem" serve --cache-dir "$CACHE" --model "$P-bf16" --device cuda --port "$port" \
+    > "$OUT/serve.log" 2>&1 &
+  local pid=$!
+  timeout "$((secs - 10))" python3 bench/serve_load.py --url "http://127.0.0.1:$port" \
+    --model auto --wait-ready 60 --concurrency 64 --prompt-words 93 --max-tokens 256 \
+    --requests-per-slot 2 --time-limit 60 2>>"$OUT/serve.log" | tee "$OUT/serve.txt"
+  kill -TERM "$pid" 2>/dev/null
+  ( sleep 20; kill -KILL "$pid" 2>/dev/null ) &
+  local guard=$!
+  wait "$pid"
+  echo "server exit status $? (0: it drained and stopped on SIGTERM)" >> "$OUT/serve.log"
+  kill "$guard" 2>/dev/null
+}
+
+hf() {
+  [ -n "${SKIP_HF:-}" ] && return 0
+  local secs; secs=$(allot "transformers baseline" 60 200) || return 0
+  timeout "$secs" python3 scripts/gpu_hf_baseline.py "$P-bf16" 256,1 static 128 \
+    2>>"$OUT/hf.log" | tee -a "$SPEED"
+}
+
+check() {
+  allot gpu_check 40 600 > /dev/null || return 0
+  MODELS="llama3.2-1b smollm2-135m" scripts/gpu_check.sh "$OUT" "$NEW" > /dev/null 2>&1 \
+    || echo "!! gpu_check failed" | tee -a "$OUT/skipped.txt"
+  cat "$OUT/summary.txt"
+}
+
 plan() { # label args...
-  local label=$1; shift
-  timeout 120 "$NEW/tandem" plan --cache-dir "$CACHE" --model "$P-bf16" --device cuda "$@" \
+  local label=$1 secs; secs=$(allot "plan $label" 40 120) || return 0; shift
+  timeout "$secs" "$NEW/tandem" plan --cache-dir "$CACHE" --model "$P-bf16" --device cuda "$@" \
     > "$OUT/plan_$label.txt" 2> "$OUT/plan_$label.log" || echo "!! plan $label failed ($?)"
 }
-plan calibrate --calibrate --save "$OUT/plan_calibration.json"
-plan validate --hardware "$OUT/plan_calibration.json" --validate --quick
-cat "$OUT/plan_calibrate.log" "$OUT/plan_validate.txt"
-if [ -z "${SKIP_HF:-}" ]; then
-  timeout 300 python3 scripts/gpu_hf_baseline.py "$P-bf16" 1,32,256 static 2>/dev/null \
-    | tee -a "$SPEED"
+
+fidelity() { # the perplexity of one text in each weight mode
+  local text="The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step."
+  for flags in "" "--cuda-weights q8_0" "--cuda-weights q4_1" "--batch-invariant"; do
+    local secs; secs=$(allot "score [$flags]" 15 60) || return 0
+    # shellcheck disable=SC2086
+    timeout "$secs" "$NEW/tandem" score --cache-dir "$CACHE" --model "$P-bf16" --device cuda \
+      $flags --text "$text" --json 2>/dev/null \
+      | python3 -c "import json,sys; r=json.load(sys.stdin); print('score [$flags]: perplexity', r['perplexity'])" \
+      | tee -a "$OUT/quant_fidelity.txt"
+  done
+}
+
+echo "== $(date -u) gpu_speed_check stage $STAGE, budget ${BUDGET_S:-540}s" | tee -a "$OUT/skipped.txt"
+if [ "$STAGE" = goals ] || [ "$STAGE" = all ]; then
+  models
+  bench new "$NEW" 40 180 --batch 1 --batch 32 --batch 64 --batch 256
+  BENCH_MODEL="$SMALL-bf16" bench new-135m "$NEW" 20 60 --batch 1
+  profile
+  serve
+  hf
+  check
 fi
-rm -rf "$CACHE"
+if [ "$STAGE" = rest ] || [ "$STAGE" = all ]; then
+  models
+  check
+  [ -n "$OLD" ] && bench old "$OLD" 40 150 --batch 1 --batch 32 --batch 256
+  # The engine loop planning step n+1 while step n runs, against the synchronous loop; the
+  # 135M shape is where host time shows most.
+  for shape in "$SMALL-bf16" "$P-bf16"; do
+    name=$(basename "$shape")
+    BENCH_MODEL=$shape bench "engine-$name" "$NEW" 30 90 --batch 1 --batch 64 --engine
+    BENCH_MODEL=$shape bench "engine-no-overlap-$name" "$NEW" 30 90 --batch 1 --batch 64 \
+      --engine --no-overlap
+  done
+  bench new-q8_0 "$NEW" 30 90 --batch 1 --batch 32 --cuda-weights q8_0
+  bench new-q4_1 "$NEW" 30 90 --batch 1 --batch 32 --cuda-weights q4_1
+  bench new-batch-invariant "$NEW" 30 90 --batch 1 --batch 32 --batch-invariant
+  fidelity
+  plan calibrate --calibrate --save "$OUT/plan_calibration.json"
+  [ -s "$OUT/plan_calibration.json" ] \
+    && plan validate --hardware "$OUT/plan_calibration.json" --validate --quick
+  cat "$OUT"/plan_*.txt 2>/dev/null
+fi
+echo "== $(date -u) done, $(( $(date +%s) - START ))s" | tee -a "$OUT/skipped.txt"

@@ -18,6 +18,11 @@
 // Every reduction is a fixed tree over fixed thread ranges, so a row's token depends only
 // on its logits, its parameters and its u, never on the batch or the run.
 //
+// A row is read a few times, not sorted: once for its maximum, 4 radix passes for top-k (4
+// more only when the boundary value is tied and not all of its elements fit), 8 passes for
+// top-p (a digit of 4 bits each; after the first, only the elements near the boundary are
+// weighed) and one to count its ties, and 2 for the draw.
+//
 // Grid: rows; block: SAMPLE_THREADS threads (a multiple of 32).
 
 #define SAMPLE_THREADS 256
@@ -46,20 +51,6 @@ __device__ __forceinline__ double warp_sum_f64(double v) {
         v += __shfl_xor_sync(0xffffffffu, v, offset);
     }
     return v;
-}
-
-// Sum over the block in a fixed order; every thread gets it. `scratch`: 32 doubles.
-__device__ double block_sum_f64(double v, double* scratch) {
-    int lane = threadIdx.x & 31;
-    int warp = threadIdx.x >> 5;
-    v = warp_sum_f64(v);
-    __syncthreads();
-    if (lane == 0) {
-        scratch[warp] = v;
-    }
-    __syncthreads();
-    double total = lane < (int)(blockDim.x >> 5) ? scratch[lane] : 0.0;
-    return warp_sum_f64(total);
 }
 
 // Integer sum, maximum and minimum over the block; every thread gets them.
@@ -112,17 +103,47 @@ __device__ float block_max_f32(float v, float* scratch) {
     return out;
 }
 
+// The top-p search decides this many bits of the boundary key per pass over the row.
+#define TOP_P_DIGIT_BITS 4
+#define TOP_P_DIGITS (1 << TOP_P_DIGIT_BITS)
+
+// Each of the TOP_P_DIGITS values summed over the block in a fixed order, into `out`
+// (shared), which every thread may read on return. `scratch`: one row per warp.
+__device__ void block_sums_digits(double (&v)[TOP_P_DIGITS],
+                                  double (*scratch)[TOP_P_DIGITS], double* out) {
+    int lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int d = 0; d < TOP_P_DIGITS; ++d) {
+        double s = warp_sum_f64(v[d]);
+        if (lane == 0) {
+            scratch[warp][d] = s;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < TOP_P_DIGITS) {
+        double s = 0.0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) {
+            s += scratch[w][threadIdx.x];
+        }
+        out[threadIdx.x] = s;
+    }
+    __syncthreads();
+}
+
 // Block-shared state of the selections.
 struct SelectShared {
     int hist[256];
     u32 prefix;
     u32 rank;
+    u32 count;
 };
 
 // The value at `rank` (0-based) among { value(i) : i < n, pred(i) } in descending
 // (`descending`) or ascending order, by radix selection, 8 bits at a time from the top.
 // `rank` must be below the number of such i. On return `sh->rank` is the rank among the
-// elements equal to the result (those before it in the order: ties). Block-wide.
+// elements equal to the result (those before it in the order: ties) and `sh->count` their
+// number. Block-wide.
 template <class Value, class Pred>
 __device__ u32 radix_select(int n, Value value, Pred pred, u32 rank, bool descending,
                             SelectShared* sh) {
@@ -156,6 +177,7 @@ __device__ u32 radix_select(int n, Value value, Pred pred, u32 rank, bool descen
             }
             sh->prefix = prefix | ((u32)digit << shift);
             sh->rank = r;
+            sh->count = (u32)sh->hist[digit];
         }
         __syncthreads();
         prefix = sh->prefix;
@@ -169,10 +191,11 @@ __device__ u32 radix_select(int n, Value value, Pred pred, u32 rank, bool descen
 extern "C" __global__ void sample_rows(const float* logits, const RowSampling* params,
                                        int vocab, int* tokens) {
     __shared__ SelectShared sel;
-    __shared__ double dscratch[32];
     __shared__ int iscratch[32];
     __shared__ float fscratch[32];
     __shared__ double chunk_prefix[SAMPLE_THREADS + 1];
+    __shared__ double digit_scratch[SAMPLE_THREADS / 32][TOP_P_DIGITS];
+    __shared__ double digit_mass[TOP_P_DIGITS];
     i64 row = blockIdx.x;
     const float* x = logits + row * (i64)vocab;
     RowSampling p = params[row];
@@ -211,16 +234,20 @@ extern "C" __global__ void sample_rows(const float* logits, const RowSampling* p
     auto key = [&](int i) { return order_key(x[i]); };
     auto all = [](int) { return true; };
 
-    // 1. top-k: element i survives when (key, -id) ranks at or above (k_key, -k_id).
+    // 1. top-k: element i survives when (key, -id) ranks at or above (k_key, -k_id). When
+    // every element of the boundary value is in, k_id stays past the last id.
     u32 k_key = 0;
     int k_id = vocab;
     if (p.top_k > 0 && p.top_k < vocab) {
         k_key = radix_select(vocab, key, all, (u32)(p.top_k - 1), true, &sel);
         u32 tie_rank = sel.rank;
+        u32 ties = sel.count;
         __syncthreads();
-        auto id = [](int i) { return (u32)i; };
-        auto tied = [&](int i) { return key(i) == k_key; };
-        k_id = (int)radix_select(vocab, id, tied, tie_rank, false, &sel);
+        if (tie_rank + 1 < ties) {
+            auto id = [](int i) { return (u32)i; };
+            auto tied = [&](int i) { return key(i) == k_key; };
+            k_id = (int)radix_select(vocab, id, tied, tie_rank, false, &sel);
+        }
     }
     auto in_top_k = [&](int i) {
         u32 ki = key(i);
@@ -230,55 +257,71 @@ extern "C" __global__ void sample_rows(const float* logits, const RowSampling* p
     double md = (double)m;
     auto weight = [&](int i) { return exp(((double)x[i] - md) / t); };
 
-    // 2. The total weight of the top-k survivors.
-    double acc = 0.0;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        if (in_top_k(i)) {
-            acc += weight(i);
-        }
-    }
-    double total = block_sum_f64(acc, dscratch);
-
-    // 3. top-p: the boundary (p_key, p_id) in the same order. p_key is the largest key K
-    // with mass(key >= K) >= threshold, found bit by bit from the top.
+    // 2.-3. top-p: the boundary (p_key, p_id) in the same order, where p_key is the largest
+    // key K with mass(key >= K) >= top_p * total, found TOP_P_DIGIT_BITS at a time from the
+    // top: each pass sums the weights of the elements whose key agrees with the bits found
+    // so far by their next digit, and keeps the largest digit whose mass, with that of
+    // every element already known to rank above, reaches the threshold. The first pass
+    // sees every top-k survivor, so its digit sums also give the total.
     u32 p_key = 0;
     int p_id = vocab;
     if (p.top_p < 1.0f) {
-        double threshold = (double)p.top_p * total;
+        double threshold = 0.0;
+        double higher = 0.0; // the mass of the elements known to rank above `found`
         u32 found = 0;
-        for (int bit = 31; bit >= 0; --bit) {
-            u32 trial = found | (1u << bit);
-            double mass = 0.0;
+        for (int shift = 32 - TOP_P_DIGIT_BITS; shift >= 0; shift -= TOP_P_DIGIT_BITS) {
+            u32 decided = shift + TOP_P_DIGIT_BITS >= 32 ? 0u : ~0u << (shift + TOP_P_DIGIT_BITS);
+            double mass[TOP_P_DIGITS];
+#pragma unroll
+            for (int d = 0; d < TOP_P_DIGITS; ++d) {
+                mass[d] = 0.0;
+            }
             for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-                if (in_top_k(i) && key(i) >= trial) {
-                    mass += weight(i);
+                u32 ki = key(i);
+                if ((ki & decided) == found && in_top_k(i)) {
+                    double w = weight(i);
+                    u32 digit = (ki >> shift) & (TOP_P_DIGITS - 1);
+#pragma unroll
+                    for (int d = 0; d < TOP_P_DIGITS; ++d) { // registers, not a local array
+                        mass[d] += digit == (u32)d ? w : 0.0;
+                    }
                 }
             }
-            if (block_sum_f64(mass, dscratch) >= threshold) {
-                found = trial;
+            block_sums_digits(mass, digit_scratch, digit_mass);
+            if (shift + TOP_P_DIGIT_BITS >= 32) {
+                double total = 0.0;
+                for (int d = 0; d < TOP_P_DIGITS; ++d) {
+                    total += digit_mass[d];
+                }
+                threshold = (double)p.top_p * total;
             }
+            // Digit 0 is what is left when no larger one reaches the threshold (only
+            // rounding can make the mass of all of `found`'s elements fall short of it).
+            u32 digit = 0;
+            double run = higher;
+            for (int d = TOP_P_DIGITS - 1; d > 0; --d) {
+                double with = run + digit_mass[d];
+                if (with >= threshold) {
+                    digit = (u32)d;
+                    break;
+                }
+                run = with;
+            }
+            higher = run;
+            found |= digit << shift;
         }
         p_key = found;
-        // Mass ranked above the boundary key, then the tied elements (all of the value
-        // the key stands for) one at a time in id order, as a sequential walk adds them.
-        double above = 0.0;
+        // The elements of the boundary value, added one at a time in id order as a
+        // sequential walk adds them, until the mass reaches the threshold.
         int ties = 0;
         for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-            if (in_top_k(i)) {
-                u32 ki = key(i);
-                if (ki > p_key) {
-                    above += weight(i);
-                } else if (ki == p_key) {
-                    ties += 1;
-                }
-            }
+            ties += (int)(key(i) == p_key && in_top_k(i));
         }
-        above = block_sum_f64(above, dscratch);
         ties = block_sum_int(ties, iscratch);
-        if (ties > 0) { // always: p_key is the key of a survivor
+        if (ties > 0) { // p_key is a survivor's key unless rounding moved it past one
             double w = exp(((double)value_of_key(p_key) - md) / t);
             int needed = 0;
-            double a = above;
+            double a = higher;
             while (needed < ties) {
                 a += w;
                 needed += 1;
@@ -286,9 +329,11 @@ extern "C" __global__ void sample_rows(const float* logits, const RowSampling* p
                     break;
                 }
             }
-            auto id = [](int i) { return (u32)i; };
-            auto tied = [&](int i) { return in_top_k(i) && key(i) == p_key; };
-            p_id = (int)radix_select(vocab, id, tied, (u32)(needed - 1), false, &sel);
+            if (needed < ties) {
+                auto id = [](int i) { return (u32)i; };
+                auto tied = [&](int i) { return in_top_k(i) && key(i) == p_key; };
+                p_id = (int)radix_select(vocab, id, tied, (u32)(needed - 1), false, &sel);
+            }
         }
     }
     auto survives = [&](int i) {
@@ -376,10 +421,14 @@ extern "C" __global__ void top_logits(const float* logits, const int* counts, in
     // The n-th largest (key, -id): every element ranked at or above it is a result.
     u32 k_key = radix_select(vocab, key, all, (u32)(n - 1), true, &sel);
     u32 tie_rank = sel.rank;
+    u32 ties = sel.count;
     __syncthreads();
-    auto id = [](int i) { return (u32)i; };
-    auto tied = [&](int i) { return key(i) == k_key; };
-    int k_id = (int)radix_select(vocab, id, tied, tie_rank, false, &sel);
+    int k_id = vocab; // when every element of the boundary value is in
+    if (tie_rank + 1 < ties) {
+        auto id = [](int i) { return (u32)i; };
+        auto tied = [&](int i) { return key(i) == k_key; };
+        k_id = (int)radix_select(vocab, id, tied, tie_rank, false, &sel);
+    }
     if (threadIdx.x == 0) {
         num_found = 0;
     }

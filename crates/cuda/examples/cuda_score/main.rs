@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use tandem_cuda::{CudaDtype, CudaOptions, CudaRunner, CudaWeights, KvBudget};
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
 use tandem_model::logits::Logits;
+use tandem_model::row_sampling::{RowDraw, RowSampling};
 use tandem_model::runner::ModelRunner;
 
 mod device_checks;
@@ -252,7 +253,8 @@ fn prefix_and_copy(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value>
 
 /// Prefill and decode throughput with simple loops: prefill of one `n`-token prompt and of
 /// 8 prompts of 2,048 tokens; decode steps at several batch sizes after `n` tokens, with
-/// and without CUDA graphs.
+/// and without CUDA graphs, and with each row's token picked on the device (greedy, or
+/// drawn with top-p).
 fn timing(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
     let n = tokens.len();
     let table = blocks(0, n.div_ceil(BLOCK) + 16);
@@ -299,6 +301,25 @@ fn timing(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
         }
         let tps = (steps * batch_size) as f64 / t0.elapsed().as_secs_f64();
         out[format!("decode_b{batch_size}_greedy_tok_s")] = json!(tps);
+        // And each row drawn on the device with a temperature and nucleus (top-p) sampling,
+        // as a chat client asks: the sampling kernel's costliest search.
+        let draws: Vec<RowDraw> = (0..batch_size)
+            .map(|i| {
+                RowDraw::plain(RowSampling {
+                    temperature: 0.8,
+                    top_k: 0,
+                    top_p: 0.95,
+                    min_p: 0.0,
+                    uniform: (i % 97) as f64 / 97.0,
+                })
+            })
+            .collect();
+        let t0 = Instant::now();
+        for (step, &token) in tokens.iter().cycle().take(steps).enumerate() {
+            runner.forward_sample(&decode_batch(&seq_tables, token, n + step), &draws)?;
+        }
+        let tps = (steps * batch_size) as f64 / t0.elapsed().as_secs_f64();
+        out[format!("decode_b{batch_size}_top_p_tok_s")] = json!(tps);
     }
     out["graphs_recorded"] = json!(runner.graphs_recorded());
     Ok(out)

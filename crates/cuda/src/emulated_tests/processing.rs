@@ -183,8 +183,7 @@ fn top_logits_are_the_references_most_likely_tokens() {
 /// (`tandem_engine::sampler::processed_distribution`) for a request with every processor,
 /// built as the engine builds it (`SamplingParams::row_draw`): a chi-square test over
 /// 3,000 draws with independent uniform numbers, and no draw of a token the sampler gives
-/// probability 0. (No top-p: its 32-pass search makes each emulated draw several times
-/// slower, and the test above covers it draw by draw.)
+/// probability 0.
 #[test]
 fn draws_follow_the_samplers_distribution() {
     use tandem_engine::sampler::{processed_distribution, SamplerState, SamplingParams};
@@ -195,6 +194,7 @@ fn draws_follow_the_samplers_distribution() {
     let params = SamplingParams {
         temperature: 0.8,
         top_k: 30,
+        top_p: 0.95,
         min_p: 0.02,
         repetition_penalty: 1.2,
         presence_penalty: 0.3,

@@ -1,7 +1,8 @@
 //! `sample_rows`: the token each row draws equals the host reference's
 //! (`tandem_model::row_sampling::pick`) for the same parameters and uniform number, over
 //! greedy rows, every truncation alone and combined, ties at the top-k and top-p
-//! boundaries, and uniform numbers at both ends of [0, 1).
+//! boundaries, uniform numbers at both ends of [0, 1), and random settings over rows of a
+//! larger vocabulary.
 
 use super::*;
 use tandem_model::batch::TokenId;
@@ -21,14 +22,18 @@ fn params(temperature: f32, top_k: i32, top_p: f32, min_p: f32) -> RowSampling {
     }
 }
 
-/// Draws `rows[i]` from `logits[i]` on the emulator.
+/// Draws `rows[i]` from `logits[i]` (each `VOCAB` long) on the emulator.
 fn run(logits: &[Vec<f32>], rows: &[RowSampling]) -> Vec<i32> {
+    run_vocab(logits, rows, VOCAB)
+}
+
+fn run_vocab(logits: &[Vec<f32>], rows: &[RowSampling], vocab: usize) -> Vec<i32> {
     let k = kernels(CudaDtype::Bf16);
     let flat: Vec<f32> = logits.iter().flatten().copied().collect();
     let bytes: Vec<u8> = rows.iter().flat_map(row_sampling_bytes).collect();
     let (mut l, mut p) = (Buf::of(&flat), Buf::of(&bytes));
     let mut t = Buf::zeroed(rows.len() * 4);
-    k.sample_rows(l.ptr(), p.ptr(), rows.len(), VOCAB, t.ptr())
+    k.sample_rows(l.ptr(), p.ptr(), rows.len(), vocab, t.ptr())
         .expect("launch");
     t.read()
 }
@@ -108,4 +113,50 @@ fn rows_with_nan_or_plus_infinity_draw_nothing_and_minus_infinity_is_never_drawn
         assert!(want >= 0 && logits[r][want as usize].is_finite());
     }
     assert_ne!(got[3], best as i32);
+}
+
+/// Rows of 6,000 logits shaped as a model's are (peaked, spread, or on a coarse grid with
+/// long runs of equal values), each with random settings (top-k alone, top-p alone, both,
+/// with min-p) and its own uniform number: every token is the host reference's. The top-p
+/// boundary falls in a different digit of the key in each row, so every pass of the
+/// search decides.
+#[test]
+fn random_settings_over_a_larger_vocabulary_draw_the_host_references_tokens() {
+    const V: usize = 6000;
+    let mut r = rng(23);
+    let (mut logits, mut rows) = (Vec::new(), Vec::new());
+    for i in 0..120 {
+        let mut row = normal_ish(&mut r, V, [0.5, 3.0, 9.0][i % 3]);
+        if i % 4 == 1 {
+            row.iter_mut().for_each(|v| *v = (*v * 4.0).round() / 4.0);
+        }
+        let top_k = match i % 5 {
+            0 | 1 => r.random_range(1..400),
+            _ => 0,
+        };
+        let top_p = match i % 5 {
+            1..=3 => r.random_range(0.02f32..0.999),
+            _ => 1.0,
+        };
+        rows.push(RowSampling {
+            temperature: [0.25f32, 0.7, 1.0, 1.6][r.random_range(0..4)],
+            top_k,
+            top_p,
+            min_p: if i % 7 == 3 {
+                r.random_range(0.0f32..0.3)
+            } else {
+                0.0
+            },
+            uniform: r.random::<f64>(),
+        });
+        logits.push(row);
+    }
+    let got = run_vocab(&logits, &rows, V);
+    let mut distinct = std::collections::HashSet::new();
+    for (i, (row, s)) in logits.iter().zip(&rows).enumerate() {
+        let want = pick(row, s).map_or(-1, |TokenId(t)| t as i32);
+        assert_eq!(got[i], want, "row {i}: {s:?}");
+        distinct.insert(want);
+    }
+    assert!(distinct.len() > 60, "the draws spread: {}", distinct.len());
 }
