@@ -18,7 +18,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaStream};
 
-use crate::error::CudaError;
+use crate::error::{catch_binding_panic, CudaError};
 
 /// Padded batch sizes that get a graph. Larger decode batches run eagerly.
 pub(crate) const GRAPH_BUCKETS: [usize; 15] =
@@ -84,18 +84,20 @@ impl DecodeGraphs {
     }
 
     /// Records what `work` queues on `stream` as the graph of `bucket`. Nothing runs while
-    /// recording; if `work` fails the capture is ended and discarded.
+    /// recording; if `work` fails (or panics) the capture is ended and discarded.
     pub fn record(
         &mut self,
         stream: &Arc<CudaStream>,
         bucket: usize,
         work: impl FnOnce() -> Result<(), CudaError>,
     ) -> Result<(), CudaError> {
-        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let queued = work();
-        let ended = stream.end_capture(CUgraphInstantiate_flags(0));
-        queued?;
-        let graph = ended?.ok_or_else(|| {
+        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        let ended = bracketed(
+            || Ok(stream.begin_capture(mode)?),
+            work,
+            || Ok(stream.end_capture(CUgraphInstantiate_flags(0))?),
+        )?;
+        let graph = ended.ok_or_else(|| {
             CudaError::Unsupported("stream capture recorded no graph".to_string())
         })?;
         graph.upload()?;
@@ -105,9 +107,62 @@ impl DecodeGraphs {
     }
 }
 
+/// Runs `work` between `begin` and `end`, and `end` whatever `work` does once `begin` has
+/// succeeded: an error, or a panic (caught, as [`CudaError::Binding`]). A stream capture
+/// left open would keep the stream capturing, and every later call on it would fail.
+fn bracketed<T>(
+    begin: impl FnOnce() -> Result<(), CudaError>,
+    work: impl FnOnce() -> Result<(), CudaError>,
+    end: impl FnOnce() -> Result<T, CudaError>,
+) -> Result<T, CudaError> {
+    begin()?;
+    let queued = catch_binding_panic(work);
+    let ended = end();
+    queued?;
+    ended
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_capture_is_ended_whether_its_work_succeeds_fails_or_panics() {
+        let works: [Box<dyn FnOnce() -> Result<(), CudaError>>; 3] = [
+            Box::new(|| Ok(())),
+            Box::new(|| Err(CudaError::Unsupported("failed".into()))),
+            Box::new(|| panic!("a binding panicked")),
+        ];
+        for (i, work) in works.into_iter().enumerate() {
+            let ended = Cell::new(false);
+            let end = || {
+                ended.set(true);
+                Ok(())
+            };
+            let r = bracketed(|| Ok(()), work, end);
+            assert!(ended.get(), "work {i}: the capture was left open");
+            match i {
+                0 => assert!(r.is_ok()),
+                1 => assert!(matches!(r, Err(CudaError::Unsupported(_))), "{r:?}"),
+                _ => assert!(matches!(r, Err(CudaError::Binding(ref m)) if m.contains("panicked"))),
+            }
+        }
+        // A capture that never began is not ended, and its work does not run.
+        let (ran, ended) = (Cell::new(false), Cell::new(false));
+        let r = bracketed(
+            || Err(CudaError::Unsupported("no capture".into())),
+            || {
+                ran.set(true);
+                Ok(())
+            },
+            || {
+                ended.set(true);
+                Ok(())
+            },
+        );
+        assert!(r.is_err() && !ran.get() && !ended.get());
+    }
 
     #[test]
     fn buckets_cover_every_size_up_to_the_largest_and_pad_little() {

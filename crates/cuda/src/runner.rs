@@ -228,9 +228,10 @@ impl Drop for CudaRunner {
     /// Waits for queued work first: launched steps' copies may still read and write
     /// page-locked memory the runner is about to free.
     fn drop(&mut self) {
-        if self.device.bind().is_ok() {
-            let _ = self.device.stream.synchronize();
-        }
+        // Not conditional on `bind`: it also reports (once, and clears) an error cudarc
+        // recorded earlier in a drop, and `synchronize` binds the context itself.
+        let _ = self.device.bind();
+        let _ = self.device.stream.synchronize();
     }
 }
 
