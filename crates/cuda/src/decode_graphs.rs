@@ -44,6 +44,8 @@ pub(crate) struct DecodeGraphs {
     graphs: HashMap<usize, StepGraph>,
     /// Graphs recorded so far (for `describe` and tests of the bookkeeping).
     pub recorded: usize,
+    /// Why recording failed, when it did: graphs are off from then on.
+    pub failure: Option<String>,
 }
 
 impl fmt::Debug for DecodeGraphs {
@@ -63,6 +65,17 @@ impl DecodeGraphs {
             enabled,
             ..DecodeGraphs::default()
         }
+    }
+
+    /// Turns graphs off after the recording for `bucket` failed with `error`, with a warning:
+    /// a device or driver that cannot capture a step still runs every step, eagerly.
+    pub fn give_up(&mut self, bucket: usize, error: &CudaError) {
+        tracing::warn!(
+            "recording the CUDA graph of a {bucket}-sequence decode step failed ({error}); \
+             decode steps run eagerly from now on"
+        );
+        self.enabled = false;
+        self.failure = Some(format!("recording for batch {bucket} failed: {error}"));
     }
 
     /// Drops every graph (their buffers moved).
@@ -162,6 +175,18 @@ mod tests {
             },
         );
         assert!(r.is_err() && !ran.get() && !ended.get());
+    }
+
+    #[test]
+    fn a_failed_recording_turns_graphs_off_and_keeps_why() {
+        let mut g = DecodeGraphs::new(true);
+        g.give_up(24, &CudaError::Unsupported("capture invalidated".into()));
+        assert!(!g.enabled && !g.has(24));
+        let why = g.failure.as_deref().unwrap_or_default();
+        assert!(
+            why.contains("batch 24") && why.contains("capture invalidated"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -231,7 +231,8 @@ impl CudaRunner {
 
     /// Queues the graph of `bucket` (recorded first if needed) over the decode layout `l`
     /// with its `carried` tokens from the latest step's picks: the logits of its tokens end
-    /// in the first rows of the logits buffer.
+    /// in the first rows of the logits buffer. When the recording fails, the step's work is
+    /// queued eagerly and graphs are turned off for good (a warning and `describe` say why).
     pub(crate) fn replay_decode(
         &mut self,
         mut l: BatchLayout,
@@ -252,7 +253,13 @@ impl CudaRunner {
                 self.queue_lm_head(bucket)
             });
             self.graphs = graphs;
-            recorded?;
+            if let Err(e) = recorded {
+                // Nothing of the failed recording ran: the same work, queued eagerly over
+                // the inputs already uploaded, is this step; later steps stay eager.
+                self.graphs.give_up(bucket, &e);
+                self.queue_layers(bucket, parts, None)?;
+                return self.queue_lm_head(bucket);
+            }
         }
         self.graphs.launch(bucket)
     }

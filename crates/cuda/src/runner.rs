@@ -393,7 +393,11 @@ impl ModelRunner for CudaRunner {
             self.pool.num_blocks,
             self.pool.block_size,
             self.dtype.kv_dtype().name(),
-            if self.graphs.enabled { "on" } else { "off" },
+            match (self.graphs.enabled, &self.graphs.failure) {
+                (true, _) => "on".to_string(),
+                (false, Some(why)) => format!("off ({why})"),
+                (false, None) => "off".to_string(),
+            },
             if self.overlap_steps { "on" } else { "off" },
         )
     }
