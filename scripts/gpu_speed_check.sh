@@ -14,7 +14,8 @@
 # the time left, and a step that needs more than is left is skipped and named in
 # OUTDIR/skipped.txt. STAGE=all (the default) runs both stages in one call.
 #
-# Stage goals:
+# Stage goals (OUTDIR/goals.md: the goals table, by scripts/gpu_goals.py, before step 6):
+#  0. the device's bf16 product rate and copy rate, with torch (scripts/gpu_peak.py);
 #  1. random-weight models at the Llama-3.2-1B and SmolLM2-135M shapes
 #     (scripts/make_gpu_models.py; kept when already there);
 #  2. `tandem bench --device cuda`, 1B shape, batch 1, 32, 64 and 256, 512-token prompts and
@@ -36,8 +37,8 @@
 #  engine loop (`--engine`) on both shapes with and without overlapped steps
 #  (`--no-overlap`); `tandem plan --calibrate --device cuda`, then `plan --validate --quick`
 #  with that profile (OUTDIR/plan_*.txt).
-# Writes OUTDIR/speed.txt (JSON lines), OUTDIR/profile.txt and OUTDIR/serve.txt besides
-# gpu_check.sh's files.
+# Writes OUTDIR/speed.txt (JSON lines), OUTDIR/peak.json, OUTDIR/profile.txt,
+# OUTDIR/serve.txt and OUTDIR/goals.md besides gpu_check.sh's files.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${1:?usage: gpu_speed_check.sh OUTDIR NEW_BIN_DIR [OLD_BIN_DIR]}
@@ -122,6 +123,11 @@ serve() {
   kill "$guard" 2>/dev/null
 }
 
+peak() {
+  local secs; secs=$(allot "device peak rates" 20 60) || return 0
+  timeout "$secs" python3 scripts/gpu_peak.py 2>>"$OUT/peak.log" | tee "$OUT/peak.json"
+}
+
 hf() {
   [ -n "${SKIP_HF:-}" ] && return 0
   local secs; secs=$(allot "transformers baseline" 60 200) || return 0
@@ -157,11 +163,13 @@ fidelity() { # the perplexity of one text in each weight mode
 echo "== $(date -u) gpu_speed_check stage $STAGE, budget ${BUDGET_S:-540}s" | tee -a "$OUT/skipped.txt"
 if [ "$STAGE" = goals ] || [ "$STAGE" = all ]; then
   models
+  peak
   bench new "$NEW" 40 180 --batch 1 --batch 32 --batch 64 --batch 256
   BENCH_MODEL="$SMALL-bf16" bench new-135m "$NEW" 20 60 --batch 1
   profile
   serve
   hf
+  python3 scripts/gpu_goals.py "$OUT" | tee "$OUT/goals.md"
   check
 fi
 if [ "$STAGE" = rest ] || [ "$STAGE" = all ]; then

@@ -344,10 +344,10 @@ fn decode_batch(tables: &[Vec<BlockId>], token: TokenId, pos: usize) -> ForwardB
     }
 }
 
-/// 8 fresh sequences of 2,048 tokens (the prompt cycled, rotated by the sequence's index)
-/// in one forward batch, on blocks `0..`.
-fn long_prefill_batch(tokens: &[TokenId]) -> ForwardBatch {
-    let (seqs, len) = (8usize, 2048usize);
+/// `seqs` fresh sequences of 2,048 tokens (the prompt cycled, rotated by the sequence's
+/// index) in one forward batch, on blocks `0..`.
+fn long_prefill_batch(tokens: &[TokenId], seqs: usize) -> ForwardBatch {
+    let len = 2048usize;
     let per_seq = len.div_ceil(BLOCK);
     let mut all = Vec::with_capacity(seqs * len);
     let mut spans = Vec::new();
@@ -367,9 +367,10 @@ fn long_prefill_batch(tokens: &[TokenId]) -> ForwardBatch {
     }
 }
 
-/// Prefill of [`long_prefill_batch`] in one forward call (tokens/s, best of 3).
+/// Prefill of 8 x 2,048 tokens ([`long_prefill_batch`]) in one forward call (tokens/s,
+/// best of 3).
 fn long_prefill(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<f64> {
-    let batch = long_prefill_batch(tokens);
+    let batch = long_prefill_batch(tokens, 8);
     runner.forward(&batch)?;
     let mut best = f64::MAX;
     for _ in 0..3 {
@@ -380,11 +381,11 @@ fn long_prefill(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<f64> {
     Ok(batch.num_tokens() as f64 / best)
 }
 
-/// Teacher-forced scoring of [`long_prefill_batch`]'s tokens in one forward call: every
-/// position's log-probability of the next token, computed on the device (tokens/s, best
-/// of 3).
+/// Teacher-forced scoring of 32 x 2,048 tokens ([`long_prefill_batch`]) in one forward
+/// call: every position's log-probability of the next token, computed on the device
+/// (tokens/s, best of 3).
 fn long_scoring(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<f64> {
-    let mut batch = long_prefill_batch(tokens);
+    let mut batch = long_prefill_batch(tokens, 32);
     batch.output = OutputSelection::All;
     let targets: Vec<Option<TokenId>> = batch
         .seqs
@@ -467,7 +468,7 @@ fn profiles(runner: &mut CudaRunner, prompt: &[TokenId]) -> Result<Value> {
         json!({ "wall_ms": p.wall_ms, "device_ms": p.device_ms, "ops_ms": ops })
     };
     let mut out = json!({ "describe": runner.describe() });
-    let prefill = long_prefill_batch(prompt);
+    let prefill = long_prefill_batch(prompt, 8);
     runner.profile_forward(&prefill)?; // warm-up (workspace growth, first launches)
     out["prefill_8x2048"] = to_json(runner.profile_forward(&prefill)?);
     // The scoring goal: all positions' log-probabilities at the prefill's rate or near it.
