@@ -1,5 +1,6 @@
 // The emulator's scheduler: a block's CUDA threads as fibers, barriers that release when
-// every live thread of their scope has arrived, and deadlock detection.
+// every live thread of their scope has arrived, deadlock detection, and odd blocks run in
+// reverse thread order (races between a block's threads show as different results).
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,8 +181,12 @@ std::string deadlock_report(const Block& b) {
     return s;
 }
 
-// Runs one block to completion; returns an empty string or what went wrong.
-std::string run_block(Block& b, const Stacks& stacks) {
+// Runs one block to completion; returns an empty string or what went wrong. Between two
+// barriers each thread runs alone until it waits, in thread order, or from the last thread
+// to the first when `reverse`: a thread that reads what another wrote without a barrier
+// between them sees the write in one order and not in the other, so a test whose kernel
+// lacks a barrier gets different results from its odd and its even blocks.
+std::string run_block(Block& b, const Stacks& stacks, bool reverse) {
     unsigned threads = b.dim.x;
     unsigned warps = (threads + 31) / 32;
     b.fibers.assign(threads, Fiber{});
@@ -201,7 +206,8 @@ std::string run_block(Block& b, const Stacks& stacks) {
     }
     while (b.live > 0) {
         bool progressed = false;
-        for (size_t t = 0; t < threads; ++t) {
+        for (size_t i = 0; i < threads; ++i) {
+            size_t t = reverse ? threads - 1 - i : i;
             Fiber& f = b.fibers[t];
             if (!runnable(f)) {
                 continue;
@@ -301,7 +307,8 @@ int launch(const Kernel* table, size_t count, const char* name, const unsigned* 
                 // of bytes nobody stored show.
                 memset(dynamic, 0xff, shared);
                 poison_shared();
-                problem = run_block(b, stacks);
+                bool odd = ((size_t)z * grid[1] * grid[0] + (size_t)y * grid[0] + x) % 2 == 1;
+                problem = run_block(b, stacks, odd);
             }
         }
     }

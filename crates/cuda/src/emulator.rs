@@ -5,9 +5,12 @@
 //! device pointers, so a test exercises the launch shapes the GPU gets too.
 //!
 //! What it proves: indexing, tiling, barriers (a barrier that some threads skip is reported
-//! as a deadlock), the order of every operation, and with it any bitwise invariance the
-//! kernels promise. What it cannot: timing, memory-model races between concurrently running
-//! blocks, and the last ulp of `expf` and `sqrtf`, which are the C library's here.
+//! as a deadlock; a missing one makes odd blocks, whose threads run in reverse order,
+//! differ from even ones), the alignment of vector loads and stores (built with a trapping
+//! alignment sanitizer: a misaligned `uint4` faults on a GPU), the order of every operation,
+//! and with it any bitwise invariance the kernels promise. What it cannot: timing,
+//! memory-model races between concurrently running blocks, and the last ulp of `expf` and
+//! `sqrtf`, which are the C library's here.
 
 use std::ffi::{c_char, c_void, CStr, CString};
 
