@@ -7,7 +7,9 @@
 //! What it proves: indexing, tiling, barriers (a barrier that some threads skip is reported
 //! as a deadlock; a missing one makes odd blocks, whose threads run in reverse order,
 //! differ from even ones), the alignment of vector loads and stores (built with a trapping
-//! alignment sanitizer: a misaligned `uint4` faults on a GPU), the order of every operation,
+//! alignment sanitizer: a misaligned `uint4` faults on a GPU), writes past a buffer's ends
+//! (the tests' buffers sit between guard bytes, checked when dropped), the order of every
+//! operation,
 //! and with it any bitwise invariance the kernels promise. What it cannot: timing,
 //! memory-model races between concurrently running blocks, and the last ulp of `expf` and
 //! `sqrtf`, which are the C library's here.

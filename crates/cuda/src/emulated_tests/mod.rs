@@ -47,38 +47,55 @@ impl Pod for u16 {}
 impl Pod for u32 {}
 impl Pod for u8 {}
 
-/// A buffer as the device has them: 16-byte aligned, addressed by a `DevPtr`.
+/// A buffer as the device has them: 16-byte aligned, addressed by a `DevPtr`, between two
+/// guard regions of all-ones bytes (NaN as floats, -1 as integers: a kernel that reads past
+/// either end gets values a test notices). Dropping the buffer checks that no kernel wrote
+/// into the guards: on a GPU such a write corrupts another buffer, or faults.
 pub(super) struct Buf {
     words: Vec<u128>,
     bytes: usize,
 }
 
+/// 16-byte words of guard on each side of a buffer.
+const GUARD_WORDS: usize = 16;
+
 impl Buf {
     pub fn zeroed(bytes: usize) -> Buf {
-        Buf {
-            words: vec![0; bytes.div_ceil(16).max(1)],
-            bytes,
-        }
+        let data_words = bytes.div_ceil(16).max(1);
+        let mut words = vec![u128::MAX; data_words + 2 * GUARD_WORDS];
+        words[GUARD_WORDS..GUARD_WORDS + data_words].fill(0);
+        let mut b = Buf { words, bytes };
+        let tail = b.bytes..data_words * 16; // the last word's bytes past the end
+        b.data_bytes_mut(data_words * 16)[tail].fill(0xff);
+        b
     }
 
     pub fn of<T: Pod>(values: &[T]) -> Buf {
         let mut b = Buf::zeroed(std::mem::size_of_val(values));
-        // SAFETY: the words hold at least `bytes` bytes, aligned for any `Pod` type, and
-        // `values` is plain data of exactly that size.
+        // SAFETY: the data words hold at least `bytes` bytes, aligned for any `Pod` type,
+        // and `values` is plain data of exactly that size.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 values.as_ptr() as *const u8,
-                b.words.as_mut_ptr() as *mut u8,
+                b.words[GUARD_WORDS..].as_mut_ptr() as *mut u8,
                 b.bytes,
             );
         }
         b
     }
 
+    /// The first `n` bytes from the start of the data.
+    fn data_bytes_mut(&mut self, n: usize) -> &mut [u8] {
+        let data = &mut self.words[GUARD_WORDS..];
+        assert!(n <= data.len() * 16);
+        // SAFETY: `n` bytes of the words from the data's start, which are plain integers.
+        unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, n) }
+    }
+
     /// The buffer's address, for a kernel to read or write while no reference to the
     /// buffer is alive.
     pub fn ptr(&mut self) -> DevPtr {
-        self.words.as_mut_ptr() as DevPtr
+        self.words[GUARD_WORDS..].as_mut_ptr() as DevPtr
     }
 
     pub fn read<T: Pod>(&self) -> Vec<T> {
@@ -87,12 +104,28 @@ impl Buf {
         // SAFETY: as in `of`, in the other direction.
         unsafe {
             std::ptr::copy_nonoverlapping(
-                self.words.as_ptr() as *const u8,
+                self.words[GUARD_WORDS..].as_ptr() as *const u8,
                 out.as_mut_ptr() as *mut u8,
                 n * std::mem::size_of::<T>(),
             );
         }
         out
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        let data_words = self.words.len() - 2 * GUARD_WORDS;
+        let bytes = self.bytes;
+        let tail_ok = self.data_bytes_mut(data_words * 16)[bytes..]
+            .iter()
+            .all(|&b| b == 0xff);
+        let (front, rest) = self.words.split_at(GUARD_WORDS);
+        let back = &rest[data_words..];
+        let intact = tail_ok && front.iter().chain(back).all(|&w| w == u128::MAX);
+        if !intact && !std::thread::panicking() {
+            panic!("a kernel wrote outside a buffer of {bytes} bytes");
+        }
     }
 }
 
