@@ -71,6 +71,18 @@ inline To bit_cast(From v) {
     return out;
 }
 
+// cp.async (sm_80 and later: attention.cu's copy16_to_shared, copies_commit, copies_wait),
+// adversarially: a thread's 16-byte copy from global to shared memory garbles its
+// destination when issued and is only queued; `async_commit` closes the group of copies
+// queued since the last one, and `async_wait(pending)` performs every committed group but
+// the `pending` most recent, in order. A kernel that reads staged bytes before waiting for
+// their group, or waits for the wrong number of groups, or lets a copy overwrite bytes
+// another thread may still be reading (no barrier between), reads garbage, as it may on a
+// GPU.
+void async_copy16(void* dst, const void* src);
+void async_commit();
+void async_wait(unsigned pending);
+
 // The buffer of `__shared__` declaration `id` (`bytes` bytes, 64-byte aligned), garbage
 // at the start of each block.
 void* static_shared(unsigned id, size_t bytes);

@@ -31,12 +31,20 @@ struct Barrier {
     unsigned generation = 0;
 };
 
+// A queued cp.async copy of 16 bytes.
+struct AsyncCopy {
+    void* dst;
+    const void* src;
+};
+
 struct Fiber {
     FiberContext context;
     Dim3 index;
     bool done = false;
     const Barrier* waiting = nullptr; // the barrier it waits at, if any
     unsigned generation = 0;          // that barrier's generation when it arrived
+    std::vector<AsyncCopy> copies;    // queued, oldest first
+    std::vector<size_t> group_ends;   // committed groups: their ends in `copies`
 };
 
 // The block being run.
@@ -238,6 +246,39 @@ void* static_shared(unsigned id, size_t bytes) {
         memset(b.bytes.get(), 0xff, bytes);
     }
     return b.bytes.get();
+}
+
+void async_copy16(void* dst, const void* src) {
+    if (((uintptr_t)dst | (uintptr_t)src) % 16 != 0) {
+        __builtin_trap(); // cp.async of 16 bytes needs both addresses 16-byte aligned
+    }
+    // Until its group is waited for, the destination holds neither the old bytes nor the
+    // new ones for sure: garbage now (a thread still reading the old bytes without a barrier
+    // since sees it), the copy's bytes at the wait.
+    memset(dst, 0xff, 16);
+    me().copies.push_back(AsyncCopy{dst, src});
+}
+
+void async_commit() {
+    Fiber& f = me();
+    f.group_ends.push_back(f.copies.size());
+}
+
+void async_wait(unsigned pending) {
+    Fiber& f = me();
+    if (f.group_ends.size() <= pending) {
+        return;
+    }
+    size_t groups = f.group_ends.size() - pending;
+    size_t end = f.group_ends[groups - 1];
+    for (size_t i = 0; i < end; ++i) {
+        memcpy(f.copies[i].dst, f.copies[i].src, 16);
+    }
+    f.copies.erase(f.copies.begin(), f.copies.begin() + (ptrdiff_t)end);
+    f.group_ends.erase(f.group_ends.begin(), f.group_ends.begin() + (ptrdiff_t)groups);
+    for (size_t& e : f.group_ends) {
+        e -= end;
+    }
 }
 
 const Dim3& thread_idx() { return me().index; }

@@ -104,6 +104,8 @@ __device__ __forceinline__ void copy16_to_shared(unsigned char* dst, const unsig
 #if __CUDA_ARCH__ >= 800
     unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(src) : "memory");
+#elif defined(TANDEM_EMULATOR)
+    tandem_emu::async_copy16(dst, src);
 #else
     *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
 #endif
@@ -113,6 +115,8 @@ __device__ __forceinline__ void copy16_to_shared(unsigned char* dst, const unsig
 __device__ __forceinline__ void copies_commit() {
 #if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::: "memory");
+#elif defined(TANDEM_EMULATOR)
+    tandem_emu::async_commit();
 #endif
 }
 
@@ -125,6 +129,8 @@ __device__ __forceinline__ void copies_wait(int pending) {
     } else {
         asm volatile("cp.async.wait_group 1;\n" ::: "memory");
     }
+#elif defined(TANDEM_EMULATOR)
+    tandem_emu::async_wait((unsigned)pending);
 #endif
 }
 

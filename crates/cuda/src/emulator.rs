@@ -8,11 +8,12 @@
 //! as a deadlock; a missing one makes odd blocks, whose threads run in reverse order,
 //! differ from even ones), the alignment of vector loads and stores (built with a trapping
 //! alignment sanitizer: a misaligned `uint4` faults on a GPU), writes past a buffer's ends
-//! (the tests' buffers sit between guard bytes, checked when dropped), the order of every
-//! operation,
-//! and with it any bitwise invariance the kernels promise. What it cannot: timing,
-//! memory-model races between concurrently running blocks, and the last ulp of `expf` and
-//! `sqrtf`, which are the C library's here.
+//! (the tests' buffers sit between guard bytes, checked when dropped), the waits and
+//! barriers around `cp.async` copies into shared memory (they garble their destination when
+//! issued and land only when waited for), the order of every operation, and with it any
+//! bitwise invariance the kernels promise. What it cannot: timing, memory-model races
+//! between concurrently running blocks, and the last ulp of `expf` and `sqrtf`, which are
+//! the C library's here.
 
 use std::ffi::{c_char, c_void, CStr, CString};
 
