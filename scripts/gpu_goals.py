@@ -19,6 +19,8 @@ import json
 import os
 import sys
 
+from gpu_compare import load  # a JSON file, or None
+
 HBM_GB_PER_S = 4800.0
 
 
@@ -28,14 +30,6 @@ def lines(path):
             return [json.loads(x) for x in f if x.strip().startswith("{")]
     except OSError:
         return []
-
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def find(rows, **want):
