@@ -36,7 +36,8 @@
 #  and 32, and the perplexity of one text in each mode: OUTDIR/quant_fidelity.txt); the whole
 #  engine loop (`--engine`) on both shapes with and without overlapped steps
 #  (`--no-overlap`); `tandem plan --calibrate --device cuda`, then `plan --validate --quick`
-#  with that profile (OUTDIR/plan_*.txt).
+#  with that profile (OUTDIR/plan_*.txt); Nsight Compute on the decode attention kernels
+#  (OUTDIR/ncu_attention.txt) when `ncu` is there.
 # Writes OUTDIR/speed.txt (JSON lines), OUTDIR/peak.json, OUTDIR/profile.txt,
 # OUTDIR/serve.txt and OUTDIR/goals.md besides gpu_check.sh's files.
 set -uo pipefail
@@ -142,6 +143,19 @@ check() {
   cat "$OUT/summary.txt"
 }
 
+# Nsight Compute on the decode attention (the kernel the first device runs found bound by
+# latency): speed of light, occupancy and launch statistics of a few launches of a batch-64
+# decode step after 512 tokens, eager so that each kernel is its own launch.
+ncu_attention() {
+  command -v ncu > /dev/null || { echo "$STAGE: ncu skipped, not installed" >> "$OUT/skipped.txt"; return 0; }
+  local secs; secs=$(allot ncu 60 120) || return 0
+  timeout "$secs" ncu -k regex:'paged_attention|attention_merge' --launch-skip 200 --launch-count 4 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+    "$NEW/tandem" bench --cache-dir "$CACHE" --model "$P-bf16" --device cuda --no-cuda-graphs \
+    --batch 64 --prompt-len 512 --gen-len 16 > "$OUT/ncu_attention.txt" 2>&1 \
+    || echo "!! ncu failed ($?), see ncu_attention.txt" | tee -a "$OUT/skipped.txt"
+}
+
 plan() { # label args...
   local label=$1 secs; secs=$(allot "plan $label" 40 120) || return 0; shift
   timeout "$secs" "$NEW/tandem" plan --cache-dir "$CACHE" --model "$P-bf16" --device cuda "$@" \
@@ -192,5 +206,6 @@ if [ "$STAGE" = rest ] || [ "$STAGE" = all ]; then
   [ -s "$OUT/plan_calibration.json" ] \
     && plan validate --hardware "$OUT/plan_calibration.json" --validate --quick
   cat "$OUT"/plan_*.txt 2>/dev/null
+  ncu_attention
 fi
 echo "== $(date -u) done, $(( $(date +%s) - START ))s" | tee -a "$OUT/skipped.txt"
