@@ -11,6 +11,7 @@ use tandem_model::ModelConfig;
 
 use crate::error::CudaError;
 use crate::kernels::DevPtr;
+use crate::layer_program::KvPtrs;
 use crate::options::CudaDtype;
 
 /// Memory kept free beyond the KV pool when sizing it from a fraction of device memory
@@ -107,12 +108,15 @@ impl KvPool {
         self.num_blocks
     }
 
-    /// Device addresses of layer `l`'s key and value planes.
-    pub fn layer_ptrs(&self, l: usize) -> (DevPtr, DevPtr) {
-        (
-            self.keys[l].device_ptr(&self.stream).0,
-            self.values[l].device_ptr(&self.stream).0,
-        )
+    /// The addresses [`LayerProgram`](crate::layer_program::LayerProgram) reads and writes.
+    pub fn ptrs(&self) -> KvPtrs {
+        let plane = |p: &CudaSlice<u8>| p.device_ptr(&self.stream).0;
+        KvPtrs {
+            keys: self.keys.iter().map(plane).collect(),
+            values: self.values.iter().map(plane).collect(),
+            hidden: self.hidden_ptr(),
+            block_size: self.block_size,
+        }
     }
 
     /// Device address of the hidden-state store.

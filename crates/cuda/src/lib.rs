@@ -37,6 +37,7 @@ mod host_staging;
 pub mod kernels;
 mod kv_pool;
 mod launched_steps;
+mod layer_program;
 mod libs;
 pub mod nvrtc_cache;
 mod options;

@@ -24,6 +24,7 @@ use crate::host_staging::HostStaging;
 use crate::kernels::{Kernels, MAX_GQA_GROUP, MAX_HEAD_DIM};
 use crate::kv_pool::{blocks_for_fraction, bytes_per_token, KvPool};
 use crate::launched_steps::LaunchedSteps;
+use crate::layer_program::{KvPtrs, WeightPtrs};
 use crate::options::{CudaDtype, CudaOptions, CudaWeights, KvBudget};
 use crate::step_inputs::StepInputs;
 use crate::step_profile::{EventLog, StepProfile};
@@ -41,6 +42,9 @@ pub struct CudaRunner {
     // and the graphs, which read the buffers, before them.
     pub(crate) graphs: DecodeGraphs,
     pub(crate) weights: DeviceWeights,
+    /// The addresses of `weights` and `pool`, which never move.
+    pub(crate) weight_ptrs: WeightPtrs,
+    pub(crate) kv_ptrs: KvPtrs,
     /// The storage-type matrix a quantized matrix expands into for larger products (`None`
     /// with dense weights).
     pub(crate) quant_scratch: Option<CudaSlice<u8>>,
@@ -111,6 +115,8 @@ impl CudaRunner {
             inv_freqs: host.weights.inv_freqs.clone(),
             dtype: o.dtype,
             config,
+            weight_ptrs: weights.ptrs(&stream),
+            kv_ptrs: pool.ptrs(),
             weights,
             quant_scratch,
             graphs: DecodeGraphs::new(o.cuda_graphs),

@@ -12,6 +12,8 @@ use tandem_model::weights::TensorRef;
 use tandem_model::ModelConfig;
 
 use crate::error::CudaError;
+use crate::forward::ptr;
+use crate::layer_program::{LayerPtrs, MatrixPtrs, WeightPtrs};
 use crate::options::{CudaDtype, CudaWeights};
 use crate::q4_weights::{self, Q4_BLOCK};
 use crate::q8_weights::{self, Q8_BLOCK};
@@ -78,9 +80,44 @@ pub(crate) struct DeviceWeights {
 }
 
 impl DeviceWeights {
-    /// The LM head matrix (the embedding when tied).
-    pub fn lm_head(&self) -> &CudaSlice<u8> {
-        self.lm_head.as_ref().unwrap_or(&self.embed)
+    /// The addresses [`LayerProgram`](crate::layer_program::LayerProgram) reads.
+    pub fn ptrs(&self, s: &CudaStream) -> WeightPtrs {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| LayerPtrs {
+                attn_norm: ptr(&l.attn_norm, s),
+                qkv: l.qkv.ptrs(s),
+                qkv_bias: l.qkv_bias.as_ref().map(|b| ptr(b, s)),
+                qk_norm: l.qk_norm.as_ref().map(|b| ptr(b, s)),
+                o: l.o.ptrs(s),
+                ffn_norm: ptr(&l.ffn_norm, s),
+                gate_up: l.gate_up.ptrs(s),
+                down: l.down.ptrs(s),
+            })
+            .collect();
+        WeightPtrs {
+            embed: ptr(&self.embed, s),
+            lm_head: ptr(self.lm_head.as_ref().unwrap_or(&self.embed), s),
+            final_norm: ptr(&self.final_norm, s),
+            layers,
+        }
+    }
+}
+
+impl DeviceMatrix {
+    fn ptrs(&self, s: &CudaStream) -> MatrixPtrs {
+        match self {
+            DeviceMatrix::Dense(d) => MatrixPtrs::Dense(ptr(d, s)),
+            DeviceMatrix::Q8 { codes, scales } => MatrixPtrs::Q8 {
+                codes: ptr(codes, s),
+                scales: ptr(scales, s),
+            },
+            DeviceMatrix::Q4 { codes, scales } => MatrixPtrs::Q4 {
+                codes: ptr(codes, s),
+                scales: ptr(scales, s),
+            },
+        }
     }
 }
 

@@ -1,0 +1,486 @@
+//! The forward pass as a program of launches over device addresses: the order of kernels
+//! and matrix products, layer by layer, mirroring `tandem_model::transformer`.
+//!
+//! Per layer: `xn = rms_norm(x (+= delta))` → `qkv = xn · Wqkvᵀ` → bias, q/k norms, RoPE and
+//! the K/V store → paged attention → `delta = attn · Woᵀ` → `xn = rms_norm(x += delta)` →
+//! `gate_up = xn · Wguᵀ` → SwiGLU → `delta = act · Wdownᵀ`. The last layer's delta is added
+//! by the final norm, which writes each token's normed state into the hidden store; the LM
+//! head reads the rows that need logits back from there.
+//!
+//! The program owns nothing and only queues work: the runner hands it the addresses of its
+//! weights, workspace, KV pool and step inputs, and the crate's tests hand it host buffers
+//! that the kernel emulator runs, so the whole program is checked against the CPU model on
+//! machines without a GPU.
+
+use tandem_model::ModelConfig;
+
+use crate::attention_tiles::{tokens_per_tile, AttentionTiles};
+use crate::batch_layout::BatchLayout;
+use crate::device::Device;
+use crate::error::CudaError;
+use crate::gemm::Gemm;
+use crate::kernels::{
+    AttnBuffers, AttnShape, DevPtr, Kernels, QkvBuffers, QkvShape, TC_MAX_HEAD_DIM, TC_TILE_TOKENS,
+};
+use crate::options::CudaDtype;
+use crate::product_kernels::{Q4_MATVEC_ROWS, Q8_MATVEC_ROWS};
+use crate::step_inputs::InputPtrs;
+use crate::step_profile::EventLog;
+
+/// Rows of one LM head product. Always this many (padded), so that a row's logits come from
+/// the same cuBLAS kernel whichever call computes them (`forward` or `cached_logits`).
+pub(crate) const LM_TILE: usize = 64;
+
+/// (token, head, partition) results the attention's partials buffer holds; a batch that
+/// needs more runs its attention in groups of rows.
+pub(crate) const PARTIAL_SLOTS: usize = 1 << 18;
+
+/// Tokens per attention launch: as many as the partials buffer holds at `parts` partitions
+/// per (token, head).
+pub(crate) fn attention_rows(num_heads: usize, parts: usize) -> usize {
+    (PARTIAL_SLOTS / (num_heads * parts)).max(1)
+}
+
+/// A `[rows, cols]` matrix of a layer (see `weights.rs` for the formats).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum MatrixPtrs {
+    Dense(DevPtr),
+    Q8 { codes: DevPtr, scales: DevPtr },
+    Q4 { codes: DevPtr, scales: DevPtr },
+}
+
+/// One decoder layer's weights.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LayerPtrs {
+    pub attn_norm: DevPtr,
+    pub qkv: MatrixPtrs,
+    pub qkv_bias: Option<DevPtr>,
+    pub qk_norm: Option<DevPtr>,
+    pub o: MatrixPtrs,
+    pub ffn_norm: DevPtr,
+    pub gate_up: MatrixPtrs,
+    pub down: MatrixPtrs,
+}
+
+/// Every weight (they never move once placed).
+#[derive(Debug, Clone)]
+pub(crate) struct WeightPtrs {
+    pub embed: DevPtr,
+    /// The embedding's address when tied.
+    pub lm_head: DevPtr,
+    pub final_norm: DevPtr,
+    pub layers: Vec<LayerPtrs>,
+}
+
+/// The activations a step works in, for up to `capacity` tokens (sizes: [`WorkspaceBytes`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WorkspacePtrs {
+    pub x: DevPtr,
+    pub delta: DevPtr,
+    pub xn: DevPtr,
+    pub qkv: DevPtr,
+    pub q: DevPtr,
+    pub attn: DevPtr,
+    pub partials: DevPtr,
+    pub gate_up: DevPtr,
+    pub act: DevPtr,
+    pub lm_in: DevPtr,
+    pub logits: DevPtr,
+}
+
+/// Bytes of each workspace buffer for `capacity` tokens (and the LM head's `logit_rows`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WorkspaceBytes {
+    /// `[cap, h]` f32: the residual stream.
+    pub x: usize,
+    /// `[cap, h]` f32: the last sub-layer's output, not yet added to `x`.
+    pub delta: usize,
+    /// `[cap, h]` storage type: normed input of a projection.
+    pub xn: usize,
+    /// `[cap, q_dim + 2 * kv_dim]` f32.
+    pub qkv: usize,
+    /// `[cap, q_dim]` f32: rotated queries.
+    pub q: usize,
+    /// `[cap, q_dim]` storage type: attention output.
+    pub attn: usize,
+    /// `[PARTIAL_SLOTS, head_dim + 2]` f32: attention's per-partition results.
+    pub partials: usize,
+    /// `[cap, 2 * ff]` f32.
+    pub gate_up: usize,
+    /// `[cap, ff]` storage type: SwiGLU output.
+    pub act: usize,
+    /// `[logit_rows, h]` storage type: LM head input.
+    pub lm_in: usize,
+    /// `[logit_rows, vocab]` f32.
+    pub logits: usize,
+}
+
+impl WorkspaceBytes {
+    pub fn new(c: &ModelConfig, dtype: CudaDtype, capacity: usize, logit_rows: usize) -> Self {
+        let e = dtype.size();
+        let (h, q_dim, ff) = (c.hidden_size, c.q_dim(), c.intermediate_size);
+        WorkspaceBytes {
+            x: capacity * h * 4,
+            delta: capacity * h * 4,
+            xn: capacity * h * e,
+            qkv: capacity * (q_dim + 2 * c.kv_dim()) * 4,
+            q: capacity * q_dim * 4,
+            attn: capacity * q_dim * e,
+            partials: PARTIAL_SLOTS * (c.head_dim + 2) * 4,
+            gate_up: capacity * 2 * ff * 4,
+            act: capacity * ff * e,
+            lm_in: logit_rows * h * e,
+            logits: logit_rows * c.vocab_size * 4,
+        }
+    }
+}
+
+/// The paged KV pool: per layer, key and value planes of `[slots, kv_dim]`, and the f32
+/// hidden-state store `[slots, h]`.
+#[derive(Debug, Clone)]
+pub(crate) struct KvPtrs {
+    pub keys: Vec<DevPtr>,
+    pub values: Vec<DevPtr>,
+    pub hidden: DevPtr,
+    pub block_size: usize,
+}
+
+/// How dense products `y = x · wᵀ` are computed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum DenseProducts<'a> {
+    Cublas(&'a Gemm),
+    /// The fixed-order kernel (`matmul_fixed`): a row's result never depends on the batch.
+    Fixed,
+}
+
+/// One step's program: everything it reads and writes, by address, and how it computes.
+#[derive(Debug)]
+pub(crate) struct LayerProgram<'a> {
+    pub config: &'a ModelConfig,
+    pub dtype: CudaDtype,
+    pub kernels: &'a Kernels,
+    pub dense: DenseProducts<'a>,
+    /// Whether quantized matrices multiply from their codes when a product has few rows
+    /// (otherwise they expand into `quant_scratch` first).
+    pub from_codes: bool,
+    /// The storage-type matrix a quantized matrix expands into (`None`: dense weights).
+    pub quant_scratch: Option<DevPtr>,
+    /// Whether steps with several tokens of a sequence run their attention on tensor cores
+    /// (see [`tensor_core_prefill`]).
+    pub tensor_core_prefill: bool,
+    pub weights: &'a WeightPtrs,
+    pub kv: &'a KvPtrs,
+    pub ws: WorkspacePtrs,
+    pub inputs: InputPtrs,
+    /// Row length of the uploaded block tables.
+    pub table_stride: usize,
+    /// Events of a profiled step.
+    pub profile: Option<(&'a EventLog, &'a Device)>,
+}
+
+/// Whether the tensor-core prefill attention (attention_tc.cu) can serve this model: asked
+/// for, bf16, head dimension a multiple of 16 up to
+/// `TC_MAX_HEAD_DIM`, and not batch-invariant (the tiled
+/// kernel keeps prefill and decode identical).
+pub(crate) fn tensor_core_prefill(
+    asked: bool,
+    c: &ModelConfig,
+    dtype: CudaDtype,
+    batch_invariant: bool,
+) -> bool {
+    let d = c.head_dim;
+    asked
+        && dtype == CudaDtype::Bf16
+        && !batch_invariant
+        && d.is_multiple_of(16)
+        && d <= TC_MAX_HEAD_DIM
+}
+
+impl LayerProgram<'_> {
+    /// The attention's tiles of a step with several tokens of a sequence (to upload before
+    /// the layers run); `None` for decode steps, whose tiles are single tokens.
+    pub fn attention_tiles(&self, l: &BatchLayout, parts: usize) -> Option<AttentionTiles> {
+        if l.is_decode() {
+            return None;
+        }
+        if self.tensor_core_prefill {
+            let n = l.tokens.len();
+            return Some(AttentionTiles::build(
+                &l.token_seq,
+                &l.positions,
+                TC_TILE_TOKENS,
+                n,
+            ));
+        }
+        let c = self.config;
+        let group = c.num_heads / c.num_kv_heads;
+        let limit = self.kernels.attention_shared_limit();
+        let per_tile = tokens_per_tile(group, c.head_dim, self.dtype.size(), limit);
+        let rows = attention_rows(c.num_heads, parts);
+        Some(AttentionTiles::build(
+            &l.token_seq,
+            &l.positions,
+            per_tile,
+            rows,
+        ))
+    }
+
+    /// Queues every layer over the `n` tokens in the input buffers, ending with the final
+    /// norm that stores each token's hidden state. `parts`: context partitions the attention
+    /// launches name (at least the longest context's); `tiles`: the attention's tiles, as
+    /// uploaded, or `None` for one token per tile. Queues only: no host synchronisation
+    /// and no allocation, so that it can be recorded into a graph.
+    pub fn queue_layers(
+        &self,
+        n: usize,
+        parts: usize,
+        tiles: Option<&AttentionTiles>,
+    ) -> Result<(), CudaError> {
+        let (c, ws, w) = (self.config, &self.ws, self.weights);
+        let h = c.hidden_size;
+        self.kernels
+            .embed_gather(w.embed, self.inputs.tokens, ws.x, n, h)?;
+        self.mark("embed")?;
+        for (i, layer) in w.layers.iter().enumerate() {
+            let prev = (i > 0).then_some(ws.delta);
+            self.kernels
+                .add_rms_norm(ws.x, prev, layer.attn_norm, ws.xn, n, h, c.rms_norm_eps)?;
+            self.mark("add_rms_norm")?;
+            self.attention(i, n, parts, tiles)?;
+            self.mlp(layer, n)?;
+        }
+        let (slots, eps) = (self.inputs.write_slots, c.rms_norm_eps);
+        self.kernels.final_norm_store(
+            ws.x,
+            ws.delta,
+            w.final_norm,
+            slots,
+            self.kv.hidden,
+            n,
+            h,
+            eps,
+        )?;
+        self.mark("final_norm")
+    }
+
+    /// Marks the end of operation `name` for a profiled step (see [`crate::StepProfile`]).
+    fn mark(&self, name: &'static str) -> Result<(), CudaError> {
+        match self.profile {
+            Some((log, device)) => log.mark(name, &device.ctx, &device.stream),
+            None => Ok(()),
+        }
+    }
+
+    /// The attention sub-layer of layer `i` (input: `xn`; output: `delta`).
+    fn attention(
+        &self,
+        i: usize,
+        n: usize,
+        parts: usize,
+        tiles: Option<&AttentionTiles>,
+    ) -> Result<(), CudaError> {
+        let (c, ws, d) = (self.config, &self.ws, &self.inputs);
+        let w = &self.weights.layers[i];
+        let qkv_dim = c.q_dim() + 2 * c.kv_dim();
+        self.product(ws.xn, &w.qkv, ws.qkv, n, qkv_dim, c.hidden_size)?;
+        self.mark("qkv_proj")?;
+        let (k_cache, v_cache) = (self.kv.keys[i], self.kv.values[i]);
+        let bufs = QkvBuffers {
+            qkv: ws.qkv,
+            bias: w.qkv_bias,
+            qk_norm: w.qk_norm,
+            cos: d.cos,
+            sin: d.sin,
+            slots: d.write_slots,
+            q_out: ws.q,
+            k_cache,
+            v_cache,
+        };
+        self.kernels.qkv_rope_store(&bufs, self.qkv_shape(w), n)?;
+        self.mark("qkv_rope_store")?;
+        if c.num_heads * parts > PARTIAL_SLOTS {
+            return Err(CudaError::Unsupported(format!(
+                "a context of {parts} partitions exceeds the attention's partial buffer"
+            )));
+        }
+        let tile_tokens = tiles.map_or(1, |t| t.tile_tokens);
+        let shape = self.attn_shape(parts, tile_tokens);
+        if let (Some(t), true) = (tiles, self.tensor_core_prefill) {
+            let attn = AttnBuffers {
+                q: ws.q,
+                k_cache,
+                v_cache,
+                block_tables: d.block_tables,
+                token_seq: d.token_seq,
+                positions: d.positions,
+                tiles: Some(d.tiles),
+                out: ws.attn,
+                partials: 0,
+            };
+            self.kernels.attention_tc(&attn, shape, t.pairs.len() / 2)?;
+            return self.attention_output(w, n);
+        }
+        let row_groups = attention_rows(c.num_heads, parts);
+        let q_row = (c.q_dim() * 4) as u64;
+        let out_row = (c.q_dim() * self.dtype.size()) as u64;
+        for (g, first) in (0..n).step_by(row_groups).enumerate() {
+            let rows = row_groups.min(n - first);
+            let f = first as u64;
+            let (tile_ptr, num_tiles) = match tiles {
+                Some(t) => {
+                    let range = t.groups[g].clone();
+                    (Some(d.tiles + range.start as u64 * 8), range.len())
+                }
+                None => (None, rows),
+            };
+            let attn = AttnBuffers {
+                q: ws.q + f * q_row,
+                k_cache,
+                v_cache,
+                block_tables: d.block_tables,
+                token_seq: d.token_seq + f * 4,
+                positions: d.positions + f * 4,
+                tiles: tile_ptr,
+                out: ws.attn + f * out_row,
+                partials: ws.partials,
+            };
+            self.kernels
+                .paged_attention(&attn, shape, rows, num_tiles)?;
+        }
+        self.attention_output(w, n)
+    }
+
+    /// The end of a layer's attention sub-layer: the o projection of the attention's output
+    /// into `delta`.
+    fn attention_output(&self, w: &LayerPtrs, n: usize) -> Result<(), CudaError> {
+        self.mark("attention")?;
+        let c = self.config;
+        self.product(
+            self.ws.attn,
+            &w.o,
+            self.ws.delta,
+            n,
+            c.hidden_size,
+            c.q_dim(),
+        )?;
+        self.mark("o_proj")
+    }
+
+    /// The MLP sub-layer: adds the attention output to `x`, norms, and leaves its own output
+    /// in `delta`.
+    fn mlp(&self, w: &LayerPtrs, n: usize) -> Result<(), CudaError> {
+        let (c, ws) = (self.config, &self.ws);
+        let (h, ff) = (c.hidden_size, c.intermediate_size);
+        let eps = c.rms_norm_eps;
+        self.kernels
+            .add_rms_norm(ws.x, Some(ws.delta), w.ffn_norm, ws.xn, n, h, eps)?;
+        self.mark("add_rms_norm")?;
+        self.product(ws.xn, &w.gate_up, ws.gate_up, n, 2 * ff, h)?;
+        self.mark("gate_up_proj")?;
+        self.kernels.swiglu(ws.gate_up, ws.act, n, ff)?;
+        self.mark("swiglu")?;
+        self.product(ws.act, &w.down, ws.delta, n, h, ff)?;
+        self.mark("down_proj")
+    }
+
+    fn qkv_shape(&self, w: &LayerPtrs) -> QkvShape {
+        let c = self.config;
+        QkvShape {
+            num_heads: c.num_heads as i32,
+            num_kv_heads: c.num_kv_heads as i32,
+            head_dim: c.head_dim as i32,
+            neox: (c.rope.style == tandem_model::config::RopeStyle::Neox) as i32,
+            has_bias: w.qkv_bias.is_some() as i32,
+            has_qk_norm: w.qk_norm.is_some() as i32,
+            eps: c.rms_norm_eps,
+        }
+    }
+
+    fn attn_shape(&self, parts: usize, tile_tokens: usize) -> AttnShape {
+        let c = self.config;
+        AttnShape {
+            num_heads: c.num_heads as i32,
+            num_kv_heads: c.num_kv_heads as i32,
+            head_dim: c.head_dim as i32,
+            block_size: self.kv.block_size as i32,
+            max_blocks: self.table_stride as i32,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            num_parts: parts as i32,
+            tile_tokens: tile_tokens as i32,
+        }
+    }
+
+    /// `y[n, m] = x[n, k] · w[m, k]ᵀ` for a layer's matrix `w`. A quantized matrix (Q8_0,
+    /// Q4_1) multiplies from its codes when `n` is small (decode) and `from_codes` allows;
+    /// otherwise it is expanded into the scratch matrix first (the product's time then
+    /// includes writing and reading 2 bytes a weight once more).
+    fn product(
+        &self,
+        x: DevPtr,
+        w: &MatrixPtrs,
+        y: DevPtr,
+        n: usize,
+        m: usize,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        let scratch = || {
+            self.quant_scratch.ok_or_else(|| {
+                CudaError::Unsupported("a quantized matrix without its scratch".into())
+            })
+        };
+        match *w {
+            MatrixPtrs::Dense(d) => self.dense_product(x, d, y, n, m, k),
+            MatrixPtrs::Q8 { codes, scales } => {
+                if self.from_codes && n <= Q8_MATVEC_ROWS {
+                    return self.kernels.q8_matvec(codes, scales, x, y, n, m, k);
+                }
+                let scratch = scratch()?;
+                self.kernels.q8_dequant(codes, scales, scratch, m, k)?;
+                self.dense_product(x, scratch, y, n, m, k)
+            }
+            MatrixPtrs::Q4 { codes, scales } => {
+                if self.from_codes && n <= Q4_MATVEC_ROWS {
+                    return self.kernels.q4_matvec(codes, scales, x, y, n, m, k);
+                }
+                let scratch = scratch()?;
+                self.kernels.q4_dequant(codes, scales, scratch, m, k)?;
+                self.dense_product(x, scratch, y, n, m, k)
+            }
+        }
+    }
+
+    /// `y[n, m] = x[n, k] · w[m, k]ᵀ` with dense `w`.
+    fn dense_product(
+        &self,
+        x: DevPtr,
+        w: DevPtr,
+        y: DevPtr,
+        n: usize,
+        m: usize,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        match self.dense {
+            DenseProducts::Fixed => self.kernels.matmul_fixed(x, w, y, n, m, k),
+            DenseProducts::Cublas(gemm) => gemm.matmul(x, w, y, n, m, k),
+        }
+    }
+
+    /// Queues the LM head over the first `rows` (at most the logits buffer's rows) output
+    /// slots of the inputs, [`LM_TILE`] rows per product, into the logits buffer.
+    pub fn queue_lm_head(&self, rows: usize) -> Result<(), CudaError> {
+        let (c, ws) = (self.config, &self.ws);
+        let (h, vocab) = (c.hidden_size, c.vocab_size);
+        let e = self.dtype.size() as u64;
+        let slots = self.inputs.output_slots;
+        for first in (0..rows).step_by(LM_TILE) {
+            let tile = LM_TILE.min(rows - first);
+            let f = first as u64;
+            let lm_in = ws.lm_in + f * (h as u64) * e;
+            let logits = ws.logits + f * (vocab as u64) * 4;
+            self.kernels
+                .gather_hidden(self.kv.hidden, slots + f * 8, lm_in, tile, h)?;
+            self.dense_product(lm_in, self.weights.lm_head, logits, LM_TILE, vocab, h)?;
+        }
+        self.mark("lm_head")
+    }
+}
