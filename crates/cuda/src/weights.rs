@@ -4,12 +4,13 @@
 //! q/k/v and gate/up are concatenated row-wise into one matrix each, so one matrix product
 //! computes all three (two). Norm weights and biases stay f32.
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use half::bf16;
 use tandem_model::host_model::HostModel;
 use tandem_model::transformer::{FeedForward, LayerWeights};
 use tandem_model::weights::TensorRef;
-use tandem_model::ModelConfig;
 
 use crate::error::CudaError;
 use crate::forward::ptr;
@@ -121,52 +122,143 @@ impl DeviceMatrix {
     }
 }
 
-/// Converts and uploads every weight of `host`.
+/// Converts and uploads every weight of `host`, a layer at a time (at most one layer's
+/// converted copy is in host memory at once).
 pub(crate) fn upload(
     host: &HostModel,
     dtype: CudaDtype,
     format: CudaWeights,
-    stream: &std::sync::Arc<CudaStream>,
+    stream: &Arc<CudaStream>,
 ) -> Result<DeviceWeights, CudaError> {
-    let c = &host.config;
-    let w = &host.weights;
-    let mut up = Uploader {
-        stream,
-        dtype,
-        format,
-        bytes: 0,
-        largest_quantized: 0,
-    };
-    let tensor = |h| host.tensors.by_handle(h);
-    let embed = up.matrices(&[(tensor(w.embed), c.vocab_size, c.hidden_size)])?;
-    let lm_head = if w.lm_head == w.embed {
-        None
-    } else {
-        Some(up.matrices(&[(tensor(w.lm_head), c.vocab_size, c.hidden_size)])?)
-    };
-    let final_norm = up.floats(&w.final_norm)?;
-    let layers = w
-        .layers
-        .iter()
-        .map(|l| upload_layer(&mut up, host, c, l))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut up = Uploader { stream, bytes: 0 };
+    let (embed, lm_head) = convert_embeddings(host, dtype)?;
+    let embed = up.put(&embed)?;
+    let lm_head = lm_head.map(|m| up.put(&m)).transpose()?;
+    let final_norm = up.put(&host.weights.final_norm)?;
+    let mut largest_quantized = 0;
+    let mut layers = Vec::with_capacity(host.weights.layers.len());
+    for l in &host.weights.layers {
+        let h = convert_layer(host, l, dtype, format)?;
+        largest_quantized = largest_quantized.max(h.largest_quantized());
+        layers.push(DeviceLayer {
+            attn_norm: up.put(&h.attn_norm)?,
+            qkv: up.matrix(&h.qkv)?,
+            qkv_bias: h.qkv_bias.map(|b| up.put(&b)).transpose()?,
+            qk_norm: h.qk_norm.map(|b| up.put(&b)).transpose()?,
+            o: up.matrix(&h.o)?,
+            ffn_norm: up.put(&h.ffn_norm)?,
+            gate_up: up.matrix(&h.gate_up)?,
+            down: up.matrix(&h.down)?,
+        });
+    }
     Ok(DeviceWeights {
         embed,
         lm_head,
         final_norm,
         layers,
         bytes: up.bytes,
-        largest_quantized: up.largest_quantized,
+        largest_quantized,
         format,
     })
 }
 
-fn upload_layer(
-    up: &mut Uploader<'_>,
+/// Copies host data to the device and counts the bytes.
+struct Uploader<'a> {
+    stream: &'a Arc<CudaStream>,
+    bytes: usize,
+}
+
+impl Uploader<'_> {
+    fn put<T: DeviceRepr>(&mut self, v: &[T]) -> Result<CudaSlice<T>, CudaError> {
+        self.bytes += std::mem::size_of_val(v);
+        Ok(self.stream.clone_htod(v)?)
+    }
+
+    fn matrix(&mut self, m: &HostMatrix) -> Result<DeviceMatrix, CudaError> {
+        Ok(match m {
+            HostMatrix::Dense(d) => DeviceMatrix::Dense(self.put(d)?),
+            HostMatrix::Q8 { codes, scales, .. } => DeviceMatrix::Q8 {
+                codes: self.put(codes)?,
+                scales: self.put(scales)?,
+            },
+            HostMatrix::Q4 { codes, scales, .. } => DeviceMatrix::Q4 {
+                codes: self.put(codes)?,
+                scales: self.put(scales)?,
+            },
+        })
+    }
+}
+
+/// A layer's matrix converted on the host: the storage type's bytes, or codes and scales.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum HostMatrix {
+    Dense(Vec<u8>),
+    Q8 {
+        codes: Vec<u8>,
+        scales: Vec<f32>,
+        elements: usize,
+    },
+    Q4 {
+        codes: Vec<u8>,
+        scales: Vec<u32>,
+        elements: usize,
+    },
+}
+
+/// One decoder layer converted on the host, in the layout of [`DeviceLayer`].
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct HostLayer {
+    pub attn_norm: Vec<f32>,
+    pub qkv: HostMatrix,
+    pub qkv_bias: Option<Vec<f32>>,
+    pub qk_norm: Option<Vec<f32>>,
+    pub o: HostMatrix,
+    pub ffn_norm: Vec<f32>,
+    pub gate_up: HostMatrix,
+    pub down: HostMatrix,
+}
+
+impl HostLayer {
+    /// Elements of the layer's largest quantized matrix (0 if none is).
+    fn largest_quantized(&self) -> usize {
+        [&self.qkv, &self.o, &self.gate_up, &self.down]
+            .iter()
+            .map(|m| match m {
+                HostMatrix::Dense(_) => 0,
+                HostMatrix::Q8 { elements, .. } | HostMatrix::Q4 { elements, .. } => *elements,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// The embedding and, when not tied to it, the LM head, in the storage type.
+pub(crate) fn convert_embeddings(
     host: &HostModel,
-    c: &ModelConfig,
+    dtype: CudaDtype,
+) -> Result<(Vec<u8>, Option<Vec<u8>>), CudaError> {
+    let (c, w) = (&host.config, &host.weights);
+    let tensor = |h| host.tensors.by_handle(h);
+    let embed = dense(&[(tensor(w.embed), c.vocab_size, c.hidden_size)], dtype)?;
+    let lm_head = if w.lm_head == w.embed {
+        None
+    } else {
+        Some(dense(
+            &[(tensor(w.lm_head), c.vocab_size, c.hidden_size)],
+            dtype,
+        )?)
+    };
+    Ok((embed, lm_head))
+}
+
+/// Converts layer `l` of `host`: q/k/v and gate/up stacked, matrices in `format`.
+pub(crate) fn convert_layer(
+    host: &HostModel,
     l: &LayerWeights,
-) -> Result<DeviceLayer, CudaError> {
+    dtype: CudaDtype,
+    format: CudaWeights,
+) -> Result<HostLayer, CudaError> {
+    let c = &host.config;
     let t = |h| host.tensors.by_handle(h);
     let (h, q_dim, kv_dim, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
     let FeedForward::Dense(mlp) = &l.mlp else {
@@ -174,102 +266,73 @@ fn upload_layer(
             "mixture-of-experts layers run on the CPU only".into(),
         ));
     };
-    let qkv = up.layer_matrix(&[(t(l.q), q_dim, h), (t(l.k), kv_dim, h), (t(l.v), kv_dim, h)])?;
-    let gate_up = up.layer_matrix(&[(t(mlp.gate), ff, h), (t(mlp.up), ff, h)])?;
-    let qkv_bias = match &l.qkv_bias {
-        Some(parts) => Some(up.floats(&parts.concat())?),
-        None => None,
-    };
-    let qk_norm = match &l.qk_norm {
-        Some(parts) => Some(up.floats(&parts.concat())?),
-        None => None,
-    };
-    Ok(DeviceLayer {
-        attn_norm: up.floats(&l.attn_norm)?,
-        qkv,
-        qkv_bias,
-        qk_norm,
-        o: up.layer_matrix(&[(t(l.o), h, q_dim)])?,
-        ffn_norm: up.floats(&l.ffn_norm)?,
-        gate_up,
-        down: up.layer_matrix(&[(t(mlp.down), h, ff)])?,
+    let matrix = |parts: &[(TensorRef<'_>, usize, usize)]| layer_matrix(parts, dtype, format);
+    Ok(HostLayer {
+        attn_norm: l.attn_norm.clone(),
+        qkv: matrix(&[(t(l.q), q_dim, h), (t(l.k), kv_dim, h), (t(l.v), kv_dim, h)])?,
+        qkv_bias: l.qkv_bias.as_ref().map(|parts| parts.concat()),
+        qk_norm: l.qk_norm.as_ref().map(|parts| parts.concat()),
+        o: matrix(&[(t(l.o), h, q_dim)])?,
+        ffn_norm: l.ffn_norm.clone(),
+        gate_up: matrix(&[(t(mlp.gate), ff, h), (t(mlp.up), ff, h)])?,
+        down: matrix(&[(t(mlp.down), h, ff)])?,
     })
 }
 
-/// Uploads host data and counts the bytes.
-struct Uploader<'a> {
-    stream: &'a std::sync::Arc<CudaStream>,
+/// A layer's matrices `(tensor, rows, cols)`, stacked row-wise, in `format`.
+fn layer_matrix(
+    parts: &[(TensorRef<'_>, usize, usize)],
     dtype: CudaDtype,
     format: CudaWeights,
-    bytes: usize,
-    largest_quantized: usize,
-}
-
-impl Uploader<'_> {
-    fn floats(&mut self, v: &[f32]) -> Result<CudaSlice<f32>, CudaError> {
-        self.bytes += std::mem::size_of_val(v);
-        Ok(self.stream.clone_htod(v)?)
+) -> Result<HostMatrix, CudaError> {
+    let block = match format {
+        CudaWeights::Dense => return Ok(HostMatrix::Dense(dense(parts, dtype)?)),
+        CudaWeights::Q8_0 => Q8_BLOCK,
+        CudaWeights::Q4_1 => Q4_BLOCK,
+    };
+    if let Some((t, _, cols)) = parts.iter().find(|(_, _, cols)| cols % block != 0) {
+        return Err(CudaError::Unsupported(format!(
+            "--cuda-weights {} needs rows of a multiple of {block} values; {} has {cols}",
+            format.name(),
+            t.name
+        )));
     }
-
-    /// A layer's matrices `(tensor, rows, cols)`, stacked row-wise, in the layers' format.
-    fn layer_matrix(
-        &mut self,
-        parts: &[(TensorRef<'_>, usize, usize)],
-    ) -> Result<DeviceMatrix, CudaError> {
-        let block = match self.format {
-            CudaWeights::Dense => return Ok(DeviceMatrix::Dense(self.matrices(parts)?)),
-            CudaWeights::Q8_0 => Q8_BLOCK,
-            CudaWeights::Q4_1 => Q4_BLOCK,
-        };
-        if let Some((t, _, cols)) = parts.iter().find(|(_, _, cols)| cols % block != 0) {
-            return Err(CudaError::Unsupported(format!(
-                "--cuda-weights {} needs rows of a multiple of {block} values; {} has {cols}",
-                self.format.name(),
-                t.name
-            )));
-        }
-        let elements: usize = parts.iter().map(|(_, r, c)| r * c).sum();
-        self.largest_quantized = self.largest_quantized.max(elements);
-        let mut codes = Vec::new();
-        if self.format == CudaWeights::Q4_1 {
-            let mut scales = Vec::new();
-            for (t, rows, cols) in parts {
-                for_each_row_block(t, *rows, *cols, |values| {
-                    q4_weights::quantize(values, &mut codes, &mut scales)
-                })?;
-            }
-            self.bytes += codes.len() + 4 * scales.len();
-            return Ok(DeviceMatrix::Q4 {
-                codes: self.stream.clone_htod(&codes)?,
-                scales: self.stream.clone_htod(&scales)?,
-            });
-        }
+    let elements: usize = parts.iter().map(|(_, r, c)| r * c).sum();
+    let mut codes = Vec::new();
+    if format == CudaWeights::Q4_1 {
         let mut scales = Vec::new();
         for (t, rows, cols) in parts {
             for_each_row_block(t, *rows, *cols, |values| {
-                q8_weights::quantize(values, &mut codes, &mut scales)
+                q4_weights::quantize(values, &mut codes, &mut scales)
             })?;
         }
-        self.bytes += codes.len() + 4 * scales.len();
-        Ok(DeviceMatrix::Q8 {
-            codes: self.stream.clone_htod(&codes)?,
-            scales: self.stream.clone_htod(&scales)?,
-        })
+        return Ok(HostMatrix::Q4 {
+            codes,
+            scales,
+            elements,
+        });
     }
+    let mut scales = Vec::new();
+    for (t, rows, cols) in parts {
+        for_each_row_block(t, *rows, *cols, |values| {
+            q8_weights::quantize(values, &mut codes, &mut scales)
+        })?;
+    }
+    Ok(HostMatrix::Q8 {
+        codes,
+        scales,
+        elements,
+    })
+}
 
-    /// The matrices `(tensor, rows, cols)`, stacked row-wise, in the storage type.
-    fn matrices(
-        &mut self,
-        parts: &[(TensorRef<'_>, usize, usize)],
-    ) -> Result<CudaSlice<u8>, CudaError> {
-        let total: usize = parts.iter().map(|(_, r, c)| r * c).sum();
-        let mut host = Vec::with_capacity(total * self.dtype.size());
-        for (t, rows, cols) in parts {
-            append_converted(t, *rows, *cols, self.dtype, &mut host)?;
-        }
-        self.bytes += host.len();
-        Ok(self.stream.clone_htod(&host)?)
+/// The matrices `(tensor, rows, cols)`, stacked row-wise, in the storage type.
+fn dense(parts: &[(TensorRef<'_>, usize, usize)], dtype: CudaDtype) -> Result<Vec<u8>, CudaError> {
+    let total: usize = parts.iter().map(|(_, r, c)| r * c).sum();
+    let mut host = Vec::with_capacity(total * dtype.size());
+    for (t, rows, cols) in parts {
+        append_converted(t, *rows, *cols, dtype, &mut host)?;
     }
+    Ok(host)
 }
 
 /// Appends the `[rows, cols]` matrix `t`, converted to `dtype`, to `out` (little-endian).

@@ -5,6 +5,8 @@
 
 mod attention;
 mod carried;
+mod forward;
+mod forward_models;
 mod logprobs;
 mod matmul;
 mod processing;

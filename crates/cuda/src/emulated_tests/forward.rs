@@ -1,0 +1,383 @@
+//! The whole forward program (`layer_program.rs`) on the emulator: weights converted by
+//! `weights.rs`, a paged KV pool, workspace and step inputs in host buffers laid out as the
+//! runner's, and batches laid out by `batch_layout.rs` — against the CPU model
+//! (`tandem_model::transformer`, itself checked against transformers) over the same batches
+//! and block tables. Steps mix chunked prefill and decode, contexts span several attention
+//! partitions, and every weight format and attention path the runner can pick is covered.
+
+use std::path::{Path, PathBuf};
+
+use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
+use tandem_model::host_model::HostModel;
+use tandem_model::kv_store::{KvDtype, KvStore};
+use tandem_model::transformer::Model;
+
+use super::forward_models::{load, specs, write_model, VOCAB};
+use super::*;
+use crate::batch_layout::BatchLayout;
+use crate::kernels::ATTN_PARTITION;
+use crate::layer_program::{
+    tensor_core_prefill, DenseProducts, KvPtrs, LayerProgram, LayerPtrs, MatrixPtrs, WeightPtrs,
+    WorkspaceBytes, WorkspacePtrs,
+};
+use crate::options::CudaWeights;
+use crate::step_inputs::{InputPtrs, LOGIT_ROWS};
+use crate::weights::{convert_embeddings, convert_layer, HostMatrix};
+
+const BLOCK_SIZE: usize = 16;
+const NUM_BLOCKS: usize = 40;
+
+/// How the program computes: the choices the runner makes from its options.
+#[derive(Debug, Clone, Copy)]
+struct Mode {
+    dtype: CudaDtype,
+    weights: CudaWeights,
+    from_codes: bool,
+    tensor_cores: bool,
+}
+
+/// The runner's buffers, in host memory.
+struct Emulated {
+    mode: Mode,
+    kernels: Kernels,
+    config: tandem_model::ModelConfig,
+    inv_freqs: Vec<f32>,
+    /// Keeps every weight buffer alive.
+    _weights: Vec<Buf>,
+    weight_ptrs: WeightPtrs,
+    _planes: Vec<Buf>,
+    _hidden: Buf,
+    kv_ptrs: KvPtrs,
+    quant_scratch: Option<Buf>,
+    capacity: usize,
+    ws: Vec<Buf>,
+    ws_ptrs: WorkspacePtrs,
+}
+
+impl Emulated {
+    fn new(host: &HostModel, mode: Mode, capacity: usize) -> Emulated {
+        let c = host.config.clone();
+        let mut keep = Vec::new();
+        let mut put = |b: Buf| {
+            keep.push(b);
+            keep.last_mut().expect("pushed").ptr()
+        };
+        let (embed, lm_head) = convert_embeddings(host, mode.dtype).expect("embeddings");
+        let embed = put(Buf::of(&embed));
+        let lm_head = lm_head.map_or(embed, |m| put(Buf::of(&m)));
+        let final_norm = put(Buf::of(&host.weights.final_norm));
+        let mut largest = 0;
+        let mut layers = Vec::new();
+        for l in &host.weights.layers {
+            let h = convert_layer(host, l, mode.dtype, mode.weights).expect("layer");
+            let mut matrix = |m: &HostMatrix| match m {
+                HostMatrix::Dense(d) => MatrixPtrs::Dense(put(Buf::of(d))),
+                HostMatrix::Q8 {
+                    codes,
+                    scales,
+                    elements,
+                } => {
+                    largest = largest.max(*elements);
+                    let codes = put(Buf::of(codes));
+                    MatrixPtrs::Q8 {
+                        codes,
+                        scales: put(Buf::of(scales)),
+                    }
+                }
+                HostMatrix::Q4 {
+                    codes,
+                    scales,
+                    elements,
+                } => {
+                    largest = largest.max(*elements);
+                    let codes = put(Buf::of(codes));
+                    MatrixPtrs::Q4 {
+                        codes,
+                        scales: put(Buf::of(scales)),
+                    }
+                }
+            };
+            let (qkv, o, gate_up, down) = (
+                matrix(&h.qkv),
+                matrix(&h.o),
+                matrix(&h.gate_up),
+                matrix(&h.down),
+            );
+            layers.push(LayerPtrs {
+                attn_norm: put(Buf::of(&h.attn_norm)),
+                qkv,
+                qkv_bias: h.qkv_bias.as_ref().map(|b| put(Buf::of(b))),
+                qk_norm: h.qk_norm.as_ref().map(|b| put(Buf::of(b))),
+                o,
+                ffn_norm: put(Buf::of(&h.ffn_norm)),
+                gate_up,
+                down,
+            });
+        }
+        let weight_ptrs = WeightPtrs {
+            embed,
+            lm_head,
+            final_norm,
+            layers,
+        };
+        // The runner's pool: NUM_BLOCKS blocks and the scratch block.
+        let slots = (NUM_BLOCKS + 1) * BLOCK_SIZE;
+        let plane = slots * c.kv_dim() * mode.dtype.size();
+        let mut planes: Vec<Buf> = (0..2 * c.num_layers).map(|_| Buf::zeroed(plane)).collect();
+        let mut hidden = Buf::zeroed(slots * c.hidden_size * 4);
+        let plane_ptrs: Vec<DevPtr> = planes.iter_mut().map(Buf::ptr).collect();
+        let kv_ptrs = KvPtrs {
+            keys: plane_ptrs[..c.num_layers].to_vec(),
+            values: plane_ptrs[c.num_layers..].to_vec(),
+            hidden: hidden.ptr(),
+            block_size: BLOCK_SIZE,
+        };
+        let quant_scratch = (largest > 0).then(|| Buf::zeroed(largest * mode.dtype.size()));
+        let sz = WorkspaceBytes::new(&c, mode.dtype, capacity, LOGIT_ROWS);
+        let mut ws: Vec<Buf> = [
+            sz.x,
+            sz.delta,
+            sz.xn,
+            sz.qkv,
+            sz.q,
+            sz.attn,
+            sz.partials,
+            sz.gate_up,
+            sz.act,
+            sz.lm_in,
+            sz.logits,
+        ]
+        .into_iter()
+        .map(Buf::zeroed)
+        .collect();
+        let p: Vec<DevPtr> = ws.iter_mut().map(Buf::ptr).collect();
+        let ws_ptrs = WorkspacePtrs {
+            x: p[0],
+            delta: p[1],
+            xn: p[2],
+            qkv: p[3],
+            q: p[4],
+            attn: p[5],
+            partials: p[6],
+            gate_up: p[7],
+            act: p[8],
+            lm_in: p[9],
+            logits: p[10],
+        };
+        Emulated {
+            mode,
+            kernels: kernels(mode.dtype),
+            inv_freqs: host.weights.inv_freqs.clone(),
+            config: c,
+            _weights: keep,
+            weight_ptrs,
+            _planes: planes,
+            _hidden: hidden,
+            kv_ptrs,
+            quant_scratch,
+            capacity,
+            ws,
+            ws_ptrs,
+        }
+    }
+
+    /// Runs `batch` as the runner's eager path does and returns its output rows' logits.
+    fn forward(&mut self, batch: &ForwardBatch) -> Vec<f32> {
+        let c = &self.config;
+        batch
+            .validate(c.vocab_size, BLOCK_SIZE, NUM_BLOCKS)
+            .expect("valid batch");
+        let mut l = BatchLayout::build(batch, BLOCK_SIZE, &self.inv_freqs).expect("layout");
+        let n = l.tokens.len();
+        assert!(n <= self.capacity && l.output_rows.len() <= LOGIT_ROWS);
+        // The runner's block tables are wider than the batch needs.
+        let stride = l.max_blocks.next_power_of_two() * 2;
+        l.widen_tables(stride);
+        let parts = l.max_context().div_ceil(ATTN_PARTITION).max(1);
+        let mut tokens = Buf::of(&l.tokens);
+        let mut positions = Buf::of(&l.positions);
+        let mut token_seq = Buf::of(&l.token_seq);
+        let mut write_slots = Buf::of(&l.write_slots);
+        let mut cos = Buf::of(&l.cos);
+        let mut sin = Buf::of(&l.sin);
+        let mut tables = Buf::of(&l.block_tables);
+        let mut output_slots = Buf::of(&l.output_slots);
+        let mut unused = Buf::zeroed(4);
+        let mut program = LayerProgram {
+            config: c,
+            dtype: self.mode.dtype,
+            kernels: &self.kernels,
+            dense: DenseProducts::Fixed,
+            from_codes: self.mode.from_codes,
+            quant_scratch: self.quant_scratch.as_mut().map(Buf::ptr),
+            tensor_core_prefill: tensor_core_prefill(
+                self.mode.tensor_cores,
+                c,
+                self.mode.dtype,
+                false,
+            ),
+            weights: &self.weight_ptrs,
+            kv: &self.kv_ptrs,
+            ws: self.ws_ptrs,
+            inputs: InputPtrs {
+                tokens: tokens.ptr(),
+                positions: positions.ptr(),
+                token_seq: token_seq.ptr(),
+                write_slots: write_slots.ptr(),
+                cos: cos.ptr(),
+                sin: sin.ptr(),
+                block_tables: tables.ptr(),
+                output_slots: output_slots.ptr(),
+                tiles: 0,
+                carried: unused.ptr(),
+                carried_out: unused.ptr(),
+            },
+            table_stride: stride,
+            profile: None,
+        };
+        let tiles = program.attention_tiles(&l, parts);
+        let mut tile_buf = tiles.as_ref().map(|t| Buf::of(&t.pairs));
+        if let Some(b) = tile_buf.as_mut() {
+            program.inputs.tiles = b.ptr();
+        }
+        program
+            .queue_layers(n, parts, tiles.as_ref())
+            .expect("layers");
+        program.queue_lm_head(l.output_rows.len()).expect("lm head");
+        let logits = self.ws[10].read::<f32>();
+        logits[..l.output_rows.len() * c.vocab_size].to_vec()
+    }
+}
+
+/// The steps of the test: two sequences on scattered blocks, chunked prefill mixed with
+/// decode, contexts past one attention partition. `(tokens, spans)` per step, each span
+/// `(sequence, new tokens, cached)`.
+fn steps() -> Vec<Vec<(usize, usize, usize)>> {
+    vec![
+        vec![(0, 100, 0), (1, 20, 0)],
+        vec![(1, 1, 20), (0, 45, 100)],
+        vec![(0, 1, 145), (1, 1, 21)],
+        vec![(0, 1, 146), (1, 1, 22)],
+    ]
+}
+
+fn block_tables() -> [Vec<BlockId>; 2] {
+    // Sequence 0: every third block from 2; sequence 1: the blocks between, backwards.
+    let a = (0..13).map(|i| BlockId(2 + 3 * i)).collect();
+    let b = (0..4).map(|i| BlockId(30 - 3 * i as u32)).collect();
+    [a, b]
+}
+
+fn token(seq: usize, pos: usize) -> TokenId {
+    TokenId(((seq * 31 + pos * 7 + pos * pos) % VOCAB) as u32)
+}
+
+fn batch(step: &[(usize, usize, usize)]) -> ForwardBatch {
+    let tables = block_tables();
+    let mut tokens = Vec::new();
+    let mut seqs = Vec::new();
+    for &(s, len, cached) in step {
+        seqs.push(SeqSpan {
+            start: tokens.len(),
+            len,
+            num_cached: cached,
+            block_table: tables[s][..(cached + len).div_ceil(BLOCK_SIZE)].to_vec(),
+        });
+        tokens.extend((cached..cached + len).map(|p| token(s, p)));
+    }
+    ForwardBatch {
+        tokens,
+        seqs,
+        output: OutputSelection::All,
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("tandem-emu-forward-{}-{name}", std::process::id()))
+}
+
+/// Max |Δ| over all steps' logits between the emulated program and the CPU model, and the
+/// largest |logit| of the CPU model.
+fn compare(dir: &Path, mode: Mode) -> (f32, f32) {
+    let host = load(dir);
+    let mut cpu = Model::new(load(dir), 1);
+    let mut kv =
+        KvStore::with_dtype(&host.config, BLOCK_SIZE, NUM_BLOCKS, KvDtype::F32).expect("kv store");
+    let mut emu = Emulated::new(&host, mode, 160);
+    let (mut worst, mut largest) = (0.0f32, 0.0f32);
+    for step in steps() {
+        let b = batch(&step);
+        let want = cpu.forward(&b, &mut kv).expect("cpu forward");
+        let got = emu.forward(&b);
+        assert_eq!(got.len(), want.as_slice().len());
+        for (g, w) in got.iter().zip(want.as_slice()) {
+            assert!(g.is_finite(), "{mode:?}: a non-finite logit");
+            worst = worst.max((g - w).abs());
+            largest = largest.max(w.abs());
+        }
+    }
+    (worst, largest)
+}
+
+/// The runner's choices for weights written in `format` and stored as `dtype`: quantized
+/// matrices multiply from their codes in decode steps and expand into the scratch matrix
+/// for prefill chunks (the test's steps have both); bf16 prefill may use tensor cores.
+fn modes(dtype: CudaDtype, format: CudaWeights) -> Vec<Mode> {
+    let plain = Mode {
+        dtype,
+        weights: format,
+        from_codes: true,
+        tensor_cores: false,
+    };
+    let tensor_cores = Mode {
+        tensor_cores: true,
+        ..plain
+    };
+    match (dtype, format) {
+        (CudaDtype::Bf16, CudaWeights::Dense) => vec![plain, tensor_cores],
+        _ => vec![plain],
+    }
+}
+
+/// Runs `spec` in every numeric mode and weight format against the CPU model.
+fn check(name: &str) {
+    let spec = specs()
+        .into_iter()
+        .find(|s| s.name == name)
+        .expect("a spec of that name");
+    let formats = [CudaWeights::Dense, CudaWeights::Q8_0, CudaWeights::Q4_1];
+    for (dtype, format) in MODES.into_iter().flat_map(|d| formats.map(|f| (d, f))) {
+        let dir = temp_dir(&format!("{name}-{}-{}", dtype.name(), format.name()));
+        write_model(&spec, dtype, format, &dir);
+        for mode in modes(dtype, format) {
+            let (worst, largest) = compare(&dir, mode);
+            eprintln!("{name} {mode:?}: max |Δlogit| {worst:.2e} (|logit| ≤ {largest:.2})");
+            // bf16 rounds the products' inputs and the KV cache to 8 significant bits;
+            // f32 differs from the CPU only in the order of additions.
+            let allowed = match dtype {
+                CudaDtype::F32 => 2e-5,
+                CudaDtype::Bf16 => 5e-2,
+            } * largest.max(1.0);
+            assert!(
+                worst <= allowed,
+                "{name} {mode:?}: max |Δlogit| {worst} > {allowed}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn the_forward_program_matches_the_cpu_model_llama() {
+    check("llama");
+}
+
+#[test]
+fn the_forward_program_matches_the_cpu_model_qwen2_bias() {
+    check("qwen2");
+}
+
+#[test]
+fn the_forward_program_matches_the_cpu_model_qwen3_qk_norm() {
+    check("qwen3");
+}

@@ -1,0 +1,206 @@
+//! Small random models of each architecture the CUDA runner serves, written as Hugging
+//! Face directories for the forward program's test (`forward.rs`).
+
+use std::path::Path;
+
+use rand::rngs::StdRng;
+use rand::Rng;
+use serde_json::json;
+use tandem_model::host_model::HostModel;
+use tandem_model::model_builder::{build_host_model, NameScheme};
+
+use super::{normal_ish, rng};
+use crate::options::{CudaDtype, CudaWeights};
+use half::bf16;
+
+/// A small random model of one architecture, written as a Hugging Face directory.
+pub(super) struct Spec {
+    pub name: &'static str,
+    /// Merged into config.json.
+    pub config: serde_json::Value,
+    pub hidden: usize,
+    pub head_dim: usize,
+    pub qkv_bias: bool,
+    pub qk_norm: bool,
+    pub tied: bool,
+}
+
+pub(super) const VOCAB: usize = 96;
+const FF: usize = 96;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const LAYERS: usize = 2;
+
+pub(super) fn specs() -> Vec<Spec> {
+    vec![
+        Spec {
+            name: "llama",
+            config: json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                           "head_dim": 32}),
+            hidden: 64,
+            head_dim: 32,
+            qkv_bias: false,
+            qk_norm: false,
+            tied: true,
+        },
+        Spec {
+            name: "qwen2",
+            config: json!({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}),
+            hidden: 128,
+            head_dim: 32,
+            qkv_bias: true,
+            qk_norm: false,
+            tied: false,
+        },
+        Spec {
+            name: "qwen3",
+            config: json!({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                           "head_dim": 32}),
+            hidden: 64,
+            head_dim: 32,
+            qkv_bias: false,
+            qk_norm: true,
+            tied: true,
+        },
+    ]
+}
+
+/// Writes `spec` with random weights to `dir`. The weights are stored as `dtype`, and
+/// the layers' matrices lie on the `grid` of a quantized format when one is given, so that
+/// the CPU model and the device's conversion of them hold the same values.
+pub(super) fn write_model(spec: &Spec, dtype: CudaDtype, grid: CudaWeights, dir: &Path) {
+    std::fs::create_dir_all(dir).expect("model dir");
+    let (q, kv) = (HEADS * spec.head_dim, KV_HEADS * spec.head_dim);
+    let hidden = spec.hidden;
+    let mut config = json!({
+        "hidden_size": hidden, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS, "intermediate_size": FF, "vocab_size": VOCAB,
+        "tie_word_embeddings": spec.tied, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 512, "torch_dtype": "float32"
+    });
+    for (k, v) in spec.config.as_object().expect("object") {
+        config[k] = v.clone();
+    }
+    std::fs::write(dir.join("config.json"), config.to_string()).expect("config");
+    let mut tensors: Vec<(String, Vec<usize>, f32, f32)> = vec![
+        (
+            "model.embed_tokens.weight".into(),
+            vec![VOCAB, hidden],
+            0.0,
+            1.0,
+        ),
+        ("model.norm.weight".into(), vec![hidden], 1.0, 0.2),
+    ];
+    if !spec.tied {
+        tensors.push(("lm_head.weight".into(), vec![VOCAB, hidden], 0.0, 0.2));
+    }
+    for i in 0..LAYERS {
+        let l = format!("model.layers.{i}");
+        let a = format!("{l}.self_attn");
+        let m = format!("{l}.mlp");
+        tensors.extend([
+            (
+                format!("{l}.input_layernorm.weight"),
+                vec![hidden],
+                1.0,
+                0.2,
+            ),
+            (
+                format!("{l}.post_attention_layernorm.weight"),
+                vec![hidden],
+                1.0,
+                0.2,
+            ),
+            (format!("{a}.q_proj.weight"), vec![q, hidden], 0.0, 0.25),
+            (format!("{a}.k_proj.weight"), vec![kv, hidden], 0.0, 0.25),
+            (format!("{a}.v_proj.weight"), vec![kv, hidden], 0.0, 0.25),
+            (format!("{a}.o_proj.weight"), vec![hidden, q], 0.0, 0.15),
+            (format!("{m}.gate_proj.weight"), vec![FF, hidden], 0.0, 0.25),
+            (format!("{m}.up_proj.weight"), vec![FF, hidden], 0.0, 0.25),
+            (format!("{m}.down_proj.weight"), vec![hidden, FF], 0.0, 0.15),
+        ]);
+        if spec.qkv_bias {
+            for (p, len) in [("q", q), ("k", kv), ("v", kv)] {
+                tensors.push((format!("{a}.{p}_proj.bias"), vec![len], 0.0, 0.3));
+            }
+        }
+        if spec.qk_norm {
+            for p in ["q", "k"] {
+                tensors.push((
+                    format!("{a}.{p}_norm.weight"),
+                    vec![spec.head_dim],
+                    1.0,
+                    0.3,
+                ));
+            }
+        }
+    }
+    write_safetensors(&dir.join("model.safetensors"), &tensors, dtype, grid);
+}
+
+pub(super) fn load(dir: &Path) -> HostModel {
+    let info = tandem_model::hf_config::load_hf_config(dir).expect("load config");
+    let set = tandem_model::safetensors::load_safetensors_dir(dir).expect("load weights");
+    build_host_model(info.config, set, NameScheme::HuggingFace, None).expect("host model")
+}
+
+/// Tensors `(name, shape, mean, spread)` of random values, in F32 or BF16; the layers'
+/// matrices (`*proj.weight`) on `grid`.
+fn write_safetensors(
+    path: &Path,
+    tensors: &[(String, Vec<usize>, f32, f32)],
+    dtype: CudaDtype,
+    grid: CudaWeights,
+) {
+    let mut r = rng(0x5eed ^ tensors.len() as u64);
+    let (mut header, mut data) = (serde_json::Map::new(), Vec::new());
+    for (name, shape, mean, spread) in tensors {
+        let n: usize = shape.iter().product();
+        let start = data.len();
+        let values = match name.ends_with("proj.weight") {
+            true => on_grid(&mut r, n, grid).unwrap_or_else(|| normal_ish(&mut r, n, *spread)),
+            false => normal_ish(&mut r, n, *spread),
+        };
+        for v in values {
+            let v = v + mean;
+            match dtype {
+                CudaDtype::F32 => data.extend_from_slice(&v.to_le_bytes()),
+                CudaDtype::Bf16 => {
+                    data.extend_from_slice(&bf16::from_f32(v).to_bits().to_le_bytes())
+                }
+            }
+        }
+        let kind = match dtype {
+            CudaDtype::F32 => "F32",
+            CudaDtype::Bf16 => "BF16",
+        };
+        let entry = json!({"dtype": kind, "shape": shape, "data_offsets": [start, data.len()]});
+        header.insert(name.clone(), entry);
+    }
+    let mut head = serde_json::Value::Object(header).to_string().into_bytes();
+    head.resize(head.len().next_multiple_of(8), b' ');
+    let mut file = (head.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(&head);
+    file.extend_from_slice(&data);
+    std::fs::write(path, file).expect("write weights");
+}
+
+/// `n` random values that `format` quantizes without loss (and bf16 holds exactly), in
+/// blocks of 32: Q8_0 codes in -127..=127 with a block's largest magnitude 127 and a scale
+/// of a power of two; Q4_1 codes 0..=15, both ends present, a power-of-two scale and a
+/// minimum of -8 scales. `None` for dense weights.
+fn on_grid(r: &mut StdRng, n: usize, format: CudaWeights) -> Option<Vec<f32>> {
+    let (lo, hi, offset, scale) = match format {
+        CudaWeights::Dense => return None,
+        CudaWeights::Q8_0 => (-127, 127, 0, 2f32.powi(-9)),
+        CudaWeights::Q4_1 => (0, 15, -8, 2f32.powi(-5)),
+    };
+    let mut out = Vec::with_capacity(n);
+    for block in 0..n / 32 {
+        let mut codes: Vec<i32> = (0..32).map(|_| r.random_range(lo..=hi)).collect();
+        codes[block % 32] = hi;
+        codes[(block + 7) % 32] = lo;
+        out.extend(codes.iter().map(|&c| (c + offset) as f32 * scale));
+    }
+    Some(out)
+}
