@@ -45,10 +45,10 @@ impl PreparedModel {
                 }
                 Some(n)
             }
-            Device::Auto if !host.config.extra_features().is_empty() => {
+            Device::Auto if !tandem_cuda::unsupported_features(&host.config).is_empty() => {
                 eprintln!(
                     "tandem: --device auto: the CUDA runner does not implement {}; using the CPU",
-                    host.config.extra_features().join(", ")
+                    tandem_cuda::unsupported_features(&host.config).join(", ")
                 );
                 None
             }

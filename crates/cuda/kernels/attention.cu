@@ -5,11 +5,13 @@
 // `tile_tokens` consecutive tokens of one sequence (consecutive positions): the `tiles`
 // array holds (first token, token count) pairs, or is null, when every tile is one token
 // (tile i = token i; decode steps). Warp w = t * group + g of block (tile, kvh, j) computes,
-// for query head kvh * group + g of the tile's token t, the attention over positions
-// [j * P, min((j + 1) * P, context)) of its sequence, where context = position + 1 and
-// P = ATTN_PARTITION. Blocks whose partition starts past the tile's longest context exit at
-// once, so a launch may name more partitions than its longest context needs (a captured
-// CUDA graph sizes them for the longest context it may ever see).
+// for query head kvh * group + g of the tile's token t, the attention over the positions
+// of partition [j * P, (j + 1) * P) that the token sees: [window start, context), where
+// context = position + 1, P = ATTN_PARTITION and the window starts at 0, or, on a layer
+// with a sliding window of W positions, at max(0, context - W). Blocks whose partition lies
+// outside every window of the tile exit at once, so a launch may name more partitions
+// than its longest context needs (a captured CUDA graph sizes them for the longest context
+// it may ever see).
 //
 // The block walks its partition ATTN_CHUNK positions at a time. All its threads copy a
 // chunk's key and value rows (one kv head) into shared memory together, 16 bytes per copy,
@@ -23,7 +25,7 @@
 // with the query, kept in shared memory), the warp updates its online softmax (running max
 // and sum) and its weighted sum of values, lane l holding dimensions l, l + 32, ...
 //
-// A token whose context fits in one partition writes its output directly. Otherwise each
+// A token whose window fits in one partition writes its output directly. Otherwise each
 // partition writes (value sum, max, sum) to `partials` and attention_merge combines them in
 // partition order. A token's result depends only on its own query and context, never on
 // the batch, the tile it shares or the launch shape: every warp does the same arithmetic
@@ -40,10 +42,16 @@ struct AttnShape {
     int head_dim;
     int block_size;
     int max_blocks;  // row length of block_tables
-    float scale;     // 1 / sqrt(head_dim)
+    float scale;     // of the query-key products: 1 / sqrt(head_dim), or the model's
     int num_parts;   // partitions per (token, head) in `partials` (grid z)
     int tile_tokens; // tokens per tile: the block has tile_tokens * group warps
+    int window;      // positions a token sees on this layer (itself included); 0: all
 };
+
+// The first position a token at `position` attends to.
+__device__ __forceinline__ int window_start(int position, int window) {
+    return window > 0 ? max(0, position + 1 - window) : 0;
+}
 
 __device__ __forceinline__ float warp_max(float v) {
     for (int offset = 16; offset > 0; offset >>= 1) {
@@ -198,18 +206,25 @@ extern "C" __global__ void paged_attention(const float* q, const act_t* k_cache,
     int part = blockIdx.z;
     i64 first = tiles ? tiles[2 * blockIdx.x] : blockIdx.x;
     int count = tiles ? tiles[2 * blockIdx.x + 1] : 1;
-    // The tile's tokens are consecutive positions of one sequence: the last has the
-    // longest context, and the block stages the positions it needs.
-    int start = part * ATTN_PARTITION;
-    int block_end = min(positions[first + count - 1] + 1, start + ATTN_PARTITION);
+    // The tile's tokens are consecutive positions of one sequence: the first's window
+    // starts first and the last has the longest context; the block stages the positions
+    // of the partition that any of them needs.
+    // Chunks start at multiples of ATTN_CHUNK, wherever the window starts, so that a token
+    // meets the same chunks in any tile.
+    int part_start = part * ATTN_PARTITION;
+    int lowest = window_start(positions[first], s.window) / ATTN_CHUNK * ATTN_CHUNK;
+    int start = max(part_start, lowest);
+    int block_end = min(positions[first + count - 1] + 1, part_start + ATTN_PARTITION);
     if (start >= block_end) {
         return; // the whole block, before any barrier
     }
     bool active = t < count;
     i64 token = first + (active ? t : 0);
     int context = positions[token] + 1;
-    int end = min(context, start + ATTN_PARTITION);
-    bool works = active && start < end; // this warp has positions [start, end)
+    int lo = window_start(context - 1, s.window);
+    int from = max(part_start, lo);
+    int end = min(context, part_start + ATTN_PARTITION);
+    bool works = active && from < end; // this warp has positions [from, end)
     int h = kvh * group + g;
     const unsigned char* keys = reinterpret_cast<const unsigned char*>(k_cache + kvh * d);
     const unsigned char* values = reinterpret_cast<const unsigned char*>(v_cache + kvh * d);
@@ -269,19 +284,20 @@ extern "C" __global__ void paged_attention(const float* q, const act_t* k_cache,
             copies_wait(0);
         }
         __syncthreads(); // chunk c is in shared memory (and every query row is stored)
-        if (works && base < end) {
+        if (works && base < end && base + ATTN_CHUNK > from) {
             const unsigned char* staged_keys = stages + (c & 1) * stage_bytes;
             const unsigned char* staged_values = staged_keys + ATTN_CHUNK * row_bytes;
             int p = base + lane;
+            bool seen = p >= from && p < end;
             float score = NEG_INF;
-            if (p < end) {
+            if (seen) {
                 const act_t* key = reinterpret_cast<const act_t*>(staged_keys + lane * row_bytes);
                 score = dot_key(key, qs, d) * s.scale;
             }
             // At least one lane holds a position, so new_max is finite.
             float new_max = fmaxf(run_max, warp_max(score));
             float correction = expf(run_max - new_max);
-            float weight = p < end ? expf(score - new_max) : 0.0f;
+            float weight = seen ? expf(score - new_max) : 0.0f;
             run_sum = run_sum * correction + warp_sum(weight);
 #pragma unroll
             for (int i = 0; i < ATTN_MAX_PER_LANE; ++i) {
@@ -312,7 +328,7 @@ extern "C" __global__ void paged_attention(const float* q, const act_t* k_cache,
         return;
     }
 
-    if (context <= ATTN_PARTITION) { // the only partition: the result itself
+    if (lo / ATTN_PARTITION == (context - 1) / ATTN_PARTITION) { // the only partition
         i64 dst = token * (i64)(s.num_heads * d) + h * d;
 #pragma unroll
         for (int i = 0; i < ATTN_MAX_PER_LANE; ++i) {
@@ -344,24 +360,25 @@ extern "C" __global__ void attention_merge(const float* partials, const int* pos
     int h = blockIdx.y;
     int d = s.head_dim;
     int context = positions[token] + 1;
-    if (context <= ATTN_PARTITION) {
+    int first_part = window_start(context - 1, s.window) / ATTN_PARTITION;
+    int parts = (context + ATTN_PARTITION - 1) / ATTN_PARTITION; // one past the last
+    if (parts - first_part == 1) {
         return;
     }
-    int parts = (context + ATTN_PARTITION - 1) / ATTN_PARTITION;
     const float* base = partials + (token * s.num_heads + h) * (i64)s.num_parts * (d + 2);
     float total_max = NEG_INF;
-    for (int j = 0; j < parts; ++j) {
+    for (int j = first_part; j < parts; ++j) {
         total_max = fmaxf(total_max, base[j * (d + 2) + d]);
     }
     float total_sum = 0.0f;
-    for (int j = 0; j < parts; ++j) {
+    for (int j = first_part; j < parts; ++j) {
         const float* pj = base + j * (d + 2);
         total_sum += pj[d + 1] * expf(pj[d] - total_max);
     }
     i64 dst = token * (i64)(s.num_heads * d) + h * d;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         float v = 0.0f;
-        for (int j = 0; j < parts; ++j) {
+        for (int j = first_part; j < parts; ++j) {
             const float* pj = base + j * (d + 2);
             v += pj[i] * expf(pj[d] - total_max);
         }

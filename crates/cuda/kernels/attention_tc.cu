@@ -12,10 +12,12 @@
 // Grid: (tiles, num_heads); block: TC_WARPS warps. A tile is up to TC_ROWS consecutive
 // tokens of one sequence at consecutive positions (the `tiles` table as in attention.cu,
 // built for TC_ROWS tokens); warp w takes the tile's tokens [16 w, 16 w + 16). The block
-// walks the positions 0..(last token's position) TC_CHUNK at a time: all its threads copy
-// the chunk's key and value rows of the head's kv head into shared memory (zeros past the
-// last position), then each warp computes its scores, masks positions after each row's own
-// (causal), updates its running maxima and sums, and accumulates the values.
+// walks the positions from the first token's window start (0 without a sliding window) to
+// the last token's position TC_CHUNK at a time: all its threads copy the chunk's key and
+// value rows of the head's kv head into shared memory (zeros outside that range), then
+// each warp computes its scores, masks the positions each row does not see (after its own:
+// causal; before its window), updates its running maxima and sums, and accumulates the
+// values.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16): lane = 4 g + t. A (16 x 16,
 // row-major) registers: {A[g][2t], A[g][2t+1]}, {A[g+8][2t], ..}, {A[g][2t+8], ..},
@@ -71,6 +73,9 @@ extern "C" __global__ void attention_tc(const float* q, const act_t* k_cache,
     int count = tiles[2 * blockIdx.x + 1];
     int p0 = positions[first];
     int last = p0 + count - 1; // the tile's last position
+    // The chunk holding the first position any token sees: chunks start at multiples of
+    // TC_CHUNK wherever the window starts, so that a token meets the same chunks in any tile.
+    int lowest = window_start(p0, s.window) / TC_CHUNK * TC_CHUNK;
     const int* table = block_tables + (i64)token_seq[first] * s.max_blocks;
     int q_dim = s.num_heads * d;
     int kv_dim = s.num_kv_heads * d;
@@ -108,7 +113,7 @@ extern "C" __global__ void attention_tc(const float* q, const act_t* k_cache,
     int pos_row[2] = {p0 + row0 + g, p0 + row0 + g + 8};
 
     int pieces = d * 2 / 16; // 16-byte pieces of a row
-    for (int c0 = 0; c0 <= last; c0 += TC_CHUNK) {
+    for (int c0 = lowest; c0 <= last; c0 += TC_CHUNK) {
         __syncthreads(); // the previous chunk is no longer read
         for (int u = threadIdx.x; u < 2 * TC_CHUNK * pieces; u += blockDim.x) {
             int plane = u >= TC_CHUNK * pieces;
@@ -151,7 +156,9 @@ extern "C" __global__ void attention_tc(const float* q, const act_t* k_cache,
             for (int i = 0; i < 4; ++i) {
                 int p = c0 + nt * 8 + 2 * t + (i & 1);
                 int half = i >> 1;
-                float v = p <= pos_row[half] ? sc[nt][i] * s.scale : NEG_INF;
+                int row_pos = pos_row[half];
+                bool seen = p <= row_pos && p >= window_start(row_pos, s.window);
+                float v = seen ? sc[nt][i] * s.scale : NEG_INF;
                 sc[nt][i] = v;
                 mx[half] = fmaxf(mx[half], v);
             }

@@ -1,29 +1,51 @@
-// Small element-wise kernels: the embedding gather, SwiGLU and the gather of stored final
-// hidden states for the LM head. One thread block per row, threads stride the row; SwiGLU
-// spreads each row over several blocks (a decode step has only a few long rows).
+// Small element-wise kernels: the embedding gather, the gated activation of the MLP, the
+// gather of stored final hidden states for the LM head and the logits' soft cap. One
+// thread block per row, threads stride the row; the activation spreads each row over
+// several blocks (a decode step has only a few long rows).
 
-// table: [vocab, width] act_t; tokens: [n]; x: [n, width] f32.
+// table: [vocab, width] act_t; tokens: [n]; x: [n, width] f32 = the rows times `scale`
+// (1, or Gemma's sqrt(hidden size)).
 extern "C" __global__ void embed_gather(const act_t* table, const int* tokens, float* x,
-                                        int width) {
+                                        int width, float scale) {
     i64 row = blockIdx.x;
     i64 src = (i64)tokens[row] * width;
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        x[row * width + i] = load_act(table, src + i);
+        x[row * width + i] = load_act(table, src + i) * scale;
     }
 }
 
 // gate_up: [n, 2 * ff] f32, gate in the first half of a row, up in the second;
-// out: [n, ff] act_t = silu(gate) * up, computed as gate / (1 + exp(-gate)) * up.
+// out: [n, ff] act_t = act(gate) * up, where act is SiLU, computed as
+// gate / (1 + exp(-gate)) (`gelu` 0: SwiGLU), or GELU's tanh approximation,
+// 0.5 gate (1 + tanh(sqrt(2 / pi) (gate + 0.044715 gate^3))) (`gelu` 1: GeGLU).
 // Grid: (n rows, ceil(ff / blockDim.x)); one element per thread.
-extern "C" __global__ void swiglu(const float* gate_up, act_t* out, int ff) {
+extern "C" __global__ void gated_activation(const float* gate_up, act_t* out, int ff,
+                                            int gelu) {
     i64 row = blockIdx.x;
     int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= ff) {
         return;
     }
     const float* g = gate_up + row * 2 * ff;
-    float gi = g[i];
-    store_act(out, row * ff + i, gi / (1.0f + expf(-gi)) * g[ff + i]);
+    float x = g[i];
+    float a;
+    if (gelu) {
+        float inner = 0.7978846f * (x + 0.044715f * x * x * x);
+        a = 0.5f * x * (1.0f + tanhf(inner));
+    } else {
+        a = x / (1.0f + expf(-x));
+    }
+    store_act(out, row * ff + i, a * g[ff + i]);
+}
+
+// x: [n, width] f32 = cap * tanh(x / cap) (`final_logit_softcapping`), in place.
+// Grid: (n rows, ceil(width / blockDim.x)); one element per thread.
+extern "C" __global__ void soft_cap(float* x, int width, float cap) {
+    int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i < width) {
+        i64 at = (i64)blockIdx.x * width + i;
+        x[at] = tanhf(x[at] / cap) * cap;
+    }
 }
 
 // hidden_store: [num_slots, width] f32; slots: [rows]; out: [rows, width] act_t. Rows past

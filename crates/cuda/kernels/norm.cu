@@ -50,3 +50,14 @@ extern "C" __global__ void final_norm_store(float* x, const float* delta, const 
         dst[i] = xr[i] * scale * weight[i];
     }
 }
+
+// x: [n, width] f32 = rms_norm(x) * weight, in place: Gemma 3's norms of a sub-layer's output
+// before the residual add.
+extern "C" __global__ void rms_norm_rows(float* x, const float* weight, int width, float eps) {
+    __shared__ float scratch[32];
+    float* xr = x + (i64)blockIdx.x * width;
+    float scale = 1.0f / sqrtf(row_sum_squares(xr, width, scratch) / (float)width + eps);
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        xr[i] = xr[i] * scale * weight[i];
+    }
+}

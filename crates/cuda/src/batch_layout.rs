@@ -9,6 +9,15 @@ use tandem_model::runner::slot_of;
 
 use crate::error::CudaError;
 
+/// A model's RoPE inverse frequencies (`[head_dim / 2]`): the model's, with its scaling and
+/// frequency factors applied, and those of its sliding-window layers when they differ
+/// (Gemma 3's local base).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RopeFreqs {
+    pub global: Vec<f32>,
+    pub local: Option<Vec<f32>>,
+}
+
 /// Index arrays of one batch, in the layouts the kernels take.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct BatchLayout {
@@ -26,6 +35,9 @@ pub(crate) struct BatchLayout {
     /// `[n, head_dim / 2]` cos and sin of each token's RoPE angles.
     pub cos: Vec<f32>,
     pub sin: Vec<f32>,
+    /// The same at the sliding-window layers' frequencies, when they differ (else empty).
+    pub cos_local: Vec<f32>,
+    pub sin_local: Vec<f32>,
     /// The flat rows that need logits, and `[rows]` their slots.
     pub output_rows: Vec<usize>,
     pub output_slots: Vec<i64>,
@@ -36,8 +48,9 @@ impl BatchLayout {
     pub fn build(
         batch: &ForwardBatch,
         block_size: usize,
-        inv_freqs: &[f32],
+        rope: &RopeFreqs,
     ) -> Result<BatchLayout, CudaError> {
+        let half = rope.global.len();
         let n = batch.num_tokens();
         let max_blocks = batch
             .seqs
@@ -53,8 +66,10 @@ impl BatchLayout {
             write_slots: Vec::with_capacity(n),
             block_tables: vec![0; batch.seqs.len() * max_blocks],
             max_blocks,
-            cos: Vec::with_capacity(n * inv_freqs.len()),
-            sin: Vec::with_capacity(n * inv_freqs.len()),
+            cos: Vec::with_capacity(n * half),
+            sin: Vec::with_capacity(n * half),
+            cos_local: Vec::new(),
+            sin_local: Vec::new(),
             output_rows: batch.output_rows(),
             output_slots: Vec::new(),
         };
@@ -74,7 +89,10 @@ impl BatchLayout {
             }
         }
         l.output_slots = l.output_rows.iter().map(|&r| l.write_slots[r]).collect();
-        rope_angles(&l.positions, inv_freqs, &mut l.cos, &mut l.sin);
+        rope_angles(&l.positions, &rope.global, &mut l.cos, &mut l.sin);
+        if let Some(local) = &rope.local {
+            rope_angles(&l.positions, local, &mut l.cos_local, &mut l.sin_local);
+        }
         Ok(l)
     }
 }
@@ -124,6 +142,10 @@ impl BatchLayout {
             self.output_slots.push(scratch_slot);
             self.cos.extend(std::iter::repeat_n(1.0, half));
             self.sin.extend(std::iter::repeat_n(0.0, half));
+            if !self.cos_local.is_empty() {
+                self.cos_local.extend(std::iter::repeat_n(1.0, half));
+                self.sin_local.extend(std::iter::repeat_n(0.0, half));
+            }
             let mut table = vec![0; self.max_blocks];
             table[0] = scratch_block as i32;
             self.block_tables.extend(table);
@@ -185,6 +207,13 @@ mod tests {
     use super::*;
     use tandem_model::batch::{OutputSelection, SeqSpan, TokenId};
 
+    fn freqs(global: &[f32]) -> RopeFreqs {
+        RopeFreqs {
+            global: global.to_vec(),
+            local: None,
+        }
+    }
+
     fn two_sequence_batch() -> ForwardBatch {
         ForwardBatch {
             tokens: [5, 6, 7, 8].map(TokenId).to_vec(),
@@ -208,7 +237,7 @@ mod tests {
 
     #[test]
     fn layout_maps_positions_to_slots_through_block_tables() {
-        let l = BatchLayout::build(&two_sequence_batch(), 4, &[1.0, 0.5]).expect("valid");
+        let l = BatchLayout::build(&two_sequence_batch(), 4, &freqs(&[1.0, 0.5])).expect("valid");
         assert_eq!(l.positions, vec![2, 3, 4, 0]);
         assert_eq!(l.token_seq, vec![0, 0, 0, 1]);
         // block 7 holds positions 0..4 (slots 28..32), block 3 positions 4..8 (slots 12..).
@@ -242,7 +271,7 @@ mod tests {
             ],
             output: OutputSelection::Last,
         };
-        let mut l = BatchLayout::build(&batch, 4, &[1.0, 0.5]).expect("valid");
+        let mut l = BatchLayout::build(&batch, 4, &freqs(&[1.0, 0.5])).expect("valid");
         assert!(l.is_decode());
         l.widen_tables(4);
         assert_eq!(l.block_tables, vec![7, 3, 0, 0, 1, 0, 0, 0]);
@@ -256,9 +285,11 @@ mod tests {
         assert_eq!(l.cos.len(), 8);
         assert_eq!((l.cos[6], l.sin[7]), (1.0, 0.0));
         assert_eq!(l.max_context(), 5);
-        assert!(!BatchLayout::build(&two_sequence_batch(), 4, &[1.0])
-            .expect("valid")
-            .is_decode());
+        assert!(
+            !BatchLayout::build(&two_sequence_batch(), 4, &freqs(&[1.0]))
+                .expect("valid")
+                .is_decode()
+        );
     }
 
     #[test]

@@ -49,7 +49,7 @@ impl CudaRunner {
     ) -> Result<Vec<Option<f32>>, CudaError> {
         let c = &self.config;
         batch.validate(c.vocab_size, self.pool.block_size, self.pool.num_blocks)?;
-        let layout = BatchLayout::build(batch, self.pool.block_size, &self.inv_freqs)?;
+        let layout = BatchLayout::build(batch, self.pool.block_size, &self.rope)?;
         if targets.len() != layout.output_rows.len() {
             return Err(ModelError::Batch(format!(
                 "{} targets for {} output rows",
@@ -80,7 +80,7 @@ impl CudaRunner {
     ) -> Result<Vec<Option<TokenPick>>, CudaError> {
         let c = &self.config;
         batch.validate(c.vocab_size, self.pool.block_size, self.pool.num_blocks)?;
-        let layout = BatchLayout::build(batch, self.pool.block_size, &self.inv_freqs)?;
+        let layout = BatchLayout::build(batch, self.pool.block_size, &self.rope)?;
         // Greedy rows are draws at temperature 0: the lowest id of the maximum.
         let greedy = RowDraw::plain(RowSampling {
             temperature: 0.0,
@@ -111,7 +111,7 @@ impl CudaRunner {
     ) -> Result<BatchLayout, CudaError> {
         let c = &self.config;
         batch.validate(c.vocab_size, self.pool.block_size, self.pool.num_blocks)?;
-        let layout = BatchLayout::build(batch, self.pool.block_size, &self.inv_freqs)?;
+        let layout = BatchLayout::build(batch, self.pool.block_size, &self.rope)?;
         if let Some(e) = rows.iter().find_map(|r| r.validate(c.vocab_size).err()) {
             return Err(ModelError::Batch(e).into());
         }

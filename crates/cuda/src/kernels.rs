@@ -18,6 +18,7 @@ use crate::attention_tiles::shared_bytes;
 use crate::error::CudaError;
 use crate::nvrtc_cache::load_or_compile;
 use crate::options::CudaDtype;
+use tandem_model::config::Activation;
 
 /// A device address, as kernels receive it.
 pub(crate) type DevPtr = u64;
@@ -42,7 +43,7 @@ const SOURCES: [(&str, &str); 12] = [
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 20] = [
+pub const KERNEL_NAMES: [&str; 22] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
@@ -50,7 +51,9 @@ pub const KERNEL_NAMES: [&str; 20] = [
     "paged_attention",
     "attention_merge",
     "attention_tc",
-    "swiglu",
+    "gated_activation",
+    "soft_cap",
+    "rms_norm_rows",
     "gather_hidden",
     "carry_tokens",
     "logit_exp_sums",
@@ -136,6 +139,8 @@ pub(crate) struct AttnShape {
     pub num_parts: i32,
     /// Most tokens in a tile (see [`crate::attention_tiles`]); 1 without a tile table.
     pub tile_tokens: i32,
+    /// Positions a token sees on this layer, itself included (a sliding window); 0: all.
+    pub window: i32,
 }
 
 // SAFETY: both are `repr(C)` structs of 4-byte integers and floats, laid out exactly as the
@@ -291,20 +296,22 @@ impl Kernels {
         Ok(())
     }
 
-    /// `x[t] = table[tokens[t]]`. table: `[vocab, h]` act; tokens: `[n]` i32; x: `[n, h]` f32.
+    /// `x[t] = table[tokens[t]] * scale`. table: `[vocab, h]` act; tokens: `[n]` i32;
+    /// x: `[n, h]` f32.
     pub fn embed_gather(
         &self,
         table: DevPtr,
         tokens: DevPtr,
         x: DevPtr,
-        n: usize,
-        h: usize,
+        (n, h): (usize, usize),
+        scale: f32,
     ) -> Result<(), CudaError> {
         let args = [
             Arg::Ptr(table),
             Arg::Ptr(tokens),
             Arg::Ptr(x),
             Arg::I32(h as i32),
+            Arg::F32(scale),
         ];
         self.launch("embed_gather", (n as u32, 1), ROW_THREADS, &args)
     }
@@ -498,17 +505,53 @@ impl Kernels {
         self.launch("attention_tc", grid, TC_THREADS, &args)
     }
 
-    /// `out = silu(gate) * up`. gate_up: `[n, 2 * ff]` f32; out: `[n, ff]` act.
-    pub fn swiglu(
+    /// `out = act(gate) * up`: SwiGLU or GeGLU. gate_up: `[n, 2 * ff]` f32; out: `[n, ff]`
+    /// act.
+    pub fn gated_activation(
         &self,
         gate_up: DevPtr,
         out: DevPtr,
-        n: usize,
-        ff: usize,
+        (n, ff): (usize, usize),
+        act: Activation,
     ) -> Result<(), CudaError> {
-        let args = [Arg::Ptr(gate_up), Arg::Ptr(out), Arg::I32(ff as i32)];
+        let gelu = i32::from(act == Activation::GeluTanh);
+        let args = [
+            Arg::Ptr(gate_up),
+            Arg::Ptr(out),
+            Arg::I32(ff as i32),
+            Arg::I32(gelu),
+        ];
         let per_row = (ff as u32).div_ceil(ROW_THREADS);
-        self.launch("swiglu", (n as u32, per_row), ROW_THREADS, &args)
+        self.launch("gated_activation", (n as u32, per_row), ROW_THREADS, &args)
+    }
+
+    /// `x = rms_norm(x) * weight` row by row, in place. x: `[n, h]` f32; weight: `[h]` f32.
+    pub fn rms_norm_rows(
+        &self,
+        x: DevPtr,
+        weight: DevPtr,
+        (n, h): (usize, usize),
+        eps: f32,
+    ) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(weight),
+            Arg::I32(h as i32),
+            Arg::F32(eps),
+        ];
+        self.launch("rms_norm_rows", (n as u32, 1), ROW_THREADS, &args)
+    }
+
+    /// `x = cap * tanh(x / cap)`, in place. x: `[n, width]` f32.
+    pub fn soft_cap(
+        &self,
+        x: DevPtr,
+        (n, width): (usize, usize),
+        cap: f32,
+    ) -> Result<(), CudaError> {
+        let args = [Arg::Ptr(x), Arg::I32(width as i32), Arg::F32(cap)];
+        let per_row = (width as u32).div_ceil(ROW_THREADS);
+        self.launch("soft_cap", (n as u32, per_row), ROW_THREADS, &args)
     }
 
     /// `out[r] = hidden_store[slots[r]]` for `rows` rows. slots: `[rows]` i64;

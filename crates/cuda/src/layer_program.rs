@@ -3,9 +3,13 @@
 //!
 //! Per layer: `xn = rms_norm(x (+= delta))` → `qkv = xn · Wqkvᵀ` → bias, q/k norms, RoPE and
 //! the K/V store → paged attention → `delta = attn · Woᵀ` → `xn = rms_norm(x += delta)` →
-//! `gate_up = xn · Wguᵀ` → SwiGLU → `delta = act · Wdownᵀ`. The last layer's delta is added
-//! by the final norm, which writes each token's normed state into the hidden store; the LM
-//! head reads the rows that need logits back from there.
+//! `gate_up = xn · Wguᵀ` → SwiGLU or GeGLU → `delta = act · Wdownᵀ`. The last layer's delta
+//! is added by the final norm, which writes each token's normed state into the hidden store;
+//! the LM head reads the rows that need logits back from there (and soft-caps them when the
+//! model does). Gemma 3's parts fit in between: the embedding's scale, a norm of each
+//! sub-layer's output before it is added (`rms_norm_rows` on `delta`), the model's query-key
+//! scale, and on its sliding-window layers a window in the attention and RoPE angles of
+//! their own frequencies.
 //!
 //! The program owns nothing and only queues work: the runner hands it the addresses of its
 //! weights, workspace, KV pool and step inputs, and the crate's tests hand it host buffers
@@ -60,6 +64,8 @@ pub(crate) struct LayerPtrs {
     pub ffn_norm: DevPtr,
     pub gate_up: MatrixPtrs,
     pub down: MatrixPtrs,
+    /// `[h]` f32 each: the norms of the attention's and the MLP's outputs (Gemma 3).
+    pub post_norms: Option<[DevPtr; 2]>,
 }
 
 /// Every weight (they never move once placed).
@@ -238,8 +244,9 @@ impl LayerProgram<'_> {
     ) -> Result<(), CudaError> {
         let (c, ws, w) = (self.config, &self.ws, self.weights);
         let h = c.hidden_size;
+        let scale = c.features.embedding_scale.unwrap_or(1.0);
         self.kernels
-            .embed_gather(w.embed, self.inputs.tokens, ws.x, n, h)?;
+            .embed_gather(w.embed, self.inputs.tokens, ws.x, (n, h), scale)?;
         self.mark("embed")?;
         for (i, layer) in w.layers.iter().enumerate() {
             let prev = (i > 0).then_some(ws.delta);
@@ -285,12 +292,14 @@ impl LayerProgram<'_> {
         self.product(ws.xn, &w.qkv, ws.qkv, n, qkv_dim, c.hidden_size)?;
         self.mark("qkv_proj")?;
         let (k_cache, v_cache) = (self.kv.keys[i], self.kv.values[i]);
+        let window = c.features.window(i);
+        let local = window.is_some() && c.features.local_rope.is_some();
         let bufs = QkvBuffers {
             qkv: ws.qkv,
             bias: w.qkv_bias,
             qk_norm: w.qk_norm,
-            cos: d.cos,
-            sin: d.sin,
+            cos: if local { d.cos_local } else { d.cos },
+            sin: if local { d.sin_local } else { d.sin },
             slots: d.write_slots,
             q_out: ws.q,
             k_cache,
@@ -304,7 +313,7 @@ impl LayerProgram<'_> {
             )));
         }
         let tile_tokens = tiles.map_or(1, |t| t.tile_tokens);
-        let shape = self.attn_shape(parts, tile_tokens);
+        let shape = self.attn_shape(parts, tile_tokens, window);
         if let (Some(t), true) = (tiles, self.tensor_core_prefill) {
             let attn = AttnBuffers {
                 q: ws.q,
@@ -351,7 +360,7 @@ impl LayerProgram<'_> {
     }
 
     /// The end of a layer's attention sub-layer: the o projection of the attention's output
-    /// into `delta`.
+    /// into `delta`, normed when the model norms it.
     fn attention_output(&self, w: &LayerPtrs, n: usize) -> Result<(), CudaError> {
         self.mark("attention")?;
         let c = self.config;
@@ -363,7 +372,20 @@ impl LayerProgram<'_> {
             c.hidden_size,
             c.q_dim(),
         )?;
-        self.mark("o_proj")
+        self.mark("o_proj")?;
+        self.post_norm(w.post_norms.map(|[attn, _]| attn), n)
+    }
+
+    /// `delta = rms_norm(delta) * weight` (Gemma 3's norm of a sub-layer's output), if
+    /// `weight` is given.
+    fn post_norm(&self, weight: Option<DevPtr>, n: usize) -> Result<(), CudaError> {
+        let Some(weight) = weight else {
+            return Ok(());
+        };
+        let (h, eps) = (self.config.hidden_size, self.config.rms_norm_eps);
+        self.kernels
+            .rms_norm_rows(self.ws.delta, weight, (n, h), eps)?;
+        self.mark("post_norm")
     }
 
     /// The MLP sub-layer: adds the attention output to `x`, norms, and leaves its own output
@@ -377,10 +399,13 @@ impl LayerProgram<'_> {
         self.mark("add_rms_norm")?;
         self.product(ws.xn, &w.gate_up, ws.gate_up, n, 2 * ff, h)?;
         self.mark("gate_up_proj")?;
-        self.kernels.swiglu(ws.gate_up, ws.act, n, ff)?;
-        self.mark("swiglu")?;
+        let act = c.features.activation;
+        self.kernels
+            .gated_activation(ws.gate_up, ws.act, (n, ff), act)?;
+        self.mark("activation")?;
         self.product(ws.act, &w.down, ws.delta, n, h, ff)?;
-        self.mark("down_proj")
+        self.mark("down_proj")?;
+        self.post_norm(w.post_norms.map(|[_, mlp]| mlp), n)
     }
 
     fn qkv_shape(&self, w: &LayerPtrs) -> QkvShape {
@@ -396,17 +421,22 @@ impl LayerProgram<'_> {
         }
     }
 
-    fn attn_shape(&self, parts: usize, tile_tokens: usize) -> AttnShape {
+    /// The attention's shape for a launch naming `parts` partitions, over tiles of up to
+    /// `tile_tokens` tokens, on a layer with this sliding `window` (if any).
+    fn attn_shape(&self, parts: usize, tile_tokens: usize, window: Option<usize>) -> AttnShape {
         let c = self.config;
+        let default_scale = 1.0 / (c.head_dim as f32).sqrt();
         AttnShape {
             num_heads: c.num_heads as i32,
             num_kv_heads: c.num_kv_heads as i32,
             head_dim: c.head_dim as i32,
             block_size: self.kv.block_size as i32,
             max_blocks: self.table_stride as i32,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            scale: c.features.attention_scale.unwrap_or(default_scale),
             num_parts: parts as i32,
             tile_tokens: tile_tokens as i32,
+            // Clamped: a window of over 2^31 positions is no window at all.
+            window: window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
         }
     }
 
@@ -480,6 +510,9 @@ impl LayerProgram<'_> {
             self.kernels
                 .gather_hidden(self.kv.hidden, slots + f * 8, lm_in, tile, h)?;
             self.dense_product(lm_in, self.weights.lm_head, logits, LM_TILE, vocab, h)?;
+            if let Some(cap) = c.features.final_logit_softcap {
+                self.kernels.soft_cap(logits, (tile, vocab), cap)?;
+            }
         }
         self.mark("lm_head")
     }

@@ -55,5 +55,5 @@ pub use device::{probe, DeviceInfo, GpuInfo};
 pub use error::CudaError;
 pub use libs::preload_library;
 pub use options::{CudaDtype, CudaOptions, CudaWeights, KvBudget};
-pub use runner::CudaRunner;
+pub use runner::{unsupported_features, CudaRunner};
 pub use step_profile::StepProfile;

@@ -13,7 +13,7 @@ use tandem_model::token_pick::TokenPick;
 use tandem_model::{ModelConfig, Result as ModelResult};
 
 use crate::attention_tiles::shared_bytes;
-use crate::batch_layout::{slots_of_positions, BatchLayout};
+use crate::batch_layout::{slots_of_positions, BatchLayout, RopeFreqs};
 use crate::decode_graphs::DecodeGraphs;
 use crate::device::Device;
 use crate::draw_buffers::DrawBuffers;
@@ -36,8 +36,8 @@ use crate::weights::{upload, DeviceWeights};
 pub struct CudaRunner {
     pub(crate) config: ModelConfig,
     pub(crate) dtype: CudaDtype,
-    /// `[head_dim / 2]` RoPE inverse frequencies (llama3 scaling and rope_freqs applied).
-    pub(crate) inv_freqs: Vec<f32>,
+    /// RoPE inverse frequencies (llama3 and linear scaling and rope_freqs applied).
+    pub(crate) rope: RopeFreqs,
     // Field order is drop order: everything allocated on the device goes before `device`,
     // and the graphs, which read the buffers, before them.
     pub(crate) graphs: DecodeGraphs,
@@ -112,7 +112,10 @@ impl CudaRunner {
         stream.synchronize()?;
         Ok(CudaRunner {
             identity: identity(host, o.dtype, o.weights),
-            inv_freqs: host.weights.inv_freqs.clone(),
+            rope: RopeFreqs {
+                global: host.weights.inv_freqs.clone(),
+                local: host.weights.local_inv_freqs.clone(),
+            },
             dtype: o.dtype,
             config,
             weight_ptrs: weights.ptrs(&stream),
@@ -213,7 +216,7 @@ impl CudaRunner {
             self.pool.block_size,
             self.pool.num_blocks,
         )?;
-        let layout = BatchLayout::build(batch, self.pool.block_size, &self.inv_freqs)?;
+        let layout = BatchLayout::build(batch, self.pool.block_size, &self.rope)?;
         self.device.bind()?;
         catch_binding_panic(|| self.run_forward(layout))
     }
@@ -244,10 +247,19 @@ impl Drop for CudaRunner {
 /// Context length the block-table buffers are first sized for (they grow on demand).
 const INITIAL_TABLE_TOKENS: usize = 2048;
 
+/// The parts of model `c` that the CUDA runner does not implement, named for errors (empty
+/// when it runs the model; the CPU runs every model).
+pub fn unsupported_features(c: &ModelConfig) -> Vec<&'static str> {
+    match c.features.moe {
+        Some(_) => vec!["mixture of experts"],
+        None => Vec::new(),
+    }
+}
+
 /// Checks the shapes the kernels support.
 fn check_model(c: &ModelConfig) -> Result<(), CudaError> {
     c.validate().map_err(CudaError::Unsupported)?;
-    let missing = c.extra_features();
+    let missing = unsupported_features(c);
     if !missing.is_empty() {
         return Err(CudaError::Unsupported(format!(
             "the CUDA runner does not implement {} ({} model); run it on the CPU (--device cpu)",

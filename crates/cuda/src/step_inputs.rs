@@ -32,6 +32,10 @@ pub(crate) struct StepInputs {
     /// `[rows, head_dim / 2]` each.
     cos: CudaSlice<f32>,
     sin: CudaSlice<f32>,
+    /// `[rows, head_dim / 2]` each: the sliding-window layers' angles (only models whose
+    /// sliding-window layers have frequencies of their own write them).
+    cos_local: CudaSlice<f32>,
+    sin_local: CudaSlice<f32>,
     /// `[rows, table_stride]`.
     block_tables: CudaSlice<i32>,
     /// `[LOGIT_ROWS]`: slots of the hidden states the LM head reads next.
@@ -56,6 +60,8 @@ pub(crate) struct InputPtrs {
     pub write_slots: DevPtr,
     pub cos: DevPtr,
     pub sin: DevPtr,
+    pub cos_local: DevPtr,
+    pub sin_local: DevPtr,
     pub block_tables: DevPtr,
     pub output_slots: DevPtr,
     pub tiles: DevPtr,
@@ -79,6 +85,8 @@ impl StepInputs {
             write_slots: stream.alloc_zeros(rows)?,
             cos: stream.alloc_zeros(rows * half_dim)?,
             sin: stream.alloc_zeros(rows * half_dim)?,
+            cos_local: stream.alloc_zeros(rows * half_dim)?,
+            sin_local: stream.alloc_zeros(rows * half_dim)?,
             block_tables: stream.alloc_zeros(rows * table_stride)?,
             output_slots: stream.alloc_zeros(LOGIT_ROWS)?,
             tiles: stream.alloc_zeros(2 * rows)?,
@@ -112,6 +120,10 @@ impl StepInputs {
         st.copy(&s, &l.write_slots, &mut self.write_slots)?;
         st.copy(&s, &l.cos, &mut self.cos)?;
         st.copy(&s, &l.sin, &mut self.sin)?;
+        if !l.cos_local.is_empty() {
+            st.copy(&s, &l.cos_local, &mut self.cos_local)?;
+            st.copy(&s, &l.sin_local, &mut self.sin_local)?;
+        }
         st.copy(&s, &l.block_tables, &mut self.block_tables)
     }
 
@@ -151,6 +163,8 @@ impl StepInputs {
             write_slots: self.write_slots.device_ptr(s).0,
             cos: self.cos.device_ptr(s).0,
             sin: self.sin.device_ptr(s).0,
+            cos_local: self.cos_local.device_ptr(s).0,
+            sin_local: self.sin_local.device_ptr(s).0,
             block_tables: self.block_tables.device_ptr(s).0,
             output_slots: self.output_slots.device_ptr(s).0,
             tiles: self.tiles.device_ptr(s).0,

@@ -59,6 +59,8 @@ pub(crate) struct DeviceLayer {
     pub gate_up: DeviceMatrix,
     /// `[h, ff]`.
     pub down: DeviceMatrix,
+    /// `[h]` f32 each: the norms of the attention's and the MLP's outputs (Gemma 3).
+    pub post_norms: Option<[CudaSlice<f32>; 2]>,
 }
 
 /// All weights on the device.
@@ -95,6 +97,10 @@ impl DeviceWeights {
                 ffn_norm: ptr(&l.ffn_norm, s),
                 gate_up: l.gate_up.ptrs(s),
                 down: l.down.ptrs(s),
+                post_norms: l
+                    .post_norms
+                    .as_ref()
+                    .map(|p| p.each_ref().map(|w| ptr(w, s))),
             })
             .collect();
         WeightPtrs {
@@ -149,6 +155,10 @@ pub(crate) fn upload(
             ffn_norm: up.put(&h.ffn_norm)?,
             gate_up: up.matrix(&h.gate_up)?,
             down: up.matrix(&h.down)?,
+            post_norms: match &h.post_norms {
+                Some([attn, mlp]) => Some([up.put(attn)?, up.put(mlp)?]),
+                None => None,
+            },
         });
     }
     Ok(DeviceWeights {
@@ -216,6 +226,8 @@ pub(crate) struct HostLayer {
     pub ffn_norm: Vec<f32>,
     pub gate_up: HostMatrix,
     pub down: HostMatrix,
+    /// The attention's output norm and the MLP's.
+    pub post_norms: Option<[Vec<f32>; 2]>,
 }
 
 impl HostLayer {
@@ -276,6 +288,7 @@ pub(crate) fn convert_layer(
         ffn_norm: l.ffn_norm.clone(),
         gate_up: matrix(&[(t(mlp.gate), ff, h), (t(mlp.up), ff, h)])?,
         down: matrix(&[(t(mlp.down), h, ff)])?,
+        post_norms: l.post_norms.clone(),
     })
 }
 

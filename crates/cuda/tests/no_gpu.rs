@@ -86,26 +86,39 @@ fn runner_without_a_driver_is_an_error_not_a_panic() {
     }
 }
 
-/// A model using features the CUDA runner lacks (Gemma 3: sliding windows, GeGLU, ...) is
-/// refused when the runner is built, with or without a GPU, naming what is missing.
-#[test]
-fn runner_refuses_gemma3_naming_the_missing_features() {
+/// Loads the Hugging Face fixture `name` of the model crate.
+fn fixture(name: &str) -> tandem_model::host_model::HostModel {
     use tandem_model::model_builder::{build_host_model, NameScheme};
-    let dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/hf/gemma3");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/fixtures/hf")
+        .join(name);
     let info = tandem_model::hf_config::load_hf_config(&dir).expect("config");
     let tensors = tandem_model::safetensors::load_safetensors_dir(&dir).expect("weights");
-    let host = build_host_model(info.config, tensors, NameScheme::HuggingFace, None).expect("host");
-    let scratch = std::env::temp_dir().join(format!("tandem-cuda-gemma-{}", std::process::id()));
+    build_host_model(info.config, tensors, NameScheme::HuggingFace, None).expect("host")
+}
+
+/// A mixture of experts, which the CUDA runner lacks, is refused when the runner is built,
+/// with or without a GPU, naming what is missing; Gemma 3 and sliding windows are not.
+#[test]
+fn runner_refuses_experts_naming_them() {
+    let host = fixture("qwen3_moe");
+    let scratch = std::env::temp_dir().join(format!("tandem-cuda-moe-{}", std::process::id()));
     let options = tandem_cuda::CudaOptions::new(scratch.join("kernels"));
-    let err = tandem_cuda::CudaRunner::new(&host, options).expect_err("no Gemma on CUDA");
+    let err = tandem_cuda::CudaRunner::new(&host, options).expect_err("no experts on CUDA");
     let msg = err.to_string();
-    for feature in [
-        "sliding-window attention",
-        "GeGLU",
-        "post-attention",
-        "gemma3",
-    ] {
-        assert!(msg.contains(feature), "{msg}");
+    for part in ["mixture of experts", "qwen3moe", "--device cpu"] {
+        assert!(msg.contains(part), "{msg}");
+    }
+    for name in ["gemma3", "mistral_swa", "phi3"] {
+        let c = fixture(name).config;
+        assert!(
+            !c.extra_features().is_empty(),
+            "{name}: beyond the Llama block"
+        );
+        assert_eq!(
+            tandem_cuda::unsupported_features(&c),
+            Vec::<&str>::new(),
+            "{name}"
+        );
     }
 }

@@ -1,7 +1,8 @@
 //! `paged_attention` and `attention_merge` over a paged cache with shuffled blocks: against
 //! an f64 reference, and the invariance the decode ≡ forward promise rests on — a token's
 //! output is bitwise the same whether it runs alone in a decode step, in a prefill tile
-//! with its neighbours, in any launch group, or in a launch sized for longer contexts.
+//! with its neighbours, in any launch group, or in a launch sized for longer contexts —
+//! with and without a sliding window.
 
 use super::*;
 use crate::attention_tiles::{shared_bytes, tokens_per_tile, AttentionTiles};
@@ -26,6 +27,8 @@ struct Scene {
     q: Vec<f32>,
     token_seq: Vec<i32>,
     positions: Vec<i32>,
+    /// Positions a token sees (a sliding window); 0: all.
+    window: usize,
 }
 
 impl Scene {
@@ -70,6 +73,7 @@ impl Scene {
             q,
             token_seq,
             positions,
+            window: 0,
         }
     }
 
@@ -83,11 +87,15 @@ impl Scene {
         let kv_dim = self.kv_heads * d;
         let seq = self.token_seq[t] as usize;
         let context = self.positions[t] as usize + 1;
+        let first = match self.window {
+            0 => 0,
+            w => context.saturating_sub(w),
+        };
         let mut out = vec![0.0; self.heads * d];
         for h in 0..self.heads {
             let q = &self.q[(t * self.heads + h) * d..][..d];
             let col = (h / group) * d;
-            let scores: Vec<f64> = (0..context)
+            let scores: Vec<f64> = (first..context)
                 .map(|p| {
                     let key = &self.k[self.slot(seq, p) * kv_dim + col..][..d];
                     let dot: f64 = q.iter().zip(key).map(|(&a, &b)| a as f64 * b as f64).sum();
@@ -97,7 +105,7 @@ impl Scene {
             let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
             let total: f64 = w.iter().sum();
-            for (p, wp) in w.iter().enumerate() {
+            for (p, wp) in (first..context).zip(&w) {
                 let value = &self.v[self.slot(seq, p) * kv_dim + col..][..d];
                 for i in 0..d {
                     out[h * d + i] += wp / total * value[i] as f64;
@@ -118,6 +126,7 @@ impl Scene {
             scale: 1.0 / (self.d as f32).sqrt(),
             num_parts: parts as i32,
             tile_tokens: tile_tokens as i32,
+            window: self.window as i32,
         }
     }
 
@@ -154,7 +163,8 @@ impl Scene {
         let (mut tb, mut sb, mut pb) = (Buf::of(&self.tables), Buf::of(&seqs), Buf::of(&positions));
         let mut tiles_buf = Buf::of(tiles.as_ref().map_or(&[0][..], |t| &t.pairs[..]));
         let mut out = act_buf(self.dtype, &vec![f32::NAN; n * q_dim]);
-        let mut partials = Buf::zeroed(n * self.heads * parts * (self.d + 2) * 4);
+        // NaN where no partition wrote: a merge that reads a partition nobody wrote fails.
+        let mut partials = Buf::of(&vec![f32::NAN; n * self.heads * parts * (self.d + 2)]);
         let shape = self.shape(parts, tiles.as_ref().map_or(1, |t| t.tile_tokens));
         let act = self.dtype.size() as u64;
         for (g, first) in (0..n).step_by(group_rows).enumerate() {
@@ -226,13 +236,16 @@ impl Scene {
 
 /// The tensor-core prefill attention against the f64 reference (its probabilities are
 /// rounded to bf16: a looser tolerance), and bitwise the same however tokens are tiled.
-fn check_tensor_cores(heads: usize, kv_heads: usize, d: usize, lens: &[usize]) {
-    let s = Scene::new(CudaDtype::Bf16, heads, kv_heads, d, lens);
+fn check_tensor_cores(heads: usize, kv_heads: usize, d: usize, lens: &[usize], window: usize) {
+    let s = Scene {
+        window,
+        ..Scene::new(CudaDtype::Bf16, heads, kv_heads, d, lens)
+    };
     let q_dim = heads * d;
     let all = s.run_tensor_cores(s.token_seq.len());
     for t in 0..s.token_seq.len() {
         let got = &all[t * q_dim..(t + 1) * q_dim];
-        let name = format!("tensor cores heads {heads}/{kv_heads} d {d}: token {t}");
+        let name = format!("tensor cores heads {heads}/{kv_heads} d {d} window {window}: {t}");
         assert_close(&name, got, &s.reference(t), 2e-2);
     }
     let regrouped = s.run_tensor_cores(50);
@@ -241,9 +254,16 @@ fn check_tensor_cores(heads: usize, kv_heads: usize, d: usize, lens: &[usize]) {
 
 #[test]
 fn tensor_core_prefill_attention() {
-    check_tensor_cores(4, 2, 64, &[1, 45, 130]);
-    check_tensor_cores(2, 1, 128, &[70, 3]);
-    check_tensor_cores(8, 8, 16, &[66]);
+    check_tensor_cores(4, 2, 64, &[1, 45, 130], 0);
+    check_tensor_cores(2, 1, 128, &[70, 3], 0);
+    check_tensor_cores(8, 8, 16, &[66], 0);
+}
+
+#[test]
+fn tensor_core_prefill_attention_in_sliding_windows() {
+    // Windows shorter than a chunk of 64 positions, and longer, crossing chunks.
+    check_tensor_cores(4, 2, 64, &[1, 45, 200], 10);
+    check_tensor_cores(2, 1, 32, &[150, 7], 70);
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -254,9 +274,17 @@ fn bits(v: &[f32]) -> Vec<u32> {
 /// groups, and as decode steps (last tokens only, in a launch sized for longer contexts):
 /// bitwise equal to the plain launch.
 fn check(heads: usize, kv_heads: usize, d: usize, lens: &[usize]) {
+    check_in_window(heads, kv_heads, d, lens, 0);
+}
+
+/// [`check`] with a sliding window of `window` positions (0: none).
+fn check_in_window(heads: usize, kv_heads: usize, d: usize, lens: &[usize], window: usize) {
     for dtype in MODES {
-        let s = Scene::new(dtype, heads, kv_heads, d, lens);
-        let what = format!("{dtype:?} heads {heads}/{kv_heads} d {d}");
+        let s = Scene {
+            window,
+            ..Scene::new(dtype, heads, kv_heads, d, lens)
+        };
+        let what = format!("{dtype:?} heads {heads}/{kv_heads} d {d} window {window}");
         let q_dim = heads * d;
         let all: Vec<usize> = (0..s.token_seq.len()).collect();
         let plain = s.run(&all, all.len(), None, s.parts());
@@ -322,4 +350,13 @@ fn rows_whose_pieces_do_not_divide_the_block() {
     // block of 64 threads; 256 f32 dimensions: 64 pieces a row, more than a one-warp block.
     check(2, 1, 96, &[5, 100]);
     check(1, 1, 256, &[40]);
+}
+
+#[test]
+fn sliding_windows_within_and_across_partitions() {
+    // A window inside a chunk; one that spans partition boundaries, so that late tokens
+    // merge two partitions, neither the first; one longer than a partition.
+    check_in_window(4, 2, 64, &[1, 45, 300], 7);
+    check_in_window(2, 1, 32, &[290, 20], 40);
+    check_in_window(2, 2, 32, &[280], 150);
 }

@@ -14,7 +14,7 @@ use tandem_model::transformer::Model;
 
 use super::forward_models::{load, specs, write_model, VOCAB};
 use super::*;
-use crate::batch_layout::BatchLayout;
+use crate::batch_layout::{BatchLayout, RopeFreqs};
 use crate::kernels::ATTN_PARTITION;
 use crate::layer_program::{
     tensor_core_prefill, DenseProducts, KvPtrs, LayerProgram, LayerPtrs, MatrixPtrs, WeightPtrs,
@@ -25,7 +25,7 @@ use crate::step_inputs::{InputPtrs, LOGIT_ROWS};
 use crate::weights::{convert_embeddings, convert_layer, HostMatrix};
 
 const BLOCK_SIZE: usize = 16;
-const NUM_BLOCKS: usize = 40;
+const NUM_BLOCKS: usize = 48;
 
 /// How the program computes: the choices the runner makes from its options.
 #[derive(Debug, Clone, Copy)]
@@ -41,7 +41,7 @@ struct Emulated {
     mode: Mode,
     kernels: Kernels,
     config: tandem_model::ModelConfig,
-    inv_freqs: Vec<f32>,
+    rope: RopeFreqs,
     /// Keeps every weight buffer alive.
     _weights: Vec<Buf>,
     weight_ptrs: WeightPtrs,
@@ -112,6 +112,10 @@ impl Emulated {
                 ffn_norm: put(Buf::of(&h.ffn_norm)),
                 gate_up,
                 down,
+                post_norms: h
+                    .post_norms
+                    .as_ref()
+                    .map(|[a, m]| [put(Buf::of(a)), put(Buf::of(m))]),
             });
         }
         let weight_ptrs = WeightPtrs {
@@ -167,7 +171,10 @@ impl Emulated {
         Emulated {
             mode,
             kernels: kernels(mode.dtype),
-            inv_freqs: host.weights.inv_freqs.clone(),
+            rope: RopeFreqs {
+                global: host.weights.inv_freqs.clone(),
+                local: host.weights.local_inv_freqs.clone(),
+            },
             config: c,
             _weights: keep,
             weight_ptrs,
@@ -187,7 +194,7 @@ impl Emulated {
         batch
             .validate(c.vocab_size, BLOCK_SIZE, NUM_BLOCKS)
             .expect("valid batch");
-        let mut l = BatchLayout::build(batch, BLOCK_SIZE, &self.inv_freqs).expect("layout");
+        let mut l = BatchLayout::build(batch, BLOCK_SIZE, &self.rope).expect("layout");
         let n = l.tokens.len();
         assert!(n <= self.capacity && l.output_rows.len() <= LOGIT_ROWS);
         // The runner's block tables are wider than the batch needs.
@@ -200,6 +207,8 @@ impl Emulated {
         let mut write_slots = Buf::of(&l.write_slots);
         let mut cos = Buf::of(&l.cos);
         let mut sin = Buf::of(&l.sin);
+        let mut cos_local = Buf::of(&l.cos_local);
+        let mut sin_local = Buf::of(&l.sin_local);
         let mut tables = Buf::of(&l.block_tables);
         let mut output_slots = Buf::of(&l.output_slots);
         let mut unused = Buf::zeroed(4);
@@ -226,6 +235,8 @@ impl Emulated {
                 write_slots: write_slots.ptr(),
                 cos: cos.ptr(),
                 sin: sin.ptr(),
+                cos_local: cos_local.ptr(),
+                sin_local: sin_local.ptr(),
                 block_tables: tables.ptr(),
                 output_slots: output_slots.ptr(),
                 tiles: 0,
@@ -258,13 +269,15 @@ fn steps() -> Vec<Vec<(usize, usize, usize)>> {
         vec![(1, 1, 20), (0, 45, 100)],
         vec![(0, 1, 145), (1, 1, 21)],
         vec![(0, 1, 146), (1, 1, 22)],
+        vec![(1, 1, 23), (0, 120, 147)],
+        vec![(0, 1, 267), (1, 1, 24)],
     ]
 }
 
 fn block_tables() -> [Vec<BlockId>; 2] {
-    // Sequence 0: every third block from 2; sequence 1: the blocks between, backwards.
-    let a = (0..13).map(|i| BlockId(2 + 3 * i)).collect();
-    let b = (0..4).map(|i| BlockId(30 - 3 * i as u32)).collect();
+    // Sequence 0: odd blocks, backwards from the last; sequence 1: even ones, shuffled.
+    let a = (0..18).map(|i| BlockId(47 - 2 * i)).collect();
+    let b = [2, 8, 4, 10].map(BlockId).to_vec();
     [a, b]
 }
 
@@ -380,4 +393,14 @@ fn the_forward_program_matches_the_cpu_model_qwen2_bias() {
 #[test]
 fn the_forward_program_matches_the_cpu_model_qwen3_qk_norm() {
     check("qwen3");
+}
+
+#[test]
+fn the_forward_program_matches_the_cpu_model_mistral_sliding_window() {
+    check("mistral_swa");
+}
+
+#[test]
+fn the_forward_program_matches_the_cpu_model_gemma3() {
+    check("gemma3");
 }

@@ -23,13 +23,17 @@ pub(super) struct Spec {
     pub qkv_bias: bool,
     pub qk_norm: bool,
     pub tied: bool,
+    pub layers: usize,
+    /// Gemma 3's norms around the MLP (`pre_feedforward_layernorm` before it,
+    /// `post_feedforward_layernorm` after it; `post_attention_layernorm` then norms the
+    /// attention's output).
+    pub gemma_norms: bool,
 }
 
 pub(super) const VOCAB: usize = 96;
 const FF: usize = 96;
 const HEADS: usize = 4;
 const KV_HEADS: usize = 2;
-const LAYERS: usize = 2;
 
 pub(super) fn specs() -> Vec<Spec> {
     vec![
@@ -42,6 +46,8 @@ pub(super) fn specs() -> Vec<Spec> {
             qkv_bias: false,
             qk_norm: false,
             tied: true,
+            layers: 2,
+            gemma_norms: false,
         },
         Spec {
             name: "qwen2",
@@ -51,6 +57,8 @@ pub(super) fn specs() -> Vec<Spec> {
             qkv_bias: true,
             qk_norm: false,
             tied: false,
+            layers: 2,
+            gemma_norms: false,
         },
         Spec {
             name: "qwen3",
@@ -61,6 +69,48 @@ pub(super) fn specs() -> Vec<Spec> {
             qkv_bias: false,
             qk_norm: true,
             tied: true,
+            layers: 2,
+            gemma_norms: false,
+        },
+        // A window of 20 positions on every layer: late tokens see two partitions of the
+        // context, neither of them the first.
+        Spec {
+            name: "mistral_swa",
+            config: json!({"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+                           "head_dim": 32, "sliding_window": 20}),
+            hidden: 64,
+            head_dim: 32,
+            qkv_bias: false,
+            qk_norm: false,
+            tied: false,
+            layers: 2,
+            gemma_norms: false,
+        },
+        // Gemma 3 as its configs have it: sliding layers around a global one, with their
+        // own RoPE base; linear RoPE scaling on the global layer; GeGLU; the embedding's
+        // scale; norms of each sub-layer's output; q/k norms; a query scale of its own; and
+        // a soft cap on the logits (Gemma 2's, which the CPU implements too).
+        Spec {
+            name: "gemma3",
+            config: json!({
+                "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                "head_dim": 32, "hidden_activation": "gelu_pytorch_tanh",
+                "query_pre_attn_scalar": 24, "final_logit_softcapping": 5.0,
+                "sliding_window": 8, "rms_norm_eps": 1e-6,
+                "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                "rope_parameters": {
+                    "full_attention": {"factor": 4.0, "rope_theta": 1000000.0,
+                                       "rope_type": "linear"},
+                    "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}
+                }
+            }),
+            hidden: 64,
+            head_dim: 32,
+            qkv_bias: false,
+            qk_norm: true,
+            tied: true,
+            layers: 3,
+            gemma_norms: true,
         },
     ]
 }
@@ -72,8 +122,10 @@ pub(super) fn write_model(spec: &Spec, dtype: CudaDtype, grid: CudaWeights, dir:
     std::fs::create_dir_all(dir).expect("model dir");
     let (q, kv) = (HEADS * spec.head_dim, KV_HEADS * spec.head_dim);
     let hidden = spec.hidden;
+    // Gemma stores its norm weights as offsets from 1.
+    let norm_mean = if spec.gemma_norms { 0.0 } else { 1.0 };
     let mut config = json!({
-        "hidden_size": hidden, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+        "hidden_size": hidden, "num_hidden_layers": spec.layers, "num_attention_heads": HEADS,
         "num_key_value_heads": KV_HEADS, "intermediate_size": FF, "vocab_size": VOCAB,
         "tie_word_embeddings": spec.tied, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
         "max_position_embeddings": 512, "torch_dtype": "float32"
@@ -89,12 +141,12 @@ pub(super) fn write_model(spec: &Spec, dtype: CudaDtype, grid: CudaWeights, dir:
             0.0,
             1.0,
         ),
-        ("model.norm.weight".into(), vec![hidden], 1.0, 0.2),
+        ("model.norm.weight".into(), vec![hidden], norm_mean, 0.2),
     ];
     if !spec.tied {
         tensors.push(("lm_head.weight".into(), vec![VOCAB, hidden], 0.0, 0.2));
     }
-    for i in 0..LAYERS {
+    for i in 0..spec.layers {
         let l = format!("model.layers.{i}");
         let a = format!("{l}.self_attn");
         let m = format!("{l}.mlp");
@@ -102,13 +154,13 @@ pub(super) fn write_model(spec: &Spec, dtype: CudaDtype, grid: CudaWeights, dir:
             (
                 format!("{l}.input_layernorm.weight"),
                 vec![hidden],
-                1.0,
+                norm_mean,
                 0.2,
             ),
             (
                 format!("{l}.post_attention_layernorm.weight"),
                 vec![hidden],
-                1.0,
+                norm_mean,
                 0.2,
             ),
             (format!("{a}.q_proj.weight"), vec![q, hidden], 0.0, 0.25),
@@ -124,12 +176,18 @@ pub(super) fn write_model(spec: &Spec, dtype: CudaDtype, grid: CudaWeights, dir:
                 tensors.push((format!("{a}.{p}_proj.bias"), vec![len], 0.0, 0.3));
             }
         }
+        if spec.gemma_norms {
+            for p in ["pre", "post"] {
+                let name = format!("{l}.{p}_feedforward_layernorm.weight");
+                tensors.push((name, vec![hidden], 0.0, 0.2));
+            }
+        }
         if spec.qk_norm {
             for p in ["q", "k"] {
                 tensors.push((
                     format!("{a}.{p}_norm.weight"),
                     vec![spec.head_dim],
-                    1.0,
+                    norm_mean,
                     0.3,
                 ));
             }
