@@ -31,7 +31,8 @@
 #  6. scripts/gpu_check.sh on both shapes (fidelity against torch, decode = forward,
 #     prefix/copy_blocks/cached_logits, batch invariance, sampling on the device against the
 #     host, overlapped steps, decode rates with and without graphs, greedy and top-p).
-# Stage rest: what step 6 did not finish; OLD_BIN_DIR's bench beside the new one;
+# Stage rest: what step 6 did not finish, and gpu_check.sh on a Gemma 3 shape (sliding
+#  windows, GeGLU, Gemma's norms); OLD_BIN_DIR's bench beside the new one;
 #  `--cuda-weights q8_0`, `--cuda-weights q4_1` and `--batch-invariant` (speed at batch 1
 #  and 32, and the perplexity of one text in each mode: OUTDIR/quant_fidelity.txt); the whole
 #  engine loop (`--engine`) on both shapes with and without overlapped steps
@@ -136,9 +137,9 @@ hf() {
     2>>"$OUT/hf.log" | tee -a "$SPEED"
 }
 
-check() {
+check() { # models...
   allot gpu_check 40 600 > /dev/null || return 0
-  MODELS="llama3.2-1b smollm2-135m" scripts/gpu_check.sh "$OUT" "$NEW" > /dev/null 2>&1 \
+  MODELS="$*" scripts/gpu_check.sh "$OUT" "$NEW" > /dev/null 2>&1 \
     || echo "!! gpu_check failed" | tee -a "$OUT/skipped.txt"
   cat "$OUT/summary.txt"
 }
@@ -184,11 +185,11 @@ if [ "$STAGE" = goals ] || [ "$STAGE" = all ]; then
   serve
   hf
   python3 scripts/gpu_goals.py "$OUT" | tee "$OUT/goals.md"
-  check
+  check llama3.2-1b smollm2-135m
 fi
 if [ "$STAGE" = rest ] || [ "$STAGE" = all ]; then
   models
-  check
+  check llama3.2-1b smollm2-135m gemma3-small
   [ -n "$OLD" ] && bench old "$OLD" 40 150 --batch 1 --batch 32 --batch 256
   # The engine loop planning step n+1 while step n runs, against the synchronous loop; the
   # 135M shape is where host time shows most.

@@ -35,6 +35,17 @@ MODELS = {
         max_position_embeddings=131072,
         rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
                           high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    # Gemma 3 with the 270M model's layer shapes (head_dim 256, one kv head), six layers
+    # (five sliding, one global) and a window of 128 positions, so that the 512-token
+    # sequence's late tokens see windows across attention partitions. RoPE bases, the
+    # query scale, GeGLU, the norms and the embedding's scale are transformers' Gemma 3
+    # defaults.
+    "gemma3-small": dict(
+        cls="Gemma3ForCausalLM", hidden_size=640, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, intermediate_size=2048, vocab_size=32000,
+        tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=32768,
+        sliding_window=128, query_pre_attn_scalar=256,
+        hidden_activation="gelu_pytorch_tanh"),
     "qwen2-small": dict(
         cls="Qwen2ForCausalLM", hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
         num_key_value_heads=2, intermediate_size=1024, vocab_size=32000,
