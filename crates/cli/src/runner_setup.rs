@@ -45,13 +45,6 @@ impl PreparedModel {
                 }
                 Some(n)
             }
-            Device::Auto if !tandem_cuda::unsupported_features(&host.config).is_empty() => {
-                eprintln!(
-                    "tandem: --device auto: the CUDA runner does not implement {}; using the CPU",
-                    tandem_cuda::unsupported_features(&host.config).join(", ")
-                );
-                None
-            }
             Device::Auto => match tandem_cuda::probe() {
                 Ok(info) if info.device_count() > 0 => Some(0),
                 Ok(_) => {

@@ -13,10 +13,9 @@ use crate::batch_layout::BatchLayout;
 use crate::decode_graphs::bucket_for;
 use crate::error::CudaError;
 use crate::kernels::{DevPtr, ATTN_PARTITION};
-use crate::layer_program::{
-    tensor_core_prefill, DenseProducts, LayerProgram, WorkspaceBytes, WorkspacePtrs, PARTIAL_SLOTS,
-};
+use crate::layer_program::{tensor_core_prefill, DenseProducts, LayerProgram, PARTIAL_SLOTS};
 use crate::options::CudaDtype;
+use crate::program_buffers::{WorkspaceBytes, WorkspacePtrs};
 use crate::row_kernels::ROW_SAMPLING_BYTES;
 use crate::runner::CudaRunner;
 use crate::step_inputs::{StepInputs, LOGIT_ROWS};
@@ -37,6 +36,10 @@ pub(crate) struct Workspace {
     act: CudaSlice<u8>,
     lm_in: CudaSlice<u8>,
     pub(crate) logits: CudaSlice<f32>,
+    scores: CudaSlice<f32>,
+    route_experts: CudaSlice<i32>,
+    route_weights: CudaSlice<f32>,
+    expert_out: CudaSlice<f32>,
     /// `[LOGIT_ROWS]` each: the targets of rows scored on the device, and each row's
     /// maximum, softmax sum and target logit (see `device_rows.rs`).
     pub(crate) lp_targets: CudaSlice<i32>,
@@ -55,8 +58,9 @@ impl Workspace {
         capacity: usize,
     ) -> Result<Workspace, CudaError> {
         let sz = WorkspaceBytes::new(c, dtype, capacity, LOGIT_ROWS);
-        let f = |bytes: usize| stream.alloc_zeros::<f32>(bytes / 4);
-        let b = |bytes: usize| stream.alloc_zeros::<u8>(bytes);
+        // Never empty: a model without experts has no use for their buffers.
+        let f = |bytes: usize| stream.alloc_zeros::<f32>(bytes.max(16) / 4);
+        let b = |bytes: usize| stream.alloc_zeros::<u8>(bytes.max(16));
         Ok(Workspace {
             capacity,
             x: f(sz.x)?,
@@ -70,6 +74,10 @@ impl Workspace {
             act: b(sz.act)?,
             lm_in: b(sz.lm_in)?,
             logits: f(sz.logits)?,
+            scores: f(sz.scores)?,
+            route_experts: stream.alloc_zeros::<i32>(sz.route_experts.max(16) / 4)?,
+            route_weights: f(sz.route_weights)?,
+            expert_out: f(sz.expert_out)?,
             lp_targets: stream.alloc_zeros::<i32>(LOGIT_ROWS)?,
             lp_max: stream.alloc_zeros::<f32>(LOGIT_ROWS)?,
             lp_sum: stream.alloc_zeros::<f64>(LOGIT_ROWS)?,
@@ -92,6 +100,10 @@ impl Workspace {
             act: ptr(&self.act, s),
             lm_in: ptr(&self.lm_in, s),
             logits: ptr(&self.logits, s),
+            scores: ptr(&self.scores, s),
+            route_experts: ptr(&self.route_experts, s),
+            route_weights: ptr(&self.route_weights, s),
+            expert_out: ptr(&self.expert_out, s),
         }
     }
 }

@@ -24,7 +24,7 @@ use tandem_model::config::Activation;
 pub(crate) type DevPtr = u64;
 
 /// The kernel files, in the order they are concatenated into one program.
-const SOURCES: [(&str, &str); 12] = [
+const SOURCES: [(&str, &str); 13] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("norm.cu", include_str!("../kernels/norm.cu")),
     ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
@@ -40,10 +40,11 @@ const SOURCES: [(&str, &str); 12] = [
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("q8.cu", include_str!("../kernels/q8.cu")),
     ("q4.cu", include_str!("../kernels/q4.cu")),
+    ("moe.cu", include_str!("../kernels/moe.cu")),
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 22] = [
+pub const KERNEL_NAMES: [&str; 25] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
@@ -66,6 +67,9 @@ pub const KERNEL_NAMES: [&str; 22] = [
     "q8_dequant",
     "q4_matvec",
     "q4_dequant",
+    "moe_route",
+    "expert_matvec",
+    "moe_combine",
 ];
 
 /// Index of kernel `name` in [`KERNEL_NAMES`].

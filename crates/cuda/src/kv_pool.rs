@@ -11,8 +11,8 @@ use tandem_model::ModelConfig;
 
 use crate::error::CudaError;
 use crate::kernels::DevPtr;
-use crate::layer_program::KvPtrs;
 use crate::options::CudaDtype;
+use crate::program_buffers::KvPtrs;
 
 /// Memory kept free beyond the KV pool when sizing it from a fraction of device memory
 /// (cuBLAS workspaces, the LM head's logits tile, allocator slack).

@@ -26,8 +26,10 @@ use crate::gemm::Gemm;
 use crate::kernels::{
     AttnBuffers, AttnShape, DevPtr, Kernels, QkvBuffers, QkvShape, TC_MAX_HEAD_DIM, TC_TILE_TOKENS,
 };
+use crate::moe_kernels::Routes;
 use crate::options::CudaDtype;
 use crate::product_kernels::{Q4_MATVEC_ROWS, Q8_MATVEC_ROWS};
+use crate::program_buffers::{KvPtrs, LayerPtrs, MatrixPtrs, MlpPtrs, WeightPtrs, WorkspacePtrs};
 use crate::step_inputs::InputPtrs;
 use crate::step_profile::EventLog;
 
@@ -43,112 +45,6 @@ pub(crate) const PARTIAL_SLOTS: usize = 1 << 18;
 /// per (token, head).
 pub(crate) fn attention_rows(num_heads: usize, parts: usize) -> usize {
     (PARTIAL_SLOTS / (num_heads * parts)).max(1)
-}
-
-/// A `[rows, cols]` matrix of a layer (see `weights.rs` for the formats).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum MatrixPtrs {
-    Dense(DevPtr),
-    Q8 { codes: DevPtr, scales: DevPtr },
-    Q4 { codes: DevPtr, scales: DevPtr },
-}
-
-/// One decoder layer's weights.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LayerPtrs {
-    pub attn_norm: DevPtr,
-    pub qkv: MatrixPtrs,
-    pub qkv_bias: Option<DevPtr>,
-    pub qk_norm: Option<DevPtr>,
-    pub o: MatrixPtrs,
-    pub ffn_norm: DevPtr,
-    pub gate_up: MatrixPtrs,
-    pub down: MatrixPtrs,
-    /// `[h]` f32 each: the norms of the attention's and the MLP's outputs (Gemma 3).
-    pub post_norms: Option<[DevPtr; 2]>,
-}
-
-/// Every weight (they never move once placed).
-#[derive(Debug, Clone)]
-pub(crate) struct WeightPtrs {
-    pub embed: DevPtr,
-    /// The embedding's address when tied.
-    pub lm_head: DevPtr,
-    pub final_norm: DevPtr,
-    pub layers: Vec<LayerPtrs>,
-}
-
-/// The activations a step works in, for up to `capacity` tokens (sizes: [`WorkspaceBytes`]).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct WorkspacePtrs {
-    pub x: DevPtr,
-    pub delta: DevPtr,
-    pub xn: DevPtr,
-    pub qkv: DevPtr,
-    pub q: DevPtr,
-    pub attn: DevPtr,
-    pub partials: DevPtr,
-    pub gate_up: DevPtr,
-    pub act: DevPtr,
-    pub lm_in: DevPtr,
-    pub logits: DevPtr,
-}
-
-/// Bytes of each workspace buffer for `capacity` tokens (and the LM head's `logit_rows`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct WorkspaceBytes {
-    /// `[cap, h]` f32: the residual stream.
-    pub x: usize,
-    /// `[cap, h]` f32: the last sub-layer's output, not yet added to `x`.
-    pub delta: usize,
-    /// `[cap, h]` storage type: normed input of a projection.
-    pub xn: usize,
-    /// `[cap, q_dim + 2 * kv_dim]` f32.
-    pub qkv: usize,
-    /// `[cap, q_dim]` f32: rotated queries.
-    pub q: usize,
-    /// `[cap, q_dim]` storage type: attention output.
-    pub attn: usize,
-    /// `[PARTIAL_SLOTS, head_dim + 2]` f32: attention's per-partition results.
-    pub partials: usize,
-    /// `[cap, 2 * ff]` f32.
-    pub gate_up: usize,
-    /// `[cap, ff]` storage type: SwiGLU output.
-    pub act: usize,
-    /// `[logit_rows, h]` storage type: LM head input.
-    pub lm_in: usize,
-    /// `[logit_rows, vocab]` f32.
-    pub logits: usize,
-}
-
-impl WorkspaceBytes {
-    pub fn new(c: &ModelConfig, dtype: CudaDtype, capacity: usize, logit_rows: usize) -> Self {
-        let e = dtype.size();
-        let (h, q_dim, ff) = (c.hidden_size, c.q_dim(), c.intermediate_size);
-        WorkspaceBytes {
-            x: capacity * h * 4,
-            delta: capacity * h * 4,
-            xn: capacity * h * e,
-            qkv: capacity * (q_dim + 2 * c.kv_dim()) * 4,
-            q: capacity * q_dim * 4,
-            attn: capacity * q_dim * e,
-            partials: PARTIAL_SLOTS * (c.head_dim + 2) * 4,
-            gate_up: capacity * 2 * ff * 4,
-            act: capacity * ff * e,
-            lm_in: logit_rows * h * e,
-            logits: logit_rows * c.vocab_size * 4,
-        }
-    }
-}
-
-/// The paged KV pool: per layer, key and value planes of `[slots, kv_dim]`, and the f32
-/// hidden-state store `[slots, h]`.
-#[derive(Debug, Clone)]
-pub(crate) struct KvPtrs {
-    pub keys: Vec<DevPtr>,
-    pub values: Vec<DevPtr>,
-    pub hidden: DevPtr,
-    pub block_size: usize,
 }
 
 /// How dense products `y = x · wᵀ` are computed.
@@ -392,20 +288,76 @@ impl LayerProgram<'_> {
     /// in `delta`.
     fn mlp(&self, w: &LayerPtrs, n: usize) -> Result<(), CudaError> {
         let (c, ws) = (self.config, &self.ws);
-        let (h, ff) = (c.hidden_size, c.intermediate_size);
-        let eps = c.rms_norm_eps;
+        let (h, eps) = (c.hidden_size, c.rms_norm_eps);
         self.kernels
             .add_rms_norm(ws.x, Some(ws.delta), w.ffn_norm, ws.xn, n, h, eps)?;
         self.mark("add_rms_norm")?;
-        self.product(ws.xn, &w.gate_up, ws.gate_up, n, 2 * ff, h)?;
-        self.mark("gate_up_proj")?;
-        let act = c.features.activation;
-        self.kernels
-            .gated_activation(ws.gate_up, ws.act, (n, ff), act)?;
-        self.mark("activation")?;
-        self.product(ws.act, &w.down, ws.delta, n, h, ff)?;
-        self.mark("down_proj")?;
+        match (w.mlp, c.features.moe) {
+            (MlpPtrs::Dense { gate_up, down }, _) => {
+                let ff = c.intermediate_size;
+                self.product(ws.xn, &gate_up, ws.gate_up, n, 2 * ff, h)?;
+                self.mark("gate_up_proj")?;
+                self.activation(n, ff)?;
+                self.product(ws.act, &down, ws.delta, n, h, ff)?;
+                self.mark("down_proj")?;
+            }
+            (
+                MlpPtrs::Experts {
+                    router,
+                    gate_up,
+                    down,
+                },
+                Some(moe),
+            ) => {
+                let (k, ff) = (moe.experts_per_token, moe.expert_ffn);
+                let routes = Routes {
+                    experts: ws.route_experts,
+                    weights: ws.route_weights,
+                    k,
+                };
+                let experts = moe.num_experts;
+                self.dense_product(ws.xn, router, ws.scores, n, experts, h)?;
+                self.kernels
+                    .moe_route(ws.scores, routes, (n, experts), moe.normalize_top_k)?;
+                self.mark("router")?;
+                let r = n * k;
+                self.kernels.expert_matvec(
+                    ws.xn,
+                    gate_up,
+                    routes.experts,
+                    ws.gate_up,
+                    k,
+                    (r, 2 * ff, h),
+                )?;
+                self.mark("gate_up_proj")?;
+                self.activation(r, ff)?;
+                self.kernels.expert_matvec(
+                    ws.act,
+                    down,
+                    routes.experts,
+                    ws.expert_out,
+                    1,
+                    (r, h, ff),
+                )?;
+                self.kernels
+                    .moe_combine(ws.expert_out, routes, ws.delta, (n, h))?;
+                self.mark("down_proj")?;
+            }
+            (MlpPtrs::Experts { .. }, None) => {
+                return Err(CudaError::Unsupported(
+                    "a layer of experts in a model configured without them".into(),
+                ))
+            }
+        }
         self.post_norm(w.post_norms.map(|[_, mlp]| mlp), n)
+    }
+
+    /// `act = act(gate) * up` over `rows` rows of `ff` of the gate/up buffer.
+    fn activation(&self, rows: usize, ff: usize) -> Result<(), CudaError> {
+        let act = self.config.features.activation;
+        self.kernels
+            .gated_activation(self.ws.gate_up, self.ws.act, (rows, ff), act)?;
+        self.mark("activation")
     }
 
     fn qkv_shape(&self, w: &LayerPtrs) -> QkvShape {

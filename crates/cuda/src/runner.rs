@@ -24,8 +24,8 @@ use crate::host_staging::HostStaging;
 use crate::kernels::{Kernels, MAX_GQA_GROUP, MAX_HEAD_DIM};
 use crate::kv_pool::{blocks_for_fraction, bytes_per_token, KvPool};
 use crate::launched_steps::LaunchedSteps;
-use crate::layer_program::{KvPtrs, WeightPtrs};
 use crate::options::{CudaDtype, CudaOptions, CudaWeights, KvBudget};
+use crate::program_buffers::{KvPtrs, WeightPtrs};
 use crate::step_inputs::StepInputs;
 use crate::step_profile::{EventLog, StepProfile};
 use crate::weights::{upload, DeviceWeights};
@@ -247,26 +247,9 @@ impl Drop for CudaRunner {
 /// Context length the block-table buffers are first sized for (they grow on demand).
 const INITIAL_TABLE_TOKENS: usize = 2048;
 
-/// The parts of model `c` that the CUDA runner does not implement, named for errors (empty
-/// when it runs the model; the CPU runs every model).
-pub fn unsupported_features(c: &ModelConfig) -> Vec<&'static str> {
-    match c.features.moe {
-        Some(_) => vec!["mixture of experts"],
-        None => Vec::new(),
-    }
-}
-
 /// Checks the shapes the kernels support.
 fn check_model(c: &ModelConfig) -> Result<(), CudaError> {
     c.validate().map_err(CudaError::Unsupported)?;
-    let missing = unsupported_features(c);
-    if !missing.is_empty() {
-        return Err(CudaError::Unsupported(format!(
-            "the CUDA runner does not implement {} ({} model); run it on the CPU (--device cpu)",
-            missing.join(", "),
-            c.architecture.gguf_name()
-        )));
-    }
     if !c.head_dim.is_multiple_of(32) || c.head_dim > MAX_HEAD_DIM {
         return Err(CudaError::Unsupported(format!(
             "head_dim {} must be a multiple of 32 and at most {MAX_HEAD_DIM}",

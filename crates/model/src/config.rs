@@ -359,44 +359,6 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// The features a runner must implement beyond the Llama block, named for errors (empty
-    /// for Llama and Qwen models); a sliding window that covers the whole context is none.
-    pub fn extra_features(&self) -> Vec<&'static str> {
-        let f = &self.features;
-        let mut names = Vec::new();
-        if f.embedding_scale.is_some() {
-            names.push("scaled embedding");
-        }
-        if f.activation != Activation::Silu {
-            names.push("GeGLU (tanh GELU) activation");
-        }
-        if f.post_norms {
-            names.push("post-attention and post-feedforward norms");
-        }
-        if f.attention_scale.is_some() {
-            names.push("custom attention scale");
-        }
-        if f.final_logit_softcap.is_some() {
-            names.push("final logit soft-capping");
-        }
-        if f.sliding_window
-            .as_ref()
-            .is_some_and(|w| w.size < self.context_len && w.layers.contains(&true))
-        {
-            names.push("sliding-window attention");
-        }
-        if f.local_rope.is_some() {
-            names.push("per-layer RoPE bases");
-        }
-        if f.rope_linear_factor.is_some() {
-            names.push("linear RoPE scaling");
-        }
-        if f.moe.is_some() {
-            names.push("mixture of experts");
-        }
-        names
-    }
-
     /// Weights of one layer's MLP that a token passes through: the gated MLP, or the router
     /// and the experts it picks.
     pub fn ffn_params_per_token(&self) -> usize {

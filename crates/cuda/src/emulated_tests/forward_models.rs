@@ -28,6 +28,17 @@ pub(super) struct Spec {
     /// `post_feedforward_layernorm` after it; `post_attention_layernorm` then norms the
     /// attention's output).
     pub gemma_norms: bool,
+    /// A mixture of experts in place of the MLP: (count, per token, naming).
+    pub experts: Option<(usize, usize, ExpertNames)>,
+}
+
+/// How a checkpoint names a layer's router and experts.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum ExpertNames {
+    /// `mlp.gate`, `mlp.experts.E.{gate,up,down}_proj` (Qwen3-MoE).
+    Qwen,
+    /// `block_sparse_moe.gate`, `block_sparse_moe.experts.E.{w1,w3,w2}` (Mixtral).
+    Mixtral,
 }
 
 pub(super) const VOCAB: usize = 96;
@@ -48,6 +59,7 @@ pub(super) fn specs() -> Vec<Spec> {
             tied: true,
             layers: 2,
             gemma_norms: false,
+            experts: None,
         },
         Spec {
             name: "qwen2",
@@ -59,6 +71,7 @@ pub(super) fn specs() -> Vec<Spec> {
             tied: false,
             layers: 2,
             gemma_norms: false,
+            experts: None,
         },
         Spec {
             name: "qwen3",
@@ -71,6 +84,7 @@ pub(super) fn specs() -> Vec<Spec> {
             tied: true,
             layers: 2,
             gemma_norms: false,
+            experts: None,
         },
         // A window of 20 positions on every layer: late tokens see two partitions of the
         // context, neither of them the first.
@@ -85,6 +99,7 @@ pub(super) fn specs() -> Vec<Spec> {
             tied: false,
             layers: 2,
             gemma_norms: false,
+            experts: None,
         },
         // Gemma 3 as its configs have it: sliding layers around a global one, with their
         // own RoPE base; linear RoPE scaling on the global layer; GeGLU; the embedding's
@@ -111,6 +126,36 @@ pub(super) fn specs() -> Vec<Spec> {
             tied: true,
             layers: 3,
             gemma_norms: true,
+            experts: None,
+        },
+        // Eight experts of width 96, three per token, their weights renormalised.
+        Spec {
+            name: "qwen3_moe",
+            config: json!({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                           "head_dim": 32, "num_experts": 8, "num_experts_per_tok": 3,
+                           "moe_intermediate_size": FF, "norm_topk_prob": true,
+                           "decoder_sparse_step": 1, "mlp_only_layers": []}),
+            hidden: 64,
+            head_dim: 32,
+            qkv_bias: false,
+            qk_norm: true,
+            tied: false,
+            layers: 2,
+            gemma_norms: false,
+            experts: Some((8, 3, ExpertNames::Qwen)),
+        },
+        Spec {
+            name: "mixtral",
+            config: json!({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                           "head_dim": 32, "num_local_experts": 6, "num_experts_per_tok": 2}),
+            hidden: 64,
+            head_dim: 32,
+            qkv_bias: false,
+            qk_norm: false,
+            tied: false,
+            layers: 2,
+            gemma_norms: false,
+            experts: Some((6, 2, ExpertNames::Mixtral)),
         },
     ]
 }
@@ -167,10 +212,34 @@ pub(super) fn write_model(spec: &Spec, dtype: CudaDtype, grid: CudaWeights, dir:
             (format!("{a}.k_proj.weight"), vec![kv, hidden], 0.0, 0.25),
             (format!("{a}.v_proj.weight"), vec![kv, hidden], 0.0, 0.25),
             (format!("{a}.o_proj.weight"), vec![hidden, q], 0.0, 0.15),
-            (format!("{m}.gate_proj.weight"), vec![FF, hidden], 0.0, 0.25),
-            (format!("{m}.up_proj.weight"), vec![FF, hidden], 0.0, 0.25),
-            (format!("{m}.down_proj.weight"), vec![hidden, FF], 0.0, 0.15),
         ]);
+        match spec.experts {
+            None => tensors.extend([
+                (format!("{m}.gate_proj.weight"), vec![FF, hidden], 0.0, 0.25),
+                (format!("{m}.up_proj.weight"), vec![FF, hidden], 0.0, 0.25),
+                (format!("{m}.down_proj.weight"), vec![hidden, FF], 0.0, 0.15),
+            ]),
+            Some((count, _, names)) => {
+                let (block, [gate, up, down]) = match names {
+                    ExpertNames::Qwen => (m.clone(), ["gate_proj", "up_proj", "down_proj"]),
+                    ExpertNames::Mixtral => (format!("{l}.block_sparse_moe"), ["w1", "w3", "w2"]),
+                };
+                tensors.push((
+                    format!("{block}.gate.weight"),
+                    vec![count, hidden],
+                    0.0,
+                    0.3,
+                ));
+                for e in 0..count {
+                    let x = format!("{block}.experts.{e}");
+                    tensors.extend([
+                        (format!("{x}.{gate}.weight"), vec![FF, hidden], 0.0, 0.25),
+                        (format!("{x}.{up}.weight"), vec![FF, hidden], 0.0, 0.25),
+                        (format!("{x}.{down}.weight"), vec![hidden, FF], 0.0, 0.15),
+                    ]);
+                }
+            }
+        }
         if spec.qkv_bias {
             for (p, len) in [("q", q), ("k", kv), ("v", kv)] {
                 tensors.push((format!("{a}.{p}_proj.bias"), vec![len], 0.0, 0.3));
