@@ -20,7 +20,7 @@ export PYTHONUNBUFFERED=1
 OUT=${1:?usage: gpu_check.sh OUTDIR [BIN_DIR]}
 BIN=${2:-gpu-bin}/cuda_score
 MODELS_DIR=/tmp/tandem-gpu-models
-MODELS=${MODELS:-"qwen2-small smollm2-135m qwen3-0.6b llama3.2-1b gemma3-small"}
+MODELS=${MODELS:-"qwen2-small smollm2-135m qwen3-0.6b llama3.2-1b gemma3-small qwen3moe-small"}
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
 : > "$LOG"

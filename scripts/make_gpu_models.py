@@ -46,6 +46,15 @@ MODELS = {
         tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=32768,
         sliding_window=128, query_pre_attn_scalar=256,
         hidden_activation="gelu_pytorch_tanh"),
+    # A mixture of experts at Qwen3-30B-A3B's per-expert shapes, scaled down in depth and
+    # expert count: 32 experts of width 768, 8 per token, renormalised.
+    "qwen3moe-small": dict(
+        cls="Qwen3MoeForCausalLM", hidden_size=2048, num_hidden_layers=4,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, intermediate_size=6144,
+        moe_intermediate_size=768, num_experts=32, num_experts_per_tok=8, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[], vocab_size=32000,
+        tie_word_embeddings=False, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        max_position_embeddings=40960),
     "qwen2-small": dict(
         cls="Qwen2ForCausalLM", hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
         num_key_value_heads=2, intermediate_size=1024, vocab_size=32000,
