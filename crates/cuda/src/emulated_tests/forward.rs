@@ -3,7 +3,9 @@
 //! runner's, and batches laid out by `batch_layout.rs` — against the CPU model
 //! (`tandem_model::transformer`, itself checked against transformers) over the same batches
 //! and block tables. Steps mix chunked prefill and decode, contexts span several attention
-//! partitions, and every weight format and attention path the runner can pick is covered.
+//! partitions, decode steps run both as the eager path and as the graph path shapes them
+//! (padded, naming every partition the tables can hold), and every weight format and
+//! attention path the runner can pick is covered.
 
 use std::path::{Path, PathBuf};
 
@@ -15,6 +17,7 @@ use tandem_model::transformer::Model;
 use super::forward_models::{load, specs, write_model, VOCAB};
 use super::*;
 use crate::batch_layout::{BatchLayout, RopeFreqs};
+use crate::decode_graphs::bucket_for;
 use crate::kernels::ATTN_PARTITION;
 use crate::layer_program::{tensor_core_prefill, DenseProducts, LayerProgram};
 use crate::options::CudaWeights;
@@ -205,19 +208,29 @@ impl Emulated {
         }
     }
 
-    /// Runs `batch` as the runner's eager path does and returns its output rows' logits.
-    fn forward(&mut self, batch: &ForwardBatch) -> Vec<f32> {
+    /// Runs `batch` as the runner's eager path does, or, for a decode step with
+    /// `graph_shaped`, as its graph path does (padded with rows of the scratch block, the
+    /// attention naming every partition the block tables can hold); returns the logits of
+    /// the batch's output rows.
+    fn forward(&mut self, batch: &ForwardBatch, graph_shaped: bool) -> Vec<f32> {
         let c = &self.config;
         batch
             .validate(c.vocab_size, BLOCK_SIZE, NUM_BLOCKS)
             .expect("valid batch");
         let mut l = BatchLayout::build(batch, BLOCK_SIZE, &self.rope).expect("layout");
-        let n = l.tokens.len();
-        assert!(n <= self.capacity && l.output_rows.len() <= LOGIT_ROWS);
+        let outputs = l.output_rows.len();
+        assert!(l.tokens.len() <= self.capacity && outputs <= LOGIT_ROWS);
         // The runner's block tables are wider than the batch needs.
         let stride = l.max_blocks.next_power_of_two() * 2;
         l.widen_tables(stride);
-        let parts = l.max_context().div_ceil(ATTN_PARTITION).max(1);
+        let mut parts = l.max_context().div_ceil(ATTN_PARTITION).max(1);
+        if graph_shaped && l.is_decode() {
+            // Padded past the batch's own bucket, so that there are padding rows.
+            let bucket = bucket_for(l.tokens.len() + 1).expect("a bucket");
+            l.pad_decode(bucket, NUM_BLOCKS, BLOCK_SIZE);
+            parts = (stride * BLOCK_SIZE).div_ceil(ATTN_PARTITION);
+        }
+        let n = l.tokens.len();
         let mut tokens = Buf::of(&l.tokens);
         let mut positions = Buf::of(&l.positions);
         let mut token_seq = Buf::of(&l.token_seq);
@@ -271,9 +284,11 @@ impl Emulated {
         program
             .queue_layers(n, parts, tiles.as_ref())
             .expect("layers");
-        program.queue_lm_head(l.output_rows.len()).expect("lm head");
+        program
+            .queue_lm_head(l.output_slots.len())
+            .expect("lm head");
         let logits = self.ws[10].read::<f32>();
-        logits[..l.output_rows.len() * c.vocab_size].to_vec()
+        logits[..outputs * c.vocab_size].to_vec()
     }
 }
 
@@ -335,10 +350,11 @@ fn compare(dir: &Path, mode: Mode) -> (Vec<f32>, f32) {
         KvStore::with_dtype(&host.config, BLOCK_SIZE, NUM_BLOCKS, KvDtype::F32).expect("kv store");
     let mut emu = Emulated::new(&host, mode, 160);
     let (mut rows, mut largest) = (Vec::new(), 0.0f32);
-    for step in steps() {
-        let b = batch(&step);
+    for (i, step) in steps().iter().enumerate() {
+        let b = batch(step);
         let want = cpu.forward(&b, &mut kv).expect("cpu forward");
-        let got = emu.forward(&b);
+        // Decode steps alternate between the graph path's shape and the eager one.
+        let got = emu.forward(&b, i % 2 == 1);
         assert_eq!(got.len(), want.as_slice().len());
         let pairs = got.chunks(VOCAB).zip(want.as_slice().chunks(VOCAB));
         for (g, w) in pairs {
