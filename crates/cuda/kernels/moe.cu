@@ -5,11 +5,12 @@
 // MLP on the token's normed row; each token adds its routes' outputs times their weights in
 // ascending expert order.
 //
-// The experts' products run per route (expert_matvec): a warp computes one output of one
-// route, its lanes striding the row in a fixed order, so a route's result depends only on
-// its own row and expert, never on the batch — at the cost of reading an expert once per
-// route that chose it, not once per step (a decode step at batch 1 reads exactly its
-// experts; larger batches read some twice).
+// The experts' products (expert_matvec) run over the routes grouped by expert (moe_group):
+// a warp computes one output of an expert for up to EXPERT_ROUTES of its routes at once,
+// each route's sum in the same fixed order wherever it falls, so a route's result depends
+// only on its own row and expert, never on the batch. A decode step reads each chosen
+// expert once per EXPERT_ROUTES routes that chose it; large prefill chunks would rather
+// have tensor-core products over the gathered rows (not built).
 
 // scores: [n, num_experts] f32; experts: [n, k] i32 and weights: [n, k] f32, heaviest
 // first. Grid: n blocks of 32 threads; the first thread routes the block's token (k is
@@ -64,29 +65,86 @@ extern "C" __global__ void moe_route(const float* scores, int* experts, float* w
     }
 }
 
-// y[r, j] = x[r / per_token] · W[experts[r]][j] for every route r and output j < m:
-// x: [rows / per_token, width] act_t (per_token = k: the tokens' normed rows, shared by
-// their routes; 1: one row per route); W: [num_experts, m, width] act_t; y: [rows, m] f32.
-// Grid: (rows, ceil(m / 8)); block: 256 threads, warp w computing output j = 8 y + w: lane
-// l takes elements l, l + 32, ... of the row, then the lanes' sums are added in a fixed
-// tree.
-extern "C" __global__ void expert_matvec(const act_t* x, const act_t* w, const int* experts,
-                                         float* y, int per_token, int m, int width) {
+// Groups a step's routes by expert: offsets[e] .. offsets[e + 1] index into `order` the
+// routes that chose expert e (in no particular order: a route's result never depends on
+// the routes it is computed beside). experts: [routes] i32; counts: [num_experts] i32,
+// scratch; offsets: [num_experts + 1] i32; order: [routes] i32. One block.
+extern "C" __global__ void moe_group(const int* experts, int routes, int num_experts,
+                                     int* counts, int* offsets, int* order) {
+    for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
+        counts[e] = 0;
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < routes; r += blockDim.x) {
+        atomicAdd(&counts[experts[r]], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int total = 0;
+        for (int e = 0; e < num_experts; ++e) {
+            offsets[e] = total;
+            total += counts[e];
+            counts[e] = offsets[e]; // the next free place of expert e
+        }
+        offsets[num_experts] = total;
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < routes; r += blockDim.x) {
+        order[atomicAdd(&counts[experts[r]], 1)] = r;
+    }
+}
+
+#define EXPERT_ROUTES 8 // routes a warp multiplies by each weight it loads
+
+// y[r, j] = x[r / per_token] · W[e][j] for every route r of every expert e (the routes
+// order[offsets[e] .. offsets[e + 1]], from moe_group) and output j < m: x: [rows /
+// per_token, width] act_t (per_token = k: the tokens' normed rows, shared by their routes;
+// 1: one row per route); W: [num_experts, m, width] act_t; y: [routes, m] f32.
+// Grid: (num_experts, ceil(m / 8)); block: 256 threads, warp w computing output
+// j = 8 y + w of the block's expert for its routes, EXPERT_ROUTES at a time: lane l takes
+// elements l, l + 32, ... of the weight row, each loaded once for the group's routes, then
+// each route's lane sums are added in a fixed tree. A route's result is the same arithmetic
+// whatever group it falls in, so it never depends on the rest of the batch; a weight is
+// read once per EXPERT_ROUTES routes that chose its expert, not once per route.
+extern "C" __global__ void expert_matvec(const act_t* x, const act_t* w, const int* order,
+                                         const int* offsets, float* y, int per_token, int m,
+                                         int width) {
     int lane = threadIdx.x & 31;
     int j = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (j >= m) {
+    int e = blockIdx.x;
+    int begin = offsets[e];
+    int end = offsets[e + 1];
+    if (j >= m || begin == end) {
         return; // a whole warp: no warp-level operation follows for it
     }
-    i64 r = blockIdx.x;
-    i64 xrow = r / per_token * (i64)width;
-    i64 wrow = ((i64)experts[r] * m + j) * (i64)width;
-    float acc = 0.0f;
-    for (int i = lane; i < width; i += 32) {
-        acc += load_act(x, xrow + i) * load_act(w, wrow + i);
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) {
-        y[r * m + j] = acc;
+    i64 wrow = ((i64)e * m + j) * (i64)width;
+    for (int first = begin; first < end; first += EXPERT_ROUTES) {
+        int count = min(EXPERT_ROUTES, end - first); // the same over the warp
+        i64 xrow[EXPERT_ROUTES];
+        float acc[EXPERT_ROUTES];
+#pragma unroll
+        for (int g = 0; g < EXPERT_ROUTES; ++g) {
+            acc[g] = 0.0f;
+            xrow[g] = g < count ? (i64)(order[first + g] / per_token) * width : 0;
+        }
+        for (int i = lane; i < width; i += 32) {
+            float wv = load_act(w, wrow + i);
+#pragma unroll
+            for (int g = 0; g < EXPERT_ROUTES; ++g) {
+                if (g < count) {
+                    acc[g] += load_act(x, xrow[g] + i) * wv;
+                }
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < EXPERT_ROUTES; ++g) {
+            if (g < count) {
+                float sum = warp_sum(acc[g]);
+                if (lane == 0) {
+                    y[(i64)order[first + g] * m + j] = sum;
+                }
+            }
+        }
     }
 }
 

@@ -39,6 +39,7 @@ pub(crate) struct Workspace {
     scores: CudaSlice<f32>,
     route_experts: CudaSlice<i32>,
     route_weights: CudaSlice<f32>,
+    route_groups: CudaSlice<i32>,
     expert_out: CudaSlice<f32>,
     /// `[LOGIT_ROWS]` each: the targets of rows scored on the device, and each row's
     /// maximum, softmax sum and target logit (see `device_rows.rs`).
@@ -77,6 +78,7 @@ impl Workspace {
             scores: f(sz.scores)?,
             route_experts: stream.alloc_zeros::<i32>(sz.route_experts.max(16) / 4)?,
             route_weights: f(sz.route_weights)?,
+            route_groups: stream.alloc_zeros::<i32>(sz.route_groups.max(16) / 4)?,
             expert_out: f(sz.expert_out)?,
             lp_targets: stream.alloc_zeros::<i32>(LOGIT_ROWS)?,
             lp_max: stream.alloc_zeros::<f32>(LOGIT_ROWS)?,
@@ -103,6 +105,7 @@ impl Workspace {
             scores: ptr(&self.scores, s),
             route_experts: ptr(&self.route_experts, s),
             route_weights: ptr(&self.route_weights, s),
+            route_groups: ptr(&self.route_groups, s),
             expert_out: ptr(&self.expert_out, s),
         }
     }

@@ -44,7 +44,7 @@ const SOURCES: [(&str, &str); 13] = [
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 25] = [
+pub const KERNEL_NAMES: [&str; 26] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
@@ -68,6 +68,7 @@ pub const KERNEL_NAMES: [&str; 25] = [
     "q4_matvec",
     "q4_dequant",
     "moe_route",
+    "moe_group",
     "expert_matvec",
     "moe_combine",
 ];

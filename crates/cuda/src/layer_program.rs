@@ -313,32 +313,22 @@ impl LayerProgram<'_> {
                 let routes = Routes {
                     experts: ws.route_experts,
                     weights: ws.route_weights,
+                    groups: ws.route_groups,
                     k,
+                    num_experts: moe.num_experts,
                 };
-                let experts = moe.num_experts;
-                self.dense_product(ws.xn, router, ws.scores, n, experts, h)?;
+                self.dense_product(ws.xn, router, ws.scores, n, moe.num_experts, h)?;
                 self.kernels
-                    .moe_route(ws.scores, routes, (n, experts), moe.normalize_top_k)?;
+                    .moe_route(ws.scores, routes, n, moe.normalize_top_k)?;
+                self.kernels.moe_group(routes, n)?;
                 self.mark("router")?;
-                let r = n * k;
-                self.kernels.expert_matvec(
-                    ws.xn,
-                    gate_up,
-                    routes.experts,
-                    ws.gate_up,
-                    k,
-                    (r, 2 * ff, h),
-                )?;
+                let products = (ws.xn, gate_up, ws.gate_up);
+                self.kernels
+                    .expert_matvec(products, routes, k, (2 * ff, h))?;
                 self.mark("gate_up_proj")?;
-                self.activation(r, ff)?;
-                self.kernels.expert_matvec(
-                    ws.act,
-                    down,
-                    routes.experts,
-                    ws.expert_out,
-                    1,
-                    (r, h, ff),
-                )?;
+                self.activation(n * k, ff)?;
+                let products = (ws.act, down, ws.expert_out);
+                self.kernels.expert_matvec(products, routes, 1, (h, ff))?;
                 self.kernels
                     .moe_combine(ws.expert_out, routes, ws.delta, (n, h))?;
                 self.mark("down_proj")?;

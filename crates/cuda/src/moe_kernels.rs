@@ -7,13 +7,36 @@ use crate::kernels::{Arg, DevPtr, Kernels, ROW_THREADS};
 /// Outputs of one route that a block of `expert_matvec` computes: one per warp.
 const MATVEC_OUTPUTS: u32 = 8;
 
-/// Where a step's routes live: `[n, k]` expert ids (i32) and weights (f32), heaviest first.
+/// Where a step's routes live: `[n, k]` expert ids (i32) and weights (f32), heaviest first,
+/// and their grouping by expert (`groups`, i32: `[num_experts]` counts, then
+/// `[num_experts + 1]` offsets into the `[n * k]` route order that follows).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Routes {
     pub experts: DevPtr,
     pub weights: DevPtr,
+    pub groups: DevPtr,
     /// Experts per token.
     pub k: usize,
+    pub num_experts: usize,
+}
+
+impl Routes {
+    /// i32s of the `groups` buffer for `routes` routes of `num_experts` experts.
+    pub fn group_words(num_experts: usize, routes: usize) -> usize {
+        2 * num_experts + 1 + routes
+    }
+
+    fn counts(&self) -> DevPtr {
+        self.groups
+    }
+
+    fn offsets(&self) -> DevPtr {
+        self.groups + 4 * self.num_experts as u64
+    }
+
+    fn order(&self) -> DevPtr {
+        self.groups + 4 * (2 * self.num_experts + 1) as u64
+    }
 }
 
 impl Kernels {
@@ -23,42 +46,57 @@ impl Kernels {
         &self,
         scores: DevPtr,
         routes: Routes,
-        (n, num_experts): (usize, usize),
+        n: usize,
         normalize: bool,
     ) -> Result<(), CudaError> {
         let args = [
             Arg::Ptr(scores),
             Arg::Ptr(routes.experts),
             Arg::Ptr(routes.weights),
-            Arg::I32(num_experts as i32),
+            Arg::I32(routes.num_experts as i32),
             Arg::I32(routes.k as i32),
             Arg::I32(i32::from(normalize)),
         ];
         self.launch("moe_route", (n as u32, 1), 32, &args)
     }
 
-    /// `y[r] = x[r / per_token] · W[experts[r]]ᵀ` for `rows` routes. x: `[rows / per_token,
-    /// width]` act; w: `[num_experts, m, width]` act; y: `[rows, m]` f32.
-    #[allow(clippy::too_many_arguments)] // the kernel's arguments
+    /// Groups the `n * k` routes by expert (`routes.groups`).
+    pub fn moe_group(&self, routes: Routes, n: usize) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(routes.experts),
+            Arg::I32((n * routes.k) as i32),
+            Arg::I32(routes.num_experts as i32),
+            Arg::Ptr(routes.counts()),
+            Arg::Ptr(routes.offsets()),
+            Arg::Ptr(routes.order()),
+        ];
+        self.launch("moe_group", (1, 1), ROW_THREADS, &args)
+    }
+
+    /// `y[r] = x[r / per_token] · W[experts[r]]ᵀ` for every route `r` (grouped by
+    /// [`Kernels::moe_group`]). x: `[routes / per_token, width]` act; w: `[num_experts, m,
+    /// width]` act; y: `[routes, m]` f32.
     pub fn expert_matvec(
         &self,
-        x: DevPtr,
-        w: DevPtr,
-        experts: DevPtr,
-        y: DevPtr,
+        (x, w, y): (DevPtr, DevPtr, DevPtr),
+        routes: Routes,
         per_token: usize,
-        (rows, m, width): (usize, usize, usize),
+        (m, width): (usize, usize),
     ) -> Result<(), CudaError> {
         let args = [
             Arg::Ptr(x),
             Arg::Ptr(w),
-            Arg::Ptr(experts),
+            Arg::Ptr(routes.order()),
+            Arg::Ptr(routes.offsets()),
             Arg::Ptr(y),
             Arg::I32(per_token as i32),
             Arg::I32(m as i32),
             Arg::I32(width as i32),
         ];
-        let grid = (rows as u32, (m as u32).div_ceil(MATVEC_OUTPUTS));
+        let grid = (
+            routes.num_experts as u32,
+            (m as u32).div_ceil(MATVEC_OUTPUTS),
+        );
         self.launch("expert_matvec", grid, 32 * MATVEC_OUTPUTS, &args)
     }
 

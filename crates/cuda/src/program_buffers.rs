@@ -6,6 +6,7 @@ use tandem_model::ModelConfig;
 
 use crate::kernels::DevPtr;
 use crate::layer_program::PARTIAL_SLOTS;
+use crate::moe_kernels::Routes;
 use crate::options::CudaDtype;
 
 /// A `[rows, cols]` matrix of a layer (see `weights.rs` for the formats).
@@ -71,6 +72,7 @@ pub(crate) struct WorkspacePtrs {
     pub scores: DevPtr,
     pub route_experts: DevPtr,
     pub route_weights: DevPtr,
+    pub route_groups: DevPtr,
     pub expert_out: DevPtr,
 }
 
@@ -101,10 +103,12 @@ pub(crate) struct WorkspaceBytes {
     /// `[logit_rows, vocab]` f32.
     pub logits: usize,
     /// With experts (else 0): `[cap, experts]` f32 router scores; `[cap, experts_per_token]`
-    /// i32 and f32 routes; `[cap * experts_per_token, h]` f32 each route's output.
+    /// i32 and f32 routes; their grouping by expert (i32, `moe_kernels::Routes`);
+    /// `[cap * experts_per_token, h]` f32 each route's output.
     pub scores: usize,
     pub route_experts: usize,
     pub route_weights: usize,
+    pub route_groups: usize,
     pub expert_out: usize,
 }
 
@@ -133,6 +137,7 @@ impl WorkspaceBytes {
             scores: moe.map_or(0, |m| capacity * m.num_experts * 4),
             route_experts: routes * 4,
             route_weights: routes * 4,
+            route_groups: moe.map_or(0, |m| 4 * Routes::group_words(m.num_experts, routes)),
             expert_out: routes * h * 4,
         }
     }
