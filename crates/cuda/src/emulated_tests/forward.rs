@@ -73,26 +73,17 @@ impl Emulated {
         let mut layers = Vec::new();
         for l in &host.weights.layers {
             let h = convert_layer(host, l, mode.dtype, mode.weights).expect("layer");
+            largest = largest.max(h.largest_quantized());
             let mut matrix = |m: &HostMatrix| match m {
                 HostMatrix::Dense(d) => MatrixPtrs::Dense(put(Buf::of(d))),
-                HostMatrix::Q8 {
-                    codes,
-                    scales,
-                    elements,
-                } => {
-                    largest = largest.max(*elements);
+                HostMatrix::Q8 { codes, scales, .. } => {
                     let codes = put(Buf::of(codes));
                     MatrixPtrs::Q8 {
                         codes,
                         scales: put(Buf::of(scales)),
                     }
                 }
-                HostMatrix::Q4 {
-                    codes,
-                    scales,
-                    elements,
-                } => {
-                    largest = largest.max(*elements);
+                HostMatrix::Q4 { codes, scales, .. } => {
                     let codes = put(Buf::of(codes));
                     MatrixPtrs::Q4 {
                         codes,

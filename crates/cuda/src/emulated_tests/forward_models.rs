@@ -46,116 +46,104 @@ const FF: usize = 96;
 const HEADS: usize = 4;
 const KV_HEADS: usize = 2;
 
+impl Spec {
+    /// A two-layer model of hidden size 64 and heads of 32 (`config` must say so where the
+    /// architecture's default head size differs), untied, with the Llama block.
+    fn new(name: &'static str, config: serde_json::Value) -> Spec {
+        Spec {
+            name,
+            config,
+            hidden: 64,
+            head_dim: 32,
+            qkv_bias: false,
+            qk_norm: false,
+            tied: false,
+            layers: 2,
+            gemma_norms: false,
+            experts: None,
+        }
+    }
+}
+
 pub(super) fn specs() -> Vec<Spec> {
     vec![
         Spec {
-            name: "llama",
-            config: json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                           "head_dim": 32}),
-            hidden: 64,
-            head_dim: 32,
-            qkv_bias: false,
-            qk_norm: false,
             tied: true,
-            layers: 2,
-            gemma_norms: false,
-            experts: None,
+            ..Spec::new(
+                "llama",
+                json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                       "head_dim": 32}),
+            )
         },
+        // Qwen2 has no head_dim: hidden / heads.
         Spec {
-            name: "qwen2",
-            config: json!({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}),
             hidden: 128,
-            head_dim: 32,
             qkv_bias: true,
-            qk_norm: false,
-            tied: false,
-            layers: 2,
-            gemma_norms: false,
-            experts: None,
+            ..Spec::new(
+                "qwen2",
+                json!({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}),
+            )
         },
         Spec {
-            name: "qwen3",
-            config: json!({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-                           "head_dim": 32}),
-            hidden: 64,
-            head_dim: 32,
-            qkv_bias: false,
             qk_norm: true,
             tied: true,
-            layers: 2,
-            gemma_norms: false,
-            experts: None,
+            ..Spec::new(
+                "qwen3",
+                json!({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                       "head_dim": 32}),
+            )
         },
         // A window of 20 positions on every layer: late tokens see two partitions of the
         // context, neither of them the first.
-        Spec {
-            name: "mistral_swa",
-            config: json!({"architectures": ["MistralForCausalLM"], "model_type": "mistral",
-                           "head_dim": 32, "sliding_window": 20}),
-            hidden: 64,
-            head_dim: 32,
-            qkv_bias: false,
-            qk_norm: false,
-            tied: false,
-            layers: 2,
-            gemma_norms: false,
-            experts: None,
-        },
+        Spec::new(
+            "mistral_swa",
+            json!({"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+                   "head_dim": 32, "sliding_window": 20}),
+        ),
         // Gemma 3 as its configs have it: sliding layers around a global one, with their
         // own RoPE base; linear RoPE scaling on the global layer; GeGLU; the embedding's
         // scale; norms of each sub-layer's output; q/k norms; a query scale of its own; and
         // a soft cap on the logits (Gemma 2's, which the CPU implements too).
         Spec {
-            name: "gemma3",
-            config: json!({
-                "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
-                "head_dim": 32, "hidden_activation": "gelu_pytorch_tanh",
-                "query_pre_attn_scalar": 24, "final_logit_softcapping": 5.0,
-                "sliding_window": 8, "rms_norm_eps": 1e-6,
-                "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-                "rope_parameters": {
-                    "full_attention": {"factor": 4.0, "rope_theta": 1000000.0,
-                                       "rope_type": "linear"},
-                    "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}
-                }
-            }),
-            hidden: 64,
-            head_dim: 32,
-            qkv_bias: false,
             qk_norm: true,
             tied: true,
             layers: 3,
             gemma_norms: true,
-            experts: None,
+            ..Spec::new(
+                "gemma3",
+                json!({
+                    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                    "head_dim": 32, "hidden_activation": "gelu_pytorch_tanh",
+                    "query_pre_attn_scalar": 24, "final_logit_softcapping": 5.0,
+                    "sliding_window": 8, "rms_norm_eps": 1e-6,
+                    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                    "rope_parameters": {
+                        "full_attention": {"factor": 4.0, "rope_theta": 1000000.0,
+                                           "rope_type": "linear"},
+                        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}
+                    }
+                }),
+            )
         },
         // Eight experts of width 96, three per token, their weights renormalised.
         Spec {
-            name: "qwen3_moe",
-            config: json!({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
-                           "head_dim": 32, "num_experts": 8, "num_experts_per_tok": 3,
-                           "moe_intermediate_size": FF, "norm_topk_prob": true,
-                           "decoder_sparse_step": 1, "mlp_only_layers": []}),
-            hidden: 64,
-            head_dim: 32,
-            qkv_bias: false,
             qk_norm: true,
-            tied: false,
-            layers: 2,
-            gemma_norms: false,
             experts: Some((8, 3, ExpertNames::Qwen)),
+            ..Spec::new(
+                "qwen3_moe",
+                json!({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                       "head_dim": 32, "num_experts": 8, "num_experts_per_tok": 3,
+                       "moe_intermediate_size": FF, "norm_topk_prob": true,
+                       "decoder_sparse_step": 1, "mlp_only_layers": []}),
+            )
         },
         Spec {
-            name: "mixtral",
-            config: json!({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
-                           "head_dim": 32, "num_local_experts": 6, "num_experts_per_tok": 2}),
-            hidden: 64,
-            head_dim: 32,
-            qkv_bias: false,
-            qk_norm: false,
-            tied: false,
-            layers: 2,
-            gemma_norms: false,
             experts: Some((6, 2, ExpertNames::Mixtral)),
+            ..Spec::new(
+                "mixtral",
+                json!({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                       "head_dim": 32, "num_local_experts": 6, "num_experts_per_tok": 2}),
+            )
         },
     ]
 }
