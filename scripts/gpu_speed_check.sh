@@ -32,8 +32,8 @@
 #     prefix/copy_blocks/cached_logits, batch invariance, sampling on the device against the
 #     host, overlapped steps, decode rates with and without graphs, greedy and top-p).
 # Stage rest: what step 6 did not finish, and gpu_check.sh on a Gemma 3 shape (sliding
-#  windows, GeGLU, Gemma's norms) and a Qwen3-MoE shape (experts); OLD_BIN_DIR's bench
-#  beside the new one;
+#  windows, GeGLU, Gemma's norms) and a Qwen3-MoE shape (experts), and their bench at batch
+#  1 and 64; OLD_BIN_DIR's bench beside the new one;
 #  `--cuda-weights q8_0`, `--cuda-weights q4_1` and `--batch-invariant` (speed at batch 1
 #  and 32, and the perplexity of one text in each mode: OUTDIR/quant_fidelity.txt); the whole
 #  engine loop (`--engine`) on both shapes with and without overlapped steps
@@ -191,6 +191,11 @@ fi
 if [ "$STAGE" = rest ] || [ "$STAGE" = all ]; then
   models
   check llama3.2-1b smollm2-135m gemma3-small qwen3moe-small
+  # First speed figures of the newly served architectures (their models come from the check).
+  for shape in gemma3-small qwen3moe-small; do
+    [ -d "$M/$shape-bf16" ] && BENCH_MODEL="$M/$shape-bf16" bench "$shape" "$NEW" 30 90 \
+      --batch 1 --batch 64
+  done
   [ -n "$OLD" ] && bench old "$OLD" 40 150 --batch 1 --batch 32 --batch 256
   # The engine loop planning step n+1 while step n runs, against the synchronous loop; the
   # 135M shape is where host time shows most.
