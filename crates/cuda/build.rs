@@ -16,12 +16,13 @@ const DYNAMIC_SHARED: usize = 232_448;
 fn main() {
     println!("cargo:rerun-if-changed=kernels");
     println!("cargo:rerun-if-changed=emulator");
+    println!("cargo:rerun-if-changed=src/kernels.rs");
     if std::env::var_os("CARGO_FEATURE_EMULATOR").is_none() {
         return;
     }
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo"));
-    let program = program_text(&manifest.join("kernels"));
+    let program = program_text(&manifest);
     let mut build = cc::Build::new();
     build
         .cpp(true)
@@ -46,20 +47,23 @@ fn main() {
     build.compile("tandem_cuda_emulator");
 }
 
-/// The kernel files concatenated as NVRTC sees them: `common.cuh`, then every `.cu` file.
-fn program_text(dir: &Path) -> String {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .expect("reading kernels/")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
-        .collect();
-    files.sort();
-    files.insert(0, dir.join("common.cuh"));
+/// The kernel files concatenated as NVRTC sees them: in the order `src/kernels.rs` lists
+/// them in `SOURCES` (a file may use what an earlier one defines).
+fn program_text(manifest: &Path) -> String {
+    let listing = std::fs::read_to_string(manifest.join("src/kernels.rs")).expect("kernels.rs");
+    let marker = "include_str!(\"../kernels/";
     let mut text = String::new();
-    for f in files {
-        text.push_str(&std::fs::read_to_string(&f).expect("reading a kernel file"));
+    for (at, _) in listing.match_indices(marker) {
+        let rest = &listing[at + marker.len()..];
+        let name = &rest[..rest.find('"').expect("a closing quote")];
+        let path = manifest.join("kernels").join(name);
+        text.push_str(&std::fs::read_to_string(&path).expect("reading a kernel file"));
         text.push('\n');
     }
+    assert!(
+        text.contains("__global__"),
+        "no kernel sources listed in src/kernels.rs"
+    );
     text
 }
 

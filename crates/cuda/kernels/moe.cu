@@ -96,6 +96,21 @@ extern "C" __global__ void moe_group(const int* experts, int routes, int num_exp
 
 #define EXPERT_ROUTES 8 // routes a warp multiplies by each weight it loads
 
+// Adds up each of a group's `count` routes' lane sums (a fixed tree) and writes output j of
+// route routes[g]: y[route, j].
+__device__ __forceinline__ void expert_outputs(const float* acc, const int* routes, int count,
+                                               float* y, int m, int j, int lane) {
+#pragma unroll
+    for (int g = 0; g < EXPERT_ROUTES; ++g) {
+        if (g < count) { // uniform over the warp
+            float sum = warp_sum(acc[g]);
+            if (lane == 0) {
+                y[(i64)routes[g] * m + j] = sum;
+            }
+        }
+    }
+}
+
 // y[r, j] = x[r / per_token] · W[e][j] for every route r of every expert e (the routes
 // order[offsets[e] .. offsets[e + 1]], from moe_group) and output j < m: x: [rows /
 // per_token, width] act_t (per_token = k: the tokens' normed rows, shared by their routes;
@@ -136,15 +151,94 @@ extern "C" __global__ void expert_matvec(const act_t* x, const act_t* w, const i
                 }
             }
         }
+        expert_outputs(acc, order + first, count, y, m, j, lane);
+    }
+}
+
+// expert_matvec with Q8_0 expert matrices (`--cuda-weights q8_0`, see q8.cu): codes
+// [num_experts * m, width] int8, scales [num_experts * m, width / 32] f32. Lane l takes
+// blocks l, l + 32, ... of the weight row, each loaded once for the group's routes.
+extern "C" __global__ void expert_matvec_q8(const act_t* x, const unsigned char* q,
+                                            const float* scales, const int* order,
+                                            const int* offsets, float* y, int per_token, int m,
+                                            int width) {
+    int lane = threadIdx.x & 31;
+    int j = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int e = blockIdx.x;
+    int begin = offsets[e];
+    int end = offsets[e + 1];
+    if (j >= m || begin == end) {
+        return; // a whole warp: no warp-level operation follows for it
+    }
+    i64 row = (i64)e * m + j;
+    int blocks = width / Q8_BLOCK;
+    const unsigned char* codes = q + row * width;
+    for (int first = begin; first < end; first += EXPERT_ROUTES) {
+        int count = min(EXPERT_ROUTES, end - first); // the same over the warp
+        i64 xrow[EXPERT_ROUTES];
+        float acc[EXPERT_ROUTES];
 #pragma unroll
         for (int g = 0; g < EXPERT_ROUTES; ++g) {
-            if (g < count) {
-                float sum = warp_sum(acc[g]);
-                if (lane == 0) {
-                    y[(i64)order[first + g] * m + j] = sum;
+            acc[g] = 0.0f;
+            xrow[g] = g < count ? (i64)(order[first + g] / per_token) * width : 0;
+        }
+        for (int b = lane; b < blocks; b += 32) {
+            const uint4* p = reinterpret_cast<const uint4*>(codes + b * Q8_BLOCK);
+            uint4 lo = p[0];
+            uint4 hi = p[1];
+            u32 words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            float d = scales[row * blocks + b];
+#pragma unroll
+            for (int g = 0; g < EXPERT_ROUTES; ++g) {
+                if (g < count) {
+                    acc[g] += d * q8_block_dot(words, x, xrow[g] + b * Q8_BLOCK);
                 }
             }
         }
+        expert_outputs(acc, order + first, count, y, m, j, lane);
+    }
+}
+
+// expert_matvec with Q4_1 expert matrices (`--cuda-weights q4_1`, see q4.cu): codes
+// [num_experts * m, width / 32] blocks of 16 bytes, scales as many u32 (f16 d and mn).
+extern "C" __global__ void expert_matvec_q4(const act_t* x, const unsigned char* q,
+                                            const u32* scales, const int* order,
+                                            const int* offsets, float* y, int per_token, int m,
+                                            int width) {
+    int lane = threadIdx.x & 31;
+    int j = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int e = blockIdx.x;
+    int begin = offsets[e];
+    int end = offsets[e + 1];
+    if (j >= m || begin == end) {
+        return; // a whole warp: no warp-level operation follows for it
+    }
+    i64 row = (i64)e * m + j;
+    int blocks = width / Q4_BLOCK;
+    const uint4* codes = reinterpret_cast<const uint4*>(q + row * (width / 2));
+    for (int first = begin; first < end; first += EXPERT_ROUTES) {
+        int count = min(EXPERT_ROUTES, end - first); // the same over the warp
+        i64 xrow[EXPERT_ROUTES];
+        float acc[EXPERT_ROUTES];
+#pragma unroll
+        for (int g = 0; g < EXPERT_ROUTES; ++g) {
+            acc[g] = 0.0f;
+            xrow[g] = g < count ? (i64)(order[first + g] / per_token) * width : 0;
+        }
+        for (int b = lane; b < blocks; b += 32) {
+            uint4 c = codes[b];
+            u32 words[4] = {c.x, c.y, c.z, c.w};
+            u32 dm = scales[row * blocks + b];
+            float d = f16_to_f32(dm & 0xffffu);
+            float mn = f16_to_f32(dm >> 16);
+#pragma unroll
+            for (int g = 0; g < EXPERT_ROUTES; ++g) {
+                if (g < count) {
+                    acc[g] += q4_block_dot(words, d, mn, x, xrow[g] + b * Q4_BLOCK);
+                }
+            }
+        }
+        expert_outputs(acc, order + first, count, y, m, j, lane);
     }
 }
 

@@ -32,6 +32,27 @@ __device__ __forceinline__ float f16_to_f32(u32 h) {
     return __uint_as_float(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+// One block (`words`: its 16 code bytes; `d`, `mn`: its scale and minimum) against the 32
+// values of x from `base`, as the CPU's Q4_1 dot computes it: d · Σ q·x + mn · Σ x, values
+// t and t + 16 together.
+__device__ __forceinline__ float q4_block_dot(const u32* words, float d, float mn,
+                                              const act_t* x, i64 base) {
+    float qx = 0.0f;
+    float sx = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            u32 byte = (words[w] >> (8 * t)) & 0xffu;
+            float lo = load_act(x, base + 4 * w + t);
+            float hi = load_act(x, base + 16 + 4 * w + t);
+            qx += (float)(byte & 15u) * lo + (float)(byte >> 4) * hi;
+            sx += lo + hi;
+        }
+    }
+    return d * qx + mn * sx;
+}
+
 // y[n, m] = x[n, k] · W[m, k]ᵀ for n <= Q4_MAX_ROWS; x: act_t, y: f32.
 // Grid: ceil(m / warps per block); block: 256 threads. Warp w of block b computes column
 // j = b * 8 + w: lane l takes blocks l, l + 32, ... of row j: its 16 code bytes (one
@@ -62,21 +83,7 @@ extern "C" __global__ void q4_matvec(const unsigned char* q, const u32* scales, 
 #pragma unroll
         for (int r = 0; r < Q4_MAX_ROWS; ++r) {
             if (r < n) {
-                i64 base = (i64)r * k + b * Q4_BLOCK;
-                float qx = 0.0f;
-                float sx = 0.0f;
-#pragma unroll
-                for (int w = 0; w < 4; ++w) {
-#pragma unroll
-                    for (int t = 0; t < 4; ++t) {
-                        u32 byte = (words[w] >> (8 * t)) & 0xffu;
-                        float lo = load_act(x, base + 4 * w + t);
-                        float hi = load_act(x, base + 16 + 4 * w + t);
-                        qx += (float)(byte & 15u) * lo + (float)(byte >> 4) * hi;
-                        sx += lo + hi;
-                    }
-                }
-                acc[r] += d * qx + mn * sx;
+                acc[r] += q4_block_dot(words, d, mn, x, (i64)r * k + b * Q4_BLOCK);
             }
         }
     }

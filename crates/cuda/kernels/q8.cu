@@ -9,6 +9,21 @@
 #define Q8_BLOCK 32
 #define Q8_MAX_ROWS 8 // rows of x q8_matvec takes at once (Q8_MATVEC_ROWS in kernels.rs)
 
+// One block's 32 codes (`words`, 4 to a word, lowest byte first) against the 32 values of x
+// from `base`: Σ code · x in value order, before the block's scale.
+__device__ __forceinline__ float q8_block_dot(const u32* words, const act_t* x, i64 base) {
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            int code = (int)(signed char)((words[w] >> (8 * c)) & 0xffu);
+            s += (float)code * load_act(x, base + 4 * w + c);
+        }
+    }
+    return s;
+}
+
 // y[n, m] = x[n, k] · W[m, k]ᵀ for n <= Q8_MAX_ROWS; x: act_t, y: f32.
 // Grid: ceil(m / warps per block); block: 256 threads. Warp w of block b computes column
 // j = b * 8 + w: lane l takes blocks l, l + 32, ... of row j, each block's 32 codes
@@ -37,17 +52,7 @@ extern "C" __global__ void q8_matvec(const unsigned char* q, const float* scales
 #pragma unroll
         for (int r = 0; r < Q8_MAX_ROWS; ++r) {
             if (r < n) {
-                i64 base = (i64)r * k + b * Q8_BLOCK;
-                float s = 0.0f;
-#pragma unroll
-                for (int w = 0; w < 8; ++w) {
-#pragma unroll
-                    for (int c = 0; c < 4; ++c) {
-                        int code = (int)(signed char)((words[w] >> (8 * c)) & 0xffu);
-                        s += (float)code * load_act(x, base + 4 * w + c);
-                    }
-                }
-                acc[r] += d * s;
+                acc[r] += d * q8_block_dot(words, x, (i64)r * k + b * Q8_BLOCK);
             }
         }
     }

@@ -44,7 +44,7 @@ const SOURCES: [(&str, &str); 13] = [
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 26] = [
+pub const KERNEL_NAMES: [&str; 28] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
@@ -70,6 +70,8 @@ pub const KERNEL_NAMES: [&str; 26] = [
     "moe_route",
     "moe_group",
     "expert_matvec",
+    "expert_matvec_q8",
+    "expert_matvec_q4",
     "moe_combine",
 ];
 

@@ -322,12 +322,15 @@ impl LayerProgram<'_> {
                     .moe_route(ws.scores, routes, n, moe.normalize_top_k)?;
                 self.kernels.moe_group(routes, n)?;
                 self.mark("router")?;
-                let products = (ws.xn, gate_up, ws.gate_up);
-                self.kernels
-                    .expert_matvec(products, routes, k, (2 * ff, h))?;
+                self.kernels.expert_matvec(
+                    (ws.xn, &gate_up, ws.gate_up),
+                    routes,
+                    k,
+                    (2 * ff, h),
+                )?;
                 self.mark("gate_up_proj")?;
                 self.activation(n * k, ff)?;
-                let products = (ws.act, down, ws.expert_out);
+                let products = (ws.act, &down, ws.expert_out);
                 self.kernels.expert_matvec(products, routes, 1, (h, ff))?;
                 self.kernels
                     .moe_combine(ws.expert_out, routes, ws.delta, (n, h))?;

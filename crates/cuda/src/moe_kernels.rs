@@ -3,6 +3,7 @@
 
 use crate::error::CudaError;
 use crate::kernels::{Arg, DevPtr, Kernels, ROW_THREADS};
+use crate::program_buffers::MatrixPtrs;
 
 /// Outputs of one route that a block of `expert_matvec` computes: one per warp.
 const MATVEC_OUTPUTS: u32 = 8;
@@ -74,30 +75,40 @@ impl Kernels {
     }
 
     /// `y[r] = x[r / per_token] · W[experts[r]]ᵀ` for every route `r` (grouped by
-    /// [`Kernels::moe_group`]). x: `[routes / per_token, width]` act; w: `[num_experts, m,
-    /// width]` act; y: `[routes, m]` f32.
+    /// [`Kernels::moe_group`]). x: `[routes / per_token, width]` act; w: the experts'
+    /// `[num_experts * m, width]` stacked matrix, in any of the layers' formats; y:
+    /// `[routes, m]` f32.
     pub fn expert_matvec(
         &self,
-        (x, w, y): (DevPtr, DevPtr, DevPtr),
+        (x, w, y): (DevPtr, &MatrixPtrs, DevPtr),
         routes: Routes,
         per_token: usize,
         (m, width): (usize, usize),
     ) -> Result<(), CudaError> {
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(w),
+        let (name, weights) = match *w {
+            MatrixPtrs::Dense(w) => ("expert_matvec", vec![Arg::Ptr(w)]),
+            MatrixPtrs::Q8 { codes, scales } => {
+                ("expert_matvec_q8", vec![Arg::Ptr(codes), Arg::Ptr(scales)])
+            }
+            MatrixPtrs::Q4 { codes, scales } => {
+                ("expert_matvec_q4", vec![Arg::Ptr(codes), Arg::Ptr(scales)])
+            }
+        };
+        let mut args = vec![Arg::Ptr(x)];
+        args.extend(weights);
+        args.extend([
             Arg::Ptr(routes.order()),
             Arg::Ptr(routes.offsets()),
             Arg::Ptr(y),
             Arg::I32(per_token as i32),
             Arg::I32(m as i32),
             Arg::I32(width as i32),
-        ];
+        ]);
         let grid = (
             routes.num_experts as u32,
             (m as u32).div_ceil(MATVEC_OUTPUTS),
         );
-        self.launch("expert_matvec", grid, 32 * MATVEC_OUTPUTS, &args)
+        self.launch(name, grid, 32 * MATVEC_OUTPUTS, &args)
     }
 
     /// `out[t] = Σ weight · y[route]` over token `t`'s routes in ascending expert order.

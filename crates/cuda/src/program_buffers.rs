@@ -40,8 +40,8 @@ pub(crate) enum MlpPtrs {
     },
     Experts {
         router: DevPtr,
-        gate_up: DevPtr,
-        down: DevPtr,
+        gate_up: MatrixPtrs,
+        down: MatrixPtrs,
     },
 }
 

@@ -43,13 +43,13 @@ pub(crate) enum HostMlp {
         gate_up: HostMatrix,
         down: HostMatrix,
     },
-    /// A mixture of experts, in the storage type whatever `--cuda-weights` says: `router`
-    /// `[experts, h]`; `gate_up` `[experts, 2 * expert_ffn, h]` (each expert's gate rows,
-    /// then its up rows); `down` `[experts, h, expert_ffn]`.
+    /// A mixture of experts: `router` `[experts, h]` in the storage type; the experts'
+    /// matrices stacked, in the layers' format: `gate_up` `[experts * 2 * expert_ffn, h]`
+    /// (each expert's gate rows, then its up rows), `down` `[experts * h, expert_ffn]`.
     Experts {
         router: Vec<u8>,
-        gate_up: Vec<u8>,
-        down: Vec<u8>,
+        gate_up: HostMatrix,
+        down: HostMatrix,
     },
 }
 
@@ -104,8 +104,7 @@ pub(crate) fn convert_embeddings(
     Ok((embed, lm_head))
 }
 
-/// Converts layer `l` of `host`: q/k/v and gate/up stacked, matrices in `format` (experts
-/// in the storage type).
+/// Converts layer `l` of `host`: q/k/v and gate/up stacked, matrices in `format`.
 pub(crate) fn convert_layer(
     host: &HostModel,
     l: &LayerWeights,
@@ -131,8 +130,8 @@ pub(crate) fn convert_layer(
             let down: Vec<_> = e.experts.iter().map(|x| (t(x.down), h, ff)).collect();
             HostMlp::Experts {
                 router: dense(&[(t(e.router), moe.num_experts, h)], dtype)?,
-                gate_up: dense(&gate_up, dtype)?,
-                down: dense(&down, dtype)?,
+                gate_up: matrix(&gate_up)?,
+                down: matrix(&down)?,
             }
         }
         (FeedForward::Experts(_), None) => {

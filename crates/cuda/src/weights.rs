@@ -61,8 +61,8 @@ pub(crate) enum DeviceMlp {
     },
     Experts {
         router: CudaSlice<u8>,
-        gate_up: CudaSlice<u8>,
-        down: CudaSlice<u8>,
+        gate_up: DeviceMatrix,
+        down: DeviceMatrix,
     },
 }
 
@@ -109,8 +109,8 @@ impl DeviceWeights {
                         down,
                     } => MlpPtrs::Experts {
                         router: ptr(router, s),
-                        gate_up: ptr(gate_up, s),
-                        down: ptr(down, s),
+                        gate_up: gate_up.ptrs(s),
+                        down: down.ptrs(s),
                     },
                 },
                 post_norms: l
@@ -180,8 +180,8 @@ pub(crate) fn upload(
                     down,
                 } => DeviceMlp::Experts {
                     router: up.put(router)?,
-                    gate_up: up.put(gate_up)?,
-                    down: up.put(down)?,
+                    gate_up: up.matrix(gate_up)?,
+                    down: up.matrix(down)?,
                 },
             },
             post_norms: match &h.post_norms {

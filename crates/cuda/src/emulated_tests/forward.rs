@@ -74,6 +74,10 @@ impl Emulated {
         for l in &host.weights.layers {
             let h = convert_layer(host, l, mode.dtype, mode.weights).expect("layer");
             largest = largest.max(h.largest_quantized());
+            let router = match &h.mlp {
+                HostMlp::Experts { router, .. } => put(Buf::of(router)),
+                HostMlp::Dense { .. } => 0,
+            };
             let mut matrix = |m: &HostMatrix| match m {
                 HostMatrix::Dense(d) => MatrixPtrs::Dense(put(Buf::of(d))),
                 HostMatrix::Q8 { codes, scales, .. } => {
@@ -97,14 +101,10 @@ impl Emulated {
                     gate_up: matrix(gate_up),
                     down: matrix(down),
                 },
-                HostMlp::Experts {
+                HostMlp::Experts { gate_up, down, .. } => MlpPtrs::Experts {
                     router,
-                    gate_up,
-                    down,
-                } => MlpPtrs::Experts {
-                    router: put(Buf::of(router)),
-                    gate_up: put(Buf::of(gate_up)),
-                    down: put(Buf::of(down)),
+                    gate_up: matrix(gate_up),
+                    down: matrix(down),
                 },
             };
             layers.push(LayerPtrs {

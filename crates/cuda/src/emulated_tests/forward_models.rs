@@ -260,7 +260,7 @@ pub(super) fn load(dir: &Path) -> HostModel {
 }
 
 /// Tensors `(name, shape, mean, spread)` of random values, in F32 or BF16; the layers'
-/// matrices (`*proj.weight`) on `grid`.
+/// matrices (`*proj.weight`, the experts') on `grid`.
 fn write_safetensors(
     path: &Path,
     tensors: &[(String, Vec<usize>, f32, f32)],
@@ -272,7 +272,8 @@ fn write_safetensors(
     for (name, shape, mean, spread) in tensors {
         let n: usize = shape.iter().product();
         let start = data.len();
-        let values = match name.ends_with("proj.weight") {
+        let layer_matrix = name.ends_with("proj.weight") || name.contains(".experts.");
+        let values = match layer_matrix {
             true => on_grid(&mut r, n, grid).unwrap_or_else(|| normal_ish(&mut r, n, *spread)),
             false => normal_ish(&mut r, n, *spread),
         };
