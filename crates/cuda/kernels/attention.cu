@@ -8,7 +8,11 @@
 // for query head kvh * group + g of the tile's token t, the attention over the positions
 // of partition [j * P, (j + 1) * P) that the token sees: [window start, context), where
 // context = position + 1, P = ATTN_PARTITION and the window starts at 0, or, on a layer
-// with a sliding window of W positions, at max(0, context - W). Blocks whose partition lies
+// with a sliding window of W positions, at max(0, context - W). Partition j is counted
+// from the partition of the tile's first window start (0 without a window), j = z + that,
+// so that a windowed layer's launch needs only the few partitions a window spans, not one
+// per partition of the longest context: those blocks would all exit at once, and at long
+// contexts they outnumber the working ones many times over. Blocks whose partition lies
 // outside every window of the tile exit at once, so a launch may name more partitions
 // than its longest context needs (a captured CUDA graph sizes them for the longest context
 // it may ever see).
@@ -26,10 +30,11 @@
 // and sum) and its weighted sum of values, lane l holding dimensions l, l + 32, ...
 //
 // A token whose window fits in one partition writes its output directly. Otherwise each
-// partition writes (value sum, max, sum) to `partials` and attention_merge combines them in
-// partition order. A token's result depends only on its own query and context, never on
-// the batch, the tile it shares or the launch shape: every warp does the same arithmetic
-// on the same values in the same order, wherever its token sits.
+// partition writes (value sum, max, sum) to `partials`, in slots counted from the partition
+// of the token's own window start, and attention_merge combines them in partition order.
+// A token's result depends only on its own query and context, never on the batch, the
+// tile it shares or the launch shape: every warp does the same arithmetic on the same
+// values in the same order, wherever its token sits.
 
 // TANDEM_ATTN_PARTITION is set by the Rust side (kernels.rs), which sizes the launches.
 #define ATTN_PARTITION TANDEM_ATTN_PARTITION
@@ -203,9 +208,9 @@ extern "C" __global__ void paged_attention(const float* q, const act_t* k_cache,
     int g = warp % group;
     int t = warp / group;
     int kvh = blockIdx.y;
-    int part = blockIdx.z;
     i64 first = tiles ? tiles[2 * blockIdx.x] : blockIdx.x;
     int count = tiles ? tiles[2 * blockIdx.x + 1] : 1;
+    int part = window_start(positions[first], s.window) / ATTN_PARTITION + (int)blockIdx.z;
     // The tile's tokens are consecutive positions of one sequence: the first's window
     // starts first and the last has the longest context; the block stages the positions
     // of the partition that any of them needs.
@@ -338,7 +343,8 @@ extern "C" __global__ void paged_attention(const float* q, const act_t* k_cache,
         }
         return;
     }
-    float* partial = partials + ((token * s.num_heads + h) * (i64)s.num_parts + part) * (d + 2);
+    int slot = part - lo / ATTN_PARTITION; // < num_parts: the launch covers every window
+    float* partial = partials + ((token * s.num_heads + h) * (i64)s.num_parts + slot) * (d + 2);
 #pragma unroll
     for (int i = 0; i < ATTN_MAX_PER_LANE; ++i) {
         if (i < per_lane) {
@@ -365,21 +371,22 @@ extern "C" __global__ void attention_merge(const float* partials, const int* pos
     if (parts - first_part == 1) {
         return;
     }
+    // Partition j's results are in slot j - first_part (see paged_attention).
     const float* base = partials + (token * s.num_heads + h) * (i64)s.num_parts * (d + 2);
     float total_max = NEG_INF;
     for (int j = first_part; j < parts; ++j) {
-        total_max = fmaxf(total_max, base[j * (d + 2) + d]);
+        total_max = fmaxf(total_max, base[(j - first_part) * (d + 2) + d]);
     }
     float total_sum = 0.0f;
     for (int j = first_part; j < parts; ++j) {
-        const float* pj = base + j * (d + 2);
+        const float* pj = base + (j - first_part) * (d + 2);
         total_sum += pj[d + 1] * expf(pj[d] - total_max);
     }
     i64 dst = token * (i64)(s.num_heads * d) + h * d;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         float v = 0.0f;
         for (int j = first_part; j < parts; ++j) {
-            const float* pj = base + j * (d + 2);
+            const float* pj = base + (j - first_part) * (d + 2);
             v += pj[i] * expf(pj[d] - total_max);
         }
         store_act(out, dst + i, v / total_sum);

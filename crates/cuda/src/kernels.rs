@@ -86,6 +86,23 @@ fn kernel_index(name: &str) -> usize {
 /// Positions of the context one attention block covers (`ATTN_PARTITION` in attention.cu).
 /// Fixed, so that a token's attention never depends on the batch it runs in.
 pub(crate) const ATTN_PARTITION: usize = 128;
+/// Partitions a `paged_attention` launch over tiles of up to `tile_tokens` tokens names on a
+/// layer with a sliding `window` (`None` or 0: none), when `parts` cover its longest
+/// context. The kernel counts a tile's partitions from that of its first token's window
+/// start, and the windows of `tile_tokens` consecutive positions span at most
+/// `(window + tile_tokens - 2) / ATTN_PARTITION + 2` partitions; naming all `parts` would
+/// launch a block per partition of the longest context, nearly all of them with nothing to
+/// do at long contexts.
+pub(crate) fn window_parts(parts: usize, window: Option<usize>, tile_tokens: usize) -> usize {
+    match window {
+        Some(w) if w > 0 => {
+            let spanned = w.saturating_add(tile_tokens.max(1)).saturating_sub(2);
+            parts.min(spanned / ATTN_PARTITION + 2)
+        }
+        _ => parts,
+    }
+}
+
 /// Largest head dimension the attention kernel handles (`32 * ATTN_MAX_PER_LANE`).
 pub(crate) const MAX_HEAD_DIM: usize = 256;
 /// Tokens per tile of `attention_tc` (`TC_ROWS` in attention_tc.cu), its threads

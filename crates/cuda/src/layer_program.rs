@@ -24,7 +24,8 @@ use crate::device::Device;
 use crate::error::CudaError;
 use crate::gemm::Gemm;
 use crate::kernels::{
-    AttnBuffers, AttnShape, DevPtr, Kernels, QkvBuffers, QkvShape, TC_MAX_HEAD_DIM, TC_TILE_TOKENS,
+    window_parts, AttnBuffers, AttnShape, DevPtr, Kernels, QkvBuffers, QkvShape, TC_MAX_HEAD_DIM,
+    TC_TILE_TOKENS,
 };
 use crate::moe_kernels::Routes;
 use crate::options::CudaDtype;
@@ -209,7 +210,8 @@ impl LayerProgram<'_> {
             )));
         }
         let tile_tokens = tiles.map_or(1, |t| t.tile_tokens);
-        let shape = self.attn_shape(parts, tile_tokens, window);
+        let launch_parts = window_parts(parts, window, tile_tokens);
+        let shape = self.attn_shape(launch_parts, tile_tokens, window);
         if let (Some(t), true) = (tiles, self.tensor_core_prefill) {
             let attn = AttnBuffers {
                 q: ws.q,

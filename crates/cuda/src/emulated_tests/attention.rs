@@ -6,7 +6,7 @@
 
 use super::*;
 use crate::attention_tiles::{shared_bytes, tokens_per_tile, AttentionTiles};
-use crate::kernels::{AttnBuffers, AttnShape, ATTN_PARTITION, TC_TILE_TOKENS};
+use crate::kernels::{window_parts, AttnBuffers, AttnShape, ATTN_PARTITION, TC_TILE_TOKENS};
 
 const BLOCK: usize = 16;
 
@@ -163,9 +163,14 @@ impl Scene {
         let (mut tb, mut sb, mut pb) = (Buf::of(&self.tables), Buf::of(&seqs), Buf::of(&positions));
         let mut tiles_buf = Buf::of(tiles.as_ref().map_or(&[0][..], |t| &t.pairs[..]));
         let mut out = act_buf(self.dtype, &vec![f32::NAN; n * q_dim]);
+        // A windowed layer's launch names only the partitions its windows span, as the
+        // forward program launches it.
+        let tile_tokens = tiles.as_ref().map_or(1, |t| t.tile_tokens);
+        let window = (self.window > 0).then_some(self.window);
+        let parts = window_parts(parts, window, tile_tokens);
         // NaN where no partition wrote: a merge that reads a partition nobody wrote fails.
         let mut partials = Buf::of(&vec![f32::NAN; n * self.heads * parts * (self.d + 2)]);
-        let shape = self.shape(parts, tiles.as_ref().map_or(1, |t| t.tile_tokens));
+        let shape = self.shape(parts, tile_tokens);
         let act = self.dtype.size() as u64;
         for (g, first) in (0..n).step_by(group_rows).enumerate() {
             let rows = group_rows.min(n - first);
@@ -359,4 +364,41 @@ fn sliding_windows_within_and_across_partitions() {
     check_in_window(4, 2, 64, &[1, 45, 300], 7);
     check_in_window(2, 1, 32, &[290, 20], 40);
     check_in_window(2, 2, 32, &[280], 150);
+}
+
+#[test]
+fn windows_far_into_long_contexts_launch_only_the_partitions_they_span() {
+    // Contexts of up to 8 partitions; the launches name 2 or 3 (see `window_parts`), so
+    // late tokens' windows lie wholly past the partitions the launch numbers from zero.
+    check_in_window(2, 1, 32, &[1000, 130], 40);
+    check_in_window(4, 2, 64, &[900], 200);
+}
+
+#[test]
+fn window_parts_cover_every_tile_of_consecutive_positions() {
+    // The partitions from the tile's first window start to its last position, as
+    // paged_attention numbers them, never outnumber the launch's.
+    let p = ATTN_PARTITION;
+    for w in (1..=3 * p + 5).step_by(3) {
+        for tile in 1..=40 {
+            let named = window_parts(usize::MAX, Some(w), tile);
+            let mut widest = 0;
+            for p0 in 0..5 * p {
+                let first = (p0 + 1).saturating_sub(w) / p;
+                let last = (p0 + tile - 1) / p;
+                widest = widest.max(last - first + 1);
+            }
+            assert!(
+                widest <= named,
+                "window {w}, tiles of {tile}: {widest} > {named}"
+            );
+            assert!(
+                named <= widest + 1,
+                "window {w}, tiles of {tile}: {named} is loose"
+            );
+        }
+    }
+    assert_eq!(window_parts(7, None, 4), 7);
+    assert_eq!(window_parts(7, Some(0), 4), 7);
+    assert_eq!(window_parts(1, Some(40), 1), 1);
 }
