@@ -9,7 +9,9 @@
 //! model does). Gemma 3's parts fit in between: the embedding's scale, a norm of each
 //! sub-layer's output before it is added (`rms_norm_rows` on `delta`), the model's query-key
 //! scale, and on its sliding-window layers a window in the attention and RoPE angles of
-//! their own frequencies.
+//! their own frequencies. A mixture of experts replaces the MLP's products: the router's
+//! scores, each token's routes, the routes grouped by expert, the experts' products over
+//! them, and each token's weighted sum (kernels/moe.cu).
 //!
 //! The program owns nothing and only queues work: the runner hands it the addresses of its
 //! weights, workspace, KV pool and step inputs, and the crate's tests hand it host buffers
