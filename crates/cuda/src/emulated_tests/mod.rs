@@ -9,6 +9,7 @@ mod forward;
 mod forward_models;
 mod logprobs;
 mod matmul;
+mod moe;
 mod processing;
 mod q4;
 mod q8;
