@@ -96,52 +96,14 @@ extern "C" __global__ void moe_group(const int* experts, int routes, int num_exp
 
 #define EXPERT_ROUTES 8 // routes a warp multiplies by each weight it loads
 
-// Adds up each of a group's `count` routes' lane sums (a fixed tree) and writes output j of
-// route routes[g]: y[route, j].
-__device__ __forceinline__ void expert_outputs(const float* acc, const int* routes, int count,
-                                               float* y, int m, int j, int lane) {
-#pragma unroll
-    for (int g = 0; g < EXPERT_ROUTES; ++g) {
-        if (g < count) { // uniform over the warp
-            float sum = warp_sum(acc[g]);
-            if (lane == 0) {
-                y[(i64)routes[g] * m + j] = sum;
-            }
-        }
-    }
-}
-
-// y[r, j] = x[r / per_token] · W[e][j] for every route r of every expert e (the routes
-// order[offsets[e] .. offsets[e + 1]], from moe_group) and output j < m: x: [rows /
-// per_token, width] act_t (per_token = k: the tokens' normed rows, shared by their routes;
-// 1: one row per route); W: [num_experts, m, width] act_t; y: [routes, m] f32.
-// Grid: (num_experts, ceil(m / 8)); block: 256 threads, warp w computing output
-// j = 8 y + w of the block's expert for its routes, EXPERT_ROUTES at a time: lane l takes
-// elements l, l + 32, ... of the weight row, each loaded once for the group's routes, then
-// each route's lane sums are added in a fixed tree. A route's result is the same arithmetic
-// whatever group it falls in, so it never depends on the rest of the batch; a weight is
-// read once per EXPERT_ROUTES routes that chose its expert, not once per route.
-extern "C" __global__ void expert_matvec(const act_t* x, const act_t* w, const int* order,
-                                         const int* offsets, float* y, int per_token, int m,
-                                         int width) {
-    int lane = threadIdx.x & 31;
-    int j = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int e = blockIdx.x;
-    int begin = offsets[e];
-    int end = offsets[e + 1];
-    if (j >= m || begin == end) {
-        return; // a whole warp: no warp-level operation follows for it
-    }
-    i64 wrow = ((i64)e * m + j) * (i64)width;
-    for (int first = begin; first < end; first += EXPERT_ROUTES) {
-        int count = min(EXPERT_ROUTES, end - first); // the same over the warp
-        i64 xrow[EXPERT_ROUTES];
-        float acc[EXPERT_ROUTES];
-#pragma unroll
-        for (int g = 0; g < EXPERT_ROUTES; ++g) {
-            acc[g] = 0.0f;
-            xrow[g] = g < count ? (i64)(order[first + g] / per_token) * width : 0;
-        }
+// The experts' matrices, stacked ([num_experts * m, width]), in each format the layers may
+// have. `accumulate` adds row `row`'s products with the `count` x rows at `xrow` into `acc`,
+// lane `lane` taking its share of the row in a fixed order, each weight loaded once.
+struct DenseExperts { // the storage type: lane l takes elements l, l + 32, ...
+    const act_t* w;
+    __device__ __forceinline__ void accumulate(i64 row, int width, int lane, const act_t* x,
+                                               const i64* xrow, int count, float* acc) const {
+        i64 wrow = row * width;
         for (int i = lane; i < width; i += 32) {
             float wv = load_act(w, wrow + i);
 #pragma unroll
@@ -151,37 +113,16 @@ extern "C" __global__ void expert_matvec(const act_t* x, const act_t* w, const i
                 }
             }
         }
-        expert_outputs(acc, order + first, count, y, m, j, lane);
     }
-}
+};
 
-// expert_matvec with Q8_0 expert matrices (`--cuda-weights q8_0`, see q8.cu): codes
-// [num_experts * m, width] int8, scales [num_experts * m, width / 32] f32. Lane l takes
-// blocks l, l + 32, ... of the weight row, each loaded once for the group's routes.
-extern "C" __global__ void expert_matvec_q8(const act_t* x, const unsigned char* q,
-                                            const float* scales, const int* order,
-                                            const int* offsets, float* y, int per_token, int m,
-                                            int width) {
-    int lane = threadIdx.x & 31;
-    int j = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int e = blockIdx.x;
-    int begin = offsets[e];
-    int end = offsets[e + 1];
-    if (j >= m || begin == end) {
-        return; // a whole warp: no warp-level operation follows for it
-    }
-    i64 row = (i64)e * m + j;
-    int blocks = width / Q8_BLOCK;
-    const unsigned char* codes = q + row * width;
-    for (int first = begin; first < end; first += EXPERT_ROUTES) {
-        int count = min(EXPERT_ROUTES, end - first); // the same over the warp
-        i64 xrow[EXPERT_ROUTES];
-        float acc[EXPERT_ROUTES];
-#pragma unroll
-        for (int g = 0; g < EXPERT_ROUTES; ++g) {
-            acc[g] = 0.0f;
-            xrow[g] = g < count ? (i64)(order[first + g] / per_token) * width : 0;
-        }
+struct Q8Experts { // Q8_0 (q8.cu): lane l takes blocks l, l + 32, ... of 32 codes
+    const unsigned char* q; // [rows, width] int8
+    const float* scales;    // [rows, width / 32]
+    __device__ __forceinline__ void accumulate(i64 row, int width, int lane, const act_t* x,
+                                               const i64* xrow, int count, float* acc) const {
+        int blocks = width / Q8_BLOCK;
+        const unsigned char* codes = q + row * width;
         for (int b = lane; b < blocks; b += 32) {
             const uint4* p = reinterpret_cast<const uint4*>(codes + b * Q8_BLOCK);
             uint4 lo = p[0];
@@ -195,36 +136,16 @@ extern "C" __global__ void expert_matvec_q8(const act_t* x, const unsigned char*
                 }
             }
         }
-        expert_outputs(acc, order + first, count, y, m, j, lane);
     }
-}
+};
 
-// expert_matvec with Q4_1 expert matrices (`--cuda-weights q4_1`, see q4.cu): codes
-// [num_experts * m, width / 32] blocks of 16 bytes, scales as many u32 (f16 d and mn).
-extern "C" __global__ void expert_matvec_q4(const act_t* x, const unsigned char* q,
-                                            const u32* scales, const int* order,
-                                            const int* offsets, float* y, int per_token, int m,
-                                            int width) {
-    int lane = threadIdx.x & 31;
-    int j = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int e = blockIdx.x;
-    int begin = offsets[e];
-    int end = offsets[e + 1];
-    if (j >= m || begin == end) {
-        return; // a whole warp: no warp-level operation follows for it
-    }
-    i64 row = (i64)e * m + j;
-    int blocks = width / Q4_BLOCK;
-    const uint4* codes = reinterpret_cast<const uint4*>(q + row * (width / 2));
-    for (int first = begin; first < end; first += EXPERT_ROUTES) {
-        int count = min(EXPERT_ROUTES, end - first); // the same over the warp
-        i64 xrow[EXPERT_ROUTES];
-        float acc[EXPERT_ROUTES];
-#pragma unroll
-        for (int g = 0; g < EXPERT_ROUTES; ++g) {
-            acc[g] = 0.0f;
-            xrow[g] = g < count ? (i64)(order[first + g] / per_token) * width : 0;
-        }
+struct Q4Experts { // Q4_1 (q4.cu): lane l takes blocks l, l + 32, ... of 16 code bytes
+    const unsigned char* q; // [rows, width / 32] blocks of 16 bytes
+    const u32* scales;      // [rows, width / 32]: f16 d and mn
+    __device__ __forceinline__ void accumulate(i64 row, int width, int lane, const act_t* x,
+                                               const i64* xrow, int count, float* acc) const {
+        int blocks = width / Q4_BLOCK;
+        const uint4* codes = reinterpret_cast<const uint4*>(q + row * (width / 2));
         for (int b = lane; b < blocks; b += 32) {
             uint4 c = codes[b];
             u32 words[4] = {c.x, c.y, c.z, c.w};
@@ -238,8 +159,75 @@ extern "C" __global__ void expert_matvec_q4(const act_t* x, const unsigned char*
                 }
             }
         }
-        expert_outputs(acc, order + first, count, y, m, j, lane);
     }
+};
+
+// y[r, j] = x[r / per_token] · W[e][j] for every route r of every expert e (the routes
+// order[offsets[e] .. offsets[e + 1]], from moe_group) and output j < m: x: [rows /
+// per_token, width] act_t (per_token = k: the tokens' normed rows, shared by their routes;
+// 1: one row per route); W: the experts' matrices in format F; y: [routes, m] f32.
+// Grid: (num_experts, ceil(m / 8)); block: 256 threads, warp w computing output
+// j = 8 y + w of the block's expert for its routes, EXPERT_ROUTES at a time: each weight is
+// loaded once for the group's routes, then each route's lane sums are added in a fixed
+// tree. A route's result is the same arithmetic whatever group it falls in, so it never
+// depends on the rest of the batch; a weight is read once per EXPERT_ROUTES routes that
+// chose its expert, not once per route.
+template <class F>
+__device__ __forceinline__ void expert_products(F weights, const act_t* x, const int* order,
+                                                const int* offsets, float* y, int per_token,
+                                                int m, int width) {
+    int lane = threadIdx.x & 31;
+    int j = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int e = blockIdx.x;
+    int begin = offsets[e];
+    int end = offsets[e + 1];
+    if (j >= m || begin == end) {
+        return; // a whole warp: no warp-level operation follows for it
+    }
+    i64 row = (i64)e * m + j;
+    for (int first = begin; first < end; first += EXPERT_ROUTES) {
+        int count = min(EXPERT_ROUTES, end - first); // the same over the warp
+        i64 xrow[EXPERT_ROUTES];
+        float acc[EXPERT_ROUTES];
+#pragma unroll
+        for (int g = 0; g < EXPERT_ROUTES; ++g) {
+            acc[g] = 0.0f;
+            xrow[g] = g < count ? (i64)(order[first + g] / per_token) * width : 0;
+        }
+        weights.accumulate(row, width, lane, x, xrow, count, acc);
+#pragma unroll
+        for (int g = 0; g < EXPERT_ROUTES; ++g) {
+            if (g < count) { // uniform over the warp
+                float sum = warp_sum(acc[g]);
+                if (lane == 0) {
+                    y[(i64)order[first + g] * m + j] = sum;
+                }
+            }
+        }
+    }
+}
+
+// The experts' products in the storage type: W [num_experts * m, width] act_t.
+extern "C" __global__ void expert_matvec(const act_t* x, const act_t* w, const int* order,
+                                         const int* offsets, float* y, int per_token, int m,
+                                         int width) {
+    expert_products(DenseExperts{w}, x, order, offsets, y, per_token, m, width);
+}
+
+// The experts' products from Q8_0 codes (`--cuda-weights q8_0`).
+extern "C" __global__ void expert_matvec_q8(const act_t* x, const unsigned char* q,
+                                            const float* scales, const int* order,
+                                            const int* offsets, float* y, int per_token, int m,
+                                            int width) {
+    expert_products(Q8Experts{q, scales}, x, order, offsets, y, per_token, m, width);
+}
+
+// The experts' products from Q4_1 codes (`--cuda-weights q4_1`).
+extern "C" __global__ void expert_matvec_q4(const act_t* x, const unsigned char* q,
+                                            const u32* scales, const int* order,
+                                            const int* offsets, float* y, int per_token, int m,
+                                            int width) {
+    expert_products(Q4Experts{q, scales}, x, order, offsets, y, per_token, m, width);
 }
 
 // out[t] = sum over token t's k routes, in ascending expert order, of weight * y[route]:
