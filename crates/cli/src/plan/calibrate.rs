@@ -164,7 +164,7 @@ pub fn fit_to_model(
         };
         let attention: f64 = work
             .iter()
-            .map(|w| shape.attention_flops(w.new * w.cached + w.new * (w.new + 1.0) / 2.0))
+            .map(|w| shape.attention_flops(w.cached, w.new))
             .sum();
         let rows = work.iter().map(|w| w.rows).sum();
         let overhead = fixed.step_overhead_s + layer_overhead * shape.num_layers as f64;

@@ -58,21 +58,23 @@ impl Roofline<'_> {
         let s = self.shape;
         let tokens: f64 = seqs.iter().map(|q| q.new).sum();
         let rows: f64 = seqs.iter().map(|q| q.rows).sum();
-        let kv_per_pos = s.kv_bytes_per_token(self.kv_dtype_bytes) as f64;
+        // Bytes of one position's keys and values in one layer.
+        let kv_per_pos = (s.kv_bytes_per_token(self.kv_dtype_bytes) / s.num_layers.max(1)) as f64;
         // The CPU's tile kernel reads a sequence's K/V once per tile of its new tokens; on a
-        // GPU once a step (the step's other tokens find them in its cache).
+        // GPU once a step (the step's other tokens find them in its cache). `.1`: the new
+        // tokens of one pass (their windows' union is what a windowed layer reads).
         let passes = |new: f64| match self.hw.kind {
-            DeviceKind::Cpu => (new / ATTENTION_TILE).ceil(),
-            DeviceKind::Gpu => new.min(1.0).ceil(),
+            DeviceKind::Cpu => ((new / ATTENTION_TILE).ceil(), new.min(ATTENTION_TILE)),
+            DeviceKind::Gpu => (new.min(1.0).ceil(), new),
         };
         let mut kv_bytes = 0.0;
         let mut attention_s = 0.0;
         let mut attention = 0.0;
         for q in seqs {
             let context = q.cached + q.new;
-            kv_bytes += context * kv_per_pos * passes(q.new);
-            // Token i of the new ones attends cached + i + 1 positions.
-            let flops = s.attention_flops(q.new * q.cached + q.new * (q.new + 1.0) / 2.0);
+            let (count, per_pass) = passes(q.new);
+            kv_bytes += s.kv_positions_read(context, per_pass) * kv_per_pos * count;
+            let flops = s.attention_flops(q.cached, q.new);
             let rate = if q.new > 1.0 {
                 self.hw.prefill_attention_flops
             } else {
@@ -214,6 +216,7 @@ mod tests {
     fn shape() -> ModelShape {
         ModelShape {
             num_layers: 2,
+            windows: vec![None; 2],
             hidden_size: 64,
             num_heads: 4,
             head_dim: 16,

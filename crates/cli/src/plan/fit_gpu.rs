@@ -229,7 +229,7 @@ fn product_rates(
 fn attention_flops(shape: &ModelShape, s: &TimedStep) -> f64 {
     s.work
         .iter()
-        .map(|w: &SeqWork| shape.attention_flops(w.new * w.cached + w.new * (w.new + 1.0) / 2.0))
+        .map(|w: &SeqWork| shape.attention_flops(w.cached, w.new))
         .sum()
 }
 

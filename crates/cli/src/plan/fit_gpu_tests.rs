@@ -16,6 +16,7 @@ fn llama_1b() -> ModelShape {
     let bytes = ((layers * layer + vocab * h) * 2) as f64;
     ModelShape {
         num_layers: layers,
+        windows: vec![None; layers],
         hidden_size: h,
         num_heads: 32,
         head_dim: 64,

@@ -26,6 +26,7 @@ pub fn inputs(kv_budget_bytes: u64) -> PlanInputs {
         model_name: "test".into(),
         shape: ModelShape {
             num_layers: layers,
+            windows: vec![None; layers],
             hidden_size: hidden,
             num_heads: 32,
             head_dim: 64,

@@ -19,6 +19,9 @@ pub struct ModelShape {
     pub kv_dim: usize,
     pub vocab_size: usize,
     pub context_len: usize,
+    /// Of each layer, the positions a token attends to (a sliding window, itself included),
+    /// or `None`: every position up to its own.
+    pub windows: Vec<Option<usize>>,
     /// Weights of the layer matrices a token passes through (q, k, v, o, gate, up, down; of a
     /// mixture of experts, the router and the experts it picks) over all layers.
     pub layer_params: usize,
@@ -84,6 +87,7 @@ impl ModelShape {
             kv_dim: c.kv_dim(),
             vocab_size: c.vocab_size,
             context_len: c.context_len,
+            windows: (0..c.num_layers).map(|l| c.features.window(l)).collect(),
             layer_params: c.num_layers * layer,
             lm_head_params: lm_head,
             expert_params: c.num_layers * all_experts,
@@ -146,10 +150,29 @@ impl ModelShape {
         (picks / read.max(1.0)).max(1.0)
     }
 
-    /// Attention FLOPs of one token attending `context` positions (scores and the weighted
-    /// sum of values, every head of every layer).
-    pub fn attention_flops(&self, context: f64) -> f64 {
-        4.0 * (self.num_layers * self.num_heads * self.head_dim) as f64 * context
+    /// Attention FLOPs of `new` tokens after `cached` positions (scores and the weighted sum
+    /// of values, every head of every layer): token `i` of the new ones attends `cached + i
+    /// + 1` positions, or its window's on a sliding-window layer.
+    pub fn attention_flops(&self, cached: f64, new: f64) -> f64 {
+        let pairs: f64 = self
+            .windows
+            .iter()
+            .map(|&w| attended_pairs(w, cached, new))
+            .sum();
+        4.0 * (self.num_heads * self.head_dim) as f64 * pairs
+    }
+
+    /// Positions of keys and values, summed over the layers, that a pass over `new`
+    /// consecutive new tokens ending a context of `context` positions reads: all of them, or
+    /// on a sliding-window layer those the new tokens' windows cover.
+    pub fn kv_positions_read(&self, context: f64, new: f64) -> f64 {
+        self.windows
+            .iter()
+            .map(|w| match w {
+                Some(w) => context.min(*w as f64 + new - 1.0),
+                None => context,
+            })
+            .sum()
     }
 
     /// Bytes of weights a forward pass over `tokens` tokens reads on a device storing them at
@@ -183,6 +206,24 @@ impl ModelShape {
                 per_step * scale
             }
         }
+    }
+}
+
+/// Query-key pairs of `new` tokens after `cached` positions in one layer: token `i` (from 1)
+/// attends `cached + i` positions, at most `window`.
+fn attended_pairs(window: Option<usize>, cached: f64, new: f64) -> f64 {
+    let all = new * cached + new * (new + 1.0) / 2.0;
+    let Some(w) = window.map(|w| w as f64) else {
+        return all;
+    };
+    let (first, last) = (cached + 1.0, cached + new); // the counts of the first and last token
+    if last <= w {
+        all
+    } else if first >= w {
+        new * w
+    } else {
+        // Tokens up to the window attend first..=w positions, the rest w each.
+        (w - first + 1.0) * (first + w) / 2.0 + (last - w) * w
     }
 }
 
@@ -232,5 +273,79 @@ mod tests {
         assert!((s.rows_per_expert(1e6) - 1e6 * k / e).abs() < 1e-3);
         let picked = c.num_layers * m.experts_per_token * expert;
         assert_eq!(s.picked_expert_flops(3.0), 2.0 * 3.0 * picked as f64);
+    }
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+    use tandem_model::hf_config::load_hf_config;
+
+    /// Gemma 3's fixture: a window of 8 positions on layers 0 and 2, none on layer 1.
+    fn gemma_shape() -> ModelShape {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../model/tests/fixtures/hf/gemma3"
+        );
+        let c = load_hf_config(std::path::Path::new(dir))
+            .expect("fixture config")
+            .config;
+        ModelShape::of_config(&c, 16.0)
+    }
+
+    /// Pairs and positions read, by counting what every new token sees in every layer.
+    fn counted(s: &ModelShape, cached: usize, new: usize) -> (f64, f64) {
+        let (mut pairs, mut read) = (0.0, 0.0);
+        for w in &s.windows {
+            let mut seen = std::collections::BTreeSet::new();
+            for p in cached..cached + new {
+                let first = w.map_or(0, |w| (p + 1).saturating_sub(w));
+                pairs += (p + 1 - first) as f64;
+                seen.extend(first..=p);
+            }
+            read += seen.len() as f64;
+        }
+        let per_pair = 4.0 * (s.num_heads * s.head_dim) as f64;
+        (pairs * per_pair, read)
+    }
+
+    #[test]
+    fn sliding_windows_bound_the_pairs_and_the_positions_read() {
+        let s = gemma_shape();
+        assert_eq!(s.windows, vec![Some(8), None, Some(8)]);
+        for (cached, new) in [
+            (0, 1),
+            (0, 5),
+            (0, 8),
+            (0, 9),
+            (0, 30),
+            (3, 4),
+            (6, 7),
+            (20, 1),
+            (20, 16),
+            (100, 64),
+        ] {
+            let (flops, read) = counted(&s, cached, new);
+            let context = (cached + new) as f64;
+            let (c, n) = (cached as f64, new as f64);
+            assert_eq!(
+                s.attention_flops(c, n),
+                flops,
+                "pairs after {cached} + {new}"
+            );
+            assert_eq!(
+                s.kv_positions_read(context, n),
+                read,
+                "read after {cached} + {new}"
+            );
+        }
+        // Without windows: every pair and every position, in every layer.
+        let mut full = s.clone();
+        full.windows = vec![None; 3];
+        let (c, n) = (100.0, 64.0);
+        let pairs = n * c + n * (n + 1.0) / 2.0;
+        let per_pair = 4.0 * (s.num_heads * s.head_dim) as f64;
+        assert_eq!(full.attention_flops(c, n), 3.0 * pairs * per_pair);
+        assert_eq!(full.kv_positions_read(c + n, n), 3.0 * (c + n));
     }
 }
