@@ -12,9 +12,9 @@
 // expert once per EXPERT_ROUTES routes that chose it; large prefill chunks would rather
 // have tensor-core products over the gathered rows (not built).
 
-// scores: [n, num_experts] f32; experts: [n, k] i32 and weights: [n, k] f32, heaviest
-// first. Grid: n blocks of 32 threads; the first thread routes the block's token (k is
-// small: 2 to 10 in released models).
+// scores: [n, num_experts] f32; experts: [n, k] i32 and weights: [n, k] f32, in ascending
+// expert order (the order moe_combine adds them in). Grid: n blocks of 32 threads; the
+// first thread routes the block's token (k is small: 2 to 10 in released models).
 extern "C" __global__ void moe_route(const float* scores, int* experts, float* weights,
                                      int num_experts, int k, int normalize) {
     if (threadIdx.x != 0) {
@@ -62,6 +62,18 @@ extern "C" __global__ void moe_route(const float* scores, int* experts, float* w
         for (int j = 0; j < k; ++j) {
             w[j] /= total;
         }
+    }
+    // From heaviest first (as chosen and normalised) to ascending expert order.
+    for (int j = 1; j < k; ++j) {
+        int e = ex[j];
+        float weight = w[j];
+        int i = j;
+        for (; i > 0 && ex[i - 1] > e; --i) {
+            ex[i] = ex[i - 1];
+            w[i] = w[i - 1];
+        }
+        ex[i] = e;
+        w[i] = weight;
     }
 }
 
@@ -230,30 +242,17 @@ extern "C" __global__ void expert_matvec_q4(const act_t* x, const unsigned char*
     expert_products(Q4Experts{q, scales}, x, order, offsets, y, per_token, m, width);
 }
 
-// out[t] = sum over token t's k routes, in ascending expert order, of weight * y[route]:
-// y: [n * k, width] f32 (route t * k + j); experts, weights: [n, k]; out: [n, width] f32.
-// Grid: n blocks; threads stride the row.
-extern "C" __global__ void moe_combine(const float* y, const int* experts, const float* weights,
-                                       float* out, int k, int width) {
+// out[t] = sum over token t's k routes, in ascending expert order (moe_route's), of
+// weight * y[route]: y: [n * k, width] f32 (route t * k + j); weights: [n, k]; out: [n,
+// width] f32. Grid: n blocks; threads stride the row.
+extern "C" __global__ void moe_combine(const float* y, const float* weights, float* out, int k,
+                                       int width) {
     i64 t = blockIdx.x;
-    const int* ex = experts + t * k;
     const float* w = weights + t * k;
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
         float acc = 0.0f;
-        int prev = -1;
-        for (int step = 0; step < k; ++step) {
-            // The route of the next expert above `prev` (a token's experts are distinct).
-            int best = -1;
-            for (int j = 0; j < k; ++j) {
-                if (ex[j] > prev && (best < 0 || ex[j] < ex[best])) {
-                    best = j;
-                }
-            }
-            if (best < 0) {
-                break; // not reached: moe_route fills every slot with a distinct expert
-            }
-            prev = ex[best];
-            acc += w[best] * y[(t * k + best) * (i64)width + i];
+        for (int j = 0; j < k; ++j) {
+            acc += w[j] * y[(t * k + j) * (i64)width + i];
         }
         out[t * width + i] = acc;
     }

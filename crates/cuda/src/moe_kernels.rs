@@ -8,8 +8,8 @@ use crate::program_buffers::MatrixPtrs;
 /// Outputs of one route that a block of `expert_matvec` computes: one per warp.
 const MATVEC_OUTPUTS: u32 = 8;
 
-/// Where a step's routes live: `[n, k]` expert ids (i32) and weights (f32), heaviest first,
-/// and their grouping by expert (`groups`, i32: `[num_experts]` counts, then
+/// Where a step's routes live: `[n, k]` expert ids (i32) and weights (f32), in ascending
+/// expert order, and their grouping by expert (`groups`, i32: `[num_experts]` counts, then
 /// `[num_experts + 1]` offsets into the `[n * k]` route order that follows).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Routes {
@@ -122,7 +122,6 @@ impl Kernels {
     ) -> Result<(), CudaError> {
         let args = [
             Arg::Ptr(y),
-            Arg::Ptr(routes.experts),
             Arg::Ptr(routes.weights),
             Arg::Ptr(out),
             Arg::I32(routes.k as i32),

@@ -141,6 +141,30 @@ impl WorkspaceBytes {
             expert_out: routes * h * 4,
         }
     }
+
+    /// The workspace laid out by `at(field, bytes)`, which returns where it put each buffer
+    /// (the emulated tests' host buffers).
+    #[cfg(test)]
+    pub fn place(&self, mut at: impl FnMut(&'static str, usize) -> DevPtr) -> WorkspacePtrs {
+        WorkspacePtrs {
+            x: at("x", self.x),
+            delta: at("delta", self.delta),
+            xn: at("xn", self.xn),
+            qkv: at("qkv", self.qkv),
+            q: at("q", self.q),
+            attn: at("attn", self.attn),
+            partials: at("partials", self.partials),
+            gate_up: at("gate_up", self.gate_up),
+            act: at("act", self.act),
+            lm_in: at("lm_in", self.lm_in),
+            logits: at("logits", self.logits),
+            scores: at("scores", self.scores),
+            route_experts: at("route_experts", self.route_experts),
+            route_weights: at("route_weights", self.route_weights),
+            route_groups: at("route_groups", self.route_groups),
+            expert_out: at("expert_out", self.expert_out),
+        }
+    }
 }
 
 /// The paged KV pool: per layer, key and value planes of `[slots, kv_dim]`, and the f32

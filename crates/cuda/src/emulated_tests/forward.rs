@@ -54,6 +54,8 @@ struct Emulated {
     quant_scratch: Option<Buf>,
     capacity: usize,
     ws: Vec<Buf>,
+    /// Which of `ws` holds the logits.
+    logits: usize,
     ws_ptrs: WorkspacePtrs,
 }
 
@@ -141,46 +143,14 @@ impl Emulated {
         };
         let quant_scratch = (largest > 0).then(|| Buf::zeroed(largest * mode.dtype.size()));
         let sz = WorkspaceBytes::new(&c, mode.dtype, capacity, LOGIT_ROWS);
-        let mut ws: Vec<Buf> = [
-            sz.x,
-            sz.delta,
-            sz.xn,
-            sz.qkv,
-            sz.q,
-            sz.attn,
-            sz.partials,
-            sz.gate_up,
-            sz.act,
-            sz.lm_in,
-            sz.logits,
-            sz.scores,
-            sz.route_experts,
-            sz.route_weights,
-            sz.route_groups,
-            sz.expert_out,
-        ]
-        .into_iter()
-        .map(Buf::zeroed)
-        .collect();
-        let p: Vec<DevPtr> = ws.iter_mut().map(Buf::ptr).collect();
-        let ws_ptrs = WorkspacePtrs {
-            x: p[0],
-            delta: p[1],
-            xn: p[2],
-            qkv: p[3],
-            q: p[4],
-            attn: p[5],
-            partials: p[6],
-            gate_up: p[7],
-            act: p[8],
-            lm_in: p[9],
-            logits: p[10],
-            scores: p[11],
-            route_experts: p[12],
-            route_weights: p[13],
-            route_groups: p[14],
-            expert_out: p[15],
-        };
+        let (mut ws, mut logits) = (Vec::new(), 0);
+        let ws_ptrs = sz.place(|field, bytes| {
+            if field == "logits" {
+                logits = ws.len();
+            }
+            ws.push(Buf::zeroed(bytes));
+            ws.last_mut().expect("pushed").ptr()
+        });
         Emulated {
             mode,
             kernels: kernels(mode.dtype),
@@ -197,6 +167,7 @@ impl Emulated {
             quant_scratch,
             capacity,
             ws,
+            logits,
             ws_ptrs,
         }
     }
@@ -280,7 +251,7 @@ impl Emulated {
         program
             .queue_lm_head(l.output_slots.len())
             .expect("lm head");
-        let logits = self.ws[10].read::<f32>();
+        let logits = self.ws[self.logits].read::<f32>();
         logits[..outputs * c.vocab_size].to_vec()
     }
 }
