@@ -9,8 +9,9 @@
 // a warp computes one output of an expert for up to EXPERT_ROUTES of its routes at once,
 // each route's sum in the same fixed order wherever it falls, so a route's result depends
 // only on its own row and expert, never on the batch. A decode step reads each chosen
-// expert once per EXPERT_ROUTES routes that chose it; large prefill chunks would rather
-// have tensor-core products over the gathered rows (not built).
+// expert once per EXPERT_ROUTES routes that chose it. In bf16 the dense experts' products
+// run on tensor cores instead (expert_gemm, moe_gemm.cu); expert_matvec serves f32 and
+// the quantized formats.
 
 // scores: [n, num_experts] f32; experts: [n, k] i32 and weights: [n, k] f32, in ascending
 // expert order (the order moe_combine adds them in). Grid: n blocks of 32 threads; the
@@ -79,10 +80,13 @@ extern "C" __global__ void moe_route(const float* scores, int* experts, float* w
 
 // Groups a step's routes by expert: offsets[e] .. offsets[e + 1] index into `order` the
 // routes that chose expert e (in no particular order: a route's result never depends on
-// the routes it is computed beside). experts: [routes] i32; counts: [num_experts] i32,
-// scratch; offsets: [num_experts + 1] i32; order: [routes] i32. One block.
+// the routes it is computed beside), and tile_offsets[e] .. tile_offsets[e + 1] number
+// expert e's tiles of `tile_routes` routes (expert_gemm's, moe_gemm.cu). experts: [routes]
+// i32; counts: [num_experts] i32, scratch; offsets, tile_offsets: [num_experts + 1] i32;
+// order: [routes] i32. One block.
 extern "C" __global__ void moe_group(const int* experts, int routes, int num_experts,
-                                     int* counts, int* offsets, int* order) {
+                                     int tile_routes, int* counts, int* offsets,
+                                     int* tile_offsets, int* order) {
     for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
         counts[e] = 0;
     }
@@ -93,12 +97,16 @@ extern "C" __global__ void moe_group(const int* experts, int routes, int num_exp
     __syncthreads();
     if (threadIdx.x == 0) {
         int total = 0;
+        int tiles = 0;
         for (int e = 0; e < num_experts; ++e) {
             offsets[e] = total;
+            tile_offsets[e] = tiles;
             total += counts[e];
+            tiles += (counts[e] + tile_routes - 1) / tile_routes;
             counts[e] = offsets[e]; // the next free place of expert e
         }
         offsets[num_experts] = total;
+        tile_offsets[num_experts] = tiles;
     }
     __syncthreads();
     for (int r = threadIdx.x; r < routes; r += blockDim.x) {

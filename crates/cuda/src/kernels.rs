@@ -24,7 +24,7 @@ use tandem_model::config::Activation;
 pub(crate) type DevPtr = u64;
 
 /// The kernel files, in the order they are concatenated into one program.
-const SOURCES: [(&str, &str); 13] = [
+const SOURCES: [(&str, &str); 14] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("norm.cu", include_str!("../kernels/norm.cu")),
     ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
@@ -41,10 +41,11 @@ const SOURCES: [(&str, &str); 13] = [
     ("q8.cu", include_str!("../kernels/q8.cu")),
     ("q4.cu", include_str!("../kernels/q4.cu")),
     ("moe.cu", include_str!("../kernels/moe.cu")),
+    ("moe_gemm.cu", include_str!("../kernels/moe_gemm.cu")),
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 28] = [
+pub const KERNEL_NAMES: [&str; 29] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
@@ -73,6 +74,7 @@ pub const KERNEL_NAMES: [&str; 28] = [
     "expert_matvec_q8",
     "expert_matvec_q4",
     "moe_combine",
+    "expert_gemm",
 ];
 
 /// Index of kernel `name` in [`KERNEL_NAMES`].

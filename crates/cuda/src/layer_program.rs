@@ -29,7 +29,7 @@ use crate::kernels::{
     window_parts, AttnBuffers, AttnShape, DevPtr, Kernels, QkvBuffers, QkvShape, TC_MAX_HEAD_DIM,
     TC_TILE_TOKENS,
 };
-use crate::moe_kernels::Routes;
+use crate::moe_kernels::{Routes, GEMM_K};
 use crate::options::CudaDtype;
 use crate::product_kernels::{Q4_MATVEC_ROWS, Q8_MATVEC_ROWS};
 use crate::program_buffers::{KvPtrs, LayerPtrs, MatrixPtrs, MlpPtrs, WeightPtrs, WorkspacePtrs};
@@ -326,16 +326,11 @@ impl LayerProgram<'_> {
                     .moe_route(ws.scores, routes, n, moe.normalize_top_k)?;
                 self.kernels.moe_group(routes, n)?;
                 self.mark("router")?;
-                self.kernels.expert_matvec(
-                    (ws.xn, &gate_up, ws.gate_up),
-                    routes,
-                    k,
-                    (2 * ff, h),
-                )?;
+                self.expert_products((ws.xn, &gate_up, ws.gate_up), (routes, n), k, (2 * ff, h))?;
                 self.mark("gate_up_proj")?;
                 self.activation(n * k, ff)?;
                 let products = (ws.act, &down, ws.expert_out);
-                self.kernels.expert_matvec(products, routes, 1, (h, ff))?;
+                self.expert_products(products, (routes, n), 1, (h, ff))?;
                 self.kernels
                     .moe_combine(ws.expert_out, routes, ws.delta, (n, h))?;
                 self.mark("down_proj")?;
@@ -347,6 +342,28 @@ impl LayerProgram<'_> {
             }
         }
         self.post_norm(w.post_norms.map(|[_, mlp]| mlp), n)
+    }
+
+    /// The experts' products over `n` tokens' routes (see [`Kernels::expert_matvec`]): on
+    /// tensor cores for dense bf16 experts, whatever the step (a route's bits never depend
+    /// on it), on CUDA cores in f32 and from quantized codes.
+    fn expert_products(
+        &self,
+        (x, w, y): (DevPtr, &MatrixPtrs, DevPtr),
+        (routes, n): (Routes, usize),
+        per_token: usize,
+        (m, width): (usize, usize),
+    ) -> Result<(), CudaError> {
+        match *w {
+            MatrixPtrs::Dense(d) if self.dtype == CudaDtype::Bf16 && width % GEMM_K == 0 => {
+                let shape = (m, width);
+                self.kernels
+                    .expert_gemm((x, d, y), (routes, n), per_token, shape)
+            }
+            _ => self
+                .kernels
+                .expert_matvec((x, w, y), routes, per_token, (m, width)),
+        }
     }
 
     /// `act = act(gate) * up` over `rows` rows of `ff` of the gate/up buffer.

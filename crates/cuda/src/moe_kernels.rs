@@ -7,10 +7,17 @@ use crate::program_buffers::MatrixPtrs;
 
 /// Outputs of one route that a block of `expert_matvec` computes: one per warp.
 const MATVEC_OUTPUTS: u32 = 8;
+/// `expert_gemm`'s tile (kernels/moe_gemm.cu): routes, outputs and threads of a block, and
+/// the columns it stages at a time (the width must be a multiple).
+const GEMM_ROUTES: usize = 64;
+const GEMM_OUTPUTS: u32 = 64;
+const GEMM_THREADS: u32 = 128;
+pub(crate) const GEMM_K: usize = 32;
 
 /// Where a step's routes live: `[n, k]` expert ids (i32) and weights (f32), in ascending
-/// expert order, and their grouping by expert (`groups`, i32: `[num_experts]` counts, then
-/// `[num_experts + 1]` offsets into the `[n * k]` route order that follows).
+/// expert order, and their grouping by expert (`groups`, i32: `[num_experts]` counts,
+/// `[num_experts + 1]` offsets into the `[n * k]` route order at the end, and
+/// `[num_experts + 1]` offsets of the experts' tiles for `expert_gemm` before it).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Routes {
     pub experts: DevPtr,
@@ -24,7 +31,15 @@ pub(crate) struct Routes {
 impl Routes {
     /// i32s of the `groups` buffer for `routes` routes of `num_experts` experts.
     pub fn group_words(num_experts: usize, routes: usize) -> usize {
-        2 * num_experts + 1 + routes
+        3 * num_experts + 2 + routes
+    }
+
+    /// Blocks of `expert_gemm` that cover every tile of `n` tokens' routes, whatever
+    /// experts they chose: Σₑ ⌈countₑ / GEMM_ROUTES⌉ ≤ ⌈routes / GEMM_ROUTES⌉ + the experts
+    /// with a route. The bound depends on `n` alone, as a graph's launch shapes must.
+    fn tile_slots(&self, n: usize) -> usize {
+        let routes = n * self.k;
+        routes.div_ceil(GEMM_ROUTES) + routes.min(self.num_experts)
     }
 
     fn counts(&self) -> DevPtr {
@@ -35,8 +50,12 @@ impl Routes {
         self.groups + 4 * self.num_experts as u64
     }
 
-    fn order(&self) -> DevPtr {
+    fn tile_offsets(&self) -> DevPtr {
         self.groups + 4 * (2 * self.num_experts + 1) as u64
+    }
+
+    fn order(&self) -> DevPtr {
+        self.groups + 4 * (3 * self.num_experts + 2) as u64
     }
 }
 
@@ -67,8 +86,10 @@ impl Kernels {
             Arg::Ptr(routes.experts),
             Arg::I32((n * routes.k) as i32),
             Arg::I32(routes.num_experts as i32),
+            Arg::I32(GEMM_ROUTES as i32),
             Arg::Ptr(routes.counts()),
             Arg::Ptr(routes.offsets()),
+            Arg::Ptr(routes.tile_offsets()),
             Arg::Ptr(routes.order()),
         ];
         self.launch("moe_group", (1, 1), ROW_THREADS, &args)
@@ -109,6 +130,42 @@ impl Kernels {
             (m as u32).div_ceil(MATVEC_OUTPUTS),
         );
         self.launch(name, grid, 32 * MATVEC_OUTPUTS, &args)
+    }
+
+    /// The products of [`Kernels::expert_matvec`] over `n` tokens' routes with dense bf16
+    /// experts, on tensor cores (`expert_gemm`): a route's result is the same whatever else the step routes, and
+    /// differs from `expert_matvec`'s in rounding only. The width must be a multiple of
+    /// [`GEMM_K`]; the program must be bf16 (in f32 the kernel does nothing).
+    pub fn expert_gemm(
+        &self,
+        (x, w, y): (DevPtr, DevPtr, DevPtr),
+        (routes, n): (Routes, usize),
+        per_token: usize,
+        (m, width): (usize, usize),
+    ) -> Result<(), CudaError> {
+        if width % GEMM_K != 0 {
+            return Err(CudaError::Unsupported(format!(
+                "expert products on tensor cores need a width that is a multiple of {GEMM_K}, \
+                 not {width}"
+            )));
+        }
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::Ptr(routes.order()),
+            Arg::Ptr(routes.offsets()),
+            Arg::Ptr(routes.tile_offsets()),
+            Arg::Ptr(y),
+            Arg::I32(routes.num_experts as i32),
+            Arg::I32(per_token as i32),
+            Arg::I32(m as i32),
+            Arg::I32(width as i32),
+        ];
+        let grid = (
+            routes.tile_slots(n) as u32,
+            (m as u32).div_ceil(GEMM_OUTPUTS),
+        );
+        self.launch("expert_gemm", grid, GEMM_THREADS, &args)
     }
 
     /// `out[t] = Σ weight · y[route]` over token `t`'s routes in ascending expert order.

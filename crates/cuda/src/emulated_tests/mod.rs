@@ -10,6 +10,7 @@ mod forward_models;
 mod logprobs;
 mod matmul;
 mod moe;
+mod moe_gemm;
 mod processing;
 mod q4;
 mod q8;

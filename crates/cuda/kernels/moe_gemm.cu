@@ -1,0 +1,157 @@
+// The experts' products on tensor cores (bf16 storage, dense experts): moe.cu's
+// expert_matvec computes a route's outputs on CUDA cores, which suits a decode step (a
+// few routes per expert) but leaves a prefill chunk, where an expert may have hundreds of
+// routes, far from the tensor cores' rate. Here a block multiplies up to GEMM_ROUTES
+// routes of one expert (their rows gathered from x) with GEMM_OUTPUTS of the expert's
+// weight rows through mma.sync, reading each weight once per GEMM_ROUTES routes.
+//
+// A route's result never depends on the other routes of its tile or on which tile it is
+// in: each of its outputs is the same chain of m16n8k16 products over the width, GEMM_K
+// columns at a time in ascending order, whatever the tile's other rows hold (the tensor
+// cores compute each element of a product from its own row and column). So a decode step
+// and a prefill chunk give a token the same bits, and a batch never changes a sequence's
+// result: the runner uses this kernel for every bf16 step, not only for long ones.
+//
+// Tiles: moe_group numbers each expert's tiles (tile_offsets: expert e's tiles are
+// tile_offsets[e] .. tile_offsets[e + 1], ceil(count / GEMM_ROUTES) of them); block x of
+// the grid takes tile x (blocks past the last tile return), block y outputs
+// [GEMM_OUTPUTS y, GEMM_OUTPUTS (y + 1)). Warp w takes the tile's routes [16 w, 16 w + 16)
+// and all of the block's outputs (8 mma tiles of 8). The routes' rows and the weight rows
+// are staged GEMM_K columns at a time through shared memory by cp.async, one stage ahead
+// of the arithmetic (attention.cu's copy16_to_shared, copies_commit, copies_wait); the
+// fragments follow attention_tc.cu's layouts and its mma_16816.
+
+#define GEMM_ROUTES 64  // routes of a tile: 16 per warp
+#define GEMM_OUTPUTS 64 // outputs of a block
+#define GEMM_K 32       // columns staged at a time
+#define GEMM_STRIDE (GEMM_K + 8) // bf16 per staged row: 16-byte aligned, conflict-free
+#define GEMM_THREADS 128
+
+// y[r, j] = x[r / per_token] · W[e][j] for every route r of every expert e and output
+// j < m, as expert_matvec's (moe.cu), with W: [num_experts * m, width] bf16 and width a
+// multiple of GEMM_K. offsets and order as moe_group leaves them; tile_offsets:
+// [num_experts + 1].
+extern "C" __global__ void expert_gemm(const act_t* x, const act_t* w, const int* order,
+                                       const int* offsets, const int* tile_offsets, float* y,
+                                       int num_experts, int per_token, int m, int width) {
+#if TANDEM_ACT_BF16
+    __shared__ __align__(16) bf16_bits xs[2][GEMM_ROUTES * GEMM_STRIDE];
+    __shared__ __align__(16) bf16_bits ws[2][GEMM_OUTPUTS * GEMM_STRIDE];
+    int tile = blockIdx.x;
+    if (tile >= tile_offsets[num_experts]) {
+        return; // the whole block: no barrier follows for it
+    }
+    // The expert whose tiles hold this one: the last e with tile_offsets[e] <= tile.
+    int lo = 0, hi = num_experts - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (tile_offsets[mid] <= tile) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    int e = lo;
+    int first = offsets[e] + (tile - tile_offsets[e]) * GEMM_ROUTES;
+    int count = min(GEMM_ROUTES, offsets[e + 1] - first);
+    int j0 = blockIdx.y * GEMM_OUTPUTS;
+    int lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5;
+    int g = lane >> 2;
+    int t = lane & 3;
+
+    // Each thread stages two 16-byte pieces of a route row and two of a weight row per
+    // stage: rows threadIdx.x / 4 and threadIdx.x / 4 + 32, piece threadIdx.x % 4. Rows
+    // past the tile's routes or the expert's outputs are zeros, written once into both
+    // stages' buffers (no copy ever lands there).
+    const int pieces = GEMM_K * 2 / 16;
+    int piece = threadIdx.x % pieces;
+    const act_t* xsrc[2];
+    const act_t* wsrc[2];
+    for (int i = 0; i < 2; ++i) {
+        int r = threadIdx.x / pieces + i * (GEMM_THREADS / pieces);
+        xsrc[i] = r < count ? x + (i64)(order[first + r] / per_token) * width + piece * 8 : 0;
+        wsrc[i] = j0 + r < m ? w + ((i64)e * m + j0 + r) * width + piece * 8 : 0;
+        for (int s = 0; s < 2; ++s) {
+            for (int c = 0; c < 8; ++c) {
+                if (!xsrc[i]) {
+                    xs[s][r * GEMM_STRIDE + piece * 8 + c] = 0;
+                }
+                if (!wsrc[i]) {
+                    ws[s][r * GEMM_STRIDE + piece * 8 + c] = 0;
+                }
+            }
+        }
+    }
+    // Queues the copies of the columns [k0, k0 + GEMM_K) into stage s.
+    auto stage = [&](int s, int k0) {
+        for (int i = 0; i < 2; ++i) {
+            int r = threadIdx.x / pieces + i * (GEMM_THREADS / pieces);
+            int at = r * GEMM_STRIDE + piece * 8;
+            if (xsrc[i]) {
+                copy16_to_shared(reinterpret_cast<unsigned char*>(&xs[s][at]),
+                                 reinterpret_cast<const unsigned char*>(xsrc[i] + k0));
+            }
+            if (wsrc[i]) {
+                copy16_to_shared(reinterpret_cast<unsigned char*>(&ws[s][at]),
+                                 reinterpret_cast<const unsigned char*>(wsrc[i] + k0));
+            }
+        }
+        copies_commit();
+    };
+
+    bool active = warp * 16 < count; // uniform over the warp
+    float acc[GEMM_OUTPUTS / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < GEMM_OUTPUTS / 8; ++nt) {
+        acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    }
+    int steps = width / GEMM_K;
+    stage(0, 0);
+    for (int k = 0; k < steps; ++k) {
+        int s = k & 1;
+        if (k + 1 < steps) {
+            stage(s ^ 1, (k + 1) * GEMM_K);
+            copies_wait(1);
+        } else {
+            copies_wait(0);
+        }
+        __syncthreads(); // every thread's copies of stage s have landed
+        if (active) {
+#pragma unroll
+            for (int kk = 0; kk < GEMM_K / 16; ++kk) {
+                const bf16_bits* xr = &xs[s][(warp * 16 + g) * GEMM_STRIDE + kk * 16 + 2 * t];
+                u32 a[4] = {pair_at(xr), pair_at(xr + 8 * GEMM_STRIDE), pair_at(xr + 8),
+                            pair_at(xr + 8 * GEMM_STRIDE + 8)};
+#pragma unroll
+                for (int nt = 0; nt < GEMM_OUTPUTS / 8; ++nt) {
+                    const bf16_bits* wr = &ws[s][(nt * 8 + g) * GEMM_STRIDE + kk * 16 + 2 * t];
+                    u32 b[2] = {pair_at(wr), pair_at(wr + 8)};
+                    mma_16816(acc[nt], a, b);
+                }
+            }
+        }
+        __syncthreads(); // stage s is read before the next step's copies overwrite it
+    }
+    if (!active) {
+        return;
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        int row = warp * 16 + g + 8 * half;
+        if (row < count) {
+            float* dst = y + (i64)order[first + row] * m;
+#pragma unroll
+            for (int nt = 0; nt < GEMM_OUTPUTS / 8; ++nt) {
+                int j = j0 + nt * 8 + 2 * t;
+                if (j < m) {
+                    dst[j] = acc[nt][2 * half];
+                }
+                if (j + 1 < m) {
+                    dst[j + 1] = acc[nt][2 * half + 1];
+                }
+            }
+        }
+    }
+#endif
+}

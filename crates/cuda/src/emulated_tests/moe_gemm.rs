@@ -1,0 +1,136 @@
+//! The experts' products on tensor cores (`expert_gemm`, bf16): against an f64 reference
+//! over routes grouped by `moe_group` (an expert with two tiles, the second partial; one
+//! with no route; outputs that fill one block and part of a second; several staged column
+//! steps), and each token's result bitwise the same computed alone as in the batch, where
+//! its routes sit at other places of other tiles.
+
+use super::*;
+use crate::moe_kernels::Routes;
+
+const EXPERTS: usize = 5;
+/// Tokens; expert 0 gets every token's first route: 70 routes, tiles of 64 and 6.
+const TOKENS: usize = 70;
+/// Experts per token.
+const PER_TOKEN: usize = 2;
+/// Outputs per expert: a block of 64 and one of 16.
+const M: usize = 80;
+
+/// The expert of token `t`'s `slot`-th route; expert 4 gets none.
+fn expert_of(t: usize, slot: usize) -> i32 {
+    match slot {
+        0 => 0,
+        _ => 1 + (t % 7 % 3) as i32,
+    }
+}
+
+/// The products of a batch of `tokens` (numbers of the test's tokens, which fix their
+/// routes) through `moe_group` and `expert_gemm`, and the groups buffer. `x` holds the rows
+/// of all TOKENS tokens: one per token (`per_token` = PER_TOKEN) or one per route (1).
+fn products(
+    kern: &Kernels,
+    tokens: &[usize],
+    x: &[f32],
+    w: &mut Buf,
+    per_token: usize,
+    width: usize,
+) -> (Vec<f32>, Vec<i32>) {
+    let n = tokens.len();
+    let routes_n = n * PER_TOKEN;
+    let experts: Vec<i32> = (0..routes_n)
+        .map(|r| expert_of(tokens[r / PER_TOKEN], r % PER_TOKEN))
+        .collect();
+    let mut eb = Buf::of(&experts);
+    let mut wb = Buf::of(&vec![0.0f32; routes_n]);
+    let mut groups = Buf::zeroed(4 * Routes::group_words(EXPERTS, routes_n));
+    let routes = Routes {
+        experts: eb.ptr(),
+        weights: wb.ptr(),
+        groups: groups.ptr(),
+        k: PER_TOKEN,
+        num_experts: EXPERTS,
+    };
+    kern.moe_group(routes, n).expect("launch");
+    // x's rows of these tokens: one per token (per_token = PER_TOKEN) or one per route.
+    let rows_per_token = PER_TOKEN / per_token;
+    let rows: Vec<f32> = tokens
+        .iter()
+        .flat_map(|&t| {
+            let first = t * rows_per_token * width;
+            x[first..first + rows_per_token * width].iter().copied()
+        })
+        .collect();
+    let mut xb = act_buf(CudaDtype::Bf16, &rows);
+    // NaN until written: every route's every output must be.
+    let mut y = Buf::of(&vec![f32::NAN; routes_n * M]);
+    kern.expert_gemm(
+        (xb.ptr(), w.ptr(), y.ptr()),
+        (routes, n),
+        per_token,
+        (M, width),
+    )
+    .expect("launch");
+    (y.read::<f32>(), groups.read::<i32>())
+}
+
+#[test]
+fn expert_products_on_tensor_cores_match_the_reference_and_never_depend_on_the_batch() {
+    let kern = kernels(CudaDtype::Bf16);
+    let all: Vec<usize> = (0..TOKENS).collect();
+    for width in [96usize, 320] {
+        let mut r = rng(width as u64);
+        let weights = as_stored(
+            CudaDtype::Bf16,
+            &normal_ish(&mut r, EXPERTS * M * width, 0.5),
+        );
+        let mut w = act_buf(CudaDtype::Bf16, &weights);
+        for per_token in [PER_TOKEN, 1] {
+            let x_rows = TOKENS * PER_TOKEN / per_token;
+            let x = as_stored(CudaDtype::Bf16, &normal_ish(&mut r, x_rows * width, 1.0));
+            let (got, groups) = products(&kern, &all, &x, &mut w, per_token, width);
+            let what = format!("width {width} per_token {per_token}");
+
+            // The tiles moe_group numbered: ⌈count / 64⌉ per expert, in expert order.
+            let counts: Vec<usize> = (0..EXPERTS as i32)
+                .map(|e| {
+                    let chose = |t: &usize| (0..PER_TOKEN).any(|s| expert_of(*t, s) == e);
+                    all.iter().filter(|t| chose(t)).count()
+                })
+                .collect();
+            assert_eq!((counts[0], counts[EXPERTS - 1]), (TOKENS, 0));
+            let tile_offsets = &groups[2 * EXPERTS + 1..3 * EXPERTS + 2];
+            let mut want_tiles = vec![0];
+            for c in &counts {
+                want_tiles.push(want_tiles.last().copied().unwrap_or(0) + c.div_ceil(64) as i32);
+            }
+            assert_eq!(tile_offsets, &want_tiles[..], "{what}: tile offsets");
+
+            let want: Vec<f64> = (0..TOKENS * PER_TOKEN * M)
+                .map(|i| {
+                    let (route, j) = (i / M, i % M);
+                    let e = expert_of(route / PER_TOKEN, route % PER_TOKEN) as usize;
+                    let (xr, wr) = (route / per_token, e * M + j);
+                    (0..width)
+                        .map(|c| x[xr * width + c] as f64 * weights[wr * width + c] as f64)
+                        .sum()
+                })
+                .collect();
+            // bf16 inputs, exact products, f32 sums.
+            assert_close(&what, &got, &want, 2e-5);
+
+            // A token alone, and three tokens that put it first in its tiles: its routes'
+            // bits are those of the whole batch.
+            for t in [0usize, 33, 65, 69] {
+                for batch in [vec![t], vec![t, (t + 1) % TOKENS, (t + 5) % TOKENS]] {
+                    let (alone, _) = products(&kern, &batch, &x, &mut w, per_token, width);
+                    let span = t * PER_TOKEN * M..(t + 1) * PER_TOKEN * M;
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&alone[..PER_TOKEN * M]),
+                        bits(&got[span]),
+                        "{what}: token {t} in {batch:?} vs in the whole batch"
+                    );
+                }
+            }
+        }
+    }
+}
