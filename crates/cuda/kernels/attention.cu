@@ -133,17 +133,19 @@ __device__ __forceinline__ void copies_commit() {
 #endif
 }
 
-// Waits until at most `pending` (0 or 1) committed groups of this thread's copies are
-// still in flight.
+// Waits until at most `pending` (0, 1 or 2; more waits as for 2) committed groups of this
+// thread's copies are still in flight.
 __device__ __forceinline__ void copies_wait(int pending) {
 #if __CUDA_ARCH__ >= 800
     if (pending == 0) {
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    } else {
+    } else if (pending == 1) {
         asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    } else {
+        asm volatile("cp.async.wait_group 2;\n" ::: "memory");
     }
 #elif defined(TANDEM_EMULATOR)
-    tandem_emu::async_wait((unsigned)pending);
+    tandem_emu::async_wait((unsigned)min(pending, 2));
 #endif
 }
 

@@ -17,15 +17,18 @@
 // the grid takes tile x (blocks past the last tile return), block y outputs
 // [GEMM_OUTPUTS y, GEMM_OUTPUTS (y + 1)). Warp w takes the tile's routes [16 w, 16 w + 16)
 // and all of the block's outputs (8 mma tiles of 8). The routes' rows and the weight rows
-// are staged GEMM_K columns at a time through shared memory by cp.async, one stage ahead
-// of the arithmetic (attention.cu's copy16_to_shared, copies_commit, copies_wait); the
-// fragments follow attention_tc.cu's layouts and its mma_16816.
+// are staged GEMM_K columns at a time through shared memory by cp.async, GEMM_STAGES - 1
+// steps ahead of the arithmetic (attention.cu's copy16_to_shared, copies_commit,
+// copies_wait): a decode step has a route or two per expert and streams the weights, so
+// what bounds it is the bytes in flight, three steps of every weight row; the fragments
+// follow attention_tc.cu's layouts and its mma_16816.
 
 #define GEMM_ROUTES 64  // routes of a tile: 16 per warp
 #define GEMM_OUTPUTS 64 // outputs of a block
 #define GEMM_K 32       // columns staged at a time
 #define GEMM_STRIDE (GEMM_K + 8) // bf16 per staged row: 16-byte aligned, conflict-free
 #define GEMM_THREADS 128
+#define GEMM_STAGES 4 // column steps in shared memory: three in flight while one is used
 
 // y[r, j] = x[r / per_token] · W[e][j] for every route r of every expert e and output
 // j < m, as expert_matvec's (moe.cu), with W: [num_experts * m, width] bf16 and width a
@@ -35,8 +38,8 @@ extern "C" __global__ void expert_gemm(const act_t* x, const act_t* w, const int
                                        const int* offsets, const int* tile_offsets, float* y,
                                        int num_experts, int per_token, int m, int width) {
 #if TANDEM_ACT_BF16
-    __shared__ __align__(16) bf16_bits xs[2][GEMM_ROUTES * GEMM_STRIDE];
-    __shared__ __align__(16) bf16_bits ws[2][GEMM_OUTPUTS * GEMM_STRIDE];
+    __shared__ __align__(16) bf16_bits xs[GEMM_STAGES][GEMM_ROUTES * GEMM_STRIDE];
+    __shared__ __align__(16) bf16_bits ws[GEMM_STAGES][GEMM_OUTPUTS * GEMM_STRIDE];
     int tile = blockIdx.x;
     if (tile >= tile_offsets[num_experts]) {
         return; // the whole block: no barrier follows for it
@@ -62,8 +65,8 @@ extern "C" __global__ void expert_gemm(const act_t* x, const act_t* w, const int
 
     // Each thread stages two 16-byte pieces of a route row and two of a weight row per
     // stage: rows threadIdx.x / 4 and threadIdx.x / 4 + 32, piece threadIdx.x % 4. Rows
-    // past the tile's routes or the expert's outputs are zeros, written once into both
-    // stages' buffers (no copy ever lands there).
+    // past the tile's routes or the expert's outputs are zeros, written once into every
+    // stage's buffers (no copy ever lands there).
     const int pieces = GEMM_K * 2 / 16;
     int piece = threadIdx.x % pieces;
     const act_t* xsrc[2];
@@ -72,7 +75,7 @@ extern "C" __global__ void expert_gemm(const act_t* x, const act_t* w, const int
         int r = threadIdx.x / pieces + i * (GEMM_THREADS / pieces);
         xsrc[i] = r < count ? x + (i64)(order[first + r] / per_token) * width + piece * 8 : 0;
         wsrc[i] = j0 + r < m ? w + ((i64)e * m + j0 + r) * width + piece * 8 : 0;
-        for (int s = 0; s < 2; ++s) {
+        for (int s = 0; s < GEMM_STAGES; ++s) {
             for (int c = 0; c < 8; ++c) {
                 if (!xsrc[i]) {
                     xs[s][r * GEMM_STRIDE + piece * 8 + c] = 0;
@@ -83,7 +86,8 @@ extern "C" __global__ void expert_gemm(const act_t* x, const act_t* w, const int
             }
         }
     }
-    // Queues the copies of the columns [k0, k0 + GEMM_K) into stage s.
+    // Queues the copies of the columns [k0, k0 + GEMM_K) into stage s, and closes a group
+    // of copies whether or not it queued any (so that every step waits for the same count).
     auto stage = [&](int s, int k0) {
         for (int i = 0; i < 2; ++i) {
             int r = threadIdx.x / pieces + i * (GEMM_THREADS / pieces);
@@ -107,16 +111,25 @@ extern "C" __global__ void expert_gemm(const act_t* x, const act_t* w, const int
         acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
     }
     int steps = width / GEMM_K;
-    stage(0, 0);
-    for (int k = 0; k < steps; ++k) {
-        int s = k & 1;
-        if (k + 1 < steps) {
-            stage(s ^ 1, (k + 1) * GEMM_K);
-            copies_wait(1);
+    for (int k = 0; k < GEMM_STAGES - 1; ++k) {
+        if (k < steps) {
+            stage(k, k * GEMM_K);
         } else {
-            copies_wait(0);
+            copies_commit();
         }
-        __syncthreads(); // every thread's copies of stage s have landed
+    }
+    for (int k = 0; k < steps; ++k) {
+        int s = k % GEMM_STAGES;
+        copies_wait(GEMM_STAGES - 2); // this thread's copies of step k have landed
+        // Every thread's have; and every thread is done with step k - 1's stage, which the
+        // copies queued next overwrite.
+        __syncthreads();
+        int ahead = k + GEMM_STAGES - 1;
+        if (ahead < steps) {
+            stage(ahead % GEMM_STAGES, ahead * GEMM_K);
+        } else {
+            copies_commit();
+        }
         if (active) {
 #pragma unroll
             for (int kk = 0; kk < GEMM_K / 16; ++kk) {
@@ -131,7 +144,6 @@ extern "C" __global__ void expert_gemm(const act_t* x, const act_t* w, const int
                 }
             }
         }
-        __syncthreads(); // stage s is read before the next step's copies overwrite it
     }
     if (!active) {
         return;

@@ -1,7 +1,7 @@
 //! The experts' products on tensor cores (`expert_gemm`, bf16): against an f64 reference
 //! over routes grouped by `moe_group` (an expert with two tiles, the second partial; one
-//! with no route; outputs that fill one block and part of a second; several staged column
-//! steps), and each token's result bitwise the same computed alone as in the batch, where
+//! with no route; outputs that fill one block and part of a second; widths of fewer, as
+//! many and more column steps than the pipeline holds), and each token's result bitwise the same computed alone as in the batch, where
 //! its routes sit at other places of other tiles.
 
 use super::*;
@@ -76,7 +76,7 @@ fn products(
 fn expert_products_on_tensor_cores_match_the_reference_and_never_depend_on_the_batch() {
     let kern = kernels(CudaDtype::Bf16);
     let all: Vec<usize> = (0..TOKENS).collect();
-    for width in [96usize, 320] {
+    for width in [32usize, 96, 320] {
         let mut r = rng(width as u64);
         let weights = as_stored(
             CudaDtype::Bf16,
