@@ -14,16 +14,25 @@
 // the quantized formats.
 
 // scores: [n, num_experts] f32; experts: [n, k] i32 and weights: [n, k] f32, in ascending
-// expert order (the order moe_combine adds them in). Grid: n blocks of 32 threads; the
-// first thread routes the block's token (k is small: 2 to 10 in released models).
-extern "C" __global__ void moe_route(const float* scores, int* experts, float* weights,
-                                     int num_experts, int k, int normalize) {
+// expert order (the order moe_combine adds them in). The rows from *live_rows on pad a
+// decode graph's batch: they take no route (expert -1, weight 0), so that they add no
+// expert's weights to the step's reads. Grid: n blocks of 32 threads; the first thread
+// routes the block's token (k is small: 2 to 10 in released models).
+extern "C" __global__ void moe_route(const float* scores, const int* live_rows, int* experts,
+                                     float* weights, int num_experts, int k, int normalize) {
     if (threadIdx.x != 0) {
         return;
     }
     const float* s = scores + (i64)blockIdx.x * num_experts;
     int* ex = experts + (i64)blockIdx.x * k;
     float* w = weights + (i64)blockIdx.x * k;
+    if ((int)blockIdx.x >= *live_rows) {
+        for (int j = 0; j < k; ++j) {
+            ex[j] = -1;
+            w[j] = 0.0f;
+        }
+        return;
+    }
     float max = NEG_INF;
     for (int e = 0; e < num_experts; ++e) {
         max = fmaxf(max, s[e]);
@@ -78,8 +87,8 @@ extern "C" __global__ void moe_route(const float* scores, int* experts, float* w
     }
 }
 
-// Groups a step's routes by expert: offsets[e] .. offsets[e + 1] index into `order` the
-// routes that chose expert e (in no particular order: a route's result never depends on
+// Groups a step's routes by expert (a padding row's, expert -1, in none): offsets[e] ..
+// offsets[e + 1] index into `order` the routes that chose expert e (in no particular order: a route's result never depends on
 // the routes it is computed beside), and tile_offsets[e] .. tile_offsets[e + 1] number
 // expert e's tiles of `tile_routes` routes (expert_gemm's, moe_gemm.cu). experts: [routes]
 // i32; counts: [num_experts] i32, scratch; offsets, tile_offsets: [num_experts + 1] i32;
@@ -92,7 +101,9 @@ extern "C" __global__ void moe_group(const int* experts, int routes, int num_exp
     }
     __syncthreads();
     for (int r = threadIdx.x; r < routes; r += blockDim.x) {
-        atomicAdd(&counts[experts[r]], 1);
+        if (experts[r] >= 0) {
+            atomicAdd(&counts[experts[r]], 1);
+        }
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -110,7 +121,9 @@ extern "C" __global__ void moe_group(const int* experts, int routes, int num_exp
     }
     __syncthreads();
     for (int r = threadIdx.x; r < routes; r += blockDim.x) {
-        order[atomicAdd(&counts[experts[r]], 1)] = r;
+        if (experts[r] >= 0) {
+            order[atomicAdd(&counts[experts[r]], 1)] = r;
+        }
     }
 }
 
@@ -251,16 +264,20 @@ extern "C" __global__ void expert_matvec_q4(const act_t* x, const unsigned char*
 }
 
 // out[t] = sum over token t's k routes, in ascending expert order (moe_route's), of
-// weight * y[route]: y: [n * k, width] f32 (route t * k + j); weights: [n, k]; out: [n,
-// width] f32. Grid: n blocks; threads stride the row.
-extern "C" __global__ void moe_combine(const float* y, const float* weights, float* out, int k,
-                                       int width) {
+// weight * y[route]: y: [n * k, width] f32 (route t * k + j); experts, weights: [n, k];
+// out: [n, width] f32. A padding row's routes (expert -1) were never computed: its sum is
+// 0. Grid: n blocks; threads stride the row.
+extern "C" __global__ void moe_combine(const float* y, const int* experts,
+                                       const float* weights, float* out, int k, int width) {
     i64 t = blockIdx.x;
     const float* w = weights + t * k;
+    const int* ex = experts + t * k;
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
         float acc = 0.0f;
         for (int j = 0; j < k; ++j) {
-            acc += w[j] * y[(t * k + j) * (i64)width + i];
+            if (ex[j] >= 0) {
+                acc += w[j] * y[(t * k + j) * (i64)width + i];
+            }
         }
         out[t * width + i] = acc;
     }

@@ -41,6 +41,8 @@ pub(crate) struct BatchLayout {
     /// The flat rows that need logits, and `[rows]` their slots.
     pub output_rows: Vec<usize>,
     pub output_slots: Vec<i64>,
+    /// Tokens of the batch itself: rows from here on pad it ([`BatchLayout::pad_decode`]).
+    pub live_rows: usize,
 }
 
 impl BatchLayout {
@@ -72,6 +74,7 @@ impl BatchLayout {
             sin_local: Vec::new(),
             output_rows: batch.output_rows(),
             output_slots: Vec::new(),
+            live_rows: n,
         };
         for (i, s) in batch.seqs.iter().enumerate() {
             let used = s.context_len().div_ceil(block_size);
@@ -277,6 +280,7 @@ mod tests {
         assert_eq!(l.block_tables, vec![7, 3, 0, 0, 1, 0, 0, 0]);
         l.pad_decode(4, 9, 4);
         assert_eq!(l.tokens, vec![5, 6, 0, 0]);
+        assert_eq!(l.live_rows, 2);
         assert_eq!(l.positions, vec![4, 0, 0, 0]);
         assert_eq!(l.token_seq, vec![0, 1, 2, 3]);
         assert_eq!(l.write_slots, vec![12, 4, 36, 36]);

@@ -4,7 +4,8 @@
 //!
 //! A graph bakes in its launch shapes and buffer addresses, not the buffers' contents. So a
 //! decode batch of `n` sequences is padded to the next bucket size (padding rows compute
-//! into a scratch block nobody reads), its index arrays are copied into the runner's fixed
+//! into a scratch block nobody reads, and take no expert's route: the inputs say how many
+//! rows are live), its index arrays are copied into the runner's fixed
 //! input buffers, and the bucket's graph is replayed. Attention in a graph names enough
 //! context partitions for the longest table the input buffers hold; partitions past a
 //! token's context exit at once, and a token's arithmetic is the same as in an eager launch.

@@ -322,8 +322,12 @@ impl LayerProgram<'_> {
                     num_experts: moe.num_experts,
                 };
                 self.dense_product(ws.xn, router, ws.scores, n, moe.num_experts, h)?;
-                self.kernels
-                    .moe_route(ws.scores, routes, n, moe.normalize_top_k)?;
+                self.kernels.moe_route(
+                    (ws.scores, self.inputs.live_rows),
+                    routes,
+                    n,
+                    moe.normalize_top_k,
+                )?;
                 self.kernels.moe_group(routes, n)?;
                 self.mark("router")?;
                 self.expert_products((ws.xn, &gate_up, ws.gate_up), (routes, n), k, (2 * ff, h))?;

@@ -62,15 +62,18 @@ impl Routes {
 impl Kernels {
     /// Routes `n` tokens from their router scores (`[n, num_experts]` f32) into `routes`:
     /// softmax, the `k` heaviest (ties to the lower index), renormalised if `normalize`.
+    /// The rows from the device's `*live_rows` (i32) on pad a graph's batch and take no
+    /// route.
     pub fn moe_route(
         &self,
-        scores: DevPtr,
+        (scores, live_rows): (DevPtr, DevPtr),
         routes: Routes,
         n: usize,
         normalize: bool,
     ) -> Result<(), CudaError> {
         let args = [
             Arg::Ptr(scores),
+            Arg::Ptr(live_rows),
             Arg::Ptr(routes.experts),
             Arg::Ptr(routes.weights),
             Arg::I32(routes.num_experts as i32),
@@ -179,6 +182,7 @@ impl Kernels {
     ) -> Result<(), CudaError> {
         let args = [
             Arg::Ptr(y),
+            Arg::Ptr(routes.experts),
             Arg::Ptr(routes.weights),
             Arg::Ptr(out),
             Arg::I32(routes.k as i32),

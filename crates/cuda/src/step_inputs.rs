@@ -47,6 +47,8 @@ pub(crate) struct StepInputs {
     carried: CudaSlice<i32>,
     /// `[rows]`: per output row, the token it carries (its penalties count it), or -1.
     carried_out: CudaSlice<i32>,
+    /// `[1]`: the rows of the step's own tokens; the rest pad a decode graph's batch.
+    live_rows: CudaSlice<i32>,
     half_dim: usize,
     stream: Arc<CudaStream>,
 }
@@ -67,6 +69,7 @@ pub(crate) struct InputPtrs {
     pub tiles: DevPtr,
     pub carried: DevPtr,
     pub carried_out: DevPtr,
+    pub live_rows: DevPtr,
 }
 
 impl StepInputs {
@@ -92,6 +95,7 @@ impl StepInputs {
             tiles: stream.alloc_zeros(2 * rows)?,
             carried: stream.alloc_zeros(3 * rows)?,
             carried_out: stream.alloc_zeros(rows)?,
+            live_rows: stream.alloc_zeros(1)?,
             half_dim,
             stream: stream.clone(),
         })
@@ -124,7 +128,10 @@ impl StepInputs {
             st.copy(&s, &l.cos_local, &mut self.cos_local)?;
             st.copy(&s, &l.sin_local, &mut self.sin_local)?;
         }
-        st.copy(&s, &l.block_tables, &mut self.block_tables)
+        st.copy(&s, &l.block_tables, &mut self.block_tables)?;
+        let live = i32::try_from(l.live_rows)
+            .map_err(|_| CudaError::Unsupported(format!("a step of {} tokens", l.live_rows)))?;
+        st.copy(&s, &[live], &mut self.live_rows)
     }
 
     /// Copies up to [`LOGIT_ROWS`] slots for the LM head.
@@ -170,6 +177,7 @@ impl StepInputs {
             tiles: self.tiles.device_ptr(s).0,
             carried: self.carried.device_ptr(s).0,
             carried_out: self.carried_out.device_ptr(s).0,
+            live_rows: self.live_rows.device_ptr(s).0,
         }
     }
 

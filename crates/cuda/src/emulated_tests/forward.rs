@@ -54,8 +54,9 @@ struct Emulated {
     quant_scratch: Option<Buf>,
     capacity: usize,
     ws: Vec<Buf>,
-    /// Which of `ws` holds the logits.
+    /// Which of `ws` holds the logits, and the routes' grouping by expert.
     logits: usize,
+    route_groups: usize,
     ws_ptrs: WorkspacePtrs,
 }
 
@@ -143,10 +144,12 @@ impl Emulated {
         };
         let quant_scratch = (largest > 0).then(|| Buf::zeroed(largest * mode.dtype.size()));
         let sz = WorkspaceBytes::new(&c, mode.dtype, capacity, LOGIT_ROWS);
-        let (mut ws, mut logits) = (Vec::new(), 0);
+        let (mut ws, mut logits, mut route_groups) = (Vec::new(), 0, 0);
         let ws_ptrs = sz.place(|field, bytes| {
-            if field == "logits" {
-                logits = ws.len();
+            match field {
+                "logits" => logits = ws.len(),
+                "route_groups" => route_groups = ws.len(),
+                _ => {}
             }
             ws.push(Buf::zeroed(bytes));
             ws.last_mut().expect("pushed").ptr()
@@ -168,6 +171,7 @@ impl Emulated {
             capacity,
             ws,
             logits,
+            route_groups,
             ws_ptrs,
         }
     }
@@ -205,6 +209,7 @@ impl Emulated {
         let mut sin_local = Buf::of(&l.sin_local);
         let mut tables = Buf::of(&l.block_tables);
         let mut output_slots = Buf::of(&l.output_slots);
+        let mut live_rows = Buf::of(&[l.live_rows as i32]);
         let mut unused = Buf::zeroed(4);
         let mut program = LayerProgram {
             config: c,
@@ -236,6 +241,7 @@ impl Emulated {
                 tiles: 0,
                 carried: unused.ptr(),
                 carried_out: unused.ptr(),
+                live_rows: live_rows.ptr(),
             },
             table_stride: stride,
             profile: None,
@@ -251,6 +257,16 @@ impl Emulated {
         program
             .queue_lm_head(l.output_slots.len())
             .expect("lm head");
+        if let Some(moe) = c.features.moe {
+            // The last layer's routes: the padding rows of a graph-shaped step took none.
+            let groups = self.ws[self.route_groups].read::<i32>();
+            let routed = groups[2 * moe.num_experts] as usize;
+            assert_eq!(
+                routed,
+                l.live_rows * moe.experts_per_token,
+                "routes of {n} rows"
+            );
+        }
         let logits = self.ws[self.logits].read::<f32>();
         logits[..outputs * c.vocab_size].to_vec()
     }
