@@ -1,16 +1,20 @@
-// The experts' products on tensor cores (bf16 storage, dense experts): moe.cu's
-// expert_matvec computes a route's outputs on CUDA cores, which suits a decode step (a
-// few routes per expert) but leaves a prefill chunk, where an expert may have hundreds of
-// routes, far from the tensor cores' rate. Here a block multiplies up to GEMM_ROUTES
-// routes of one expert (their rows gathered from x) with GEMM_OUTPUTS of the expert's
-// weight rows through mma.sync, reading each weight once per GEMM_ROUTES routes.
+// The experts' products on tensor cores (bf16 storage): moe.cu's expert_matvec computes a
+// route's outputs on CUDA cores, which suits a decode step (a few routes per expert) but
+// leaves a prefill chunk, where an expert may have hundreds of routes, far from the tensor
+// cores' rate. Here a block multiplies up to GEMM_ROUTES routes of one expert (their rows
+// gathered from x) with GEMM_OUTPUTS of the expert's weight rows through mma.sync, reading
+// each weight once per GEMM_ROUTES routes. The weights may be dense (expert_gemm) or Q8_0
+// or Q4_1 codes (expert_gemm_q8, _q4), expanded to bf16 as they are staged, value for
+// value as q8_dequant and q4_dequant expand a dense layer's matrix before its product.
 //
 // A route's result never depends on the other routes of its tile or on which tile it is
 // in: each of its outputs is the same chain of m16n8k16 products over the width, GEMM_K
 // columns at a time in ascending order, whatever the tile's other rows hold (the tensor
 // cores compute each element of a product from its own row and column). So a decode step
 // and a prefill chunk give a token the same bits, and a batch never changes a sequence's
-// result: the runner uses this kernel for every bf16 step, not only for long ones.
+// result: the runner uses expert_gemm for every bf16 step, not only for long ones. (The
+// quantized ones serve long steps only: a decode step multiplies from the codes with
+// expert_matvec_q8/_q4, whose rounding differs, as a dense quantized layer's does.)
 //
 // Tiles: moe_group numbers each expert's tiles (tile_offsets: expert e's tiles are
 // tile_offsets[e] .. tile_offsets[e + 1], ceil(count / GEMM_ROUTES) of them); block x of
@@ -30,13 +34,75 @@
 #define GEMM_THREADS 128
 #define GEMM_STAGES 4 // column steps in shared memory: three in flight while one is used
 
+// The experts' weights in each format the layers may have, staged as bf16: `stage` writes
+// the 8 values of columns [k0 + 8 piece, k0 + 8 piece + 8) of weight row `row` ([rows,
+// width], the experts stacked) to 16-byte aligned shared memory at `dst`; k0 is a multiple
+// of 32, so a quantized piece lies in one block.
+struct DenseTiles { // the storage type: copied as is, asynchronously
+    const act_t* w;
+    __device__ __forceinline__ void stage(bf16_bits* dst, i64 row, int width, int k0,
+                                          int piece) const {
+        copy16_to_shared(reinterpret_cast<unsigned char*>(dst),
+                         reinterpret_cast<const unsigned char*>(w + row * width + k0 + piece * 8));
+    }
+};
+
+struct Q8Tiles { // Q8_0 (q8.cu): code * d, rounded to bf16
+    const unsigned char* q; // [rows, width] int8
+    const float* scales;    // [rows, width / 32]
+    __device__ __forceinline__ void stage(bf16_bits* dst, i64 row, int width, int k0,
+                                          int piece) const {
+        uint2 c = *reinterpret_cast<const uint2*>(q + row * width + k0 + piece * 8);
+        float d = scales[row * (width / Q8_BLOCK) + k0 / Q8_BLOCK];
+        u32 v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            u32 word = i < 2 ? c.x : c.y;
+            int sh = 16 * (i & 1);
+            float lo = (float)(int)(signed char)((word >> sh) & 0xffu) * d;
+            float hi = (float)(int)(signed char)((word >> (sh + 8)) & 0xffu) * d;
+            v[i] = pack_bf16(lo, hi);
+        }
+        *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+};
+
+struct Q4Tiles { // Q4_1 (q4.cu): code * d + mn, rounded to bf16
+    const unsigned char* q; // [rows, width / 32] blocks of 16 bytes
+    const u32* scales;      // [rows, width / 32]: f16 d and mn
+    __device__ __forceinline__ void stage(bf16_bits* dst, i64 row, int width, int k0,
+                                          int piece) const {
+        // Values 8 piece .. 8 piece + 7 of the block: the low nibbles of bytes 0-7 and
+        // 8-15, then the high nibbles of the same bytes.
+        int b = k0 / Q4_BLOCK;
+        const unsigned char* block = q + row * (width / 2) + b * (Q4_BLOCK / 2);
+        uint2 c = *reinterpret_cast<const uint2*>(block + 8 * (piece & 1));
+        int nibble = 4 * (piece >> 1);
+        u32 dm = scales[row * (width / Q4_BLOCK) + b];
+        float d = f16_to_f32(dm & 0xffffu);
+        float mn = f16_to_f32(dm >> 16);
+        u32 v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            u32 word = i < 2 ? c.x : c.y;
+            int sh = 16 * (i & 1) + nibble;
+            float lo = (float)((word >> sh) & 15u) * d + mn;
+            float hi = (float)((word >> (sh + 8)) & 15u) * d + mn;
+            v[i] = pack_bf16(lo, hi);
+        }
+        *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+};
+
 // y[r, j] = x[r / per_token] · W[e][j] for every route r of every expert e and output
-// j < m, as expert_matvec's (moe.cu), with W: [num_experts * m, width] bf16 and width a
-// multiple of GEMM_K. offsets and order as moe_group leaves them; tile_offsets:
-// [num_experts + 1].
-extern "C" __global__ void expert_gemm(const act_t* x, const act_t* w, const int* order,
-                                       const int* offsets, const int* tile_offsets, float* y,
-                                       int num_experts, int per_token, int m, int width) {
+// j < m, as expert_matvec's (moe.cu), with W: the stacked [num_experts * m, width]
+// matrix in format F and width a multiple of GEMM_K. offsets and order as moe_group
+// leaves them; tile_offsets: [num_experts + 1].
+template <class F>
+__device__ __forceinline__ void expert_tiles(F weights, const act_t* x, const int* order,
+                                             const int* offsets, const int* tile_offsets,
+                                             float* y, int num_experts, int per_token, int m,
+                                             int width) {
 #if TANDEM_ACT_BF16
     __shared__ __align__(16) bf16_bits xs[GEMM_STAGES][GEMM_ROUTES * GEMM_STRIDE];
     __shared__ __align__(16) bf16_bits ws[GEMM_STAGES][GEMM_OUTPUTS * GEMM_STRIDE];
@@ -66,28 +132,31 @@ extern "C" __global__ void expert_gemm(const act_t* x, const act_t* w, const int
     // Each thread stages two 16-byte pieces of a route row and two of a weight row per
     // stage: rows threadIdx.x / 4 and threadIdx.x / 4 + 32, piece threadIdx.x % 4. Rows
     // past the tile's routes or the expert's outputs are zeros, written once into every
-    // stage's buffers (no copy ever lands there).
+    // stage's buffers (nothing is staged there later).
     const int pieces = GEMM_K * 2 / 16;
     int piece = threadIdx.x % pieces;
     const act_t* xsrc[2];
-    const act_t* wsrc[2];
+    i64 wrow[2]; // -1: past the expert's outputs
     for (int i = 0; i < 2; ++i) {
         int r = threadIdx.x / pieces + i * (GEMM_THREADS / pieces);
         xsrc[i] = r < count ? x + (i64)(order[first + r] / per_token) * width + piece * 8 : 0;
-        wsrc[i] = j0 + r < m ? w + ((i64)e * m + j0 + r) * width + piece * 8 : 0;
+        wrow[i] = j0 + r < m ? (i64)e * m + j0 + r : -1;
         for (int s = 0; s < GEMM_STAGES; ++s) {
             for (int c = 0; c < 8; ++c) {
                 if (!xsrc[i]) {
                     xs[s][r * GEMM_STRIDE + piece * 8 + c] = 0;
                 }
-                if (!wsrc[i]) {
+                if (wrow[i] < 0) {
                     ws[s][r * GEMM_STRIDE + piece * 8 + c] = 0;
                 }
             }
         }
     }
-    // Queues the copies of the columns [k0, k0 + GEMM_K) into stage s, and closes a group
+    // Stages the columns [k0, k0 + GEMM_K) into stage s: queues the routes' copies (and a
+    // dense expert's), or stores the values expanded from codes at once, and closes a group
     // of copies whether or not it queued any (so that every step waits for the same count).
+    // Either way the values are there for every thread after the barrier of the step that
+    // reads them.
     auto stage = [&](int s, int k0) {
         for (int i = 0; i < 2; ++i) {
             int r = threadIdx.x / pieces + i * (GEMM_THREADS / pieces);
@@ -96,9 +165,8 @@ extern "C" __global__ void expert_gemm(const act_t* x, const act_t* w, const int
                 copy16_to_shared(reinterpret_cast<unsigned char*>(&xs[s][at]),
                                  reinterpret_cast<const unsigned char*>(xsrc[i] + k0));
             }
-            if (wsrc[i]) {
-                copy16_to_shared(reinterpret_cast<unsigned char*>(&ws[s][at]),
-                                 reinterpret_cast<const unsigned char*>(wsrc[i] + k0));
+            if (wrow[i] >= 0) {
+                weights.stage(&ws[s][at], wrow[i], width, k0, piece);
             }
         }
         copies_commit();
@@ -166,4 +234,32 @@ extern "C" __global__ void expert_gemm(const act_t* x, const act_t* w, const int
         }
     }
 #endif
+}
+
+// The experts' products from the storage type.
+extern "C" __global__ void expert_gemm(const act_t* x, const act_t* w, const int* order,
+                                       const int* offsets, const int* tile_offsets, float* y,
+                                       int num_experts, int per_token, int m, int width) {
+    expert_tiles(DenseTiles{w}, x, order, offsets, tile_offsets, y, num_experts, per_token, m,
+                 width);
+}
+
+// The experts' products from Q8_0 codes (`--cuda-weights q8_0`).
+extern "C" __global__ void expert_gemm_q8(const act_t* x, const unsigned char* q,
+                                          const float* scales, const int* order,
+                                          const int* offsets, const int* tile_offsets,
+                                          float* y, int num_experts, int per_token, int m,
+                                          int width) {
+    expert_tiles(Q8Tiles{q, scales}, x, order, offsets, tile_offsets, y, num_experts,
+                 per_token, m, width);
+}
+
+// The experts' products from Q4_1 codes (`--cuda-weights q4_1`).
+extern "C" __global__ void expert_gemm_q4(const act_t* x, const unsigned char* q,
+                                          const u32* scales, const int* order,
+                                          const int* offsets, const int* tile_offsets,
+                                          float* y, int num_experts, int per_token, int m,
+                                          int width) {
+    expert_tiles(Q4Tiles{q, scales}, x, order, offsets, tile_offsets, y, num_experts,
+                 per_token, m, width);
 }

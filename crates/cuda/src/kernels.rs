@@ -45,7 +45,7 @@ const SOURCES: [(&str, &str); 14] = [
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 29] = [
+pub const KERNEL_NAMES: [&str; 31] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
@@ -75,6 +75,8 @@ pub const KERNEL_NAMES: [&str; 29] = [
     "expert_matvec_q4",
     "moe_combine",
     "expert_gemm",
+    "expert_gemm_q8",
+    "expert_gemm_q4",
 ];
 
 /// Index of kernel `name` in [`KERNEL_NAMES`].

@@ -29,7 +29,7 @@ use crate::kernels::{
     window_parts, AttnBuffers, AttnShape, DevPtr, Kernels, QkvBuffers, QkvShape, TC_MAX_HEAD_DIM,
     TC_TILE_TOKENS,
 };
-use crate::moe_kernels::{Routes, GEMM_K};
+use crate::moe_kernels::{Routes, GEMM_K, GEMM_ROUTES_PER_EXPERT};
 use crate::options::CudaDtype;
 use crate::product_kernels::{Q4_MATVEC_ROWS, Q8_MATVEC_ROWS};
 use crate::program_buffers::{KvPtrs, LayerPtrs, MatrixPtrs, MlpPtrs, WeightPtrs, WorkspacePtrs};
@@ -348,9 +348,11 @@ impl LayerProgram<'_> {
         self.post_norm(w.post_norms.map(|[_, mlp]| mlp), n)
     }
 
-    /// The experts' products over `n` tokens' routes (see [`Kernels::expert_matvec`]): on
-    /// tensor cores for dense bf16 experts, whatever the step (a route's bits never depend
-    /// on it), on CUDA cores in f32 and from quantized codes.
+    /// The experts' products over `n` tokens' routes (see [`Kernels::expert_matvec`]). In
+    /// bf16, dense experts always run on tensor cores (a route's bits never depend on the
+    /// step); quantized ones too when the step routes [`GEMM_ROUTES_PER_EXPERT`] or more
+    /// to an expert on average (a long prefill chunk), or under `--batch-invariant`, which
+    /// wants one kernel for every step; else from their codes on CUDA cores, as f32 does.
     fn expert_products(
         &self,
         (x, w, y): (DevPtr, &MatrixPtrs, DevPtr),
@@ -358,15 +360,16 @@ impl LayerProgram<'_> {
         per_token: usize,
         (m, width): (usize, usize),
     ) -> Result<(), CudaError> {
-        match *w {
-            MatrixPtrs::Dense(d) if self.dtype == CudaDtype::Bf16 && width % GEMM_K == 0 => {
-                let shape = (m, width);
-                self.kernels
-                    .expert_gemm((x, d, y), (routes, n), per_token, shape)
-            }
-            _ => self
-                .kernels
-                .expert_matvec((x, w, y), routes, per_token, (m, width)),
+        let long = n * routes.k >= GEMM_ROUTES_PER_EXPERT * routes.num_experts;
+        let tensor_cores = self.dtype == CudaDtype::Bf16
+            && width % GEMM_K == 0
+            && (matches!(w, MatrixPtrs::Dense(_)) || long || !self.from_codes);
+        if tensor_cores {
+            self.kernels
+                .expert_gemm((x, w, y), (routes, n), per_token, (m, width))
+        } else {
+            self.kernels
+                .expert_matvec((x, w, y), routes, per_token, (m, width))
         }
     }
 

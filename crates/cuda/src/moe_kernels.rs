@@ -13,6 +13,9 @@ const GEMM_ROUTES: usize = 64;
 const GEMM_OUTPUTS: u32 = 64;
 const GEMM_THREADS: u32 = 128;
 pub(crate) const GEMM_K: usize = 32;
+/// Routes per expert, on average over a step, from which quantized experts run on tensor
+/// cores rather than from their codes on CUDA cores: a quarter of a tile.
+pub(crate) const GEMM_ROUTES_PER_EXPERT: usize = GEMM_ROUTES / 4;
 
 /// Where a step's routes live: `[n, k]` expert ids (i32) and weights (f32), in ascending
 /// expert order, and their grouping by expert (`groups`, i32: `[num_experts]` counts,
@@ -59,6 +62,21 @@ impl Routes {
     }
 }
 
+/// The experts' kernels on CUDA cores and on tensor cores, by weight format (see
+/// [`weight_args`]).
+const MATVEC_KERNELS: [&str; 3] = ["expert_matvec", "expert_matvec_q8", "expert_matvec_q4"];
+const GEMM_KERNELS: [&str; 3] = ["expert_gemm", "expert_gemm_q8", "expert_gemm_q4"];
+
+/// A stacked expert matrix's format (0: the storage type, 1: Q8_0, 2: Q4_1) and its
+/// buffers as kernel arguments.
+fn weight_args(w: &MatrixPtrs) -> (usize, Vec<Arg>) {
+    match *w {
+        MatrixPtrs::Dense(w) => (0, vec![Arg::Ptr(w)]),
+        MatrixPtrs::Q8 { codes, scales } => (1, vec![Arg::Ptr(codes), Arg::Ptr(scales)]),
+        MatrixPtrs::Q4 { codes, scales } => (2, vec![Arg::Ptr(codes), Arg::Ptr(scales)]),
+    }
+}
+
 impl Kernels {
     /// Routes `n` tokens from their router scores (`[n, num_experts]` f32) into `routes`:
     /// softmax, the `k` heaviest (ties to the lower index), renormalised if `normalize`.
@@ -99,9 +117,9 @@ impl Kernels {
     }
 
     /// `y[r] = x[r / per_token] · W[experts[r]]ᵀ` for every route `r` (grouped by
-    /// [`Kernels::moe_group`]). x: `[routes / per_token, width]` act; w: the experts'
-    /// `[num_experts * m, width]` stacked matrix, in any of the layers' formats; y:
-    /// `[routes, m]` f32.
+    /// [`Kernels::moe_group`]), on CUDA cores. x: `[routes / per_token, width]` act; w: the
+    /// experts' `[num_experts * m, width]` stacked matrix, in any of the layers' formats
+    /// (quantized ones from their codes); y: `[routes, m]` f32.
     pub fn expert_matvec(
         &self,
         (x, w, y): (DevPtr, &MatrixPtrs, DevPtr),
@@ -109,15 +127,7 @@ impl Kernels {
         per_token: usize,
         (m, width): (usize, usize),
     ) -> Result<(), CudaError> {
-        let (name, weights) = match *w {
-            MatrixPtrs::Dense(w) => ("expert_matvec", vec![Arg::Ptr(w)]),
-            MatrixPtrs::Q8 { codes, scales } => {
-                ("expert_matvec_q8", vec![Arg::Ptr(codes), Arg::Ptr(scales)])
-            }
-            MatrixPtrs::Q4 { codes, scales } => {
-                ("expert_matvec_q4", vec![Arg::Ptr(codes), Arg::Ptr(scales)])
-            }
-        };
+        let (format, weights) = weight_args(w);
         let mut args = vec![Arg::Ptr(x)];
         args.extend(weights);
         args.extend([
@@ -132,16 +142,17 @@ impl Kernels {
             routes.num_experts as u32,
             (m as u32).div_ceil(MATVEC_OUTPUTS),
         );
-        self.launch(name, grid, 32 * MATVEC_OUTPUTS, &args)
+        self.launch(MATVEC_KERNELS[format], grid, 32 * MATVEC_OUTPUTS, &args)
     }
 
-    /// The products of [`Kernels::expert_matvec`] over `n` tokens' routes with dense bf16
-    /// experts, on tensor cores (`expert_gemm`): a route's result is the same whatever else the step routes, and
-    /// differs from `expert_matvec`'s in rounding only. The width must be a multiple of
-    /// [`GEMM_K`]; the program must be bf16 (in f32 the kernel does nothing).
+    /// The products of [`Kernels::expert_matvec`] over `n` tokens' routes on tensor cores
+    /// (`expert_gemm`, `_q8`, `_q4`; quantized weights expanded to bf16 as they are
+    /// staged). A route's result is the same whatever else the step routes. The width must
+    /// be a multiple of [`GEMM_K`]; the program must be bf16 (in f32 the kernels do
+    /// nothing).
     pub fn expert_gemm(
         &self,
-        (x, w, y): (DevPtr, DevPtr, DevPtr),
+        (x, w, y): (DevPtr, &MatrixPtrs, DevPtr),
         (routes, n): (Routes, usize),
         per_token: usize,
         (m, width): (usize, usize),
@@ -152,9 +163,10 @@ impl Kernels {
                  not {width}"
             )));
         }
-        let args = [
-            Arg::Ptr(x),
-            Arg::Ptr(w),
+        let (format, weights) = weight_args(w);
+        let mut args = vec![Arg::Ptr(x)];
+        args.extend(weights);
+        args.extend([
             Arg::Ptr(routes.order()),
             Arg::Ptr(routes.offsets()),
             Arg::Ptr(routes.tile_offsets()),
@@ -163,12 +175,12 @@ impl Kernels {
             Arg::I32(per_token as i32),
             Arg::I32(m as i32),
             Arg::I32(width as i32),
-        ];
+        ]);
         let grid = (
             routes.tile_slots(n) as u32,
             (m as u32).div_ceil(GEMM_OUTPUTS),
         );
-        self.launch("expert_gemm", grid, GEMM_THREADS, &args)
+        self.launch(GEMM_KERNELS[format], grid, GEMM_THREADS, &args)
     }
 
     /// `out[t] = Σ weight · y[route]` over token `t`'s routes in ascending expert order.

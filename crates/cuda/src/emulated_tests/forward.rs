@@ -353,7 +353,7 @@ fn compare(dir: &Path, mode: Mode) -> (Vec<f32>, f32) {
 /// The runner's choices for weights written in `format` and stored as `dtype`: quantized
 /// matrices multiply from their codes in decode steps and expand into the scratch matrix
 /// for prefill chunks (the test's steps have both); bf16 prefill may use tensor cores.
-fn modes(dtype: CudaDtype, format: CudaWeights) -> Vec<Mode> {
+fn modes(dtype: CudaDtype, format: CudaWeights, experts: bool) -> Vec<Mode> {
     let plain = Mode {
         dtype,
         weights: format,
@@ -366,8 +366,14 @@ fn modes(dtype: CudaDtype, format: CudaWeights) -> Vec<Mode> {
     };
     match (dtype, format) {
         (CudaDtype::Bf16, CudaWeights::Dense) => vec![plain, tensor_cores],
-        // The program's choices for quantized weights are the same in both modes, and the
-        // kernels' bf16 arithmetic is tested on its own (`q8.rs`, `q4.rs`).
+        // bf16 runs quantized experts on tensor cores where f32 keeps their codes: the mode
+        // that does so for every step. Without experts the program's choices are the same
+        // in both modes, and the kernels' bf16 arithmetic is tested on its own (`q8.rs`,
+        // `q4.rs`).
+        (CudaDtype::Bf16, _) if experts => vec![Mode {
+            from_codes: false,
+            ..plain
+        }],
         (CudaDtype::Bf16, _) => vec![],
         _ => vec![plain],
     }
@@ -381,7 +387,7 @@ fn check(name: &str) {
         .expect("a spec of that name");
     let formats = [CudaWeights::Dense, CudaWeights::Q8_0, CudaWeights::Q4_1];
     for (dtype, format) in MODES.into_iter().flat_map(|d| formats.map(|f| (d, f))) {
-        let modes = modes(dtype, format);
+        let modes = modes(dtype, format, spec.experts.is_some());
         if modes.is_empty() {
             continue;
         }

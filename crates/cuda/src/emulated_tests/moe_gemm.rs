@@ -2,10 +2,14 @@
 //! over routes grouped by `moe_group` (an expert with two tiles, the second partial; one
 //! with no route; outputs that fill one block and part of a second; widths of fewer, as
 //! many and more column steps than the pipeline holds), and each token's result bitwise the same computed alone as in the batch, where
-//! its routes sit at other places of other tiles.
+//! its routes sit at other places of other tiles. Q8_0 and Q4_1 experts (`_q8`, `_q4`)
+//! give bitwise the results of their matrices expanded by `q8_dequant` and `q4_dequant`
+//! and multiplied as dense ones.
 
 use super::*;
 use crate::moe_kernels::Routes;
+use crate::program_buffers::MatrixPtrs;
+use crate::{q4_weights, q8_weights};
 
 const EXPERTS: usize = 5;
 /// Tokens; expert 0 gets every token's first route: 70 routes, tiles of 64 and 6.
@@ -30,7 +34,7 @@ fn products(
     kern: &Kernels,
     tokens: &[usize],
     x: &[f32],
-    w: &mut Buf,
+    w: &MatrixPtrs,
     per_token: usize,
     width: usize,
 ) -> (Vec<f32>, Vec<i32>) {
@@ -62,13 +66,8 @@ fn products(
     let mut xb = act_buf(CudaDtype::Bf16, &rows);
     // NaN until written: every route's every output must be.
     let mut y = Buf::of(&vec![f32::NAN; routes_n * M]);
-    kern.expert_gemm(
-        (xb.ptr(), w.ptr(), y.ptr()),
-        (routes, n),
-        per_token,
-        (M, width),
-    )
-    .expect("launch");
+    kern.expert_gemm((xb.ptr(), w, y.ptr()), (routes, n), per_token, (M, width))
+        .expect("launch");
     (y.read::<f32>(), groups.read::<i32>())
 }
 
@@ -82,11 +81,13 @@ fn expert_products_on_tensor_cores_match_the_reference_and_never_depend_on_the_b
             CudaDtype::Bf16,
             &normal_ish(&mut r, EXPERTS * M * width, 0.5),
         );
-        let mut w = act_buf(CudaDtype::Bf16, &weights);
+        let mut wb = act_buf(CudaDtype::Bf16, &weights);
+        let w = MatrixPtrs::Dense(wb.ptr());
+        let mut quantized = Quantized::new(&kern, &weights, width);
         for per_token in [PER_TOKEN, 1] {
             let x_rows = TOKENS * PER_TOKEN / per_token;
             let x = as_stored(CudaDtype::Bf16, &normal_ish(&mut r, x_rows * width, 1.0));
-            let (got, groups) = products(&kern, &all, &x, &mut w, per_token, width);
+            let (got, groups) = products(&kern, &all, &x, &w, per_token, width);
             let what = format!("width {width} per_token {per_token}");
 
             // The tiles moe_group numbered: ⌈count / 64⌉ per expert, in expert order.
@@ -121,7 +122,7 @@ fn expert_products_on_tensor_cores_match_the_reference_and_never_depend_on_the_b
             // bits are those of the whole batch.
             for t in [0usize, 33, 65, 69] {
                 for batch in [vec![t], vec![t, (t + 1) % TOKENS, (t + 5) % TOKENS]] {
-                    let (alone, _) = products(&kern, &batch, &x, &mut w, per_token, width);
+                    let (alone, _) = products(&kern, &batch, &x, &w, per_token, width);
                     let span = t * PER_TOKEN * M..(t + 1) * PER_TOKEN * M;
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(
@@ -131,6 +132,68 @@ fn expert_products_on_tensor_cores_match_the_reference_and_never_depend_on_the_b
                     );
                 }
             }
+
+            // Quantized experts: bitwise their expansion's products.
+            for (format, codes, expanded) in quantized.formats() {
+                let (got, _) = products(&kern, &all, &x, &codes, per_token, width);
+                let (want, _) = products(&kern, &all, &x, &expanded, per_token, width);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert!(got.iter().all(|v| v.is_finite()), "{what} {format}");
+                assert_eq!(bits(&got), bits(&want), "{what} {format} vs its expansion");
+            }
         }
+    }
+}
+
+/// The test's experts quantized to Q8_0 and Q4_1, and each expanded to bf16 by the
+/// dense layers' kernels (`q8_dequant`, `q4_dequant`).
+struct Quantized {
+    bufs: Vec<Buf>,
+}
+
+impl Quantized {
+    fn new(kern: &Kernels, weights: &[f32], width: usize) -> Quantized {
+        let rows = EXPERTS * M;
+        let (mut c8, mut s8) = (Vec::new(), Vec::new());
+        q8_weights::quantize(weights, &mut c8, &mut s8);
+        let (mut c4, mut s4) = (Vec::new(), Vec::new());
+        q4_weights::quantize(weights, &mut c4, &mut s4);
+        let mut bufs = vec![
+            Buf::of(&c8),
+            Buf::of(&s8),
+            Buf::zeroed(rows * width * 2),
+            Buf::of(&c4),
+            Buf::of(&s4),
+            Buf::zeroed(rows * width * 2),
+        ];
+        let p: Vec<DevPtr> = bufs.iter_mut().map(Buf::ptr).collect();
+        kern.q8_dequant(p[0], p[1], p[2], rows, width)
+            .expect("launch");
+        kern.q4_dequant(p[3], p[4], p[5], rows, width)
+            .expect("launch");
+        Quantized { bufs }
+    }
+
+    /// (name, the codes, their expansion) of each format.
+    fn formats(&mut self) -> Vec<(&'static str, MatrixPtrs, MatrixPtrs)> {
+        let p: Vec<DevPtr> = self.bufs.iter_mut().map(Buf::ptr).collect();
+        vec![
+            (
+                "Q8_0",
+                MatrixPtrs::Q8 {
+                    codes: p[0],
+                    scales: p[1],
+                },
+                MatrixPtrs::Dense(p[2]),
+            ),
+            (
+                "Q4_1",
+                MatrixPtrs::Q4 {
+                    codes: p[3],
+                    scales: p[4],
+                },
+                MatrixPtrs::Dense(p[5]),
+            ),
+        ]
     }
 }
