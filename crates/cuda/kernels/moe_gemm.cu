@@ -137,6 +137,7 @@ __device__ __forceinline__ void expert_tiles(F weights, const act_t* x, const in
     int piece = threadIdx.x % pieces;
     const act_t* xsrc[2];
     i64 wrow[2]; // -1: past the expert's outputs
+#pragma unroll
     for (int i = 0; i < 2; ++i) {
         int r = threadIdx.x / pieces + i * (GEMM_THREADS / pieces);
         xsrc[i] = r < count ? x + (i64)(order[first + r] / per_token) * width + piece * 8 : 0;
@@ -158,6 +159,7 @@ __device__ __forceinline__ void expert_tiles(F weights, const act_t* x, const in
     // Either way the values are there for every thread after the barrier of the step that
     // reads them.
     auto stage = [&](int s, int k0) {
+#pragma unroll
         for (int i = 0; i < 2; ++i) {
             int r = threadIdx.x / pieces + i * (GEMM_THREADS / pieces);
             int at = r * GEMM_STRIDE + piece * 8;
