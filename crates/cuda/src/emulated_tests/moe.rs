@@ -114,17 +114,8 @@ fn expert_products_match_the_reference_and_the_dense_layers_matvec() {
     for width in [96usize, 2048] {
         for dtype in MODES {
             let kern = kernels(dtype);
-            let mut eb = Buf::of(&experts);
-            let mut wb = Buf::of(&vec![0.0f32; routes_n]);
-            let mut groups = Buf::zeroed(4 * Routes::group_words(EXPERTS, routes_n));
-            let routes = Routes {
-                experts: eb.ptr(),
-                weights: wb.ptr(),
-                groups: groups.ptr(),
-                k: PER_TOKEN,
-                num_experts: EXPERTS,
-            };
-            kern.moe_group(routes, TOKENS).expect("launch");
+            let grouped = Grouped::new(&kern, &experts, PER_TOKEN, EXPERTS);
+            let routes = grouped.routes;
             let mut r = rng(width as u64);
             for format in [Format::Dense, Format::Q8, Format::Q4] {
                 let mut w = stacked(format, dtype, width, width as u64 + 7);
@@ -180,5 +171,37 @@ fn expert_products_match_the_reference_and_the_dense_layers_matvec() {
                 }
             }
         }
+    }
+}
+
+/// Routes (`[tokens, k]` expert ids; zero weights) grouped by `moe_group`, in buffers
+/// that live as long as this.
+pub(super) struct Grouped {
+    pub routes: Routes,
+    bufs: [Buf; 3],
+}
+
+impl Grouped {
+    pub fn new(kern: &Kernels, experts: &[i32], k: usize, num_experts: usize) -> Grouped {
+        let mut eb = Buf::of(experts);
+        let mut wb = Buf::of(&vec![0.0f32; experts.len()]);
+        let mut groups = Buf::zeroed(4 * Routes::group_words(num_experts, experts.len()));
+        let routes = Routes {
+            experts: eb.ptr(),
+            weights: wb.ptr(),
+            groups: groups.ptr(),
+            k,
+            num_experts,
+        };
+        kern.moe_group(routes, experts.len() / k).expect("launch");
+        Grouped {
+            routes,
+            bufs: [eb, wb, groups],
+        }
+    }
+
+    /// The groups buffer: counts, offsets, tile offsets, order.
+    pub fn groups(&self) -> Vec<i32> {
+        self.bufs[2].read::<i32>()
     }
 }

@@ -6,8 +6,8 @@
 //! give bitwise the results of their matrices expanded by `q8_dequant` and `q4_dequant`
 //! and multiplied as dense ones.
 
+use super::moe::Grouped;
 use super::*;
-use crate::moe_kernels::Routes;
 use crate::program_buffers::MatrixPtrs;
 use crate::{q4_weights, q8_weights};
 
@@ -43,17 +43,8 @@ fn products(
     let experts: Vec<i32> = (0..routes_n)
         .map(|r| expert_of(tokens[r / PER_TOKEN], r % PER_TOKEN))
         .collect();
-    let mut eb = Buf::of(&experts);
-    let mut wb = Buf::of(&vec![0.0f32; routes_n]);
-    let mut groups = Buf::zeroed(4 * Routes::group_words(EXPERTS, routes_n));
-    let routes = Routes {
-        experts: eb.ptr(),
-        weights: wb.ptr(),
-        groups: groups.ptr(),
-        k: PER_TOKEN,
-        num_experts: EXPERTS,
-    };
-    kern.moe_group(routes, n).expect("launch");
+    let grouped = Grouped::new(kern, &experts, PER_TOKEN, EXPERTS);
+    let routes = grouped.routes;
     // x's rows of these tokens: one per token (per_token = PER_TOKEN) or one per route.
     let rows_per_token = PER_TOKEN / per_token;
     let rows: Vec<f32> = tokens
@@ -68,7 +59,7 @@ fn products(
     let mut y = Buf::of(&vec![f32::NAN; routes_n * M]);
     kern.expert_gemm((xb.ptr(), w, y.ptr()), (routes, n), per_token, (M, width))
         .expect("launch");
-    (y.read::<f32>(), groups.read::<i32>())
+    (y.read::<f32>(), grouped.groups())
 }
 
 #[test]
