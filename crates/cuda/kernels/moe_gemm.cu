@@ -34,33 +34,48 @@
 #define GEMM_THREADS 128
 #define GEMM_STAGES 4 // column steps in shared memory: three in flight while one is used
 
-// The experts' weights in each format the layers may have, staged as bf16: `stage` writes
-// the 8 values of columns [k0 + 8 piece, k0 + 8 piece + 8) of weight row `row` ([rows,
-// width], the experts stacked) to 16-byte aligned shared memory at `dst`; k0 is a multiple
-// of 32, so a quantized piece lies in one block.
+// The experts' weights in each format the layers may have, staged as bf16 in two parts:
+// `fetch` starts reading the 8 values of columns [k0 + 8 piece, k0 + 8 piece + 8) of weight
+// row `row` ([rows, width], the experts stacked) for 16-byte aligned shared memory at `dst`,
+// and `expand` writes what it read there. A dense row is copied asynchronously by `fetch`
+// alone; a quantized one's codes are loaded into registers by `fetch` and expanded by
+// `expand` after the step's products, so that the loads' latency overlaps them (stores
+// right after the loads would wait for them). k0 is a multiple of 32, so a quantized piece
+// lies in one block.
 struct DenseTiles { // the storage type: copied as is, asynchronously
+    struct Codes {}; // nothing held: the copy lands in shared memory by itself
     const act_t* w;
-    __device__ __forceinline__ void stage(bf16_bits* dst, i64 row, int width, int k0,
-                                          int piece) const {
+    __device__ __forceinline__ Codes fetch(bf16_bits* dst, i64 row, int width, int k0,
+                                           int piece) const {
         copy16_to_shared(reinterpret_cast<unsigned char*>(dst),
                          reinterpret_cast<const unsigned char*>(w + row * width + k0 + piece * 8));
+        return Codes{};
     }
+    __device__ __forceinline__ void expand(bf16_bits*, Codes) const {}
 };
 
 struct Q8Tiles { // Q8_0 (q8.cu): code * d, rounded to bf16
+    struct Codes {
+        uint2 c;
+        float d;
+    };
     const unsigned char* q; // [rows, width] int8
     const float* scales;    // [rows, width / 32]
-    __device__ __forceinline__ void stage(bf16_bits* dst, i64 row, int width, int k0,
-                                          int piece) const {
-        uint2 c = *reinterpret_cast<const uint2*>(q + row * width + k0 + piece * 8);
-        float d = scales[row * (width / Q8_BLOCK) + k0 / Q8_BLOCK];
+    __device__ __forceinline__ Codes fetch(bf16_bits*, i64 row, int width, int k0,
+                                           int piece) const {
+        Codes r;
+        r.c = *reinterpret_cast<const uint2*>(q + row * width + k0 + piece * 8);
+        r.d = scales[row * (width / Q8_BLOCK) + k0 / Q8_BLOCK];
+        return r;
+    }
+    __device__ __forceinline__ void expand(bf16_bits* dst, Codes r) const {
         u32 v[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            u32 word = i < 2 ? c.x : c.y;
+            u32 word = i < 2 ? r.c.x : r.c.y;
             int sh = 16 * (i & 1);
-            float lo = (float)(int)(signed char)((word >> sh) & 0xffu) * d;
-            float hi = (float)(int)(signed char)((word >> (sh + 8)) & 0xffu) * d;
+            float lo = (float)(int)(signed char)((word >> sh) & 0xffu) * r.d;
+            float hi = (float)(int)(signed char)((word >> (sh + 8)) & 0xffu) * r.d;
             v[i] = pack_bf16(lo, hi);
         }
         *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
@@ -68,24 +83,33 @@ struct Q8Tiles { // Q8_0 (q8.cu): code * d, rounded to bf16
 };
 
 struct Q4Tiles { // Q4_1 (q4.cu): code * d + mn, rounded to bf16
+    struct Codes {
+        uint2 c;
+        u32 dm;
+        int nibble;
+    };
     const unsigned char* q; // [rows, width / 32] blocks of 16 bytes
     const u32* scales;      // [rows, width / 32]: f16 d and mn
-    __device__ __forceinline__ void stage(bf16_bits* dst, i64 row, int width, int k0,
-                                          int piece) const {
+    __device__ __forceinline__ Codes fetch(bf16_bits*, i64 row, int width, int k0,
+                                           int piece) const {
         // Values 8 piece .. 8 piece + 7 of the block: the low nibbles of bytes 0-7 and
         // 8-15, then the high nibbles of the same bytes.
         int b = k0 / Q4_BLOCK;
         const unsigned char* block = q + row * (width / 2) + b * (Q4_BLOCK / 2);
-        uint2 c = *reinterpret_cast<const uint2*>(block + 8 * (piece & 1));
-        int nibble = 4 * (piece >> 1);
-        u32 dm = scales[row * (width / Q4_BLOCK) + b];
-        float d = f16_to_f32(dm & 0xffffu);
-        float mn = f16_to_f32(dm >> 16);
+        Codes r;
+        r.c = *reinterpret_cast<const uint2*>(block + 8 * (piece & 1));
+        r.dm = scales[row * (width / Q4_BLOCK) + b];
+        r.nibble = 4 * (piece >> 1);
+        return r;
+    }
+    __device__ __forceinline__ void expand(bf16_bits* dst, Codes r) const {
+        float d = f16_to_f32(r.dm & 0xffffu);
+        float mn = f16_to_f32(r.dm >> 16);
         u32 v[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            u32 word = i < 2 ? c.x : c.y;
-            int sh = 16 * (i & 1) + nibble;
+            u32 word = i < 2 ? r.c.x : r.c.y;
+            int sh = 16 * (i & 1) + r.nibble;
             float lo = (float)((word >> sh) & 15u) * d + mn;
             float hi = (float)((word >> (sh + 8)) & 15u) * d + mn;
             v[i] = pack_bf16(lo, hi);
@@ -106,21 +130,25 @@ __device__ __forceinline__ void expert_tiles(F weights, const act_t* x, const in
 #if TANDEM_ACT_BF16
     __shared__ __align__(16) bf16_bits xs[GEMM_STAGES][GEMM_ROUTES * GEMM_STRIDE];
     __shared__ __align__(16) bf16_bits ws[GEMM_STAGES][GEMM_OUTPUTS * GEMM_STRIDE];
+    __shared__ int tile_expert;
     int tile = blockIdx.x;
-    if (tile >= tile_offsets[num_experts]) {
-        return; // the whole block: no barrier follows for it
-    }
-    // The expert whose tiles hold this one: the last e with tile_offsets[e] <= tile.
-    int lo = 0, hi = num_experts - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (tile_offsets[mid] <= tile) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
+    int tiles = tile_offsets[num_experts];
+    // The expert whose tiles hold this one: the e with tile_offsets[e] <= tile <
+    // tile_offsets[e + 1], if any (none for a block past the last tile). The threads look
+    // at the experts side by side: one round of loads before the weights' copies can start,
+    // where a binary search would chain log2(num_experts) of them.
+    for (int i = threadIdx.x; i < num_experts; i += GEMM_THREADS) {
+        int from = tile_offsets[i];
+        int to = tile_offsets[i + 1];
+        if ((from <= tile) & (tile < to)) {
+            tile_expert = i;
         }
     }
-    int e = lo;
+    __syncthreads();
+    if (tile >= tiles) {
+        return; // the whole block: no barrier follows for it
+    }
+    int e = tile_expert;
     int first = offsets[e] + (tile - tile_offsets[e]) * GEMM_ROUTES;
     int count = min(GEMM_ROUTES, offsets[e + 1] - first);
     int j0 = blockIdx.y * GEMM_OUTPUTS;
@@ -153,12 +181,14 @@ __device__ __forceinline__ void expert_tiles(F weights, const act_t* x, const in
             }
         }
     }
-    // Stages the columns [k0, k0 + GEMM_K) into stage s: queues the routes' copies (and a
-    // dense expert's), or stores the values expanded from codes at once, and closes a group
-    // of copies whether or not it queued any (so that every step waits for the same count).
-    // Either way the values are there for every thread after the barrier of the step that
-    // reads them.
-    auto stage = [&](int s, int k0) {
+    // Stages the columns [k0, k0 + GEMM_K) into stage s in two parts: `fetch` queues the
+    // routes' copies (and a dense expert's) and loads quantized codes into `codes`, then
+    // closes a group of copies whether or not it queued any (so that every step waits for
+    // the same count); `expand` stores the values of the codes (nothing for dense ones).
+    // Both write stage s only once every thread is done reading it, and the values are
+    // there for every thread after the barrier of the step that reads them.
+    typename F::Codes codes[2] = {};
+    auto fetch = [&](int s, int k0) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             int r = threadIdx.x / pieces + i * (GEMM_THREADS / pieces);
@@ -168,10 +198,19 @@ __device__ __forceinline__ void expert_tiles(F weights, const act_t* x, const in
                                  reinterpret_cast<const unsigned char*>(xsrc[i] + k0));
             }
             if (wrow[i] >= 0) {
-                weights.stage(&ws[s][at], wrow[i], width, k0, piece);
+                codes[i] = weights.fetch(&ws[s][at], wrow[i], width, k0, piece);
             }
         }
         copies_commit();
+    };
+    auto expand = [&](int s) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            int r = threadIdx.x / pieces + i * (GEMM_THREADS / pieces);
+            if (wrow[i] >= 0) {
+                weights.expand(&ws[s][r * GEMM_STRIDE + piece * 8], codes[i]);
+            }
+        }
     };
 
     bool active = warp * 16 < count; // uniform over the warp
@@ -183,7 +222,8 @@ __device__ __forceinline__ void expert_tiles(F weights, const act_t* x, const in
     int steps = width / GEMM_K;
     for (int k = 0; k < GEMM_STAGES - 1; ++k) {
         if (k < steps) {
-            stage(k, k * GEMM_K);
+            fetch(k, k * GEMM_K);
+            expand(k);
         } else {
             copies_commit();
         }
@@ -192,11 +232,11 @@ __device__ __forceinline__ void expert_tiles(F weights, const act_t* x, const in
         int s = k % GEMM_STAGES;
         copies_wait(GEMM_STAGES - 2); // this thread's copies of step k have landed
         // Every thread's have; and every thread is done with step k - 1's stage, which the
-        // copies queued next overwrite.
+        // copies queued next overwrite (and, after the products, the codes loaded next).
         __syncthreads();
         int ahead = k + GEMM_STAGES - 1;
         if (ahead < steps) {
-            stage(ahead % GEMM_STAGES, ahead * GEMM_K);
+            fetch(ahead % GEMM_STAGES, ahead * GEMM_K);
         } else {
             copies_commit();
         }
@@ -213,6 +253,9 @@ __device__ __forceinline__ void expert_tiles(F weights, const act_t* x, const in
                     mma_16816(acc[nt], a, b);
                 }
             }
+        }
+        if (ahead < steps) {
+            expand(ahead % GEMM_STAGES);
         }
     }
     if (!active) {
