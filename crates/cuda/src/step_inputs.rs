@@ -49,6 +49,9 @@ pub(crate) struct StepInputs {
     carried_out: CudaSlice<i32>,
     /// `[1]`: the rows of the step's own tokens; the rest pad a decode graph's batch.
     live_rows: CudaSlice<i32>,
+    /// What `live_rows` holds: a step with the same count copies nothing (decode steps
+    /// of a steady batch, the common case).
+    live_uploaded: i32,
     half_dim: usize,
     stream: Arc<CudaStream>,
 }
@@ -96,6 +99,7 @@ impl StepInputs {
             carried: stream.alloc_zeros(3 * rows)?,
             carried_out: stream.alloc_zeros(rows)?,
             live_rows: stream.alloc_zeros(1)?,
+            live_uploaded: 0,
             half_dim,
             stream: stream.clone(),
         })
@@ -131,7 +135,11 @@ impl StepInputs {
         st.copy(&s, &l.block_tables, &mut self.block_tables)?;
         let live = i32::try_from(l.live_rows)
             .map_err(|_| CudaError::Unsupported(format!("a step of {} tokens", l.live_rows)))?;
-        st.copy(&s, &[live], &mut self.live_rows)
+        if live != self.live_uploaded {
+            st.copy(&s, &[live], &mut self.live_rows)?;
+            self.live_uploaded = live;
+        }
+        Ok(())
     }
 
     /// Copies up to [`LOGIT_ROWS`] slots for the LM head.
