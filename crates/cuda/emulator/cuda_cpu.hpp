@@ -123,6 +123,7 @@ struct __attribute__((aligned(8))) float2 {
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
     return uint4{x, y, z, w};
 }
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
 
 inline void __syncthreads() { ::tandem_emu::sync_block(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { ::tandem_emu::sync_warp(); }
@@ -209,7 +210,7 @@ inline typename std::common_type<A, B>::type max(A a, B b) {
 
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 with d as both C and D: a
 // warp-collective operation. Every lane publishes its fragments (layouts in
-// kernels/attention_tc.cu, after the PTX ISA), then computes its four outputs with f32
+// kernels/tensor_core.cu, after the PTX ISA), then computes its four outputs with f32
 // products summed over k in ascending order (the hardware's order of accumulation is its
 // own: results may differ from a GPU's in the last bits, never in layout).
 inline void tandem_emu_mma_bf16_16816(float* d, const unsigned* a, const unsigned* b) {
@@ -256,4 +257,29 @@ inline void tandem_emu_mma_bf16_16816(float* d, const unsigned* a, const unsigne
         }
         d[i] = C[row][col] + acc;
     }
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (kernels/tensor_core.cu): a
+// warp-collective load. Every lane publishes the address of its row (lane l: row l % 8 of
+// matrix l / 8, 16 bytes, 16-byte aligned or the instruction faults), then register i of
+// lane 4 g + t receives matrix i's elements (g, 2t) and (g, 2t + 1), or with `trans` its
+// elements (2t, g) and (2t + 1, g), the first in the lower 16 bits.
+inline void tandem_emu_ldmatrix_x4(unsigned* r, const void* row, bool trans) {
+    if ((uintptr_t)row % 16 != 0) {
+        __builtin_trap();
+    }
+    unsigned lane = threadIdx.x & 31u;
+    ::tandem_emu::warp_area(lane)[0] = (uint64_t)(uintptr_t)row;
+    ::tandem_emu::sync_warp();
+    auto element = [](unsigned matrix, unsigned i, unsigned j) {
+        uint64_t at = ::tandem_emu::warp_area(8 * matrix + i)[0];
+        return (unsigned)reinterpret_cast<const uint16_t*>((uintptr_t)at)[j];
+    };
+    unsigned g = lane >> 2, t = lane & 3u;
+    for (unsigned i = 0; i < 4; ++i) {
+        unsigned lo = trans ? element(i, 2 * t, g) : element(i, g, 2 * t);
+        unsigned hi = trans ? element(i, 2 * t + 1, g) : element(i, g, 2 * t + 1);
+        r[i] = lo | (hi << 16);
+    }
+    ::tandem_emu::sync_warp(); // every lane has read before any publishes again
 }

@@ -19,18 +19,22 @@
 // Tiles: moe_group numbers each expert's tiles (tile_offsets: expert e's tiles are
 // tile_offsets[e] .. tile_offsets[e + 1], ceil(count / GEMM_ROUTES) of them); block x of
 // the grid takes tile x (blocks past the last tile return), block y outputs
-// [GEMM_OUTPUTS y, GEMM_OUTPUTS (y + 1)). Warp w takes the tile's routes [16 w, 16 w + 16)
-// and all of the block's outputs (8 mma tiles of 8). The routes' rows and the weight rows
-// are staged GEMM_K columns at a time through shared memory by cp.async, GEMM_STAGES - 1
-// steps ahead of the arithmetic (attention.cu's copy16_to_shared, copies_commit,
-// copies_wait): a decode step has a route or two per expert and streams the weights, so
-// what bounds it is the bytes in flight, three steps of every weight row; the fragments
-// follow attention_tc.cu's layouts and its mma_16816.
+// [GEMM_OUTPUTS y, GEMM_OUTPUTS (y + 1)). The four warps split the tile two by two: warp w
+// takes the routes [32 (w % 2), 32 (w % 2) + 32) (two mma tiles of 16; the second only if
+// it has a route) and the outputs [32 (w / 2), 32 (w / 2) + 32) (four tiles of 8), so that
+// a fragment loaded from shared memory (by ldmatrix, tensor_core.cu) serves two or four
+// products, and a step with a route or two per expert keeps two warps busy, not one.
+// The routes' rows and the weight rows are staged GEMM_K columns at a time through shared
+// memory by cp.async, GEMM_STAGES - 1 steps ahead of the arithmetic (attention.cu's
+// copy16_to_shared, copies_commit, copies_wait): a decode step has a route or two per
+// expert and streams the weights, so what bounds it is the bytes in flight, three steps of
+// every weight row.
 
-#define GEMM_ROUTES 64  // routes of a tile: 16 per warp
+#define GEMM_ROUTES 64  // routes of a tile: 32 per warp
 #define GEMM_OUTPUTS 64 // outputs of a block
 #define GEMM_K 32       // columns staged at a time
 #define GEMM_STRIDE (GEMM_K + 8) // bf16 per staged row: 16-byte aligned, conflict-free
+#define GEMM_WARP_OUTPUTS 32     // outputs of a warp: four mma tiles of 8
 #define GEMM_THREADS 128
 #define GEMM_STAGES 4 // column steps in shared memory: three in flight while one is used
 
@@ -213,11 +217,17 @@ __device__ __forceinline__ void expert_tiles(F weights, const act_t* x, const in
         }
     };
 
-    bool active = warp * 16 < count; // uniform over the warp
-    float acc[GEMM_OUTPUTS / 8][4];
+    int routes0 = (warp & 1) * 32; // the warp's first route of the tile
+    int outputs0 = (warp >> 1) * GEMM_WARP_OUTPUTS; // its first output of the block's
+    bool active = routes0 < count;        // uniform over the warp
+    bool upper = routes0 + 16 < count;    // its second tile of 16 routes has one
+    float acc[2][GEMM_WARP_OUTPUTS / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < GEMM_OUTPUTS / 8; ++nt) {
-        acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < GEMM_WARP_OUTPUTS / 8; ++nt) {
+            acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+        }
     }
     int steps = width / GEMM_K;
     for (int k = 0; k < GEMM_STAGES - 1; ++k) {
@@ -243,14 +253,23 @@ __device__ __forceinline__ void expert_tiles(F weights, const act_t* x, const in
         if (active) {
 #pragma unroll
             for (int kk = 0; kk < GEMM_K / 16; ++kk) {
-                const bf16_bits* xr = &xs[s][(warp * 16 + g) * GEMM_STRIDE + kk * 16 + 2 * t];
-                u32 a[4] = {pair_at(xr), pair_at(xr + 8 * GEMM_STRIDE), pair_at(xr + 8),
-                            pair_at(xr + 8 * GEMM_STRIDE + 8)};
+                const bf16_bits* xt = &xs[s][routes0 * GEMM_STRIDE + kk * 16];
+                const bf16_bits* wt = &ws[s][outputs0 * GEMM_STRIDE + kk * 16];
+                u32 a[2][4];
+                frag_a_row(a[0], xt, GEMM_STRIDE);
+                if (upper) {
+                    frag_a_row(a[1], xt + 16 * GEMM_STRIDE, GEMM_STRIDE);
+                }
 #pragma unroll
-                for (int nt = 0; nt < GEMM_OUTPUTS / 8; ++nt) {
-                    const bf16_bits* wr = &ws[s][(nt * 8 + g) * GEMM_STRIDE + kk * 16 + 2 * t];
-                    u32 b[2] = {pair_at(wr), pair_at(wr + 8)};
-                    mma_16816(acc[nt], a, b);
+                for (int np = 0; np < GEMM_WARP_OUTPUTS / 16; ++np) {
+                    u32 b[4];
+                    frag_b_pair_row(b, wt + np * 16 * GEMM_STRIDE, GEMM_STRIDE);
+                    mma_16816(acc[0][2 * np], a[0], b);
+                    mma_16816(acc[0][2 * np + 1], a[0], b + 2);
+                    if (upper) {
+                        mma_16816(acc[1][2 * np], a[1], b);
+                        mma_16816(acc[1][2 * np + 1], a[1], b + 2);
+                    }
                 }
             }
         }
@@ -262,18 +281,21 @@ __device__ __forceinline__ void expert_tiles(F weights, const act_t* x, const in
         return;
     }
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        int row = warp * 16 + g + 8 * half;
-        if (row < count) {
-            float* dst = y + (i64)order[first + row] * m;
+    for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
-            for (int nt = 0; nt < GEMM_OUTPUTS / 8; ++nt) {
-                int j = j0 + nt * 8 + 2 * t;
-                if (j < m) {
-                    dst[j] = acc[nt][2 * half];
-                }
-                if (j + 1 < m) {
-                    dst[j + 1] = acc[nt][2 * half + 1];
+        for (int half = 0; half < 2; ++half) {
+            int row = routes0 + 16 * mt + g + 8 * half;
+            if (row < count) {
+                float* dst = y + (i64)order[first + row] * m;
+#pragma unroll
+                for (int nt = 0; nt < GEMM_WARP_OUTPUTS / 8; ++nt) {
+                    int j = j0 + outputs0 + nt * 8 + 2 * t;
+                    if (j < m) {
+                        dst[j] = acc[mt][nt][2 * half];
+                    }
+                    if (j + 1 < m) {
+                        dst[j + 1] = acc[mt][nt][2 * half + 1];
+                    }
                 }
             }
         }

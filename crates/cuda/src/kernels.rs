@@ -24,12 +24,13 @@ use tandem_model::config::Activation;
 pub(crate) type DevPtr = u64;
 
 /// The kernel files, in the order they are concatenated into one program.
-const SOURCES: [(&str, &str); 14] = [
+const SOURCES: [(&str, &str); 15] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("norm.cu", include_str!("../kernels/norm.cu")),
     ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
     ("rope_kv.cu", include_str!("../kernels/rope_kv.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
+    ("tensor_core.cu", include_str!("../kernels/tensor_core.cu")),
     (
         "attention_tc.cu",
         include_str!("../kernels/attention_tc.cu"),
@@ -45,14 +46,15 @@ const SOURCES: [(&str, &str); 14] = [
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 31] = [
+pub const KERNEL_NAMES: [&str; 32] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
     "qkv_rope_store",
     "paged_attention",
     "attention_merge",
-    "attention_tc",
+    "attention_tc_64",
+    "attention_tc_128",
     "gated_activation",
     "soft_cap",
     "rms_norm_rows",
@@ -109,8 +111,8 @@ pub(crate) fn window_parts(parts: usize, window: Option<usize>, tile_tokens: usi
 
 /// Largest head dimension the attention kernel handles (`32 * ATTN_MAX_PER_LANE`).
 pub(crate) const MAX_HEAD_DIM: usize = 256;
-/// Tokens per tile of `attention_tc` (`TC_ROWS` in attention_tc.cu), its threads
-/// (`TC_WARPS` warps) and the largest head dimension it takes (`TC_MAX_DIM`).
+/// Tokens per tile of `attention_tc_*` (`TC_ROWS` in attention_tc.cu), its threads
+/// (`TC_WARPS` warps) and the largest head dimension it takes (`attention_tc_128`'s).
 pub(crate) const TC_TILE_TOKENS: usize = 64;
 const TC_THREADS: u32 = 128;
 pub(crate) const TC_MAX_HEAD_DIM: usize = 128;
@@ -520,7 +522,8 @@ impl Kernels {
 
     /// Prefill attention on tensor cores (attention_tc.cu, bf16 only) of the tokens of
     /// `tiles` tiles of up to [`TC_TILE_TOKENS`] tokens each (`b.tiles`, required); no
-    /// partials. `shape.tile_tokens` is ignored.
+    /// partials. `shape.tile_tokens` is ignored. Head dimensions up to 64 take the kernel
+    /// whose registers hold 64 columns, the others up to [`TC_MAX_HEAD_DIM`] the wider one.
     pub fn attention_tc(
         &self,
         b: &AttnBuffers,
@@ -530,7 +533,12 @@ impl Kernels {
         let mut args = attention_inputs(b).to_vec();
         args.push(Arg::Attn(shape));
         let grid = (tiles as u32, shape.num_heads as u32);
-        self.launch("attention_tc", grid, TC_THREADS, &args)
+        let name = if shape.head_dim <= 64 {
+            "attention_tc_64"
+        } else {
+            "attention_tc_128"
+        };
+        self.launch(name, grid, TC_THREADS, &args)
     }
 
     /// `out = act(gate) * up`: SwiGLU or GeGLU. gate_up: `[n, 2 * ff]` f32; out: `[n, ff]`

@@ -262,6 +262,9 @@ fn tensor_core_prefill_attention() {
     check_tensor_cores(4, 2, 64, &[1, 45, 130], 0);
     check_tensor_cores(2, 1, 128, &[70, 3], 0);
     check_tensor_cores(8, 8, 16, &[66], 0);
+    // Head dimensions below each kernel's bound: 48 (attention_tc_64), 96 (_128).
+    check_tensor_cores(4, 1, 48, &[70, 2], 0);
+    check_tensor_cores(2, 2, 96, &[100, 33], 0);
 }
 
 #[test]
@@ -269,6 +272,8 @@ fn tensor_core_prefill_attention_in_sliding_windows() {
     // Windows shorter than a chunk of 64 positions, and longer, crossing chunks.
     check_tensor_cores(4, 2, 64, &[1, 45, 200], 10);
     check_tensor_cores(2, 1, 32, &[150, 7], 70);
+    // Chunks of 32 positions (head dimension 128).
+    check_tensor_cores(2, 1, 128, &[90, 5], 40);
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
