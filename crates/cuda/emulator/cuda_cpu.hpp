@@ -42,6 +42,9 @@ const Dim3& grid_dim();
 void sync_block();
 // Waits for every live lane of the calling thread's warp.
 void sync_warp();
+// sync_warp for the `.aligned` warp-wide matrix operations, which need all 32 lanes:
+// traps if any lane of the warp has returned (or the block's last warp is partial).
+void sync_full_warp();
 // Lane `lane`'s slot of the calling warp's exchange area (8 bytes per lane).
 uint64_t& warp_slot(unsigned lane);
 // Lane `lane`'s 16 words of the calling warp's fragment area (warp-wide matrix operations).
@@ -222,7 +225,7 @@ inline void tandem_emu_mma_bf16_16816(float* d, const unsigned* a, const unsigne
     }
     mine[4] = b[0];
     mine[5] = b[1];
-    ::tandem_emu::sync_warp();
+    ::tandem_emu::sync_full_warp();
     float A[16][16], B[16][8], C[16][8];
     auto lo = [](uint32_t v) { return ::tandem_emu::bit_cast<float>(v << 16); };
     auto hi = [](uint32_t v) { return ::tandem_emu::bit_cast<float>(v & 0xffff0000u); };
@@ -270,7 +273,7 @@ inline void tandem_emu_ldmatrix_x4(unsigned* r, const void* row, bool trans) {
     }
     unsigned lane = threadIdx.x & 31u;
     ::tandem_emu::warp_area(lane)[0] = (uint64_t)(uintptr_t)row;
-    ::tandem_emu::sync_warp();
+    ::tandem_emu::sync_full_warp();
     auto element = [](unsigned matrix, unsigned i, unsigned j) {
         uint64_t at = ::tandem_emu::warp_area(8 * matrix + i)[0];
         return (unsigned)reinterpret_cast<const uint16_t*>((uintptr_t)at)[j];

@@ -293,6 +293,13 @@ void sync_warp() {
     arrive(running->warp_barriers[w], running->warp_live[w]);
 }
 
+void sync_full_warp() {
+    if (running->warp_live[my_warp()] != 32) {
+        __builtin_trap();
+    }
+    sync_warp();
+}
+
 uint64_t& warp_slot(unsigned lane) { return running->slots[32 * (size_t)my_warp() + lane]; }
 
 uint64_t* warp_area(unsigned lane) {
