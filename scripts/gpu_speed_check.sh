@@ -22,8 +22,9 @@
 #     128 steps (single-stream and batched decode; the B=64 step time the server's ITL is
 #     held to), and the 135M shape at batch 1 (the launch-bound goal);
 #  3. `cuda_score profile` of the 1B shape: device time per operation of a prefill of
-#     8 x 2,048 tokens and of decode steps at batch 1, 16, 64 and 256, and the rates of that
-#     prefill and of scoring all its positions on the device;
+#     8 x 2,048 tokens (prompts' attention on CUDA cores, then on tensor cores) and of decode
+#     steps at batch 1, 16, 64 and 256, and the rates of that prefill and of scoring all its
+#     positions on the device, both ways;
 #  4. `tandem serve --device cuda` on the 1B shape under bench/serve_load.py: 64 concurrent
 #     streams, ~512-token prompts, 256 tokens out (TTFT, ITL, output tok/s);
 #  5. transformers `generate` with a static cache, 128 tokens after 512, batch 256 and 1
@@ -33,7 +34,7 @@
 #     host, overlapped steps, decode rates with and without graphs, greedy and top-p).
 # Stage rest: what step 6 did not finish, and gpu_check.sh on a Gemma 3 shape (sliding
 #  windows, GeGLU, Gemma's norms) and a Qwen3-MoE shape (experts), and their bench at batch
-#  1 and 64; OLD_BIN_DIR's bench beside the new one;
+#  1 and 64; OLD_BIN_DIR's bench beside the new one, and both with `--tensor-core-attention`;
 #  `--cuda-weights q8_0`, `--cuda-weights q4_1` and `--batch-invariant` (speed at batch 1
 #  and 32, and the perplexity of one text in each mode: OUTDIR/quant_fidelity.txt); the whole
 #  engine loop (`--engine`) on both shapes with and without overlapped steps
@@ -90,7 +91,7 @@ models() {
 }
 
 profile() {
-  local secs; secs=$(allot profile 30 90) || return 0
+  local secs; secs=$(allot profile 30 120) || return 0
   timeout "$secs" "$NEW/cuda_score" profile "$P-bf16" bf16 "$M/ref_llama3.2-1b.json" \
     "$OUT/profile_llama3.2-1b.json" 2>>"$OUT/profile.log" || return 0
   python3 - "$OUT" <<'PY' | tee "$OUT/profile.txt"
@@ -197,6 +198,10 @@ if [ "$STAGE" = rest ] || [ "$STAGE" = all ]; then
       --batch 1 --batch 64
   done
   [ -n "$OLD" ] && bench old "$OLD" 40 150 --batch 1 --batch 32 --batch 256
+  # The prompts' attention on tensor cores, new kernel beside the old binary's.
+  bench new-tensor-core-attention "$NEW" 30 90 --batch 1 --batch 32 --tensor-core-attention
+  [ -n "$OLD" ] && bench old-tensor-core-attention "$OLD" 30 90 --batch 1 --batch 32 \
+    --tensor-core-attention
   # The engine loop planning step n+1 while step n runs, against the synchronous loop; the
   # 135M shape is where host time shows most.
   for shape in "$SMALL-bf16" "$P-bf16"; do

@@ -455,9 +455,26 @@ fn batch_invariance(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value
     Ok(out)
 }
 
+/// The device time per operation of `prefill` (after a warm-up: workspace growth, first
+/// launches), and the rates of a prefill of 8 x 2,048 tokens and of scoring all its positions.
+fn prefill_profile(
+    runner: &mut CudaRunner,
+    prefill: &ForwardBatch,
+    prompt: &[TokenId],
+) -> Result<(tandem_cuda::StepProfile, f64, f64)> {
+    runner.profile_forward(prefill)?;
+    let profile = runner.profile_forward(prefill)?;
+    Ok((
+        profile,
+        long_prefill(runner, prompt)?,
+        long_scoring(runner, prompt)?,
+    ))
+}
+
 /// Device time per operation (CUDA events) of eager steps: a prefill of 8 x 2,048 tokens and
 /// decode steps of 1, 16, 64 and 256 sequences after `prompt`; and the rates of that prefill
-/// and of scoring all its positions.
+/// and of scoring all its positions, with the attention of prompts on CUDA cores and on tensor
+/// cores.
 fn profiles(runner: &mut CudaRunner, prompt: &[TokenId]) -> Result<Value> {
     let to_json = |p: tandem_cuda::StepProfile| {
         let ops: serde_json::Map<String, Value> = p
@@ -469,11 +486,21 @@ fn profiles(runner: &mut CudaRunner, prompt: &[TokenId]) -> Result<Value> {
     };
     let mut out = json!({ "describe": runner.describe() });
     let prefill = long_prefill_batch(prompt, 8);
-    runner.profile_forward(&prefill)?; // warm-up (workspace growth, first launches)
-    out["prefill_8x2048"] = to_json(runner.profile_forward(&prefill)?);
-    // The scoring goal: all positions' log-probabilities at the prefill's rate or near it.
-    out["prefill_8x2048"]["prefill_tok_s"] = json!(long_prefill(runner, prompt)?);
-    out["prefill_8x2048"]["scoring_tok_s"] = json!(long_scoring(runner, prompt)?);
+    // The prefill with the attention on CUDA cores (the default), then on tensor cores
+    // (`--tensor-core-attention`).
+    for (key, tensor_cores) in [
+        ("prefill_8x2048", false),
+        ("prefill_8x2048_tensor_cores", true),
+    ] {
+        runner.set_tensor_core_attention(tensor_cores);
+        let measured = prefill_profile(runner, &prefill, prompt);
+        runner.set_tensor_core_attention(false);
+        let (profile, prefill_rate, scoring_rate) = measured?;
+        out[key] = to_json(profile);
+        out[key]["prefill_tok_s"] = json!(prefill_rate);
+        // The scoring goal: all positions' log-probabilities at the prefill's rate or near it.
+        out[key]["scoring_tok_s"] = json!(scoring_rate);
+    }
     let n = prompt.len();
     for b in [1usize, 16, 64, 256] {
         let per_seq = (n + 2).div_ceil(BLOCK);
