@@ -96,11 +96,13 @@ def summary_lines(name, r):
                          f"{ov['rows']} rows (goal 0); decode sequential -> overlapped: {rates}")
         tc = c.get("tensor_core_attention")
         if tc is not None:
+            dvf = tc.get("decode_vs_forward", {}).get("max_abs_diff")
             lines.append(
-                f"  tensor-core prefill attention {dtype}: max|dlogprob| vs tiled "
+                f"  tensor-core attention {dtype}: max|dlogprob| vs tiled "
                 f"{tc['max_abs_logprob_diff']:.2e}; 8x2048 prefill "
                 f"{tc['prefill_8x2048_tok_s_tiled']:.0f} -> "
-                f"{tc['prefill_8x2048_tok_s_tensor_cores']:.0f} tok/s")
+                f"{tc['prefill_8x2048_tok_s_tensor_cores']:.0f} tok/s; decode=forward max|d| "
+                + (f"{dvf:.2e} (goal 0)" if dvf is not None else "missing"))
         lines.append(
             f"  speed {dtype}: prefill {t['prefill_tok_s']:.0f} tok/s ({t['prefill_tokens']} "
             f"tokens), 8x2048 {t.get('prefill_8x2048_tok_s', 0):.0f} tok/s")

@@ -51,8 +51,9 @@ pub struct ModelArgs {
     /// third of bf16's bytes); decode steps read the codes straight.
     #[arg(long, value_name = "FORMAT", default_value = "dense", value_parser = parse_cuda_weights)]
     pub cuda_weights: tandem_cuda::CudaWeights,
-    /// On CUDA with bf16, run the attention of prompt steps on tensor cores (faster
-    /// prefill; such steps then differ from decode steps in rounding). Off unless given.
+    /// On CUDA with bf16, run the attention of every step on tensor cores (meant for faster
+    /// prefill; decode stays bitwise equal to scoring; rounds differently from the default
+    /// kernel). Off unless given.
     #[arg(long)]
     pub tensor_core_attention: bool,
 }

@@ -1,4 +1,4 @@
-// Prefill attention on tensor cores (bf16 only; `CudaOptions::tensor_core_attention`).
+// Attention on tensor cores (bf16 only; `CudaOptions::tensor_core_attention`).
 //
 // The tiled attention in attention.cu runs every product on CUDA cores, one position per
 // lane; in a prefill of thousands of tokens that dominates the step. Here a warp holds 16
@@ -6,8 +6,12 @@
 // (m16n8k16, bf16 inputs, f32 accumulation; tensor_core.cu), keeps FlashAttention-2's
 // online softmax in registers, and multiplies the probabilities (rounded to bf16) with the
 // value rows the same way. The result differs from attention.cu's in rounding (bf16
-// probabilities, the tensor cores' accumulation order), so steps that use it do not match
-// decode steps bit for bit; `--batch-invariant` keeps attention.cu everywhere.
+// probabilities, the tensor cores' accumulation order), so when this kernel is chosen it
+// serves every step, decode steps too (tiles of one token): a row's result depends only
+// on its own context, since the chunks start at multiples of CHUNK whatever the tile, a
+// chunk wholly outside a row's view leaves its state unchanged bit for bit, and each
+// element of an mma comes from its own row and column. Decode then stays bitwise equal to
+// scoring, and a sequence to itself alone, as with attention.cu.
 //
 // Grid: (tiles, num_heads); block: TC_WARPS warps. A tile is up to TC_ROWS consecutive
 // tokens of one sequence at consecutive positions (the `tiles` table as in attention.cu,

@@ -13,7 +13,7 @@ use crate::batch_layout::BatchLayout;
 use crate::decode_graphs::bucket_for;
 use crate::error::CudaError;
 use crate::kernels::{DevPtr, ATTN_PARTITION};
-use crate::layer_program::{tensor_core_prefill, DenseProducts, LayerProgram, PARTIAL_SLOTS};
+use crate::layer_program::{tensor_core_attention, DenseProducts, LayerProgram, PARTIAL_SLOTS};
 use crate::options::CudaDtype;
 use crate::program_buffers::{WorkspaceBytes, WorkspacePtrs};
 use crate::row_kernels::ROW_SAMPLING_BYTES;
@@ -220,13 +220,19 @@ impl CudaRunner {
         self.inputs
             .upload_output_slots(&l.output_slots, &mut self.staging)?;
         self.queue_carried(carried, &l.output_rows)?;
+        let parts = self.graph_parts();
+        // On tensor cores the attention reads its tiles (a token each, the same for every
+        // step of the bucket) from the inputs, where a prefill step may have left its own.
+        let tiles = self.program().attention_tiles(&l, parts);
+        if let Some(t) = &tiles {
+            self.inputs.upload_tiles(&t.pairs, &mut self.staging)?;
+        }
         if !self.graphs.has(bucket) {
-            let parts = self.graph_parts();
             let stream = self.device.stream.clone();
             let mut graphs = std::mem::take(&mut self.graphs);
             let recorded = graphs.record(&stream, bucket, || {
                 let program = self.program();
-                program.queue_layers(bucket, parts, None)?;
+                program.queue_layers(bucket, parts, tiles.as_ref())?;
                 program.queue_lm_head(bucket)
             });
             self.graphs = graphs;
@@ -235,7 +241,7 @@ impl CudaRunner {
                 // the inputs already uploaded, is this step; later steps stay eager.
                 self.graphs.give_up(bucket, &e);
                 let program = self.program();
-                program.queue_layers(bucket, parts, None)?;
+                program.queue_layers(bucket, parts, tiles.as_ref())?;
                 return program.queue_lm_head(bucket);
             }
         }
@@ -278,7 +284,7 @@ impl CudaRunner {
             },
             from_codes: !self.batch_invariant,
             quant_scratch: self.quant_scratch.as_ref().map(|q| ptr(q, s)),
-            tensor_core_prefill: self.tensor_core_prefill(),
+            tensor_core_attention: self.tensor_core_attention(),
             weights: &self.weight_ptrs,
             kv: &self.kv_ptrs,
             ws: self.ws.ptrs(s),
@@ -288,14 +294,9 @@ impl CudaRunner {
         }
     }
 
-    /// Whether steps with several tokens of a sequence run their attention on tensor cores
-    /// (see [`tensor_core_prefill`]).
-    pub(crate) fn tensor_core_prefill(&self) -> bool {
-        tensor_core_prefill(
-            self.tensor_core_attention,
-            &self.config,
-            self.dtype,
-            self.batch_invariant,
-        )
+    /// Whether every step runs its attention on tensor cores (see
+    /// [`tensor_core_attention`]).
+    pub(crate) fn tensor_core_attention(&self) -> bool {
+        tensor_core_attention(self.tensor_core_attention, &self.config, self.dtype)
     }
 }

@@ -520,7 +520,7 @@ impl Kernels {
         )
     }
 
-    /// Prefill attention on tensor cores (attention_tc.cu, bf16 only) of the tokens of
+    /// Attention on tensor cores (attention_tc.cu, bf16 only) of the tokens of
     /// `tiles` tiles of up to [`TC_TILE_TOKENS`] tokens each (`b.tiles`, required); no
     /// partials. `shape.tile_tokens` is ignored. Head dimensions up to 64 take the kernel
     /// whose registers hold 64 columns, the others up to [`TC_MAX_HEAD_DIM`] the wider one.

@@ -70,9 +70,9 @@ pub(crate) struct LayerProgram<'a> {
     pub from_codes: bool,
     /// The storage-type matrix a quantized matrix expands into (`None`: dense weights).
     pub quant_scratch: Option<DevPtr>,
-    /// Whether steps with several tokens of a sequence run their attention on tensor cores
-    /// (see [`tensor_core_prefill`]).
-    pub tensor_core_prefill: bool,
+    /// Whether every step runs its attention on tensor cores (see
+    /// [`tensor_core_attention`]).
+    pub tensor_core_attention: bool,
     pub weights: &'a WeightPtrs,
     pub kv: &'a KvPtrs,
     pub ws: WorkspacePtrs,
@@ -83,32 +83,25 @@ pub(crate) struct LayerProgram<'a> {
     pub profile: Option<(&'a EventLog, &'a Device)>,
 }
 
-/// Whether the tensor-core prefill attention (attention_tc.cu) can serve this model: asked
-/// for, bf16, head dimension a multiple of 16 up to
-/// `TC_MAX_HEAD_DIM`, and not batch-invariant (the tiled
-/// kernel keeps prefill and decode identical).
-pub(crate) fn tensor_core_prefill(
-    asked: bool,
-    c: &ModelConfig,
-    dtype: CudaDtype,
-    batch_invariant: bool,
-) -> bool {
+/// Whether the tensor-core attention (attention_tc.cu) serves this model's steps: asked for,
+/// bf16, head dimension a multiple of 16 up to `TC_MAX_HEAD_DIM`. It then serves every
+/// step, prefill, mixed and decode alike, each token a row of a tile of its sequence: a
+/// token's result depends only on its own context (the chunks of the cache it reads start
+/// at multiples of the chunk size whatever its tile), so decode steps stay bitwise equal
+/// to scoring and a sequence to itself alone, as with the CUDA-core kernel, and the mode
+/// combines with `--batch-invariant`.
+pub(crate) fn tensor_core_attention(asked: bool, c: &ModelConfig, dtype: CudaDtype) -> bool {
     let d = c.head_dim;
-    asked
-        && dtype == CudaDtype::Bf16
-        && !batch_invariant
-        && d.is_multiple_of(16)
-        && d <= TC_MAX_HEAD_DIM
+    asked && dtype == CudaDtype::Bf16 && d.is_multiple_of(16) && d <= TC_MAX_HEAD_DIM
 }
 
 impl LayerProgram<'_> {
-    /// The attention's tiles of a step with several tokens of a sequence (to upload before
-    /// the layers run); `None` for decode steps, whose tiles are single tokens.
+    /// The attention's tiles of a step (to upload before the layers run): on tensor cores
+    /// every step's, decode steps' too (a token a tile); on CUDA cores those of a step with
+    /// several tokens of a sequence, and `None` for decode steps, whose tiles are single
+    /// tokens the kernel numbers itself.
     pub fn attention_tiles(&self, l: &BatchLayout, parts: usize) -> Option<AttentionTiles> {
-        if l.is_decode() {
-            return None;
-        }
-        if self.tensor_core_prefill {
+        if self.tensor_core_attention {
             let n = l.tokens.len();
             return Some(AttentionTiles::build(
                 &l.token_seq,
@@ -116,6 +109,9 @@ impl LayerProgram<'_> {
                 TC_TILE_TOKENS,
                 n,
             ));
+        }
+        if l.is_decode() {
+            return None;
         }
         let c = self.config;
         let group = c.num_heads / c.num_kv_heads;
@@ -214,7 +210,7 @@ impl LayerProgram<'_> {
         let tile_tokens = tiles.map_or(1, |t| t.tile_tokens);
         let launch_parts = window_parts(parts, window, tile_tokens);
         let shape = self.attn_shape(launch_parts, tile_tokens, window);
-        if let (Some(t), true) = (tiles, self.tensor_core_prefill) {
+        if let (Some(t), true) = (tiles, self.tensor_core_attention) {
             let attn = AttnBuffers {
                 q: ws.q,
                 k_cache,

@@ -104,9 +104,10 @@ pub struct CudaOptions {
     pub batch_invariant: bool,
     /// How the layers' matrices are stored.
     pub weights: CudaWeights,
-    /// Run the attention of prefill and mixed steps on tensor cores (bf16; kernels/
-    /// attention_tc.cu). Off by default until measured on a GPU; such steps then no longer
-    /// match decode steps bit for bit.
+    /// Run the attention of every step on tensor cores (bf16, head dimensions that are
+    /// multiples of 16 up to 128; kernels/attention_tc.cu). Decode steps stay bitwise equal
+    /// to scoring (they use the same kernel); the results round differently from the
+    /// default kernel's. Off by default until measured on a GPU.
     pub tensor_core_attention: bool,
     /// Overlap steps (`ModelRunner::overlaps_steps`): the engine launches a step, plans
     /// the next while the device runs it, and collects its picks after launching the next

@@ -176,10 +176,14 @@ impl CudaRunner {
         }
     }
 
-    /// Turns the tensor-core prefill attention on or off
-    /// (`CudaOptions::tensor_core_attention`; decode steps and their graphs never use it).
+    /// Turns the tensor-core attention on or off (`CudaOptions::tensor_core_attention`);
+    /// decode graphs recorded with the other kernel are dropped. For comparisons, as
+    /// [`CudaRunner::set_batch_invariant`].
     pub fn set_tensor_core_attention(&mut self, on: bool) {
-        self.tensor_core_attention = on;
+        if on != self.tensor_core_attention {
+            self.tensor_core_attention = on;
+            self.graphs.clear();
+        }
     }
 
     /// Decode graphs recorded so far.
@@ -375,7 +379,7 @@ impl ModelRunner for CudaRunner {
     fn model_identity(&self) -> u64 {
         // Both modes change the numbers a pass computes: results of one are not the other's.
         let fixed = u64::from(self.batch_invariant) * 0x9E37_79B9_7F4A_7C15;
-        let tc = u64::from(self.tensor_core_prefill()) * 0xC2B2_AE3D_27D4_EB4F;
+        let tc = u64::from(self.tensor_core_attention()) * 0xC2B2_AE3D_27D4_EB4F;
         self.identity ^ fixed ^ tc
     }
 
@@ -387,7 +391,8 @@ impl ModelRunner for CudaRunner {
         };
         format!(
             "cuda:{} {} (sm_{major}{minor}), {weights} weights ({:.2} GiB), NVRTC kernels + \
-             cuBLAS, KV {} x {} tokens {}, CUDA graphs {}, overlapped steps {}",
+             cuBLAS, KV {} x {} tokens {}, CUDA graphs {}, overlapped steps {}, attention on \
+             {}{}",
             self.device.info.ordinal,
             self.device.info.name,
             self.weights.bytes as f64 / (1u64 << 30) as f64,
@@ -400,6 +405,14 @@ impl ModelRunner for CudaRunner {
                 (false, None) => "off".to_string(),
             },
             if self.overlap_steps { "on" } else { "off" },
+            match self.tensor_core_attention() {
+                true => "tensor cores",
+                false => "CUDA cores",
+            },
+            match self.batch_invariant {
+                true => ", batch-invariant products",
+                false => "",
+            },
         )
     }
 }

@@ -13,7 +13,9 @@ use tandem_model::row_sampling::{RowDraw, RowSampling};
 use tandem_model::runner::ModelRunner;
 use tandem_model::token_pick::TokenPick;
 
-use crate::{blocks, chunk_batch, decode_batch, long_prefill, score, BLOCK, CHUNK};
+use crate::{
+    blocks, chunk_batch, decode_batch, decode_vs_forward, long_prefill, score, BLOCK, CHUNK,
+};
 
 /// Teacher-forced logprobs of `tokens[1..]` computed on the device
 /// (`ModelRunner::forward_logprobs`) against the host's log-softmax of the same forward
@@ -170,17 +172,22 @@ fn processing_of(history: &[TokenId], vocab: usize) -> LogitProcessing {
     }
 }
 
-/// The tensor-core prefill attention against the tiled kernel: the largest difference of
-/// the teacher-forced logprobs of `tokens`, and the rate of a prefill of 8 x 2,048 tokens
-/// with each (the same in f32 mode, where it does not apply).
+/// The tensor-core attention against the tiled kernel: the largest difference of the
+/// teacher-forced logprobs of `tokens`, and the rate of a prefill of 8 x 2,048 tokens with
+/// each (the same in f32 mode, where it does not apply); and with tensor cores, greedy
+/// decode one token at a time against scoring (bitwise equal: 0).
 pub(crate) fn tensor_cores(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
     let (tiled, _) = score(runner, tokens, 0)?;
     let tiled_rate = long_prefill(runner, tokens)?;
     runner.set_tensor_core_attention(true);
-    let scored = score(runner, tokens, 0);
-    let rate = long_prefill(runner, tokens);
+    let measured = (|| {
+        let scored = score(runner, tokens, 0)?;
+        let rate = long_prefill(runner, tokens)?;
+        let decode = decode_vs_forward(runner, &tokens[..64.min(tokens.len())], 32)?;
+        anyhow::Ok((scored, rate, decode))
+    })();
     runner.set_tensor_core_attention(false);
-    let ((tc, _), tc_rate) = (scored?, rate?);
+    let ((tc, _), tc_rate, decode) = measured?;
     let max_abs = tiled
         .iter()
         .zip(&tc)
@@ -189,5 +196,6 @@ pub(crate) fn tensor_cores(runner: &mut CudaRunner, tokens: &[TokenId]) -> Resul
     Ok(json!({
         "positions": tc.len(), "max_abs_logprob_diff": max_abs,
         "prefill_8x2048_tok_s_tiled": tiled_rate, "prefill_8x2048_tok_s_tensor_cores": tc_rate,
+        "decode_vs_forward": decode,
     }))
 }

@@ -423,14 +423,18 @@ fn batch_invariance(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value
     }
     let mut out = json!({});
     // cuBLAS with and without graphs, then the fixed-order products (`--batch-invariant`),
-    // which must give 0 mismatches; each with the time of the batched decode step.
-    for (key, graphs, fixed) in [
-        ("graphs", true, false),
-        ("eager", false, false),
-        ("batch_invariant", true, true),
+    // which must give 0 mismatches, then both with the attention on tensor cores; each with
+    // the time of the batched decode step.
+    for (key, graphs, fixed, tensor_cores) in [
+        ("graphs", true, false, false),
+        ("eager", false, false, false),
+        ("batch_invariant", true, true, false),
+        ("tensor_cores", true, false, true),
+        ("batch_invariant_tensor_cores", true, true, true),
     ] {
         runner.set_cuda_graphs(graphs);
         runner.set_batch_invariant(fixed);
+        runner.set_tensor_core_attention(tensor_cores);
         let together = runner.forward(&decode_batch(&tables, tokens[0], n))?;
         let t = Instant::now();
         for _ in 0..10 {
@@ -452,6 +456,7 @@ fn batch_invariance(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value
     }
     runner.set_cuda_graphs(true);
     runner.set_batch_invariant(false);
+    runner.set_tensor_core_attention(false);
     Ok(out)
 }
 

@@ -203,11 +203,11 @@ impl Scene {
 impl Scene {
     /// Runs the tensor-core prefill attention (bf16 scenes only) of every token, the tiles
     /// cut within launch groups of `group_rows` tokens; returns `[tokens, q_dim]`.
-    fn run_tensor_cores(&self, group_rows: usize) -> Vec<f32> {
+    fn run_tensor_cores(&self, group_rows: usize, tile_tokens: usize) -> Vec<f32> {
         let k = kernels(self.dtype);
         let (q_dim, n) = (self.heads * self.d, self.token_seq.len());
         let tiles =
-            AttentionTiles::build(&self.token_seq, &self.positions, TC_TILE_TOKENS, group_rows);
+            AttentionTiles::build(&self.token_seq, &self.positions, tile_tokens, group_rows);
         let mut qb = Buf::of(&self.q);
         let (mut kb, mut vb) = (act_buf(self.dtype, &self.k), act_buf(self.dtype, &self.v));
         let (mut tb, mut sb, mut pb) = (
@@ -239,26 +239,39 @@ impl Scene {
     }
 }
 
-/// The tensor-core prefill attention against the f64 reference (its probabilities are
-/// rounded to bf16: a looser tolerance), and bitwise the same however tokens are tiled.
+/// The tensor-core attention against the f64 reference (its probabilities are rounded to
+/// bf16: a looser tolerance), and bitwise the same however tokens are tiled: in launch
+/// groups, in tiles of 7 tokens, and each token alone in its tile, as decode steps run it.
 fn check_tensor_cores(heads: usize, kv_heads: usize, d: usize, lens: &[usize], window: usize) {
     let s = Scene {
         window,
         ..Scene::new(CudaDtype::Bf16, heads, kv_heads, d, lens)
     };
     let q_dim = heads * d;
-    let all = s.run_tensor_cores(s.token_seq.len());
+    let n = s.token_seq.len();
+    let all = s.run_tensor_cores(n, TC_TILE_TOKENS);
     for t in 0..s.token_seq.len() {
         let got = &all[t * q_dim..(t + 1) * q_dim];
         let name = format!("tensor cores heads {heads}/{kv_heads} d {d} window {window}: {t}");
         assert_close(&name, got, &s.reference(t), 2e-2);
     }
-    let regrouped = s.run_tensor_cores(50);
-    assert_eq!(bits(&regrouped), bits(&all), "launch groups of 50 tokens");
+    for (group, tile, what) in [
+        (50, TC_TILE_TOKENS, "launch groups of 50 tokens"),
+        (n, 7, "tiles of 7 tokens"),
+        (n, 1, "one token a tile"),
+    ] {
+        let got = s.run_tensor_cores(group, tile);
+        let differ = bits(&got)
+            .iter()
+            .zip(bits(&all))
+            .filter(|(a, b)| **a != *b)
+            .count();
+        assert_eq!(differ, 0, "d {d} window {window}, {what}: values differ");
+    }
 }
 
 #[test]
-fn tensor_core_prefill_attention() {
+fn tensor_core_attention() {
     check_tensor_cores(4, 2, 64, &[1, 45, 130], 0);
     check_tensor_cores(2, 1, 128, &[70, 3], 0);
     check_tensor_cores(8, 8, 16, &[66], 0);
@@ -268,7 +281,7 @@ fn tensor_core_prefill_attention() {
 }
 
 #[test]
-fn tensor_core_prefill_attention_in_sliding_windows() {
+fn tensor_core_attention_in_sliding_windows() {
     // Windows shorter than a chunk of 64 positions, and longer, crossing chunks.
     check_tensor_cores(4, 2, 64, &[1, 45, 200], 10);
     check_tensor_cores(2, 1, 32, &[150, 7], 70);
