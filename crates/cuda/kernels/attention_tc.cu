@@ -13,11 +13,15 @@
 // element of an mma comes from its own row and column. Decode then stays bitwise equal to
 // scoring, and a sequence to itself alone, as with attention.cu.
 //
-// Grid: (tiles, num_heads); block: TC_WARPS warps. A tile is up to TC_ROWS consecutive
-// tokens of one sequence at consecutive positions (the `tiles` table as in attention.cu,
-// built for TC_ROWS tokens); warp w takes the tile's tokens [16 w, 16 w + 16). The block
-// walks the positions from the first token's window start (0 without a sliding window) to
-// the last token's position a chunk at a time: its threads copy the chunk's key and value
+// Grid: (tiles, num_heads, num_parts); block: TC_WARPS warps. A tile is up to TC_ROWS
+// consecutive tokens of one sequence at consecutive positions (the `tiles` table as in
+// attention.cu, built for TC_ROWS tokens); warp w takes the tile's tokens [16 w, 16 w + 16).
+// The context is split into the partitions paged_attention uses (flash-decoding: a decode
+// step's long context spreads over many blocks), counted the same way, and a token spanning
+// several has their partial results merged by attention_merge, so a token's partitions are
+// computed alike in a prefill tile and in a decode step. The block walks its partition's
+// positions from the first any token of the tile sees to the last token's position, a
+// chunk at a time: its threads copy the chunk's key and value
 // rows of the head's kv head into shared memory by cp.async (zeros past the last
 // position), the next chunk's copies in flight while each warp computes on this one: its
 // scores, the positions each row does not see masked (after its own: causal; before its
@@ -38,9 +42,11 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
                                                    const act_t* v_cache,
                                                    const int* block_tables,
                                                    const int* token_seq, const int* positions,
-                                                   const int* tiles, act_t* out, AttnShape s) {
+                                                   const int* tiles, act_t* out,
+                                                   float* partials, AttnShape s) {
 #if TANDEM_ACT_BF16
     constexpr int CHUNK = D <= 64 ? 64 : 32; // positions staged at a time
+    static_assert(ATTN_PARTITION % CHUNK == 0, "a chunk never crosses a partition");
     constexpr int STRIDE = D + 8; // bf16 per staged row: 16-byte aligned, conflict-free
     __shared__ __align__(16) bf16_bits ks[2][CHUNK * STRIDE];
     __shared__ __align__(16) bf16_bits vs[2][CHUNK * STRIDE];
@@ -55,9 +61,18 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
     int count = tiles[2 * blockIdx.x + 1];
     int p0 = positions[first];
     int last = p0 + count - 1; // the tile's last position
-    // The chunk holding the first position any token sees: chunks start at multiples of
-    // CHUNK wherever the window starts, so that a token meets the same chunks in any tile.
-    int lowest = window_start(p0, s.window) / CHUNK * CHUNK;
+    // Partition blockIdx.z, counted as paged_attention counts it (from the partition of the
+    // tile's first window start); the block takes the tile's positions in it, from the
+    // chunk holding the first one any token sees: chunks start at multiples of CHUNK
+    // wherever the window starts, so that a token meets the same chunks in any tile.
+    int first_seen = window_start(p0, s.window);
+    int part = first_seen / ATTN_PARTITION + (int)blockIdx.z;
+    int part_start = part * ATTN_PARTITION;
+    int start = max(part_start, first_seen / CHUNK * CHUNK);
+    int end = min(last + 1, part_start + ATTN_PARTITION); // one past the block's positions
+    if (start >= end) {
+        return; // the whole block, before any barrier
+    }
     const int* table = block_tables + (i64)token_seq[first] * s.max_blocks;
     int q_dim = s.num_heads * d;
     int kv_dim = s.num_kv_heads * d;
@@ -104,7 +119,7 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
             int c = rest - r * pieces;
             int p = c0 + r;
             bf16_bits* dst = (plane ? vs[buf] : ks[buf]) + r * STRIDE + c * 8;
-            if (p <= last) {
+            if (p < end) {
                 i64 slot = (i64)table[p / s.block_size] * s.block_size + p % s.block_size;
                 const act_t* src = (plane ? v_cache : k_cache) + slot * kv_dim + kvh * d + c * 8;
                 copy16_to_shared(reinterpret_cast<unsigned char*>(dst),
@@ -116,14 +131,14 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
         copies_commit();
     };
 
-    stage(0, lowest);
+    stage(0, start);
     int buf = 0;
-    for (int c0 = lowest; c0 <= last; c0 += CHUNK, buf ^= 1) {
+    for (int c0 = start; c0 < end; c0 += CHUNK, buf ^= 1) {
         copies_wait(0); // this thread's copies of chunk c0 have landed
         // Every thread's have, and every thread is done with the other stage (the previous
         // chunk), which the next chunk's copies overwrite.
         __syncthreads();
-        if (c0 + CHUNK <= last) {
+        if (c0 + CHUNK < end) {
             stage(buf ^ 1, c0 + CHUNK);
         }
         if (!active) {
@@ -222,11 +237,22 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         l_row[half] = l;
     }
+    // A row whose window lies in one partition writes its output; otherwise each partition
+    // with positions of the row writes (value sum, max, sum) to its slot of `partials`, and
+    // attention_merge combines them, as paged_attention's partitions are.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         int row = row0 + g + 8 * half;
-        if (row < count) {
-            act_t* dst = out + (first + row) * (i64)q_dim + h * d;
+        int pos = pos_row[half];
+        int lo = window_start(pos, s.window);
+        int from = max(part_start, lo);
+        bool works = row < count && from < min(pos + 1, part_start + ATTN_PARTITION);
+        if (!works) {
+            continue;
+        }
+        i64 token = first + row;
+        if (lo / ATTN_PARTITION == pos / ATTN_PARTITION) { // the only partition
+            act_t* dst = out + token * q_dim + h * d;
 #pragma unroll
             for (int j = 0; j < D / 8; ++j) {
                 if (j < 2 * ksteps) {
@@ -234,25 +260,43 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
                         pack_bf16(o[j][2 * half] / l_row[half], o[j][2 * half + 1] / l_row[half]);
                 }
             }
+            continue;
+        }
+        int slot = part - lo / ATTN_PARTITION; // < num_parts: the launch covers every window
+        float* partial =
+            partials + ((token * s.num_heads + h) * (i64)s.num_parts + slot) * (d + 2);
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            if (j < 2 * ksteps) {
+                *reinterpret_cast<float2*>(partial + j * 8 + 2 * t) =
+                    make_float2(o[j][2 * half], o[j][2 * half + 1]);
+            }
+        }
+        if (t == 0) {
+            partial[d] = m_run[half];
+            partial[d + 1] = l_row[half];
         }
     }
 #endif
 }
 
 // q: [n, num_heads * d] f32; k_cache, v_cache: [slots, kv_dim] bf16; out: [n, q_dim] bf16.
-// The other arguments as paged_attention's (attention.cu); s.tile_tokens is TC_ROWS.
+// The other arguments as paged_attention's (attention.cu), partials and the grid's
+// partitions (z) included; s.tile_tokens is ignored (blocks are TC_ROWS tokens).
 extern "C" __global__ void attention_tc_64(const float* q, const act_t* k_cache,
                                            const act_t* v_cache, const int* block_tables,
                                            const int* token_seq, const int* positions,
-                                           const int* tiles, act_t* out, AttnShape s) {
+                                           const int* tiles, act_t* out, float* partials,
+                                           AttnShape s) {
     attention_tc_tiles<64>(q, k_cache, v_cache, block_tables, token_seq, positions, tiles, out,
-                           s);
+                           partials, s);
 }
 
 extern "C" __global__ void attention_tc_128(const float* q, const act_t* k_cache,
                                             const act_t* v_cache, const int* block_tables,
                                             const int* token_seq, const int* positions,
-                                            const int* tiles, act_t* out, AttnShape s) {
+                                            const int* tiles, act_t* out, float* partials,
+                                            AttnShape s) {
     attention_tc_tiles<128>(q, k_cache, v_cache, block_tables, token_seq, positions, tiles,
-                            out, s);
+                            out, partials, s);
 }

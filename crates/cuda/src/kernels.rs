@@ -502,8 +502,20 @@ impl Kernels {
         let shared = shared_bytes(group, tile_tokens, shape.head_dim as usize, self.act_size);
         let threads = (32 * group * tile_tokens) as u32;
         self.launch_3d("paged_attention", grid, threads, shared as u32, &args)?;
+        self.attention_merge(b, shape, n)
+    }
+
+    /// The merge of the partitions of every token of `n` whose context spans several (see
+    /// attention.cu); nothing when the launch had one partition (every token wrote its
+    /// output directly).
+    fn attention_merge(
+        &self,
+        b: &AttnBuffers,
+        shape: AttnShape,
+        n: usize,
+    ) -> Result<(), CudaError> {
         if shape.num_parts <= 1 {
-            return Ok(()); // every token wrote its output directly
+            return Ok(());
         }
         let merge = [
             Arg::Ptr(b.partials),
@@ -520,25 +532,29 @@ impl Kernels {
         )
     }
 
-    /// Attention on tensor cores (attention_tc.cu, bf16 only) of the tokens of
-    /// `tiles` tiles of up to [`TC_TILE_TOKENS`] tokens each (`b.tiles`, required); no
-    /// partials. `shape.tile_tokens` is ignored. Head dimensions up to 64 take the kernel
-    /// whose registers hold 64 columns, the others up to [`TC_MAX_HEAD_DIM`] the wider one.
+    /// Attention on tensor cores (attention_tc.cu, bf16 only) of `n` query tokens in
+    /// `tiles` tiles of up to [`TC_TILE_TOKENS`] tokens each (`b.tiles`, required), per
+    /// head and partition, then the merge of the partitions of tokens whose context spans
+    /// several, as [`Kernels::paged_attention`]. `shape.tile_tokens` is ignored. Head
+    /// dimensions up to 64 take the kernel whose registers hold 64 columns, the others up to
+    /// [`TC_MAX_HEAD_DIM`] the wider one.
     pub fn attention_tc(
         &self,
         b: &AttnBuffers,
         shape: AttnShape,
+        n: usize,
         tiles: usize,
     ) -> Result<(), CudaError> {
         let mut args = attention_inputs(b).to_vec();
-        args.push(Arg::Attn(shape));
-        let grid = (tiles as u32, shape.num_heads as u32);
+        args.extend([Arg::Ptr(b.partials), Arg::Attn(shape)]);
+        let grid = (tiles as u32, shape.num_heads as u32, shape.num_parts as u32);
         let name = if shape.head_dim <= 64 {
             "attention_tc_64"
         } else {
             "attention_tc_128"
         };
-        self.launch(name, grid, TC_THREADS, &args)
+        self.launch_3d(name, grid, TC_THREADS, 0, &args)?;
+        self.attention_merge(b, shape, n)
     }
 
     /// `out = act(gate) * up`: SwiGLU or GeGLU. gate_up: `[n, 2 * ff]` f32; out: `[n, ff]`

@@ -101,23 +101,22 @@ impl LayerProgram<'_> {
     /// several tokens of a sequence, and `None` for decode steps, whose tiles are single
     /// tokens the kernel numbers itself.
     pub fn attention_tiles(&self, l: &BatchLayout, parts: usize) -> Option<AttentionTiles> {
+        let c = self.config;
+        let rows = attention_rows(c.num_heads, parts);
         if self.tensor_core_attention {
-            let n = l.tokens.len();
             return Some(AttentionTiles::build(
                 &l.token_seq,
                 &l.positions,
                 TC_TILE_TOKENS,
-                n,
+                rows,
             ));
         }
         if l.is_decode() {
             return None;
         }
-        let c = self.config;
         let group = c.num_heads / c.num_kv_heads;
         let limit = self.kernels.attention_shared_limit();
         let per_tile = tokens_per_tile(group, c.head_dim, self.dtype.size(), limit);
-        let rows = attention_rows(c.num_heads, parts);
         Some(AttentionTiles::build(
             &l.token_seq,
             &l.positions,
@@ -210,21 +209,6 @@ impl LayerProgram<'_> {
         let tile_tokens = tiles.map_or(1, |t| t.tile_tokens);
         let launch_parts = window_parts(parts, window, tile_tokens);
         let shape = self.attn_shape(launch_parts, tile_tokens, window);
-        if let (Some(t), true) = (tiles, self.tensor_core_attention) {
-            let attn = AttnBuffers {
-                q: ws.q,
-                k_cache,
-                v_cache,
-                block_tables: d.block_tables,
-                token_seq: d.token_seq,
-                positions: d.positions,
-                tiles: Some(d.tiles),
-                out: ws.attn,
-                partials: 0,
-            };
-            self.kernels.attention_tc(&attn, shape, t.pairs.len() / 2)?;
-            return self.attention_output(w, n);
-        }
         let row_groups = attention_rows(c.num_heads, parts);
         let q_row = (c.q_dim() * 4) as u64;
         let out_row = (c.q_dim() * self.dtype.size()) as u64;
@@ -249,8 +233,12 @@ impl LayerProgram<'_> {
                 out: ws.attn + f * out_row,
                 partials: ws.partials,
             };
-            self.kernels
-                .paged_attention(&attn, shape, rows, num_tiles)?;
+            match (tile_ptr, self.tensor_core_attention) {
+                (Some(_), true) => self.kernels.attention_tc(&attn, shape, rows, num_tiles)?,
+                _ => self
+                    .kernels
+                    .paged_attention(&attn, shape, rows, num_tiles)?,
+            }
         }
         self.attention_output(w, n)
     }

@@ -149,6 +149,19 @@ impl Scene {
         tile_tokens: Option<usize>,
         parts: usize,
     ) -> Vec<f32> {
+        self.launch(tokens, group_rows, tile_tokens, parts, false)
+    }
+
+    /// [`Scene::run`] with the kernel of the CUDA cores (`paged_attention`) or of the tensor
+    /// cores (`attention_tc`, which takes a tile table: `tile_tokens` is required).
+    fn launch(
+        &self,
+        tokens: &[usize],
+        group_rows: usize,
+        tile_tokens: Option<usize>,
+        parts: usize,
+        tensor_cores: bool,
+    ) -> Vec<f32> {
         let k = kernels(self.dtype);
         let (q_dim, n) = (self.heads * self.d, tokens.len());
         let q: Vec<f32> = tokens
@@ -193,55 +206,30 @@ impl Scene {
                 out: out.ptr() + f * q_dim as u64 * act,
                 partials: partials.ptr(),
             };
-            k.paged_attention(&b, shape, rows, num_tiles)
-                .expect("launch");
+            match tensor_cores {
+                true => k.attention_tc(&b, shape, rows, num_tiles),
+                false => k.paged_attention(&b, shape, rows, num_tiles),
+            }
+            .expect("launch");
         }
         read_act(self.dtype, &out)
     }
 }
 
 impl Scene {
-    /// Runs the tensor-core prefill attention (bf16 scenes only) of every token, the tiles
-    /// cut within launch groups of `group_rows` tokens; returns `[tokens, q_dim]`.
-    fn run_tensor_cores(&self, group_rows: usize, tile_tokens: usize) -> Vec<f32> {
-        let k = kernels(self.dtype);
-        let (q_dim, n) = (self.heads * self.d, self.token_seq.len());
-        let tiles =
-            AttentionTiles::build(&self.token_seq, &self.positions, tile_tokens, group_rows);
-        let mut qb = Buf::of(&self.q);
-        let (mut kb, mut vb) = (act_buf(self.dtype, &self.k), act_buf(self.dtype, &self.v));
-        let (mut tb, mut sb, mut pb) = (
-            Buf::of(&self.tables),
-            Buf::of(&self.token_seq),
-            Buf::of(&self.positions),
-        );
-        let mut tiles_buf = Buf::of(&tiles.pairs);
-        let mut out = act_buf(self.dtype, &vec![f32::NAN; n * q_dim]);
-        let shape = self.shape(1, TC_TILE_TOKENS);
-        let act = self.dtype.size() as u64;
-        for (g, first) in (0..n).step_by(group_rows).enumerate() {
-            let f = first as u64;
-            let range = tiles.groups[g].clone();
-            let b = AttnBuffers {
-                q: qb.ptr() + f * q_dim as u64 * 4,
-                k_cache: kb.ptr(),
-                v_cache: vb.ptr(),
-                block_tables: tb.ptr(),
-                token_seq: sb.ptr() + f * 4,
-                positions: pb.ptr() + f * 4,
-                tiles: Some(tiles_buf.ptr() + range.start as u64 * 8),
-                out: out.ptr() + f * q_dim as u64 * act,
-                partials: 0,
-            };
-            k.attention_tc(&b, shape, range.len()).expect("launch");
-        }
-        read_act(self.dtype, &out)
+    /// Runs the tensor-core attention (bf16 scenes only) of every token, the tiles of up to
+    /// `tile_tokens` tokens cut within launch groups of `group_rows` tokens, with `parts`
+    /// partitions; returns `[tokens, q_dim]`.
+    fn run_tensor_cores(&self, group_rows: usize, tile_tokens: usize, parts: usize) -> Vec<f32> {
+        let all: Vec<usize> = (0..self.token_seq.len()).collect();
+        self.launch(&all, group_rows, Some(tile_tokens), parts, true)
     }
 }
 
 /// The tensor-core attention against the f64 reference (its probabilities are rounded to
-/// bf16: a looser tolerance), and bitwise the same however tokens are tiled: in launch
-/// groups, in tiles of 7 tokens, and each token alone in its tile, as decode steps run it.
+/// bf16: a looser tolerance), and bitwise the same however tokens are tiled and launched:
+/// in launch groups, in tiles of 7 tokens, and each token alone in its tile as decode
+/// steps run it, in launches naming more partitions than needed (as graphs do).
 fn check_tensor_cores(heads: usize, kv_heads: usize, d: usize, lens: &[usize], window: usize) {
     let s = Scene {
         window,
@@ -249,18 +237,19 @@ fn check_tensor_cores(heads: usize, kv_heads: usize, d: usize, lens: &[usize], w
     };
     let q_dim = heads * d;
     let n = s.token_seq.len();
-    let all = s.run_tensor_cores(n, TC_TILE_TOKENS);
+    let parts = s.parts();
+    let all = s.run_tensor_cores(n, TC_TILE_TOKENS, parts);
     for t in 0..s.token_seq.len() {
         let got = &all[t * q_dim..(t + 1) * q_dim];
         let name = format!("tensor cores heads {heads}/{kv_heads} d {d} window {window}: {t}");
         assert_close(&name, got, &s.reference(t), 2e-2);
     }
-    for (group, tile, what) in [
-        (50, TC_TILE_TOKENS, "launch groups of 50 tokens"),
-        (n, 7, "tiles of 7 tokens"),
-        (n, 1, "one token a tile"),
+    for (group, tile, more, what) in [
+        (50, TC_TILE_TOKENS, 1, "launch groups of 50 tokens"),
+        (n, 7, 0, "tiles of 7 tokens"),
+        (n, 1, 2, "one token a tile"),
     ] {
-        let got = s.run_tensor_cores(group, tile);
+        let got = s.run_tensor_cores(group, tile, parts + more);
         let differ = bits(&got)
             .iter()
             .zip(bits(&all))
@@ -273,6 +262,8 @@ fn check_tensor_cores(heads: usize, kv_heads: usize, d: usize, lens: &[usize], w
 #[test]
 fn tensor_core_attention() {
     check_tensor_cores(4, 2, 64, &[1, 45, 130], 0);
+    // Contexts over three partitions.
+    check_tensor_cores(2, 1, 64, &[300, 9], 0);
     check_tensor_cores(2, 1, 128, &[70, 3], 0);
     check_tensor_cores(8, 8, 16, &[66], 0);
     // Head dimensions below each kernel's bound: 48 (attention_tc_64), 96 (_128).
@@ -287,6 +278,9 @@ fn tensor_core_attention_in_sliding_windows() {
     check_tensor_cores(2, 1, 32, &[150, 7], 70);
     // Chunks of 32 positions (head dimension 128).
     check_tensor_cores(2, 1, 128, &[90, 5], 40);
+    // A window over a partition boundary from a later partition than the window of the
+    // tile's first token starts in (a token's partial slots count from its own window).
+    check_tensor_cores(2, 1, 64, &[300, 20], 129);
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
