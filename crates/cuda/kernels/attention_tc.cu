@@ -37,6 +37,16 @@
 #define TC_WARPS 4
 #define TC_ROWS (16 * TC_WARPS)
 
+// One step of the fold of a token's partitions, in partition order: the running (max M,
+// sum L, value sums O) and a partition's (m, l, o) become, with M' = max(M, m),
+// L * e^(M - M') + l * e^(m - M') and the same of O and o. Rounded explicitly (no
+// contraction the compiler may choose differently in another kernel), so that the block
+// that folds its partitions itself and attention_tc_merge, folding what partitions wrote,
+// compute the same bits.
+__device__ __forceinline__ float fold_term(float acc, float acc_scale, float x, float x_scale) {
+    return __fmaf_rn(x, x_scale, __fmul_rn(acc, acc_scale));
+}
+
 template <int D>
 __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* k_cache,
                                                    const act_t* v_cache,
@@ -65,11 +75,17 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
     // tile's first window start); the block takes the tile's positions in it, from the
     // chunk holding the first one any token sees: chunks start at multiples of CHUNK
     // wherever the window starts, so that a token meets the same chunks in any tile.
+    // Without `partials` the block walks every partition of the tile and folds them itself
+    // (grid z is 1): head dimensions up to 64 only, whose registers hold a second set of
+    // accumulators (attention_tc_128's would spill).
+    constexpr bool CAN_FOLD = D <= 64;
+    bool fold = CAN_FOLD && partials == nullptr;
     int first_seen = window_start(p0, s.window);
     int part = first_seen / ATTN_PARTITION + (int)blockIdx.z;
     int part_start = part * ATTN_PARTITION;
-    int start = max(part_start, first_seen / CHUNK * CHUNK);
-    int end = min(last + 1, part_start + ATTN_PARTITION); // one past the block's positions
+    int start = max(fold ? 0 : part_start, first_seen / CHUNK * CHUNK);
+    // One past the block's positions.
+    int end = fold ? last + 1 : min(last + 1, part_start + ATTN_PARTITION);
     if (start >= end) {
         return; // the whole block, before any barrier
     }
@@ -106,6 +122,52 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
     float m_run[2] = {NEG_INF, NEG_INF}; // rows g and g + 8
     float l_run[2] = {0.0f, 0.0f};       // this lane's share of the rows' sums
     int pos_row[2] = {p0 + row0 + g, p0 + row0 + g + 8};
+    // The rows' sums over the quad of lanes that holds them.
+    float l_row[2];
+    auto row_sums = [&]() {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float l = l_run[half];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            l_row[half] = l;
+        }
+    };
+    // When folding: the partitions so far, folded (see fold_term), and the fold of the
+    // partition just walked into them, which then starts afresh. A partition in which a
+    // row sees nothing (max still -inf) leaves the row's fold as it is.
+    float fold_m[2] = {NEG_INF, NEG_INF};
+    float fold_l[2] = {0.0f, 0.0f};
+    float fold_o[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+        fold_o[j][0] = fold_o[j][1] = fold_o[j][2] = fold_o[j][3] = 0.0f;
+    }
+    auto close_partition = [&]() {
+        row_sums();
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            if (m_run[half] != NEG_INF) {
+                float m = fmaxf(fold_m[half], m_run[half]);
+                float a = expf(fold_m[half] - m);
+                float b = expf(m_run[half] - m);
+                fold_l[half] = fold_term(fold_l[half], a, l_row[half], b);
+#pragma unroll
+                for (int j = 0; j < D / 8; ++j) {
+                    fold_o[j][2 * half] = fold_term(fold_o[j][2 * half], a, o[j][2 * half], b);
+                    fold_o[j][2 * half + 1] =
+                        fold_term(fold_o[j][2 * half + 1], a, o[j][2 * half + 1], b);
+                }
+                fold_m[half] = m;
+            }
+            m_run[half] = NEG_INF;
+            l_run[half] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+                o[j][2 * half] = o[j][2 * half + 1] = 0.0f;
+            }
+        }
+    };
 
     // Queues the copies of positions [c0, c0 + CHUNK) into stage `buf` as one group; rows
     // past the last position are zeros (a zero probability times a value row nobody wrote
@@ -143,6 +205,9 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
         }
         if (!active) {
             continue; // uniform over the warp; no barrier until the next chunk's
+        }
+        if (fold && c0 % ATTN_PARTITION == 0 && c0 != start) {
+            close_partition(); // chunk c0 starts the next partition
         }
         const bf16_bits* kt = ks[buf];
         const bf16_bits* vt = vs[buf];
@@ -229,17 +294,29 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
     if (!active) {
         return;
     }
-    float l_row[2];
+    if (fold) {
+        close_partition();
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        float l = l_run[half];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        l_row[half] = l;
+        for (int half = 0; half < 2; ++half) {
+            int row = row0 + g + 8 * half;
+            if (row < count) {
+                act_t* dst = out + (first + row) * (i64)q_dim + h * d;
+#pragma unroll
+                for (int j = 0; j < D / 8; ++j) {
+                    if (j < 2 * ksteps) {
+                        *reinterpret_cast<u32*>(dst + j * 8 + 2 * t) =
+                            pack_bf16(fold_o[j][2 * half] / fold_l[half],
+                                      fold_o[j][2 * half + 1] / fold_l[half]);
+                    }
+                }
+            }
+        }
+        return;
     }
+    row_sums();
     // A row whose window lies in one partition writes its output; otherwise each partition
-    // with positions of the row writes (value sum, max, sum) to its slot of `partials`, and
-    // attention_merge combines them, as paged_attention's partitions are.
+    // with positions of the row writes (value sum, max, sum) to its slot of `partials`, in
+    // paged_attention's layout, and attention_tc_merge folds them.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         int row = row0 + g + 8 * half;
@@ -299,4 +376,39 @@ extern "C" __global__ void attention_tc_128(const float* q, const act_t* k_cache
                                             AttnShape s) {
     attention_tc_tiles<128>(q, k_cache, v_cache, block_tables, token_seq, positions, tiles,
                             out, partials, s);
+}
+
+// Folds the partitions of every token whose window spans more than one, in partition order
+// (fold_term), and writes fold_o / fold_l: what a block that folds its partitions itself
+// computes. Grid: (n tokens, num_heads); block: head_dim rounded up to a multiple of 32.
+extern "C" __global__ void attention_tc_merge(const float* partials, const int* positions,
+                                              act_t* out, AttnShape s) {
+    i64 token = blockIdx.x;
+    int h = blockIdx.y;
+    int d = s.head_dim;
+    int pos = positions[token];
+    int first_part = window_start(pos, s.window) / ATTN_PARTITION;
+    int last_part = pos / ATTN_PARTITION;
+    if (first_part == last_part) {
+        return; // the partition wrote the output
+    }
+    const float* base = partials + (token * s.num_heads + h) * (i64)s.num_parts * (d + 2);
+    i64 dst = token * (i64)(s.num_heads * d) + h * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float m = NEG_INF;
+        float l = 0.0f;
+        float v = 0.0f;
+        for (int j = first_part; j <= last_part; ++j) {
+            const float* pj = base + (j - first_part) * (d + 2);
+            if (pj[d] != NEG_INF) {
+                float next = fmaxf(m, pj[d]);
+                float a = expf(m - next);
+                float b = expf(pj[d] - next);
+                l = fold_term(l, a, pj[d + 1], b);
+                v = fold_term(v, a, pj[i], b);
+                m = next;
+            }
+        }
+        store_act(out, dst + i, v / l);
+    }
 }

@@ -14,7 +14,6 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use crate::attention_tiles::shared_bytes;
 use crate::error::CudaError;
 use crate::nvrtc_cache::load_or_compile;
 use crate::options::CudaDtype;
@@ -46,7 +45,7 @@ const SOURCES: [(&str, &str); 15] = [
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 32] = [
+pub const KERNEL_NAMES: [&str; 33] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
@@ -55,6 +54,7 @@ pub const KERNEL_NAMES: [&str; 32] = [
     "attention_merge",
     "attention_tc_64",
     "attention_tc_128",
+    "attention_tc_merge",
     "gated_activation",
     "soft_cap",
     "rms_norm_rows",
@@ -114,7 +114,10 @@ pub(crate) const MAX_HEAD_DIM: usize = 256;
 /// Tokens per tile of `attention_tc_*` (`TC_ROWS` in attention_tc.cu), its threads
 /// (`TC_WARPS` warps) and the largest head dimension it takes (`attention_tc_128`'s).
 pub(crate) const TC_TILE_TOKENS: usize = 64;
-const TC_THREADS: u32 = 128;
+/// The largest head dimension whose `attention_tc` blocks can fold a token's partitions
+/// themselves (`CAN_FOLD` in attention_tc.cu).
+pub(crate) const TC_FOLD_MAX_HEAD_DIM: usize = 64;
+pub(crate) const TC_THREADS: u32 = 128;
 pub(crate) const TC_MAX_HEAD_DIM: usize = 128;
 /// Largest number of query heads per kv head (one warp each in an attention block).
 pub(crate) const MAX_GQA_GROUP: usize = 32;
@@ -209,7 +212,7 @@ pub(crate) struct Kernels {
     /// Bytes of dynamic shared memory an attention block may take on this device.
     attention_shared_limit: usize,
     /// Bytes of the storage type (`act_t`).
-    act_size: usize,
+    pub(crate) act_size: usize,
 }
 
 impl Kernels {
@@ -285,7 +288,7 @@ impl Kernels {
     }
 
     /// Launches kernel `name` on a 3-d `grid` with `shared` bytes of dynamic shared memory.
-    fn launch_3d(
+    pub(crate) fn launch_3d(
         &self,
         name: &str,
         grid: (u32, u32, u32),
@@ -418,43 +421,6 @@ pub(crate) struct QkvBuffers {
     pub v_cache: DevPtr,
 }
 
-/// The first eight arguments of both attention kernels, in their order.
-fn attention_inputs(b: &AttnBuffers) -> [Arg; 8] {
-    [
-        Arg::Ptr(b.q),
-        Arg::Ptr(b.k_cache),
-        Arg::Ptr(b.v_cache),
-        Arg::Ptr(b.block_tables),
-        Arg::Ptr(b.token_seq),
-        Arg::Ptr(b.positions),
-        Arg::Ptr(b.tiles.unwrap_or(0)),
-        Arg::Ptr(b.out),
-    ]
-}
-
-/// Buffers of `paged_attention` for one layer (n tokens).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct AttnBuffers {
-    /// `[n, q_dim]` f32.
-    pub q: DevPtr,
-    /// `[num_slots, kv_dim]` act.
-    pub k_cache: DevPtr,
-    pub v_cache: DevPtr,
-    /// `[num_seqs, max_blocks]` i32.
-    pub block_tables: DevPtr,
-    /// `[n]` i32 each: the sequence and the position of every token.
-    pub token_seq: DevPtr,
-    pub positions: DevPtr,
-    /// `[tiles, 2]` i32: (first token, count) of every tile, or `None` for tiles of one
-    /// token each (see [`crate::attention_tiles`]).
-    pub tiles: Option<DevPtr>,
-    /// `[n, q_dim]` act.
-    pub out: DevPtr,
-    /// `[n, num_heads, num_parts, head_dim + 2]` f32: per-partition results of tokens whose
-    /// context spans more than one partition.
-    pub partials: DevPtr,
-}
-
 impl Kernels {
     /// Bias, q/k head norms, RoPE and the K/V store of `n` tokens (see rope_kv.cu).
     pub fn qkv_rope_store(
@@ -478,83 +444,6 @@ impl Kernels {
             Arg::Qkv(shape),
         ];
         self.launch("qkv_rope_store", (n as u32, heads), threads, &args)
-    }
-
-    /// Causal attention of `n` query tokens, in `tiles` blocks per kv head and partition,
-    /// over the paged cache, then the merge of the partitions of tokens whose context spans
-    /// several (see attention.cu).
-    pub fn paged_attention(
-        &self,
-        b: &AttnBuffers,
-        shape: AttnShape,
-        n: usize,
-        tiles: usize,
-    ) -> Result<(), CudaError> {
-        let mut args = attention_inputs(b).to_vec();
-        args.extend([Arg::Ptr(b.partials), Arg::Attn(shape)]);
-        let group = (shape.num_heads / shape.num_kv_heads) as usize;
-        let tile_tokens = shape.tile_tokens.max(1) as usize;
-        let grid = (
-            tiles as u32,
-            shape.num_kv_heads as u32,
-            shape.num_parts as u32,
-        );
-        let shared = shared_bytes(group, tile_tokens, shape.head_dim as usize, self.act_size);
-        let threads = (32 * group * tile_tokens) as u32;
-        self.launch_3d("paged_attention", grid, threads, shared as u32, &args)?;
-        self.attention_merge(b, shape, n)
-    }
-
-    /// The merge of the partitions of every token of `n` whose context spans several (see
-    /// attention.cu); nothing when the launch had one partition (every token wrote its
-    /// output directly).
-    fn attention_merge(
-        &self,
-        b: &AttnBuffers,
-        shape: AttnShape,
-        n: usize,
-    ) -> Result<(), CudaError> {
-        if shape.num_parts <= 1 {
-            return Ok(());
-        }
-        let merge = [
-            Arg::Ptr(b.partials),
-            Arg::Ptr(b.positions),
-            Arg::Ptr(b.out),
-            Arg::Attn(shape),
-        ];
-        let threads = (shape.head_dim as u32).next_multiple_of(32);
-        self.launch(
-            "attention_merge",
-            (n as u32, shape.num_heads as u32),
-            threads,
-            &merge,
-        )
-    }
-
-    /// Attention on tensor cores (attention_tc.cu, bf16 only) of `n` query tokens in
-    /// `tiles` tiles of up to [`TC_TILE_TOKENS`] tokens each (`b.tiles`, required), per
-    /// head and partition, then the merge of the partitions of tokens whose context spans
-    /// several, as [`Kernels::paged_attention`]. `shape.tile_tokens` is ignored. Head
-    /// dimensions up to 64 take the kernel whose registers hold 64 columns, the others up to
-    /// [`TC_MAX_HEAD_DIM`] the wider one.
-    pub fn attention_tc(
-        &self,
-        b: &AttnBuffers,
-        shape: AttnShape,
-        n: usize,
-        tiles: usize,
-    ) -> Result<(), CudaError> {
-        let mut args = attention_inputs(b).to_vec();
-        args.extend([Arg::Ptr(b.partials), Arg::Attn(shape)]);
-        let grid = (tiles as u32, shape.num_heads as u32, shape.num_parts as u32);
-        let name = if shape.head_dim <= 64 {
-            "attention_tc_64"
-        } else {
-            "attention_tc_128"
-        };
-        self.launch_3d(name, grid, TC_THREADS, 0, &args)?;
-        self.attention_merge(b, shape, n)
     }
 
     /// `out = act(gate) * up`: SwiGLU or GeGLU. gate_up: `[n, 2 * ff]` f32; out: `[n, ff]`

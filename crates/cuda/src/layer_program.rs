@@ -20,14 +20,15 @@
 
 use tandem_model::ModelConfig;
 
+use crate::attention_kernels::AttnBuffers;
 use crate::attention_tiles::{tokens_per_tile, AttentionTiles};
 use crate::batch_layout::BatchLayout;
 use crate::device::Device;
 use crate::error::CudaError;
 use crate::gemm::Gemm;
 use crate::kernels::{
-    window_parts, AttnBuffers, AttnShape, DevPtr, Kernels, QkvBuffers, QkvShape, TC_MAX_HEAD_DIM,
-    TC_TILE_TOKENS,
+    window_parts, AttnShape, DevPtr, Kernels, QkvBuffers, QkvShape, TC_FOLD_MAX_HEAD_DIM,
+    TC_MAX_HEAD_DIM, TC_TILE_TOKENS,
 };
 use crate::moe_kernels::{Routes, GEMM_K, GEMM_ROUTES_PER_EXPERT};
 use crate::options::CudaDtype;
@@ -210,6 +211,11 @@ impl LayerProgram<'_> {
         let launch_parts = window_parts(parts, window, tile_tokens);
         let shape = self.attn_shape(launch_parts, tile_tokens, window);
         let row_groups = attention_rows(c.num_heads, parts);
+        // On tensor cores, a step with a prompt's tiles (many) folds each token's partitions
+        // within its block, writing no partial results; a decode step spreads a token's
+        // partitions over blocks. Both give the same bits (see attention_tc.cu).
+        let folded =
+            self.tensor_core_attention && tile_tokens > 1 && c.head_dim <= TC_FOLD_MAX_HEAD_DIM;
         let q_row = (c.q_dim() * 4) as u64;
         let out_row = (c.q_dim() * self.dtype.size()) as u64;
         for (g, first) in (0..n).step_by(row_groups).enumerate() {
@@ -231,7 +237,7 @@ impl LayerProgram<'_> {
                 positions: d.positions + f * 4,
                 tiles: tile_ptr,
                 out: ws.attn + f * out_row,
-                partials: ws.partials,
+                partials: if folded { 0 } else { ws.partials },
             };
             match (tile_ptr, self.tensor_core_attention) {
                 (Some(_), true) => self.kernels.attention_tc(&attn, shape, rows, num_tiles)?,

@@ -20,6 +20,7 @@
 
 #![allow(unsafe_code)] // a kernel-level crate; every unsafe block states its SAFETY
 
+mod attention_kernels;
 mod attention_tiles;
 mod batch_layout;
 mod decode_graphs;

@@ -5,8 +5,11 @@
 //! with and without a sliding window.
 
 use super::*;
+use crate::attention_kernels::AttnBuffers;
 use crate::attention_tiles::{shared_bytes, tokens_per_tile, AttentionTiles};
-use crate::kernels::{window_parts, AttnBuffers, AttnShape, ATTN_PARTITION, TC_TILE_TOKENS};
+use crate::kernels::{
+    window_parts, AttnShape, ATTN_PARTITION, TC_FOLD_MAX_HEAD_DIM, TC_TILE_TOKENS,
+};
 
 const BLOCK: usize = 16;
 
@@ -149,18 +152,18 @@ impl Scene {
         tile_tokens: Option<usize>,
         parts: usize,
     ) -> Vec<f32> {
-        self.launch(tokens, group_rows, tile_tokens, parts, false)
+        self.launch(tokens, group_rows, tile_tokens, parts, Kernel::CudaCores)
     }
 
-    /// [`Scene::run`] with the kernel of the CUDA cores (`paged_attention`) or of the tensor
-    /// cores (`attention_tc`, which takes a tile table: `tile_tokens` is required).
+    /// [`Scene::run`] with the kernel `kernel` (the tensor cores' takes a tile table:
+    /// `tile_tokens` is required).
     fn launch(
         &self,
         tokens: &[usize],
         group_rows: usize,
         tile_tokens: Option<usize>,
         parts: usize,
-        tensor_cores: bool,
+        kernel: Kernel,
     ) -> Vec<f32> {
         let k = kernels(self.dtype);
         let (q_dim, n) = (self.heads * self.d, tokens.len());
@@ -204,11 +207,14 @@ impl Scene {
                 positions: pb.ptr() + f * 4,
                 tiles: tile_ptr,
                 out: out.ptr() + f * q_dim as u64 * act,
-                partials: partials.ptr(),
+                partials: match kernel {
+                    Kernel::TensorCoresFolding => 0,
+                    _ => partials.ptr(),
+                },
             };
-            match tensor_cores {
-                true => k.attention_tc(&b, shape, rows, num_tiles),
-                false => k.paged_attention(&b, shape, rows, num_tiles),
+            match kernel {
+                Kernel::CudaCores => k.paged_attention(&b, shape, rows, num_tiles),
+                _ => k.attention_tc(&b, shape, rows, num_tiles),
             }
             .expect("launch");
         }
@@ -216,20 +222,38 @@ impl Scene {
     }
 }
 
+/// Which attention kernel a scene runs, and how.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kernel {
+    /// `paged_attention`.
+    CudaCores,
+    /// `attention_tc`, a block per tile, head and partition, then `attention_tc_merge`.
+    TensorCores,
+    /// `attention_tc`, a block per tile and head folding the tile's partitions itself.
+    TensorCoresFolding,
+}
+
 impl Scene {
-    /// Runs the tensor-core attention (bf16 scenes only) of every token, the tiles of up to
-    /// `tile_tokens` tokens cut within launch groups of `group_rows` tokens, with `parts`
-    /// partitions; returns `[tokens, q_dim]`.
-    fn run_tensor_cores(&self, group_rows: usize, tile_tokens: usize, parts: usize) -> Vec<f32> {
+    /// Runs the tensor-core attention `kernel` (bf16 scenes only) of every token, the tiles
+    /// of up to `tile_tokens` tokens cut within launch groups of `group_rows` tokens, with
+    /// `parts` partitions; returns `[tokens, q_dim]`.
+    fn run_tensor_cores(
+        &self,
+        kernel: Kernel,
+        group_rows: usize,
+        tile_tokens: usize,
+        parts: usize,
+    ) -> Vec<f32> {
         let all: Vec<usize> = (0..self.token_seq.len()).collect();
-        self.launch(&all, group_rows, Some(tile_tokens), parts, true)
+        self.launch(&all, group_rows, Some(tile_tokens), parts, kernel)
     }
 }
 
 /// The tensor-core attention against the f64 reference (its probabilities are rounded to
 /// bf16: a looser tolerance), and bitwise the same however tokens are tiled and launched:
-/// in launch groups, in tiles of 7 tokens, and each token alone in its tile as decode
-/// steps run it, in launches naming more partitions than needed (as graphs do).
+/// blocks folding their partitions or a block per partition, in launch groups, in tiles of
+/// 7 tokens, and each token alone in its tile as decode steps run it, in launches naming
+/// more partitions than needed (as graphs do).
 fn check_tensor_cores(heads: usize, kv_heads: usize, d: usize, lens: &[usize], window: usize) {
     let s = Scene {
         window,
@@ -238,23 +262,37 @@ fn check_tensor_cores(heads: usize, kv_heads: usize, d: usize, lens: &[usize], w
     let q_dim = heads * d;
     let n = s.token_seq.len();
     let parts = s.parts();
-    let all = s.run_tensor_cores(n, TC_TILE_TOKENS, parts);
+    // Blocks fold their partitions up to head dimension 64; above, every launch is a block
+    // per partition (`per_part`).
+    let per_part = Kernel::TensorCores;
+    let folding = match d <= TC_FOLD_MAX_HEAD_DIM {
+        true => Kernel::TensorCoresFolding,
+        false => per_part,
+    };
+    let all = s.run_tensor_cores(folding, n, TC_TILE_TOKENS, parts);
     for t in 0..s.token_seq.len() {
         let got = &all[t * q_dim..(t + 1) * q_dim];
         let name = format!("tensor cores heads {heads}/{kv_heads} d {d} window {window}: {t}");
         assert_close(&name, got, &s.reference(t), 2e-2);
     }
-    for (group, tile, more, what) in [
-        (50, TC_TILE_TOKENS, 1, "launch groups of 50 tokens"),
-        (n, 7, 0, "tiles of 7 tokens"),
-        (n, 1, 2, "one token a tile"),
-    ] {
-        let got = s.run_tensor_cores(group, tile, parts + more);
+    // (kernel, launch group, tile tokens, partitions named beyond the needed ones)
+    let variants = [
+        (per_part, n, TC_TILE_TOKENS, 0),
+        (folding, 50, TC_TILE_TOKENS, 0),
+        (per_part, 50, TC_TILE_TOKENS, 1),
+        (folding, n, 7, 0),
+        (per_part, n, 7, 0),
+        (folding, n, 1, 0),
+        (per_part, n, 1, 2), // as decode steps run
+    ];
+    for (kernel, group, tile, more) in variants {
+        let got = s.run_tensor_cores(kernel, group, tile, parts + more);
         let differ = bits(&got)
             .iter()
             .zip(bits(&all))
             .filter(|(a, b)| **a != *b)
             .count();
+        let what = format!("{kernel:?}, groups of {group}, tiles of {tile}, {more} parts more");
         assert_eq!(differ, 0, "d {d} window {window}, {what}: values differ");
     }
 }

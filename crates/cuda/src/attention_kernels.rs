@@ -1,0 +1,133 @@
+//! The launches of the attention kernels (attention.cu, attention_tc.cu) and of the merges of
+//! their partitions. Like every launch they go through [`Kernels::launch`].
+
+use crate::attention_tiles::shared_bytes;
+use crate::error::CudaError;
+use crate::kernels::{Arg, AttnShape, DevPtr, Kernels, TC_FOLD_MAX_HEAD_DIM, TC_THREADS};
+
+/// The first eight arguments of both attention kernels, in their order.
+fn attention_inputs(b: &AttnBuffers) -> [Arg; 8] {
+    [
+        Arg::Ptr(b.q),
+        Arg::Ptr(b.k_cache),
+        Arg::Ptr(b.v_cache),
+        Arg::Ptr(b.block_tables),
+        Arg::Ptr(b.token_seq),
+        Arg::Ptr(b.positions),
+        Arg::Ptr(b.tiles.unwrap_or(0)),
+        Arg::Ptr(b.out),
+    ]
+}
+
+/// Buffers of `paged_attention` for one layer (n tokens).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AttnBuffers {
+    /// `[n, q_dim]` f32.
+    pub q: DevPtr,
+    /// `[num_slots, kv_dim]` act.
+    pub k_cache: DevPtr,
+    pub v_cache: DevPtr,
+    /// `[num_seqs, max_blocks]` i32.
+    pub block_tables: DevPtr,
+    /// `[n]` i32 each: the sequence and the position of every token.
+    pub token_seq: DevPtr,
+    pub positions: DevPtr,
+    /// `[tiles, 2]` i32: (first token, count) of every tile, or `None` for tiles of one
+    /// token each (see [`crate::attention_tiles`]).
+    pub tiles: Option<DevPtr>,
+    /// `[n, q_dim]` act.
+    pub out: DevPtr,
+    /// `[n, num_heads, num_parts, head_dim + 2]` f32: per-partition results of tokens whose
+    /// context spans more than one partition.
+    pub partials: DevPtr,
+}
+
+impl Kernels {
+    /// Causal attention of `n` query tokens, in `tiles` blocks per kv head and partition,
+    /// over the paged cache, then the merge of the partitions of tokens whose context spans
+    /// several (see attention.cu).
+    pub fn paged_attention(
+        &self,
+        b: &AttnBuffers,
+        shape: AttnShape,
+        n: usize,
+        tiles: usize,
+    ) -> Result<(), CudaError> {
+        let mut args = attention_inputs(b).to_vec();
+        args.extend([Arg::Ptr(b.partials), Arg::Attn(shape)]);
+        let group = (shape.num_heads / shape.num_kv_heads) as usize;
+        let tile_tokens = shape.tile_tokens.max(1) as usize;
+        let grid = (
+            tiles as u32,
+            shape.num_kv_heads as u32,
+            shape.num_parts as u32,
+        );
+        let shared = shared_bytes(group, tile_tokens, shape.head_dim as usize, self.act_size);
+        let threads = (32 * group * tile_tokens) as u32;
+        self.launch_3d("paged_attention", grid, threads, shared as u32, &args)?;
+        self.attention_merge("attention_merge", b, shape, n)
+    }
+
+    /// The merge (kernel `name`: `attention_merge` of attention.cu, `attention_tc_merge` of
+    /// attention_tc.cu) of the partitions of every token of `n` whose context spans
+    /// several; nothing when the launch had one partition (every token wrote its output
+    /// directly).
+    fn attention_merge(
+        &self,
+        name: &str,
+        b: &AttnBuffers,
+        shape: AttnShape,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        if shape.num_parts <= 1 {
+            return Ok(());
+        }
+        let merge = [
+            Arg::Ptr(b.partials),
+            Arg::Ptr(b.positions),
+            Arg::Ptr(b.out),
+            Arg::Attn(shape),
+        ];
+        let threads = (shape.head_dim as u32).next_multiple_of(32);
+        self.launch(name, (n as u32, shape.num_heads as u32), threads, &merge)
+    }
+
+    /// Attention on tensor cores (attention_tc.cu, bf16 only) of `n` query tokens in
+    /// `tiles` tiles of up to [`TC_TILE_TOKENS`] tokens each (`b.tiles`, required), per
+    /// head and partition, then the fold of the partitions of tokens whose context spans
+    /// several (`attention_tc_merge`); or, when `b.partials` is 0 (head dimensions up to
+    /// [`TC_FOLD_MAX_HEAD_DIM`]), per head only, each block folding its partitions itself
+    /// (the same bits, no partial results written: for prefill, whose tiles are many). `shape.tile_tokens` is ignored. Head dimensions up
+    /// to 64 take the kernel whose registers hold 64 columns, the others up to
+    /// [`TC_MAX_HEAD_DIM`] the wider one.
+    pub fn attention_tc(
+        &self,
+        b: &AttnBuffers,
+        shape: AttnShape,
+        n: usize,
+        tiles: usize,
+    ) -> Result<(), CudaError> {
+        let mut args = attention_inputs(b).to_vec();
+        args.extend([Arg::Ptr(b.partials), Arg::Attn(shape)]);
+        let folded = b.partials == 0;
+        if folded && shape.head_dim as usize > TC_FOLD_MAX_HEAD_DIM {
+            return Err(CudaError::Unsupported(format!(
+                "attention_tc folds partitions within a block up to head dimension \
+                 {TC_FOLD_MAX_HEAD_DIM}, not {}",
+                shape.head_dim
+            )));
+        }
+        let parts = if folded { 1 } else { shape.num_parts as u32 };
+        let grid = (tiles as u32, shape.num_heads as u32, parts);
+        let name = if shape.head_dim <= 64 {
+            "attention_tc_64"
+        } else {
+            "attention_tc_128"
+        };
+        self.launch_3d(name, grid, TC_THREADS, 0, &args)?;
+        if folded {
+            return Ok(());
+        }
+        self.attention_merge("attention_tc_merge", b, shape, n)
+    }
+}
