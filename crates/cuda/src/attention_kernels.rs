@@ -5,8 +5,8 @@ use crate::attention_tiles::shared_bytes;
 use crate::error::CudaError;
 use crate::kernels::{Arg, AttnShape, DevPtr, Kernels, TC_FOLD_MAX_HEAD_DIM, TC_THREADS};
 
-/// The first eight arguments of both attention kernels, in their order.
-fn attention_inputs(b: &AttnBuffers) -> [Arg; 8] {
+/// The arguments of both attention kernels, in their order.
+fn attention_args(b: &AttnBuffers, shape: AttnShape) -> [Arg; 10] {
     [
         Arg::Ptr(b.q),
         Arg::Ptr(b.k_cache),
@@ -16,6 +16,8 @@ fn attention_inputs(b: &AttnBuffers) -> [Arg; 8] {
         Arg::Ptr(b.positions),
         Arg::Ptr(b.tiles.unwrap_or(0)),
         Arg::Ptr(b.out),
+        Arg::Ptr(b.partials),
+        Arg::Attn(shape),
     ]
 }
 
@@ -53,8 +55,7 @@ impl Kernels {
         n: usize,
         tiles: usize,
     ) -> Result<(), CudaError> {
-        let mut args = attention_inputs(b).to_vec();
-        args.extend([Arg::Ptr(b.partials), Arg::Attn(shape)]);
+        let args = attention_args(b, shape);
         let group = (shape.num_heads / shape.num_kv_heads) as usize;
         let tile_tokens = shape.tile_tokens.max(1) as usize;
         let grid = (
@@ -97,9 +98,10 @@ impl Kernels {
     /// head and partition, then the fold of the partitions of tokens whose context spans
     /// several (`attention_tc_merge`); or, when `b.partials` is 0 (head dimensions up to
     /// [`TC_FOLD_MAX_HEAD_DIM`]), per head only, each block folding its partitions itself
-    /// (the same bits, no partial results written: for prefill, whose tiles are many). `shape.tile_tokens` is ignored. Head dimensions up
-    /// to 64 take the kernel whose registers hold 64 columns, the others up to
-    /// [`TC_MAX_HEAD_DIM`] the wider one.
+    /// (the same bits, no partial results written: for prefill, whose tiles are many).
+    /// `shape.tile_tokens` is ignored. Head dimensions up to 64 take the kernel whose
+    /// registers hold 64 columns, the others up to
+    /// [`crate::kernels::TC_MAX_HEAD_DIM`] the wider one.
     pub fn attention_tc(
         &self,
         b: &AttnBuffers,
@@ -107,8 +109,7 @@ impl Kernels {
         n: usize,
         tiles: usize,
     ) -> Result<(), CudaError> {
-        let mut args = attention_inputs(b).to_vec();
-        args.extend([Arg::Ptr(b.partials), Arg::Attn(shape)]);
+        let args = attention_args(b, shape);
         let folded = b.partials == 0;
         if folded && shape.head_dim as usize > TC_FOLD_MAX_HEAD_DIM {
             return Err(CudaError::Unsupported(format!(
