@@ -10,18 +10,24 @@
 // serves every step, decode steps too (tiles of one token): a row's result depends only
 // on its own context, since the chunks start at multiples of CHUNK whatever the tile, a
 // chunk wholly outside a row's view leaves its state unchanged bit for bit, and each
-// element of an mma comes from its own row and column. Decode then stays bitwise equal to
-// scoring, and a sequence to itself alone, as with attention.cu.
+// element of an mma comes from its own row and column (given finite values: a tile stages
+// the value rows of its later tokens, which an earlier row weighs by exact zeros, and
+// 0 * inf would not be zero). The softmax state's arithmetic is rounded explicitly, so that
+// no contraction the compiler chooses differs between launch shapes. Decode then stays
+// bitwise equal to scoring, and a sequence to itself alone, as with attention.cu.
 //
-// Grid: (tiles, num_heads, num_parts); block: TC_WARPS warps. A tile is up to TC_ROWS
-// consecutive tokens of one sequence at consecutive positions (the `tiles` table as in
-// attention.cu, built for TC_ROWS tokens); warp w takes the tile's tokens [16 w, 16 w + 16).
-// The context is split into the partitions paged_attention uses (flash-decoding: a decode
-// step's long context spreads over many blocks), counted the same way, and a token spanning
-// several has their partial results merged by attention_merge, so a token's partitions are
-// computed alike in a prefill tile and in a decode step. The block walks its partition's
-// positions from the first any token of the tile sees to the last token's position, a
-// chunk at a time: its threads copy the chunk's key and value
+// Grid: (tiles, num_heads, num_parts), or (tiles, num_heads, 1) when the blocks fold their
+// partitions themselves; block: TC_WARPS warps. A tile is up to TC_ROWS consecutive tokens
+// of one sequence at consecutive positions (the `tiles` table as in attention.cu, built for
+// TC_ROWS tokens); warp w takes the tile's tokens [16 w, 16 w + 16). The context is split
+// into the partitions paged_attention uses, counted the same way. With `partials`, a block
+// takes one partition (flash-decoding: a decode step's long context spreads over many
+// blocks) and attention_tc_merge folds the partial results of a token spanning several;
+// without, the block walks every partition and folds each as it closes it (fold_term, the
+// same operations in the same order). Either way a token's partitions are computed alike in
+// a prefill tile and in a decode step. The block walks the positions from the first any
+// token of the tile sees to the last token's position, a chunk at a time: its threads copy
+// the chunk's key and value
 // rows of the head's kv head into shared memory by cp.async (zeros past the last
 // position), the next chunk's copies in flight while each warp computes on this one: its
 // scores, the positions each row does not see masked (after its own: causal; before its
@@ -128,8 +134,8 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             float l = l_run[half];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 1));
+            l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 2));
             l_row[half] = l;
         }
     };
@@ -147,7 +153,17 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
         row_sums();
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            if (m_run[half] != NEG_INF) {
+            if (m_run[half] != NEG_INF && fold_m[half] == NEG_INF) {
+                // The row's first partition: taken as it is (a fold from nothing would turn
+                // -0 into +0, where a partition that writes its output directly keeps it).
+                fold_m[half] = m_run[half];
+                fold_l[half] = l_row[half];
+#pragma unroll
+                for (int j = 0; j < D / 8; ++j) {
+                    fold_o[j][2 * half] = o[j][2 * half];
+                    fold_o[j][2 * half + 1] = o[j][2 * half + 1];
+                }
+            } else if (m_run[half] != NEG_INF) {
                 float m = fmaxf(fold_m[half], m_run[half]);
                 float a = expf(fold_m[half] - m);
                 float b = expf(m_run[half] - m);
@@ -240,7 +256,7 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
                 int half = i >> 1;
                 int row_pos = pos_row[half];
                 bool seen = p <= row_pos && p >= window_start(row_pos, s.window);
-                float v = seen ? sc[nt][i] * s.scale : NEG_INF;
+                float v = seen ? __fmul_rn(sc[nt][i], s.scale) : NEG_INF;
                 sc[nt][i] = v;
                 mx[half] = fmaxf(mx[half], v);
             }
@@ -252,16 +268,16 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
             mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 2));
             float new_m = fmaxf(m_run[half], mx[half]);
             // A row with no position yet (past the tile's tokens) keeps zeros.
-            corr[half] = new_m == NEG_INF ? 1.0f : expf(m_run[half] - new_m);
+            corr[half] = new_m == NEG_INF ? 1.0f : expf(__fsub_rn(m_run[half], new_m));
             m_run[half] = new_m;
-            l_run[half] *= corr[half];
+            l_run[half] = __fmul_rn(l_run[half], corr[half]);
         }
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
-            o[j][0] *= corr[0];
-            o[j][1] *= corr[0];
-            o[j][2] *= corr[1];
-            o[j][3] *= corr[1];
+            o[j][0] = __fmul_rn(o[j][0], corr[0]);
+            o[j][1] = __fmul_rn(o[j][1], corr[0]);
+            o[j][2] = __fmul_rn(o[j][2], corr[1]);
+            o[j][3] = __fmul_rn(o[j][3], corr[1]);
         }
         // Probabilities, as bf16 A fragments of 16 positions each, times the values.
 #pragma unroll
@@ -273,9 +289,9 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
                 for (int i = 0; i < 4; ++i) {
                     int half = i >> 1;
                     float v = sc[2 * kk + x][i];
-                    float p = m_run[half] == NEG_INF ? 0.0f : expf(v - m_run[half]);
+                    float p = m_run[half] == NEG_INF ? 0.0f : expf(__fsub_rn(v, m_run[half]));
                     pr[x][i] = p;
-                    l_run[half] += p;
+                    l_run[half] = __fadd_rn(l_run[half], p);
                 }
             }
             u32 pa[4] = {pack_bf16(pr[0][0], pr[0][1]), pack_bf16(pr[0][2], pr[0][3]),
@@ -400,7 +416,11 @@ extern "C" __global__ void attention_tc_merge(const float* partials, const int* 
         float v = 0.0f;
         for (int j = first_part; j <= last_part; ++j) {
             const float* pj = base + (j - first_part) * (d + 2);
-            if (pj[d] != NEG_INF) {
+            if (pj[d] != NEG_INF && m == NEG_INF) { // the first partition, as it is
+                m = pj[d];
+                l = pj[d + 1];
+                v = pj[i];
+            } else if (pj[d] != NEG_INF) {
                 float next = fmaxf(m, pj[d]);
                 float a = expf(m - next);
                 float b = expf(pj[d] - next);

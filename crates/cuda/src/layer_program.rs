@@ -74,6 +74,10 @@ pub(crate) struct LayerProgram<'a> {
     /// Whether every step runs its attention on tensor cores (see
     /// [`tensor_core_attention`]).
     pub tensor_core_attention: bool,
+    /// The fewest blocks (tiles × heads) with which a tensor-core launch has its blocks fold
+    /// their partitions themselves instead of a block per partition; the runner's is
+    /// [`TC_FOLD_MIN_BLOCKS`]. Both give the same bits.
+    pub tc_fold_min_blocks: usize,
     pub weights: &'a WeightPtrs,
     pub kv: &'a KvPtrs,
     pub ws: WorkspacePtrs,
@@ -83,6 +87,11 @@ pub(crate) struct LayerProgram<'a> {
     /// Events of a profiled step.
     pub profile: Option<(&'a EventLog, &'a Device)>,
 }
+
+/// Blocks (tiles × heads) from which a tensor-core launch folds each token's partitions
+/// within its block: enough to fill a large GPU (132 multiprocessors on an H100 or H200)
+/// several times, so that the blocks' longer walks over the context run side by side.
+pub(crate) const TC_FOLD_MIN_BLOCKS: usize = 1024;
 
 /// Whether the tensor-core attention (attention_tc.cu) serves this model's steps: asked for,
 /// bf16, head dimension a multiple of 16 up to `TC_MAX_HEAD_DIM`. It then serves every
@@ -211,11 +220,15 @@ impl LayerProgram<'_> {
         let launch_parts = window_parts(parts, window, tile_tokens);
         let shape = self.attn_shape(launch_parts, tile_tokens, window);
         let row_groups = attention_rows(c.num_heads, parts);
-        // On tensor cores, a step with a prompt's tiles (many) folds each token's partitions
-        // within its block, writing no partial results; a decode step spreads a token's
-        // partitions over blocks. Both give the same bits (see attention_tc.cu).
-        let folded =
-            self.tensor_core_attention && tile_tokens > 1 && c.head_dim <= TC_FOLD_MAX_HEAD_DIM;
+        // On tensor cores, a step with a prompt's tiles, enough of them to fill the device,
+        // folds each token's partitions within its block, writing no partial results;
+        // otherwise a token's partitions spread over blocks. Both give the same bits (see
+        // attention_tc.cu).
+        let blocks = tiles.map_or(0, |t| t.pairs.len() / 2) * c.num_heads;
+        let folded = self.tensor_core_attention
+            && tile_tokens > 1
+            && c.head_dim <= TC_FOLD_MAX_HEAD_DIM
+            && blocks >= self.tc_fold_min_blocks;
         let q_row = (c.q_dim() * 4) as u64;
         let out_row = (c.q_dim() * self.dtype.size()) as u64;
         for (g, first) in (0..n).step_by(row_groups).enumerate() {

@@ -224,6 +224,9 @@ impl Emulated {
                 c,
                 self.mode.dtype,
             ),
+            // Every step with a prompt's tiles folds (the runner's bar is for device-sized
+            // steps), so that prefill folds and decode merges.
+            tc_fold_min_blocks: 0,
             weights: &self.weight_ptrs,
             kv: &self.kv_ptrs,
             ws: self.ws_ptrs,
