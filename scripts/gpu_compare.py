@@ -97,12 +97,17 @@ def summary_lines(name, r):
         tc = c.get("tensor_core_attention")
         if tc is not None:
             dvf = tc.get("decode_vs_forward", {}).get("max_abs_diff")
+            folded = [tc.get(f"decode_vs_forward_{k}", {}).get("max_abs_diff")
+                      for k in ("folded", "per_partition")]
             lines.append(
                 f"  tensor-core attention {dtype}: max|dlogprob| vs tiled "
                 f"{tc['max_abs_logprob_diff']:.2e}; 8x2048 prefill "
                 f"{tc['prefill_8x2048_tok_s_tiled']:.0f} -> "
                 f"{tc['prefill_8x2048_tok_s_tensor_cores']:.0f} tok/s; decode=forward max|d| "
-                + (f"{dvf:.2e} (goal 0)" if dvf is not None else "missing"))
+                + (f"{dvf:.2e} (goal 0)" if dvf is not None else "missing")
+                + "; with the scoring folded / per partition "
+                + " / ".join(f"{x:.2e}" if x is not None else "missing" for x in folded)
+                + " (goal 0)")
         lines.append(
             f"  speed {dtype}: prefill {t['prefill_tok_s']:.0f} tok/s ({t['prefill_tokens']} "
             f"tokens), 8x2048 {t.get('prefill_8x2048_tok_s', 0):.0f} tok/s")

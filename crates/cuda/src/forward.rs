@@ -13,9 +13,7 @@ use crate::batch_layout::BatchLayout;
 use crate::decode_graphs::bucket_for;
 use crate::error::CudaError;
 use crate::kernels::{DevPtr, ATTN_PARTITION};
-use crate::layer_program::{
-    tensor_core_attention, DenseProducts, LayerProgram, PARTIAL_SLOTS, TC_FOLD_MIN_BLOCKS,
-};
+use crate::layer_program::{tensor_core_attention, DenseProducts, LayerProgram, PARTIAL_SLOTS};
 use crate::options::CudaDtype;
 use crate::program_buffers::{WorkspaceBytes, WorkspacePtrs};
 use crate::row_kernels::ROW_SAMPLING_BYTES;
@@ -287,7 +285,7 @@ impl CudaRunner {
             from_codes: !self.batch_invariant,
             quant_scratch: self.quant_scratch.as_ref().map(|q| ptr(q, s)),
             tensor_core_attention: self.tensor_core_attention(),
-            tc_fold_min_blocks: TC_FOLD_MIN_BLOCKS,
+            tc_fold_min_blocks: self.tc_fold_min_blocks,
             weights: &self.weight_ptrs,
             kv: &self.kv_ptrs,
             ws: self.ws.ptrs(s),

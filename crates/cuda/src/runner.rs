@@ -24,6 +24,7 @@ use crate::host_staging::HostStaging;
 use crate::kernels::{Kernels, MAX_GQA_GROUP, MAX_HEAD_DIM};
 use crate::kv_pool::{blocks_for_fraction, bytes_per_token, KvPool};
 use crate::launched_steps::LaunchedSteps;
+use crate::layer_program::TC_FOLD_MIN_BLOCKS;
 use crate::options::{CudaDtype, CudaOptions, CudaWeights, KvBudget};
 use crate::program_buffers::{KvPtrs, WeightPtrs};
 use crate::step_inputs::StepInputs;
@@ -62,6 +63,8 @@ pub struct CudaRunner {
     pub(crate) batch_invariant: bool,
     /// `CudaOptions::tensor_core_attention`.
     pub(crate) tensor_core_attention: bool,
+    /// `LayerProgram::tc_fold_min_blocks` (`TC_FOLD_MIN_BLOCKS` unless a check changes it).
+    pub(crate) tc_fold_min_blocks: usize,
     /// `CudaOptions::overlap_steps`.
     overlap_steps: bool,
     /// Events of a profiled step (empty otherwise); dropped before the device.
@@ -133,6 +136,7 @@ impl CudaRunner {
             gemm,
             batch_invariant: o.batch_invariant,
             tensor_core_attention: o.tensor_core_attention,
+            tc_fold_min_blocks: TC_FOLD_MIN_BLOCKS,
             overlap_steps: o.overlap_steps,
             profile: EventLog::default(),
             device,
@@ -184,6 +188,14 @@ impl CudaRunner {
             self.tensor_core_attention = on;
             self.graphs.clear();
         }
+    }
+
+    /// The fewest blocks with which the tensor-core attention folds a token's partitions
+    /// within its block (see `LayerProgram::tc_fold_min_blocks`): for checks that both ways
+    /// give the same bits on a device; `None` restores the default. Steps with a prompt's
+    /// tiles only: decode steps never fold.
+    pub fn set_tensor_core_fold_min_blocks(&mut self, blocks: Option<usize>) {
+        self.tc_fold_min_blocks = blocks.unwrap_or(TC_FOLD_MIN_BLOCKS);
     }
 
     /// Decode graphs recorded so far.

@@ -175,7 +175,9 @@ fn processing_of(history: &[TokenId], vocab: usize) -> LogitProcessing {
 /// The tensor-core attention against the tiled kernel: the largest difference of the
 /// teacher-forced logprobs of `tokens`, and the rate of a prefill of 8 x 2,048 tokens with
 /// each (the same in f32 mode, where it does not apply); and with tensor cores, greedy
-/// decode one token at a time against scoring (bitwise equal: 0).
+/// decode one token at a time against scoring (bitwise equal: 0), with the scoring's blocks
+/// folding their partitions (as long prompts run) and a block per partition (as short
+/// ones do).
 pub(crate) fn tensor_cores(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
     let (tiled, _) = score(runner, tokens, 0)?;
     let tiled_rate = long_prefill(runner, tokens)?;
@@ -183,11 +185,17 @@ pub(crate) fn tensor_cores(runner: &mut CudaRunner, tokens: &[TokenId]) -> Resul
     let measured = (|| {
         let scored = score(runner, tokens, 0)?;
         let rate = long_prefill(runner, tokens)?;
-        let decode = decode_vs_forward(runner, &tokens[..64.min(tokens.len())], 32)?;
-        anyhow::Ok((scored, rate, decode))
+        let prompt = &tokens[..64.min(tokens.len())];
+        let decode = decode_vs_forward(runner, prompt, 32)?;
+        runner.set_tensor_core_fold_min_blocks(Some(0));
+        let folded = decode_vs_forward(runner, prompt, 32);
+        runner.set_tensor_core_fold_min_blocks(Some(usize::MAX));
+        let per_partition = decode_vs_forward(runner, prompt, 32);
+        anyhow::Ok((scored, rate, decode, folded?, per_partition?))
     })();
     runner.set_tensor_core_attention(false);
-    let ((tc, _), tc_rate, decode) = measured?;
+    runner.set_tensor_core_fold_min_blocks(None);
+    let ((tc, _), tc_rate, decode, folded, per_partition) = measured?;
     let max_abs = tiled
         .iter()
         .zip(&tc)
@@ -196,6 +204,7 @@ pub(crate) fn tensor_cores(runner: &mut CudaRunner, tokens: &[TokenId]) -> Resul
     Ok(json!({
         "positions": tc.len(), "max_abs_logprob_diff": max_abs,
         "prefill_8x2048_tok_s_tiled": tiled_rate, "prefill_8x2048_tok_s_tensor_cores": tc_rate,
-        "decode_vs_forward": decode,
+        "decode_vs_forward": decode, "decode_vs_forward_folded": folded,
+        "decode_vs_forward_per_partition": per_partition,
     }))
 }
