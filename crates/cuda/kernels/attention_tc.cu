@@ -16,10 +16,12 @@
 // no contraction the compiler chooses differs between launch shapes. Decode then stays
 // bitwise equal to scoring, and a sequence to itself alone, as with attention.cu.
 //
-// Grid: (tiles, num_heads, num_parts), or (tiles, num_heads, 1) when the blocks fold their
-// partitions themselves; block: TC_WARPS warps. A tile is up to TC_ROWS consecutive tokens
-// of one sequence at consecutive positions (the `tiles` table as in attention.cu, built for
-// TC_ROWS tokens); warp w takes the tile's tokens [16 w, 16 w + 16). The context is split
+// Grid: (tiles, num_kv_heads, num_parts), or (tiles, num_kv_heads, 1) when the blocks fold
+// their partitions themselves; block: TC_WARPS warps. A tile is up to TC_ROWS / group
+// consecutive tokens of one sequence at consecutive positions (the `tiles` table as in
+// attention.cu, built for that many tokens), and the block's TC_ROWS query rows are its
+// (token, query head of the kv head's group) pairs, token-major; warp w takes rows
+// [16 w, 16 w + 16). The context is split
 // into the partitions paged_attention uses, counted the same way. With `partials`, a block
 // takes one partition (flash-decoding: a decode step's long context spreads over many
 // blocks) and attention_tc_merge folds the partial results of a token spanning several;
@@ -71,8 +73,11 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
     int warp = threadIdx.x >> 5;
     int g = lane >> 2;
     int t = lane & 3;
-    int h = blockIdx.y;
-    int kvh = h / (s.num_heads / s.num_kv_heads);
+    // Rows are (token, query head) pairs of the kv head's group, token-major: row r is
+    // token r / group, head kvh * group + r % group, so that the group's heads share every
+    // staged key and value row (a decode step's one token still fills `group` rows).
+    int kvh = blockIdx.y;
+    int group = s.num_heads / s.num_kv_heads;
     i64 first = tiles[2 * blockIdx.x];
     int count = tiles[2 * blockIdx.x + 1];
     int p0 = positions[first];
@@ -100,7 +105,8 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
     int kv_dim = s.num_kv_heads * d;
     int ksteps = d / 16; // column steps of the scores, pairs of value tiles
     int row0 = warp * 16; // the warp's first row in the tile
-    bool active = row0 < count;
+    int rows = count * group;
+    bool active = row0 < rows;
 
     // The warp's 16 query rows as A fragments, one per 16 columns of d.
     u32 qa[D / 16][4];
@@ -112,9 +118,10 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
                 int row = row0 + g + ((r & 1) ? 8 : 0);
                 int col = kk * 16 + 2 * t + ((r & 2) ? 8 : 0);
                 float2 v = make_float2(0.0f, 0.0f);
-                if (row < count) {
-                    v = *reinterpret_cast<const float2*>(q + (first + row) * (i64)q_dim +
-                                                         h * d + col);
+                if (row < rows) {
+                    i64 token = first + row / group;
+                    int h = kvh * group + row % group;
+                    v = *reinterpret_cast<const float2*>(q + token * q_dim + h * d + col);
                 }
                 qa[kk][r] = pack_bf16(v.x, v.y);
             }
@@ -127,7 +134,7 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
     }
     float m_run[2] = {NEG_INF, NEG_INF}; // rows g and g + 8
     float l_run[2] = {0.0f, 0.0f};       // this lane's share of the rows' sums
-    int pos_row[2] = {p0 + row0 + g, p0 + row0 + g + 8};
+    int pos_row[2] = {p0 + (row0 + g) / group, p0 + (row0 + g + 8) / group};
     // The rows' sums over the quad of lanes that holds them.
     float l_row[2];
     auto row_sums = [&]() {
@@ -315,8 +322,9 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             int row = row0 + g + 8 * half;
-            if (row < count) {
-                act_t* dst = out + (first + row) * (i64)q_dim + h * d;
+            if (row < rows) {
+                int h = kvh * group + row % group;
+                act_t* dst = out + (first + row / group) * (i64)q_dim + h * d;
 #pragma unroll
                 for (int j = 0; j < D / 8; ++j) {
                     if (j < 2 * ksteps) {
@@ -339,11 +347,12 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
         int pos = pos_row[half];
         int lo = window_start(pos, s.window);
         int from = max(part_start, lo);
-        bool works = row < count && from < min(pos + 1, part_start + ATTN_PARTITION);
+        bool works = row < rows && from < min(pos + 1, part_start + ATTN_PARTITION);
         if (!works) {
             continue;
         }
-        i64 token = first + row;
+        i64 token = first + row / group;
+        int h = kvh * group + row % group;
         if (lo / ATTN_PARTITION == pos / ATTN_PARTITION) { // the only partition
             act_t* dst = out + token * q_dim + h * d;
 #pragma unroll
@@ -375,7 +384,7 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
 
 // q: [n, num_heads * d] f32; k_cache, v_cache: [slots, kv_dim] bf16; out: [n, q_dim] bf16.
 // The other arguments as paged_attention's (attention.cu), partials and the grid's
-// partitions (z) included; s.tile_tokens is ignored (blocks are TC_ROWS tokens).
+// partitions (z) included; s.tile_tokens is ignored (blocks are TC_ROWS rows).
 extern "C" __global__ void attention_tc_64(const float* q, const act_t* k_cache,
                                            const act_t* v_cache, const int* block_tables,
                                            const int* token_seq, const int* positions,

@@ -94,10 +94,10 @@ impl Kernels {
     }
 
     /// Attention on tensor cores (attention_tc.cu, bf16 only) of `n` query tokens in
-    /// `tiles` tiles of up to [`TC_TILE_TOKENS`] tokens each (`b.tiles`, required), per
-    /// head and partition, then the fold of the partitions of tokens whose context spans
+    /// `tiles` tiles of up to [`crate::kernels::tc_tile_tokens`] tokens each (`b.tiles`,
+    /// required), per kv head and partition, then the fold of the partitions of tokens whose context spans
     /// several (`attention_tc_merge`); or, when `b.partials` is 0 (head dimensions up to
-    /// [`TC_FOLD_MAX_HEAD_DIM`]), per head only, each block folding its partitions itself
+    /// [`TC_FOLD_MAX_HEAD_DIM`]), per kv head only, each block folding its partitions itself
     /// (the same bits, no partial results written: for prefill, whose tiles are many).
     /// `shape.tile_tokens` is ignored. Head dimensions up to 64 take the kernel whose
     /// registers hold 64 columns, the others up to
@@ -119,7 +119,7 @@ impl Kernels {
             )));
         }
         let parts = if folded { 1 } else { shape.num_parts as u32 };
-        let grid = (tiles as u32, shape.num_heads as u32, parts);
+        let grid = (tiles as u32, shape.num_kv_heads as u32, parts);
         let name = if shape.head_dim <= 64 {
             "attention_tc_64"
         } else {

@@ -111,14 +111,21 @@ pub(crate) fn window_parts(parts: usize, window: Option<usize>, tile_tokens: usi
 
 /// Largest head dimension the attention kernel handles (`32 * ATTN_MAX_PER_LANE`).
 pub(crate) const MAX_HEAD_DIM: usize = 256;
-/// Tokens per tile of `attention_tc_*` (`TC_ROWS` in attention_tc.cu), its threads
-/// (`TC_WARPS` warps) and the largest head dimension it takes (`attention_tc_128`'s).
-pub(crate) const TC_TILE_TOKENS: usize = 64;
+/// Query rows of an `attention_tc_*` block (`TC_ROWS` in attention_tc.cu): (token, query
+/// head) pairs of one kv head's group. Then its threads (`TC_WARPS` warps) and the largest
+/// head dimension it takes (`attention_tc_128`'s).
+pub(crate) const TC_ROWS: usize = 64;
 /// The largest head dimension whose `attention_tc` blocks can fold a token's partitions
 /// themselves (`CAN_FOLD` in attention_tc.cu).
 pub(crate) const TC_FOLD_MAX_HEAD_DIM: usize = 64;
 pub(crate) const TC_THREADS: u32 = 128;
 pub(crate) const TC_MAX_HEAD_DIM: usize = 128;
+
+/// Tokens per tile of `attention_tc_*` for GQA groups of `group` query heads per kv head
+/// (at most [`TC_ROWS`]): every head of the group takes a row for each token.
+pub(crate) fn tc_tile_tokens(group: usize) -> usize {
+    (TC_ROWS / group.max(1)).max(1)
+}
 /// Largest number of query heads per kv head (one warp each in an attention block).
 pub(crate) const MAX_GQA_GROUP: usize = 32;
 /// Threads of a row-wise kernel block.

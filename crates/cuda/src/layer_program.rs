@@ -27,8 +27,8 @@ use crate::device::Device;
 use crate::error::CudaError;
 use crate::gemm::Gemm;
 use crate::kernels::{
-    window_parts, AttnShape, DevPtr, Kernels, QkvBuffers, QkvShape, TC_FOLD_MAX_HEAD_DIM,
-    TC_MAX_HEAD_DIM, TC_TILE_TOKENS,
+    tc_tile_tokens, window_parts, AttnShape, DevPtr, Kernels, QkvBuffers, QkvShape,
+    TC_FOLD_MAX_HEAD_DIM, TC_MAX_HEAD_DIM, TC_ROWS,
 };
 use crate::moe_kernels::{Routes, GEMM_K, GEMM_ROUTES_PER_EXPERT};
 use crate::options::CudaDtype;
@@ -74,7 +74,7 @@ pub(crate) struct LayerProgram<'a> {
     /// Whether every step runs its attention on tensor cores (see
     /// [`tensor_core_attention`]).
     pub tensor_core_attention: bool,
-    /// The fewest blocks (tiles × heads) with which a tensor-core launch has its blocks fold
+    /// The fewest blocks (tiles × kv heads) with which a tensor-core launch has its blocks fold
     /// their partitions themselves instead of a block per partition; the runner's is
     /// [`TC_FOLD_MIN_BLOCKS`]. Both give the same bits.
     pub tc_fold_min_blocks: usize,
@@ -88,21 +88,27 @@ pub(crate) struct LayerProgram<'a> {
     pub profile: Option<(&'a EventLog, &'a Device)>,
 }
 
-/// Blocks (tiles × heads) from which a tensor-core launch folds each token's partitions
+/// Blocks (tiles × kv heads) from which a tensor-core launch folds each token's partitions
 /// within its block: enough to fill a large GPU (132 multiprocessors on an H100 or H200)
 /// several times, so that the blocks' longer walks over the context run side by side.
 pub(crate) const TC_FOLD_MIN_BLOCKS: usize = 1024;
 
 /// Whether the tensor-core attention (attention_tc.cu) serves this model's steps: asked for,
-/// bf16, head dimension a multiple of 16 up to `TC_MAX_HEAD_DIM`. It then serves every
-/// step, prefill, mixed and decode alike, each token a row of a tile of its sequence: a
+/// bf16, head dimension a multiple of 16 up to `TC_MAX_HEAD_DIM`, at most `TC_ROWS` query
+/// heads per kv head. It then serves every step, prefill, mixed and decode alike, each
+/// token a row per query head of a tile of its sequence (a block per kv head): a
 /// token's result depends only on its own context (the chunks of the cache it reads start
 /// at multiples of the chunk size whatever its tile), so decode steps stay bitwise equal
 /// to scoring and a sequence to itself alone, as with the CUDA-core kernel, and the mode
 /// combines with `--batch-invariant`.
 pub(crate) fn tensor_core_attention(asked: bool, c: &ModelConfig, dtype: CudaDtype) -> bool {
     let d = c.head_dim;
-    asked && dtype == CudaDtype::Bf16 && d.is_multiple_of(16) && d <= TC_MAX_HEAD_DIM
+    let group = c.num_heads / c.num_kv_heads.max(1);
+    asked
+        && dtype == CudaDtype::Bf16
+        && d.is_multiple_of(16)
+        && d <= TC_MAX_HEAD_DIM
+        && group <= TC_ROWS
 }
 
 impl LayerProgram<'_> {
@@ -117,7 +123,7 @@ impl LayerProgram<'_> {
             return Some(AttentionTiles::build(
                 &l.token_seq,
                 &l.positions,
-                TC_TILE_TOKENS,
+                tc_tile_tokens(c.num_heads / c.num_kv_heads),
                 rows,
             ));
         }
@@ -224,7 +230,7 @@ impl LayerProgram<'_> {
         // folds each token's partitions within its block, writing no partial results;
         // otherwise a token's partitions spread over blocks. Both give the same bits (see
         // attention_tc.cu).
-        let blocks = tiles.map_or(0, |t| t.pairs.len() / 2) * c.num_heads;
+        let blocks = tiles.map_or(0, |t| t.pairs.len() / 2) * c.num_kv_heads;
         let folded = self.tensor_core_attention
             && tile_tokens > 1
             && c.head_dim <= TC_FOLD_MAX_HEAD_DIM

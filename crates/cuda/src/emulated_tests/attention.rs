@@ -8,7 +8,7 @@ use super::*;
 use crate::attention_kernels::AttnBuffers;
 use crate::attention_tiles::{shared_bytes, tokens_per_tile, AttentionTiles};
 use crate::kernels::{
-    window_parts, AttnShape, ATTN_PARTITION, TC_FOLD_MAX_HEAD_DIM, TC_TILE_TOKENS,
+    tc_tile_tokens, window_parts, AttnShape, ATTN_PARTITION, TC_FOLD_MAX_HEAD_DIM,
 };
 
 const BLOCK: usize = 16;
@@ -269,7 +269,8 @@ fn check_tensor_cores(heads: usize, kv_heads: usize, d: usize, lens: &[usize], w
         true => Kernel::TensorCoresFolding,
         false => per_part,
     };
-    let all = s.run_tensor_cores(folding, n, TC_TILE_TOKENS, parts);
+    let tile = tc_tile_tokens(heads / kv_heads);
+    let all = s.run_tensor_cores(folding, n, tile, parts);
     for t in 0..s.token_seq.len() {
         let got = &all[t * q_dim..(t + 1) * q_dim];
         let name = format!("tensor cores heads {heads}/{kv_heads} d {d} window {window}: {t}");
@@ -277,9 +278,9 @@ fn check_tensor_cores(heads: usize, kv_heads: usize, d: usize, lens: &[usize], w
     }
     // (kernel, launch group, tile tokens, partitions named beyond the needed ones)
     let variants = [
-        (per_part, n, TC_TILE_TOKENS, 0),
-        (folding, 50, TC_TILE_TOKENS, 0),
-        (per_part, 50, TC_TILE_TOKENS, 1),
+        (per_part, n, tile, 0),
+        (folding, 50, tile, 0),
+        (per_part, 50, tile, 1),
         (folding, n, 7, 0),
         (per_part, n, 7, 0),
         (folding, n, 1, 0),
@@ -302,6 +303,10 @@ fn tensor_core_attention() {
     check_tensor_cores(4, 2, 64, &[1, 45, 130], 0);
     // Contexts over three partitions.
     check_tensor_cores(2, 1, 64, &[300, 9], 0);
+    // Groups of query heads that do not divide the block's 64 rows (SmolLM2's 3: tiles of
+    // 21 tokens, 63 rows), and of 8 (tiles of 8 tokens).
+    check_tensor_cores(9, 3, 64, &[70, 5], 0);
+    check_tensor_cores(8, 1, 32, &[40, 2], 0);
     check_tensor_cores(2, 1, 128, &[70, 3], 0);
     check_tensor_cores(8, 8, 16, &[66], 0);
     // Head dimensions below each kernel's bound: 48 (attention_tc_64), 96 (_128).
