@@ -22,9 +22,9 @@
 #     128 steps (single-stream and batched decode; the B=64 step time the server's ITL is
 #     held to), and the 135M shape at batch 1 (the launch-bound goal);
 #  3. `cuda_score profile` of the 1B shape: device time per operation of a prefill of
-#     8 x 2,048 tokens (prompts' attention on CUDA cores, then on tensor cores) and of decode
-#     steps at batch 1, 16, 64 and 256, and the rates of that prefill and of scoring all its
-#     positions on the device, both ways;
+#     8 x 2,048 tokens and of decode steps at batch 1, 16, 64 and 256, and the rates of that
+#     prefill and of scoring all its positions on the device; each with the attention on
+#     CUDA cores, then on tensor cores (`--tensor-core-attention`);
 #  4. `tandem serve --device cuda` on the 1B shape under bench/serve_load.py: 64 concurrent
 #     streams, ~512-token prompts, 256 tokens out (TTFT, ITL, output tok/s);
 #  5. transformers `generate` with a static cache, 128 tokens after 512, batch 256 and 1

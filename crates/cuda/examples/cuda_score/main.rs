@@ -478,7 +478,7 @@ fn prefill_profile(
 
 /// Device time per operation (CUDA events) of eager steps: a prefill of 8 x 2,048 tokens and
 /// decode steps of 1, 16, 64 and 256 sequences after `prompt`; and the rates of that prefill
-/// and of scoring all its positions, with the attention of prompts on CUDA cores and on tensor
+/// and of scoring all its positions; each with the attention on CUDA cores and on tensor
 /// cores.
 fn profiles(runner: &mut CudaRunner, prompt: &[TokenId]) -> Result<Value> {
     let to_json = |p: tandem_cuda::StepProfile| {
@@ -518,16 +518,36 @@ fn profiles(runner: &mut CudaRunner, prompt: &[TokenId]) -> Result<Value> {
                 OutputSelection::Last,
             ))?;
         }
-        runner.profile_forward(&decode_batch(&tables, prompt[0], n))?;
-        out[format!("decode_b{b}")] =
-            to_json(runner.profile_forward(&decode_batch(&tables, prompt[1], n + 1))?);
-        // The same step through the graph, timed on the host.
-        runner.forward(&decode_batch(&tables, prompt[2], n))?;
-        let t = Instant::now();
-        runner.forward(&decode_batch(&tables, prompt[2], n))?;
-        out[format!("decode_b{b}")]["graph_wall_ms"] = json!(t.elapsed().as_secs_f64() * 1e3);
+        // The attention on CUDA cores (the default), then on tensor cores.
+        for (key, tensor_cores) in [
+            (format!("decode_b{b}"), false),
+            (format!("decode_b{b}_tensor_cores"), true),
+        ] {
+            runner.set_tensor_core_attention(tensor_cores);
+            let measured = decode_profile(runner, &tables, prompt);
+            runner.set_tensor_core_attention(false);
+            let (profile, graph_wall_ms) = measured?;
+            out[&key] = to_json(profile);
+            out[&key]["graph_wall_ms"] = json!(graph_wall_ms);
+        }
     }
     Ok(out)
+}
+
+/// The device time per operation of a decode step of the sequences of `tables` after
+/// `prompt` (after a warm-up), and the wall time of the same step through its graph.
+fn decode_profile(
+    runner: &mut CudaRunner,
+    tables: &[Vec<BlockId>],
+    prompt: &[TokenId],
+) -> Result<(tandem_cuda::StepProfile, f64)> {
+    let n = prompt.len();
+    runner.profile_forward(&decode_batch(tables, prompt[0], n))?;
+    let profile = runner.profile_forward(&decode_batch(tables, prompt[1], n + 1))?;
+    runner.forward(&decode_batch(tables, prompt[2], n))?;
+    let t = Instant::now();
+    runner.forward(&decode_batch(tables, prompt[2], n))?;
+    Ok((profile, t.elapsed().as_secs_f64() * 1e3))
 }
 
 fn checks(runner: &mut CudaRunner, seqs: &[Vec<TokenId>]) -> Result<Value> {
