@@ -2,7 +2,8 @@
 //
 // The tiled attention in attention.cu runs every product on CUDA cores, one position per
 // lane; in a prefill of thousands of tokens that dominates the step. Here a warp holds 16
-// query rows of one head and multiplies them with the staged key rows through mma.sync
+// query rows of the block's kv head (tokens x the group's query heads, below) and
+// multiplies them with the staged key rows through mma.sync
 // (m16n8k16, bf16 inputs, f32 accumulation; tensor_core.cu), keeps FlashAttention-2's
 // online softmax in registers, and multiplies the probabilities (rounded to bf16) with the
 // value rows the same way. The result differs from attention.cu's in rounding (bf16
@@ -30,7 +31,7 @@
 // a prefill tile and in a decode step. The block walks the positions from the first any
 // token of the tile sees to the last token's position, a chunk at a time: its threads copy
 // the chunk's key and value
-// rows of the head's kv head into shared memory by cp.async (zeros past the last
+// rows of the block's kv head into shared memory by cp.async (zeros past the last
 // position), the next chunk's copies in flight while each warp computes on this one: its
 // scores, the positions each row does not see masked (after its own: causal; before its
 // window), its running maxima and sums, and the values' sum. Fragments come from shared

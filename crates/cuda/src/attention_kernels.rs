@@ -3,7 +3,7 @@
 
 use crate::attention_tiles::shared_bytes;
 use crate::error::CudaError;
-use crate::kernels::{Arg, AttnShape, DevPtr, Kernels, TC_FOLD_MAX_HEAD_DIM, TC_THREADS};
+use crate::kernels::{Arg, AttnShape, DevPtr, Kernels, TC_FOLD_MAX_HEAD_DIM, TC_ROWS, TC_THREADS};
 
 /// The arguments of both attention kernels, in their order.
 fn attention_args(b: &AttnBuffers, shape: AttnShape) -> [Arg; 10] {
@@ -95,12 +95,12 @@ impl Kernels {
 
     /// Attention on tensor cores (attention_tc.cu, bf16 only) of `n` query tokens in
     /// `tiles` tiles of up to [`crate::kernels::tc_tile_tokens`] tokens each (`b.tiles`,
-    /// required), per kv head and partition, then the fold of the partitions of tokens whose context spans
-    /// several (`attention_tc_merge`); or, when `b.partials` is 0 (head dimensions up to
-    /// [`TC_FOLD_MAX_HEAD_DIM`]), per kv head only, each block folding its partitions itself
-    /// (the same bits, no partial results written: for prefill, whose tiles are many).
-    /// `shape.tile_tokens` is ignored. Head dimensions up to 64 take the kernel whose
-    /// registers hold 64 columns, the others up to
+    /// required; `shape.tile_tokens` the longest), per kv head and partition, then the fold
+    /// of the partitions of tokens whose context spans several (`attention_tc_merge`); or,
+    /// when `b.partials` is 0 (head dimensions up to [`TC_FOLD_MAX_HEAD_DIM`]), per kv head
+    /// only, each block folding its partitions itself (the same bits, no partial results
+    /// written: for prefill, whose tiles are many). Head dimensions up to 64 take the
+    /// kernel whose registers hold 64 columns, the others up to
     /// [`crate::kernels::TC_MAX_HEAD_DIM`] the wider one.
     pub fn attention_tc(
         &self,
@@ -110,6 +110,14 @@ impl Kernels {
         tiles: usize,
     ) -> Result<(), CudaError> {
         let args = attention_args(b, shape);
+        let group = (shape.num_heads / shape.num_kv_heads.max(1)) as usize;
+        if shape.tile_tokens.max(1) as usize * group > TC_ROWS {
+            return Err(CudaError::Unsupported(format!(
+                "attention_tc blocks hold {TC_ROWS} rows, not tiles of {} tokens of {group} \
+                 heads each",
+                shape.tile_tokens
+            )));
+        }
         let folded = b.partials == 0;
         if folded && shape.head_dim as usize > TC_FOLD_MAX_HEAD_DIM {
             return Err(CudaError::Unsupported(format!(

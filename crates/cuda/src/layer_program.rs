@@ -103,7 +103,7 @@ pub(crate) const TC_FOLD_MIN_BLOCKS: usize = 1024;
 /// combines with `--batch-invariant`.
 pub(crate) fn tensor_core_attention(asked: bool, c: &ModelConfig, dtype: CudaDtype) -> bool {
     let d = c.head_dim;
-    let group = c.num_heads / c.num_kv_heads.max(1);
+    let group = c.num_heads / c.num_kv_heads;
     asked
         && dtype == CudaDtype::Bf16
         && d.is_multiple_of(16)

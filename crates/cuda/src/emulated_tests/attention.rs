@@ -306,6 +306,7 @@ fn tensor_core_attention() {
     // Groups of query heads that do not divide the block's 64 rows (SmolLM2's 3: tiles of
     // 21 tokens, 63 rows), and of 8 (tiles of 8 tokens).
     check_tensor_cores(9, 3, 64, &[70, 5], 0);
+    check_tensor_cores(9, 3, 64, &[300, 5], 0); // over three partitions
     check_tensor_cores(8, 1, 32, &[40, 2], 0);
     check_tensor_cores(2, 1, 128, &[70, 3], 0);
     check_tensor_cores(8, 8, 16, &[66], 0);
@@ -324,6 +325,7 @@ fn tensor_core_attention_in_sliding_windows() {
     // A window over a partition boundary from a later partition than the window of the
     // tile's first token starts in (a token's partial slots count from its own window).
     check_tensor_cores(2, 1, 64, &[300, 20], 129);
+    check_tensor_cores(9, 3, 64, &[300, 20], 129);
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
