@@ -56,6 +56,27 @@ __device__ __forceinline__ float fold_term(float acc, float acc_scale, float x, 
     return __fmaf_rn(x, x_scale, __fmul_rn(acc, acc_scale));
 }
 
+// One fold step's scales for a partition whose maximum `m` is finite: the fold's maximum
+// `fold_m` becomes max(fold_m, m), and `a`, `b` scale the fold and the partition. Returns
+// false when the fold was empty: the partition is then taken as it is (a fold from nothing
+// would turn -0 into +0, where a partition that writes its output directly keeps it).
+__device__ __forceinline__ bool fold_scales(float& fold_m, float m, float& a, float& b) {
+    if (fold_m == NEG_INF) {
+        fold_m = m;
+        return false;
+    }
+    float next = fmaxf(fold_m, m);
+    a = expf(fold_m - next);
+    b = expf(m - next);
+    fold_m = next;
+    return true;
+}
+
+// A value of the fold after a step with `fold_scales`'s result.
+__device__ __forceinline__ float fold_value(bool folds, float acc, float a, float x, float b) {
+    return folds ? fold_term(acc, a, x, b) : x;
+}
+
 template <int D>
 __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* k_cache,
                                                    const act_t* v_cache,
@@ -161,28 +182,17 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
         row_sums();
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            if (m_run[half] != NEG_INF && fold_m[half] == NEG_INF) {
-                // The row's first partition: taken as it is (a fold from nothing would turn
-                // -0 into +0, where a partition that writes its output directly keeps it).
-                fold_m[half] = m_run[half];
-                fold_l[half] = l_row[half];
+            if (m_run[half] != NEG_INF) {
+                float a = 0.0f, b = 0.0f;
+                bool folds = fold_scales(fold_m[half], m_run[half], a, b);
+                fold_l[half] = fold_value(folds, fold_l[half], a, l_row[half], b);
 #pragma unroll
                 for (int j = 0; j < D / 8; ++j) {
-                    fold_o[j][2 * half] = o[j][2 * half];
-                    fold_o[j][2 * half + 1] = o[j][2 * half + 1];
-                }
-            } else if (m_run[half] != NEG_INF) {
-                float m = fmaxf(fold_m[half], m_run[half]);
-                float a = expf(fold_m[half] - m);
-                float b = expf(m_run[half] - m);
-                fold_l[half] = fold_term(fold_l[half], a, l_row[half], b);
 #pragma unroll
-                for (int j = 0; j < D / 8; ++j) {
-                    fold_o[j][2 * half] = fold_term(fold_o[j][2 * half], a, o[j][2 * half], b);
-                    fold_o[j][2 * half + 1] =
-                        fold_term(fold_o[j][2 * half + 1], a, o[j][2 * half + 1], b);
+                    for (int c = 2 * half; c < 2 * half + 2; ++c) {
+                        fold_o[j][c] = fold_value(folds, fold_o[j][c], a, o[j][c], b);
+                    }
                 }
-                fold_m[half] = m;
             }
             m_run[half] = NEG_INF;
             l_run[half] = 0.0f;
@@ -318,22 +328,25 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
     if (!active) {
         return;
     }
+    // Writes row `row0 + g + 8 * half`'s output: its value sums `acc` over its sum `l`.
+    auto write_output = [&](int half, const float (&acc)[D / 8][4], float l) {
+        int row = row0 + g + 8 * half;
+        int h = kvh * group + row % group;
+        act_t* dst = out + (first + row / group) * (i64)q_dim + h * d;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            if (j < 2 * ksteps) {
+                *reinterpret_cast<u32*>(dst + j * 8 + 2 * t) =
+                    pack_bf16(acc[j][2 * half] / l, acc[j][2 * half + 1] / l);
+            }
+        }
+    };
     if (fold) {
         close_partition();
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            int row = row0 + g + 8 * half;
-            if (row < rows) {
-                int h = kvh * group + row % group;
-                act_t* dst = out + (first + row / group) * (i64)q_dim + h * d;
-#pragma unroll
-                for (int j = 0; j < D / 8; ++j) {
-                    if (j < 2 * ksteps) {
-                        *reinterpret_cast<u32*>(dst + j * 8 + 2 * t) =
-                            pack_bf16(fold_o[j][2 * half] / fold_l[half],
-                                      fold_o[j][2 * half + 1] / fold_l[half]);
-                    }
-                }
+            if (row0 + g + 8 * half < rows) {
+                write_output(half, fold_o, fold_l[half]);
             }
         }
         return;
@@ -355,14 +368,7 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
         i64 token = first + row / group;
         int h = kvh * group + row % group;
         if (lo / ATTN_PARTITION == pos / ATTN_PARTITION) { // the only partition
-            act_t* dst = out + token * q_dim + h * d;
-#pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
-                if (j < 2 * ksteps) {
-                    *reinterpret_cast<u32*>(dst + j * 8 + 2 * t) =
-                        pack_bf16(o[j][2 * half] / l_row[half], o[j][2 * half + 1] / l_row[half]);
-                }
-            }
+            write_output(half, o, l_row[half]);
             continue;
         }
         int slot = part - lo / ATTN_PARTITION; // < num_parts: the launch covers every window
@@ -426,17 +432,11 @@ extern "C" __global__ void attention_tc_merge(const float* partials, const int* 
         float v = 0.0f;
         for (int j = first_part; j <= last_part; ++j) {
             const float* pj = base + (j - first_part) * (d + 2);
-            if (pj[d] != NEG_INF && m == NEG_INF) { // the first partition, as it is
-                m = pj[d];
-                l = pj[d + 1];
-                v = pj[i];
-            } else if (pj[d] != NEG_INF) {
-                float next = fmaxf(m, pj[d]);
-                float a = expf(m - next);
-                float b = expf(pj[d] - next);
-                l = fold_term(l, a, pj[d + 1], b);
-                v = fold_term(v, a, pj[i], b);
-                m = next;
+            if (pj[d] != NEG_INF) {
+                float a = 0.0f, b = 0.0f;
+                bool folds = fold_scales(m, pj[d], a, b);
+                l = fold_value(folds, l, a, pj[d + 1], b);
+                v = fold_value(folds, v, a, pj[i], b);
             }
         }
         store_act(out, dst + i, v / l);

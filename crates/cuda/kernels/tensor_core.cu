@@ -1,5 +1,5 @@
 // Tensor-core building blocks (sm_80 and later, bf16): the m16n8k16 product and the loads
-// of its operand fragments from shared memory, shared by the prefill attention
+// of its operand fragments from shared memory, shared by the tensor-core attention
 // (attention_tc.cu) and the experts' products (moe_gemm.cu).
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16): lane = 4 g + t. A (16 x 16,

@@ -258,11 +258,11 @@ impl LayerProgram<'_> {
                 out: ws.attn + f * out_row,
                 partials: if folded { 0 } else { ws.partials },
             };
-            match (tile_ptr, self.tensor_core_attention) {
-                (Some(_), true) => self.kernels.attention_tc(&attn, shape, rows, num_tiles)?,
-                _ => self
-                    .kernels
-                    .paged_attention(&attn, shape, rows, num_tiles)?,
+            if self.tensor_core_attention {
+                self.kernels.attention_tc(&attn, shape, rows, num_tiles)?;
+            } else {
+                self.kernels
+                    .paged_attention(&attn, shape, rows, num_tiles)?;
             }
         }
         self.attention_output(w, n)
