@@ -197,6 +197,10 @@ if [ "$STAGE" = rest ] || [ "$STAGE" = all ]; then
     [ -d "$M/$shape-bf16" ] && BENCH_MODEL="$M/$shape-bf16" bench "$shape" "$NEW" 30 90 \
       --batch 1 --batch 64
   done
+  # Gemma 3's heads of 256 on tensor cores (attention_tc_256, two warps a row group).
+  [ -d "$M/gemma3-small-bf16" ] && BENCH_MODEL="$M/gemma3-small-bf16" \
+    bench gemma3-small-tensor-core-attention "$NEW" 30 90 --batch 1 --batch 64 \
+    --tensor-core-attention
   [ -n "$OLD" ] && bench old "$OLD" 40 150 --batch 1 --batch 32 --batch 256
   # The prompts' attention on tensor cores, new kernel beside the old binary's.
   bench new-tensor-core-attention "$NEW" 30 90 --batch 1 --batch 32 --tensor-core-attention

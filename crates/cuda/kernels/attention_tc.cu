@@ -18,11 +18,12 @@
 // bitwise equal to scoring, and a sequence to itself alone, as with attention.cu.
 //
 // Grid: (tiles, num_kv_heads, num_parts), or (tiles, num_kv_heads, 1) when the blocks fold
-// their partitions themselves; block: TC_WARPS warps. A tile is up to TC_ROWS / group
+// their partitions themselves; block: TC_WARPS warps per slice of the head's columns (one
+// slice, but two in attention_tc_256: below). A tile is up to TC_ROWS / group
 // consecutive tokens of one sequence at consecutive positions (the `tiles` table as in
 // attention.cu, built for that many tokens), and the block's TC_ROWS query rows are its
 // (token, query head of the kv head's group) pairs, token-major; warp w takes rows
-// [16 w, 16 w + 16). The context is split
+// [16 w, 16 w + 16) (of slice w % slices: [16 (w / slices), ..)). The context is split
 // into the partitions paged_attention uses, counted the same way. With `partials`, a block
 // takes one partition (flash-decoding: a decode step's long context spreads over many
 // blocks) and attention_tc_merge folds the partial results of a token spanning several;
@@ -39,9 +40,15 @@
 // the values.
 //
 // One kernel per bound on the head dimension, so that registers hold what the head needs:
-// attention_tc_64 serves head dimensions 16 to 64, attention_tc_128 80 to 128 (multiples
-// of 16). A chunk is 64 positions for the first and 32 for the second, so that two stages
-// of keys and values stay within 48 KiB of static shared memory.
+// attention_tc_64 serves head dimensions 16 to 64, attention_tc_128 80 to 128 and
+// attention_tc_256 144 to 256 (multiples of 16). A chunk is 64, 32 and 16 positions, so
+// that two stages of keys and values stay within 48 KiB of static shared memory. A warp
+// of attention_tc_256 could not hold its rows' query fragments and all 256 columns of
+// their value sums without spilling, so the head's columns are split in two slices
+// (SLICES): two warps take the same 16 rows, both compute the rows' scores and softmax
+// (the same operations on the same values: the same bits), and each sums the values of
+// its half of the columns (16-column pairs alternate between the slices). A column's sum
+// is the same chain of products whichever warp computes it.
 
 #define TC_WARPS 4
 #define TC_ROWS (16 * TC_WARPS)
@@ -77,7 +84,7 @@ __device__ __forceinline__ float fold_value(bool folds, float acc, float a, floa
     return folds ? fold_term(acc, a, x, b) : x;
 }
 
-template <int D>
+template <int D, int SLICES>
 __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* k_cache,
                                                    const act_t* v_cache,
                                                    const int* block_tables,
@@ -85,14 +92,18 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
                                                    const int* tiles, act_t* out,
                                                    float* partials, AttnShape s) {
 #if TANDEM_ACT_BF16
-    constexpr int CHUNK = D <= 64 ? 64 : 32; // positions staged at a time
+    constexpr int CHUNK = D <= 64 ? 64 : (D <= 128 ? 32 : 16); // positions staged at a time
+    constexpr int OJ = D / 8 / SLICES; // value tiles of 8 columns a warp sums
     static_assert(ATTN_PARTITION % CHUNK == 0, "a chunk never crosses a partition");
     constexpr int STRIDE = D + 8; // bf16 per staged row: 16-byte aligned, conflict-free
     __shared__ __align__(16) bf16_bits ks[2][CHUNK * STRIDE];
     __shared__ __align__(16) bf16_bits vs[2][CHUNK * STRIDE];
     int d = s.head_dim;
     int lane = threadIdx.x & 31;
-    int warp = threadIdx.x >> 5;
+    int warp = (threadIdx.x >> 5) / SLICES; // the warp's rows
+    int slice = (threadIdx.x >> 5) % SLICES; // and its columns of the values
+    // Value tile j of the warp: columns [col_of(j), col_of(j) + 8), real when below d.
+    auto col_of = [&](int j) { return ((j >> 1) * SLICES + slice) * 16 + (j & 1) * 8; };
     int g = lane >> 2;
     int t = lane & 3;
     // Rows are (token, query head) pairs of the kv head's group, token-major: row r is
@@ -111,7 +122,7 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
     // Without `partials` the block walks every partition of the tile and folds them itself
     // (grid z is 1): head dimensions up to 64 only, whose registers hold a second set of
     // accumulators (attention_tc_128's would spill).
-    constexpr bool CAN_FOLD = D <= 64;
+    constexpr bool CAN_FOLD = D <= 64 && SLICES == 1;
     bool fold = CAN_FOLD && partials == nullptr;
     int first_seen = window_start(p0, s.window);
     int part = first_seen / ATTN_PARTITION + (int)blockIdx.z;
@@ -125,7 +136,7 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
     const int* table = block_tables + (i64)token_seq[first] * s.max_blocks;
     int q_dim = s.num_heads * d;
     int kv_dim = s.num_kv_heads * d;
-    int ksteps = d / 16; // column steps of the scores, pairs of value tiles
+    int ksteps = d / 16; // column steps of the scores
     int row0 = warp * 16; // the warp's first row in the tile
     int rows = count * group;
     bool active = row0 < rows;
@@ -149,9 +160,9 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
             }
         }
     }
-    float o[D / 8][4];
+    float o[OJ][4];
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
+    for (int j = 0; j < OJ; ++j) {
         o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     }
     float m_run[2] = {NEG_INF, NEG_INF}; // rows g and g + 8
@@ -173,9 +184,9 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
     // row sees nothing (max still -inf) leaves the row's fold as it is.
     float fold_m[2] = {NEG_INF, NEG_INF};
     float fold_l[2] = {0.0f, 0.0f};
-    float fold_o[D / 8][4];
+    float fold_o[OJ][4];
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
+    for (int j = 0; j < OJ; ++j) {
         fold_o[j][0] = fold_o[j][1] = fold_o[j][2] = fold_o[j][3] = 0.0f;
     }
     auto close_partition = [&]() {
@@ -187,7 +198,7 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
                 bool folds = fold_scales(fold_m[half], m_run[half], a, b);
                 fold_l[half] = fold_value(folds, fold_l[half], a, l_row[half], b);
 #pragma unroll
-                for (int j = 0; j < D / 8; ++j) {
+                for (int j = 0; j < OJ; ++j) {
 #pragma unroll
                     for (int c = 2 * half; c < 2 * half + 2; ++c) {
                         fold_o[j][c] = fold_value(folds, fold_o[j][c], a, o[j][c], b);
@@ -197,7 +208,7 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
             m_run[half] = NEG_INF;
             l_run[half] = 0.0f;
 #pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
+            for (int j = 0; j < OJ; ++j) {
                 o[j][2 * half] = o[j][2 * half + 1] = 0.0f;
             }
         }
@@ -291,7 +302,7 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
             l_run[half] = __fmul_rn(l_run[half], corr[half]);
         }
 #pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
+        for (int j = 0; j < OJ; ++j) {
             o[j][0] = __fmul_rn(o[j][0], corr[0]);
             o[j][1] = __fmul_rn(o[j][1], corr[0]);
             o[j][2] = __fmul_rn(o[j][2], corr[1]);
@@ -315,12 +326,13 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
             u32 pa[4] = {pack_bf16(pr[0][0], pr[0][1]), pack_bf16(pr[0][2], pr[0][3]),
                          pack_bf16(pr[1][0], pr[1][1]), pack_bf16(pr[1][2], pr[1][3])};
 #pragma unroll
-            for (int jp = 0; jp < D / 16; ++jp) {
-                if (jp < ksteps) {
+            for (int jj = 0; jj < OJ / 2; ++jj) {
+                int col = col_of(2 * jj);
+                if (col < d) {
                     u32 b[4];
-                    frag_b_pair_col(b, vt + kk * 16 * STRIDE + jp * 16, STRIDE);
-                    mma_16816(o[2 * jp], pa, b);
-                    mma_16816(o[2 * jp + 1], pa, b + 2);
+                    frag_b_pair_col(b, vt + kk * 16 * STRIDE + col, STRIDE);
+                    mma_16816(o[2 * jj], pa, b);
+                    mma_16816(o[2 * jj + 1], pa, b + 2);
                 }
             }
         }
@@ -329,14 +341,14 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
         return;
     }
     // Writes row `row0 + g + 8 * half`'s output: its value sums `acc` over its sum `l`.
-    auto write_output = [&](int half, const float (&acc)[D / 8][4], float l) {
+    auto write_output = [&](int half, const float (&acc)[OJ][4], float l) {
         int row = row0 + g + 8 * half;
         int h = kvh * group + row % group;
         act_t* dst = out + (first + row / group) * (i64)q_dim + h * d;
 #pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-            if (j < 2 * ksteps) {
-                *reinterpret_cast<u32*>(dst + j * 8 + 2 * t) =
+        for (int j = 0; j < OJ; ++j) {
+            if (col_of(j) < d) {
+                *reinterpret_cast<u32*>(dst + col_of(j) + 2 * t) =
                     pack_bf16(acc[j][2 * half] / l, acc[j][2 * half + 1] / l);
             }
         }
@@ -375,13 +387,13 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
         float* partial =
             partials + ((token * s.num_heads + h) * (i64)s.num_parts + slot) * (d + 2);
 #pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-            if (j < 2 * ksteps) {
-                *reinterpret_cast<float2*>(partial + j * 8 + 2 * t) =
+        for (int j = 0; j < OJ; ++j) {
+            if (col_of(j) < d) {
+                *reinterpret_cast<float2*>(partial + col_of(j) + 2 * t) =
                     make_float2(o[j][2 * half], o[j][2 * half + 1]);
             }
         }
-        if (t == 0) {
+        if (t == 0 && slice == 0) {
             partial[d] = m_run[half];
             partial[d + 1] = l_row[half];
         }
@@ -397,7 +409,7 @@ extern "C" __global__ void attention_tc_64(const float* q, const act_t* k_cache,
                                            const int* token_seq, const int* positions,
                                            const int* tiles, act_t* out, float* partials,
                                            AttnShape s) {
-    attention_tc_tiles<64>(q, k_cache, v_cache, block_tables, token_seq, positions, tiles, out,
+    attention_tc_tiles<64, 1>(q, k_cache, v_cache, block_tables, token_seq, positions, tiles, out,
                            partials, s);
 }
 
@@ -406,8 +418,18 @@ extern "C" __global__ void attention_tc_128(const float* q, const act_t* k_cache
                                             const int* token_seq, const int* positions,
                                             const int* tiles, act_t* out, float* partials,
                                             AttnShape s) {
-    attention_tc_tiles<128>(q, k_cache, v_cache, block_tables, token_seq, positions, tiles,
-                            out, partials, s);
+    attention_tc_tiles<128, 1>(q, k_cache, v_cache, block_tables, token_seq, positions, tiles,
+                               out, partials, s);
+}
+
+// Blocks of 2 TC_WARPS warps: two slices of the head's columns.
+extern "C" __global__ void attention_tc_256(const float* q, const act_t* k_cache,
+                                            const act_t* v_cache, const int* block_tables,
+                                            const int* token_seq, const int* positions,
+                                            const int* tiles, act_t* out, float* partials,
+                                            AttnShape s) {
+    attention_tc_tiles<256, 2>(q, k_cache, v_cache, block_tables, token_seq, positions, tiles,
+                               out, partials, s);
 }
 
 // Folds the partitions of every token whose window spans more than one, in partition order

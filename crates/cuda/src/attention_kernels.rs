@@ -3,7 +3,7 @@
 
 use crate::attention_tiles::shared_bytes;
 use crate::error::CudaError;
-use crate::kernels::{Arg, AttnShape, DevPtr, Kernels, TC_FOLD_MAX_HEAD_DIM, TC_ROWS, TC_THREADS};
+use crate::kernels::{Arg, AttnShape, DevPtr, Kernels, TC_FOLD_MAX_HEAD_DIM, TC_ROWS};
 
 /// The arguments of both attention kernels, in their order.
 fn attention_args(b: &AttnBuffers, shape: AttnShape) -> [Arg; 10] {
@@ -19,6 +19,17 @@ fn attention_args(b: &AttnBuffers, shape: AttnShape) -> [Arg; 10] {
         Arg::Ptr(b.partials),
         Arg::Attn(shape),
     ]
+}
+
+/// The `attention_tc_*` kernel for head dimension `d` and the threads of its blocks: each
+/// kernel's registers hold the columns up to its bound, and `attention_tc_256` splits the
+/// columns between two warps per 16 rows (attention_tc.cu).
+fn tensor_core_kernel(d: usize) -> (&'static str, u32) {
+    match d {
+        0..=64 => ("attention_tc_64", 128),
+        65..=128 => ("attention_tc_128", 128),
+        _ => ("attention_tc_256", 256),
+    }
 }
 
 /// Buffers of `paged_attention` for one layer (n tokens).
@@ -99,9 +110,9 @@ impl Kernels {
     /// of the partitions of tokens whose context spans several (`attention_tc_merge`); or,
     /// when `b.partials` is 0 (head dimensions up to [`TC_FOLD_MAX_HEAD_DIM`]), per kv head
     /// only, each block folding its partitions itself (the same bits, no partial results
-    /// written: for prefill, whose tiles are many). Head dimensions up to 64 take the
-    /// kernel whose registers hold 64 columns, the others up to
-    /// [`crate::kernels::TC_MAX_HEAD_DIM`] the wider one.
+    /// written: for prefill, whose tiles are many). The kernel is the narrowest whose
+    /// registers hold the head ([`tensor_core_kernel`]), up to
+    /// [`crate::kernels::TC_MAX_HEAD_DIM`].
     pub fn attention_tc(
         &self,
         b: &AttnBuffers,
@@ -128,12 +139,8 @@ impl Kernels {
         }
         let parts = if folded { 1 } else { shape.num_parts as u32 };
         let grid = (tiles as u32, shape.num_kv_heads as u32, parts);
-        let name = if shape.head_dim <= 64 {
-            "attention_tc_64"
-        } else {
-            "attention_tc_128"
-        };
-        self.launch_3d(name, grid, TC_THREADS, 0, &args)?;
+        let (name, threads) = tensor_core_kernel(shape.head_dim as usize);
+        self.launch_3d(name, grid, threads, 0, &args)?;
         if folded {
             return Ok(());
         }

@@ -45,7 +45,7 @@ const SOURCES: [(&str, &str); 15] = [
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 33] = [
+pub const KERNEL_NAMES: [&str; 34] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
@@ -54,6 +54,7 @@ pub const KERNEL_NAMES: [&str; 33] = [
     "attention_merge",
     "attention_tc_64",
     "attention_tc_128",
+    "attention_tc_256",
     "attention_tc_merge",
     "gated_activation",
     "soft_cap",
@@ -112,14 +113,13 @@ pub(crate) fn window_parts(parts: usize, window: Option<usize>, tile_tokens: usi
 /// Largest head dimension the attention kernel handles (`32 * ATTN_MAX_PER_LANE`).
 pub(crate) const MAX_HEAD_DIM: usize = 256;
 /// Query rows of an `attention_tc_*` block (`TC_ROWS` in attention_tc.cu): (token, query
-/// head) pairs of one kv head's group. Then its threads (`TC_WARPS` warps) and the largest
-/// head dimension it takes (`attention_tc_128`'s).
+/// head) pairs of one kv head's group. Then the largest head dimension the kernels take
+/// (`attention_tc_256`'s).
 pub(crate) const TC_ROWS: usize = 64;
+pub(crate) const TC_MAX_HEAD_DIM: usize = 256;
 /// The largest head dimension whose `attention_tc` blocks can fold a token's partitions
 /// themselves (`CAN_FOLD` in attention_tc.cu).
 pub(crate) const TC_FOLD_MAX_HEAD_DIM: usize = 64;
-pub(crate) const TC_THREADS: u32 = 128;
-pub(crate) const TC_MAX_HEAD_DIM: usize = 128;
 
 /// Tokens per tile of `attention_tc_*` for GQA groups of `group` query heads per kv head
 /// (at most [`TC_ROWS`]): every head of the group takes a row for each token.

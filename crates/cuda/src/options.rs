@@ -105,7 +105,7 @@ pub struct CudaOptions {
     /// How the layers' matrices are stored.
     pub weights: CudaWeights,
     /// Run the attention of every step on tensor cores (bf16, head dimensions that are
-    /// multiples of 16 up to 128; kernels/attention_tc.cu). Decode steps stay bitwise equal
+    /// multiples of 16 up to 256; kernels/attention_tc.cu). Decode steps stay bitwise equal
     /// to scoring (they use the same kernel); the results round differently from the
     /// default kernel's. Off by default until measured on a GPU.
     pub tensor_core_attention: bool,

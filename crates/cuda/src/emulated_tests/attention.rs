@@ -316,6 +316,16 @@ fn tensor_core_attention() {
 }
 
 #[test]
+fn tensor_core_attention_of_wide_heads() {
+    // attention_tc_256: two warps a row group, each summing half the value columns; Gemma
+    // 3's shape (4 query heads on one kv head, 256 dimensions) over two partitions and in
+    // a window crossing one, and 176 dimensions, whose second slice has fewer columns.
+    check_tensor_cores(4, 1, 256, &[150, 3], 0);
+    check_tensor_cores(4, 1, 256, &[170, 4], 60);
+    check_tensor_cores(2, 2, 176, &[40, 17], 0);
+}
+
+#[test]
 fn tensor_core_attention_in_sliding_windows() {
     // Windows shorter than a chunk of 64 positions, and longer, crossing chunks.
     check_tensor_cores(4, 2, 64, &[1, 45, 200], 10);

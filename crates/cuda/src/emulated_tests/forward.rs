@@ -15,7 +15,7 @@ use tandem_model::host_model::HostModel;
 use tandem_model::kv_store::{KvDtype, KvStore};
 use tandem_model::transformer::Model;
 
-use super::forward_models::{load, specs, write_model, VOCAB};
+use super::forward_models::{load, specs, write_model, Spec, VOCAB};
 use super::*;
 use crate::batch_layout::{BatchLayout, RopeFreqs};
 use crate::decode_graphs::bucket_for;
@@ -382,14 +382,27 @@ fn modes(dtype: CudaDtype, format: CudaWeights, experts: bool) -> Vec<Mode> {
     }
 }
 
-/// Runs `spec` in every numeric mode and weight format against the CPU model.
-fn check(name: &str) {
-    let spec = specs()
+/// The test spec named `name`.
+fn spec(name: &str) -> Spec {
+    specs()
         .into_iter()
         .find(|s| s.name == name)
-        .expect("a spec of that name");
+        .expect("a spec of that name")
+}
+
+/// Runs `spec` in every numeric mode and weight format against the CPU model.
+fn check(name: &str) {
     let formats = [CudaWeights::Dense, CudaWeights::Q8_0, CudaWeights::Q4_1];
-    for (dtype, format) in MODES.into_iter().flat_map(|d| formats.map(|f| (d, f))) {
+    check_in(name, &MODES, &formats);
+}
+
+/// Runs `spec` against the CPU model in the modes of `dtypes` and `formats`.
+fn check_in(name: &str, dtypes: &[CudaDtype], formats: &[CudaWeights]) {
+    let spec = spec(name);
+    for (&dtype, &format) in dtypes
+        .iter()
+        .flat_map(|d| formats.iter().map(move |f| (d, f)))
+    {
         let modes = modes(dtype, format, spec.experts.is_some());
         if modes.is_empty() {
             continue;
@@ -468,10 +481,7 @@ fn the_forward_program_matches_the_cpu_model_mixtral() {
 #[test]
 fn batch_invariant_products_keep_a_sequence_bitwise_alone_or_batched() {
     for name in ["qwen3_moe", "gemma3"] {
-        let spec = specs()
-            .into_iter()
-            .find(|s| s.name == name)
-            .expect("a spec of that name");
+        let spec = spec(name);
         for dtype in MODES {
             let dir = temp_dir(&format!("{name}-{}-invariance", dtype.name()));
             write_model(&spec, dtype, CudaWeights::Dense, &dir);
@@ -513,46 +523,63 @@ fn decode_steps_and_mixed_steps_equal_scoring_each_sequence_alone() {
         .into_iter()
         .flat_map(|name| MODES.map(|dtype| (name, dtype)))
     {
-        let spec = specs()
-            .into_iter()
-            .find(|s| s.name == name)
-            .expect("a spec of that name");
-        let dir = temp_dir(&format!("{name}-{}-decode-forward", dtype.name()));
-        write_model(&spec, dtype, CudaWeights::Dense, &dir);
-        let host = load(&dir);
-        for mode in modes(dtype, CudaWeights::Dense, false) {
-            // (sequence, position) -> logits, from the test's steps.
-            let mut stepped = Emulated::new(&host, mode, 160);
-            let mut rows = std::collections::HashMap::new();
-            for (i, step) in steps().iter().enumerate() {
-                let got = stepped.forward(&batch(step), i % 2 == 1);
-                let mut at = 0;
-                for &(s, len, cached) in step {
-                    for p in cached..cached + len {
-                        rows.insert((s, p), got[at * VOCAB..(at + 1) * VOCAB].to_vec());
-                        at += 1;
-                    }
-                }
-            }
-            // Each sequence alone, in chunks that start where no step of the test did.
-            let mut scored = Emulated::new(&host, mode, 160);
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            for chunk in [(0, 150, 0), (0, 118, 150), (1, 25, 0)] {
-                let got = scored.forward(&batch(&[chunk]), false);
-                let (s, len, cached) = chunk;
+        check_decode_equals_scoring(name, dtype, &modes(dtype, CudaWeights::Dense, false));
+    }
+}
+
+/// Gemma 3 at its real head size of 256 in bf16, the attention on CUDA cores and on tensor
+/// cores (`attention_tc_256`, two warps a row group): the forward program against the CPU
+/// model, and decode ≡ scoring.
+#[test]
+fn wide_heads_match_the_cpu_model_and_decode_equals_scoring() {
+    let dtype = CudaDtype::Bf16;
+    check_in("gemma3_wide", &[dtype], &[CudaWeights::Dense]);
+    let tensor_cores = modes(dtype, CudaWeights::Dense, false)
+        .into_iter()
+        .filter(|m| m.tensor_cores)
+        .collect::<Vec<_>>();
+    assert_eq!(tensor_cores.len(), 1);
+    check_decode_equals_scoring("gemma3_wide", dtype, &tensor_cores);
+}
+
+/// The decode ≡ forward check of spec `name` in `modes` of `dtype`.
+fn check_decode_equals_scoring(name: &str, dtype: CudaDtype, modes: &[Mode]) {
+    let spec = spec(name);
+    let dir = temp_dir(&format!("{name}-{}-decode-forward", dtype.name()));
+    write_model(&spec, dtype, CudaWeights::Dense, &dir);
+    let host = load(&dir);
+    for &mode in modes {
+        // (sequence, position) -> logits, from the test's steps.
+        let mut stepped = Emulated::new(&host, mode, 160);
+        let mut rows = std::collections::HashMap::new();
+        for (i, step) in steps().iter().enumerate() {
+            let got = stepped.forward(&batch(step), i % 2 == 1);
+            let mut at = 0;
+            for &(s, len, cached) in step {
                 for p in cached..cached + len {
-                    let Some(want) = rows.get(&(s, p)) else {
-                        continue;
-                    };
-                    let row = &got[(p - cached) * VOCAB..][..VOCAB];
-                    assert!(
-                        bits(row) == bits(want),
-                        "{name} {mode:?}: sequence {s} position {p} differs in a step and \
-                         scored alone"
-                    );
+                    rows.insert((s, p), got[at * VOCAB..(at + 1) * VOCAB].to_vec());
+                    at += 1;
                 }
             }
         }
-        let _ = std::fs::remove_dir_all(&dir);
+        // Each sequence alone, in chunks that start where no step of the test did.
+        let mut scored = Emulated::new(&host, mode, 160);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for chunk in [(0, 150, 0), (0, 118, 150), (1, 25, 0)] {
+            let got = scored.forward(&batch(&[chunk]), false);
+            let (s, len, cached) = chunk;
+            for p in cached..cached + len {
+                let Some(want) = rows.get(&(s, p)) else {
+                    continue;
+                };
+                let row = &got[(p - cached) * VOCAB..][..VOCAB];
+                assert!(
+                    bits(row) == bits(want),
+                    "{name} {mode:?}: sequence {s} position {p} differs in a step and scored \
+                     alone"
+                );
+            }
+        }
     }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -100,31 +100,9 @@ pub(super) fn specs() -> Vec<Spec> {
             json!({"architectures": ["MistralForCausalLM"], "model_type": "mistral",
                    "head_dim": 32, "sliding_window": 20}),
         ),
-        // Gemma 3 as its configs have it: sliding layers around a global one, with their
-        // own RoPE base; linear RoPE scaling on the global layer; GeGLU; the embedding's
-        // scale; norms of each sub-layer's output; q/k norms; a query scale of its own; and
-        // a soft cap on the logits (Gemma 2's, which the CPU implements too).
-        Spec {
-            qk_norm: true,
-            tied: true,
-            layers: 3,
-            gemma_norms: true,
-            ..Spec::new(
-                "gemma3",
-                json!({
-                    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
-                    "head_dim": 32, "hidden_activation": "gelu_pytorch_tanh",
-                    "query_pre_attn_scalar": 24, "final_logit_softcapping": 5.0,
-                    "sliding_window": 8, "rms_norm_eps": 1e-6,
-                    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-                    "rope_parameters": {
-                        "full_attention": {"factor": 4.0, "rope_theta": 1000000.0,
-                                           "rope_type": "linear"},
-                        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}
-                    }
-                }),
-            )
-        },
+        gemma3("gemma3", 32),
+        // Gemma 3's real head size, which takes attention_tc_256 on tensor cores.
+        gemma3("gemma3_wide", 256),
         // Eight experts of width 96, three per token, their weights renormalised.
         Spec {
             qk_norm: true,
@@ -319,4 +297,33 @@ fn on_grid(r: &mut StdRng, n: usize, format: CudaWeights) -> Option<Vec<f32>> {
         out.extend(codes.iter().map(|&c| (c + offset) as f32 * scale));
     }
     Some(out)
+}
+
+/// Gemma 3 as its configs have it, with heads of `head_dim`: sliding layers around a global
+/// one, with their own RoPE base; linear RoPE scaling on the global layer; GeGLU; the
+/// embedding's scale; norms of each sub-layer's output; q/k norms; a query scale of its
+/// own; and a soft cap on the logits (Gemma 2's, which the CPU implements too).
+fn gemma3(name: &'static str, head_dim: usize) -> Spec {
+    Spec {
+        head_dim,
+        qk_norm: true,
+        tied: true,
+        layers: 3,
+        gemma_norms: true,
+        ..Spec::new(
+            name,
+            json!({
+                "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                "head_dim": head_dim, "hidden_activation": "gelu_pytorch_tanh",
+                "query_pre_attn_scalar": 24, "final_logit_softcapping": 5.0,
+                "sliding_window": 8, "rms_norm_eps": 1e-6,
+                "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                "rope_parameters": {
+                    "full_attention": {"factor": 4.0, "rope_theta": 1000000.0,
+                                       "rope_type": "linear"},
+                    "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}
+                }
+            }),
+        )
+    }
 }
