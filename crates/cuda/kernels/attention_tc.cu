@@ -409,8 +409,8 @@ extern "C" __global__ void attention_tc_64(const float* q, const act_t* k_cache,
                                            const int* token_seq, const int* positions,
                                            const int* tiles, act_t* out, float* partials,
                                            AttnShape s) {
-    attention_tc_tiles<64, 1>(q, k_cache, v_cache, block_tables, token_seq, positions, tiles, out,
-                           partials, s);
+    attention_tc_tiles<64, 1>(q, k_cache, v_cache, block_tables, token_seq, positions, tiles,
+                              out, partials, s);
 }
 
 extern "C" __global__ void attention_tc_128(const float* q, const act_t* k_cache,

@@ -3,7 +3,9 @@
 
 use crate::attention_tiles::shared_bytes;
 use crate::error::CudaError;
-use crate::kernels::{Arg, AttnShape, DevPtr, Kernels, TC_FOLD_MAX_HEAD_DIM, TC_ROWS};
+use crate::kernels::{
+    Arg, AttnShape, DevPtr, Kernels, TC_FOLD_MAX_HEAD_DIM, TC_MAX_HEAD_DIM, TC_ROWS,
+};
 
 /// The arguments of both attention kernels, in their order.
 fn attention_args(b: &AttnBuffers, shape: AttnShape) -> [Arg; 10] {
@@ -111,8 +113,7 @@ impl Kernels {
     /// when `b.partials` is 0 (head dimensions up to [`TC_FOLD_MAX_HEAD_DIM`]), per kv head
     /// only, each block folding its partitions itself (the same bits, no partial results
     /// written: for prefill, whose tiles are many). The kernel is the narrowest whose
-    /// registers hold the head ([`tensor_core_kernel`]), up to
-    /// [`crate::kernels::TC_MAX_HEAD_DIM`].
+    /// registers hold the head ([`tensor_core_kernel`]), up to [`TC_MAX_HEAD_DIM`].
     pub fn attention_tc(
         &self,
         b: &AttnBuffers,
@@ -127,6 +128,13 @@ impl Kernels {
                 "attention_tc blocks hold {TC_ROWS} rows, not tiles of {} tokens of {group} \
                  heads each",
                 shape.tile_tokens
+            )));
+        }
+        let d = shape.head_dim as usize;
+        if d > TC_MAX_HEAD_DIM || !d.is_multiple_of(16) {
+            return Err(CudaError::Unsupported(format!(
+                "attention_tc takes head dimensions that are multiples of 16 up to \
+                 {TC_MAX_HEAD_DIM}, not {d}"
             )));
         }
         let folded = b.partials == 0;

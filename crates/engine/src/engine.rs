@@ -288,7 +288,7 @@ impl Engine {
             return Ok(self.translate(events, SeqMap::default()));
         }
         let mut out = self.admitted_events(&plan);
-        let (cached_events, mut failed) =
+        let (cached_events, failed) =
             self.prompt_logprobs
                 .score_cached(&plan, &self.scheduler, self.runner.as_mut());
         out.extend(cached_events);
@@ -304,51 +304,22 @@ impl Engine {
         } else {
             RowPath::Host
         };
-        let forwarded = if path != RowPath::Host {
-            let rows = self.draw_rows(&plan);
-            if self.may_overlap() {
-                // Its picks are collected by the next step, which plans ahead meanwhile.
-                out.extend(self.launch_first(plan, &batch, rows));
-                return Ok(out);
-            }
-            let picks = match path {
-                RowPath::Greedy => self.runner.forward_greedy(&batch),
-                _ => self.runner.forward_sample(&batch, &rows),
-            };
-            let samples = picks
-                .and_then(|picks| {
-                    if picks.len() == rows.len() {
-                        Ok(picks)
-                    } else {
-                        Err(ModelError::Batch(format!(
-                            "the runner chose {} tokens for {} rows",
-                            picks.len(),
-                            rows.len()
-                        )))
-                    }
-                })
-                .map(|picks| {
-                    clock.mark(Part::Forward);
-                    self.picked_samples(&plan, &rows, picks)
-                });
-            self.recycle_rows(rows);
-            samples
-        } else {
-            self.runner.forward(&batch).map(|mut logits| {
-                clock.mark(Part::Forward);
-                if !prompt_rows.is_empty() {
-                    let x = self.prompt_logprobs.extract(
-                        logits,
-                        &prompt_rows,
-                        &plan_rows,
-                        &self.scheduler,
-                    );
-                    logits = x.sampling;
-                    out.extend(x.events);
-                    failed.extend(x.failed);
+        let forwarded = match path {
+            RowPath::Host => self
+                .forward_logits(&plan, &batch, &prompt_rows, &plan_rows, &mut clock)
+                .map(|(samples, events)| {
+                    out.extend(events);
+                    samples
+                }),
+            _ => {
+                let rows = self.draw_rows(&plan);
+                if self.may_overlap() {
+                    // Its picks are collected by the next step, which plans ahead meanwhile.
+                    out.extend(self.launch_first(plan, &batch, rows));
+                    return Ok(out);
                 }
-                self.sample_plan(&plan, &logits)
-            })
+                self.forward_picks(&plan, &batch, path, rows, &mut clock)
+            }
         };
         out.extend(self.answer_step(plan.step, forwarded, failed)?);
         out.extend(self.advance_beams()?);

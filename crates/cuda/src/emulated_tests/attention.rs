@@ -7,6 +7,7 @@
 use super::*;
 use crate::attention_kernels::AttnBuffers;
 use crate::attention_tiles::{shared_bytes, tokens_per_tile, AttentionTiles};
+use crate::error::CudaError;
 use crate::kernels::{
     tc_tile_tokens, window_parts, AttnShape, ATTN_PARTITION, TC_FOLD_MAX_HEAD_DIM,
 };
@@ -322,7 +323,36 @@ fn tensor_core_attention_of_wide_heads() {
     // a window crossing one, and 176 dimensions, whose second slice has fewer columns.
     check_tensor_cores(4, 1, 256, &[150, 3], 0);
     check_tensor_cores(4, 1, 256, &[170, 4], 60);
-    check_tensor_cores(2, 2, 176, &[40, 17], 0);
+    check_tensor_cores(2, 2, 176, &[150, 17], 0);
+    check_tensor_cores(2, 2, 176, &[150, 4], 30);
+}
+
+/// What no `attention_tc_*` block can hold is refused before anything runs: tiles of more
+/// rows than a block's 64, a fold within the block above head dimension 64, heads wider
+/// than 256 or not a multiple of 16.
+#[test]
+fn tensor_core_attention_refuses_shapes_its_blocks_cannot_hold() {
+    let k = kernels(CudaDtype::Bf16);
+    let refused = |heads: usize, kv_heads: usize, d: usize, tile_tokens: usize, fold: bool| {
+        let s = Scene::new(CudaDtype::Bf16, heads, kv_heads, d, &[1]);
+        let b = AttnBuffers {
+            q: 0,
+            k_cache: 0,
+            v_cache: 0,
+            block_tables: 0,
+            token_seq: 0,
+            positions: 0,
+            tiles: Some(0),
+            out: 0,
+            partials: if fold { 0 } else { 1 },
+        };
+        let got = k.attention_tc(&b, s.shape(1, tile_tokens), 1, 1);
+        matches!(got, Err(CudaError::Unsupported(_)))
+    };
+    assert!(refused(4, 1, 64, 17, false)); // 68 rows
+    assert!(refused(2, 1, 128, 2, true));
+    assert!(refused(2, 1, 272, 1, false));
+    assert!(refused(2, 1, 72, 1, false));
 }
 
 #[test]

@@ -549,6 +549,9 @@ fn check_decode_equals_scoring(name: &str, dtype: CudaDtype, modes: &[Mode]) {
     write_model(&spec, dtype, CudaWeights::Dense, &dir);
     let host = load(&dir);
     for &mode in modes {
+        // A mode asking for tensor cores gets them (the check is not of the other kernel).
+        let on_tensor_cores = tensor_core_attention(mode.tensor_cores, &host.config, dtype);
+        assert_eq!(on_tensor_cores, mode.tensor_cores, "{name} {mode:?}");
         // (sequence, position) -> logits, from the test's steps.
         let mut stepped = Emulated::new(&host, mode, 160);
         let mut rows = std::collections::HashMap::new();

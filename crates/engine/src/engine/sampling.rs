@@ -3,15 +3,18 @@
 
 use std::collections::VecDeque;
 
-use tandem_model::batch::TokenId;
+use tandem_model::batch::{ForwardBatch, TokenId};
 use tandem_model::logits::Logits;
 use tandem_model::row_sampling::RowDraw;
 use tandem_model::token_pick::TokenPick;
+use tandem_model::ModelError;
 
+use super::prompt_logprobs::PromptRows;
 use super::{Engine, EngineEvent};
 use crate::sampler::{sample, SampledToken, SamplerError};
 use crate::sequence::{FinishReason, SeqId, SeqMap};
 use crate::step_plan::{SeqEvent, SeqOutput, StepPlan};
+use crate::trace::{Part, StepClock};
 
 /// Processor lists kept for reuse between steps, at most.
 const SPARE_LISTS: usize = 4096;
@@ -41,6 +44,70 @@ pub(super) struct StepSamples {
 }
 
 impl Engine {
+    /// The forward pass of a step whose rows need only their token: the runner picks them
+    /// where the logits are (`path`: greedy, or drawn as `rows` say), one per row.
+    pub(super) fn forward_picks(
+        &mut self,
+        plan: &StepPlan,
+        batch: &ForwardBatch,
+        path: RowPath,
+        rows: Vec<RowDraw>,
+        clock: &mut StepClock,
+    ) -> Result<StepSamples, ModelError> {
+        let picks = match path {
+            RowPath::Greedy => self.runner.forward_greedy(batch),
+            _ => self.runner.forward_sample(batch, &rows),
+        };
+        let samples = picks
+            .and_then(|picks| {
+                if picks.len() == rows.len() {
+                    Ok(picks)
+                } else {
+                    Err(ModelError::Batch(format!(
+                        "the runner chose {} tokens for {} rows",
+                        picks.len(),
+                        rows.len()
+                    )))
+                }
+            })
+            .map(|picks| {
+                clock.mark(Part::Forward);
+                self.picked_samples(plan, &rows, picks)
+            });
+        self.recycle_rows(rows);
+        samples
+    }
+
+    /// The forward pass of a step sampled on the host: the logits of the plan's rows
+    /// (`plan_rows`, the batch's own selection) and of `prompt_rows`, whose prompt logprobs
+    /// become the events returned (a sequence whose rows are not finite fails, before those
+    /// that fail to sample); then a token for every row of the plan.
+    pub(super) fn forward_logits(
+        &mut self,
+        plan: &StepPlan,
+        batch: &ForwardBatch,
+        prompt_rows: &[PromptRows],
+        plan_rows: &[usize],
+        clock: &mut StepClock,
+    ) -> Result<(StepSamples, Vec<EngineEvent>), ModelError> {
+        let mut logits = self.runner.forward(batch)?;
+        clock.mark(Part::Forward);
+        let mut events = Vec::new();
+        let mut failed = Vec::new();
+        if !prompt_rows.is_empty() {
+            let x = self
+                .prompt_logprobs
+                .extract(logits, prompt_rows, plan_rows, &self.scheduler);
+            logits = x.sampling;
+            events = x.events;
+            failed = x.failed;
+        }
+        let mut samples = self.sample_plan(plan, &logits);
+        failed.append(&mut samples.failed);
+        samples.failed = failed;
+        Ok((samples, events))
+    }
+
     /// Samples one token for every sequence of the plan that asked for logits, and for every
     /// pending sibling of a group whose prompt completed (from the same row, own stream).
     pub(super) fn sample_plan(&mut self, plan: &StepPlan, logits: &Logits) -> StepSamples {
