@@ -201,7 +201,6 @@ extern "C" __global__ void paged_attention(const float* q, const act_t* k_cache,
                                            const int* token_seq, const int* positions,
                                            const int* tiles, act_t* out, float* partials,
                                            AttnShape s) {
-    extern __shared__ __align__(16) unsigned char attn_shared[];
     int d = s.head_dim;
     int per_lane = d / 32;
     int group = s.num_heads / s.num_kv_heads;

@@ -24,22 +24,24 @@
 // attention.cu, built for that many tokens), and the block's TC_ROWS query rows are its
 // (token, query head of the kv head's group) pairs, token-major; warp w takes rows
 // [16 w, 16 w + 16) (of slice w % slices: [16 (w / slices), ..)). The context is split
-// into the partitions paged_attention uses, counted the same way. With `partials`, a block
-// takes one partition (flash-decoding: a decode step's long context spreads over many
-// blocks) and attention_tc_merge folds the partial results of a token spanning several;
-// without, the block walks every partition and folds each as it closes it (fold_term, the
-// same operations in the same order). Either way a token's partitions are computed alike in
-// a prefill tile and in a decode step. The block walks the positions from the first any
-// token of the tile sees to the last token's position, a chunk at a time: its threads copy
-// the chunk's key and value
-// rows of the block's kv head into shared memory by cp.async (zeros past the last
-// position), the next chunk's copies in flight while each warp computes on this one: its
-// scores, the positions each row does not see masked (after its own: causal; before its
-// window), its running maxima and sums, and the values' sum. Fragments come from shared
+// into the partitions paged_attention uses, counted the same way. In the kernels of a
+// block per partition, a block takes one partition (flash-decoding: a decode step's long
+// context spreads over many blocks) and attention_tc_merge folds the partial results of a
+// token spanning several; in the `_fold` kernels, the block walks every partition and
+// folds each as it closes it (fold_term, the same operations in the same order; the
+// fold's value sums of a warp wider than 64 columns take dynamic shared memory, OJ * 512
+// bytes a warp). Either way a token's partitions are computed alike in a prefill tile and
+// in a decode step. The block walks the positions from the first any token of the tile
+// sees to the last token's position, a chunk at a time: its threads copy the chunk's key
+// and value rows of the block's kv head into shared memory by cp.async (zeros past the
+// last position), the next chunk's copies in flight while each warp computes on this one:
+// its scores, the positions each row does not see masked (after its own: causal; before
+// its window), its running maxima and sums, and the values' sum. Fragments come from shared
 // memory by ldmatrix: the key rows as B of the scores, the value rows transposed as B of
 // the values.
 //
-// One kernel per bound on the head dimension, so that registers hold what the head needs:
+// One kernel per bound on the head dimension (and its `_fold` twin), so that registers
+// hold what the head needs:
 // attention_tc_64 serves head dimensions 16 to 64, attention_tc_128 80 to 128 and
 // attention_tc_256 144 to 256 (multiples of 16). A chunk is 64, 32 and 16 positions, so
 // that two stages of keys and values stay within 48 KiB of static shared memory. A warp
@@ -84,7 +86,7 @@ __device__ __forceinline__ float fold_value(bool folds, float acc, float a, floa
     return folds ? fold_term(acc, a, x, b) : x;
 }
 
-template <int D, int SLICES>
+template <int D, int SLICES, bool FOLD>
 __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* k_cache,
                                                    const act_t* v_cache,
                                                    const int* block_tables,
@@ -119,11 +121,9 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
     // tile's first window start); the block takes the tile's positions in it, from the
     // chunk holding the first one any token sees: chunks start at multiples of CHUNK
     // wherever the window starts, so that a token meets the same chunks in any tile.
-    // Without `partials` the block walks every partition of the tile and folds them itself
-    // (grid z is 1): head dimensions up to 64 only, whose registers hold a second set of
-    // accumulators (attention_tc_128's would spill).
-    constexpr bool CAN_FOLD = D <= 64 && SLICES == 1;
-    bool fold = CAN_FOLD && partials == nullptr;
+    // FOLD: the block walks every partition of the tile and folds them itself (grid z is
+    // 1; `partials` unused).
+    constexpr bool fold = FOLD;
     int first_seen = window_start(p0, s.window);
     int part = first_seen / ATTN_PARTITION + (int)blockIdx.z;
     int part_start = part * ATTN_PARTITION;
@@ -181,13 +181,30 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
     };
     // When folding: the partitions so far, folded (see fold_term), and the fold of the
     // partition just walked into them, which then starts afresh. A partition in which a
-    // row sees nothing (max still -inf) leaves the row's fold as it is.
+    // row sees nothing (max still -inf) leaves the row's fold as it is. The fold's value
+    // sums, a second set of the warp's accumulators, stay in registers up to 64 columns a
+    // warp; wider, they would spill, and live in dynamic shared memory instead, each lane's
+    // own (OJ * 128 floats a warp, lane-minor: no bank conflicts, no barrier).
     float fold_m[2] = {NEG_INF, NEG_INF};
     float fold_l[2] = {0.0f, 0.0f};
-    float fold_o[OJ][4];
+    constexpr bool FOLD_IN_REGISTERS = OJ <= 8;
+    float fold_r[FOLD_IN_REGISTERS ? OJ : 1][4];
+    float* fold_s = reinterpret_cast<float*>(attn_shared) + (threadIdx.x >> 5) * (OJ * 128) + lane;
+    auto fold_o = [&](int j, int c) -> float& {
+        if constexpr (FOLD_IN_REGISTERS) {
+            return fold_r[j][c];
+        } else {
+            return fold_s[(j * 4 + c) * 32];
+        }
+    };
+    if (fold) {
 #pragma unroll
-    for (int j = 0; j < OJ; ++j) {
-        fold_o[j][0] = fold_o[j][1] = fold_o[j][2] = fold_o[j][3] = 0.0f;
+        for (int j = 0; j < OJ; ++j) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                fold_o(j, c) = 0.0f;
+            }
+        }
     }
     auto close_partition = [&]() {
         row_sums();
@@ -201,7 +218,7 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
                 for (int j = 0; j < OJ; ++j) {
 #pragma unroll
                     for (int c = 2 * half; c < 2 * half + 2; ++c) {
-                        fold_o[j][c] = fold_value(folds, fold_o[j][c], a, o[j][c], b);
+                        fold_o(j, c) = fold_value(folds, fold_o(j, c), a, o[j][c], b);
                     }
                 }
             }
@@ -340,8 +357,8 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
     if (!active) {
         return;
     }
-    // Writes row `row0 + g + 8 * half`'s output: its value sums `acc` over its sum `l`.
-    auto write_output = [&](int half, const float (&acc)[OJ][4], float l) {
+    // Writes row `row0 + g + 8 * half`'s output: its value sums `acc(j, c)` over its sum `l`.
+    auto write_output = [&](int half, auto&& acc, float l) {
         int row = row0 + g + 8 * half;
         int h = kvh * group + row % group;
         act_t* dst = out + (first + row / group) * (i64)q_dim + h * d;
@@ -349,7 +366,7 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
         for (int j = 0; j < OJ; ++j) {
             if (col_of(j) < d) {
                 *reinterpret_cast<u32*>(dst + col_of(j) + 2 * t) =
-                    pack_bf16(acc[j][2 * half] / l, acc[j][2 * half + 1] / l);
+                    pack_bf16(acc(j, 2 * half) / l, acc(j, 2 * half + 1) / l);
             }
         }
     };
@@ -380,7 +397,7 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
         i64 token = first + row / group;
         int h = kvh * group + row % group;
         if (lo / ATTN_PARTITION == pos / ATTN_PARTITION) { // the only partition
-            write_output(half, o, l_row[half]);
+            write_output(half, [&](int j, int c) { return o[j][c]; }, l_row[half]);
             continue;
         }
         int slot = part - lo / ATTN_PARTITION; // < num_parts: the launch covers every window
@@ -403,14 +420,27 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
 
 // q: [n, num_heads * d] f32; k_cache, v_cache: [slots, kv_dim] bf16; out: [n, q_dim] bf16.
 // The other arguments as paged_attention's (attention.cu), partials and the grid's
-// partitions (z) included; s.tile_tokens is ignored (blocks are TC_ROWS rows).
+// partitions (z) included; s.tile_tokens is ignored (blocks are TC_ROWS rows). The
+// `_fold` kernels' blocks fold their partitions themselves (grid z 1, partials unused);
+// attention_tc_128_fold and _256_fold take 512 bytes of dynamic shared memory per 8
+// columns of a warp for the fold: 32 KiB and 64 KiB. Each variant is its own kernel so
+// that the one of a block per partition, which decode steps run, keeps its registers.
 extern "C" __global__ void attention_tc_64(const float* q, const act_t* k_cache,
                                            const act_t* v_cache, const int* block_tables,
                                            const int* token_seq, const int* positions,
                                            const int* tiles, act_t* out, float* partials,
                                            AttnShape s) {
-    attention_tc_tiles<64, 1>(q, k_cache, v_cache, block_tables, token_seq, positions, tiles,
-                              out, partials, s);
+    attention_tc_tiles<64, 1, false>(q, k_cache, v_cache, block_tables, token_seq,
+                                     positions, tiles, out, partials, s);
+}
+
+extern "C" __global__ void attention_tc_64_fold(const float* q, const act_t* k_cache,
+                                                const act_t* v_cache, const int* block_tables,
+                                                const int* token_seq, const int* positions,
+                                                const int* tiles, act_t* out, float* partials,
+                                                AttnShape s) {
+    attention_tc_tiles<64, 1, true>(q, k_cache, v_cache, block_tables, token_seq,
+                                    positions, tiles, out, partials, s);
 }
 
 extern "C" __global__ void attention_tc_128(const float* q, const act_t* k_cache,
@@ -418,8 +448,17 @@ extern "C" __global__ void attention_tc_128(const float* q, const act_t* k_cache
                                             const int* token_seq, const int* positions,
                                             const int* tiles, act_t* out, float* partials,
                                             AttnShape s) {
-    attention_tc_tiles<128, 1>(q, k_cache, v_cache, block_tables, token_seq, positions, tiles,
-                               out, partials, s);
+    attention_tc_tiles<128, 1, false>(q, k_cache, v_cache, block_tables, token_seq,
+                                      positions, tiles, out, partials, s);
+}
+
+extern "C" __global__ void attention_tc_128_fold(const float* q, const act_t* k_cache,
+                                                 const act_t* v_cache, const int* block_tables,
+                                                 const int* token_seq, const int* positions,
+                                                 const int* tiles, act_t* out, float* partials,
+                                                 AttnShape s) {
+    attention_tc_tiles<128, 1, true>(q, k_cache, v_cache, block_tables, token_seq,
+                                     positions, tiles, out, partials, s);
 }
 
 // Blocks of 2 TC_WARPS warps: two slices of the head's columns.
@@ -428,8 +467,17 @@ extern "C" __global__ void attention_tc_256(const float* q, const act_t* k_cache
                                             const int* token_seq, const int* positions,
                                             const int* tiles, act_t* out, float* partials,
                                             AttnShape s) {
-    attention_tc_tiles<256, 2>(q, k_cache, v_cache, block_tables, token_seq, positions, tiles,
-                               out, partials, s);
+    attention_tc_tiles<256, 2, false>(q, k_cache, v_cache, block_tables, token_seq,
+                                      positions, tiles, out, partials, s);
+}
+
+extern "C" __global__ void attention_tc_256_fold(const float* q, const act_t* k_cache,
+                                                 const act_t* v_cache, const int* block_tables,
+                                                 const int* token_seq, const int* positions,
+                                                 const int* tiles, act_t* out, float* partials,
+                                                 AttnShape s) {
+    attention_tc_tiles<256, 2, true>(q, k_cache, v_cache, block_tables, token_seq,
+                                     positions, tiles, out, partials, s);
 }
 
 // Folds the partitions of every token whose window spans more than one, in partition order

@@ -12,6 +12,10 @@ typedef long long i64;
 // -infinity without math.h (NVRTC programs here include no headers).
 #define NEG_INF __int_as_float(0xff800000)
 
+// A block's dynamic shared memory (as many bytes as its launch gives), one declaration for
+// the whole program: the attention kernels that take some lay it out each their own way.
+extern __shared__ __align__(16) unsigned char attn_shared[];
+
 #if TANDEM_ACT_BF16
 typedef bf16_bits act_t;
 #else

@@ -3,9 +3,7 @@
 
 use crate::attention_tiles::shared_bytes;
 use crate::error::CudaError;
-use crate::kernels::{
-    Arg, AttnShape, DevPtr, Kernels, TC_FOLD_MAX_HEAD_DIM, TC_MAX_HEAD_DIM, TC_ROWS,
-};
+use crate::kernels::{Arg, AttnShape, DevPtr, Kernels, TC_MAX_HEAD_DIM, TC_ROWS};
 
 /// The arguments of both attention kernels, in their order.
 fn attention_args(b: &AttnBuffers, shape: AttnShape) -> [Arg; 10] {
@@ -23,15 +21,59 @@ fn attention_args(b: &AttnBuffers, shape: AttnShape) -> [Arg; 10] {
     ]
 }
 
-/// The `attention_tc_*` kernel for head dimension `d` and the threads of its blocks: each
-/// kernel's registers hold the columns up to its bound, and `attention_tc_256` splits the
-/// columns between two warps per 16 rows (attention_tc.cu).
-fn tensor_core_kernel(d: usize) -> (&'static str, u32) {
-    match d {
-        0..=64 => ("attention_tc_64", 128),
-        65..=128 => ("attention_tc_128", 128),
-        _ => ("attention_tc_256", 256),
-    }
+/// An `attention_tc_*` kernel pair: the names of its variant of a block per partition and
+/// of its variant whose blocks fold their partitions themselves, the threads of its
+/// blocks, and the dynamic shared memory the folding blocks take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TensorCoreKernel {
+    pub name: &'static str,
+    pub fold_name: &'static str,
+    pub threads: u32,
+    pub fold_shared_bytes: u32,
+}
+
+/// The `attention_tc_*` kernels, narrowest head first (see attention_tc.cu): each one's
+/// registers hold the columns up to its bound; `attention_tc_256` splits the columns
+/// between two warps per 16 rows. A warp's fold of more than 64 columns keeps its value
+/// sums in shared memory, 512 bytes per 8 columns.
+pub(crate) const TENSOR_CORE_KERNELS: [(usize, TensorCoreKernel); 3] = [
+    (
+        64,
+        TensorCoreKernel {
+            name: "attention_tc_64",
+            fold_name: "attention_tc_64_fold",
+            threads: 128,
+            fold_shared_bytes: 0,
+        },
+    ),
+    (
+        128,
+        TensorCoreKernel {
+            name: "attention_tc_128",
+            fold_name: "attention_tc_128_fold",
+            threads: 128,
+            fold_shared_bytes: 4 * 16 * 512,
+        },
+    ),
+    (
+        256,
+        TensorCoreKernel {
+            name: "attention_tc_256",
+            fold_name: "attention_tc_256_fold",
+            threads: 256,
+            fold_shared_bytes: 8 * 16 * 512,
+        },
+    ),
+];
+
+const _: () = assert!(TENSOR_CORE_KERNELS[TENSOR_CORE_KERNELS.len() - 1].0 == TC_MAX_HEAD_DIM);
+
+/// The narrowest `attention_tc_*` kernel that takes head dimension `d`, if any does.
+pub(crate) fn tensor_core_kernel(d: usize) -> Option<TensorCoreKernel> {
+    TENSOR_CORE_KERNELS
+        .iter()
+        .find(|(bound, _)| d <= *bound)
+        .map(|&(_, k)| k)
 }
 
 /// Buffers of `paged_attention` for one layer (n tokens).
@@ -110,9 +152,8 @@ impl Kernels {
     /// `tiles` tiles of up to [`crate::kernels::tc_tile_tokens`] tokens each (`b.tiles`,
     /// required; `shape.tile_tokens` the longest), per kv head and partition, then the fold
     /// of the partitions of tokens whose context spans several (`attention_tc_merge`); or,
-    /// when `b.partials` is 0 (head dimensions up to [`TC_FOLD_MAX_HEAD_DIM`]), per kv head
-    /// only, each block folding its partitions itself (the same bits, no partial results
-    /// written: for prefill, whose tiles are many). The kernel is the narrowest whose
+    /// when `b.partials` is 0, per kv head only, each block folding its partitions itself
+    /// (the same bits, no partial results written: for prefill, whose tiles are many). The kernel is the narrowest whose
     /// registers hold the head ([`tensor_core_kernel`]), up to [`TC_MAX_HEAD_DIM`].
     pub fn attention_tc(
         &self,
@@ -131,27 +172,56 @@ impl Kernels {
             )));
         }
         let d = shape.head_dim as usize;
-        if d > TC_MAX_HEAD_DIM || !d.is_multiple_of(16) {
+        let kernel = tensor_core_kernel(d).filter(|_| d.is_multiple_of(16));
+        let Some(kernel) = kernel else {
             return Err(CudaError::Unsupported(format!(
                 "attention_tc takes head dimensions that are multiples of 16 up to \
                  {TC_MAX_HEAD_DIM}, not {d}"
             )));
-        }
+        };
         let folded = b.partials == 0;
-        if folded && shape.head_dim as usize > TC_FOLD_MAX_HEAD_DIM {
-            return Err(CudaError::Unsupported(format!(
-                "attention_tc folds partitions within a block up to head dimension \
-                 {TC_FOLD_MAX_HEAD_DIM}, not {}",
-                shape.head_dim
-            )));
-        }
-        let parts = if folded { 1 } else { shape.num_parts as u32 };
+        let (name, parts, shared) = match folded {
+            true => (kernel.fold_name, 1, kernel.fold_shared_bytes),
+            false => (kernel.name, shape.num_parts as u32, 0),
+        };
         let grid = (tiles as u32, shape.num_kv_heads as u32, parts);
-        let (name, threads) = tensor_core_kernel(shape.head_dim as usize);
-        self.launch_3d(name, grid, threads, 0, &args)?;
+        self.launch_3d(name, grid, kernel.threads, shared, &args)?;
         if folded {
             return Ok(());
         }
         self.attention_merge("attention_tc_merge", b, shape, n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dynamic shared memory of a folding launch is what attention_tc.cu lays out: per
+    /// warp, 128 floats per 8 of its columns (`OJ * 128`) when a warp sums more than 64
+    /// columns, nothing when its registers hold the fold. A launch given less would
+    /// overrun it on the GPU, which the emulator, whose buffer is always large, cannot show.
+    #[test]
+    fn folding_blocks_get_the_shared_memory_their_warps_fold_in() {
+        for (bound, k) in TENSOR_CORE_KERNELS {
+            let warps = k.threads as usize / 32;
+            let slices = warps / 4; // TC_WARPS warps of rows per slice
+            let columns = bound / slices; // a warp's
+            let want = match columns <= 64 {
+                true => 0,
+                false => warps * columns / 8 * 128 * 4,
+            };
+            assert_eq!(k.fold_shared_bytes as usize, want, "{}", k.fold_name);
+            assert_eq!(tensor_core_kernel(bound), Some(k));
+        }
+        assert_eq!(
+            tensor_core_kernel(48).map(|k| k.name),
+            Some("attention_tc_64")
+        );
+        assert_eq!(
+            tensor_core_kernel(96).map(|k| k.name),
+            Some("attention_tc_128")
+        );
+        assert_eq!(tensor_core_kernel(272), None);
     }
 }

@@ -55,6 +55,10 @@ pub(crate) struct AttentionTiles {
     /// For launch group `g` (tokens `[g * group_rows, (g + 1) * group_rows)`), the range of
     /// its tiles (indices of pairs).
     pub groups: Vec<Range<usize>>,
+    /// Whether the blocks fold every partition of their tiles' contexts themselves
+    /// (tensor-core attention, [`AttentionTiles::build_folded`]): they write no partial
+    /// results, so the batch is one launch group whatever its size.
+    pub folded: bool,
 }
 
 impl AttentionTiles {
@@ -102,6 +106,20 @@ impl AttentionTiles {
             tile_tokens: longest.min(tile_tokens),
             pairs,
             groups,
+            folded: false,
+        }
+    }
+
+    /// [`AttentionTiles::build`] for blocks that fold their partitions themselves: one
+    /// launch group of every token.
+    pub fn build_folded(
+        token_seq: &[i32],
+        positions: &[i32],
+        tile_tokens: usize,
+    ) -> AttentionTiles {
+        AttentionTiles {
+            folded: true,
+            ..AttentionTiles::build(token_seq, positions, tile_tokens, token_seq.len())
         }
     }
 }
@@ -143,6 +161,17 @@ mod tests {
         let (pairs, groups) = tiles(&seq, &pos, 4, 6);
         assert_eq!(pairs, vec![(0, 4), (4, 2), (0, 4)]);
         assert_eq!(groups, vec![0..2, 2..3]);
+    }
+
+    #[test]
+    fn folding_blocks_take_the_batch_in_one_launch_group() {
+        let seq = [0; 10];
+        let pos: Vec<i32> = (0..10).collect();
+        let a = AttentionTiles::build_folded(&seq, &pos, 4);
+        assert!(a.folded);
+        assert_eq!(a.groups, vec![0..3]);
+        assert_eq!(a.pairs, vec![0, 4, 4, 4, 8, 2]);
+        assert!(!AttentionTiles::build(&seq, &pos, 4, 6).folded);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
+use crate::attention_kernels::TENSOR_CORE_KERNELS;
 use crate::error::CudaError;
 use crate::nvrtc_cache::load_or_compile;
 use crate::options::CudaDtype;
@@ -45,7 +46,7 @@ const SOURCES: [(&str, &str); 15] = [
 ];
 
 /// Names of the kernels the program defines.
-pub const KERNEL_NAMES: [&str; 34] = [
+pub const KERNEL_NAMES: [&str; 37] = [
     "embed_gather",
     "add_rms_norm",
     "final_norm_store",
@@ -53,8 +54,11 @@ pub const KERNEL_NAMES: [&str; 34] = [
     "paged_attention",
     "attention_merge",
     "attention_tc_64",
+    "attention_tc_64_fold",
     "attention_tc_128",
+    "attention_tc_128_fold",
     "attention_tc_256",
+    "attention_tc_256_fold",
     "attention_tc_merge",
     "gated_activation",
     "soft_cap",
@@ -117,9 +121,6 @@ pub(crate) const MAX_HEAD_DIM: usize = 256;
 /// (`attention_tc_256`'s).
 pub(crate) const TC_ROWS: usize = 64;
 pub(crate) const TC_MAX_HEAD_DIM: usize = 256;
-/// The largest head dimension whose `attention_tc` blocks can fold a token's partitions
-/// themselves (`CAN_FOLD` in attention_tc.cu).
-pub(crate) const TC_FOLD_MAX_HEAD_DIM: usize = 64;
 
 /// Tokens per tile of `attention_tc_*` for GQA groups of `group` query heads per kv head
 /// (at most [`TC_ROWS`]): every head of the group takes a row for each token.
@@ -243,10 +244,16 @@ impl Kernels {
         // the function is told so; allow the attention what the device offers.
         let optin = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
         let limit = ctx.attribute(optin)?.max(48 << 10);
-        functions[kernel_index("paged_attention")].set_attribute(
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            limit,
-        )?;
+        let dynamic = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        functions[kernel_index("paged_attention")].set_attribute(dynamic, limit)?;
+        // The tensor-core blocks that fold their partitions keep the fold in shared memory
+        // beside their static stages; their need is fixed.
+        for (_, k) in TENSOR_CORE_KERNELS
+            .iter()
+            .filter(|(_, k)| k.fold_shared_bytes > 0)
+        {
+            functions[kernel_index(k.name)].set_attribute(dynamic, k.fold_shared_bytes as i32)?;
+        }
         Ok(Kernels {
             launcher: Launcher::Device {
                 stream: stream.clone(),

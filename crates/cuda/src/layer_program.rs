@@ -28,7 +28,7 @@ use crate::error::CudaError;
 use crate::gemm::Gemm;
 use crate::kernels::{
     tc_tile_tokens, window_parts, AttnShape, DevPtr, Kernels, QkvBuffers, QkvShape,
-    TC_FOLD_MAX_HEAD_DIM, TC_MAX_HEAD_DIM, TC_ROWS,
+    TC_MAX_HEAD_DIM, TC_ROWS,
 };
 use crate::moe_kernels::{Routes, GEMM_K, GEMM_ROUTES_PER_EXPERT};
 use crate::options::CudaDtype;
@@ -111,6 +111,14 @@ pub(crate) fn tensor_core_attention(asked: bool, c: &ModelConfig, dtype: CudaDty
         && group <= TC_ROWS
 }
 
+/// Whether the tensor-core blocks over `tiles` fold each token's partitions themselves
+/// rather than a block per partition (the same bits; see attention_tc.cu): tiles of a
+/// prompt's tokens, and at least `min_blocks` blocks (tiles × kv heads), enough to fill
+/// the device.
+pub(crate) fn tc_folds(tiles: &AttentionTiles, c: &ModelConfig, min_blocks: usize) -> bool {
+    tiles.tile_tokens > 1 && tiles.pairs.len() / 2 * c.num_kv_heads >= min_blocks
+}
+
 impl LayerProgram<'_> {
     /// The attention's tiles of a step (to upload before the layers run): on tensor cores
     /// every step's, decode steps' too (a token a tile); on CUDA cores those of a step with
@@ -120,10 +128,15 @@ impl LayerProgram<'_> {
         let c = self.config;
         let rows = attention_rows(c.num_heads, parts);
         if self.tensor_core_attention {
+            let tile = tc_tile_tokens(c.num_heads / c.num_kv_heads);
+            let whole = AttentionTiles::build_folded(&l.token_seq, &l.positions, tile);
+            if tc_folds(&whole, c, self.tc_fold_min_blocks) {
+                return Some(whole);
+            }
             return Some(AttentionTiles::build(
                 &l.token_seq,
                 &l.positions,
-                tc_tile_tokens(c.num_heads / c.num_kv_heads),
+                tile,
                 rows,
             ));
         }
@@ -225,16 +238,16 @@ impl LayerProgram<'_> {
         let tile_tokens = tiles.map_or(1, |t| t.tile_tokens);
         let launch_parts = window_parts(parts, window, tile_tokens);
         let shape = self.attn_shape(launch_parts, tile_tokens, window);
-        let row_groups = attention_rows(c.num_heads, parts);
         // On tensor cores, a step with a prompt's tiles, enough of them to fill the device,
-        // folds each token's partitions within its block, writing no partial results;
-        // otherwise a token's partitions spread over blocks. Both give the same bits (see
-        // attention_tc.cu).
-        let blocks = tiles.map_or(0, |t| t.pairs.len() / 2) * c.num_kv_heads;
-        let folded = self.tensor_core_attention
-            && tile_tokens > 1
-            && c.head_dim <= TC_FOLD_MAX_HEAD_DIM
-            && blocks >= self.tc_fold_min_blocks;
+        // folds each token's partitions within its block, writing no partial results, in
+        // one launch ([`tc_folds`]); otherwise a token's partitions spread over blocks, in
+        // launches of as many rows as the partial results' buffer holds. Both give the same
+        // bits (see attention_tc.cu).
+        let folded = tiles.is_some_and(|t| t.folded);
+        let row_groups = match folded {
+            true => n,
+            false => attention_rows(c.num_heads, parts),
+        };
         let q_row = (c.q_dim() * 4) as u64;
         let out_row = (c.q_dim() * self.dtype.size()) as u64;
         for (g, first) in (0..n).step_by(row_groups).enumerate() {

@@ -492,14 +492,22 @@ fn profiles(runner: &mut CudaRunner, prompt: &[TokenId]) -> Result<Value> {
     let mut out = json!({ "describe": runner.describe() });
     let prefill = long_prefill_batch(prompt, 8);
     // The prefill with the attention on CUDA cores (the default), then on tensor cores
-    // (`--tensor-core-attention`).
-    for (key, tensor_cores) in [
-        ("prefill_8x2048", false),
-        ("prefill_8x2048_tensor_cores", true),
+    // (`--tensor-core-attention`), the blocks folding their partitions (as the runner has
+    // a prefill this size) and, to weigh that choice, a block per partition.
+    for (key, tensor_cores, fold_min_blocks) in [
+        ("prefill_8x2048", false, None),
+        ("prefill_8x2048_tensor_cores", true, None),
+        (
+            "prefill_8x2048_tensor_cores_per_partition",
+            true,
+            Some(usize::MAX),
+        ),
     ] {
         runner.set_tensor_core_attention(tensor_cores);
+        runner.set_tensor_core_fold_min_blocks(fold_min_blocks);
         let measured = prefill_profile(runner, &prefill, prompt);
         runner.set_tensor_core_attention(false);
+        runner.set_tensor_core_fold_min_blocks(None);
         let (profile, prefill_rate, scoring_rate) = measured?;
         out[key] = to_json(profile);
         out[key]["prefill_tok_s"] = json!(prefill_rate);

@@ -8,9 +8,7 @@ use super::*;
 use crate::attention_kernels::AttnBuffers;
 use crate::attention_tiles::{shared_bytes, tokens_per_tile, AttentionTiles};
 use crate::error::CudaError;
-use crate::kernels::{
-    tc_tile_tokens, window_parts, AttnShape, ATTN_PARTITION, TC_FOLD_MAX_HEAD_DIM,
-};
+use crate::kernels::{tc_tile_tokens, window_parts, AttnShape, ATTN_PARTITION};
 
 const BLOCK: usize = 16;
 
@@ -263,13 +261,7 @@ fn check_tensor_cores(heads: usize, kv_heads: usize, d: usize, lens: &[usize], w
     let q_dim = heads * d;
     let n = s.token_seq.len();
     let parts = s.parts();
-    // Blocks fold their partitions up to head dimension 64; above, every launch is a block
-    // per partition (`per_part`).
-    let per_part = Kernel::TensorCores;
-    let folding = match d <= TC_FOLD_MAX_HEAD_DIM {
-        true => Kernel::TensorCoresFolding,
-        false => per_part,
-    };
+    let (per_part, folding) = (Kernel::TensorCores, Kernel::TensorCoresFolding);
     let tile = tc_tile_tokens(heads / kv_heads);
     let all = s.run_tensor_cores(folding, n, tile, parts);
     for t in 0..s.token_seq.len() {
@@ -310,6 +302,8 @@ fn tensor_core_attention() {
     check_tensor_cores(9, 3, 64, &[300, 5], 0); // over three partitions
     check_tensor_cores(8, 1, 32, &[40, 2], 0);
     check_tensor_cores(2, 1, 128, &[70, 3], 0);
+    // Folds over three partitions with the fold's sums in shared memory (over 64 columns).
+    check_tensor_cores(4, 2, 128, &[300, 9], 0);
     check_tensor_cores(8, 8, 16, &[66], 0);
     // Head dimensions below each kernel's bound: 48 (attention_tc_64), 96 (_128).
     check_tensor_cores(4, 1, 48, &[70, 2], 0);
@@ -328,12 +322,11 @@ fn tensor_core_attention_of_wide_heads() {
 }
 
 /// What no `attention_tc_*` block can hold is refused before anything runs: tiles of more
-/// rows than a block's 64, a fold within the block above head dimension 64, heads wider
-/// than 256 or not a multiple of 16.
+/// rows than a block's 64, heads wider than 256 or not a multiple of 16.
 #[test]
 fn tensor_core_attention_refuses_shapes_its_blocks_cannot_hold() {
     let k = kernels(CudaDtype::Bf16);
-    let refused = |heads: usize, kv_heads: usize, d: usize, tile_tokens: usize, fold: bool| {
+    let refused = |heads: usize, kv_heads: usize, d: usize, tile_tokens: usize| {
         let s = Scene::new(CudaDtype::Bf16, heads, kv_heads, d, &[1]);
         let b = AttnBuffers {
             q: 0,
@@ -344,15 +337,14 @@ fn tensor_core_attention_refuses_shapes_its_blocks_cannot_hold() {
             positions: 0,
             tiles: Some(0),
             out: 0,
-            partials: if fold { 0 } else { 1 },
+            partials: 0,
         };
         let got = k.attention_tc(&b, s.shape(1, tile_tokens), 1, 1);
         matches!(got, Err(CudaError::Unsupported(_)))
     };
-    assert!(refused(4, 1, 64, 17, false)); // 68 rows
-    assert!(refused(2, 1, 128, 2, true));
-    assert!(refused(2, 1, 272, 1, false));
-    assert!(refused(2, 1, 72, 1, false));
+    assert!(refused(4, 1, 64, 17)); // 68 rows
+    assert!(refused(2, 1, 272, 1));
+    assert!(refused(2, 1, 72, 1));
 }
 
 #[test]
