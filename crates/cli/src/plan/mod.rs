@@ -213,8 +213,9 @@ pub fn run(a: PlanArgs) -> Result<()> {
     let (model_name, shape, packs, host) = load_shape(&a)?;
     if hw.kind == DeviceKind::Gpu && shape.experts > 0 {
         eprintln!(
-            "tandem: note: tandem's CUDA runner does not run mixtures of experts yet; this plan \
-             is what the hardware's roofline allows"
+            "tandem: note: this plan prices the experts' products at the dense products' \
+             calibrated rate for as many rows as an expert sees; tandem's CUDA runner runs \
+             them with its own tensor-core kernel, whose rate is not calibrated yet"
         );
     }
     let kv_dtype = match (a.engine.kv_cache_dtype, hw.kind) {
