@@ -29,9 +29,8 @@
 // context spreads over many blocks) and attention_tc_merge folds the partial results of a
 // token spanning several; in the `_fold` kernels, the block walks every partition and
 // folds each as it closes it (fold_term, the same operations in the same order; the
-// fold's value sums of a warp wider than 64 columns take dynamic shared memory, OJ * 512
-// bytes a warp). Either way a token's partitions are computed alike in a prefill tile and
-// in a decode step. The block walks the positions from the first any token of the tile
+// fold's value sums take dynamic shared memory, OJ * 512 bytes a warp). Either way a
+// token's partitions are computed alike in a prefill tile and in a decode step. The block walks the positions from the first any token of the tile
 // sees to the last token's position, a chunk at a time: its threads copy the chunk's key
 // and value rows of the block's kv head into shared memory by cp.async (zeros past the
 // last position), the next chunk's copies in flight while each warp computes on this one:
@@ -182,21 +181,13 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
     // When folding: the partitions so far, folded (see fold_term), and the fold of the
     // partition just walked into them, which then starts afresh. A partition in which a
     // row sees nothing (max still -inf) leaves the row's fold as it is. The fold's value
-    // sums, a second set of the warp's accumulators, stay in registers up to 64 columns a
-    // warp; wider, they would spill, and live in dynamic shared memory instead, each lane's
-    // own (OJ * 128 floats a warp, lane-minor: no bank conflicts, no barrier).
+    // sums, a second set of the warp's accumulators, live in dynamic shared memory, each
+    // lane's own (OJ * 128 floats a warp, lane-minor: no bank conflicts, no barrier): in
+    // registers they would spill at 128 columns and cost a block per multiprocessor at 64.
     float fold_m[2] = {NEG_INF, NEG_INF};
     float fold_l[2] = {0.0f, 0.0f};
-    constexpr bool FOLD_IN_REGISTERS = OJ <= 8;
-    float fold_r[FOLD_IN_REGISTERS ? OJ : 1][4];
     float* fold_s = reinterpret_cast<float*>(attn_shared) + (threadIdx.x >> 5) * (OJ * 128) + lane;
-    auto fold_o = [&](int j, int c) -> float& {
-        if constexpr (FOLD_IN_REGISTERS) {
-            return fold_r[j][c];
-        } else {
-            return fold_s[(j * 4 + c) * 32];
-        }
-    };
+    auto fold_o = [&](int j, int c) -> float& { return fold_s[(j * 4 + c) * 32]; };
     if (fold) {
 #pragma unroll
         for (int j = 0; j < OJ; ++j) {
@@ -421,9 +412,9 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
 // q: [n, num_heads * d] f32; k_cache, v_cache: [slots, kv_dim] bf16; out: [n, q_dim] bf16.
 // The other arguments as paged_attention's (attention.cu), partials and the grid's
 // partitions (z) included; s.tile_tokens is ignored (blocks are TC_ROWS rows). The
-// `_fold` kernels' blocks fold their partitions themselves (grid z 1, partials unused);
-// attention_tc_128_fold and _256_fold take 512 bytes of dynamic shared memory per 8
-// columns of a warp for the fold: 32 KiB and 64 KiB. Each variant is its own kernel so
+// `_fold` kernels' blocks fold their partitions themselves (grid z 1, partials unused)
+// and take 512 bytes of dynamic shared memory per 8 columns of a warp for the fold: 16,
+// 32 and 64 KiB. Each variant is its own kernel so
 // that the one of a block per partition, which decode steps run, keeps its registers.
 extern "C" __global__ void attention_tc_64(const float* q, const act_t* k_cache,
                                            const act_t* v_cache, const int* block_tables,

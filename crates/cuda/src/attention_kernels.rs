@@ -34,8 +34,8 @@ pub(crate) struct TensorCoreKernel {
 
 /// The `attention_tc_*` kernels, narrowest head first (see attention_tc.cu): each one's
 /// registers hold the columns up to its bound; `attention_tc_256` splits the columns
-/// between two warps per 16 rows. A warp's fold of more than 64 columns keeps its value
-/// sums in shared memory, 512 bytes per 8 columns.
+/// between two warps per 16 rows. A folding warp keeps the fold's value sums in shared
+/// memory, 512 bytes per 8 of its columns.
 pub(crate) const TENSOR_CORE_KERNELS: [(usize, TensorCoreKernel); 3] = [
     (
         64,
@@ -43,7 +43,7 @@ pub(crate) const TENSOR_CORE_KERNELS: [(usize, TensorCoreKernel); 3] = [
             name: "attention_tc_64",
             fold_name: "attention_tc_64_fold",
             threads: 128,
-            fold_shared_bytes: 0,
+            fold_shared_bytes: 4 * 8 * 512,
         },
     ),
     (
@@ -198,8 +198,7 @@ mod tests {
     use super::*;
 
     /// The dynamic shared memory of a folding launch is what attention_tc.cu lays out: per
-    /// warp, 128 floats per 8 of its columns (`OJ * 128`) when a warp sums more than 64
-    /// columns, nothing when its registers hold the fold. A launch given less would
+    /// warp, 128 floats per 8 of its columns (`OJ * 128`). A launch given less would
     /// overrun it on the GPU, which the emulator, whose buffer is always large, cannot show.
     #[test]
     fn folding_blocks_get_the_shared_memory_their_warps_fold_in() {
@@ -207,10 +206,7 @@ mod tests {
             let warps = k.threads as usize / 32;
             let slices = warps / 4; // TC_WARPS warps of rows per slice
             let columns = bound / slices; // a warp's
-            let want = match columns <= 64 {
-                true => 0,
-                false => warps * columns / 8 * 128 * 4,
-            };
+            let want = warps * columns / 8 * 128 * 4;
             assert_eq!(k.fold_shared_bytes as usize, want, "{}", k.fold_name);
             assert_eq!(tensor_core_kernel(bound), Some(k));
         }

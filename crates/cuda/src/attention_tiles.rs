@@ -5,7 +5,8 @@
 //! sequence shares the same rows as well, so a prefill chunk reads its context once per
 //! tile instead of once per token. Decode steps (one token per sequence) use tiles of one
 //! token and no tile table. Tiles never cross a launch group: the attention runs in groups
-//! of rows whose partial results fit the workspace's buffer.
+//! of rows whose partial results fit the workspace's buffer, or, when its blocks fold their
+//! partitions themselves (tensor cores, a prompt's tiles), in one launch of every row.
 //!
 //! The tiling changes no result: each warp computes its own token's attention with the
 //! same arithmetic whatever tile, block shape or launch it is in.

@@ -248,11 +248,9 @@ impl Kernels {
         functions[kernel_index("paged_attention")].set_attribute(dynamic, limit)?;
         // The tensor-core blocks that fold their partitions keep the fold in shared memory
         // beside their static stages; their need is fixed.
-        for (_, k) in TENSOR_CORE_KERNELS
-            .iter()
-            .filter(|(_, k)| k.fold_shared_bytes > 0)
-        {
-            functions[kernel_index(k.name)].set_attribute(dynamic, k.fold_shared_bytes as i32)?;
+        for (_, k) in TENSOR_CORE_KERNELS {
+            let bytes = k.fold_shared_bytes as i32;
+            functions[kernel_index(k.fold_name)].set_attribute(dynamic, bytes)?;
         }
         Ok(Kernels {
             launcher: Launcher::Device {
