@@ -43,7 +43,7 @@ constexpr Kernel entry(const char* name) {
 
 // Runs kernel `name` of `table` on `grid` blocks of `block` threads (x only) with `shared`
 // bytes of dynamic shared memory in `dynamic` (`capacity` bytes). Returns 0, or -1 with a
-// message in `err`.
+// message in `err` (also when a block wrote past its `shared` bytes).
 int launch(const Kernel* table, size_t count, const char* name, const unsigned* grid,
            unsigned block, unsigned shared, unsigned char* dynamic, size_t capacity,
            void** args, size_t num_args, char* err, size_t err_len);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -306,6 +307,10 @@ uint64_t* warp_area(unsigned lane) {
     return &running->areas[16 * (32 * (size_t)my_warp() + lane)];
 }
 
+// Bytes past a launch's dynamic shared memory checked after each block, and their pattern.
+constexpr size_t GUARD_BYTES = 4096;
+constexpr unsigned char GUARD_BYTE = 0xa5;
+
 int launch(const Kernel* table, size_t count, const char* name, const unsigned* grid,
            unsigned block, unsigned shared, unsigned char* dynamic, size_t capacity,
            void** args, size_t num_args, char* err, size_t err_len) {
@@ -340,6 +345,7 @@ int launch(const Kernel* table, size_t count, const char* name, const unsigned* 
     if (!stacks.ok()) {
         return fail("no memory for " + std::to_string(block) + " fiber stacks");
     }
+    size_t guard = std::min(GUARD_BYTES, capacity - shared);
     Block b;
     b.dim = Dim3{block, 1, 1};
     b.grid = Dim3{grid[0], grid[1], grid[2]};
@@ -352,11 +358,21 @@ int launch(const Kernel* table, size_t count, const char* name, const unsigned* 
             for (unsigned x = 0; x < grid[0] && problem.empty(); ++x) {
                 b.index = Dim3{x, y, z};
                 // Shared memory starts as garbage: all ones (NaN as floats) makes a read
-                // of bytes nobody stored show.
+                // of bytes nobody stored show. The bytes past the launch's dynamic shared
+                // memory hold a guard pattern, so that a block writing past its share
+                // (which a GPU may not report) fails the launch.
                 memset(dynamic, 0xff, shared);
+                memset(dynamic + shared, GUARD_BYTE, guard);
                 poison_shared();
                 bool odd = ((size_t)z * grid[1] * grid[0] + (size_t)y * grid[0] + x) % 2 == 1;
                 problem = run_block(b, stacks, odd);
+                for (size_t i = 0; i < guard && problem.empty(); ++i) {
+                    if (dynamic[shared + i] != GUARD_BYTE) {
+                        problem = "a block wrote past its " + std::to_string(shared) +
+                                  " bytes of dynamic shared memory (at byte " +
+                                  std::to_string(shared + i) + ")";
+                    }
+                }
             }
         }
     }

@@ -19,36 +19,35 @@
 //
 // Grid: (tiles, num_kv_heads, num_parts), or (tiles, num_kv_heads, 1) when the blocks fold
 // their partitions themselves; block: TC_WARPS warps per slice of the head's columns (one
-// slice, but two in attention_tc_256: below). A tile is up to TC_ROWS / group
-// consecutive tokens of one sequence at consecutive positions (the `tiles` table as in
-// attention.cu, built for that many tokens), and the block's TC_ROWS query rows are its
-// (token, query head of the kv head's group) pairs, token-major; warp w takes rows
-// [16 w, 16 w + 16) (of slice w % slices: [16 (w / slices), ..)). The context is split
-// into the partitions paged_attention uses, counted the same way. In the kernels of a
-// block per partition, a block takes one partition (flash-decoding: a decode step's long
-// context spreads over many blocks) and attention_tc_merge folds the partial results of a
-// token spanning several; in the `_fold` kernels, the block walks every partition and
-// folds each as it closes it (fold_term, the same operations in the same order; the
-// fold's value sums take dynamic shared memory, OJ * 512 bytes a warp). Either way a
-// token's partitions are computed alike in a prefill tile and in a decode step. The block walks the positions from the first any token of the tile
-// sees to the last token's position, a chunk at a time: its threads copy the chunk's key
-// and value rows of the block's kv head into shared memory by cp.async (zeros past the
-// last position), the next chunk's copies in flight while each warp computes on this one:
-// its scores, the positions each row does not see masked (after its own: causal; before
-// its window), its running maxima and sums, and the values' sum. Fragments come from shared
-// memory by ldmatrix: the key rows as B of the scores, the value rows transposed as B of
-// the values.
+// slice, but two in attention_tc_256: below). A tile is up to TC_ROWS / group consecutive
+// tokens of one sequence at consecutive positions (the `tiles` table as in attention.cu,
+// built for that many tokens), and the block's TC_ROWS query rows are its (token, query
+// head of the kv head's group) pairs, token-major; warp w takes rows [16 w, 16 w + 16) (of
+// slice w % slices: [16 (w / slices), ..)). The context is split into the partitions
+// paged_attention uses, counted the same way. In the kernels of a block per partition, a
+// block takes one partition (flash-decoding: a decode step's long context spreads over many
+// blocks) and attention_tc_merge folds the partial results of a token spanning several; in
+// the `_fold` kernels, the block walks every partition and folds each as it closes it
+// (fold_term, the same operations in the same order; the fold's value sums take dynamic
+// shared memory, OJ * 512 bytes a warp). Either way a token's partitions are computed alike
+// in a prefill tile and in a decode step. The block walks the positions from the first any
+// token of the tile sees to the last token's position, a chunk at a time: its threads copy
+// the chunk's key and value rows of the block's kv head into shared memory by cp.async
+// (zeros past the last position), the next chunk's copies in flight while each warp
+// computes on this one: its scores, the positions each row does not see masked (after its
+// own: causal; before its window), its running maxima and sums, and the values' sum.
+// Fragments come from shared memory by ldmatrix: the key rows as B of the scores, the value
+// rows transposed as B of the values.
 //
-// One kernel per bound on the head dimension (and its `_fold` twin), so that registers
-// hold what the head needs:
-// attention_tc_64 serves head dimensions 16 to 64, attention_tc_128 80 to 128 and
-// attention_tc_256 144 to 256 (multiples of 16). A chunk is 64, 32 and 16 positions, so
-// that two stages of keys and values stay within 48 KiB of static shared memory. A warp
-// of attention_tc_256 could not hold its rows' query fragments and all 256 columns of
-// their value sums without spilling, so the head's columns are split in two slices
-// (SLICES): two warps take the same 16 rows, both compute the rows' scores and softmax
-// (the same operations on the same values: the same bits), and each sums the values of
-// its half of the columns (16-column pairs alternate between the slices). A column's sum
+// One kernel per bound on the head dimension (and its `_fold` twin), so that registers hold
+// what the head needs: attention_tc_64 serves head dimensions 16 to 64, attention_tc_128 80
+// to 128 and attention_tc_256 144 to 256 (multiples of 16). A chunk is 64, 32 and 16
+// positions, so that two stages of keys and values stay within 48 KiB of static shared
+// memory. A warp of attention_tc_256 could not hold its rows' query fragments and all 256
+// columns of their value sums without spilling, so the head's columns are split in two
+// slices (SLICES): two warps take the same 16 rows, both compute the rows' scores and
+// softmax (the same operations on the same values: the same bits), and each sums the values
+// of its half of the columns (16-column pairs alternate between the slices). A column's sum
 // is the same chain of products whichever warp computes it.
 
 #define TC_WARPS 4
@@ -411,11 +410,12 @@ __device__ __forceinline__ void attention_tc_tiles(const float* q, const act_t* 
 
 // q: [n, num_heads * d] f32; k_cache, v_cache: [slots, kv_dim] bf16; out: [n, q_dim] bf16.
 // The other arguments as paged_attention's (attention.cu), partials and the grid's
-// partitions (z) included; s.tile_tokens is ignored (blocks are TC_ROWS rows). The
-// `_fold` kernels' blocks fold their partitions themselves (grid z 1, partials unused)
-// and take 512 bytes of dynamic shared memory per 8 columns of a warp for the fold: 16,
-// 32 and 64 KiB. Each variant is its own kernel so
-// that the one of a block per partition, which decode steps run, keeps its registers.
+// partitions (z) included; s.tile_tokens is ignored (blocks are TC_ROWS rows). The `_fold`
+// kernels' blocks fold their partitions themselves (grid z 1, partials unused) and take 512
+// bytes of dynamic shared memory per 8 columns of a warp for the fold: 16, 32 and 64 KiB
+// (beside the stages, over 48 KiB a block: Kernels::load opts them in where the device
+// allows, and otherwise no step folds). Each variant is its own kernel so that the one of a block per partition, which decode
+// steps run, keeps its registers.
 extern "C" __global__ void attention_tc_64(const float* q, const act_t* k_cache,
                                            const act_t* v_cache, const int* block_tables,
                                            const int* token_seq, const int* positions,

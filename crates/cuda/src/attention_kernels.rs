@@ -153,8 +153,9 @@ impl Kernels {
     /// required; `shape.tile_tokens` the longest), per kv head and partition, then the fold
     /// of the partitions of tokens whose context spans several (`attention_tc_merge`); or,
     /// when `b.partials` is 0, per kv head only, each block folding its partitions itself
-    /// (the same bits, no partial results written: for prefill, whose tiles are many). The kernel is the narrowest whose
-    /// registers hold the head ([`tensor_core_kernel`]), up to [`TC_MAX_HEAD_DIM`].
+    /// (the same bits, no partial results written: for prefill, whose tiles are many). The
+    /// kernel is the narrowest whose registers hold the head ([`tensor_core_kernel`]), up
+    /// to [`TC_MAX_HEAD_DIM`].
     pub fn attention_tc(
         &self,
         b: &AttnBuffers,
@@ -180,6 +181,12 @@ impl Kernels {
             )));
         };
         let folded = b.partials == 0;
+        if folded && !self.tensor_core_folds(d) {
+            return Err(CudaError::Unsupported(format!(
+                "this device's blocks cannot take {}'s shared memory",
+                kernel.fold_name
+            )));
+        }
         let (name, parts, shared) = match folded {
             true => (kernel.fold_name, 1, kernel.fold_shared_bytes),
             false => (kernel.name, shape.num_parts as u32, 0),

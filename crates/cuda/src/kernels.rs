@@ -219,6 +219,9 @@ pub(crate) struct Kernels {
     launcher: Launcher,
     /// Bytes of dynamic shared memory an attention block may take on this device.
     attention_shared_limit: usize,
+    /// For each of [`TENSOR_CORE_KERNELS`], whether this device's blocks can take its
+    /// `_fold` twin's shared memory.
+    tensor_core_folds: [bool; TENSOR_CORE_KERNELS.len()],
     /// Bytes of the storage type (`act_t`).
     pub(crate) act_size: usize,
 }
@@ -240,17 +243,23 @@ impl Kernels {
             .iter()
             .map(|name| module.load_function(name))
             .collect::<Result<Vec<_>, _>>()?;
-        // Blocks may take more than the default 48 KiB of dynamic shared memory only when
-        // the function is told so; allow the attention what the device offers.
+        // A block may take more than 48 KiB of shared memory, static and dynamic together,
+        // only when its function is told so; allow the attention what the device offers.
         let optin = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
         let limit = ctx.attribute(optin)?.max(48 << 10);
         let dynamic = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
         functions[kernel_index("paged_attention")].set_attribute(dynamic, limit)?;
         // The tensor-core blocks that fold their partitions keep the fold in shared memory
-        // beside their static stages; their need is fixed.
-        for (_, k) in TENSOR_CORE_KERNELS {
+        // beside their static stages, a fixed need; a device whose blocks cannot take it
+        // runs those steps a block per partition instead (the same bits).
+        let mut tensor_core_folds = [false; TENSOR_CORE_KERNELS.len()];
+        for ((_, k), folds) in TENSOR_CORE_KERNELS.iter().zip(&mut tensor_core_folds) {
+            let function = &functions[kernel_index(k.fold_name)];
             let bytes = k.fold_shared_bytes as i32;
-            functions[kernel_index(k.fold_name)].set_attribute(dynamic, bytes)?;
+            *folds = function.shared_size_bytes()? + bytes <= limit;
+            if *folds {
+                function.set_attribute(dynamic, bytes)?;
+            }
         }
         Ok(Kernels {
             launcher: Launcher::Device {
@@ -258,6 +267,7 @@ impl Kernels {
                 functions,
             },
             attention_shared_limit: limit as usize,
+            tensor_core_folds,
             act_size: dtype.size(),
         })
     }
@@ -279,6 +289,7 @@ impl Kernels {
         Ok(Kernels {
             launcher: Launcher::Emulated(emulator),
             attention_shared_limit: 232_448, // an H100's or H200's opt-in limit
+            tensor_core_folds: [true; TENSOR_CORE_KERNELS.len()],
             act_size: dtype.size(),
         })
     }
@@ -286,6 +297,16 @@ impl Kernels {
     /// Bytes of dynamic shared memory an attention block may take.
     pub fn attention_shared_limit(&self) -> usize {
         self.attention_shared_limit
+    }
+
+    /// Whether the tensor-core attention of heads of `head_dim` can run blocks that fold
+    /// their partitions themselves on this device (see [`TENSOR_CORE_KERNELS`]).
+    pub(crate) fn tensor_core_folds(&self, head_dim: usize) -> bool {
+        TENSOR_CORE_KERNELS
+            .iter()
+            .zip(self.tensor_core_folds)
+            .find(|((bound, _), _)| head_dim <= *bound)
+            .is_some_and(|(_, folds)| folds)
     }
 
     /// Launches kernel `name` on a `grid` of blocks of `block` threads.

@@ -130,7 +130,8 @@ impl LayerProgram<'_> {
         if self.tensor_core_attention {
             let tile = tc_tile_tokens(c.num_heads / c.num_kv_heads);
             let whole = AttentionTiles::build_folded(&l.token_seq, &l.positions, tile);
-            if tc_folds(&whole, c, self.tc_fold_min_blocks) {
+            let folds = self.kernels.tensor_core_folds(c.head_dim);
+            if folds && tc_folds(&whole, c, self.tc_fold_min_blocks) {
                 return Some(whole);
             }
             return Some(AttentionTiles::build(

@@ -175,9 +175,9 @@ fn processing_of(history: &[TokenId], vocab: usize) -> LogitProcessing {
 /// The tensor-core attention against the tiled kernel: the largest difference of the
 /// teacher-forced logprobs of `tokens`, and the rate of a prefill of 8 x 2,048 tokens with
 /// each (the same in f32 mode, where it does not apply); and with tensor cores, greedy
-/// decode one token at a time against scoring (bitwise equal: 0), with the scoring's blocks
-/// folding their partitions (as long prompts run) and a block per partition (as short
-/// ones do).
+/// decode one token at a time against scoring (bitwise equal: 0), and over three
+/// partitions with the scoring's blocks folding their partitions (as long prompts run) and
+/// a block per partition (as short ones do).
 pub(crate) fn tensor_cores(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value> {
     let (tiled, _) = score(runner, tokens, 0)?;
     let tiled_rate = long_prefill(runner, tokens)?;
@@ -187,10 +187,13 @@ pub(crate) fn tensor_cores(runner: &mut CudaRunner, tokens: &[TokenId]) -> Resul
         let rate = long_prefill(runner, tokens)?;
         let prompt = &tokens[..64.min(tokens.len())];
         let decode = decode_vs_forward(runner, prompt, 32)?;
+        // Over three partitions, so that the scoring's blocks fold several while each
+        // decode step's partitions are merged by attention_tc_merge.
+        let long = &tokens[..300.min(tokens.len())];
         runner.set_tensor_core_fold_min_blocks(Some(0));
-        let folded = decode_vs_forward(runner, prompt, 32);
+        let folded = decode_vs_forward(runner, long, 32);
         runner.set_tensor_core_fold_min_blocks(Some(usize::MAX));
-        let per_partition = decode_vs_forward(runner, prompt, 32);
+        let per_partition = decode_vs_forward(runner, long, 32);
         anyhow::Ok((scored, rate, decode, folded?, per_partition?))
     })();
     runner.set_tensor_core_attention(false);

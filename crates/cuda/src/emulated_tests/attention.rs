@@ -302,7 +302,7 @@ fn tensor_core_attention() {
     check_tensor_cores(9, 3, 64, &[300, 5], 0); // over three partitions
     check_tensor_cores(8, 1, 32, &[40, 2], 0);
     check_tensor_cores(2, 1, 128, &[70, 3], 0);
-    // Folds over three partitions with the fold's sums in shared memory (over 64 columns).
+    // Folds over three partitions (the fold's value sums in shared memory).
     check_tensor_cores(4, 2, 128, &[300, 9], 0);
     check_tensor_cores(8, 8, 16, &[66], 0);
     // Head dimensions below each kernel's bound: 48 (attention_tc_64), 96 (_128).

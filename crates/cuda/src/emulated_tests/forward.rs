@@ -38,6 +38,10 @@ struct Mode {
     weights: CudaWeights,
     from_codes: bool,
     tensor_cores: bool,
+    /// With tensor cores, whether the blocks of a step with a prompt's tiles fold their
+    /// partitions themselves (the runner's choice for steps that fill the device; here
+    /// every such step) or take a block per partition, as smaller steps do.
+    folds: bool,
 }
 
 /// The runner's buffers, in host memory.
@@ -224,9 +228,9 @@ impl Emulated {
                 c,
                 self.mode.dtype,
             ),
-            // Every step with a prompt's tiles folds (the runner's bar is for device-sized
-            // steps), so that prefill folds and decode merges.
-            tc_fold_min_blocks: 0,
+            // The runner's bar is for device-sized steps: here every step with a prompt's
+            // tiles folds, or none does.
+            tc_fold_min_blocks: if self.mode.folds { 0 } else { usize::MAX },
             weights: &self.weight_ptrs,
             kv: &self.kv_ptrs,
             ws: self.ws_ptrs,
@@ -362,6 +366,7 @@ fn modes(dtype: CudaDtype, format: CudaWeights, experts: bool) -> Vec<Mode> {
         weights: format,
         from_codes: true,
         tensor_cores: false,
+        folds: true,
     };
     let tensor_cores = Mode {
         tensor_cores: true,
@@ -491,6 +496,7 @@ fn batch_invariant_products_keep_a_sequence_bitwise_alone_or_batched() {
                 weights: CudaWeights::Dense,
                 from_codes: false,
                 tensor_cores: false,
+                folds: true,
             };
             let mut batched = Emulated::new(&host, mode, 160);
             let mut alone = Emulated::new(&host, mode, 160);
@@ -548,7 +554,13 @@ fn check_decode_equals_scoring(name: &str, dtype: CudaDtype, modes: &[Mode]) {
     let dir = temp_dir(&format!("{name}-{}-decode-forward", dtype.name()));
     write_model(&spec, dtype, CudaWeights::Dense, &dir);
     let host = load(&dir);
-    for &mode in modes {
+    // With tensor cores, prefill folding partitions and prefill a block per partition.
+    let per_partition = modes
+        .iter()
+        .filter(|m| m.tensor_cores)
+        .map(|&m| Mode { folds: false, ..m });
+    let modes: Vec<Mode> = modes.iter().copied().chain(per_partition).collect();
+    for mode in modes {
         // A mode asking for tensor cores gets them (the check is not of the other kernel).
         let on_tensor_cores = tensor_core_attention(mode.tensor_cores, &host.config, dtype);
         assert_eq!(on_tensor_cores, mode.tensor_cores, "{name} {mode:?}");
