@@ -17,7 +17,9 @@ extern "C" __global__ void embed_gather(const act_t* table, const int* tokens, f
 // gate_up: [n, 2 * ff] f32, gate in the first half of a row, up in the second;
 // out: [n, ff] act_t = act(gate) * up, where act is SiLU, computed as
 // gate / (1 + exp(-gate)) (`gelu` 0: SwiGLU), or GELU's tanh approximation,
-// 0.5 gate (1 + tanh(sqrt(2 / pi) (gate + 0.044715 gate^3))) (`gelu` 1: GeGLU).
+// 0.5 gate (1 + tanh(y)), y = sqrt(2 / pi) (gate + 0.044715 gate^3) (`gelu` 1: GeGLU),
+// computed as gate / (1 + exp(-2 y)), the same function, as the CPU computes it: one
+// exponential, and no cancellation where tanh(y) nears -1.
 // Grid: (n rows, ceil(ff / blockDim.x)); one element per thread.
 extern "C" __global__ void gated_activation(const float* gate_up, act_t* out, int ff,
                                             int gelu) {
@@ -30,8 +32,8 @@ extern "C" __global__ void gated_activation(const float* gate_up, act_t* out, in
     float x = g[i];
     float a;
     if (gelu) {
-        float inner = 0.7978846f * (x + 0.044715f * x * x * x);
-        a = 0.5f * x * (1.0f + tanhf(inner));
+        float two_y = 1.5957692f * (x + 0.044715f * x * x * x);
+        a = x / (1.0f + expf(-two_y));
     } else {
         a = x / (1.0f + expf(-x));
     }
