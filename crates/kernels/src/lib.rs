@@ -21,6 +21,7 @@ pub mod ops;
 pub mod packed;
 pub mod parallel;
 pub mod quant;
+pub mod row_max;
 mod simd;
 pub mod thread_pool;
 

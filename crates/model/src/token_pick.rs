@@ -35,8 +35,7 @@ impl TokenPick {
     /// The greedy pick of a logits row (the lowest id of its maximum); `None` as
     /// [`TokenPick::of_row`].
     pub fn greedy(row: &[f32]) -> Option<TokenPick> {
-        let max = row_max(row)?;
-        let token = row.iter().position(|&v| v == max)?;
+        let (token, max) = tandem_kernels::row_max::greedy(row)?;
         let sum = tandem_kernels::exp_sum::exp_sum(row, max);
         TokenPick::from_stats(token as i64, max, max, sum)
     }
@@ -86,11 +85,7 @@ pub fn top_logprobs_of(row: &[f32], n: usize, lse: f64, ids: &mut Vec<u32>) -> V
         .collect()
 }
 
-/// The maximum of a row whose values are all finite (one pass: an infinity or a NaN makes
-/// the fold's result non-finite or is caught by the flag).
+/// The maximum of a row whose values are all finite (see [`tandem_kernels::row_max`]).
 fn row_max(row: &[f32]) -> Option<f32> {
-    let (max, finite) = row.iter().fold((f32::NEG_INFINITY, true), |(m, ok), &v| {
-        (m.max(v), ok && v.is_finite())
-    });
-    (max.is_finite() && finite).then_some(max)
+    tandem_kernels::row_max::greedy(row).map(|(_, max)| max)
 }
