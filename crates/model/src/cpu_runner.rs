@@ -9,6 +9,7 @@ use crate::error::{ModelError, Result};
 use crate::kv_store::{KvDtype, KvStore};
 use crate::logits::Logits;
 use crate::runner::{check_block_copies, slot_of, KvGeometry, ModelRunner};
+use crate::token_pick::TokenPick;
 use crate::transformer::Model;
 
 /// The size of a runner's KV pool.
@@ -60,6 +61,11 @@ impl ModelRunner for CpuRunner {
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits> {
         self.model.forward(batch, &mut self.kv)
+    }
+
+    fn forward_greedy(&mut self, batch: &ForwardBatch) -> Result<Vec<Option<TokenPick>>> {
+        let logits = self.model.forward(batch, &mut self.kv)?;
+        Ok(self.model.greedy_picks(&logits))
     }
 
     fn copy_blocks(&mut self, copies: &[(BlockId, BlockId)]) -> Result<()> {

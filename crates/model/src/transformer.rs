@@ -21,6 +21,7 @@ use crate::kv_store::{KvDtype, KvStore};
 use crate::logits::Logits;
 use crate::packed_weights::{NormedInput, PackedWeights};
 use crate::scratch::{Activations, BatchLayout, RopeTable, Scratch};
+use crate::token_pick::TokenPick;
 use crate::weights::{TensorHandle, TensorSet};
 
 pub(crate) use moe::MoeScratch;
@@ -141,6 +142,17 @@ impl Model {
     /// Number of worker threads the kernels use.
     pub fn threads(&self) -> usize {
         self.pool.n_threads()
+    }
+
+    /// The greedy pick of every row of `logits` ([`TokenPick::greedy`]), the rows spread
+    /// over the model's threads: each row's scans of the vocabulary are its own, so the
+    /// picks are those of a loop over the rows.
+    pub fn greedy_picks(&self, logits: &Logits) -> Vec<Option<TokenPick>> {
+        let mut picks = vec![None; logits.num_rows()];
+        for_each_chunk_mut(&self.pool, &mut picks, 1, |r, pick| {
+            pick[0] = TokenPick::greedy(logits.row(r));
+        });
+        picks
     }
 
     /// Total bytes of weights.
