@@ -176,6 +176,21 @@ mod tests {
     }
 
     #[test]
+    fn one_launch_group_cut_either_way_is_the_same_table() {
+        let seq = [0, 0, 0, 1, 1, 2, 2, 2, 2];
+        let pos = [4, 5, 6, 0, 1, 7, 8, 9, 10];
+        let folded = AttentionTiles::build_folded(&seq, &pos, 3);
+        let grouped = AttentionTiles::build(&seq, &pos, 3, seq.len());
+        assert_eq!(
+            AttentionTiles {
+                folded: false,
+                ..folded
+            },
+            grouped
+        );
+    }
+
+    #[test]
     fn a_position_gap_starts_a_new_tile() {
         let (pairs, _) = tiles(&[0, 0, 0], &[0, 1, 3], 8, 64);
         assert_eq!(pairs, vec![(0, 2), (2, 1)]);

@@ -134,6 +134,13 @@ impl LayerProgram<'_> {
             if folds && tc_folds(&whole, c, self.tc_fold_min_blocks) {
                 return Some(whole);
             }
+            if l.tokens.len() <= rows {
+                // One launch group either way (every decode step): the same table.
+                return Some(AttentionTiles {
+                    folded: false,
+                    ..whole
+                });
+            }
             return Some(AttentionTiles::build(
                 &l.token_seq,
                 &l.positions,

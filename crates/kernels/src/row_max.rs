@@ -23,7 +23,7 @@ fn fold_lanes(max: &mut [f32; LANES], finite: &mut [bool; LANES], values: &[f32]
 }
 
 #[inline(always)]
-fn greedy_portable(row: &[f32]) -> Option<(usize, f32)> {
+fn max_finite_portable(row: &[f32]) -> Option<f32> {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let mut finite = [true; LANES];
     let chunks = row.chunks_exact(LANES);
@@ -35,60 +35,72 @@ fn greedy_portable(row: &[f32]) -> Option<(usize, f32)> {
     let max = lanes
         .iter()
         .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
-    if !finite.iter().all(|&f| f) || !max.is_finite() {
-        return None;
-    }
-    let chunks = row.chunks_exact(LANES);
-    let tail_start = row.len() - chunks.remainder().len();
-    for (k, c) in chunks.enumerate() {
-        if c.iter().fold(false, |hit, &v| hit | (v == max)) {
-            return c
-                .iter()
-                .position(|&v| v == max)
-                .map(|i| (k * LANES + i, max));
-        }
-    }
-    row[tail_start..]
-        .iter()
-        .position(|&v| v == max)
-        .map(|i| (tail_start + i, max))
+    (finite.iter().all(|&f| f) && max.is_finite()).then_some(max)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl")]
-unsafe fn greedy_avx512(row: &[f32]) -> Option<(usize, f32)> {
-    greedy_portable(row)
+unsafe fn max_finite_avx512(row: &[f32]) -> Option<f32> {
+    max_finite_portable(row)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn greedy_avx2(row: &[f32]) -> Option<(usize, f32)> {
-    greedy_portable(row)
+unsafe fn max_finite_avx2(row: &[f32]) -> Option<f32> {
+    max_finite_portable(row)
 }
 
-/// The first index of the maximum of `row` and the maximum, with the process-wide kernel
-/// variant ([`isa::active`]); `None` when the row is empty or holds an infinity or a NaN.
-pub fn greedy(row: &[f32]) -> Option<(usize, f32)> {
-    greedy_with(isa::active(), row)
+/// The maximum of `row`, with the process-wide kernel variant ([`isa::active`]); `None`
+/// when the row is empty or holds an infinity or a NaN.
+pub fn max_finite(row: &[f32]) -> Option<f32> {
+    max_finite_with(isa::active(), row)
 }
 
-/// [`greedy`] with an explicit variant (all variants give the same result).
-pub fn greedy_with(isa: Isa, row: &[f32]) -> Option<(usize, f32)> {
+/// [`max_finite`] with an explicit variant (all variants give the same result).
+pub fn max_finite_with(isa: Isa, row: &[f32]) -> Option<f32> {
     #[cfg(target_arch = "x86_64")]
     {
         let avx512 = matches!(isa, Isa::Avx512 | Isa::Avx512Int8) && isa.is_available();
         let avx2 = matches!(isa, Isa::Avx2 | Isa::Avx2Int8) && isa.is_available();
         if avx512 {
             // SAFETY: the CPU has AVX-512 F and VL (`is_available` checked just above).
-            return unsafe { greedy_avx512(row) };
+            return unsafe { max_finite_avx512(row) };
         }
         if avx2 {
             // SAFETY: the CPU has AVX2 (`is_available` checked just above).
-            return unsafe { greedy_avx2(row) };
+            return unsafe { max_finite_avx2(row) };
         }
     }
     let _ = isa;
-    greedy_portable(row)
+    max_finite_portable(row)
+}
+
+/// The first index of `value` in `row`, 16 values at a time (the comparisons of a chunk
+/// vectorize; the chunk holding it is then searched one by one).
+fn first_index(row: &[f32], value: f32) -> Option<usize> {
+    let chunks = row.chunks_exact(LANES);
+    let tail_start = row.len() - chunks.remainder().len();
+    for (k, c) in chunks.enumerate() {
+        if c.iter().fold(false, |hit, &v| hit | (v == value)) {
+            return c.iter().position(|&v| v == value).map(|i| k * LANES + i);
+        }
+    }
+    row[tail_start..]
+        .iter()
+        .position(|&v| v == value)
+        .map(|i| tail_start + i)
+}
+
+/// The first index of the maximum of `row` and the maximum: [`max_finite`] with the
+/// process-wide variant, then its first position.
+pub fn greedy(row: &[f32]) -> Option<(usize, f32)> {
+    greedy_with(isa::active(), row)
+}
+
+/// [`greedy`] with an explicit variant (all variants give the same result).
+pub fn greedy_with(isa: Isa, row: &[f32]) -> Option<(usize, f32)> {
+    let max = max_finite_with(isa, row)?;
+    first_index(row, max).map(|i| (i, max))
 }
 
 #[cfg(test)]

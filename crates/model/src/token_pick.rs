@@ -87,5 +87,5 @@ pub fn top_logprobs_of(row: &[f32], n: usize, lse: f64, ids: &mut Vec<u32>) -> V
 
 /// The maximum of a row whose values are all finite (see [`tandem_kernels::row_max`]).
 fn row_max(row: &[f32]) -> Option<f32> {
-    tandem_kernels::row_max::greedy(row).map(|(_, max)| max)
+    tandem_kernels::row_max::max_finite(row)
 }
