@@ -13,6 +13,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
+use tandem_engine::sampler::SamplingParams;
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
 use tandem_model::runner::ModelRunner;
 
@@ -57,6 +58,16 @@ pub struct BenchArgs {
     /// Rounds per measurement in --prefix-cache mode (medians are reported).
     #[arg(long, value_name = "N", default_value_t = 5)]
     repeat: usize,
+    /// Engine mode: sample with this temperature instead of taking the greedy token (0);
+    /// request `s` is seeded with `s`, so a run draws the same tokens every time.
+    #[arg(long, value_name = "T", default_value_t = 0.0)]
+    temperature: f32,
+    /// Engine mode, with --temperature: nucleus sampling's probability mass.
+    #[arg(long, value_name = "P", default_value_t = 1.0)]
+    top_p: f32,
+    /// Engine mode, with --temperature: keep the K most likely tokens (-1 or 0: all).
+    #[arg(long, value_name = "K", default_value_t = -1, allow_negative_numbers = true)]
+    top_k: i32,
     /// Engine mode with structured output: every request constrained (mask time reported).
     #[command(flatten)]
     structured: StructuredArgs,
@@ -77,7 +88,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         crate::bench_prefix::run(&mut engine, &a.prompt_lens, a.repeat)?;
         return crate::trace_out::write(engine.trace(), a.engine.trace.as_deref());
     }
-    if a.through_engine || a.engine.speculative.is_some() || a.structured.is_set() {
+    if a.through_engine
+        || a.engine.speculative.is_some()
+        || a.structured.is_set()
+        || a.temperature != 0.0
+    {
         return run_engine(a);
     }
     let lm = a.model.load()?;
@@ -157,9 +172,18 @@ fn run_engine(a: BenchArgs) -> Result<()> {
         ),
         None => None,
     };
-    let constraint = a.structured.compile(&lm.tokenizer)?;
+    let sampling = SamplingParams {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        constraint: a.structured.compile(&lm.tokenizer)?,
+        ..SamplingParams::greedy()
+    };
     let mut engine = build_engine(lm.host, lm.eos_token_ids.clone(), &a.model, &a.engine, 0)?;
     let vocab = engine.model_config().vocab_size;
+    sampling
+        .validate(vocab)
+        .map_err(|e| anyhow::anyhow!("sampling settings: {e}"))?;
     for &b in &a.batches {
         for &p in &a.prompt_lens {
             anyhow::ensure!(b > 0 && p > 0, "--batch and --prompt-len must be positive");
@@ -170,13 +194,14 @@ fn run_engine(a: BenchArgs) -> Result<()> {
                 })
                 .collect();
             let prompt_len = prompts[0].len();
-            let r = bench_engine::run(&mut engine, prompts, a.gen_len, constraint.as_ref())?;
+            let r = bench_engine::run(&mut engine, prompts, a.gen_len, &sampling)?;
             let mut line = json!({
                 "mode": "engine", "batch": b, "prompt_len": prompt_len, "gen_len": a.gen_len,
                 "threads": a.model.threads(),
                 "prompt_kind": if a.prompt_file.is_some() { "file" } else { a.prompt_kind.name() },
                 "speculative": a.engine.speculative,
-                "constrained": constraint.is_some(),
+                "constrained": sampling.constraint.is_some(),
+                "temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k,
                 "num_speculative_tokens": engine.speculation().map(|s| s.config().num_tokens),
             });
             if let (Some(o), Some(extra)) =
@@ -296,9 +321,11 @@ fn greedy_step(runner: &mut dyn ModelRunner, batch: &ForwardBatch) -> Result<Vec
             .collect();
     }
     let logits = runner.forward(batch)?;
-    Ok((0..logits.num_rows())
+    let picks = (0..logits.num_rows())
         .map(|r| argmax(logits.row(r)))
-        .collect())
+        .collect();
+    runner.recycle_logits(logits);
+    Ok(picks)
 }
 
 fn argmax(row: &[f32]) -> TokenId {

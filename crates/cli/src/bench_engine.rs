@@ -2,7 +2,8 @@
 //! engine (scheduler, sampler, speculation), one JSON line per (B, P) with the speculative
 //! decoding counters of that configuration.
 //!
-//! B greedy requests (EOS ignored, G tokens each) are submitted together. The prefill ends
+//! B requests (EOS ignored, G tokens each; greedy unless `--temperature` is given) are
+//! submitted together. The prefill ends
 //! when every request has its first token; decode tok/s counts the remaining `B * (G - 1)`
 //! tokens over the time after that.
 
@@ -60,25 +61,27 @@ pub fn prompt(kind: PromptKind, seq: usize, len: usize, vocab: usize) -> Vec<Tok
     }
 }
 
-/// Runs `prompts` (each for `gen_len` greedy tokens) through `engine` to completion. With a
-/// `constraint` (structured output), requests may end early when the grammar completes.
+/// Runs `prompts` (each for `gen_len` tokens chosen as `sampling` says, request `s` seeded
+/// with `s`) through `engine` to completion. With a constraint (structured output),
+/// requests may end early when the grammar completes.
 pub fn run(
     engine: &mut Engine,
     prompts: Vec<Vec<TokenId>>,
     gen_len: usize,
-    constraint: Option<&Constraint>,
+    sampling: &SamplingParams,
 ) -> Result<EngineRun> {
+    let constraint = sampling.constraint.as_ref();
     ensure!(gen_len >= 2, "--gen-len must be at least 2 with --engine");
     let before = engine.spec_stats();
     let stats_before = engine.scheduler().stats();
     let b = prompts.len();
     let started = Instant::now();
-    for p in prompts {
+    for (s, p) in prompts.into_iter().enumerate() {
         engine.add_request(GenerationRequest {
             prompt: p,
             sampling: SamplingParams {
-                constraint: constraint.cloned(),
-                ..SamplingParams::greedy()
+                seed: Some(s as u64),
+                ..sampling.clone()
             },
             limits: RequestParams {
                 max_tokens: gen_len,

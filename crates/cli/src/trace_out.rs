@@ -130,6 +130,12 @@ impl ModelRunner for TracedRunner {
     ) -> tandem_model::Result<Vec<Option<TokenPick>>> {
         self.traced(batch, |inner| inner.forward_greedy(batch))
     }
+    fn recycle_logits(&mut self, logits: Logits) {
+        self.inner.recycle_logits(logits)
+    }
+    fn host_pool(&self) -> Option<&tandem_kernels::thread_pool::ThreadPool> {
+        self.inner.host_pool()
+    }
     fn samples_rows(&self) -> bool {
         self.inner.samples_rows()
     }

@@ -24,7 +24,8 @@ const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEE0_0000); // 6.9314718036912381
 const LN2_LO: f64 = f64::from_bits(0x3DEA_39EF_3579_3C76); // 1.90821492927058770002e-10
 /// 1.5 · 2^52: adding it rounds a small float to an integer held in the low mantissa bits.
 const SHIFTER: f64 = 6_755_399_441_055_744.0;
-const MIN_X: f64 = -708.0;
+/// Where [`exp_nonpositive`] clamps its input (e^−708 ≈ 3e−308).
+pub(crate) const MIN_X: f64 = -708.0;
 
 /// `1 / i!` for `i = 13, 12, ..., 2` (Horner order).
 const INV_FACT: [f64; 12] = [
@@ -44,7 +45,7 @@ const INV_FACT: [f64; 12] = [
 
 /// `e^x` for `x <= 0` (see the module doc).
 #[inline(always)]
-fn exp_nonpositive(x: f64) -> f64 {
+pub(crate) fn exp_nonpositive(x: f64) -> f64 {
     let x = if x < MIN_X { MIN_X } else { x };
     let t = x * LOG2_E + SHIFTER;
     let k = t - SHIFTER;

@@ -22,6 +22,7 @@ pub mod packed;
 pub mod parallel;
 pub mod quant;
 pub mod row_max;
+pub mod sampling_weights;
 mod simd;
 pub mod thread_pool;
 

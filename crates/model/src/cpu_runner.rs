@@ -3,6 +3,8 @@
 
 use std::ops::Range;
 
+use tandem_kernels::thread_pool::ThreadPool;
+
 use crate::batch::{BlockId, ForwardBatch};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -65,7 +67,17 @@ impl ModelRunner for CpuRunner {
 
     fn forward_greedy(&mut self, batch: &ForwardBatch) -> Result<Vec<Option<TokenPick>>> {
         let logits = self.model.forward(batch, &mut self.kv)?;
-        Ok(self.model.greedy_picks(&logits))
+        let picks = self.model.greedy_picks(&logits);
+        self.model.recycle_logits(logits);
+        Ok(picks)
+    }
+
+    fn recycle_logits(&mut self, logits: Logits) {
+        self.model.recycle_logits(logits);
+    }
+
+    fn host_pool(&self) -> Option<&ThreadPool> {
+        Some(self.model.pool())
     }
 
     fn copy_blocks(&mut self, copies: &[(BlockId, BlockId)]) -> Result<()> {

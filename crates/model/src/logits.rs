@@ -52,4 +52,9 @@ impl Logits {
     pub fn as_slice(&self) -> &[f32] {
         &self.data
     }
+
+    /// The buffer behind the logits, for reuse.
+    pub fn into_data(self) -> Vec<f32> {
+        self.data
+    }
 }

@@ -122,6 +122,12 @@ impl ModelRunner for QueuedRunner {
     }
 
     /// Yes: launched steps choose their rows (the inner runner's `forward_sample`).
+    fn recycle_logits(&mut self, logits: Logits) {
+        self.inner.recycle_logits(logits)
+    }
+    fn host_pool(&self) -> Option<&tandem_kernels::thread_pool::ThreadPool> {
+        self.inner.host_pool()
+    }
     fn samples_rows(&self) -> bool {
         true
     }

@@ -12,6 +12,8 @@
 
 use std::ops::Range;
 
+use tandem_kernels::thread_pool::ThreadPool;
+
 use crate::batch::{BlockId, CarriedToken, ForwardBatch, TokenId};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -107,14 +109,16 @@ pub trait ModelRunner: Send + std::fmt::Debug {
                 logits.num_rows()
             )));
         }
-        targets
+        let scores = targets
             .iter()
             .enumerate()
             .map(|(row, t)| {
                 t.map(|t| score_row(&logits, row, t, 0, false).map(|s| s.logprob))
                     .transpose()
             })
-            .collect()
+            .collect();
+        self.recycle_logits(logits);
+        scores
     }
 
     /// The greedy token of every output row of `batch` with its raw log-probability, `None`
@@ -124,9 +128,25 @@ pub trait ModelRunner: Send + std::fmt::Debug {
     /// and copies back a few bytes per row instead of the vocabulary.
     fn forward_greedy(&mut self, batch: &ForwardBatch) -> Result<Vec<Option<TokenPick>>> {
         let logits = self.forward(batch)?;
-        Ok((0..logits.num_rows())
+        let picks = (0..logits.num_rows())
             .map(|r| TokenPick::greedy(logits.row(r)))
-            .collect())
+            .collect();
+        self.recycle_logits(logits);
+        Ok(picks)
+    }
+
+    /// Threads the engine may borrow between this runner's steps for its own work on the
+    /// host (sampling a step's rows side by side). The CPU runner lends the model's pool,
+    /// idle while the engine samples; `None` (the default): the engine's thread does it all.
+    fn host_pool(&self) -> Option<&ThreadPool> {
+        None
+    }
+
+    /// Takes back logits this runner returned once the engine is done with them, so that a
+    /// later step may write into their buffer instead of allocating one (the CPU runner
+    /// does). Default: they are dropped.
+    fn recycle_logits(&mut self, logits: Logits) {
+        drop(logits);
     }
 
     /// Whether the runner draws tokens where its logits are ([`Self::forward_sample`]), so
@@ -157,11 +177,13 @@ pub trait ModelRunner: Send + std::fmt::Debug {
                 logits.num_rows()
             )));
         }
-        Ok(rows
+        let picks = rows
             .iter()
             .enumerate()
             .map(|(r, d)| d.pick(logits.row(r)))
-            .collect())
+            .collect();
+        self.recycle_logits(logits);
+        Ok(picks)
     }
 
     /// Whether the runner overlaps steps: [`Self::launch_sample`] queues a step and returns

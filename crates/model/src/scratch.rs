@@ -27,6 +27,10 @@ pub(crate) struct Scratch {
     pub gathered: Vec<f32>,
     /// The routing and per-expert rows of a mixture-of-experts MLP (empty otherwise).
     pub moe: MoeScratch,
+    /// A logits buffer handed back after its step ([`crate::transformer::Model::recycle_logits`]),
+    /// which the next step's LM head writes into instead of allocating (at large vocabularies
+    /// a fresh buffer's page faults were a visible part of a decode step).
+    pub logits: Vec<f32>,
 }
 
 impl Default for Scratch {
@@ -39,6 +43,7 @@ impl Default for Scratch {
             xq: QuantizedRows::empty(),
             gathered: Vec::new(),
             moe: MoeScratch::default(),
+            logits: Vec::new(),
         }
     }
 }

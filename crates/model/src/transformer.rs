@@ -24,6 +24,10 @@ use crate::scratch::{Activations, BatchLayout, RopeTable, Scratch};
 use crate::token_pick::TokenPick;
 use crate::weights::{TensorHandle, TensorSet};
 
+/// The largest logits buffer a model keeps for reuse ([`Model::recycle_logits`]): a decode
+/// step of 64 rows over a 262,144-token vocabulary; a long prompt's rows are let go.
+pub const SPARE_LOGITS_BYTES: usize = 64 << 20;
+
 pub(crate) use moe::MoeScratch;
 pub use moe::{route, ExpertWeights, Route};
 
@@ -139,6 +143,11 @@ impl Model {
         self.packed.isa()
     }
 
+    /// The thread pool the kernels run on.
+    pub fn pool(&self) -> &ThreadPool {
+        &self.pool
+    }
+
     /// Number of worker threads the kernels use.
     pub fn threads(&self) -> usize {
         self.pool.n_threads()
@@ -153,6 +162,17 @@ impl Model {
             pick[0] = TokenPick::greedy(logits.row(r));
         });
         picks
+    }
+
+    /// Takes back the buffer of logits this model returned, for the next forward pass's LM
+    /// head to write into (one of at most [`SPARE_LOGITS_BYTES`] is kept: a decode step's,
+    /// not a long prompt's).
+    pub fn recycle_logits(&mut self, logits: Logits) {
+        let data = logits.into_data();
+        let spare = &mut self.scratch.logits;
+        if data.capacity() * 4 <= SPARE_LOGITS_BYTES && data.capacity() > spare.capacity() {
+            *spare = data;
+        }
     }
 
     /// Total bytes of weights.
@@ -228,6 +248,7 @@ impl Model {
             xq,
             gathered,
             moe,
+            logits,
         } = scratch;
         layout.fill(batch, kv);
         rope.fill(&layout.positions, &self.w.inv_freqs);
@@ -265,7 +286,7 @@ impl Model {
         for &r in &rows {
             gathered.extend_from_slice(&a.xn[r * h..(r + 1) * h]);
         }
-        self.lm_head(rows, gathered, xq)
+        self.lm_head(rows, gathered, xq, std::mem::take(logits))
     }
 
     /// The logits of the tokens whose final hidden states sit in `slots` of `kv` (rows
@@ -273,12 +294,22 @@ impl Model {
     /// because the LM head's result for a row does not depend on the other rows.
     pub fn logits_at_slots(&mut self, kv: &KvStore, slots: &[usize]) -> Logits {
         let mut scratch = std::mem::take(&mut self.scratch);
-        let Scratch { xq, gathered, .. } = &mut scratch;
+        let Scratch {
+            xq,
+            gathered,
+            logits,
+            ..
+        } = &mut scratch;
         gathered.clear();
         for &slot in slots {
             gathered.extend_from_slice(kv.hidden_row(slot));
         }
-        let logits = self.lm_head((0..slots.len()).collect(), gathered, xq);
+        let logits = self.lm_head(
+            (0..slots.len()).collect(),
+            gathered,
+            xq,
+            std::mem::take(logits),
+        );
         self.scratch = scratch;
         logits
     }
@@ -417,10 +448,19 @@ impl Model {
     }
 
     /// The output projection of final hidden states: row `i` of the result (numbered
-    /// `rows[i]`) from row `i` of `hidden` (`[rows, hidden_size]`).
-    fn lm_head(&self, rows: Vec<usize>, hidden: &[f32], xq: &mut QuantizedRows) -> Logits {
+    /// `rows[i]`) from row `i` of `hidden` (`[rows, hidden_size]`), written into `data` (a
+    /// recycled buffer or an empty one; the product writes every entry, so whatever a
+    /// recycled buffer held is never read).
+    fn lm_head(
+        &self,
+        rows: Vec<usize>,
+        hidden: &[f32],
+        xq: &mut QuantizedRows,
+        mut data: Vec<f32>,
+    ) -> Logits {
         let c = &self.config;
-        let mut data = vec![0.0f32; rows.len() * c.vocab_size]; // [rows, vocab]
+        data.truncate(rows.len() * c.vocab_size);
+        data.resize(rows.len() * c.vocab_size, 0.0); // [rows, vocab]
         self.matmul(self.w.lm_head, hidden, &mut data, rows.len(), xq);
         if let Some(cap) = c.features.final_logit_softcap {
             softcap_inplace(&mut data, cap);

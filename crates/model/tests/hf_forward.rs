@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
 use tandem_model::hf_config::load_hf_config;
 use tandem_model::kv_store::{KvDtype, KvStore};
+use tandem_model::logits::Logits;
 use tandem_model::model_builder::{build_host_model, NameScheme};
 use tandem_model::safetensors::load_safetensors_dir;
 use tandem_model::transformer::Model;
@@ -105,6 +106,43 @@ fn run_chunked_as(
         done += n;
     }
     out
+}
+
+/// The LM head writes into a logits buffer handed back to the model
+/// (`Model::recycle_logits`) whatever the buffer held and whatever its size: every chunk's
+/// logits are the bits of a model that never recycles (Gemma 3's fixture also caps them).
+#[test]
+fn recycled_logits_buffers_change_no_logit() {
+    for name in ["llama_untied", "gemma3"] {
+        let ids = &sequences(name)[0].0;
+        let (chunk, block_size) = (5, 16);
+        let want = run_chunked(&mut load(name, 2), ids, chunk, block_size);
+        let mut model = load(name, 2);
+        let vocab = model.config.vocab_size;
+        let blocks = ids.len().div_ceil(block_size);
+        let mut kv = KvStore::with_dtype(&model.config, block_size, blocks + 3, KvDtype::F32)
+            .expect("kv");
+        let table: Vec<BlockId> = (0..blocks as u32).rev().map(|b| BlockId(b + 3)).collect();
+        let mut got = Vec::new();
+        for (c, start) in (0..ids.len()).step_by(chunk).enumerate() {
+            // NaN buffers larger, then smaller, than a chunk's logits; every third chunk's
+            // own logits handed back on top.
+            let rows = if c % 2 == 0 { 2 * chunk - 1 } else { 2 };
+            let nan = vec![f32::NAN; rows * vocab];
+            model.recycle_logits(Logits::new((0..rows).collect(), vocab, nan));
+            let n = chunk.min(ids.len() - start);
+            let tokens = ids[start..start + n].to_vec();
+            let batch = ForwardBatch::single(tokens, start, table.clone(), OutputSelection::All);
+            let logits = model.forward(&batch, &mut kv).expect("forward");
+            got.extend_from_slice(logits.as_slice());
+            if c % 3 == 2 {
+                model.recycle_logits(logits);
+            }
+        }
+        assert_eq!(got.len(), want.len(), "{name}");
+        let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{name}: recycled buffers changed logits");
+    }
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

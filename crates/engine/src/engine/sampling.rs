@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 
+use tandem_kernels::parallel::for_each_chunk_mut;
 use tandem_model::batch::{ForwardBatch, TokenId};
 use tandem_model::logits::Logits;
 use tandem_model::row_sampling::RowDraw;
@@ -10,7 +11,7 @@ use tandem_model::token_pick::TokenPick;
 use tandem_model::ModelError;
 
 use super::prompt_logprobs::PromptRows;
-use super::{Engine, EngineEvent};
+use super::{ActiveRequest, Engine, EngineEvent};
 use crate::sampler::{sample, SampledToken, SamplerError};
 use crate::sequence::{FinishReason, SeqId, SeqMap};
 use crate::step_plan::{SeqEvent, SeqOutput, StepPlan};
@@ -41,6 +42,24 @@ pub(super) struct StepSamples {
     pub(super) sampled: SeqMap<VecDeque<SampledToken>>,
     /// Sequences whose row could not be sampled, with the reason.
     pub(super) failed: Vec<(SeqId, String)>,
+}
+
+/// One request's plain draw from a row of a step's logits (see
+/// [`Engine::sample_plain_rows`]).
+struct RowJob<'a> {
+    id: SeqId,
+    row: usize,
+    num_output: usize,
+    req: &'a mut ActiveRequest,
+    sampled: Option<Result<SampledToken, SamplerError>>,
+}
+
+impl RowJob<'_> {
+    fn sample(&mut self, logits: &Logits) {
+        let req = &mut *self.req;
+        let row = logits.row(self.row);
+        self.sampled = Some(sample(row, &req.sampling, &mut req.state, self.num_output));
+    }
 }
 
 impl Engine {
@@ -103,6 +122,7 @@ impl Engine {
             failed = x.failed;
         }
         let mut samples = self.sample_plan(plan, &logits);
+        self.runner.recycle_logits(logits);
         failed.append(&mut samples.failed);
         samples.failed = failed;
         Ok((samples, events))
@@ -112,6 +132,7 @@ impl Engine {
     /// pending sibling of a group whose prompt completed (from the same row, own stream).
     pub(super) fn sample_plan(&mut self, plan: &StepPlan, logits: &Logits) -> StepSamples {
         let mut out = StepSamples::default();
+        let mut drawn = self.sample_plain_rows(plan, logits);
         let mut row = 0;
         for s in plan.seqs.iter().filter(|s| s.num_output_rows > 0) {
             row += s.num_output_rows;
@@ -119,10 +140,7 @@ impl Engine {
             if self.record_beam(s.seq_id, logits, last) {
                 continue;
             }
-            let num_output = self
-                .scheduler
-                .sequence(s.seq_id)
-                .map_or(0, |q| q.output().len());
+            let num_output = self.num_output(s.seq_id);
             if s.num_output_rows > 1 {
                 self.verify_drafts(s, logits, row - s.num_output_rows, num_output, &mut out);
                 continue;
@@ -130,11 +148,10 @@ impl Engine {
             let mut members = vec![s.seq_id];
             members.extend_from_slice(self.scheduler.pending_siblings(s.seq_id));
             for id in members {
-                let req = self
-                    .requests
-                    .get_mut(&id)
-                    .expect("every scheduled sequence and pending sibling has a request");
-                match sample(logits.row(last), &req.sampling, &mut req.state, num_output) {
+                let sampled = drawn
+                    .remove(&id)
+                    .expect("every plain row's sequences were sampled");
+                match sampled {
                     Ok(t) => {
                         out.outputs.push(SeqOutput {
                             seq_id: id,
@@ -147,6 +164,56 @@ impl Engine {
             }
         }
         out
+    }
+
+    /// The token of every sequence of `plan` with one output row that is not a beam, and of
+    /// its pending siblings (from the same row, own streams): the rows [`Self::sample_plan`]
+    /// samples plainly. They run side by side on the runner's host pool where it lends one
+    /// (each request's draw depends only on its row and its own state, so the tokens are
+    /// those of a loop over the rows).
+    fn sample_plain_rows(
+        &mut self,
+        plan: &StepPlan,
+        logits: &Logits,
+    ) -> SeqMap<Result<SampledToken, SamplerError>> {
+        // Each plain member's (logits row, outputs so far).
+        let mut wanted: SeqMap<(usize, usize)> = SeqMap::default();
+        let mut row = 0;
+        for s in plan.seqs.iter().filter(|s| s.num_output_rows > 0) {
+            row += s.num_output_rows;
+            if s.num_output_rows > 1 || self.beams.contains(s.seq_id) {
+                continue;
+            }
+            let num_output = self.num_output(s.seq_id);
+            wanted.insert(s.seq_id, (row - 1, num_output));
+            for &sibling in self.scheduler.pending_siblings(s.seq_id) {
+                wanted.insert(sibling, (row - 1, num_output));
+            }
+        }
+        let mut jobs: Vec<RowJob> = self
+            .requests
+            .iter_mut()
+            .filter_map(|(&id, req)| {
+                let &(row, num_output) = wanted.get(&id)?;
+                Some(RowJob {
+                    id,
+                    row,
+                    num_output,
+                    req,
+                    sampled: None,
+                })
+            })
+            .collect();
+        debug_assert_eq!(jobs.len(), wanted.len(), "every plain row has a request");
+        match self.runner.host_pool() {
+            Some(pool) if jobs.len() > 1 => {
+                for_each_chunk_mut(pool, &mut jobs, 1, |_, job| job[0].sample(logits))
+            }
+            _ => jobs.iter_mut().for_each(|job| job.sample(logits)),
+        }
+        jobs.into_iter()
+            .filter_map(|job| Some((job.id, job.sampled?)))
+            .collect()
     }
 
     /// How the rows of `plan` get their tokens: from the runner when every row is one

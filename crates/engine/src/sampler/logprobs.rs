@@ -18,10 +18,7 @@ impl RawLogSoftmax {
         if row.is_empty() {
             return Err(SamplerError::EmptyLogits);
         }
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        if !max.is_finite() || row.iter().any(|v| !v.is_finite()) {
-            return Err(SamplerError::NonFiniteLogits);
-        }
+        let max = tandem_kernels::row_max::max_finite(row).ok_or(SamplerError::NonFiniteLogits)?;
         let sum = tandem_kernels::exp_sum::exp_sum(row, max);
         Ok(RawLogSoftmax {
             lse: tandem_kernels::ops::log_sum_exp(max, sum),
