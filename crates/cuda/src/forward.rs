@@ -111,11 +111,21 @@ impl Workspace {
     }
 }
 
-/// A zeroed host buffer for `len` logits. A batch's logits are large (256 rows of a 128k
-/// vocabulary are 131 MB) and need a fresh buffer every step, whose pages fault in as the
-/// copy writes them: advised onto huge pages, that is one fault per 2 MiB, not per 4 KiB.
-fn logits_buffer(len: usize) -> Vec<f32> {
-    tandem_kernels::huge_pages::zeroed_vec(len)
+impl CudaRunner {
+    /// A host buffer for `len` logits, all of which the caller overwrites: the one the engine
+    /// handed back where it is large enough, else a fresh zeroed one. A batch's logits are
+    /// large (256 rows of a 128k vocabulary are 131 MB) and a fresh buffer's pages fault in
+    /// as the copy writes them: advised onto huge pages, that is one fault per 2 MiB, not per
+    /// 4 KiB.
+    fn logits_buffer(&mut self, len: usize) -> Vec<f32> {
+        let mut spare = std::mem::take(&mut self.spare_logits);
+        if spare.capacity() < len {
+            return tandem_kernels::huge_pages::zeroed_vec(len);
+        }
+        spare.truncate(len);
+        spare.resize(len, 0.0);
+        spare
+    }
 }
 
 pub(crate) fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> DevPtr {
@@ -199,7 +209,7 @@ impl CudaRunner {
         let n = l.tokens.len();
         self.replay_decode(l, bucket, &[])?;
         let vocab = self.config.vocab_size;
-        let mut data = logits_buffer(n * vocab);
+        let mut data = self.logits_buffer(n * vocab);
         let s = &self.device.stream;
         s.memcpy_dtoh(&self.ws.logits.slice(..n * vocab), &mut data)?;
         Ok(Logits::new((0..n).collect(), vocab, data))
@@ -252,7 +262,7 @@ impl CudaRunner {
     /// [`LOGIT_ROWS`] rows at a time and copied to the host.
     pub(crate) fn lm_head(&mut self, rows: Vec<usize>, slots: &[i64]) -> Result<Logits, CudaError> {
         let vocab = self.config.vocab_size;
-        let mut data = logits_buffer(slots.len() * vocab); // [rows, vocab]
+        let mut data = self.logits_buffer(slots.len() * vocab); // [rows, vocab]
         let s = self.device.stream.clone();
         for (group, out) in slots
             .chunks(LOGIT_ROWS)

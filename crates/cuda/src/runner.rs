@@ -4,6 +4,7 @@ use std::ops::Range;
 
 use cudarc::driver::CudaSlice;
 use sha2::{Digest, Sha256};
+use tandem_kernels::thread_pool::ThreadPool;
 use tandem_model::batch::{BlockId, CarriedToken, ForwardBatch, TokenId};
 use tandem_model::host_model::HostModel;
 use tandem_model::logits::Logits;
@@ -69,6 +70,12 @@ pub struct CudaRunner {
     overlap_steps: bool,
     /// Events of a profiled step (empty otherwise); dropped before the device.
     pub(crate) profile: EventLog,
+    /// A logits buffer the engine handed back (`ModelRunner::recycle_logits`), which the next
+    /// copy of logits to the host fills instead of a fresh buffer's faulting pages.
+    pub(crate) spare_logits: Vec<f32>,
+    /// Host threads lent to the engine between steps (`ModelRunner::host_pool`): rows
+    /// sampled on the host (grammars, beams, prompt logprobs) run side by side.
+    host_pool: ThreadPool,
     pub(crate) device: Device,
     /// The identity of the weights, numeric mode and weight format; the switchable modes
     /// (products, attention) are mixed in by `model_identity`.
@@ -139,6 +146,8 @@ impl CudaRunner {
             tc_fold_min_blocks: TC_FOLD_MIN_BLOCKS,
             overlap_steps: o.overlap_steps,
             profile: EventLog::default(),
+            spare_logits: Vec::new(),
+            host_pool: ThreadPool::new(host_pool_threads()),
             device,
         })
     }
@@ -249,6 +258,13 @@ impl CudaRunner {
     }
 }
 
+/// Threads of the runner's host pool: the machine's, up to [`MAX_HOST_POOL_THREADS`].
+fn host_pool_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_HOST_POOL_THREADS)
+}
+
 impl Drop for CudaRunner {
     /// Waits for queued work first: launched steps' copies may still read and write
     /// page-locked memory the runner is about to free.
@@ -262,6 +278,13 @@ impl Drop for CudaRunner {
 
 /// Context length the block-table buffers are first sized for (they grow on demand).
 const INITIAL_TABLE_TOKENS: usize = 2048;
+
+/// The most threads the runner lends the engine for host sampling.
+const MAX_HOST_POOL_THREADS: usize = 8;
+
+/// The largest logits buffer the runner keeps for reuse: a decode step of 256 rows over a
+/// 128k vocabulary; a long prompt's logprob rows are let go.
+const SPARE_LOGITS_BYTES: usize = 256 << 20;
 
 /// Checks the shapes the kernels support.
 fn check_model(c: &ModelConfig) -> Result<(), CudaError> {
@@ -355,6 +378,19 @@ impl ModelRunner for CudaRunner {
 
     fn overlaps_steps(&self) -> bool {
         self.overlap_steps
+    }
+
+    fn host_pool(&self) -> Option<&ThreadPool> {
+        Some(&self.host_pool)
+    }
+
+    fn recycle_logits(&mut self, logits: Logits) {
+        let data = logits.into_data();
+        if data.capacity() * 4 <= SPARE_LOGITS_BYTES
+            && data.capacity() > self.spare_logits.capacity()
+        {
+            self.spare_logits = data;
+        }
     }
 
     fn launch_sample(

@@ -137,14 +137,15 @@ pub trait ModelRunner: Send + std::fmt::Debug {
 
     /// Threads the engine may borrow between this runner's steps for its own work on the
     /// host (sampling a step's rows side by side). The CPU runner lends the model's pool,
-    /// idle while the engine samples; `None` (the default): the engine's thread does it all.
+    /// idle while the engine samples, the CUDA runner a pool of its own; `None` (the
+    /// default): the engine's thread does it all.
     fn host_pool(&self) -> Option<&ThreadPool> {
         None
     }
 
     /// Takes back logits this runner returned once the engine is done with them, so that a
-    /// later step may write into their buffer instead of allocating one (the CPU runner
-    /// does). Default: they are dropped.
+    /// later step may write into their buffer instead of allocating one (the CPU and CUDA
+    /// runners do). Default: they are dropped.
     fn recycle_logits(&mut self, logits: Logits) {
         drop(logits);
     }

@@ -120,8 +120,8 @@ fn recycled_logits_buffers_change_no_logit() {
         let mut model = load(name, 2);
         let vocab = model.config.vocab_size;
         let blocks = ids.len().div_ceil(block_size);
-        let mut kv = KvStore::with_dtype(&model.config, block_size, blocks + 3, KvDtype::F32)
-            .expect("kv");
+        let mut kv =
+            KvStore::with_dtype(&model.config, block_size, blocks + 3, KvDtype::F32).expect("kv");
         let table: Vec<BlockId> = (0..blocks as u32).rev().map(|b| BlockId(b + 3)).collect();
         let mut got = Vec::new();
         for (c, start) in (0..ids.len()).step_by(chunk).enumerate() {
@@ -140,7 +140,10 @@ fn recycled_logits_buffers_change_no_logit() {
             }
         }
         assert_eq!(got.len(), want.len(), "{name}");
-        let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+        let same = got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "{name}: recycled buffers changed logits");
     }
 }
