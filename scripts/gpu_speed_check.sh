@@ -38,7 +38,8 @@
 #  `--cuda-weights q8_0`, `--cuda-weights q4_1` and `--batch-invariant` (speed at batch 1
 #  and 32, and the perplexity of one text in each mode: OUTDIR/quant_fidelity.txt); the whole
 #  engine loop (`--engine`) on both shapes with and without overlapped steps
-#  (`--no-overlap`); `tandem plan --calibrate --device cuda`, then `plan --validate --quick`
+#  (`--no-overlap`), and with a grammar per request (rows sampled on the host);
+#  `tandem plan --calibrate --device cuda`, then `plan --validate --quick`
 #  with that profile (OUTDIR/plan_*.txt); Nsight Compute on the decode attention kernels
 #  (OUTDIR/ncu_attention.txt) when `ncu` is there.
 # Writes OUTDIR/speed.txt (JSON lines), OUTDIR/peak.json, OUTDIR/profile.txt,
@@ -214,6 +215,12 @@ if [ "$STAGE" = rest ] || [ "$STAGE" = all ]; then
     BENCH_MODEL=$shape bench "engine-no-overlap-$name" "$NEW" 30 90 --batch 1 --batch 64 \
       --engine --no-overlap
   done
+  # Rows the runner leaves to the host (a grammar each), sampled side by side on the CUDA
+  # runner's host pool, beside the old binary's engine thread alone.
+  BENCH_MODEL="$SMALL-bf16" bench engine-regex "$NEW" 20 60 --batch 64 --engine \
+    --regex '[a-z ]{1,300}'
+  [ -n "$OLD" ] && BENCH_MODEL="$SMALL-bf16" bench old-engine-regex "$OLD" 20 60 --batch 64 \
+    --engine --regex '[a-z ]{1,300}'
   bench new-q8_0 "$NEW" 30 90 --batch 1 --batch 32 --cuda-weights q8_0
   bench new-q4_1 "$NEW" 30 90 --batch 1 --batch 32 --cuda-weights q4_1
   bench new-batch-invariant "$NEW" 30 90 --batch 1 --batch 32 --batch-invariant

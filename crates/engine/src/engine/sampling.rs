@@ -148,9 +148,13 @@ impl Engine {
             let mut members = vec![s.seq_id];
             members.extend_from_slice(self.scheduler.pending_siblings(s.seq_id));
             for id in members {
-                let sampled = drawn
-                    .remove(&id)
-                    .expect("every plain row's sequences were sampled");
+                let Some(sampled) = drawn.remove(&id) else {
+                    // Not reachable: every scheduled sequence and pending sibling has a
+                    // request. Should it happen, that sequence fails, not the engine.
+                    out.failed
+                        .push((id, "the sequence has no sampler state".to_string()));
+                    continue;
+                };
                 match sampled {
                     Ok(t) => {
                         out.outputs.push(SeqOutput {
