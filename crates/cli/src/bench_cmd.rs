@@ -60,10 +60,20 @@ pub struct BenchArgs {
     repeat: usize,
     /// Engine mode: sample with this temperature instead of taking the greedy token (0);
     /// request `s` is seeded with `s`, so a run draws the same tokens every time.
-    #[arg(long, value_name = "T", default_value_t = 0.0)]
+    #[arg(
+        long,
+        value_name = "T",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
     temperature: f32,
     /// Engine mode, with --temperature: nucleus sampling's probability mass.
-    #[arg(long, value_name = "P", default_value_t = 1.0)]
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     top_p: f32,
     /// Engine mode, with --temperature: keep the K most likely tokens (-1 or 0: all).
     #[arg(long, value_name = "K", default_value_t = -1, allow_negative_numbers = true)]
@@ -82,6 +92,15 @@ pub(crate) struct Measured {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    let truncates = a.top_p != 1.0 || a.top_k > 0;
+    anyhow::ensure!(
+        a.temperature != 0.0 || !truncates,
+        "--top-p and --top-k shape a temperature draw: give --temperature too"
+    );
+    anyhow::ensure!(
+        !(a.prefix_cache && a.temperature != 0.0),
+        "--prefix-cache measures greedy requests: --temperature does not apply"
+    );
     if a.prefix_cache {
         let lm = a.model.load()?;
         let mut engine = build_engine(lm.host, lm.eos_token_ids.clone(), &a.model, &a.engine, 0)?;

@@ -73,8 +73,8 @@ pub struct CudaRunner {
     /// A logits buffer the engine handed back (`ModelRunner::recycle_logits`), which the next
     /// copy of logits to the host fills instead of a fresh buffer's faulting pages.
     pub(crate) spare_logits: Vec<f32>,
-    /// Host threads lent to the engine between steps (`ModelRunner::host_pool`): rows
-    /// sampled on the host (grammars, beams, prompt logprobs) run side by side.
+    /// Host threads lent to the engine between steps (`ModelRunner::host_pool`): the plain
+    /// rows it samples on the host (a grammar's, a forking group's) run side by side.
     host_pool: ThreadPool,
     pub(crate) device: Device,
     /// The identity of the weights, numeric mode and weight format; the switchable modes
@@ -283,7 +283,7 @@ const INITIAL_TABLE_TOKENS: usize = 2048;
 const MAX_HOST_POOL_THREADS: usize = 8;
 
 /// The largest logits buffer the runner keeps for reuse: a decode step of 256 rows over a
-/// 128k vocabulary; a long prompt's logprob rows are let go.
+/// 262,144-token vocabulary; a long prompt's logprob rows are let go.
 const SPARE_LOGITS_BYTES: usize = 256 << 20;
 
 /// Checks the shapes the kernels support.

@@ -10,6 +10,10 @@
 //! model's attention.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tandem_kernels::thread_pool::ThreadPool;
 
 use crate::batch::{BlockId, ForwardBatch, TokenId};
 use crate::config::{Architecture, ModelConfig, RopeConfig, RopeStyle};
@@ -37,6 +41,10 @@ pub struct FakeRunner {
     /// Model identity (two fakes with different salts are different models).
     salt: u64,
     forward_calls: usize,
+    /// Threads lent to the engine ([`FakeRunner::lending_threads`]), and how often the
+    /// engine asked for them.
+    host_pool: Option<ThreadPool>,
+    host_pool_asked: Arc<AtomicUsize>,
 }
 
 impl FakeRunner {
@@ -78,12 +86,27 @@ impl FakeRunner {
             slots: vec![None; num_blocks * block_size],
             salt,
             forward_calls: 0,
+            host_pool: None,
+            host_pool_asked: Arc::default(),
         }
+    }
+
+    /// The same fake, lending the engine a pool of `threads` for its host work
+    /// ([`ModelRunner::host_pool`]) as the CPU runner lends its kernel threads.
+    pub fn lending_threads(mut self, threads: usize) -> FakeRunner {
+        self.host_pool = Some(ThreadPool::new(threads));
+        self
     }
 
     /// Forward passes run so far.
     pub fn forward_calls(&self) -> usize {
         self.forward_calls
+    }
+
+    /// A counter of the engine's requests for the runner's host pool (readable once the
+    /// runner is the engine's).
+    pub fn host_pool_asked(&self) -> Arc<AtomicUsize> {
+        Arc::clone(&self.host_pool_asked)
     }
 
     /// The logits the fake gives after the history `tokens` (`[vocab_size]`): what a row
@@ -151,6 +174,11 @@ impl ModelRunner for FakeRunner {
             dtype: KvDtype::F32,
             bytes_per_token: std::mem::size_of::<FakeSlot>(),
         }
+    }
+
+    fn host_pool(&self) -> Option<&ThreadPool> {
+        self.host_pool_asked.fetch_add(1, Ordering::Relaxed);
+        self.host_pool.as_ref()
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits> {

@@ -121,13 +121,15 @@ impl ModelRunner for QueuedRunner {
         self.inner.forward_greedy(batch)
     }
 
-    /// Yes: launched steps choose their rows (the inner runner's `forward_sample`).
     fn recycle_logits(&mut self, logits: Logits) {
         self.inner.recycle_logits(logits)
     }
+
     fn host_pool(&self) -> Option<&tandem_kernels::thread_pool::ThreadPool> {
         self.inner.host_pool()
     }
+
+    /// Yes: launched steps choose their rows (the inner runner's `forward_sample`).
     fn samples_rows(&self) -> bool {
         true
     }

@@ -459,8 +459,13 @@ impl Model {
         mut data: Vec<f32>,
     ) -> Logits {
         let c = &self.config;
-        data.truncate(rows.len() * c.vocab_size);
-        data.resize(rows.len() * c.vocab_size, 0.0); // [rows, vocab]
+        let len = rows.len() * c.vocab_size; // [rows, vocab]
+        if data.capacity() < len {
+            data = vec![0.0; len]; // zeroed pages from the system, not written here
+        } else {
+            data.truncate(len);
+            data.resize(len, 0.0);
+        }
         self.matmul(self.w.lm_head, hidden, &mut data, rows.len(), xq);
         if let Some(cap) = c.features.final_logit_softcap {
             softcap_inplace(&mut data, cap);

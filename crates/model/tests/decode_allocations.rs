@@ -1,8 +1,9 @@
 //! The decode path allocates nothing but its answer: once a model has run decode steps, a
 //! decode step's forward call makes exactly one heap allocation, the returned logits' row
 //! list, also with fewer sequences and longer contexts than before (their values go into the
-//! buffer of the step before, handed back as the engine does with `recycle_logits`). Activations, the batch layout, RoPE angles, quantized
-//! activations and kernel tiles all live in buffers the model and its threads keep.
+//! buffer of the step before, handed back as the engine does with `recycle_logits`).
+//! Activations, the batch layout, RoPE angles, quantized activations and kernel tiles all
+//! live in buffers the model and its threads keep.
 //!
 //! Every allocation of the process is counted (this binary's only test, so nothing else runs
 //! beside it), on the default model with the default (int8) kernels and f16 KV cache.

@@ -46,17 +46,17 @@ pub(super) struct StepSamples {
 
 /// One request's plain draw from a row of a step's logits (see
 /// [`Engine::sample_plain_rows`]).
-struct RowJob<'a> {
+struct RowJob {
     id: SeqId,
     row: usize,
     num_output: usize,
-    req: &'a mut ActiveRequest,
+    req: ActiveRequest,
     sampled: Option<Result<SampledToken, SamplerError>>,
 }
 
-impl RowJob<'_> {
+impl RowJob {
     fn sample(&mut self, logits: &Logits) {
-        let req = &mut *self.req;
+        let req = &mut self.req;
         let row = logits.row(self.row);
         self.sampled = Some(sample(row, &req.sampling, &mut req.state, self.num_output));
     }
@@ -180,8 +180,9 @@ impl Engine {
         plan: &StepPlan,
         logits: &Logits,
     ) -> SeqMap<Result<SampledToken, SamplerError>> {
-        // Each plain member's (logits row, outputs so far).
-        let mut wanted: SeqMap<(usize, usize)> = SeqMap::default();
+        // Each plain member's request, taken out of the map for the draw, with its logits
+        // row and its outputs so far.
+        let mut jobs = Vec::new();
         let mut row = 0;
         for s in plan.seqs.iter().filter(|s| s.num_output_rows > 0) {
             row += s.num_output_rows;
@@ -189,35 +190,33 @@ impl Engine {
                 continue;
             }
             let num_output = self.num_output(s.seq_id);
-            wanted.insert(s.seq_id, (row - 1, num_output));
-            for &sibling in self.scheduler.pending_siblings(s.seq_id) {
-                wanted.insert(sibling, (row - 1, num_output));
+            let siblings = self.scheduler.pending_siblings(s.seq_id);
+            for id in std::iter::once(s.seq_id).chain(siblings.iter().copied()) {
+                if let Some(req) = self.requests.remove(&id) {
+                    jobs.push(RowJob {
+                        id,
+                        row: row - 1,
+                        num_output,
+                        req,
+                        sampled: None,
+                    });
+                }
             }
         }
-        let mut jobs: Vec<RowJob> = self
-            .requests
-            .iter_mut()
-            .filter_map(|(&id, req)| {
-                let &(row, num_output) = wanted.get(&id)?;
-                Some(RowJob {
-                    id,
-                    row,
-                    num_output,
-                    req,
-                    sampled: None,
-                })
-            })
-            .collect();
-        debug_assert_eq!(jobs.len(), wanted.len(), "every plain row has a request");
         match self.runner.host_pool() {
             Some(pool) if jobs.len() > 1 => {
                 for_each_chunk_mut(pool, &mut jobs, 1, |_, job| job[0].sample(logits))
             }
             _ => jobs.iter_mut().for_each(|job| job.sample(logits)),
         }
-        jobs.into_iter()
-            .filter_map(|job| Some((job.id, job.sampled?)))
-            .collect()
+        let mut drawn = SeqMap::default();
+        for job in jobs {
+            self.requests.insert(job.id, job.req);
+            if let Some(sampled) = job.sampled {
+                drawn.insert(job.id, sampled);
+            }
+        }
+        drawn
     }
 
     /// How the rows of `plan` get their tokens: from the runner when every row is one
