@@ -138,10 +138,7 @@ pub fn rope_head(head: &mut [f32], cos: &[f32], sin: &[f32], neox: bool) {
 /// Returns `None` when the row holds a NaN or infinite value.
 pub fn log_softmax(x: &[f32], out: &mut [f32]) -> Option<()> {
     assert_eq!(x.len(), out.len(), "log_softmax: length mismatch");
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if !max.is_finite() || x.iter().any(|v| !v.is_finite()) {
-        return None;
-    }
+    let max = crate::row_max::max_finite(x)?;
     let lse = log_sum_exp(max, crate::exp_sum::exp_sum(x, max));
     for (o, &v) in out.iter_mut().zip(x) {
         *o = log_prob(v, lse);

@@ -5,12 +5,12 @@ use std::ops::Range;
 
 use tandem_kernels::thread_pool::ThreadPool;
 
-use crate::batch::{BlockId, ForwardBatch};
+use crate::batch::{BlockId, ForwardBatch, TokenId};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv_store::{KvDtype, KvStore};
 use crate::logits::Logits;
-use crate::runner::{check_block_copies, slot_of, KvGeometry, ModelRunner};
+use crate::runner::{check_block_copies, check_targets, slot_of, KvGeometry, ModelRunner};
 use crate::token_pick::TokenPick;
 use crate::transformer::Model;
 
@@ -63,6 +63,22 @@ impl ModelRunner for CpuRunner {
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Logits> {
         self.model.forward(batch, &mut self.kv)
+    }
+
+    fn forward_logprobs(
+        &mut self,
+        batch: &ForwardBatch,
+        targets: &[Option<TokenId>],
+    ) -> Result<Vec<Option<f32>>> {
+        let logits = self.model.forward(batch, &mut self.kv)?;
+        check_targets(targets, &logits)?;
+        let scores = self.model.target_logprobs(&logits, targets).map_err(|row| {
+            ModelError::Batch(format!(
+                "non-finite logits at row {row} (or its target outside the vocabulary)"
+            ))
+        });
+        self.model.recycle_logits(logits);
+        scores
     }
 
     fn forward_greedy(&mut self, batch: &ForwardBatch) -> Result<Vec<Option<TokenPick>>> {

@@ -102,13 +102,7 @@ pub trait ModelRunner: Send + std::fmt::Debug {
         targets: &[Option<TokenId>],
     ) -> Result<Vec<Option<f32>>> {
         let logits = self.forward(batch)?;
-        if targets.len() != logits.num_rows() {
-            return Err(ModelError::Batch(format!(
-                "{} targets for {} rows of logits",
-                targets.len(),
-                logits.num_rows()
-            )));
-        }
+        check_targets(targets, &logits)?;
         let scores = targets
             .iter()
             .enumerate()
@@ -264,6 +258,18 @@ pub fn check_block_copies(copies: &[(BlockId, BlockId)], num_blocks: usize) -> R
         ))),
         None => Ok(()),
     }
+}
+
+/// Checks that [`ModelRunner::forward_logprobs`] got one target per row of `logits`.
+pub fn check_targets(targets: &[Option<TokenId>], logits: &Logits) -> Result<()> {
+    if targets.len() == logits.num_rows() {
+        return Ok(());
+    }
+    Err(ModelError::Batch(format!(
+        "{} targets for {} rows of logits",
+        targets.len(),
+        logits.num_rows()
+    )))
 }
 
 /// The slot of position `pos` of a sequence whose blocks are `block_table`.

@@ -13,7 +13,7 @@ use tandem_kernels::parallel::for_each_chunk_mut;
 use tandem_kernels::{Isa, ThreadPool};
 
 use crate::attention::{causal_attention, AttentionLayout, HeadShape};
-use crate::batch::ForwardBatch;
+use crate::batch::{ForwardBatch, TokenId};
 use crate::config::{Activation, ModelConfig, RopeStyle};
 use crate::error::Result;
 use crate::host_model::HostModel;
@@ -173,6 +173,26 @@ impl Model {
         if data.capacity() * 4 <= SPARE_LOGITS_BYTES && data.capacity() > spare.capacity() {
             *spare = data;
         }
+    }
+
+    /// `log p(targets[r])` for every row `r` of `logits` that has a target, the rows spread
+    /// over the model's threads: [`TokenPick::of_row`]'s logprob, bitwise the entry of the
+    /// row's log-softmax that `scoring::score_row` reads, without writing the row out.
+    /// `Err(r)`: row `r` has a target but is not finite (or the target is not in it).
+    pub fn target_logprobs(
+        &self,
+        logits: &Logits,
+        targets: &[Option<TokenId>],
+    ) -> std::result::Result<Vec<Option<f32>>, usize> {
+        let mut scores: Vec<Option<Option<f32>>> = vec![None; targets.len()];
+        for_each_chunk_mut(&self.pool, &mut scores, 1, |r, score| {
+            score[0] = targets[r].map(|t| TokenPick::of_row(logits.row(r), t).map(|p| p.logprob));
+        });
+        scores
+            .into_iter()
+            .enumerate()
+            .map(|(r, score)| score.map_or(Ok(None), |s| s.map(Some).ok_or(r)))
+            .collect()
     }
 
     /// Total bytes of weights.
