@@ -33,6 +33,8 @@
 //! the request, before the rows of its first computed chunk. The events are the same as
 //! without the cache; the cost of those positions drops to one LM-head row each.
 
+use tandem_kernels::parallel::for_each_chunk_mut;
+use tandem_kernels::thread_pool::ThreadPool;
 use tandem_model::batch::{ForwardBatch, OutputSelection, TokenId};
 use tandem_model::logits::Logits;
 use tandem_model::runner::ModelRunner;
@@ -176,7 +178,8 @@ impl PromptLogprobs {
                 first: lo + 1,
                 len: hi - lo,
             };
-            match score_rows(&logits, &r, &seq.tokens()[..seq.prompt_len()], p.top_k) {
+            let prompt = &seq.tokens()[..seq.prompt_len()];
+            match score_rows(&logits, &r, prompt, p.top_k, runner.host_pool()) {
                 Ok(entries) => {
                     p.next = r.first + r.len;
                     group_events(&mut events, scheduler, &r, entries);
@@ -226,6 +229,7 @@ impl PromptLogprobs {
         rows: &[PromptRows],
         plan_rows: &[usize],
         scheduler: &Scheduler,
+        pool: Option<&ThreadPool>,
     ) -> Extracted {
         let mut events = Vec::with_capacity(rows.len());
         let mut failed = Vec::new();
@@ -237,7 +241,8 @@ impl PromptLogprobs {
                 (Some(p), Some(seq)) => (p, seq),
                 _ => continue,
             };
-            let scored = score_rows(&logits, r, &seq.tokens()[..seq.prompt_len()], p.top_k);
+            let prompt = &seq.tokens()[..seq.prompt_len()];
+            let scored = score_rows(&logits, r, prompt, p.top_k, pool);
             match scored {
                 Ok(entries) => {
                     p.next = r.first + r.len;
@@ -275,27 +280,45 @@ fn group_events(
     }));
 }
 
-/// The scores of the prompt tokens `r` predicts, from the forward's `logits`.
+/// The scores of the prompt tokens `r` predicts, from the forward's `logits`, the rows side
+/// by side on `pool` when the runner lends one (each row's score is its own).
 fn score_rows(
     logits: &Logits,
     r: &PromptRows,
     prompt: &[TokenId],
     top_k: usize,
+    pool: Option<&ThreadPool>,
 ) -> tandem_model::Result<Vec<PromptTokenLogprob>> {
-    (0..r.len)
-        .map(|j| {
-            let flat = r.first_row + j;
-            let row = logits
-                .rows()
-                .binary_search(&flat)
-                .expect("every prompt row has logits");
-            let token = prompt[r.first + j];
-            let s = score_row(logits, row, token, top_k, true)?;
-            Ok(PromptTokenLogprob {
-                token,
-                logprob: s.logprob,
-                rank: s.rank.expect("asked for the rank"),
-                top: s.top,
+    let score = |j: usize| {
+        let flat = r.first_row + j;
+        let row = logits
+            .rows()
+            .binary_search(&flat)
+            .expect("every prompt row has logits");
+        let token = prompt[r.first + j];
+        let s = score_row(logits, row, token, top_k, true)?;
+        Ok(PromptTokenLogprob {
+            token,
+            logprob: s.logprob,
+            rank: s.rank.expect("asked for the rank"),
+            top: s.top,
+        })
+    };
+    let mut scored: Vec<Option<tandem_model::Result<PromptTokenLogprob>>> =
+        (0..r.len).map(|_| None).collect();
+    match pool {
+        Some(pool) if r.len > 1 => {
+            for_each_chunk_mut(pool, &mut scored, 1, |j, s| s[0] = Some(score(j)))
+        }
+        _ => (0..r.len).for_each(|j| scored[j] = Some(score(j))),
+    }
+    scored
+        .into_iter()
+        .map(|s| {
+            s.unwrap_or_else(|| {
+                Err(tandem_model::ModelError::Batch(
+                    "a prompt row was not scored".into(),
+                ))
             })
         })
         .collect()

@@ -114,9 +114,13 @@ impl Engine {
         let mut events = Vec::new();
         let mut failed = Vec::new();
         if !prompt_rows.is_empty() {
-            let x = self
-                .prompt_logprobs
-                .extract(logits, prompt_rows, plan_rows, &self.scheduler);
+            let x = self.prompt_logprobs.extract(
+                logits,
+                prompt_rows,
+                plan_rows,
+                &self.scheduler,
+                self.runner.host_pool(),
+            );
             logits = x.sampling;
             events = x.events;
             failed = x.failed;
