@@ -4,6 +4,11 @@
 //! Long inputs run as successive chunks through one KV store (the same as one pass, see the
 //! chunk-invariance test). Inputs longer than the context need an explicit [`Window`].
 
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+
+use tandem_kernels::ops::{log_prob, log_sum_exp};
+
 use crate::batch::{BlockId, ForwardBatch, OutputSelection, TokenId};
 use crate::error::{ModelError, Result};
 use crate::logits::Logits;
@@ -226,31 +231,145 @@ pub fn score_row(
     top_k: usize,
     with_rank: bool,
 ) -> Result<PositionScore> {
-    let lp = logits
-        .log_probs(row)
+    let x = logits.row(row);
+    let lse = row_log_sum_exp(x)
         .ok_or_else(|| ModelError::Batch(format!("non-finite logits at row {row}")))?;
-    let logprob = lp[actual.0 as usize];
-    let rank = with_rank.then(|| 1 + lp.iter().filter(|&&v| v > logprob).count());
+    let logit = x.get(actual.0 as usize).ok_or_else(|| {
+        ModelError::Batch(format!("token {} is outside the vocabulary", actual.0))
+    })?;
+    // Every entry's logprob is `log_prob(v, lse)`, the log-softmax's own arithmetic; the
+    // row is read, never written out.
+    let logprob = log_prob(*logit, lse);
+    let rank = with_rank.then(|| 1 + x.iter().filter(|&&v| log_prob(v, lse) > logprob).count());
     Ok(PositionScore {
         logprob,
         rank,
-        top: top_alternatives(&lp, top_k),
+        top: top_alternatives(x, lse, top_k),
     })
 }
 
-/// The `k` largest entries of `lp` as `(id, logprob)`, largest first, ties to the lower id.
-fn top_alternatives(lp: &[f32], k: usize) -> Vec<(TokenId, f32)> {
-    let k = k.min(lp.len());
+/// `logsumexp` of a finite row as the log-softmax forms it; `None` when the row is empty or
+/// not finite.
+fn row_log_sum_exp(x: &[f32]) -> Option<f64> {
+    let max = tandem_kernels::row_max::max_finite(x)?;
+    Some(log_sum_exp(max, tandem_kernels::exp_sum::exp_sum(x, max)))
+}
+
+/// The `k` largest logprobs of the row `x` whose logsumexp is `lse`, as `(id, logprob)`,
+/// largest first, ties to the lower id (logprobs in their total order), in one pass: a
+/// min-heap of the best `k` so far, which a later entry joins only when strictly better than
+/// its worst (a later entry has the higher id, so it loses a tie).
+fn top_alternatives(x: &[f32], lse: f64, k: usize) -> Vec<(TokenId, f32)> {
+    let k = k.min(x.len());
     if k == 0 {
         return Vec::new();
     }
-    let mut order: Vec<u32> = (0..lp.len() as u32).collect();
-    let by_logprob = |a: &u32, b: &u32| lp[*b as usize].total_cmp(&lp[*a as usize]).then(a.cmp(b));
-    order.select_nth_unstable_by(k - 1, by_logprob);
-    order.truncate(k);
-    order.sort_by(by_logprob);
-    order
+    // Ordered worst first: the smaller logprob, then the higher id.
+    let key = |id: usize, lp: f32| (Reverse(TotalF32(lp)), id);
+    let mut best: BinaryHeap<(Reverse<TotalF32>, usize)> = BinaryHeap::with_capacity(k + 1);
+    for (id, &v) in x.iter().enumerate() {
+        let lp = log_prob(v, lse);
+        if best.len() < k {
+            best.push(key(id, lp));
+        } else if best
+            .peek()
+            .is_some_and(|(Reverse(worst), _)| lp.total_cmp(&worst.0).is_gt())
+        {
+            best.pop();
+            best.push(key(id, lp));
+        }
+    }
+    let mut top: Vec<(TokenId, f32)> = best
         .into_iter()
-        .map(|i| (TokenId(i), lp[i as usize]))
-        .collect()
+        .map(|(Reverse(lp), id)| (TokenId(id as u32), lp.0))
+        .collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0 .0.cmp(&b.0 .0)));
+    top
+}
+
+/// An `f32` ordered by [`f32::total_cmp`].
+#[derive(Debug, Clone, Copy)]
+struct TotalF32(f32);
+
+impl PartialEq for TotalF32 {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.total_cmp(&other.0).is_eq()
+    }
+}
+
+impl Eq for TotalF32 {}
+
+impl PartialOrd for TotalF32 {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for TotalF32 {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The definition: the whole log-softmax written out, the rank counted on it, the top
+    /// alternatives by sorting every entry.
+    fn reference(x: &[f32], actual: usize, k: usize) -> (f32, usize, Vec<(TokenId, f32)>) {
+        let mut lp = vec![0.0; x.len()];
+        tandem_kernels::ops::log_softmax(x, &mut lp).expect("finite");
+        let rank = 1 + lp.iter().filter(|&&v| v > lp[actual]).count();
+        let mut order: Vec<u32> = (0..x.len() as u32).collect();
+        order.sort_by(|&a, &b| lp[b as usize].total_cmp(&lp[a as usize]).then(a.cmp(&b)));
+        let top = order
+            .iter()
+            .take(k)
+            .map(|&i| (TokenId(i), lp[i as usize]))
+            .collect();
+        (lp[actual], rank, top)
+    }
+
+    #[test]
+    fn a_rows_score_is_the_written_out_log_softmax_bitwise() {
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        for case in 0..200 {
+            let n = [1, 2, 5, 64, 1000, 5000][case % 6];
+            let x: Vec<f32> = (0..n)
+                .map(|i| {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let v = ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 30.0;
+                    match i % 7 {
+                        0 => 3.0,                      // exact ties
+                        1 => 3.0 + f32::EPSILON * 4.0, // ties once rounded to logprobs
+                        _ => v,
+                    }
+                })
+                .collect();
+            let actual = (case * 37) % n;
+            let k = [0, 1, 5, 20, n][case % 5];
+            let logits = Logits::new(vec![0], n, x.clone());
+            let got = score_row(&logits, 0, TokenId(actual as u32), k, true).expect("finite");
+            let (logprob, rank, top) = reference(&x, actual, k.min(n));
+            assert_eq!(got.logprob.to_bits(), logprob.to_bits(), "case {case}");
+            assert_eq!(got.rank, Some(rank), "case {case}");
+            let bits = |t: &[(TokenId, f32)]| {
+                t.iter()
+                    .map(|(i, l)| (i.0, l.to_bits()))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(bits(&got.top), bits(&top), "case {case}");
+        }
+    }
+
+    #[test]
+    fn non_finite_rows_and_tokens_outside_the_row_are_errors() {
+        let logits = Logits::new(vec![0, 1], 3, vec![1.0, f32::NAN, 0.0, 1.0, 2.0, 3.0]);
+        assert!(score_row(&logits, 0, TokenId(0), 2, true).is_err());
+        assert!(score_row(&logits, 1, TokenId(3), 2, true).is_err());
+        assert!(score_row(&logits, 1, TokenId(2), 2, true).is_ok());
+    }
 }
