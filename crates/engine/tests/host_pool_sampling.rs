@@ -1,12 +1,12 @@
 //! Rows sampled on the host run side by side on the threads a runner lends
 //! (`ModelRunner::host_pool`), with the tokens and logprobs of the engine's own loop over
 //! them: the same seeded requests (top-p, top-k, min-p, stop tokens held back by
-//! `min_tokens`, penalties, bias, top logprobs, `n > 1` siblings) through a fake model that
-//! lends a pool and one that does not.
+//! `min_tokens`, penalties, bias, top logprobs, `n > 1` siblings, prompt logprobs with
+//! ranks and alternatives) through a fake model that lends a pool and one that does not.
 
 use std::sync::atomic::Ordering;
 
-use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
+use tandem_engine::engine::{Engine, GenerationRequest};
 use tandem_engine::sampler::SamplingParams;
 use tandem_engine::scheduler_config::SchedulerConfig;
 use tandem_engine::RequestParams;
@@ -46,12 +46,15 @@ fn sampling(i: usize) -> SamplingParams {
     p
 }
 
-/// A token event: (request, sample, token, logprob bits, top logprobs' ids and bits).
-type TokenEvent = (usize, usize, u32, u32, Vec<(u32, u32)>);
-
-/// Every token event of 12 requests (two of them `n = 3`) submitted together, in event
-/// order, and how often the engine asked for the runner's pool.
-fn run(lent_threads: Option<usize>) -> (Vec<TokenEvent>, usize) {
+/// Every event of 12 requests (two of them `n = 3`) submitted together, in order (floats
+/// as `Debug` writes them: distinct bits, distinct text), each request asking for
+/// `prompt_logprobs` with prompts of `prompt_len + i` tokens; and how often the engine
+/// asked for the runner's pool.
+fn run(
+    lent_threads: Option<usize>,
+    prompt_logprobs: Option<usize>,
+    prompt_len: usize,
+) -> (Vec<String>, usize) {
     let mut runner = FakeRunner::new(VOCAB, 512, BLOCKS, BLOCK, 9);
     if let Some(threads) = lent_threads {
         runner = runner.lending_threads(threads);
@@ -59,10 +62,9 @@ fn run(lent_threads: Option<usize>) -> (Vec<TokenEvent>, usize) {
     let asked = runner.host_pool_asked();
     let config = SchedulerConfig::new(BLOCKS, BLOCK, 512);
     let mut engine = Engine::new(Box::new(runner), config, 5).expect("engine");
-    let mut owner = std::collections::HashMap::new();
     for i in 0..12 {
         let req = GenerationRequest {
-            prompt: (0..3 + i)
+            prompt: (0..prompt_len + i)
                 .map(|t| TokenId((t * 31 + i * 7) as u32 % VOCAB as u32))
                 .collect(),
             sampling: sampling(i),
@@ -72,47 +74,39 @@ fn run(lent_threads: Option<usize>) -> (Vec<TokenEvent>, usize) {
                 ..RequestParams::default()
             },
             sample_index: 0,
-            prompt_logprobs: None,
+            prompt_logprobs,
             prompt_logprobs_start: 1,
         };
         let n = if i % 6 == 0 { 3 } else { 1 };
-        for (k, id) in engine
-            .add_request_n(req, n)
-            .expect("admitted")
-            .into_iter()
-            .enumerate()
-        {
-            owner.insert(id, (i, k));
-        }
+        engine.add_request_n(req, n).expect("admitted");
     }
     let mut events = Vec::new();
     while engine.has_unfinished() {
-        for e in engine.step().expect("step") {
-            if let EngineEvent::Token {
-                seq_id,
-                token,
-                logprob,
-                top_logprobs,
-                ..
-            } = e
-            {
-                let (i, k) = owner[&seq_id];
-                let top = top_logprobs
-                    .iter()
-                    .map(|(t, l)| (t.0, l.to_bits()))
-                    .collect();
-                events.push((i, k, token.0, logprob.to_bits(), top));
-            }
-        }
+        let step = engine.step().expect("step");
+        events.extend(step.iter().map(|e| format!("{e:?}")));
     }
     (events, asked.load(Ordering::Relaxed))
 }
 
 #[test]
 fn rows_sampled_on_a_lent_pool_equal_the_engines_own_loop() {
-    let (alone, _) = run(None);
-    let (pooled, asked) = run(Some(4));
+    let (alone, _) = run(None, None, 3);
+    let (pooled, asked) = run(Some(4), None, 3);
     assert!(asked > 0, "the engine never asked for the pool");
-    assert!(alone.len() > 12 * 24, "{} tokens", alone.len());
+    let tokens = alone.iter().filter(|e| e.starts_with("Token")).count();
+    assert!(tokens > 12 * 24, "{tokens} tokens");
+    assert_eq!(pooled, alone);
+}
+
+#[test]
+fn prompt_logprobs_scored_on_a_lent_pool_equal_the_engines_own_loop() {
+    let (alone, _) = run(None, Some(4), 40);
+    let (pooled, asked) = run(Some(3), Some(4), 40);
+    assert!(asked > 0, "the engine never asked for the pool");
+    let scored = alone
+        .iter()
+        .filter(|e| e.starts_with("PromptLogprobs"))
+        .count();
+    assert!(scored >= 16, "{scored} prompt logprob events");
     assert_eq!(pooled, alone);
 }

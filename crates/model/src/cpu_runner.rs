@@ -70,13 +70,19 @@ impl ModelRunner for CpuRunner {
         batch: &ForwardBatch,
         targets: &[Option<TokenId>],
     ) -> Result<Vec<Option<f32>>> {
+        let vocab = self.model.config.vocab_size;
+        if let Some(t) = targets.iter().flatten().find(|t| t.0 as usize >= vocab) {
+            return Err(ModelError::Batch(format!(
+                "target token {} is outside the vocabulary of {vocab}",
+                t.0
+            )));
+        }
         let logits = self.model.forward(batch, &mut self.kv)?;
         check_targets(targets, &logits)?;
-        let scores = self.model.target_logprobs(&logits, targets).map_err(|row| {
-            ModelError::Batch(format!(
-                "non-finite logits at row {row} (or its target outside the vocabulary)"
-            ))
-        });
+        let scores = self
+            .model
+            .target_logprobs(&logits, targets)
+            .map_err(|row| ModelError::Batch(format!("non-finite logits at row {row}")));
         self.model.recycle_logits(logits);
         scores
     }

@@ -93,7 +93,8 @@ pub trait ModelRunner: Send + std::fmt::Debug {
     /// Teacher-forced log-probabilities: runs `batch` as [`ModelRunner::forward`] does and
     /// returns, for output row `i`, `log p(targets[i])` under its logits (`None` where
     /// `targets[i]` is `None`), bitwise what [`crate::scoring::score_row`] computes from
-    /// them; a row that holds a NaN or an infinity is an error. The default computes the
+    /// them; a row that holds a NaN or an infinity, or a target outside the vocabulary, is
+    /// an error. The default computes the
     /// logits and scores them on the host; a device runner computes each row's softmax sums
     /// where the logits are and copies back a few numbers per row instead of the rows.
     fn forward_logprobs(

@@ -221,9 +221,10 @@ pub fn position_score(
 
 /// The one implementation of a position's score (teacher-forced scoring and the engine's
 /// prompt logprobs both call it, so their numbers are bitwise equal): the log-softmax of
-/// logits row `row` (see [`Logits::log_probs`]) read at `actual`; with `with_rank`, the rank
-/// of `actual` (1 + the number of entries strictly more likely); and the `top_k` most likely
-/// tokens, most likely first, ties to the lower id. Errors when the row is not finite.
+/// logits row `row` at `actual`, bitwise [`Logits::log_probs`]'s entry but formed for the
+/// entries it needs only; with `with_rank`, the rank of `actual` (1 + the number of entries
+/// strictly more likely); and the `top_k` most likely tokens, most likely first, ties to the
+/// lower id. Errors when the row is not finite or `actual` is outside it.
 pub fn score_row(
     logits: &Logits,
     row: usize,

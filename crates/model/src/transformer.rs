@@ -175,11 +175,11 @@ impl Model {
         }
     }
 
-    /// `log p(targets[r])` for every row `r` of `logits` that has a target, the rows spread
-    /// over the model's threads: [`TokenPick::of_row`]'s logprob, bitwise the entry of the
-    /// row's log-softmax that `scoring::score_row` reads, without writing the row out.
-    /// `Err(r)`: row `r` has a target but is not finite (or the target is not in it).
-    pub fn target_logprobs(
+    /// `log p(targets[r])` for every row `r` of `logits` that has a target (one target per
+    /// row, checked by the caller), the rows spread over the model's threads:
+    /// [`TokenPick::of_row`]'s logprob, bitwise `scoring::score_row`'s. `Err(r)`: row `r`
+    /// has a target but is not finite (or the target is not in it).
+    pub(crate) fn target_logprobs(
         &self,
         logits: &Logits,
         targets: &[Option<TokenId>],
