@@ -249,6 +249,14 @@ pub fn score_row(
     })
 }
 
+/// The `k` most likely tokens of the raw logits row `x` with their logprobs, as
+/// [`score_row`]'s alternatives: largest first, ties to the lower id, each bitwise the
+/// log-softmax's entry; `None` when the row is empty or not finite. One pass over the row
+/// after its logsumexp, nothing written out (beam search reads its candidates this way).
+pub fn top_logprobs_of_row(x: &[f32], k: usize) -> Option<Vec<(TokenId, f32)>> {
+    Some(top_alternatives(x, row_log_sum_exp(x)?, k))
+}
+
 /// `logsumexp` of a finite row as the log-softmax forms it; `None` when the row is empty or
 /// not finite.
 fn row_log_sum_exp(x: &[f32]) -> Option<f64> {

@@ -21,6 +21,7 @@
 //! its hypotheses, best first.
 
 use tandem_model::logits::Logits;
+use tandem_model::scoring::top_logprobs_of_row;
 
 use super::{Engine, EngineEvent, GenerationRequest};
 use crate::beam_search::{top_k_logprobs, BeamHypothesis, BeamParams, BeamSearch, LiveBeam};
@@ -129,15 +130,17 @@ impl Engine {
         let stop: Vec<u32> = group.search.stop_tokens().iter().map(|t| t.0).collect();
         let beam = group.live.iter_mut().find(|b| b.seq == seq);
         let beam = beam.expect("a live beam is in its group's live list");
-        let log_probs = match beam.constraint.as_mut() {
-            None => logits
-                .log_probs(row)
+        // The `k` most likely tokens: read off the raw row in one pass without a grammar,
+        // else from the log-softmax over the tokens the grammar allows.
+        let candidates = match beam.constraint.as_mut() {
+            None => top_logprobs_of_row(logits.row(row), k)
                 .ok_or_else(|| "the logits hold NaN or infinity".to_string()),
-            Some(c) => constrained_log_probs(logits.row(row), c, &stop),
+            Some(c) => {
+                constrained_log_probs(logits.row(row), c, &stop).map(|lp| top_k_logprobs(&lp, k))
+            }
         };
-        match log_probs {
-            Ok(lp) => {
-                let mut candidates = top_k_logprobs(&lp, k);
+        match candidates {
+            Ok(mut candidates) => {
                 candidates.retain(|(_, l)| l.is_finite()); // tokens the grammar forbids
                 beam.candidates = Some(candidates);
             }
