@@ -4,15 +4,13 @@
 //! Long inputs run as successive chunks through one KV store (the same as one pass, see the
 //! chunk-invariance test). Inputs longer than the context need an explicit [`Window`].
 
-use std::cmp::{Ordering, Reverse};
-use std::collections::BinaryHeap;
-
 use tandem_kernels::ops::{log_prob, log_sum_exp};
 
 use crate::batch::{BlockId, ForwardBatch, OutputSelection, TokenId};
 use crate::error::{ModelError, Result};
 use crate::logits::Logits;
 use crate::runner::ModelRunner;
+use crate::token_pick::top_n;
 
 /// Strided sliding windows for inputs longer than the context, as in HF's perplexity recipe:
 /// window `w` covers tokens `[w * stride, w * stride + size)`, run as a fresh sequence, and
@@ -265,59 +263,13 @@ fn row_log_sum_exp(x: &[f32]) -> Option<f64> {
 }
 
 /// The `k` largest logprobs of the row `x` whose logsumexp is `lse`, as `(id, logprob)`,
-/// largest first, ties to the lower id (logprobs in their total order), in one pass: a
-/// min-heap of the best `k` so far, which a later entry joins only when strictly better than
-/// its worst (a later entry has the higher id, so it loses a tie).
+/// largest first, ties to the lower id (logprobs in their total order), in one pass
+/// ([`top_n`] over each entry's logprob, formed as the log-softmax forms it).
 fn top_alternatives(x: &[f32], lse: f64, k: usize) -> Vec<(TokenId, f32)> {
-    let k = k.min(x.len());
-    if k == 0 {
-        return Vec::new();
-    }
-    // Ordered worst first: the smaller logprob, then the higher id.
-    let key = |id: usize, lp: f32| (Reverse(TotalF32(lp)), id);
-    let mut best: BinaryHeap<(Reverse<TotalF32>, usize)> = BinaryHeap::with_capacity(k + 1);
-    for (id, &v) in x.iter().enumerate() {
-        let lp = log_prob(v, lse);
-        if best.len() < k {
-            best.push(key(id, lp));
-        } else if best
-            .peek()
-            .is_some_and(|(Reverse(worst), _)| lp.total_cmp(&worst.0).is_gt())
-        {
-            best.pop();
-            best.push(key(id, lp));
-        }
-    }
-    let mut top: Vec<(TokenId, f32)> = best
+    top_n(x.iter().map(|&v| log_prob(v, lse)), k.min(x.len()))
         .into_iter()
-        .map(|(Reverse(lp), id)| (TokenId(id as u32), lp.0))
-        .collect();
-    top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0 .0.cmp(&b.0 .0)));
-    top
-}
-
-/// An `f32` ordered by [`f32::total_cmp`].
-#[derive(Debug, Clone, Copy)]
-struct TotalF32(f32);
-
-impl PartialEq for TotalF32 {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.total_cmp(&other.0).is_eq()
-    }
-}
-
-impl Eq for TotalF32 {}
-
-impl PartialOrd for TotalF32 {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for TotalF32 {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.0.total_cmp(&other.0)
-    }
+        .map(|(id, lp)| (TokenId(id), lp))
+        .collect()
 }
 
 #[cfg(test)]

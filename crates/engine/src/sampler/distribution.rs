@@ -170,19 +170,13 @@ pub fn reported_token(
     logits_row: &[f32],
     token: u32,
     params: &SamplingParams,
-    state: &mut SamplerState,
 ) -> Result<SampledToken, SamplerError> {
     let lsm = RawLogSoftmax::of(logits_row)?;
     let logit = *logits_row
         .get(token as usize)
         .ok_or_else(|| SamplerError::invalid("token", format!("{token} is outside the row")))?;
     let top_logprobs = if params.logprobs && params.top_logprobs > 0 {
-        logprobs::top_logprobs(
-            logits_row,
-            params.top_logprobs,
-            lsm,
-            &mut state.scratch.candidates,
-        )
+        logprobs::top_logprobs(logits_row, params.top_logprobs, lsm)
     } else {
         Vec::new()
     };
@@ -239,7 +233,7 @@ mod tests {
         let row = [0.3, -1.0, 2.5, 2.0];
         let mut state = SamplerState::new(1, &[]);
         let s = sample(&row, &params, &mut state, 0).expect("ok");
-        let r = reported_token(&row, s.token, &params, &mut state).expect("ok");
+        let r = reported_token(&row, s.token, &params).expect("ok");
         assert_eq!(s, r);
     }
 

@@ -32,14 +32,9 @@ impl RawLogSoftmax {
 }
 
 /// The `n` most likely tokens of the raw distribution with their logprobs, most likely
-/// first (ties to the lower id). `ids` is scratch.
-pub(crate) fn top_logprobs(
-    row: &[f32],
-    n: usize,
-    lsm: RawLogSoftmax,
-    ids: &mut Vec<u32>,
-) -> Vec<(u32, f32)> {
-    tandem_model::token_pick::top_logprobs_of(row, n, lsm.lse, ids)
+/// first (ties to the lower id).
+pub(crate) fn top_logprobs(row: &[f32], n: usize, lsm: RawLogSoftmax) -> Vec<(u32, f32)> {
+    tandem_model::token_pick::top_logprobs_of(row, n, lsm.lse)
         .into_iter()
         .map(|(t, l)| (t.0, l))
         .collect()
@@ -69,9 +64,9 @@ mod tests {
     fn top_logprobs_sorted_with_ties_to_lower_ids() {
         let row = [0.0, 2.0, 1.0, 2.0, -1.0];
         let lsm = RawLogSoftmax::of(&row).expect("finite");
-        let top = top_logprobs(&row, 3, lsm, &mut Vec::new());
+        let top = top_logprobs(&row, 3, lsm);
         let ids: Vec<u32> = top.iter().map(|t| t.0).collect();
         assert_eq!(ids, vec![1, 3, 2]);
-        assert_eq!(top_logprobs(&row, 9, lsm, &mut Vec::new()).len(), 5);
+        assert_eq!(top_logprobs(&row, 9, lsm).len(), 5);
     }
 }

@@ -113,12 +113,7 @@ pub fn sample(
         truncation::sample_random(values, &mut scratch.candidates, params, u)
     };
     let top = if params.logprobs && params.top_logprobs > 0 {
-        logprobs::top_logprobs(
-            logits_row,
-            params.top_logprobs,
-            lsm,
-            &mut scratch.candidates,
-        )
+        logprobs::top_logprobs(logits_row, params.top_logprobs, lsm)
     } else {
         Vec::new()
     };

@@ -122,10 +122,10 @@ fn judge(
             )?
         };
         if let Some(token) = replacement {
-            out.push(reported_token(row, token, params, state)?);
+            out.push(reported_token(row, token, params)?);
             return Ok(());
         }
-        out.push(reported_token(row, draft, params, state)?);
+        out.push(reported_token(row, draft, params)?);
         if out.len() >= limits.max_new || (limits.is_stop)(draft) {
             return Ok(());
         }
