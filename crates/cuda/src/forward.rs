@@ -111,23 +111,6 @@ impl Workspace {
     }
 }
 
-impl CudaRunner {
-    /// A host buffer for `len` logits, all of which the caller overwrites: the one the engine
-    /// handed back where it is large enough, else a fresh zeroed one. A batch's logits are
-    /// large (256 rows of a 128k vocabulary are 131 MB) and a fresh buffer's pages fault in
-    /// as the copy writes them: advised onto huge pages, that is one fault per 2 MiB, not per
-    /// 4 KiB.
-    fn logits_buffer(&mut self, len: usize) -> Vec<f32> {
-        let mut spare = std::mem::take(&mut self.spare_logits);
-        if spare.capacity() < len {
-            return tandem_kernels::huge_pages::zeroed_vec(len);
-        }
-        spare.truncate(len);
-        spare.resize(len, 0.0);
-        spare
-    }
-}
-
 pub(crate) fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> DevPtr {
     s.device_ptr(stream).0
 }
@@ -209,7 +192,7 @@ impl CudaRunner {
         let n = l.tokens.len();
         self.replay_decode(l, bucket, &[])?;
         let vocab = self.config.vocab_size;
-        let mut data = self.logits_buffer(n * vocab);
+        let mut data = self.spare_logits.take(n * vocab);
         let s = &self.device.stream;
         s.memcpy_dtoh(&self.ws.logits.slice(..n * vocab), &mut data)?;
         Ok(Logits::new((0..n).collect(), vocab, data))
@@ -262,7 +245,7 @@ impl CudaRunner {
     /// [`LOGIT_ROWS`] rows at a time and copied to the host.
     pub(crate) fn lm_head(&mut self, rows: Vec<usize>, slots: &[i64]) -> Result<Logits, CudaError> {
         let vocab = self.config.vocab_size;
-        let mut data = self.logits_buffer(slots.len() * vocab); // [rows, vocab]
+        let mut data = self.spare_logits.take(slots.len() * vocab); // [rows, vocab]
         let s = self.device.stream.clone();
         for (group, out) in slots
             .chunks(LOGIT_ROWS)

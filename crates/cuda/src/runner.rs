@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 use tandem_kernels::thread_pool::ThreadPool;
 use tandem_model::batch::{BlockId, CarriedToken, ForwardBatch, TokenId};
 use tandem_model::host_model::HostModel;
-use tandem_model::logits::Logits;
+use tandem_model::logits::{Logits, SpareLogits};
 use tandem_model::row_sampling::RowDraw;
 use tandem_model::runner::{KvGeometry, ModelRunner};
 use tandem_model::token_pick::TokenPick;
@@ -70,9 +70,9 @@ pub struct CudaRunner {
     overlap_steps: bool,
     /// Events of a profiled step (empty otherwise); dropped before the device.
     pub(crate) profile: EventLog,
-    /// A logits buffer the engine handed back (`ModelRunner::recycle_logits`), which the next
-    /// copy of logits to the host fills instead of a fresh buffer's faulting pages.
-    pub(crate) spare_logits: Vec<f32>,
+    /// The logits buffer the engine handed back (`ModelRunner::recycle_logits`), which the
+    /// next copy of logits to the host fills.
+    pub(crate) spare_logits: SpareLogits,
     /// Host threads lent to the engine between steps (`ModelRunner::host_pool`): the plain
     /// rows it samples on the host (a grammar's, a forking group's) run side by side.
     host_pool: ThreadPool,
@@ -146,7 +146,7 @@ impl CudaRunner {
             tc_fold_min_blocks: TC_FOLD_MIN_BLOCKS,
             overlap_steps: o.overlap_steps,
             profile: EventLog::default(),
-            spare_logits: Vec::new(),
+            spare_logits: SpareLogits::new(SPARE_LOGITS_BYTES),
             host_pool: ThreadPool::new(host_pool_threads()),
             device,
         })
@@ -385,12 +385,7 @@ impl ModelRunner for CudaRunner {
     }
 
     fn recycle_logits(&mut self, logits: Logits) {
-        let data = logits.into_data();
-        if data.capacity() * 4 <= SPARE_LOGITS_BYTES
-            && data.capacity() > self.spare_logits.capacity()
-        {
-            self.spare_logits = data;
-        }
+        self.spare_logits.keep(logits);
     }
 
     fn launch_sample(

@@ -138,12 +138,18 @@ pub fn rope_head(head: &mut [f32], cos: &[f32], sin: &[f32], neox: bool) {
 /// Returns `None` when the row holds a NaN or infinite value.
 pub fn log_softmax(x: &[f32], out: &mut [f32]) -> Option<()> {
     assert_eq!(x.len(), out.len(), "log_softmax: length mismatch");
-    let max = crate::row_max::max_finite(x)?;
-    let lse = log_sum_exp(max, crate::exp_sum::exp_sum(x, max));
+    let lse = row_log_sum_exp(x)?;
     for (o, &v) in out.iter_mut().zip(x) {
         *o = log_prob(v, lse);
     }
     Some(())
+}
+
+/// `logsumexp(x)` of a row of logits as [`log_softmax`] forms it (every entry's logprob is
+/// then [`log_prob`]`(x_i, lse)`); `None` when the row is empty or not finite.
+pub fn row_log_sum_exp(x: &[f32]) -> Option<f64> {
+    let max = crate::row_max::max_finite(x)?;
+    Some(log_sum_exp(max, crate::exp_sum::exp_sum(x, max)))
 }
 
 /// `logsumexp(x)` of a row from its maximum and `Σ exp(x_i − max)` ([`crate::exp_sum`]).

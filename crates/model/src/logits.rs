@@ -58,3 +58,45 @@ impl Logits {
         self.data
     }
 }
+
+/// A logits buffer handed back after its step ([`crate::runner::ModelRunner::recycle_logits`]),
+/// which the next step's logits are written into instead of a fresh buffer whose pages
+/// fault in as they are written (at a large vocabulary a visible part of a decode step).
+/// One buffer is kept, the largest handed back up to `max_bytes`: a decode step's, not a
+/// long prompt's.
+#[derive(Debug)]
+pub struct SpareLogits {
+    data: Vec<f32>,
+    max_bytes: usize,
+}
+
+impl SpareLogits {
+    /// Keeps buffers of at most `max_bytes`.
+    pub fn new(max_bytes: usize) -> SpareLogits {
+        SpareLogits {
+            data: Vec::new(),
+            max_bytes,
+        }
+    }
+
+    /// Keeps the buffer behind `logits` if it is the larger one and within the limit.
+    pub fn keep(&mut self, logits: Logits) {
+        let data = logits.into_data();
+        let bytes = data.capacity() * std::mem::size_of::<f32>();
+        if bytes <= self.max_bytes && data.capacity() > self.data.capacity() {
+            self.data = data;
+        }
+    }
+
+    /// A buffer of `len` values for the caller to overwrite entirely: the kept one when it
+    /// is large enough (whatever it held), else a fresh zeroed one advised onto huge pages.
+    pub fn take(&mut self, len: usize) -> Vec<f32> {
+        let mut data = std::mem::take(&mut self.data);
+        if data.capacity() < len {
+            return tandem_kernels::huge_pages::zeroed_vec(len);
+        }
+        data.truncate(len);
+        data.resize(len, 0.0);
+        data
+    }
+}

@@ -4,7 +4,7 @@
 //! Long inputs run as successive chunks through one KV store (the same as one pass, see the
 //! chunk-invariance test). Inputs longer than the context need an explicit [`Window`].
 
-use tandem_kernels::ops::{log_prob, log_sum_exp};
+use tandem_kernels::ops::log_prob;
 
 use crate::batch::{BlockId, ForwardBatch, OutputSelection, TokenId};
 use crate::error::{ModelError, Result};
@@ -231,7 +231,7 @@ pub fn score_row(
     with_rank: bool,
 ) -> Result<PositionScore> {
     let x = logits.row(row);
-    let lse = row_log_sum_exp(x)
+    let lse = tandem_kernels::ops::row_log_sum_exp(x)
         .ok_or_else(|| ModelError::Batch(format!("non-finite logits at row {row}")))?;
     let logit = x.get(actual.0 as usize).ok_or_else(|| {
         ModelError::Batch(format!("token {} is outside the vocabulary", actual.0))
@@ -252,14 +252,11 @@ pub fn score_row(
 /// log-softmax's entry; `None` when the row is empty or not finite. One pass over the row
 /// after its logsumexp, nothing written out (beam search reads its candidates this way).
 pub fn top_logprobs_of_row(x: &[f32], k: usize) -> Option<Vec<(TokenId, f32)>> {
-    Some(top_alternatives(x, row_log_sum_exp(x)?, k))
-}
-
-/// `logsumexp` of a finite row as the log-softmax forms it; `None` when the row is empty or
-/// not finite.
-fn row_log_sum_exp(x: &[f32]) -> Option<f64> {
-    let max = tandem_kernels::row_max::max_finite(x)?;
-    Some(log_sum_exp(max, tandem_kernels::exp_sum::exp_sum(x, max)))
+    Some(top_alternatives(
+        x,
+        tandem_kernels::ops::row_log_sum_exp(x)?,
+        k,
+    ))
 }
 
 /// The `k` largest logprobs of the row `x` whose logsumexp is `lse`, as `(id, logprob)`,

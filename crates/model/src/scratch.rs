@@ -11,7 +11,8 @@ use tandem_kernels::packed::QuantizedRows;
 use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::kv_store::KvStore;
-use crate::transformer::MoeScratch;
+use crate::logits::SpareLogits;
+use crate::transformer::{MoeScratch, SPARE_LOGITS_BYTES};
 
 /// Everything one forward call works in.
 #[derive(Debug)]
@@ -27,10 +28,9 @@ pub(crate) struct Scratch {
     pub gathered: Vec<f32>,
     /// The routing and per-expert rows of a mixture-of-experts MLP (empty otherwise).
     pub moe: MoeScratch,
-    /// A logits buffer handed back after its step ([`crate::transformer::Model::recycle_logits`]),
-    /// which the next step's LM head writes into instead of allocating (at large vocabularies
-    /// a fresh buffer's page faults were a visible part of a decode step).
-    pub logits: Vec<f32>,
+    /// The logits buffer handed back after its step ([`crate::transformer::Model::recycle_logits`]),
+    /// which the next step's LM head writes into.
+    pub logits: SpareLogits,
 }
 
 impl Default for Scratch {
@@ -43,7 +43,7 @@ impl Default for Scratch {
             xq: QuantizedRows::empty(),
             gathered: Vec::new(),
             moe: MoeScratch::default(),
-            logits: Vec::new(),
+            logits: SpareLogits::new(SPARE_LOGITS_BYTES),
         }
     }
 }

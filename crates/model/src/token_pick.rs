@@ -62,11 +62,10 @@ impl TokenPick {
 /// likely first, ties to the lower id (values in their total order); empty when the row is
 /// not finite.
 pub fn top_logprobs(row: &[f32], n: usize) -> Vec<(TokenId, f32)> {
-    let Some(max) = row_max(row) else {
-        return Vec::new();
-    };
-    let lse = log_sum_exp(max, tandem_kernels::exp_sum::exp_sum(row, max));
-    top_logprobs_of(row, n, lse)
+    match tandem_kernels::ops::row_log_sum_exp(row) {
+        Some(lse) => top_logprobs_of(row, n, lse),
+        None => Vec::new(),
+    }
 }
 
 /// [`top_logprobs`] of a finite row whose [`log_sum_exp`] is `lse`.

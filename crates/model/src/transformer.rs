@@ -168,11 +168,7 @@ impl Model {
     /// head to write into (one of at most [`SPARE_LOGITS_BYTES`] is kept: a decode step's,
     /// not a long prompt's).
     pub fn recycle_logits(&mut self, logits: Logits) {
-        let data = logits.into_data();
-        let spare = &mut self.scratch.logits;
-        if data.capacity() * 4 <= SPARE_LOGITS_BYTES && data.capacity() > spare.capacity() {
-            *spare = data;
-        }
+        self.scratch.logits.keep(logits);
     }
 
     /// `log p(targets[r])` for every row `r` of `logits` that has a target (one target per
@@ -306,7 +302,8 @@ impl Model {
         for &r in &rows {
             gathered.extend_from_slice(&a.xn[r * h..(r + 1) * h]);
         }
-        self.lm_head(rows, gathered, xq, std::mem::take(logits))
+        let data = logits.take(rows.len() * c.vocab_size);
+        self.lm_head(rows, gathered, xq, data)
     }
 
     /// The logits of the tokens whose final hidden states sit in `slots` of `kv` (rows
@@ -324,12 +321,8 @@ impl Model {
         for &slot in slots {
             gathered.extend_from_slice(kv.hidden_row(slot));
         }
-        let logits = self.lm_head(
-            (0..slots.len()).collect(),
-            gathered,
-            xq,
-            std::mem::take(logits),
-        );
+        let data = logits.take(slots.len() * self.config.vocab_size);
+        let logits = self.lm_head((0..slots.len()).collect(), gathered, xq, data);
         self.scratch = scratch;
         logits
     }
@@ -468,9 +461,9 @@ impl Model {
     }
 
     /// The output projection of final hidden states: row `i` of the result (numbered
-    /// `rows[i]`) from row `i` of `hidden` (`[rows, hidden_size]`), written into `data` (a
-    /// recycled buffer or an empty one; the product writes every entry, so whatever a
-    /// recycled buffer held is never read).
+    /// `rows[i]`) from row `i` of `hidden` (`[rows, hidden_size]`), written into `data`
+    /// (`[rows, vocab]`, possibly a recycled buffer: the product writes every entry, so
+    /// whatever it held is never read).
     fn lm_head(
         &self,
         rows: Vec<usize>,
@@ -479,13 +472,6 @@ impl Model {
         mut data: Vec<f32>,
     ) -> Logits {
         let c = &self.config;
-        let len = rows.len() * c.vocab_size; // [rows, vocab]
-        if data.capacity() < len {
-            data = vec![0.0; len]; // zeroed pages from the system, not written here
-        } else {
-            data.truncate(len);
-            data.resize(len, 0.0);
-        }
         self.matmul(self.w.lm_head, hidden, &mut data, rows.len(), xq);
         if let Some(cap) = c.features.final_logit_softcap {
             softcap_inplace(&mut data, cap);

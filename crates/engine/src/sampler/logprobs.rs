@@ -13,16 +13,14 @@ pub(crate) struct RawLogSoftmax {
 
 impl RawLogSoftmax {
     /// Computes `logsumexp(row)` as `max + ln(sum exp(row - max))` (the subtraction in f32,
-    /// the sum in f64 by the kernels' `exp_sum`, the one `tandem score` uses). Errors on an empty row or any NaN or infinity.
+    /// the sum in f64 by the kernels' `exp_sum`: `ops::row_log_sum_exp`, the one `tandem
+    /// score` uses). Errors on an empty row or any NaN or infinity.
     pub(crate) fn of(row: &[f32]) -> Result<RawLogSoftmax, SamplerError> {
         if row.is_empty() {
             return Err(SamplerError::EmptyLogits);
         }
-        let max = tandem_kernels::row_max::max_finite(row).ok_or(SamplerError::NonFiniteLogits)?;
-        let sum = tandem_kernels::exp_sum::exp_sum(row, max);
-        Ok(RawLogSoftmax {
-            lse: tandem_kernels::ops::log_sum_exp(max, sum),
-        })
+        let lse = tandem_kernels::ops::row_log_sum_exp(row).ok_or(SamplerError::NonFiniteLogits)?;
+        Ok(RawLogSoftmax { lse })
     }
 
     /// `log p` of a token whose raw logit is `logit`.
