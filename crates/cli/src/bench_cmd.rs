@@ -14,6 +14,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
 use tandem_engine::sampler::SamplingParams;
+use tandem_kernels::row_max;
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
 use tandem_model::runner::ModelRunner;
 
@@ -329,8 +330,8 @@ pub(crate) fn measure(
 
 /// The greedy token of every output row of one step. A runner that reduces rows where its
 /// logits are (a GPU) returns the picks, as an engine step of greedy requests asks it to;
-/// otherwise the logits' argmax, so that a CPU step costs what llama.cpp's benchmark
-/// measures: the forward pass alone.
+/// otherwise the logits' argmax (the engine's vectorized greedy pick), so that a CPU step costs
+/// what llama.cpp's benchmark measures: the forward pass alone.
 fn greedy_step(runner: &mut dyn ModelRunner, batch: &ForwardBatch) -> Result<Vec<TokenId>> {
     if runner.samples_rows() {
         return runner
@@ -341,18 +342,11 @@ fn greedy_step(runner: &mut dyn ModelRunner, batch: &ForwardBatch) -> Result<Vec
     }
     let logits = runner.forward(batch)?;
     let picks = (0..logits.num_rows())
-        .map(|r| argmax(logits.row(r)))
+        .map(|r| {
+            let (token, _) = row_max::greedy(logits.row(r)).context("non-finite logits")?;
+            Ok(TokenId(token as u32))
+        })
         .collect();
     runner.recycle_logits(logits);
-    Ok(picks)
-}
-
-fn argmax(row: &[f32]) -> TokenId {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    TokenId(best as u32)
+    picks
 }

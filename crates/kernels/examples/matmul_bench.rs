@@ -5,22 +5,30 @@
 //! contains it).
 //!
 //! Prints GFLOP/s (2·rows·cols·n_tokens per call) for the SmolLM2-135M shapes (Q4_1
-//! projections, the Q8_0 LM head) with 1, 64 and 512 tokens, for every ISA this CPU runs: the
-//! median of 7 timed batches (the machine is shared; medians resist outliers).
+//! projections, the Q8_0 LM head) and Gemma 3 270M's (the Q8_0 262,144 × 640 LM head, Q5_0,
+//! Q6_K and Q4_K projections) with 1, 64 and 512 tokens, for every ISA this CPU runs, and in
+//! the column `packed` for the int8 kernels on packed matrices that quantized models run
+//! (`matmul_quantized`, the activations quantized outside the timing): the median of 7 timed
+//! batches (the machine is shared; medians resist outliers).
 
 use std::time::Instant;
 
+use tandem_kernels::packed::{matmul_quantized, QuantizedRows};
 use tandem_kernels::quant::quantize_row;
-use tandem_kernels::{matmul_with, DType, Isa, ThreadPool, WeightView};
+use tandem_kernels::{matmul_with, DType, Isa, PackedMatrix, ThreadPool, WeightView};
 
-/// `[rows, cols]` weights of the default model: attention q/o, k/v, MLP gate/up, MLP down, and
-/// the LM head.
-const SHAPES: [(DType, usize, usize); 5] = [
+/// `[rows, cols]` weights of the default model (attention q/o, k/v, MLP gate/up, MLP down, and
+/// the LM head), then Gemma 3 270M's (LM head, MLP gate/up and down, attention o).
+const SHAPES: [(DType, usize, usize); 9] = [
     (DType::Q4_1, 576, 576),
     (DType::Q4_1, 192, 576),
     (DType::Q4_1, 1536, 576),
     (DType::Q4_1, 576, 1536),
     (DType::Q8_0, 49152, 576),
+    (DType::Q8_0, 262144, 640),
+    (DType::Q5_0, 2048, 640),
+    (DType::Q6_K, 640, 2048),
+    (DType::Q4_K, 640, 1024),
 ];
 
 fn weight(dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
@@ -37,20 +45,21 @@ fn weight(dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
     data
 }
 
-/// Median GFLOP/s of `matmul_with(isa, …)` over 7 batches of calls.
-fn bench(isa: Isa, pool: &ThreadPool, w: &WeightView<'_>, n_tokens: usize) -> f64 {
+/// Median GFLOP/s of `product` (`y = x · wᵀ`, `[n_tokens, cols]` by `[rows, cols]`) over 7
+/// batches of calls.
+fn bench(w: &WeightView<'_>, n_tokens: usize, mut product: impl FnMut(&[f32], &mut [f32])) -> f64 {
     let x: Vec<f32> = (0..n_tokens * w.cols)
         .map(|i| (i % 13) as f32 * 0.1 - 0.6)
         .collect(); // [n_tokens, cols]
     let mut y = vec![0.0f32; n_tokens * w.rows]; // [n_tokens, rows]
     let flops_per_call = 2.0 * (w.rows * w.cols * n_tokens) as f64;
     let iters = ((1e8 / flops_per_call) as usize).max(1);
-    matmul_with(isa, pool, w, &x, &mut y, n_tokens); // warm-up
+    product(&x, &mut y); // warm-up
     let mut secs: Vec<f64> = (0..7)
         .map(|_| {
             let start = Instant::now();
             for _ in 0..iters {
-                matmul_with(isa, pool, w, &x, &mut y, n_tokens);
+                product(&x, &mut y);
             }
             start.elapsed().as_secs_f64() / iters as f64
         })
@@ -58,6 +67,16 @@ fn bench(isa: Isa, pool: &ThreadPool, w: &WeightView<'_>, n_tokens: usize) -> f6
     std::hint::black_box(&y);
     secs.sort_by(f64::total_cmp);
     flops_per_call / secs[secs.len() / 2] / 1e9
+}
+
+/// [`bench`] of the packed int8 product (the activations quantized once, outside the timing).
+fn bench_packed(pool: &ThreadPool, w: &WeightView<'_>, n_tokens: usize) -> Option<f64> {
+    let packed = PackedMatrix::pack(w, pool)?;
+    let mut xq = None;
+    Some(bench(w, n_tokens, |x, y| {
+        let xq = xq.get_or_insert_with(|| QuantizedRows::quantize(pool, x, n_tokens, w.cols));
+        matmul_quantized(pool, &packed, xq, y);
+    }))
 }
 
 fn main() {
@@ -93,7 +112,7 @@ fn main() {
     for isa in &isas {
         print!(" {:>8}", isa.name());
     }
-    println!("   (GFLOP/s, wall time, median of 7)");
+    println!(" {:>8}   (GFLOP/s, wall time, median of 7)", "packed");
     for (dtype, rows, cols) in SHAPES {
         let label = format!("{dtype} {rows}x{cols}");
         if !filters.iter().all(|f| label.contains(f.as_str())) {
@@ -106,9 +125,15 @@ fn main() {
                 let pool = ThreadPool::new(n_threads);
                 print!("{label:<22} {n_tokens:>3} {n_threads:>3}");
                 for &isa in &isas {
-                    print!(" {:>8.2}", bench(isa, &pool, &w, n_tokens));
+                    let gflops = bench(&w, n_tokens, |x, y| {
+                        matmul_with(isa, &pool, &w, x, y, n_tokens)
+                    });
+                    print!(" {gflops:>8.2}");
                 }
-                println!();
+                match bench_packed(&pool, &w, n_tokens) {
+                    Some(gflops) => println!(" {gflops:>8.2}"),
+                    None => println!(" {:>8}", "-"),
+                }
             }
         }
     }

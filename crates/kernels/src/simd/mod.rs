@@ -41,6 +41,8 @@ mod decode;
 #[cfg(target_arch = "x86_64")]
 mod decode_more;
 #[cfg(target_arch = "x86_64")]
+mod group_prefetch;
+#[cfg(target_arch = "x86_64")]
 mod kernels;
 #[cfg(target_arch = "x86_64")]
 mod lanes;

@@ -22,10 +22,10 @@ use std::arch::x86_64::*;
 
 use crate::packed::{BlockScale, PackedMatrix, QuantizedRows, RecordKind, BLOCK, GROUP_ROWS};
 
+use super::group_prefetch::GroupPrefetch;
+
 /// Tokens whose sums advance together over one decoded weight record.
 const TILE: usize = 4;
-/// How many records ahead of the one being read to prefetch.
-const PREFETCH_RECORDS: usize = 4;
 /// Rows per `ymm` of `i32`: a group is two halves.
 const HALF: usize = GROUP_ROWS / 2;
 
@@ -76,15 +76,18 @@ unsafe fn tiles<
     out: &mut [f32],
 ) {
     let n = xq.n_tokens();
+    let plan = GroupPrefetch::plan(w, g, n / TILE);
     let mut t0 = 0;
     while t0 + TILE <= n {
-        tile::<TILE, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, out);
+        let fetch = plan.tile(t0 / TILE);
+        tile::<TILE, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, fetch, out);
         t0 += TILE;
     }
+    let own = GroupPrefetch::OWN;
     match n - t0 {
-        3 => tile::<3, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, out),
-        2 => tile::<2, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, out),
-        1 => tile::<1, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, out),
+        3 => tile::<3, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, own, out),
+        2 => tile::<2, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, own, out),
+        1 => tile::<1, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, own, out),
         _ => {}
     }
 }
@@ -122,6 +125,7 @@ unsafe fn tile<
     g: usize,
     xq: &QuantizedRows,
     t0: usize,
+    fetch: GroupPrefetch,
     out: &mut [f32],
 ) {
     let (record, quants) = (w.record_bytes(), w.kind().quant_bytes());
@@ -144,12 +148,7 @@ unsafe fn tile<
     #[allow(clippy::needless_range_loop)] // `b` indexes the records, the bytes and the scales
     for b in 0..blocks {
         let rec = records.as_ptr().add(b * record);
-        // As in the VNNI kernel: the hardware prefetcher does not run far enough ahead of a
-        // single-token pass; prefetches never fault, even past the end of the matrix.
-        let ahead = rec.wrapping_add(PREFETCH_RECORDS * record);
-        for line in (0..record).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
-        }
+        fetch.fetch(records.as_ptr(), b, record);
         for h in 0..2 {
             // Weight vector `k` (this half) pairs with activation bytes `4k ..` (Q8_0: vectors
             // 4..8 are elements 16..32; 4-bit: the high nibbles of vector k − 4 are). For Q8_0,
