@@ -180,13 +180,19 @@ unsafe fn tile<
         };
         for t in 0..T {
             let x = q[t].add(b * BLOCK);
-            let mut lo = _mm512_setzero_si512();
+            let s = scales[t][b];
+            // The weights' bias times the activations' sum, subtracted up front (exact, as
+            // integers are, and one operation fewer per token and block).
+            let mut lo = if bias != 0 && !HALVES {
+                _mm512_set1_epi32(-(bias * s.sum))
+            } else {
+                _mm512_setzero_si512()
+            };
             let mut hi = _mm512_setzero_si512();
             for k in 0..4 {
                 lo = _mm512_dpbusd_epi32(lo, wv[k], broadcast4(x.add(4 * k)));
                 hi = _mm512_dpbusd_epi32(hi, wv[4 + k], broadcast4(x.add(16 + 4 * k)));
             }
-            let s = scales[t][b];
             if HALVES {
                 let i_lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(bias * s.sum_lo));
                 let i_hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(bias * (s.sum - s.sum_lo)));
@@ -197,10 +203,7 @@ unsafe fn tile<
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i_hi), d_hi, acc[t]);
                 continue;
             }
-            let mut i = _mm512_add_epi32(lo, hi);
-            if bias != 0 {
-                i = _mm512_sub_epi32(i, _mm512_set1_epi32(bias * s.sum));
-            }
+            let i = _mm512_add_epi32(lo, hi);
             let dd = _mm512_mul_ps(dw, _mm512_set1_ps(s.d));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), dd, acc[t]);
             if MIN {
