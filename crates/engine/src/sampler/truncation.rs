@@ -55,11 +55,27 @@ pub(crate) fn sample_random(
     params: &SamplingParams,
     u: f64,
 ) -> Option<u32> {
+    if cuts_nothing(params, values.len()) {
+        // Every finite token survives: weigh the whole row and draw in id order without
+        // listing the candidates, the same draw (an `-inf` entry weighs 0, which changes no
+        // sum and is never chosen).
+        let max = sampling_weights::maximum(values);
+        if max == f64::NEG_INFINITY {
+            return None;
+        }
+        sampling_weights::exp_weights(values, max, params.temperature as f64);
+        return draw(values, 0..values.len() as u32, u);
+    }
     if !truncate(values, candidates, params) {
         return None;
     }
     candidates.sort_unstable();
-    draw(values, candidates, u)
+    draw(values, candidates.iter().copied(), u)
+}
+
+/// Whether no truncation of `params` can drop a token of a `vocab`-sized row.
+fn cuts_nothing(params: &SamplingParams, vocab: usize) -> bool {
+    params.top_k_limit().is_none_or(|k| k >= vocab) && params.top_p >= 1.0 && params.min_p <= 0.0
 }
 
 /// Steps 1-5 of [`sample_random`]: leaves the survivors in `candidates` and their
@@ -187,12 +203,12 @@ fn exponent_bucket(w: f64) -> usize {
 /// Inverse-CDF draw over `candidates` in their current order: the first whose cumulative
 /// weight exceeds `u * total`. Zero weights are never chosen; if rounding runs past the
 /// end, the last candidate with a positive weight is taken.
-fn draw(weights: &[f64], candidates: &[u32], u: f64) -> Option<u32> {
-    let total: f64 = candidates.iter().map(|&id| weights[id as usize]).sum();
+fn draw(weights: &[f64], candidates: impl Iterator<Item = u32> + Clone, u: f64) -> Option<u32> {
+    let total: f64 = candidates.clone().map(|id| weights[id as usize]).sum();
     let target = u * total;
     let mut cum = 0.0;
     let mut last_positive = None;
-    for &id in candidates {
+    for id in candidates {
         let w = weights[id as usize];
         if w > 0.0 {
             cum += w;
@@ -222,9 +238,51 @@ mod tests {
     fn survivors(logits: &[f64], p: &SamplingParams) -> Vec<u32> {
         let mut values = logits.to_vec();
         let mut cands = Vec::new();
-        sample_random(&mut values, &mut cands, p, 0.0).expect("a candidate");
+        assert!(truncate(&mut values, &mut cands, p), "a candidate");
         cands.sort_unstable();
         cands
+    }
+
+    #[test]
+    fn a_row_nothing_cuts_draws_as_its_listed_candidates_do() {
+        // Logits over 12 orders of magnitude (weights that underflow to 0 included), some
+        // `-inf`, at several temperatures and draws: the whole-row draw must pick the token
+        // the draw over the listed candidates picks, from the same weights.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut uniform = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for trial in 0..200 {
+            let n = 1 + trial * 37 % 3000;
+            let row: Vec<f64> = (0..n)
+                .map(|_| match uniform() {
+                    x if x < 0.1 => f64::NEG_INFINITY,
+                    x => (x - 0.5) * if trial % 3 == 0 { 2000.0 } else { 20.0 },
+                })
+                .collect();
+            for t in [0.3f32, 1.0, 1.7] {
+                let p = SamplingParams {
+                    temperature: t,
+                    ..params(-1, 1.0, 0.0)
+                };
+                let u = uniform();
+                let (mut whole, mut listed) = (row.clone(), row.clone());
+                let mut cands = Vec::new();
+                let picked = sample_random(&mut whole, &mut cands, &p, u);
+                let expected = truncate(&mut listed, &mut cands, &p).then(|| {
+                    cands.sort_unstable();
+                    draw(&listed, cands.iter().copied(), u)
+                });
+                assert_eq!(picked, expected.flatten(), "trial {trial}, T {t}, u {u}");
+                for &id in &cands {
+                    let i = id as usize;
+                    assert_eq!(whole[i].to_bits(), listed[i].to_bits(), "weight of {id}");
+                }
+            }
+        }
     }
 
     #[test]
@@ -359,10 +417,11 @@ mod tests {
     fn draw_follows_cumulative_weights_and_never_picks_zero_weight() {
         let w = [0.0, 1.0, 0.0, 3.0, 0.0];
         let c = [0, 1, 2, 3, 4];
-        assert_eq!(draw(&w, &c, 0.0), Some(1));
-        assert_eq!(draw(&w, &c, 0.2499), Some(1));
-        assert_eq!(draw(&w, &c, 0.25), Some(3));
-        assert_eq!(draw(&w, &c, 0.999_999), Some(3));
-        assert_eq!(draw(&w, &[0, 2], 0.5), None);
+        let ids = || c.iter().copied();
+        assert_eq!(draw(&w, ids(), 0.0), Some(1));
+        assert_eq!(draw(&w, ids(), 0.2499), Some(1));
+        assert_eq!(draw(&w, ids(), 0.25), Some(3));
+        assert_eq!(draw(&w, ids(), 0.999_999), Some(3));
+        assert_eq!(draw(&w, [0, 2].into_iter(), 0.5), None);
     }
 }
