@@ -243,18 +243,22 @@ mod tests {
         cands
     }
 
+    /// Uniform draws in `[0, 1)` from a xorshift stream.
+    fn xorshift(mut seed: u64) -> impl FnMut() -> f64 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
     #[test]
     fn a_row_nothing_cuts_draws_as_its_listed_candidates_do() {
         // Logits over 12 orders of magnitude (weights that underflow to 0 included), some
         // `-inf`, at several temperatures and draws: the whole-row draw must pick the token
         // the draw over the listed candidates picks, from the same weights.
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut uniform = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut uniform = xorshift(0x9e37_79b9_7f4a_7c15u64);
         for trial in 0..200 {
             let n = 1 + trial * 37 % 3000;
             let row: Vec<f64> = (0..n)
@@ -334,13 +338,7 @@ mod tests {
         // Logits of a random walk's shape, from peaked to flat (scale), at vocabulary sizes
         // that put the boundary in every part of the exponent buckets; the nucleus must be
         // the definition's, computed by sorting every token.
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut uniform = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut uniform = xorshift(0x2545_f491_4f6c_dd1du64);
         let mut checked = 0;
         for case in 0..300 {
             let n = [1, 2, 7, 100, 1000, 20_000][case % 6];
