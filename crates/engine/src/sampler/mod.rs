@@ -48,6 +48,7 @@ mod distribution;
 mod error;
 mod history;
 mod logprobs;
+mod nucleus;
 mod params;
 mod processors;
 mod rng;

@@ -5,12 +5,8 @@ use std::cmp::Ordering;
 
 use tandem_kernels::sampling_weights;
 
+use super::nucleus;
 use super::params::SamplingParams;
-
-/// Below this many candidates the nucleus search sorts instead of partitioning further.
-const SMALL_RANGE: usize = 32;
-/// Exponent buckets of the nucleus's first pass ([`drop_outside_nucleus`]).
-const NUCLEUS_BUCKETS: usize = 64;
 
 /// The id of the largest value, ties broken by the lowest id; `None` when every value is
 /// `-inf`. `values`: `[vocab_size]`, no NaN.
@@ -25,7 +21,7 @@ pub(crate) fn argmax(values: &[f64]) -> Option<u32> {
 }
 
 /// Orders ids by descending value, then ascending id (a total order, NaN-free input).
-fn by_value_desc(values: &[f64]) -> impl Fn(&u32, &u32) -> Ordering + '_ {
+pub(super) fn by_value_desc(values: &[f64]) -> impl Fn(&u32, &u32) -> Ordering + '_ {
     move |a, b| {
         values[*b as usize]
             .total_cmp(&values[*a as usize])
@@ -93,6 +89,23 @@ pub(crate) fn truncate(
     if max == f64::NEG_INFINITY {
         return false;
     }
+    let t = params.temperature as f64;
+    let (top_p, min_p) = (params.top_p as f64, params.min_p as f64);
+    if params.top_k_limit().is_none_or(|k| k >= values.len()) && (top_p < 1.0 || min_p > 0.0) {
+        // Top-k keeps every token: weigh the whole row at once and list only the tokens
+        // top-p or min-p keep (never one that weighs 0: it is never drawn).
+        let total = sampling_weights::exp_weights(values, max, t);
+        if top_p < 1.0 {
+            nucleus::keep_nucleus_of_row(values, candidates, top_p * total);
+            if min_p > 0.0 {
+                candidates.retain(|&id| values[id as usize] >= min_p);
+            }
+        } else {
+            candidates.clear();
+            candidates.extend((0..values.len() as u32).filter(|&id| values[id as usize] >= min_p));
+        }
+        return true;
+    }
     candidates.clear();
     candidates.extend(
         values
@@ -109,7 +122,6 @@ pub(crate) fn truncate(
             whole_row = false;
         }
     }
-    let t = params.temperature as f64;
     let total = if whole_row {
         // Every candidate's weight, and 0 for the `-inf` entries that are not candidates.
         sampling_weights::exp_weights(values, max, t)
@@ -122,82 +134,13 @@ pub(crate) fn truncate(
         }
         total
     };
-    if params.top_p < 1.0 {
-        keep_nucleus(values, candidates, params.top_p as f64 * total);
+    if top_p < 1.0 {
+        nucleus::keep_nucleus_of(values, candidates, top_p * total);
     }
-    if params.min_p > 0.0 {
-        let min_p = params.min_p as f64;
+    if min_p > 0.0 {
         candidates.retain(|&id| values[id as usize] >= min_p);
     }
     true
-}
-
-/// Truncates `candidates` to the shortest prefix, in descending weight order (ties to the
-/// lower id), whose mass reaches `threshold` (> 0); keeps all if rounding never reaches it.
-///
-/// A quickselect guided by mass instead of rank: partition `[lo, hi)` around its middle
-/// rank, sum the upper part, and continue in the half that holds the boundary. Expected
-/// linear time, no sort; the kept tokens end up in no particular order.
-fn keep_nucleus(weights: &[f64], candidates: &mut Vec<u32>, threshold: f64) {
-    drop_outside_nucleus(weights, candidates, threshold);
-    let cmp = by_value_desc(weights);
-    // Invariant: candidates[..lo] rank above candidates[lo..hi], which rank above the rest;
-    // `above` is the mass of candidates[..lo] and is < threshold; the answer is in (lo, hi].
-    let (mut lo, mut hi, mut above) = (0, candidates.len(), 0.0);
-    while hi - lo > SMALL_RANGE {
-        let mid = lo + (hi - lo) / 2;
-        candidates[lo..hi].select_nth_unstable_by(mid - lo, &cmp);
-        let upper: f64 = candidates[lo..=mid]
-            .iter()
-            .map(|&id| weights[id as usize])
-            .sum();
-        if above + upper >= threshold {
-            hi = mid + 1;
-        } else {
-            above += upper;
-            lo = mid + 1;
-        }
-    }
-    candidates[lo..hi].sort_unstable_by(&cmp);
-    for r in lo..hi {
-        above += weights[candidates[r] as usize];
-        if above >= threshold {
-            candidates.truncate(r + 1);
-            return;
-        }
-    }
-    candidates.truncate(hi);
-}
-
-/// Drops from `candidates` the tokens lighter than every token of the nucleus, in one pass
-/// and no comparison sort: the weights' mass by binary exponent (bucket `k` holds weights in
-/// `[2^-k, 2^(1-k))`), then the heaviest buckets whose mass reaches `threshold` (with a
-/// margin for rounding) are kept whole. They are a prefix of the descending order, so the
-/// nucleus lies within them; the search that follows then works on a few tokens where a
-/// peaked distribution over a large vocabulary would have given it all of them.
-fn drop_outside_nucleus(weights: &[f64], candidates: &mut Vec<u32>, threshold: f64) {
-    let mut mass = [0.0f64; NUCLEUS_BUCKETS];
-    for &id in candidates.iter() {
-        let w = weights[id as usize];
-        mass[exponent_bucket(w)] += w;
-    }
-    let mut above = 0.0;
-    for (b, m) in mass.iter().enumerate().take(NUCLEUS_BUCKETS - 1) {
-        above += m;
-        if above >= threshold * (1.0 + 1e-12) {
-            candidates.retain(|&id| exponent_bucket(weights[id as usize]) <= b);
-            return;
-        }
-    }
-}
-
-/// The bucket of a weight in `[0, 1]`: `k` for `[2^-k, 2^(1-k))` (1 is in bucket 0), and
-/// the last bucket for everything below `2^(2 - NUCLEUS_BUCKETS)`, zero included.
-fn exponent_bucket(w: f64) -> usize {
-    let biased_exponent = (w.to_bits() >> 52) as usize; // weights are not negative
-    1023usize
-        .saturating_sub(biased_exponent)
-        .min(NUCLEUS_BUCKETS - 1)
 }
 
 /// Inverse-CDF draw over `candidates` in their current order: the first whose cumulative
@@ -221,6 +164,17 @@ fn draw(weights: &[f64], candidates: impl Iterator<Item = u32> + Clone, u: f64) 
     last_positive
 }
 
+/// Uniform draws in `[0, 1)` from a xorshift stream (the tests' random rows).
+#[cfg(test)]
+pub(super) fn xorshift(mut seed: u64) -> impl FnMut() -> f64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,16 +195,6 @@ mod tests {
         assert!(truncate(&mut values, &mut cands, p), "a candidate");
         cands.sort_unstable();
         cands
-    }
-
-    /// Uniform draws in `[0, 1)` from a xorshift stream.
-    fn xorshift(mut seed: u64) -> impl FnMut() -> f64 {
-        move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 11) as f64 / (1u64 << 53) as f64
-        }
     }
 
     #[test]
