@@ -34,16 +34,17 @@ pub(super) fn keep_nucleus_of(weights: &[f64], candidates: &mut Vec<u32>, thresh
 /// listed: it is never drawn, and no nucleus needs it.
 pub(super) fn keep_nucleus_of_row(weights: &[f64], candidates: &mut Vec<u32>, threshold: f64) {
     let mass = bucket_masses(weights.iter().copied());
-    let kept = |w: f64| match last_bucket_kept(&mass, threshold) {
-        Some(last) => bucket(w) <= last,
-        None => w > 0.0,
-    };
+    // Bucket `last` or a heavier one: at least `2^-last` (an exact power of two); without
+    // a cut, every weight above 0.
+    let lightest = last_bucket_kept(&mass, threshold).map_or(f64::from_bits(1), |last| {
+        f64::from_bits(((1023 - last) as u64) << 52)
+    });
     candidates.clear();
     candidates.extend(
         weights
             .iter()
             .enumerate()
-            .filter(|&(_, &w)| kept(w))
+            .filter(|&(_, &w)| w >= lightest)
             .map(|(id, _)| id as u32),
     );
     search(weights, candidates, threshold);
