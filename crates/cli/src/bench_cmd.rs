@@ -79,6 +79,15 @@ pub struct BenchArgs {
     /// Engine mode, with --temperature: keep the K most likely tokens (-1 or 0: all).
     #[arg(long, value_name = "K", default_value_t = -1, allow_negative_numbers = true)]
     top_k: i32,
+    /// Engine mode, with --temperature: drop tokens less likely than this fraction of the
+    /// most likely one's probability (0: none).
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    min_p: f32,
     /// Engine mode with structured output: every request constrained (mask time reported).
     #[command(flatten)]
     structured: StructuredArgs,
@@ -93,10 +102,10 @@ pub(crate) struct Measured {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    let truncates = a.top_p != 1.0 || a.top_k > 0;
+    let truncates = a.top_p != 1.0 || a.top_k > 0 || a.min_p != 0.0;
     anyhow::ensure!(
         a.temperature != 0.0 || !truncates,
-        "--top-p and --top-k shape a temperature draw: give --temperature too"
+        "--top-p, --top-k and --min-p shape a temperature draw: give --temperature too"
     );
     anyhow::ensure!(
         !(a.prefix_cache && a.temperature != 0.0),
@@ -196,6 +205,7 @@ fn run_engine(a: BenchArgs) -> Result<()> {
         temperature: a.temperature,
         top_p: a.top_p,
         top_k: a.top_k,
+        min_p: a.min_p,
         constraint: a.structured.compile(&lm.tokenizer)?,
         ..SamplingParams::greedy()
     };
@@ -222,6 +232,7 @@ fn run_engine(a: BenchArgs) -> Result<()> {
                 "speculative": a.engine.speculative,
                 "constrained": sampling.constraint.is_some(),
                 "temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k,
+                "min_p": a.min_p,
                 "num_speculative_tokens": engine.speculation().map(|s| s.config().num_tokens),
             });
             if let (Some(o), Some(extra)) =

@@ -36,6 +36,8 @@ fn a_sampled_engine_bench_reports_its_settings_and_every_token() {
         "0.9",
         "--top-k",
         "50",
+        "--min-p",
+        "0.05",
     ];
     let out = bench(&args);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -46,6 +48,7 @@ fn a_sampled_engine_bench_reports_its_settings_and_every_token() {
     assert_eq!(r["temperature"].as_f64(), Some(0.8f32 as f64));
     assert_eq!(r["top_p"].as_f64(), Some(0.9f32 as f64));
     assert_eq!(r["top_k"], 50);
+    assert_eq!(r["min_p"].as_f64(), Some(0.05f32 as f64));
     // EOS is ignored: every request decodes G - 1 tokens after its first.
     assert_eq!(r["decode_tokens"], 3 * 11, "{r}");
 }
@@ -55,6 +58,7 @@ fn sampling_flags_that_would_be_ignored_or_are_invalid_are_refused() {
     for (flags, needle) in [
         (vec!["--engine", "--top-p", "0.9"], "give --temperature too"),
         (vec!["--top-k", "5"], "give --temperature too"),
+        (vec!["--engine", "--min-p", "0.1"], "give --temperature too"),
         (
             vec!["--prefix-cache", "--temperature", "1"],
             "--temperature does not apply",
@@ -63,6 +67,10 @@ fn sampling_flags_that_would_be_ignored_or_are_invalid_are_refused() {
         (
             vec!["--engine", "--temperature", "1", "--top-p", "1.5"],
             "top_p",
+        ),
+        (
+            vec!["--engine", "--temperature", "1", "--min-p", "2"],
+            "min_p",
         ),
     ] {
         let out = bench(&flags);
