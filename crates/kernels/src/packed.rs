@@ -280,7 +280,7 @@ fn pack_block(dtype: DType, kind: RecordKind, src: &[u8], j: usize, dst: &mut [u
         }),
         DType::Q8_0 => {
             let mut r = RecordWriter::new(dst, 0, kind, j);
-            r.bytes(|e| src[2 + e] ^ 0x80);
+            r.biased_bytes(&src[2..2 + BLOCK]);
             r.f16_table(0, &src[..2]);
         }
         DType::Q5_0 => {
@@ -335,11 +335,14 @@ impl<'a> RecordWriter<'a> {
         }
     }
 
-    /// 8-bit weights: element `e < 32` is `byte(e)`; vector `k`, lane `j` holds elements
-    /// `4k .. 4k + 4`.
-    fn bytes(&mut self, byte: impl Fn(usize) -> u8) {
-        for e in 0..BLOCK {
-            self.rec[64 * (e / 4) + 4 * self.j + e % 4] = byte(e);
+    /// Signed 8-bit weights `q` stored unsigned (`q ^ 0x80`, i.e. biased by 128): vector
+    /// `k`, lane `j` holds elements `4k .. 4k + 4`, copied four at a time.
+    fn biased_bytes(&mut self, q: &[u8]) {
+        for (k, four) in q.chunks_exact(4).take(BLOCK / 4).enumerate() {
+            let at = 64 * k + 4 * self.j;
+            for (d, &s) in self.rec[at..at + 4].iter_mut().zip(four) {
+                *d = s ^ 0x80;
+            }
         }
     }
 
