@@ -91,22 +91,50 @@ pub(crate) fn sentencepiece_bpe(vocab: &GgufVocab) -> Result<tokenizers::Tokeniz
         .as_ref()
         .ok_or_else(|| ModelError::Tokenizer("llama vocabulary without scores".into()))?;
     let map = vocab_map(&vocab.tokens);
-    let mut ranked: Vec<(f32, u32, String, String)> = Vec::new();
-    for (id, piece) in vocab.tokens.iter().enumerate() {
-        if vocab.token_types[id] == GgufTokenType::Byte {
-            continue;
-        }
-        let id = u32::try_from(id).expect("validated: vocab size fits u32");
-        for (split, _) in piece.char_indices().skip(1) {
-            let (left, right) = piece.split_at(split);
-            if map.contains_key(left) && map.contains_key(right) {
-                ranked.push((scores[id as usize], id, left.to_owned(), right.to_owned()));
+    // Every split of every piece into two pieces, as (piece id, split byte): millions of
+    // lookups for a 262k vocabulary, so the ids are cut into one range per core, each
+    // listed in id then split order.
+    let splits_of = |ids: std::ops::Range<usize>| {
+        let mut found: Vec<(u32, u32)> = Vec::new();
+        for id in ids {
+            if vocab.token_types[id] == GgufTokenType::Byte {
+                continue;
+            }
+            let piece = &vocab.tokens[id];
+            for (split, _) in piece.char_indices().skip(1) {
+                let (left, right) = piece.split_at(split);
+                if map.contains_key(left) && map.contains_key(right) {
+                    found.push((id as u32, split as u32));
+                }
             }
         }
-    }
+        found
+    };
+    let n = vocab.tokens.len();
+    let parts = std::thread::available_parallelism()
+        .map_or(1, |p| p.get())
+        .min(8);
+    let mut ranked: Vec<(u32, u32)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..parts)
+            .map(|i| s.spawn(move || splits_of(n * i / parts..n * (i + 1) / parts)))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
     // Highest score first; ties by piece id, then by split position (stable sort).
-    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    let merges = ranked.into_iter().map(|(_, _, l, r)| (l, r)).collect();
+    ranked.sort_by(|a, b| {
+        let score = |id: u32| scores[id as usize];
+        score(b.0).total_cmp(&score(a.0)).then(a.0.cmp(&b.0))
+    });
+    let merges = ranked
+        .into_iter()
+        .map(|(id, split)| {
+            let (left, right) = vocab.tokens[id as usize].split_at(split as usize);
+            (left.to_owned(), right.to_owned())
+        })
+        .collect();
     let mut builder = BPE::builder()
         .vocab_and_merges(map, merges)
         .byte_fallback(true);
