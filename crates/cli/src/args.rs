@@ -107,11 +107,20 @@ impl ModelArgs {
     /// Checks `--kernels`, finds the model (fetching the default one if needed) and loads it.
     pub fn load(&self) -> anyhow::Result<tandem_model::loader::LoadedModel> {
         use anyhow::Context;
-        self.cpu_kernels()?;
-        let cache = tandem_model::default_model::cache_dir(self.cache_dir.as_deref())?;
-        let path = tandem_model::default_model::resolve_model(self.model.as_deref(), &cache)?;
+        let path = self.path()?;
         tandem_model::loader::load_model(&path)
             .with_context(|| format!("loading {}", path.display()))
+    }
+
+    /// The model file or directory `--model` names (the default model fetched once into
+    /// the cache), after checking that this CPU runs the `--kernels` asked for.
+    pub fn path(&self) -> anyhow::Result<std::path::PathBuf> {
+        self.cpu_kernels()?;
+        let cache = tandem_model::default_model::cache_dir(self.cache_dir.as_deref())?;
+        Ok(tandem_model::default_model::resolve_model(
+            self.model.as_deref(),
+            &cache,
+        )?)
     }
 
     /// The CPU kernel variant: `--kernels` if this CPU can run it, else the best it can.

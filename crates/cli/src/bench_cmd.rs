@@ -112,8 +112,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "--prefix-cache measures greedy requests: --temperature does not apply"
     );
     if a.prefix_cache {
-        let lm = a.model.load()?;
-        let mut engine = build_engine(lm.host, lm.eos_token_ids.clone(), &a.model, &a.engine, 0)?;
+        let (lm, target) = PreparedModel::load(&a.model, a.engine.kv_cache_dtype)?;
+        let mut engine = build_engine(target, lm.eos_token_ids.clone(), &a.model, &a.engine, 0)?;
         crate::bench_prefix::run(&mut engine, &a.prompt_lens, a.repeat)?;
         return crate::trace_out::write(engine.trace(), a.engine.trace.as_deref());
     }
@@ -186,7 +186,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
 
 /// Engine mode: one JSON line per (B, P) through [`bench_engine::run`].
 fn run_engine(a: BenchArgs) -> Result<()> {
-    let lm = a.model.load()?;
+    let (lm, target) = PreparedModel::load(&a.model, a.engine.kv_cache_dtype)?;
     let text = match &a.prompt_file {
         Some(f) => Some(std::fs::read_to_string(f).with_context(|| format!("{}", f.display()))?),
         None => None,
@@ -209,7 +209,7 @@ fn run_engine(a: BenchArgs) -> Result<()> {
         constraint: a.structured.compile(&lm.tokenizer)?,
         ..SamplingParams::greedy()
     };
-    let mut engine = build_engine(lm.host, lm.eos_token_ids.clone(), &a.model, &a.engine, 0)?;
+    let mut engine = build_engine(target, lm.eos_token_ids.clone(), &a.model, &a.engine, 0)?;
     let vocab = engine.model_config().vocab_size;
     sampling
         .validate(vocab)

@@ -14,6 +14,7 @@ use crate::args::{EngineArgs, ModelArgs, SamplingArgs};
 use crate::engine_setup::build_engine;
 use crate::generation::{run_jobs, Observer};
 use crate::prompting::{PromptBuilder, PromptInput, SamplingOverrides};
+use crate::runner_setup::PreparedModel;
 
 #[derive(Debug, Args)]
 pub struct ChatArgs {
@@ -39,7 +40,7 @@ impl Observer for Printer {
 }
 
 pub fn run(a: ChatArgs) -> Result<()> {
-    let lm = a.model.load()?;
+    let (lm, target) = PreparedModel::load(&a.model, a.engine.kv_cache_dtype)?;
     let tokenizer = Arc::new(lm.tokenizer);
     let builder = PromptBuilder::new(
         tokenizer.clone(),
@@ -47,7 +48,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         &lm.eos_token_ids,
     )?;
     let mut engine = build_engine(
-        lm.host,
+        target,
         lm.eos_token_ids.clone(),
         &a.model,
         &a.engine,

@@ -5,7 +5,6 @@ use anyhow::{bail, Context, Result};
 use tandem_engine::engine::Engine;
 use tandem_engine::SchedulerConfig;
 use tandem_model::batch::TokenId;
-use tandem_model::host_model::HostModel;
 
 use crate::args::{EngineArgs, ModelArgs};
 use crate::runner_setup::PreparedModel;
@@ -40,18 +39,17 @@ pub fn parse_size(s: &str) -> Result<u64> {
     Ok(bytes as u64)
 }
 
-/// Builds the engine over `host` (and the draft model the flags name), reporting the
+/// Builds the engine over `target` (and the draft model the flags name), reporting the
 /// runner and its KV pool on stderr.
 pub fn build_engine(
-    host: HostModel,
+    target: PreparedModel,
     eos: Vec<TokenId>,
     model_args: &ModelArgs,
     args: &EngineArgs,
     seed: u64,
 ) -> Result<Engine> {
     let block_size = args.block_size as usize;
-    let context = host.config.context_len;
-    let target = PreparedModel::new(host, model_args, args.kv_cache_dtype)?;
+    let context = target.config().context_len;
     let spec = speculation_setup::load_method(args, model_args)?;
     // A draft model's KV pool holds as many tokens as the target's, out of the same budget.
     let draft_bytes = spec

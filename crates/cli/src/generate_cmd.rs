@@ -18,6 +18,7 @@ use crate::args::{EngineArgs, ModelArgs, SamplingArgs};
 use crate::engine_setup::build_engine;
 use crate::generation::{run_jobs, JobResult, Observer};
 use crate::prompting::{PromptBuilder, PromptInput, SamplingOverrides};
+use crate::runner_setup::PreparedModel;
 use crate::structured_args::StructuredArgs;
 
 #[derive(Debug, Args)]
@@ -60,7 +61,7 @@ struct InputLine {
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
-    let lm = a.model.load()?;
+    let (lm, target) = PreparedModel::load(&a.model, a.engine.kv_cache_dtype)?;
     let tokenizer = Arc::new(lm.tokenizer);
     let builder = PromptBuilder::new(
         tokenizer.clone(),
@@ -80,7 +81,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         jobs.push(job);
     }
     let mut engine = build_engine(
-        lm.host,
+        target,
         lm.eos_token_ids.clone(),
         &a.model,
         &a.engine,

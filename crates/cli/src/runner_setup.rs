@@ -4,9 +4,11 @@
 
 use anyhow::{bail, Context, Result};
 use tandem_cuda::{CudaOptions, CudaRunner, KvBudget};
+use tandem_model::config::ModelConfig;
 use tandem_model::cpu_runner::{CpuRunner, KvSpec};
 use tandem_model::host_model::HostModel;
 use tandem_model::kv_store::{KvDtype, KvStore};
+use tandem_model::loader::{load_model_beside, ModelText};
 use tandem_model::runner::ModelRunner;
 use tandem_model::transformer::Model;
 
@@ -91,6 +93,24 @@ impl PreparedModel {
             host: Box::new(host),
             options,
         })
+    }
+
+    /// Loads the model `args` name and prepares its weights for the device while its
+    /// tokenizer is built on another thread (the two overlap; see `load_model_beside`).
+    pub fn load(args: &ModelArgs, kv_dtype: Option<KvDtype>) -> Result<(ModelText, Self)> {
+        let path = args.path()?;
+        let (text, prepared) =
+            load_model_beside(&path, |host| PreparedModel::new(host, args, kv_dtype))
+                .with_context(|| format!("loading {}", path.display()))?;
+        Ok((text, prepared?))
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        match self {
+            PreparedModel::Cpu { model, .. } => &model.config,
+            PreparedModel::Cuda { host, .. } => &host.config,
+        }
     }
 
     /// Whether the model runs on a GPU (its pool can be sized from device memory).

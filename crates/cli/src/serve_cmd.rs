@@ -11,6 +11,7 @@ use tandem_server::ServerConfig;
 
 use crate::args::{EngineArgs, ModelArgs};
 use crate::engine_setup::build_engine;
+use crate::runner_setup::PreparedModel;
 use crate::serve_limits::{KeyArgs, LimitArgs};
 use crate::serve_ops::OpsArgs;
 
@@ -46,10 +47,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
     a.ops.apply(&mut config)?;
     config.addr = SocketAddr::new(a.host, a.port);
     config.trace_file = a.engine.trace.clone();
-    let lm = a.model.load()?;
+    let (lm, target) = PreparedModel::load(&a.model, a.engine.kv_cache_dtype)?;
     let tokenizer = Arc::new(lm.tokenizer);
     let engine = build_engine(
-        lm.host,
+        target,
         lm.eos_token_ids.clone(),
         &a.model,
         &a.engine,

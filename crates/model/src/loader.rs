@@ -37,28 +37,127 @@ pub struct LoadedModel {
     pub format: ModelFormat,
 }
 
+/// A loaded model but its weights: what [`load_model_beside`] returns with the weights'
+/// preparation.
+#[derive(Debug)]
+pub struct ModelText {
+    pub tokenizer: Tokenizer,
+    /// Tokens that end generation (metadata and generation_config).
+    pub eos_token_ids: Vec<TokenId>,
+    pub chat_template: Option<String>,
+    /// The resolved path of the file or directory loaded.
+    pub path: PathBuf,
+    pub format: ModelFormat,
+}
+
 /// Loads the model at `path` (a `.gguf` file or a directory with `config.json`).
 pub fn load_model(path: &Path) -> Result<LoadedModel> {
+    let (text, host) = load_model_beside(path, |host| host)?;
+    Ok(LoadedModel {
+        host,
+        tokenizer: text.tokenizer,
+        eos_token_ids: text.eos_token_ids,
+        chat_template: text.chat_template,
+        path: text.path,
+        format: text.format,
+    })
+}
+
+/// Loads the model at `path` and hands its weights to `prepare` (a runner packing them for
+/// its device) while the tokenizer is built on another thread: with a large vocabulary the
+/// tokenizer takes longer than the weights take to map (Gemma 3's 262,144 pieces: most of
+/// a load), so the two overlap instead of adding up.
+pub fn load_model_beside<R>(
+    path: &Path,
+    prepare: impl FnOnce(HostModel) -> R,
+) -> Result<(ModelText, R)> {
     let path = path.canonicalize().map_err(|source| ModelError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    if path.is_dir() {
+    let (host, source, format) = if path.is_dir() {
         if !path.join("config.json").is_file() {
             return Err(ModelError::NotAModel(format!(
                 "{} is a directory without config.json (expected a Hugging Face model directory)",
                 path.display()
             )));
         }
-        return load_hf(&path);
+        let info = load_hf_config(&path)?;
+        let tensors = load_safetensors_dir(&path)?;
+        let host = build_host_model(info.config, tensors, NameScheme::HuggingFace, None)?;
+        let source = TokenizerSource::HfDir(&path, info.eos_token_ids);
+        (host, source, ModelFormat::HuggingFace)
+    } else if has_gguf_magic(&path)? {
+        let (host, md) = load_gguf_model(&path)?;
+        let source = TokenizerSource::Gguf(GgufVocab::from_metadata(&md)?);
+        (host, source, ModelFormat::Gguf)
+    } else {
+        return Err(ModelError::NotAModel(format!(
+            "{} is neither a GGUF file (no GGUF magic) nor a Hugging Face model directory",
+            path.display()
+        )));
+    };
+    let (vocab_size, architecture) = (host.config.vocab_size, host.config.architecture);
+    let (tokenizer, prepared) = std::thread::scope(|s| {
+        let tokenizer = s.spawn(|| source.build());
+        let prepared = prepare(host);
+        let tokenizer = tokenizer
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+        (tokenizer, prepared)
+    });
+    let (tokenizer, eos) = tokenizer?;
+    // A GGUF vocabulary lists the embedding's rows: it may not hold more tokens.
+    if format == ModelFormat::Gguf && tokenizer.vocab_size() > vocab_size {
+        return Err(ModelError::Tokenizer(format!(
+            "the tokenizer has {} tokens but the embedding only {vocab_size} rows",
+            tokenizer.vocab_size(),
+        )));
     }
-    if has_gguf_magic(&path)? {
-        return load_gguf(&path);
+    let chat_template = match format {
+        ModelFormat::Gguf => tokenizer
+            .chat_template()
+            .or_else(|| builtin_template(architecture)),
+        ModelFormat::HuggingFace => tokenizer.chat_template(),
     }
-    Err(ModelError::NotAModel(format!(
-        "{} is neither a GGUF file (no GGUF magic) nor a Hugging Face model directory",
-        path.display()
-    )))
+    .map(str::to_string);
+    let text = ModelText {
+        tokenizer,
+        eos_token_ids: eos.into_iter().map(TokenId).collect(),
+        chat_template,
+        path,
+        format,
+    };
+    Ok((text, prepared))
+}
+
+/// Where a model's tokenizer comes from.
+enum TokenizerSource<'a> {
+    Gguf(GgufVocab),
+    /// The directory, and the end-of-generation ids of its config.
+    HfDir(&'a Path, Vec<u32>),
+}
+
+impl TokenizerSource<'_> {
+    /// The tokenizer and the ids that end generation.
+    fn build(self) -> Result<(Tokenizer, Vec<u32>)> {
+        match self {
+            TokenizerSource::Gguf(vocab) => {
+                let tokenizer = Tokenizer::from_gguf_vocab(&vocab)?;
+                let eos = tokenizer.eos_ids();
+                Ok((tokenizer, eos))
+            }
+            TokenizerSource::HfDir(dir, mut eos) => {
+                let tokenizer = Tokenizer::from_hf_dir(dir)?;
+                for id in tokenizer.eos_ids() {
+                    if !eos.contains(&id) {
+                        eos.push(id);
+                    }
+                }
+                Ok((tokenizer, eos))
+            }
+        }
+    }
 }
 
 fn has_gguf_magic(path: &Path) -> Result<bool> {
@@ -111,51 +210,4 @@ pub fn load_gguf_model(path: &Path) -> Result<(HostModel, Metadata)> {
     }
     let host = build_host_model(config, tensors, NameScheme::Gguf, factors.as_deref())?;
     Ok((host, md))
-}
-
-fn load_gguf(path: &Path) -> Result<LoadedModel> {
-    let (host, md) = load_gguf_model(path)?;
-    let tokenizer = Tokenizer::from_gguf_vocab(&GgufVocab::from_metadata(&md)?)?;
-    if tokenizer.vocab_size() > host.config.vocab_size {
-        return Err(ModelError::Tokenizer(format!(
-            "the tokenizer has {} tokens but the embedding only {} rows",
-            tokenizer.vocab_size(),
-            host.config.vocab_size
-        )));
-    }
-    let eos_token_ids = tokenizer.eos_ids().into_iter().map(TokenId).collect();
-    let chat_template = tokenizer
-        .chat_template()
-        .or_else(|| builtin_template(host.config.architecture))
-        .map(str::to_string);
-    Ok(LoadedModel {
-        host,
-        tokenizer,
-        eos_token_ids,
-        chat_template,
-        path: path.to_path_buf(),
-        format: ModelFormat::Gguf,
-    })
-}
-
-fn load_hf(dir: &Path) -> Result<LoadedModel> {
-    let info = load_hf_config(dir)?;
-    let tensors = load_safetensors_dir(dir)?;
-    let tokenizer = Tokenizer::from_hf_dir(dir)?;
-    let mut eos: Vec<u32> = info.eos_token_ids.clone();
-    for id in tokenizer.eos_ids() {
-        if !eos.contains(&id) {
-            eos.push(id);
-        }
-    }
-    let chat_template = tokenizer.chat_template().map(str::to_string);
-    let host = build_host_model(info.config, tensors, NameScheme::HuggingFace, None)?;
-    Ok(LoadedModel {
-        host,
-        tokenizer,
-        eos_token_ids: eos.into_iter().map(TokenId).collect(),
-        chat_template,
-        path: dir.to_path_buf(),
-        format: ModelFormat::HuggingFace,
-    })
 }
