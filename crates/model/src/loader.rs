@@ -99,11 +99,16 @@ pub fn load_model_beside<R>(
     };
     let (vocab_size, architecture) = (host.config.vocab_size, host.config.architecture);
     let (tokenizer, prepared) = std::thread::scope(|s| {
-        let tokenizer = s.spawn(|| source.build());
+        // (The main thread's stack size: a builder thread's default is a quarter of it.)
+        let tokenizer = std::thread::Builder::new()
+            .stack_size(8 << 20)
+            .spawn_scoped(s, || source.build())
+            .map_err(|e| ModelError::Tokenizer(format!("starting the tokenizer's thread: {e}")));
         let prepared = prepare(host);
-        let tokenizer = tokenizer
-            .join()
-            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+        let tokenizer = match tokenizer {
+            Ok(t) => t.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
+            Err(e) => Err(e),
+        };
         (tokenizer, prepared)
     });
     let (tokenizer, eos) = tokenizer?;

@@ -4,8 +4,11 @@
 //! Two passes. A pre-cut keeps the tokens lighter than no token of the nucleus: the
 //! weights' mass by binary exponent (bucket `k` holds weights in `[2^-k, 2^(1-k))`), then
 //! the heaviest buckets whose mass reaches the threshold (with a margin for rounding) are
-//! kept whole. They are a prefix of the descending order, so the nucleus lies within them,
-//! and the order the masses were summed in cannot change it; the search that follows then
+//! kept whole. They are a prefix of the descending order, so the nucleus lies within them
+//! whatever order the masses were summed in, as long as the sum's rounding stays below the
+//! margin (about 1e-12 of the mass; a sum of n weights errs by at most n ulps, typically
+//! far fewer, and a different cut only changes the nucleus if its own boundary is within
+//! rounding too); the search that follows then
 //! works on a few tokens where a peaked distribution over a large vocabulary would have
 //! given it all of them. The search is a quickselect guided by mass instead of rank.
 

@@ -4,11 +4,11 @@
 //! memory: the hardware prefetcher does not run far enough ahead of that single stream, so
 //! each block fetches the record a few ahead into L1. The other full tiles read the group
 //! from L1, and meanwhile bring the next group (contiguous after this one) into L2, a share
-//! each, so that the next group's first tile does not wait for memory: with 16 tokens the
-//! Q8_0 LM head of a 262,144-token vocabulary ran 1.4x faster than when those tiles fetched
-//! nothing ahead (`examples/matmul_bench.rs`, column `packed`). A remainder tile, shorter, fetches nothing of
-//! the next group. Prefetches never fault, even past the end of the matrix, and change no
-//! result.
+//! each, so that the next group's first tile does not wait for memory: with 8 to 16 tokens
+//! the Q8_0 LM head of a 262,144-token vocabulary ran 1.1-1.4x faster than when every tile
+//! prefetched its own records (`examples/matmul_bench.rs`, column `packed`). A remainder
+//! tile, shorter, fetches nothing of the next group. Prefetches never fault, even past the
+//! end of the matrix, and change no result.
 
 use std::arch::x86_64::*;
 
@@ -25,6 +25,8 @@ pub(super) struct GroupPrefetch {
     from: usize,
     len: usize,
     per_block: usize,
+    /// Where the next group ends.
+    next_end: usize,
 }
 
 impl GroupPrefetch {
@@ -33,21 +35,24 @@ impl GroupPrefetch {
         from: 0,
         len: 0,
         per_block: 0,
+        next_end: 0,
     };
 
     /// The next group of `w` after `g` cut into the shares of the `tiles − 1` full tiles
     /// after the first, in whole lines; [`GroupPrefetch::tile`] picks a tile's.
     pub(super) fn plan(w: &PackedMatrix, g: usize, tiles: usize) -> GroupPrefetch {
-        if tiles < 2 {
+        let bytes = w.group(g).len();
+        if tiles < 2 || bytes == 0 {
+            // (No block to pair the prefetches with: fewer than 32 columns.)
             return GroupPrefetch::OWN;
         }
-        let bytes = w.group(g).len();
         let len = (bytes / 64).div_ceil(tiles - 1) * 64;
         let per_block = (len / 64).div_ceil(bytes / w.record_bytes()) * 64;
         GroupPrefetch {
             from: bytes,
             len,
             per_block,
+            next_end: 2 * bytes,
         }
     }
 
@@ -73,8 +78,11 @@ impl GroupPrefetch {
                 unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast()) };
             }
         } else {
+            // The last share stops at the next group's end (`from` starts at its start).
             let at = self.from + b * self.per_block;
-            let end = (at + self.per_block).min(self.from + self.len);
+            let end = (at + self.per_block)
+                .min(self.from + self.len)
+                .min(self.next_end);
             for at in (at..end).step_by(64) {
                 // SAFETY: as above.
                 unsafe { _mm_prefetch::<_MM_HINT_T1>(records.wrapping_add(at).cast()) };

@@ -92,8 +92,8 @@ pub(crate) fn sentencepiece_bpe(vocab: &GgufVocab) -> Result<tokenizers::Tokeniz
         .ok_or_else(|| ModelError::Tokenizer("llama vocabulary without scores".into()))?;
     let map = vocab_map(&vocab.tokens);
     // Every split of every piece into two pieces, as (piece id, split byte): millions of
-    // lookups for a 262k vocabulary, so the ids are cut into one range per core, each
-    // listed in id then split order.
+    // lookups for a 262k vocabulary, so the ids are cut into one range per core (at most
+    // 8), each listed in id then split order.
     let splits_of = |ids: std::ops::Range<usize>| {
         let mut found: Vec<(u32, u32)> = Vec::new();
         for id in ids {
