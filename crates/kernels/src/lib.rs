@@ -5,7 +5,7 @@
 //! run time ([`isa`]), matrix products over quantized weights ([`matmul`], exact) and over
 //! weights repacked for integer dot products ([`packed`], the int8 path), the attention of a
 //! query group, or of a tile of a prefill chunk's tokens, over f32 or f16 KV rows
-//! ([`attention`]), huge-page buffers ([`huge_pages`]) and the persistent thread pool
+//! ([`attention`]), huge-page buffers ([`huge_pages`]), trimming the heap ([`heap`]) and the persistent thread pool
 //! ([`thread_pool`]). It knows nothing of models or requests.
 #![allow(unsafe_code)]
 
@@ -14,6 +14,7 @@ pub mod cpu;
 pub mod dot16;
 pub mod dtype;
 pub mod exp_sum;
+pub mod heap;
 pub mod huge_pages;
 pub mod isa;
 pub mod matmul;

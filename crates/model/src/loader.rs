@@ -111,6 +111,9 @@ pub fn load_model_beside<R>(
         };
         (tokenizer, prepared)
     });
+    // The tokenizer's build freed many small temporaries, on several threads: give their
+    // pages back rather than keep them resident while serving.
+    tandem_kernels::heap::release_free_memory();
     let (tokenizer, eos) = tokenizer?;
     // A GGUF vocabulary lists the embedding's rows: it may not hold more tokens.
     if format == ModelFormat::Gguf && tokenizer.vocab_size() > vocab_size {
