@@ -6,7 +6,8 @@
 use super::error::SamplerError;
 use super::logprobs::{self, RawLogSoftmax};
 use super::params::SamplingParams;
-use super::state::{SamplerState, Scratch};
+use super::scratch::{self, Scratch};
+use super::state::SamplerState;
 use super::{processors, truncation, SampledToken};
 
 /// A probability distribution over the vocabulary: `[vocab_size]` non-negative values that
@@ -120,7 +121,7 @@ pub fn processed_distribution(
     } else {
         None
     };
-    state.scratch = scratch;
+    scratch::put_back(scratch);
     dist.ok_or(SamplerError::NoCandidates)
 }
 
@@ -134,11 +135,11 @@ pub fn processed_argmax(
 ) -> Result<u32, SamplerError> {
     let scratch = processed_values(logits_row, params, state, num_output_tokens)?;
     let token = truncation::argmax(&scratch.values);
-    state.scratch = scratch;
+    scratch::put_back(scratch);
     token.ok_or(SamplerError::NoCandidates)
 }
 
-/// Checks the row and ids, then returns the state's scratch with `values` holding the
+/// Checks the row and ids, then returns this thread's scratch with `values` holding the
 /// processed logits (the caller puts the scratch back).
 fn processed_values(
     logits_row: &[f32],
@@ -153,12 +154,12 @@ fn processed_values(
         return Err(SamplerError::NonFiniteLogits);
     }
     params.validate_ids(logits_row.len())?;
-    let mut scratch = std::mem::take(&mut state.scratch);
+    let mut scratch = scratch::take();
     scratch.values.clear();
     scratch.values.extend(logits_row.iter().map(|&v| v as f64));
     processors::apply_all(&mut scratch.values, params, state, num_output_tokens);
     if let Err(e) = super::apply_constraint(&mut scratch.values, params, state) {
-        state.scratch = scratch;
+        scratch::put_back(scratch);
         return Err(e);
     }
     Ok(scratch)

@@ -52,6 +52,7 @@ mod nucleus;
 mod params;
 mod processors;
 mod rng;
+mod scratch;
 mod state;
 mod truncation;
 
@@ -99,13 +100,13 @@ pub fn sample(
     let lsm = RawLogSoftmax::of(logits_row)?;
     params.validate_ids(logits_row.len())?;
 
-    let mut scratch = std::mem::take(&mut state.scratch);
+    let mut scratch = scratch::take();
     let values = &mut scratch.values; // [vocab_size]
     values.clear();
     values.extend(logits_row.iter().map(|&v| v as f64));
     processors::apply_all(values, params, state, num_output_tokens);
     if let Err(e) = apply_constraint(values, params, state) {
-        state.scratch = scratch;
+        scratch::put_back(scratch);
         return Err(e);
     }
     let chosen = if params.is_greedy() {
@@ -118,7 +119,7 @@ pub fn sample(
     } else {
         Vec::new()
     };
-    state.scratch = scratch;
+    scratch::put_back(scratch);
 
     let token = chosen.ok_or(SamplerError::NoCandidates)?;
     Ok(SampledToken {

@@ -1,5 +1,4 @@
-//! Per-request sampler state: the random stream, the token history the penalties read, and
-//! reusable scratch buffers.
+//! Per-request sampler state: the random stream and the token history the penalties read.
 
 use std::collections::BTreeMap;
 
@@ -9,15 +8,6 @@ use super::constraint::{Constraint, ConstraintState};
 use super::history::{History, PenaltyKinds};
 use super::params::SamplingParams;
 use super::rng::StreamRng;
-
-/// Buffers reused across calls so that sampling a row allocates nothing in the steady state.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Scratch {
-    /// Processed logits, then (for random sampling) unnormalised weights: `[vocab_size]`.
-    pub(crate) values: Vec<f64>,
-    /// Candidate token ids, reordered by the truncation steps: `[<= vocab_size]`.
-    pub(crate) candidates: Vec<u32>,
-}
 
 /// Everything the sampler remembers about one request (one sample of it, for `n > 1`).
 ///
@@ -38,7 +28,6 @@ pub struct SamplerState {
     /// The penalties' token list, kept in step with the output (`None` without penalties,
     /// or until [`SamplerState::with_penalties`]).
     history: Option<History>,
-    pub(crate) scratch: Scratch,
 }
 
 impl SamplerState {
@@ -56,7 +45,6 @@ impl SamplerState {
             output_counts: BTreeMap::new(),
             constraint: None,
             history: None,
-            scratch: Scratch::default(),
         }
     }
 
@@ -117,7 +105,6 @@ impl SamplerState {
             output_counts: self.output_counts.clone(),
             constraint: self.constraint.clone(),
             history: self.history.clone(),
-            scratch: Scratch::default(),
         }
     }
 
