@@ -360,3 +360,22 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_matrix_without_columns_sums_to_zero_at_every_batch() {
+    // Empty sums for every token, whatever the tile plan (the later tiles' prefetch plan
+    // has no block to pair its lines with).
+    let data: Vec<u8> = Vec::new();
+    let w = WeightView::new(DType::Q8_0, 40, 0, &data).unwrap();
+    let packed = PackedMatrix::pack(&w, pool(2)).unwrap();
+    for isa in Isa::available() {
+        for n_tokens in [1, 4, 8, 12, 17] {
+            let y = run_packed(isa, 2, &packed, &[], n_tokens);
+            assert_eq!(y.len(), 40 * n_tokens);
+            assert!(
+                y.iter().all(|&v| v == 0.0),
+                "{isa}, {n_tokens} tokens: {y:?}"
+            );
+        }
+    }
+}

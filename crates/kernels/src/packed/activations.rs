@@ -27,6 +27,8 @@ pub struct BlockScale {
 /// never depend on the other rows.
 #[derive(Debug, Clone)]
 pub struct QuantizedRows {
+    /// Rows held (also when `cols` is 0 and they hold nothing).
+    n_tokens: usize,
     cols: usize,
     /// `[n_tokens, cols]`.
     q: Vec<i8>,
@@ -38,6 +40,7 @@ impl QuantizedRows {
     /// No rows; a buffer for the `*_into` methods, which reuse its memory.
     pub fn empty() -> QuantizedRows {
         QuantizedRows {
+            n_tokens: 0,
             cols: 0,
             q: Vec::new(),
             scales: Vec::new(),
@@ -173,6 +176,7 @@ impl QuantizedRows {
             cols.is_multiple_of(BLOCK) && x_len == n_tokens * cols,
             "quantized rows: x must be [n_tokens, cols] with cols a multiple of {BLOCK}"
         );
+        self.n_tokens = n_tokens;
         self.cols = cols;
         self.q.resize(x_len, 0);
         self.scales.resize(x_len / BLOCK, BlockScale::default());
@@ -191,7 +195,7 @@ impl QuantizedRows {
 
     /// Number of token rows.
     pub fn n_tokens(&self) -> usize {
-        self.q.len().checked_div(self.cols).unwrap_or(0)
+        self.n_tokens
     }
 
     pub fn cols(&self) -> usize {
