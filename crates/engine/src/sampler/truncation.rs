@@ -71,7 +71,12 @@ pub(crate) fn sample_random(
 
 /// Whether no truncation of `params` can drop a token of a `vocab`-sized row.
 fn cuts_nothing(params: &SamplingParams, vocab: usize) -> bool {
-    params.top_k_limit().is_none_or(|k| k >= vocab) && params.top_p >= 1.0 && params.min_p <= 0.0
+    top_k_keeps_all(params, vocab) && params.top_p >= 1.0 && params.min_p <= 0.0
+}
+
+/// Whether top-k keeps every token of a `vocab`-sized row.
+fn top_k_keeps_all(params: &SamplingParams, vocab: usize) -> bool {
+    params.top_k_limit().is_none_or(|k| k >= vocab)
 }
 
 /// Steps 1-5 of [`sample_random`]: leaves the survivors in `candidates` and their
@@ -91,21 +96,37 @@ pub(crate) fn truncate(
     }
     let t = params.temperature as f64;
     let (top_p, min_p) = (params.top_p as f64, params.min_p as f64);
-    if params.top_k_limit().is_none_or(|k| k >= values.len()) && (top_p < 1.0 || min_p > 0.0) {
-        // Top-k keeps every token: weigh the whole row at once and list only the tokens
-        // top-p or min-p keep (never one that weighs 0: it is never drawn).
+    if top_k_keeps_all(params, values.len()) && (top_p < 1.0 || min_p > 0.0) {
+        // Weigh the whole row at once and list only the tokens top-p or min-p can keep
+        // (never one that weighs 0: it is never drawn).
         let total = sampling_weights::exp_weights(values, max, t);
         if top_p < 1.0 {
             nucleus::keep_nucleus_of_row(values, candidates, top_p * total);
-            if min_p > 0.0 {
-                candidates.retain(|&id| values[id as usize] >= min_p);
-            }
         } else {
             candidates.clear();
             candidates.extend((0..values.len() as u32).filter(|&id| values[id as usize] >= min_p));
         }
-        return true;
+    } else {
+        let total = list_weighed(values, candidates, params, max);
+        if top_p < 1.0 {
+            nucleus::keep_nucleus_of(values, candidates, top_p * total);
+        }
     }
+    if min_p > 0.0 {
+        candidates.retain(|&id| values[id as usize] >= min_p);
+    }
+    true
+}
+
+/// Lists the finite tokens into `candidates`, cuts them to top-k, and weighs them; their
+/// total weight.
+fn list_weighed(
+    values: &mut [f64],
+    candidates: &mut Vec<u32>,
+    params: &SamplingParams,
+    max: f64,
+) -> f64 {
+    let t = params.temperature as f64;
     candidates.clear();
     candidates.extend(
         values
@@ -122,7 +143,7 @@ pub(crate) fn truncate(
             whole_row = false;
         }
     }
-    let total = if whole_row {
+    if whole_row {
         // Every candidate's weight, and 0 for the `-inf` entries that are not candidates.
         sampling_weights::exp_weights(values, max, t)
     } else {
@@ -133,14 +154,7 @@ pub(crate) fn truncate(
             total += w;
         }
         total
-    };
-    if top_p < 1.0 {
-        nucleus::keep_nucleus_of(values, candidates, top_p * total);
     }
-    if min_p > 0.0 {
-        candidates.retain(|&id| values[id as usize] >= min_p);
-    }
-    true
 }
 
 /// Inverse-CDF draw over `candidates` in their current order: the first whose cumulative
