@@ -20,12 +20,14 @@
 //! The other types are re-encoded into one of these record kinds ([`RecordKind`]) when packed,
 //! exactly (every stored value is an integer of at most 8 bits times a scale that is exact in
 //! the record's table): Q3_K as Q6_K's halves (`q + 32`, `d·(sc − 32)`). Q5_0, Q5_1 and
-//! Q5_K keep their 5-bit `q` as Q4_0's nibbles plus one line of fifth bits (lane `j`: row
-//! `j`'s 32 bits), with Q4_0's f16 scale (`c` = 16), Q4_1's f16, or Q4_K's f32, scale and
-//! min tables; the kernels spread the bits onto the nibbles and go on as with bytes `q`. IQ4_NL and IQ4_XS keep their 4-bit indices in Q4_0's nibble
-//! layout with an f16 `d`, or an f32 `d·(ls − 32)` per 32 columns; the kernels look the
-//! indices up in the 16-level table and go on as with 8-bit weights `T[q] + 128`. Q2_K, whose mins change every 16 columns, is not packed
-//! and takes the exact path.
+//! Q5_K keep their 5-bit `q` as Q4_0's nibbles plus one line of fifth bits in the nibbles'
+//! layout (lane `j`, byte `p`: bit `k` is element `4k + p`'s, bit `4 + k` element
+//! `16 + 4k + p`'s), with Q4_0's f16 scale (`c` = 16), Q4_1's f16, or Q4_K's f32, scale and
+//! min tables; the kernels shift each vector's bits onto its nibbles and go on as with bytes
+//! `q`. IQ4_NL and IQ4_XS keep their 4-bit indices in Q4_0's nibble layout with an f16 `d`,
+//! or an f32 `d·(ls − 32)` per 32 columns; the kernels look the indices up in the 16-level
+//! table and go on as with 8-bit weights `T[q] + 128`. Q2_K, whose mins change every 16
+//! columns, is not packed and takes the exact path.
 //!
 //! So one `vpdpbusd` of a weight vector with 4 broadcast activation bytes gives, in lane `j`,
 //! 4 products of row `j`: 16 rows advance together and no horizontal sum is ever needed.
@@ -353,17 +355,20 @@ impl<'a> RecordWriter<'a> {
         self.nibble_bytes(&packed);
     }
 
-    /// 5-bit weights `q` (`< 32`): their low 4 bits as [`RecordWriter::nibbles`], then in
-    /// the line after the 4 nibble vectors, lane `j` (a little-endian `u32`), bit `e` is
-    /// element `e`'s fifth bit.
+    /// 5-bit weights `q` (`< 32`): their low 4 bits as [`RecordWriter::nibbles`], then the
+    /// fifth bits in the line after the 4 nibble vectors, laid out as the nibbles are: byte
+    /// `p` of lane `j` holds in bit `k` the fifth bit of element `4k + p` (the low nibble of
+    /// vector `k`'s byte `p`) and in bit `4 + k` that of element `16 + 4k + p` (its high
+    /// nibble), so a kernel moves a vector's bits onto its nibbles with one shift.
     fn five_bits(&mut self, q: &[u8; BLOCK]) {
         self.nibbles(&q.map(|v| v & 0x0f));
-        let bits = q
-            .iter()
-            .enumerate()
-            .fold(0u32, |acc, (e, &v)| acc | (u32::from(v >> 4) << e));
         let at = 256 + 4 * self.j;
-        self.rec[at..at + 4].copy_from_slice(&bits.to_le_bytes());
+        for p in 0..4 {
+            self.rec[at + p] = (0..4).fold(0u8, |acc, k| {
+                let (lo, hi) = (q[4 * k + p] >> 4, q[16 + 4 * k + p] >> 4);
+                acc | (lo << k) | (hi << (4 + k))
+            });
+        }
     }
 
     /// 16 bytes already in Q4_0's nibble order.

@@ -61,14 +61,8 @@ pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f
                             let e = 4 * k + p;
                             // Fifth bits (0 without a plane) of elements e and 16 + e.
                             let (b_lo, b_hi) = if plane {
-                                let at = 256 + 4 * j;
-                                let bits = u32::from_le_bytes([
-                                    rec[at],
-                                    rec[at + 1],
-                                    rec[at + 2],
-                                    rec[at + 3],
-                                ]);
-                                (((bits >> e) & 1) as i32, ((bits >> (16 + e)) & 1) as i32)
+                                let bits = i32::from(rec[256 + 4 * j + p]);
+                                ((bits >> k) & 1, (bits >> (4 + k)) & 1)
                             } else {
                                 (0, 0)
                             };

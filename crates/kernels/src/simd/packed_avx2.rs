@@ -92,16 +92,17 @@ unsafe fn tiles<
     }
 }
 
-/// Byte `p` of each lane is 16 where bit `shift + p` of the lane's `u32` is set, else 0
-/// (`p < 4`), as in the VNNI kernel.
+/// `nibbles` (bytes below 16) with 16 added where bit `bit` of the same byte of the fifth-bit
+/// line `plane` is set: the line shifted in 16-bit lanes so that bit lands on bit 4 (a bit
+/// crossing into the other byte lands below bit 4 or above it, where the mask drops it).
 #[inline(always)]
-unsafe fn fifth_bits(bits: __m256i, shift: i32) -> __m256i {
-    let four = _mm256_and_si256(
-        _mm256_srl_epi32(bits, _mm_cvtsi32_si128(shift)),
-        _mm256_set1_epi32(0x0f),
-    );
-    let spread = _mm256_mullo_epi32(four, _mm256_set1_epi32(0x0020_4081));
-    _mm256_slli_epi32::<4>(_mm256_and_si256(spread, _mm256_set1_epi32(0x0101_0101)))
+unsafe fn with_fifth_bits(nibbles: __m256i, plane: __m256i, bit: i64) -> __m256i {
+    let at4 = if bit <= 4 {
+        _mm256_sll_epi16(plane, _mm_set_epi64x(0, 4 - bit))
+    } else {
+        _mm256_srl_epi16(plane, _mm_set_epi64x(0, bit - 4))
+    };
+    _mm256_or_si256(nibbles, _mm256_and_si256(at4, _mm256_set1_epi8(0x10)))
 }
 
 /// The 4 activation bytes at `p` in every lane.
@@ -184,10 +185,9 @@ unsafe fn tile<
                     wv[4 + k] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble);
                     if PLANE {
                         // This half's 8 rows of the line of fifth bits.
-                        let bits = _mm256_load_si256(rec.add(256 + 32 * h).cast());
-                        wv[k] = _mm256_or_si256(wv[k], fifth_bits(bits, 4 * k as i32));
-                        let high = fifth_bits(bits, 16 + 4 * k as i32);
-                        wv[4 + k] = _mm256_or_si256(wv[4 + k], high);
+                        let plane = _mm256_load_si256(rec.add(256 + 32 * h).cast());
+                        wv[k] = with_fifth_bits(wv[k], plane, k as i64);
+                        wv[4 + k] = with_fifth_bits(wv[4 + k], plane, 4 + k as i64);
                     }
                 }
             }

@@ -83,17 +83,18 @@ pub(super) unsafe fn iq4_levels(offset: i8) -> __m128i {
     _mm_loadu_si128(t.as_ptr().cast())
 }
 
-/// Byte `p` of each lane is 16 where bit `shift + p` of the lane's `u32` is set, else 0
-/// (`p < 4`): `(bits >> shift) & 15` times `0x0020_4081` puts bit `i` at bit `8i` (the four
-/// shifted copies never overlap), which the mask keeps.
+/// `nibbles` (bytes below 16) with 16 added where bit `bit` of the same byte of the fifth-bit
+/// line `plane` is set: the line shifted in 16-bit lanes so that bit lands on bit 4 (a bit
+/// crossing into the other byte lands below bit 4 or above it, where the mask drops it).
 #[inline(always)]
-unsafe fn fifth_bits(bits: __m512i, shift: i32) -> __m512i {
-    let four = _mm512_and_si512(
-        _mm512_srl_epi32(bits, _mm_cvtsi32_si128(shift)),
-        _mm512_set1_epi32(0x0f),
-    );
-    let spread = _mm512_mullo_epi32(four, _mm512_set1_epi32(0x0020_4081));
-    _mm512_slli_epi32::<4>(_mm512_and_si512(spread, _mm512_set1_epi32(0x0101_0101)))
+unsafe fn with_fifth_bits(nibbles: __m512i, plane: __m512i, bit: i64) -> __m512i {
+    let at4 = if bit <= 4 {
+        _mm512_sll_epi16(plane, _mm_set_epi64x(0, 4 - bit))
+    } else {
+        _mm512_srl_epi16(plane, _mm_set_epi64x(0, bit - 4))
+    };
+    // 0xF8: a | (b & c).
+    _mm512_ternarylogic_epi32::<0xF8>(nibbles, at4, _mm512_set1_epi8(0x10))
 }
 
 /// The 4 activation bytes at `p` in every lane.
@@ -152,9 +153,9 @@ unsafe fn tile<
                 wv[k] = _mm512_and_si512(v, nibble);
                 wv[4 + k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
                 if PLANE {
-                    let bits = _mm512_load_si512(rec.add(256).cast());
-                    wv[k] = _mm512_or_si512(wv[k], fifth_bits(bits, 4 * k as i32));
-                    wv[4 + k] = _mm512_or_si512(wv[4 + k], fifth_bits(bits, 16 + 4 * k as i32));
+                    let plane = _mm512_load_si512(rec.add(256).cast());
+                    wv[k] = with_fifth_bits(wv[k], plane, k as i64);
+                    wv[4 + k] = with_fifth_bits(wv[4 + k], plane, 4 + k as i64);
                 }
             }
         }
