@@ -77,6 +77,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             .job(input, &a.sampling, overrides)
             .with_context(|| format!("input {i}"))?;
         job.sampling.constraint = constraint.clone();
+        // The JSON records list each token's logprob; plain text needs none.
+        job.sampling.logprobs = prints_json(&a);
         owners.extend((0..job.num_results()).map(|k| (i, k)));
         jobs.push(job);
     }
@@ -124,6 +126,12 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             results.len()
         ),
     }
+}
+
+/// Whether the results are written as JSON records (with `--json`, `--output` or `--input`)
+/// rather than as plain text.
+fn prints_json(a: &GenerateArgs) -> bool {
+    a.json || a.output.is_some() || a.input.is_some()
 }
 
 fn read_inputs(a: &GenerateArgs) -> Result<Vec<(PromptInput, SamplingOverrides)>> {
@@ -185,7 +193,7 @@ fn write_results(
     };
     let many_samples = owners.iter().any(|&(_, k)| k > 0);
     for (&(i, k), r) in owners.iter().zip(results) {
-        if !a.json && a.output.is_none() && a.input.is_none() {
+        if !prints_json(a) {
             writeln!(out, "{}", r.text)?;
             continue;
         }

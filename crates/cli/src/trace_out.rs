@@ -130,6 +130,12 @@ impl ModelRunner for TracedRunner {
     ) -> tandem_model::Result<Vec<Option<TokenPick>>> {
         self.traced(batch, |inner| inner.forward_greedy(batch))
     }
+    fn forward_greedy_tokens(
+        &mut self,
+        batch: &ForwardBatch,
+    ) -> tandem_model::Result<Vec<Option<TokenId>>> {
+        self.traced(batch, |inner| inner.forward_greedy_tokens(batch))
+    }
     fn recycle_logits(&mut self, logits: Logits) {
         self.inner.recycle_logits(logits)
     }

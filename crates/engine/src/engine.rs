@@ -67,11 +67,12 @@ pub struct GenerationRequest {
 #[derive(Debug, Clone, PartialEq)]
 pub enum EngineEvent {
     /// A token was appended to the request's output. `logprob` and `top_logprobs` come from
-    /// the model's raw distribution at that position (see [`crate::sampler`]).
+    /// the model's raw distribution at that position (see [`crate::sampler`]), for a request
+    /// that asked for them (`SamplingParams::logprobs`; else `None` and empty).
     Token {
         seq_id: SeqId,
         token: TokenId,
-        logprob: f32,
+        logprob: Option<f32>,
         top_logprobs: Vec<(TokenId, f32)>,
     },
     /// The request finished; its KV blocks are already released.

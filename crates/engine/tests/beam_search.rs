@@ -186,14 +186,17 @@ fn width_one_is_greedy_decoding() {
     let got = beam_alone(&req, p);
     let mut engine = cpu_engine(fixture_model(), config(64, 4096, 4), 0);
     let mut greedy = req.clone();
-    greedy.sampling = SamplingParams::greedy();
+    greedy.sampling = SamplingParams {
+        logprobs: true,
+        ..SamplingParams::greedy()
+    };
     let id = engine.add_request(greedy).expect("admitted");
     let (mut logprobs, mut tokens) = (Vec::new(), Vec::new());
     while engine.has_unfinished() {
         for e in engine.step().expect("step") {
             if let EngineEvent::Token { token, logprob, .. } = e {
                 tokens.push(token);
-                logprobs.push(logprob);
+                logprobs.push(logprob.expect("asked for"));
             }
         }
     }

@@ -18,8 +18,8 @@ use cpu_engine::{
     scoring_runner,
 };
 
-/// Tokens and logprobs a request produced.
-type Output = (Vec<TokenId>, Vec<f32>);
+/// Tokens and logprobs (`None` where not asked for) a request produced.
+type Output = (Vec<TokenId>, Vec<Option<f32>>);
 
 /// A way to run the prompt set: name, KV blocks, step token budget, block size, arrival
 /// order, submissions per step.
@@ -37,16 +37,23 @@ fn prompts(n: usize, vocab: usize) -> Vec<Vec<TokenId>> {
         .collect()
 }
 
+/// Request `i`: greedy or sampled; every third one does not ask for logprobs, so that
+/// batches mix requests that do and do not (a step of only the latter skips them).
 fn request(prompt: &[TokenId], i: usize, sampled: bool) -> GenerationRequest {
+    let logprobs = i % 3 != 2;
     let sampling = if sampled {
         SamplingParams {
             temperature: 0.9,
             top_p: 0.95,
             seed: Some(1000 + i as u64),
+            logprobs,
             ..SamplingParams::default()
         }
     } else {
-        SamplingParams::greedy()
+        SamplingParams {
+            logprobs,
+            ..SamplingParams::greedy()
+        }
     };
     let limits = RequestParams {
         max_tokens: 6 + i % 5,
@@ -180,8 +187,20 @@ fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {
         )
         .expect("score");
         let p = reqs[i].prompt.len();
+        assert_eq!(logprobs.len(), tokens.len());
         for (j, lp) in logprobs.iter().enumerate() {
             let s = scored.positions[p + j].as_ref().expect("scored");
+            if !sampled {
+                assert_eq!(s.top[0].0, tokens[j], "greedy token is the forward argmax");
+            }
+            let Some(lp) = lp else {
+                assert!(!reqs[i].sampling.logprobs, "request {i} asked for logprobs");
+                continue;
+            };
+            assert!(
+                reqs[i].sampling.logprobs,
+                "request {i} did not ask for logprobs"
+            );
             assert!(
                 s.logprob == *lp,
                 "request {i} token {j}: decode {lp} vs forward {}",
@@ -193,9 +212,6 @@ fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {
                 lp.to_bits(),
                 "request {i} token {j}: logprobs alone"
             );
-            if !sampled {
-                assert_eq!(s.top[0].0, tokens[j], "greedy token is the forward argmax");
-            }
         }
     }
 }

@@ -68,9 +68,7 @@ fn run_aborting(
                     let (i, j) = slot[&seq_id];
                     let out = &mut outs[i][j];
                     assert!(out.finish.is_none(), "{seq_id:?}: a token after its end");
-                    let top = top_logprobs.iter().map(|&(t, l)| (t, l.to_bits()));
-                    out.tokens
-                        .push(Tok(token, logprob.to_bits(), top.collect()));
+                    out.tokens.push(Tok::of(token, logprob, &top_logprobs));
                 }
                 EngineEvent::Finished { seq_id, reason } => {
                     assert!(!matches!(reason, FinishReason::Error(_)), "{reason:?}");

@@ -39,6 +39,7 @@ fn request(prompt: Vec<TokenId>, seed: u64, max_tokens: usize) -> GenerationRequ
             temperature: 1.0,
             top_p: 0.95,
             seed: Some(seed),
+            logprobs: true,
             ..SamplingParams::default()
         },
         limits: RequestParams {
@@ -70,7 +71,7 @@ fn collect(events: Vec<EngineEvent>, outputs: &mut HashMap<SeqId, Output>) {
         {
             let o = outputs.entry(seq_id).or_default();
             o.0.push(token);
-            o.1.push(logprob);
+            o.1.push(logprob.expect("asked for"));
         }
     }
 }
@@ -217,7 +218,10 @@ fn siblings_survive_chunking_and_preemption_in_a_tiny_pool() {
 #[test]
 fn greedy_siblings_agree_and_each_finishes() {
     let mut req = request(prompt(6, 4), 1, 5);
-    req.sampling = SamplingParams::greedy();
+    req.sampling = SamplingParams {
+        logprobs: true,
+        ..SamplingParams::greedy()
+    };
     let mut engine = cpu_engine_with(fixture_model(), config(32, 4096, 4), Some(KvDtype::F16), 3);
     let ids = engine.add_request_n(req.clone(), 3).expect("admitted");
     let mut finished = Vec::new();

@@ -61,7 +61,10 @@ fn requests(ids: u32) -> Vec<GenerationRequest> {
             prompt.extend_from_slice(t);
             GenerationRequest {
                 prompt,
-                sampling: SamplingParams::greedy(),
+                sampling: SamplingParams {
+                    logprobs: true,
+                    ..SamplingParams::greedy()
+                },
                 limits: RequestParams {
                     max_tokens: 5,
                     ignore_eos: true,
@@ -94,6 +97,7 @@ fn requests(ids: u32) -> Vec<GenerationRequest> {
             temperature: 0.8,
             top_k: 40,
             seed: Some(5),
+            logprobs: true,
             ..SamplingParams::default()
         },
         prompt_logprobs: None,
@@ -124,7 +128,8 @@ fn run_batch(engine: &mut Engine, reqs: &[GenerationRequest], batch: &[usize], o
                 } => {
                     let o = &mut out[index(seq_id).expect("ours")];
                     o.tokens.push(token);
-                    o.logprobs.push(logprob);
+                    o.logprobs
+                        .push(logprob.expect("every request asks for logprobs"));
                 }
                 EngineEvent::PromptLogprobs {
                     seq_id,

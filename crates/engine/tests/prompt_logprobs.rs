@@ -23,7 +23,7 @@ use tandem_model::runner::ModelRunner;
 struct Output {
     prompt: Vec<PromptTokenLogprob>,
     tokens: Vec<TokenId>,
-    logprobs: Vec<f32>,
+    logprobs: Vec<Option<f32>>,
     finish: Option<FinishReason>,
 }
 
@@ -40,7 +40,10 @@ fn requests(n: usize, vocab: usize) -> Vec<GenerationRequest> {
             let scored = i % 2 == 0;
             GenerationRequest {
                 prompt,
-                sampling: SamplingParams::greedy(),
+                sampling: SamplingParams {
+                    logprobs: true,
+                    ..SamplingParams::greedy()
+                },
                 limits: RequestParams {
                     max_tokens: if scored && i % 4 == 0 { 0 } else { 3 + i % 4 },
                     ignore_eos: true,

@@ -26,7 +26,10 @@ use tandem_model::{ModelConfig, Result as ModelResult};
 
 #[test]
 fn greedy_pick_is_the_samplers_choice_bitwise() {
-    let params = SamplingParams::greedy();
+    let params = SamplingParams {
+        logprobs: true,
+        ..SamplingParams::greedy()
+    };
     let mut state = SamplerState::new(5, &[]);
     for step in 0..300u64 {
         let mut row = synthetic_logits(1000, 4.0, step);
@@ -43,8 +46,8 @@ fn greedy_pick_is_the_samplers_choice_bitwise() {
         let p = TokenPick::greedy(&row).expect("finite");
         assert_eq!(p.token, TokenId(s.token), "step {step}: token");
         assert_eq!(
-            p.logprob.to_bits(),
-            s.logprob.to_bits(),
+            Some(p.logprob.to_bits()),
+            s.logprob.map(f32::to_bits),
             "step {step}: logprob"
         );
     }
@@ -143,12 +146,17 @@ fn the_reference_draw_has_the_samplers_distribution() {
     }
 }
 
+/// Calls of (forward, forward_greedy or forward_greedy_tokens, forward_sample,
+/// forward_greedy_tokens).
+type Calls = (usize, usize, usize, usize);
+
 /// Counts which path each step took.
 #[derive(Debug)]
 struct PathCount {
     inner: Box<dyn ModelRunner>,
-    /// (forward, forward_greedy, forward_sample) calls.
-    calls: Arc<Mutex<(usize, usize, usize)>>,
+    /// (forward, forward_greedy or forward_greedy_tokens, forward_sample,
+    /// forward_greedy_tokens) calls.
+    calls: Arc<Mutex<Calls>>,
     /// Whether to claim to draw where the logits are.
     draws: bool,
 }
@@ -167,6 +175,13 @@ impl ModelRunner for PathCount {
     fn forward_greedy(&mut self, batch: &ForwardBatch) -> ModelResult<Vec<Option<TokenPick>>> {
         self.calls.lock().expect("not poisoned").1 += 1;
         self.inner.forward_greedy(batch)
+    }
+    fn forward_greedy_tokens(&mut self, batch: &ForwardBatch) -> ModelResult<Vec<Option<TokenId>>> {
+        let mut calls = self.calls.lock().expect("not poisoned");
+        calls.1 += 1;
+        calls.3 += 1;
+        drop(calls);
+        self.inner.forward_greedy_tokens(batch)
     }
     fn samples_rows(&self) -> bool {
         self.draws
@@ -193,8 +208,8 @@ impl ModelRunner for PathCount {
     }
 }
 
-/// Tokens, their logprobs and top logprobs.
-type Output = (Vec<TokenId>, Vec<f32>, Vec<Vec<(TokenId, f32)>>);
+/// Tokens, their logprobs (when asked for) and top logprobs.
+type Output = (Vec<TokenId>, Vec<Option<f32>>, Vec<Vec<(TokenId, f32)>>);
 
 /// Runs requests `which` of 12 on the fixture model, all submitted at once, each as
 /// `sampling(i)` makes it; the runner draws where its logits are when `draws`. Returns
@@ -203,7 +218,7 @@ fn run(
     which: &[usize],
     sampling: impl Fn(usize) -> SamplingParams,
     draws: bool,
-) -> (HashMap<usize, Output>, (usize, usize, usize)) {
+) -> (HashMap<usize, Output>, Calls) {
     run_with(which, sampling, draws, None)
 }
 
@@ -214,10 +229,10 @@ fn run_with(
     sampling: impl Fn(usize) -> SamplingParams,
     draws: bool,
     scored: Option<usize>,
-) -> (HashMap<usize, Output>, (usize, usize, usize)) {
+) -> (HashMap<usize, Output>, Calls) {
     let model = fixture_model();
     let cfg = config(&model.config, 64, 48, 4);
-    let calls = Arc::new(Mutex::new((0, 0, 0)));
+    let calls = Arc::new(Mutex::new((0, 0, 0, 0)));
     let runner = PathCount {
         inner: cpu_runner(model, &cfg, None),
         calls: calls.clone(),
@@ -266,7 +281,12 @@ fn run_with(
 }
 
 /// Per request (in order): its tokens, and the bits of its logprobs and top logprobs.
-type Bits = (usize, Vec<TokenId>, Vec<u32>, Vec<Vec<(TokenId, u32)>>);
+type Bits = (
+    usize,
+    Vec<TokenId>,
+    Vec<Option<u32>>,
+    Vec<Vec<(TokenId, u32)>>,
+);
 
 fn bits(out: &HashMap<usize, Output>) -> Vec<Bits> {
     let mut v: Vec<_> = out
@@ -276,7 +296,8 @@ fn bits(out: &HashMap<usize, Output>) -> Vec<Bits> {
                 .iter()
                 .map(|alts| alts.iter().map(|&(t, l)| (t, l.to_bits())).collect())
                 .collect();
-            (*i, t.clone(), l.iter().map(|v| v.to_bits()).collect(), top)
+            let l = l.iter().map(|v| v.map(f32::to_bits)).collect();
+            (*i, t.clone(), l, top)
         })
         .collect();
     v.sort();
@@ -284,11 +305,16 @@ fn bits(out: &HashMap<usize, Output>) -> Vec<Bits> {
 }
 
 /// [`bits`] without the top logprobs.
-fn chosen(out: &HashMap<usize, Output>) -> Vec<(usize, Vec<TokenId>, Vec<u32>)> {
+fn chosen(out: &HashMap<usize, Output>) -> Vec<(usize, Vec<TokenId>, Vec<Option<u32>>)> {
     bits(out)
         .into_iter()
         .map(|(i, t, l, _)| (i, t, l))
         .collect()
+}
+
+/// [`bits`]' tokens only.
+fn tokens(out: &HashMap<usize, Output>) -> Vec<(usize, Vec<TokenId>)> {
+    bits(out).into_iter().map(|(i, t, _, _)| (i, t)).collect()
 }
 
 const ALL: [usize; 12] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11];
@@ -314,26 +340,41 @@ fn seeded(i: usize) -> SamplingParams {
 
 #[test]
 fn engine_steps_pick_greedy_rows_without_logits_and_agree_with_the_sampler() {
-    let (plain, (fwd, greedy_calls, _)) = run(&ALL, |_| greedy(false), false);
+    let (plain, (fwd, greedy_calls, _, tokens_only)) = run(&ALL, |_| greedy(false), false);
     assert_eq!(
         fwd, 0,
         "every step of plain greedy requests takes the greedy path"
     );
     assert!(greedy_calls > 0);
-    let (sampled, (fwd, greedy_calls, _)) = run(&ALL, |_| greedy(true), false);
+    assert_eq!(tokens_only, greedy_calls, "nobody asked for logprobs");
+    let none = |o: &Output| o.1.iter().all(Option::is_none) && o.2.iter().all(Vec::is_empty);
+    assert!(plain.values().all(none), "no logprobs unless asked");
+    let logprob_only = |_| SamplingParams {
+        logprobs: true,
+        ..SamplingParams::greedy()
+    };
+    let (reported, (fwd, greedy_calls, _, tokens_only)) = run(&ALL, logprob_only, false);
+    assert_eq!((fwd, tokens_only), (0, 0), "picks with their logprobs");
+    assert!(greedy_calls > 0);
+    let (sampled, (fwd, greedy_calls, _, _)) = run(&ALL, |_| greedy(true), false);
     assert_eq!(greedy_calls, 0, "top_logprobs need the logits");
     assert!(fwd > 0);
     assert_eq!(
-        chosen(&plain),
-        chosen(&sampled),
+        tokens(&plain),
+        tokens(&sampled),
         "greedy picks = the sampler's tokens"
     );
-    let (mixed, (fwd, greedy_calls, _)) = run(&ALL, |i| greedy(i.is_multiple_of(4)), false);
+    assert_eq!(
+        chosen(&reported),
+        chosen(&sampled),
+        "greedy picks' logprobs = the sampler's"
+    );
+    let (mixed, (fwd, greedy_calls, _, _)) = run(&ALL, |i| greedy(i.is_multiple_of(4)), false);
     assert!(
         fwd > 0 && greedy_calls > 0,
         "steps with and without such a request"
     );
-    assert_eq!(chosen(&plain), chosen(&mixed));
+    assert_eq!(tokens(&plain), tokens(&mixed));
     assert!(plain.values().all(|(t, _, _)| t.len() == 8));
 }
 
@@ -347,7 +388,7 @@ fn draws_where_the_logits_are_are_seeded_and_batch_invariant() {
             seeded(i)
         }
     };
-    let (together, (fwd, _, draws)) = run(&ALL, mix, true);
+    let (together, (fwd, _, draws, _)) = run(&ALL, mix, true);
     assert_eq!(fwd, 0, "no step needs the logits");
     assert!(draws > 0);
     // The same requests alone, or in another company: the same tokens, bit for bit.
@@ -372,12 +413,12 @@ fn draws_where_the_logits_are_are_seeded_and_batch_invariant() {
     assert!(distinct.len() > 4);
     // A runner that does not draw: the same requests are sampled on the host, which walks
     // the survivors in the same id order: the same tokens.
-    let (host, (fwd, _, draws)) = run(&ALL, mix, false);
+    let (host, (fwd, _, draws, _)) = run(&ALL, mix, false);
     assert!(fwd > 0 && draws == 0);
     assert_eq!(bits(&host), bits(&together), "host draws = device draws");
     // A neighbour asking for its prompt's logprobs sends the steps of its prefill to the
     // host sampler: the seeded requests beside it keep their tokens.
-    let (company, (fwd, _, draws)) = run_with(&ALL, mix, true, Some(2));
+    let (company, (fwd, _, draws, _)) = run_with(&ALL, mix, true, Some(2));
     assert!(fwd > 0 && draws > 0, "steps on both paths");
     let (t, c) = (bits(&together), bits(&company));
     for i in ALL.iter().filter(|&&i| i != 2) {
@@ -406,7 +447,7 @@ fn processed(i: usize) -> SamplingParams {
 
 #[test]
 fn processors_and_top_logprobs_run_where_the_logits_are_with_the_samplers_results() {
-    let (device, (fwd, greedy_calls, draws)) = run(&ALL, processed, true);
+    let (device, (fwd, greedy_calls, draws, _)) = run(&ALL, processed, true);
     assert_eq!(
         (fwd, greedy_calls),
         (0, 0),
@@ -414,7 +455,7 @@ fn processors_and_top_logprobs_run_where_the_logits_are_with_the_samplers_result
     );
     assert!(draws > 0);
     // The host sampler gives the same tokens, logprobs and top logprobs, bit for bit.
-    let (host, (fwd, _, draws)) = run(&ALL, processed, false);
+    let (host, (fwd, _, draws, _)) = run(&ALL, processed, false);
     assert!(fwd > 0 && draws == 0);
     assert_eq!(bits(&device), bits(&host), "device draws = host sampler");
     // Alone, or in other company: unchanged.

@@ -5,7 +5,7 @@ mod sampler_reference;
 
 use sampler_reference::synthetic_logits;
 use tandem_engine::model::logits::Logits;
-use tandem_engine::sampler::{sample, SamplerState, SamplingParams};
+use tandem_engine::sampler::{sample, SamplerError, SamplerState, SamplingParams};
 
 /// f64 log-softmax written directly from the definition.
 fn log_softmax_f64(row: &[f32]) -> Vec<f64> {
@@ -40,9 +40,13 @@ fn processed_params() -> SamplingParams {
 
 #[test]
 fn chosen_logprob_is_the_raw_log_softmax() {
+    let reported = |p: SamplingParams| SamplingParams {
+        logprobs: true,
+        ..p
+    };
     for (i, params) in [
-        SamplingParams::default(),
-        SamplingParams::greedy(),
+        reported(SamplingParams::default()),
+        reported(SamplingParams::greedy()),
         processed_params(),
     ]
     .into_iter()
@@ -57,9 +61,10 @@ fn chosen_logprob_is_the_raw_log_softmax() {
                 .expect("finite");
             let s = sample(&row, &params, &mut state, step as usize).expect("finite");
             let t = s.token as usize;
-            assert!((s.logprob as f64 - exact[t]).abs() < 1e-5, "step {step}");
+            let logprob = s.logprob.expect("asked for");
+            assert!((logprob as f64 - exact[t]).abs() < 1e-5, "step {step}");
             assert_eq!(
-                s.logprob.to_bits(),
+                logprob.to_bits(),
                 scored[t].to_bits(),
                 "not bitwise = scoring"
             );
@@ -111,7 +116,8 @@ fn logprobs_ignore_the_processors() {
     };
     let b = sample(&row, &forced, &mut proc_state, 0).expect("finite");
     assert_eq!(b.token, 42, "a +100 bias forces the token");
-    assert!((b.logprob as f64 - log_softmax_f64(&row)[42]).abs() < 1e-5);
+    let logprob = b.logprob.expect("asked for");
+    assert!((logprob as f64 - log_softmax_f64(&row)[42]).abs() < 1e-5);
     assert_eq!(a.top_logprobs, b.top_logprobs[..4].to_vec());
 }
 
@@ -148,4 +154,44 @@ fn no_alternatives_unless_asked() {
         s.top_logprobs.iter().map(|t| t.0).collect::<Vec<_>>(),
         vec![0, 1]
     );
+}
+
+/// A request that does not ask for logprobs gets none, and the same tokens from the same
+/// stream as one that does; its rows are checked all the same.
+#[test]
+fn no_logprob_unless_asked_and_the_same_tokens() {
+    for base in [
+        SamplingParams::default(),
+        SamplingParams::greedy(),
+        processed_params(),
+    ] {
+        let asked = SamplingParams {
+            logprobs: true,
+            ..base.clone()
+        };
+        let quiet = SamplingParams {
+            logprobs: false,
+            ..base
+        };
+        let mut a = SamplerState::new(9, &[3, 4, 5]);
+        let mut q = SamplerState::new(9, &[3, 4, 5]);
+        for step in 0..200 {
+            let row = synthetic_logits(300, 3.0, 900 + step);
+            let x = sample(&row, &asked, &mut a, step as usize).expect("finite");
+            let y = sample(&row, &quiet, &mut q, step as usize).expect("finite");
+            assert!(x.logprob.is_some(), "step {step}");
+            assert_eq!((y.logprob, y.top_logprobs.len()), (None, 0), "step {step}");
+            assert_eq!(x.token, y.token, "step {step}");
+            a.append_output(x.token);
+            q.append_output(y.token);
+        }
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut row = synthetic_logits(300, 3.0, 7);
+            row[100] = bad;
+            let e = sample(&row, &quiet, &mut q, 0).map(|_| ()).unwrap_err();
+            assert_eq!(e, SamplerError::NonFiniteLogits);
+        }
+        let e = sample(&[], &quiet, &mut q, 0).map(|_| ()).unwrap_err();
+        assert_eq!(e, SamplerError::EmptyLogits);
+    }
 }

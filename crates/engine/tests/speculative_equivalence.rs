@@ -100,6 +100,7 @@ fn run(
                 top_logprobs,
             } = e
             {
+                let logprob = logprob.expect("asked for");
                 out[ids[&seq_id]].push((token, logprob, top_logprobs));
             }
         }

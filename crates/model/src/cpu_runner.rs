@@ -94,6 +94,13 @@ impl ModelRunner for CpuRunner {
         Ok(picks)
     }
 
+    fn forward_greedy_tokens(&mut self, batch: &ForwardBatch) -> Result<Vec<Option<TokenId>>> {
+        let logits = self.model.forward(batch, &mut self.kv)?;
+        let tokens = self.model.greedy_tokens(&logits);
+        self.model.recycle_logits(logits);
+        Ok(tokens)
+    }
+
     fn recycle_logits(&mut self, logits: Logits) {
         self.model.recycle_logits(logits);
     }

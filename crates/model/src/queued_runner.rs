@@ -121,6 +121,10 @@ impl ModelRunner for QueuedRunner {
         self.inner.forward_greedy(batch)
     }
 
+    fn forward_greedy_tokens(&mut self, batch: &ForwardBatch) -> Result<Vec<Option<TokenId>>> {
+        self.inner.forward_greedy_tokens(batch)
+    }
+
     fn recycle_logits(&mut self, logits: Logits) {
         self.inner.recycle_logits(logits)
     }

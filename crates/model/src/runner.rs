@@ -130,6 +130,15 @@ pub trait ModelRunner: Send + std::fmt::Debug {
         Ok(picks)
     }
 
+    /// The greedy token of every output row of `batch`, `None` for a row holding a NaN or an
+    /// infinity: [`Self::forward_greedy`]'s tokens without their log-probabilities, for a
+    /// step whose requests did not ask for them (the CPU runner then skips the pass over each
+    /// row that a log-probability's normalizer costs). Default: [`Self::forward_greedy`]'s.
+    fn forward_greedy_tokens(&mut self, batch: &ForwardBatch) -> Result<Vec<Option<TokenId>>> {
+        let picks = self.forward_greedy(batch)?;
+        Ok(picks.into_iter().map(|p| p.map(|p| p.token)).collect())
+    }
+
     /// Threads the engine may borrow between this runner's steps for its own work on the
     /// host (sampling a step's rows side by side). The CPU runner lends the model's pool,
     /// idle while the engine samples, the CUDA runner a pool of its own; `None` (the

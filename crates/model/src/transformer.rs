@@ -164,6 +164,16 @@ impl Model {
         picks
     }
 
+    /// [`Model::greedy_picks`]' tokens without their log-probabilities.
+    pub fn greedy_tokens(&self, logits: &Logits) -> Vec<Option<TokenId>> {
+        let mut tokens = vec![None; logits.num_rows()];
+        for_each_chunk_mut(&self.pool, &mut tokens, 1, |r, token| {
+            let greedy = tandem_kernels::row_max::greedy(logits.row(r));
+            token[0] = greedy.map(|(id, _)| TokenId(id as u32));
+        });
+        tokens
+    }
+
     /// Takes back the buffer of logits this model returned, for the next forward pass's LM
     /// head to write into (one of at most [`SPARE_LOGITS_BYTES`] is kept: a decode step's,
     /// not a long prompt's).

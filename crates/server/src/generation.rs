@@ -19,8 +19,8 @@ use crate::engine_thread::GroupEvent;
 pub use tandem_text::Finish;
 
 /// A generated (or echoed prompt) token with its raw-distribution logprob and alternatives
-/// (most likely first). `logprob` is `None` only for an echoed prompt token without a score
-/// (the first one: nothing predicts it).
+/// (most likely first). `logprob` is `None` for an echoed prompt token without a score (the
+/// first one: nothing predicts it) and for a generated one when logprobs were not asked for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenInfo {
     pub id: u32,
@@ -143,7 +143,7 @@ impl Generation {
             }
             choice.pending.push(TokenInfo {
                 id: t.token.0,
-                logprob: Some(t.logprob),
+                logprob: t.logprob,
                 top: t.top_logprobs.iter().map(|&(t, l)| (t.0, l)).collect(),
             });
         }

@@ -48,7 +48,8 @@ impl From<FinishReason> for Finish {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GeneratedToken {
     pub token: TokenId,
-    pub logprob: f32,
+    /// Its raw logprob, for a request that asked for logprobs.
+    pub logprob: Option<f32>,
     pub top_logprobs: Vec<(TokenId, f32)>,
 }
 

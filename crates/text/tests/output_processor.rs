@@ -55,7 +55,7 @@ fn token(id: SeqId, t: u32) -> EngineEvent {
     EngineEvent::Token {
         seq_id: id,
         token: TokenId(t),
-        logprob: -0.5,
+        logprob: Some(-0.5),
         top_logprobs: vec![(TokenId(t), -0.5)],
     }
 }

@@ -28,6 +28,7 @@ use tandem_model::batch::{CarriedToken, ForwardBatch};
 use tandem_model::row_sampling::RowDraw;
 use tandem_model::ModelError;
 
+use super::sampling::reported;
 use super::{Engine, EngineEvent};
 use crate::error::Result;
 use crate::sequence::SeqMap;
@@ -116,7 +117,10 @@ impl Engine {
             let _ = self.runner.collect_picks();
         }
         self.launched = next;
-        let samples = picks.map(|p| self.picked_samples(&launched.plan, &launched.rows, p));
+        let samples = picks.map(|p| {
+            let picks = reported(p);
+            self.picked_samples(&launched.plan, &launched.rows, picks)
+        });
         self.recycle_rows(launched.rows);
         out.extend(self.answer_step(launched.plan.step, samples, Vec::new())?);
         if let Some(message) = ahead_failed {

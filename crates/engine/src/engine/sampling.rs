@@ -23,7 +23,8 @@ const SPARE_LISTS: usize = 4096;
 /// How a step's rows get their tokens (see [`Engine::row_path`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum RowPath {
-    /// The runner's greedy picks (`ModelRunner::forward_greedy`).
+    /// The runner's greedy picks (`ModelRunner::forward_greedy`, or
+    /// `forward_greedy_tokens` when no request of the step asked for logprobs).
     Greedy,
     /// The runner's draws, processors and reported logprobs included
     /// (`ModelRunner::forward_sample`).
@@ -62,6 +63,25 @@ impl RowJob {
     }
 }
 
+/// A runner's picks as the sampler reports them: with their logprobs.
+pub(super) fn reported(picks: Vec<Option<TokenPick>>) -> Vec<Option<SampledToken>> {
+    let sampled = |p: TokenPick| SampledToken {
+        token: p.token.0,
+        logprob: Some(p.logprob),
+        top_logprobs: p.top_logprobs.iter().map(|&(t, l)| (t.0, l)).collect(),
+    };
+    picks.into_iter().map(|p| p.map(sampled)).collect()
+}
+
+/// A token chosen without its logprob.
+fn unreported(token: TokenId) -> SampledToken {
+    SampledToken {
+        token: token.0,
+        logprob: None,
+        top_logprobs: Vec::new(),
+    }
+}
+
 impl Engine {
     /// The forward pass of a step whose rows need only their token: the runner picks them
     /// where the logits are (`path`: greedy, or drawn as `rows` say), one per row.
@@ -74,8 +94,12 @@ impl Engine {
         clock: &mut StepClock,
     ) -> Result<StepSamples, ModelError> {
         let picks = match path {
-            RowPath::Greedy => self.runner.forward_greedy(batch),
-            _ => self.runner.forward_sample(batch, &rows),
+            RowPath::Greedy if !self.reports_logprobs(plan) => {
+                let tokens = self.runner.forward_greedy_tokens(batch);
+                tokens.map(|t| t.into_iter().map(|t| t.map(unreported)).collect())
+            }
+            RowPath::Greedy => self.runner.forward_greedy(batch).map(reported),
+            _ => self.runner.forward_sample(batch, &rows).map(reported),
         };
         let samples = picks
             .and_then(|picks| {
@@ -253,6 +277,13 @@ impl Engine {
         }
     }
 
+    /// Whether a request with an output row in `plan` asked for logprobs.
+    fn reports_logprobs(&self, plan: &StepPlan) -> bool {
+        let rows = plan.seqs.iter().filter(|s| s.num_output_rows > 0);
+        rows.filter_map(|s| self.requests.get(&s.seq_id))
+            .any(|r| r.sampling.logprobs)
+    }
+
     /// Tokens the sequence has generated so far.
     fn num_output(&self, id: SeqId) -> usize {
         self.scheduler.sequence(id).map_or(0, |q| q.output().len())
@@ -291,14 +322,15 @@ impl Engine {
     }
 
     /// The samples of a plan given to the runner, from its picks (one per output row, in
-    /// order, drawn as `draws` from [`Self::draw_rows`] said). A row without a pick had a
-    /// NaN or an infinity, or, when its processors suppress the whole vocabulary (bias and
-    /// penalties never make a `-inf`), no candidate.
+    /// order, drawn as `draws` from [`Self::draw_rows`] said; a logprob is kept for the
+    /// requests that asked for it). A row without a pick had a NaN or an infinity, or, when
+    /// its processors suppress the whole vocabulary (bias and penalties never make a
+    /// `-inf`), no candidate.
     pub(super) fn picked_samples(
         &mut self,
         plan: &StepPlan,
         draws: &[RowDraw],
-        picks: Vec<Option<TokenPick>>,
+        picks: Vec<Option<SampledToken>>,
     ) -> StepSamples {
         let mut out = StepSamples::default();
         let vocab = self.runner.config().vocab_size;
@@ -317,16 +349,14 @@ impl Engine {
                 Ok(()) => pick.ok_or(SamplerError::NonFiniteLogits),
             };
             match pick {
-                Ok(p) => {
+                Ok(mut t) => {
                     out.outputs.push(SeqOutput {
                         seq_id: s.seq_id,
-                        tokens: vec![p.token],
+                        tokens: vec![TokenId(t.token)],
                     });
-                    let t = SampledToken {
-                        token: p.token.0,
-                        logprob: p.logprob,
-                        top_logprobs: p.top_logprobs.iter().map(|&(t, l)| (t.0, l)).collect(),
-                    };
+                    if !req.sampling.logprobs {
+                        t.logprob = None;
+                    }
                     out.sampled.insert(s.seq_id, VecDeque::from([t]));
                 }
                 Err(e) => out.failed.push((s.seq_id, e.to_string())),
@@ -380,7 +410,7 @@ impl Engine {
                                     .map(|(t, l)| (TokenId(t), l))
                                     .collect(),
                             ),
-                            None => (f32::NAN, Vec::new()),
+                            None => (None, Vec::new()),
                         };
                     out.push(EngineEvent::Token {
                         seq_id,

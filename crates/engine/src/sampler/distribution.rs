@@ -165,27 +165,21 @@ fn processed_values(
     Ok(scratch)
 }
 
-/// What [`super::sample`] reports for `token` chosen from `logits_row`: its raw logprob and,
-/// when asked, the raw top logprobs. Errors on a non-finite or empty row.
+/// What [`super::sample`] reports for `token` chosen from `logits_row`: when asked, its raw
+/// logprob and the raw top logprobs. Errors on a non-finite or empty row.
 pub fn reported_token(
     logits_row: &[f32],
     token: u32,
     params: &SamplingParams,
 ) -> Result<SampledToken, SamplerError> {
-    let lsm = RawLogSoftmax::of(logits_row)?;
-    let logit = *logits_row
-        .get(token as usize)
-        .ok_or_else(|| SamplerError::invalid("token", format!("{token} is outside the row")))?;
-    let top_logprobs = if params.logprobs && params.top_logprobs > 0 {
-        logprobs::top_logprobs(logits_row, params.top_logprobs, lsm)
-    } else {
-        Vec::new()
-    };
-    Ok(SampledToken {
-        token,
-        logprob: lsm.logprob(logit),
-        top_logprobs,
-    })
+    let lsm = RawLogSoftmax::if_reported(logits_row, params)?;
+    if token as usize >= logits_row.len() {
+        return Err(SamplerError::invalid(
+            "token",
+            format!("{token} is outside the row"),
+        ));
+    }
+    Ok(logprobs::reported(logits_row, token, params, lsm))
 }
 
 #[cfg(test)]

@@ -4,6 +4,8 @@
 //! kernels' `log_softmax`, so the numbers equal `tandem score`'s bit for bit.
 
 use super::error::SamplerError;
+use super::params::SamplingParams;
+use super::SampledToken;
 
 /// `logsumexp` of one raw logits row.
 #[derive(Debug, Clone, Copy)]
@@ -23,9 +25,53 @@ impl RawLogSoftmax {
         Ok(RawLogSoftmax { lse })
     }
 
+    /// [`RawLogSoftmax::of`] `row` when `params` asks for logprobs; otherwise only its
+    /// checks (a row that is empty or not finite is refused either way).
+    pub(crate) fn if_reported(
+        row: &[f32],
+        params: &SamplingParams,
+    ) -> Result<Option<RawLogSoftmax>, SamplerError> {
+        if params.logprobs {
+            return RawLogSoftmax::of(row).map(Some);
+        }
+        if row.is_empty() {
+            return Err(SamplerError::EmptyLogits);
+        }
+        match tandem_kernels::row_max::max_finite(row) {
+            Some(_) => Ok(None),
+            None => Err(SamplerError::NonFiniteLogits),
+        }
+    }
+
     /// `log p` of a token whose raw logit is `logit`.
     pub(crate) fn logprob(&self, logit: f32) -> f32 {
         tandem_kernels::ops::log_prob(logit, self.lse)
+    }
+}
+
+/// `token` of `row` as reported to a request with `params`: with its logprob and
+/// `params.top_logprobs` alternatives when `lsm` (the row's, given when `params.logprobs`).
+pub(crate) fn reported(
+    row: &[f32],
+    token: u32,
+    params: &SamplingParams,
+    lsm: Option<RawLogSoftmax>,
+) -> SampledToken {
+    let Some(lsm) = lsm else {
+        return SampledToken {
+            token,
+            logprob: None,
+            top_logprobs: Vec::new(),
+        };
+    };
+    let top = match params.top_logprobs {
+        0 => Vec::new(),
+        n => top_logprobs(row, n, lsm),
+    };
+    SampledToken {
+        token,
+        logprob: Some(lsm.logprob(row[token as usize])),
+        top_logprobs: top,
     }
 }
 

@@ -30,10 +30,11 @@
 //! This is the order of Hugging Face transformers' processors (vLLM applies min-p before
 //! top-p, which differs only when both are set).
 //!
-//! **Logprobs** ([`SampledToken::logprob`] and `top_logprobs`) are those of the **raw model
-//! distribution**: `log_softmax` of the unprocessed logits, whatever the processors did (the
-//! vLLM convention). They therefore equal the numbers `tandem score` prints for the same
-//! context, bit for bit.
+//! **Logprobs** ([`SampledToken::logprob`] and `top_logprobs`), reported when the request
+//! asks for them ([`SamplingParams::logprobs`]: their `log_softmax` costs a pass over the
+//! row), are those of the **raw model distribution**: `log_softmax` of the unprocessed
+//! logits, whatever the processors did (the vLLM convention). They therefore equal the
+//! numbers `tandem score` prints for the same context, bit for bit.
 //!
 //! **Randomness**: every call draws exactly one uniform number from the request's own
 //! counter-based stream ([`SamplerState`]), greedy or not, so a seeded request produces the
@@ -72,8 +73,9 @@ use logprobs::RawLogSoftmax;
 pub struct SampledToken {
     /// The chosen token id.
     pub token: u32,
-    /// `log p(token)` under the raw model distribution (natural log).
-    pub logprob: f32,
+    /// `log p(token)` under the raw model distribution (natural log); `None` unless
+    /// `params.logprobs`.
+    pub logprob: Option<f32>,
     /// The `top_logprobs` most likely tokens of the raw distribution and their logprobs,
     /// most likely first (ties to the lower id); empty unless `params.logprobs`.
     pub top_logprobs: Vec<(u32, f32)>,
@@ -97,7 +99,7 @@ pub fn sample(
 ) -> Result<SampledToken, SamplerError> {
     // Draw first and unconditionally: exactly one draw per call.
     let u = state.draw_uniform();
-    let lsm = RawLogSoftmax::of(logits_row)?;
+    let lsm = RawLogSoftmax::if_reported(logits_row, params)?;
     params.validate_ids(logits_row.len())?;
 
     let mut scratch = scratch::take();
@@ -114,19 +116,9 @@ pub fn sample(
     } else {
         truncation::sample_random(values, &mut scratch.candidates, params, u)
     };
-    let top = if params.logprobs && params.top_logprobs > 0 {
-        logprobs::top_logprobs(logits_row, params.top_logprobs, lsm)
-    } else {
-        Vec::new()
-    };
     scratch::put_back(scratch);
-
     let token = chosen.ok_or(SamplerError::NoCandidates)?;
-    Ok(SampledToken {
-        token,
-        logprob: lsm.logprob(logits_row[token as usize]),
-        top_logprobs: top,
-    })
+    Ok(logprobs::reported(logits_row, token, params, lsm))
 }
 
 /// The constraint step of the processing: `-inf` for what the request's grammar forbids at

@@ -45,8 +45,9 @@ pub struct SamplingParams {
     pub logit_bias: Vec<(u32, f32)>,
     /// Seed of the request's random stream; `None` lets the engine pick one.
     pub seed: Option<u64>,
-    /// Whether to return `top_logprobs` alternatives (the chosen token's logprob is always
-    /// returned).
+    /// Whether to return the chosen token's raw logprob and `top_logprobs` alternatives
+    /// (without it, neither is computed: the log-softmax's normalizer is a pass over the
+    /// row).
     pub logprobs: bool,
     /// How many alternatives to return when `logprobs` is set, at most [`MAX_TOP_LOGPROBS`].
     pub top_logprobs: usize,

@@ -31,13 +31,13 @@ pub const TINY: usize = CONTEXT / BLOCK + 2;
 
 /// One emitted token: (id, logprob, top logprobs), logprobs as bits so `==` is bitwise.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tok(pub TokenId, pub u32, pub Vec<(TokenId, u32)>);
+pub struct Tok(pub TokenId, pub Option<u32>, pub Vec<(TokenId, u32)>);
 
 impl Tok {
     /// An emitted token, its logprobs as bits.
-    pub fn of(token: TokenId, logprob: f32, top: &[(TokenId, f32)]) -> Tok {
+    pub fn of(token: TokenId, logprob: Option<f32>, top: &[(TokenId, f32)]) -> Tok {
         let top = top.iter().map(|&(t, l)| (t, l.to_bits())).collect();
-        Tok(token, logprob.to_bits(), top)
+        Tok(token, logprob.map(f32::to_bits), top)
     }
 }
 
@@ -313,7 +313,11 @@ pub fn check_forward(req: &GenerationRequest, out: &Out) {
         let mut lp = vec![0.0; VOCAB];
         log_softmax(&logits, &mut lp).expect("the fake's logits are finite");
         let want = lp[token.0 as usize].to_bits();
-        assert_eq!(*logprob, want, "token {i}: logprob is not the forward's");
+        assert_eq!(
+            *logprob,
+            Some(want),
+            "token {i}: logprob is not the forward's"
+        );
         let want_top = top_logprobs(&logits, &lp);
         assert_eq!(top, &want_top, "token {i}: top logprobs");
         let argmax = !req.sampling.is_greedy() || *token == want_top[0].0;
