@@ -46,6 +46,7 @@
 
 pub mod constraint;
 mod distribution;
+mod draw;
 mod error;
 mod history;
 mod logprobs;

@@ -5,6 +5,7 @@ use std::cmp::Ordering;
 
 use tandem_kernels::sampling_weights;
 
+use super::draw::{draw_listed, draw_row};
 use super::nucleus;
 use super::params::SamplingParams;
 
@@ -42,7 +43,7 @@ pub(super) fn by_value_desc(values: &[f64]) -> impl Fn(&u32, &u32) -> Ordering +
 /// 5. min-p: keep tokens with `w >= min_p` (probability >= min_p x the largest one; this
 ///    ratio does not depend on renormalisation, so min-p commutes with steps 2 and 4);
 /// 6. choose, walking the survivors in id order, the first whose cumulative weight exceeds
-///    `u * sum(w)`. (Id order, not the order truncation leaves them in: it is the order a
+///    `u * sum(w)` ([`super::draw`]: the cumulative weights summed in blocks). (Id order, not the order truncation leaves them in: it is the order a
 ///    runner drawing where its logits are walks (`tandem_model::row_sampling`), so a seed
 ///    draws the same token on either path, up to rounding at a boundary.)
 pub(crate) fn sample_random(
@@ -60,13 +61,13 @@ pub(crate) fn sample_random(
             return None;
         }
         sampling_weights::exp_weights(values, max, params.temperature as f64);
-        return draw(values, 0..values.len() as u32, u);
+        return draw_row(values, u);
     }
     if !truncate(values, candidates, params) {
         return None;
     }
     candidates.sort_unstable();
-    draw(values, candidates.iter().copied(), u)
+    draw_listed(values, candidates, u)
 }
 
 /// Whether no truncation of `params` can drop a token of a `vocab`-sized row.
@@ -157,27 +158,6 @@ fn list_weighed(
     }
 }
 
-/// Inverse-CDF draw over `candidates` in their current order: the first whose cumulative
-/// weight exceeds `u * total`. Zero weights are never chosen; if rounding runs past the
-/// end, the last candidate with a positive weight is taken.
-fn draw(weights: &[f64], candidates: impl Iterator<Item = u32> + Clone, u: f64) -> Option<u32> {
-    let total: f64 = candidates.clone().map(|id| weights[id as usize]).sum();
-    let target = u * total;
-    let mut cum = 0.0;
-    let mut last_positive = None;
-    for id in candidates {
-        let w = weights[id as usize];
-        if w > 0.0 {
-            cum += w;
-            last_positive = Some(id);
-            if cum > target {
-                return Some(id);
-            }
-        }
-    }
-    last_positive
-}
-
 /// Uniform draws in `[0, 1)` from a xorshift stream (the tests' random rows).
 #[cfg(test)]
 pub(super) fn xorshift(mut seed: u64) -> impl FnMut() -> f64 {
@@ -236,7 +216,7 @@ mod tests {
                 let picked = sample_random(&mut whole, &mut cands, &p, u);
                 let expected = truncate(&mut listed, &mut cands, &p).then(|| {
                     cands.sort_unstable();
-                    draw(&listed, cands.iter().copied(), u)
+                    draw_listed(&listed, &cands, u)
                 });
                 assert_eq!(picked, expected.flatten(), "trial {trial}, T {t}, u {u}");
                 for &id in &cands {
@@ -367,17 +347,5 @@ mod tests {
         for (got, want) in v.iter().zip(expect) {
             assert!((got - want).abs() < 1e-15);
         }
-    }
-
-    #[test]
-    fn draw_follows_cumulative_weights_and_never_picks_zero_weight() {
-        let w = [0.0, 1.0, 0.0, 3.0, 0.0];
-        let c = [0, 1, 2, 3, 4];
-        let ids = || c.iter().copied();
-        assert_eq!(draw(&w, ids(), 0.0), Some(1));
-        assert_eq!(draw(&w, ids(), 0.2499), Some(1));
-        assert_eq!(draw(&w, ids(), 0.25), Some(3));
-        assert_eq!(draw(&w, ids(), 0.999_999), Some(3));
-        assert_eq!(draw(&w, [0, 2].into_iter(), 0.5), None);
     }
 }
