@@ -1,5 +1,6 @@
-//! The sampler's passes over a whole row of f64 logits: its maximum, and the weights
-//! `e^((l − max) / T)` of a temperature draw with their sum.
+//! The sampler's passes over a whole row of f64 logits: its maximum, the weights
+//! `e^((l − max) / T)` of a temperature draw with their sum, and the mass of the weights at
+//! least a cut (top-p's pre-cut).
 //!
 //! A large vocabulary makes these the sampler's cost: Gemma 3's 262,144 entries took a libm
 //! `exp` each, several milliseconds a row, on the engine's thread (BENCHMARKS.md § The host
@@ -96,6 +97,65 @@ fn maximum_portable(values: &[f64]) -> f64 {
     lanes
         .into_iter()
         .fold(f64::NEG_INFINITY, |a, b| if b > a { b } else { a })
+}
+
+/// The sum of the entries of `weights` that are at least `cut`, in the order of
+/// [`exp_weights`]' sum (so every variant gives the same bits).
+pub fn mass_at_least(weights: &[f64], cut: f64) -> f64 {
+    mass_at_least_with(isa::active(), weights, cut)
+}
+
+/// [`mass_at_least`] with an explicit variant (all variants give bitwise equal results).
+pub fn mass_at_least_with(isa: Isa, weights: &[f64], cut: f64) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx512 = matches!(isa, Isa::Avx512 | Isa::Avx512Int8) && isa.is_available();
+        let avx2 = matches!(isa, Isa::Avx2 | Isa::Avx2Int8) && isa.is_available();
+        if avx512 {
+            // SAFETY: the CPU has AVX-512 F and VL (`is_available` checked just above).
+            return unsafe { mass_at_least_avx512(weights, cut) };
+        }
+        if avx2 || avx512 {
+            // SAFETY: the CPU has AVX2 (every AVX-512 variant's CPU check implies it here).
+            return unsafe { mass_at_least_avx2(weights, cut) };
+        }
+    }
+    let _ = isa;
+    mass_at_least_portable(weights, cut)
+}
+
+#[inline(always)]
+fn mass_at_least_portable(weights: &[f64], cut: f64) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let chunks = weights.chunks_exact(8);
+    let tail = chunks.remainder();
+    // Selected, not branched on: the loop vectorizes.
+    let kept = |w: f64| if w >= cut { w } else { 0.0 };
+    for c in chunks {
+        for (a, &w) in acc.iter_mut().zip(c) {
+            *a += kept(w);
+        }
+    }
+    for (a, &w) in acc.iter_mut().zip(tail) {
+        *a += kept(w);
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+/// # Safety
+/// The CPU must have AVX-512 F and VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl")]
+unsafe fn mass_at_least_avx512(weights: &[f64], cut: f64) -> f64 {
+    mass_at_least_portable(weights, cut)
+}
+
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn mass_at_least_avx2(weights: &[f64], cut: f64) -> f64 {
+    mass_at_least_portable(weights, cut)
 }
 
 #[inline(always)]
@@ -217,6 +277,29 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn mass_at_least_a_cut_sums_exactly_those_weights() {
+        for n in [0, 1, 9, 5003] {
+            let r = row(n);
+            let mut w = r.clone();
+            exp_weights(&mut w, maximum(&r), 1.3);
+            for cut in [0.0, 1e-9, 0.01, 0.5, 1.0, 2.0] {
+                let want: f64 = w.iter().filter(|&&v| v >= cut).sum();
+                let got = mass_at_least_with(Isa::Scalar, &w, cut);
+                assert!((got - want).abs() <= 1e-12 * want, "n {n} cut {cut}");
+                for isa in [Isa::Avx2, Isa::Avx512]
+                    .into_iter()
+                    .filter(|i| i.is_available())
+                {
+                    let bits = mass_at_least_with(isa, &w, cut).to_bits();
+                    assert_eq!(bits, got.to_bits(), "{isa:?}");
+                }
+            }
+        }
+        // A weight equal to the cut counts.
+        assert_eq!(mass_at_least(&[0.25, 0.5, 0.125], 0.25), 0.75);
     }
 
     #[test]

@@ -12,8 +12,15 @@
 //! works on a few tokens where a peaked distribution over a large vocabulary would have
 //! given it all of them. The search is a quickselect guided by mass instead of rank.
 
+use tandem_kernels::sampling_weights;
+
 use super::truncation::by_value_desc;
 
+/// The relative margin for rounding by which a pre-cut's mass must exceed the threshold.
+const MARGIN: f64 = 1e-12;
+/// The weight (the largest is 1) from which a token is heavy enough for the whole row's
+/// first pre-cut: `2^-20`, a logit about `14·T` below the largest.
+const HEAVY: f64 = 1.0 / (1u64 << 20) as f64;
 /// Below this many candidates the search sorts instead of partitioning further.
 const SMALL_RANGE: usize = 32;
 /// Exponent buckets of the pre-cut.
@@ -32,17 +39,29 @@ pub(super) fn keep_nucleus_of(weights: &[f64], candidates: &mut Vec<u32>, thresh
     search(weights, candidates, threshold);
 }
 
-/// [`keep_nucleus_of`] every token of `weights` (the whole row), listed into `candidates`
-/// only once the pre-cut has dropped the light ones. A token that weighs 0 is never
-/// listed: it is never drawn, and no nucleus needs it.
+/// [`keep_nucleus_of`] every token of `weights` (the whole row, the largest weighing 1),
+/// listed into `candidates` only once a pre-cut has dropped the light ones. A token that
+/// weighs 0 is never listed: it is never drawn, and no nucleus needs it.
+///
+/// Most of a row's mass usually lies in its few heavy tokens, so a first pass sums the
+/// weights of at least [`HEAVY`] (one vectorized pass, where the exponent buckets of the
+/// whole row cost a dependent update per token): if they reach the threshold with the
+/// margin, the nucleus is among them (they are a prefix of the descending order), and only
+/// they are listed. Otherwise the buckets of the whole row make the cut.
 pub(super) fn keep_nucleus_of_row(weights: &[f64], candidates: &mut Vec<u32>, threshold: f64) {
+    candidates.clear();
+    if sampling_weights::mass_at_least(weights, HEAVY) >= threshold * (1.0 + MARGIN) {
+        let heavy = weights.iter().enumerate().filter(|&(_, &w)| w >= HEAVY);
+        candidates.extend(heavy.map(|(id, _)| id as u32));
+        keep_nucleus_of(weights, candidates, threshold);
+        return;
+    }
     let mass = bucket_masses(weights.iter().copied());
     // Bucket `last` or a heavier one: at least `2^-last` (an exact power of two); without
     // a cut, every weight above 0.
     let lightest = last_bucket_kept(&mass, threshold).map_or(f64::from_bits(1), |last| {
         f64::from_bits(((1023 - last) as u64) << 52)
     });
-    candidates.clear();
     candidates.extend(
         weights
             .iter()
@@ -69,7 +88,7 @@ fn last_bucket_kept(mass: &[f64; BUCKETS], threshold: f64) -> Option<usize> {
     let mut above = 0.0;
     for (b, m) in mass.iter().enumerate().take(BUCKETS - 1) {
         above += m;
-        if above >= threshold * (1.0 + 1e-12) {
+        if above >= threshold * (1.0 + MARGIN) {
             return Some(b);
         }
     }
