@@ -21,6 +21,7 @@ use tandem_model::runner::ModelRunner;
 use crate::args::{EngineArgs, ModelArgs};
 use crate::bench_engine::{self, PromptKind};
 use crate::engine_setup::build_engine;
+use crate::plan::shape::ModelShape;
 use crate::runner_setup::PreparedModel;
 use crate::structured_args::StructuredArgs;
 use crate::trace_out::TracedRunner;
@@ -125,7 +126,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
         return run_engine(a);
     }
     let lm = a.model.load()?;
-    let (config, num_params) = (lm.host.config.clone(), lm.host.num_params());
+    let config = lm.host.config.clone();
+    // FLOPs: the layers' products for every prompt token, the LM head for each sequence's
+    // last one (the only logits a prefill computes), and the causal attention.
+    let shape = ModelShape::of_host(&lm.host);
     // Weights a decode step reads: a mixture of experts reads only the experts its tokens pick.
     let read_gb: Vec<f64> = a
         .batches
@@ -163,6 +167,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
             let kv_gb =
                 b as f64 * (p as f64 + (a.gen_len as f64 + 1.0) / 2.0) * kv_bytes_per_pos / 1e9;
             let steps_per_s = a.gen_len as f64 / m.decode_s;
+            let (bf, pf) = (b as f64, p as f64);
+            let prefill_flops =
+                shape.matmul_flops(bf * pf, bf) + bf * shape.attention_flops(0.0, pf);
             println!(
                 "{}",
                 json!({
@@ -170,7 +177,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     "prefill_tok_per_s": (b * p) as f64 / m.prefill_s,
                     "decode_tok_per_s": (b * a.gen_len) as f64 / m.decode_s,
                     "prefill_s": m.prefill_s, "decode_s": m.decode_s,
-                    "prefill_gflop_per_s": 2.0 * num_params as f64 * (b * p) as f64 / m.prefill_s / 1e9,
+                    "prefill_gflop_per_s": prefill_flops / m.prefill_s / 1e9,
                     "decode_weight_gb_per_s": weights_gb * steps_per_s,
                     "decode_kv_gb_per_s": kv_gb * steps_per_s,
                     "decode_total_gb_per_s": (weights_gb + kv_gb) * steps_per_s,
