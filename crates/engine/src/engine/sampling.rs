@@ -161,6 +161,7 @@ impl Engine {
     pub(super) fn sample_plan(&mut self, plan: &StepPlan, logits: &Logits) -> StepSamples {
         let mut out = StepSamples::default();
         let mut drawn = self.sample_plain_rows(plan, logits);
+        let mut judged = self.verify_plan(plan, logits);
         let mut row = 0;
         for s in plan.seqs.iter().filter(|s| s.num_output_rows > 0) {
             row += s.num_output_rows;
@@ -168,9 +169,18 @@ impl Engine {
             if self.record_beam(s.seq_id, logits, last) {
                 continue;
             }
-            let num_output = self.num_output(s.seq_id);
             if s.num_output_rows > 1 {
-                self.verify_drafts(s, logits, row - s.num_output_rows, num_output, &mut out);
+                match judged.remove(&s.seq_id) {
+                    Some(Ok(tokens)) => {
+                        out.outputs.push(SeqOutput {
+                            seq_id: s.seq_id,
+                            tokens: tokens.iter().map(|t| TokenId(t.token)).collect(),
+                        });
+                        out.sampled.insert(s.seq_id, VecDeque::from(tokens));
+                    }
+                    Some(Err(e)) => out.failed.push((s.seq_id, e.to_string())),
+                    None => {}
+                }
                 continue;
             }
             let mut members = vec![s.seq_id];

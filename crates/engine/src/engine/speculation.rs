@@ -3,19 +3,19 @@
 //! which the scheduler grants and leases KV for like any other); after the forward pass, a
 //! sequence with `1 + k` output rows is verified instead of sampled.
 
-use std::collections::VecDeque;
+use std::ops::Range;
 
+use tandem_kernels::parallel::for_each_chunk_mut;
 use tandem_model::batch::TokenId;
 use tandem_model::logits::Logits;
 
-use super::sampling::StepSamples;
-use super::Engine;
+use super::{ActiveRequest, Engine};
 use crate::error::{EngineError, Result};
-use crate::sampler::{SampledToken, SamplerError};
-use crate::sequence::SeqId;
+use crate::sampler::{SampledToken, SamplerError, TokenDistribution};
+use crate::sequence::{SeqId, SeqMap};
 use crate::speculative::verify::{verify, DraftRows, Limits};
 use crate::speculative::{ProposalInput, Proposer, SpecStats, Speculation, SpeculativeConfig};
-use crate::step_plan::{ScheduledSeq, SeqOutput};
+use crate::step_plan::{ScheduledSeq, StepPlan};
 
 impl Engine {
     /// Turns speculative decoding on (or replaces it) with `proposer` under `config`.
@@ -106,77 +106,121 @@ impl Engine {
         Ok(())
     }
 
-    /// Verifies the drafts of `s` against its `1 + k` rows starting at `first_row` and
-    /// records the emitted tokens (or the failure) in `out`.
-    pub(super) fn verify_drafts(
-        &mut self,
-        s: &ScheduledSeq,
-        logits: &Logits,
-        first_row: usize,
-        num_output: usize,
-        out: &mut StepSamples,
-    ) {
-        let id = s.seq_id;
-        match self.judge(s, logits, first_row, num_output) {
-            Ok(tokens) => {
-                out.outputs.push(SeqOutput {
-                    seq_id: id,
-                    tokens: tokens.iter().map(|t| TokenId(t.token)).collect(),
-                });
-                out.sampled.insert(id, VecDeque::from(tokens));
+    /// Judges the drafts of every sequence of `plan` with more than one output row (not a
+    /// beam) against its rows of `logits`, side by side on the runner's host pool where it
+    /// lends one (each judgment depends only on the sequence's rows and its own request, so
+    /// the tokens are those of a loop over the sequences), records the acceptances, and
+    /// returns each sequence's emitted tokens or failure.
+    pub(super) fn verify_plan(&mut self, plan: &StepPlan, logits: &Logits) -> SeqMap<Judged> {
+        let mut judged = SeqMap::default();
+        let mut jobs = Vec::new();
+        let mut row = 0;
+        for s in plan.seqs.iter().filter(|s| s.num_output_rows > 0) {
+            row += s.num_output_rows;
+            if s.num_output_rows == 1 || self.beams.contains(s.seq_id) {
+                continue;
             }
-            Err(e) => out.failed.push((id, e.to_string())),
+            match self.verify_job(s, row - s.num_output_rows) {
+                Some(job) => jobs.push(job),
+                // Not reachable: every scheduled sequence has a request. Should it happen,
+                // that sequence fails, not the engine.
+                None => {
+                    let no_state = SamplerError::invalid("sequence", "no sampler state");
+                    judged.insert(s.seq_id, Err(no_state));
+                }
+            }
         }
+        match self.runner.host_pool() {
+            Some(pool) if jobs.len() > 1 => {
+                for_each_chunk_mut(pool, &mut jobs, 1, |_, job| job[0].run(logits))
+            }
+            _ => jobs.iter_mut().for_each(|job| job.run(logits)),
+        }
+        for job in jobs {
+            let tokens = job.judged.unwrap_or_else(|| Ok(Vec::new()));
+            if let (Ok(tokens), Some(spec)) = (&tokens, self.spec.as_mut()) {
+                let kept = tokens.iter().zip(&job.drafts);
+                let accepted = kept.take_while(|(t, d)| t.token == **d).count();
+                spec.record(job.id, job.drafts.len(), accepted);
+            }
+            self.requests.insert(job.id, job.req);
+            judged.insert(job.id, tokens);
+        }
+        judged
     }
 
-    /// Runs the rejection sampler for `s` and records the acceptance.
-    fn judge(
-        &mut self,
-        s: &ScheduledSeq,
-        logits: &Logits,
-        first_row: usize,
-        num_output: usize,
-    ) -> std::result::Result<Vec<SampledToken>, SamplerError> {
+    /// The verification of `s`, whose `1 + k` rows start at `first_row`, with its request
+    /// taken out of the engine; `None` when it has none.
+    fn verify_job(&mut self, s: &ScheduledSeq, first_row: usize) -> Option<VerifyJob> {
         let id = s.seq_id;
-        let rows: Vec<&[f32]> = (first_row..first_row + s.num_output_rows)
-            .map(|r| logits.row(r))
-            .collect();
+        let seq = self.scheduler.sequence(id)?;
+        let num_output = seq.output().len();
+        let params = seq.params();
+        let mut stops = params.stop_token_ids.clone();
+        if !params.ignore_eos {
+            stops.extend_from_slice(&self.scheduler.config().eos_token_ids);
+        }
+        let max_new = params.max_tokens.saturating_sub(num_output).max(1);
         let drafts: Vec<u32> = s.tokens[s.len() + 1 - s.num_output_rows..]
             .iter()
             .map(|t| t.0)
             .collect();
+        let req = self.requests.remove(&id)?;
         let spec = self.spec.as_mut().expect("only speculation appends drafts");
         let dists = spec.take_dists(id, drafts.len());
-        let seq = self
-            .scheduler
-            .sequence(id)
-            .expect("a scheduled sequence with output rows is live");
-        let params = seq.params();
-        let eos = &self.scheduler.config().eos_token_ids;
-        let is_stop = |t: u32| {
-            (!params.ignore_eos && eos.contains(&TokenId(t)))
-                || params.stop_token_ids.contains(&TokenId(t))
-        };
+        Some(VerifyJob {
+            id,
+            rows: first_row..first_row + s.num_output_rows,
+            drafts,
+            dists,
+            num_output,
+            max_new,
+            stops,
+            req,
+            judged: None,
+        })
+    }
+}
+
+/// What judging a sequence's drafts gave: the tokens to emit, or why it failed.
+pub(super) type Judged = std::result::Result<Vec<SampledToken>, SamplerError>;
+
+/// One sequence's verification, taken out of the engine to run beside the others'.
+struct VerifyJob {
+    id: SeqId,
+    /// Its rows of the step's logits: `1 + k`.
+    rows: Range<usize>,
+    /// The `k` drafts.
+    drafts: Vec<u32>,
+    /// The distributions the drafts were drawn from; `None`: each was certain.
+    dists: Option<Vec<TokenDistribution>>,
+    /// Its output length before this step's tokens.
+    num_output: usize,
+    /// Most tokens it may still emit (at least 1).
+    max_new: usize,
+    /// Tokens that end it: its stop ids and, unless it ignores them, the model's EOS ids.
+    stops: Vec<TokenId>,
+    req: ActiveRequest,
+    judged: Option<Judged>,
+}
+
+impl VerifyJob {
+    /// Runs the rejection sampler over the job's rows of `logits`.
+    fn run(&mut self, logits: &Logits) {
+        let rows: Vec<&[f32]> = self.rows.clone().map(|r| logits.row(r)).collect();
+        let stops = &self.stops;
+        let is_stop = |t: u32| stops.contains(&TokenId(t));
         let limits = Limits {
-            max_new: params.max_tokens.saturating_sub(num_output).max(1),
+            max_new: self.max_new,
             is_stop: &is_stop,
         };
-        let req = self
-            .requests
-            .get_mut(&id)
-            .expect("every scheduled sequence has a request");
         let d = DraftRows {
             rows: &rows,
-            drafts: &drafts,
-            dists: dists.as_deref(),
+            drafts: &self.drafts,
+            dists: self.dists.as_deref(),
         };
-        let tokens = verify(d, &req.sampling, &mut req.state, num_output, &limits)?;
-        let accepted = tokens
-            .iter()
-            .zip(&drafts)
-            .take_while(|(t, d)| t.token == **d)
-            .count();
-        spec.record(id, drafts.len(), accepted);
-        Ok(tokens)
+        let req = &mut self.req;
+        let judged = verify(d, &req.sampling, &mut req.state, self.num_output, &limits);
+        self.judged = Some(judged);
     }
 }

@@ -31,8 +31,8 @@
 //! top-p, which differs only when both are set).
 //!
 //! **Logprobs** ([`SampledToken::logprob`] and `top_logprobs`), reported when the request
-//! asks for them ([`SamplingParams::logprobs`]: their `log_softmax` costs a pass over the
-//! row), are those of the **raw model distribution**: `log_softmax` of the unprocessed
+//! asks for them ([`SamplingParams::logprobs`]; otherwise their `log_softmax`, a pass over
+//! the row, is skipped), are those of the **raw model distribution**: `log_softmax` of the unprocessed
 //! logits, whatever the processors did (the vLLM convention). They therefore equal the
 //! numbers `tandem score` prints for the same context, bit for bit.
 //!

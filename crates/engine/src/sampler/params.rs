@@ -46,8 +46,8 @@ pub struct SamplingParams {
     /// Seed of the request's random stream; `None` lets the engine pick one.
     pub seed: Option<u64>,
     /// Whether to return the chosen token's raw logprob and `top_logprobs` alternatives
-    /// (without it, neither is computed: the log-softmax's normalizer is a pass over the
-    /// row).
+    /// (without it neither is reported, and the host sampler skips the log-softmax's
+    /// normalizer, a pass over the row).
     pub logprobs: bool,
     /// How many alternatives to return when `logprobs` is set, at most [`MAX_TOP_LOGPROBS`].
     pub top_logprobs: usize,
