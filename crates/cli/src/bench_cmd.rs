@@ -99,6 +99,8 @@ pub struct BenchArgs {
 /// Timings of one configuration.
 pub(crate) struct Measured {
     pub prefill_s: f64,
+    /// Rows of logits the prefill computed: each sequence's last token in each of its steps.
+    pub prefill_rows: usize,
     pub decode_s: f64,
 }
 
@@ -127,8 +129,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let lm = a.model.load()?;
     let config = lm.host.config.clone();
-    // FLOPs: the layers' products for every prompt token, the LM head for each sequence's
-    // last one (the only logits a prefill computes), and the causal attention.
+    // FLOPs: the layers' products for every prompt token, the LM head for the rows of logits
+    // computed (each sequence's last token in each step), and the causal attention.
     let shape = ModelShape::of_host(&lm.host);
     // Weights a decode step reads: a mixture of experts reads only the experts its tokens pick.
     let read_gb: Vec<f64> = a
@@ -168,8 +170,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 b as f64 * (p as f64 + (a.gen_len as f64 + 1.0) / 2.0) * kv_bytes_per_pos / 1e9;
             let steps_per_s = a.gen_len as f64 / m.decode_s;
             let (bf, pf) = (b as f64, p as f64);
-            let prefill_flops =
-                shape.matmul_flops(bf * pf, bf) + bf * shape.attention_flops(0.0, pf);
+            let prefill_flops = shape.matmul_flops(bf * pf, m.prefill_rows as f64)
+                + bf * shape.attention_flops(0.0, pf);
             println!(
                 "{}",
                 json!({
@@ -291,6 +293,7 @@ pub(crate) fn measure(
     let started = Instant::now();
     let mut next = vec![TokenId(0); b];
     let mut done = vec![0usize; b];
+    let mut prefill_rows = 0;
     while done.iter().any(|&d| d < p) {
         let mut batch = ForwardBatch {
             tokens: Vec::new(),
@@ -316,6 +319,7 @@ pub(crate) fn measure(
             done[s] += n;
             finishing.push((s, done[s] == p));
         }
+        prefill_rows += batch.seqs.len();
         let picks = greedy_step(runner, &batch)?;
         for (row, &(s, finished)) in finishing.iter().enumerate() {
             if finished {
@@ -342,6 +346,7 @@ pub(crate) fn measure(
     }
     Ok(Measured {
         prefill_s,
+        prefill_rows,
         decode_s: started.elapsed().as_secs_f64(),
     })
 }
@@ -353,9 +358,9 @@ pub(crate) fn measure(
 fn greedy_step(runner: &mut dyn ModelRunner, batch: &ForwardBatch) -> Result<Vec<TokenId>> {
     if runner.samples_rows() {
         return runner
-            .forward_greedy(batch)?
+            .forward_greedy_tokens(batch)?
             .into_iter()
-            .map(|p| p.map(|p| p.token).context("non-finite logits"))
+            .map(|t| t.context("non-finite logits"))
             .collect();
     }
     let logits = runner.forward(batch)?;

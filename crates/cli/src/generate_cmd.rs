@@ -89,8 +89,12 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         &a.engine,
         a.sampling.seed.unwrap_or(0),
     )?;
-    let streaming =
-        a.prompt.is_some() && !a.json && a.sampling.n == 1 && a.sampling.beam_width.is_none();
+    // One plain-text result streams to the terminal; JSON records (to stdout or `--output`)
+    // are written at the end.
+    let streaming = a.prompt.is_some()
+        && !prints_json(&a)
+        && a.sampling.n == 1
+        && a.sampling.beam_width.is_none();
     let mut observer = Progress::new(owners.len(), streaming);
     let started = Instant::now();
     let results = run_jobs(

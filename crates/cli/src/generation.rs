@@ -55,8 +55,8 @@ pub struct BeamOutput {
 pub struct JobResult {
     pub text: String,
     pub token_ids: Vec<u32>,
-    /// Each token's raw logprob, when the job's sampling asked for logprobs.
-    pub logprobs: Vec<f32>,
+    /// Each token's raw logprob (`None` unless the job's sampling asked for logprobs).
+    pub logprobs: Vec<Option<f32>>,
     /// `stop`, `length`, `abort` or `error`.
     pub finish_reason: String,
     pub error: Option<String>,
@@ -161,7 +161,7 @@ pub fn run_jobs(
 fn record(res: &mut JobResult, delta: RequestDelta) -> bool {
     if let Some(t) = &delta.token {
         res.token_ids.push(t.token.0);
-        res.logprobs.extend(t.logprob);
+        res.logprobs.push(t.logprob);
     }
     res.text.push_str(&delta.text);
     if !delta.beams.is_empty() {

@@ -75,6 +75,22 @@ fn streamed_text_equals_the_json_text() {
         v["token_ids"].as_array().unwrap().len()
     );
     assert!(["stop", "length"].contains(&v["finish_reason"].as_str().unwrap()));
+    // Every token's logprob, a number (a log-probability: at most 0).
+    for lp in v["logprobs"].as_array().unwrap() {
+        assert!(lp.as_f64().is_some_and(|x| x <= 0.0), "logprob {lp}");
+    }
+    // One prompt with `--output` (and no `--json`) writes the same record to the file.
+    let file = std::env::temp_dir().join(format!("tandem-generate-{}.jsonl", std::process::id()));
+    let mut args = common.to_vec();
+    args.extend(["--output", file.to_str().unwrap()]);
+    let printed = ok_stdout(&args);
+    let written = std::fs::read_to_string(&file).expect("the output file is written");
+    std::fs::remove_file(&file).ok();
+    assert!(printed.is_empty(), "nothing streams to stdout: {printed:?}");
+    let w: Value = serde_json::from_str(written.lines().next().unwrap()).unwrap();
+    assert_eq!(w["text"], v["text"]);
+    assert_eq!(w["token_ids"], v["token_ids"]);
+    assert_eq!(w["logprobs"], v["logprobs"]);
 }
 
 #[test]

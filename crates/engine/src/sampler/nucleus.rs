@@ -46,8 +46,10 @@ pub(super) fn keep_nucleus_of(weights: &[f64], candidates: &mut Vec<u32>, thresh
 /// Most of a row's mass usually lies in its few heavy tokens, so a first pass sums the
 /// weights of at least [`HEAVY`] (one vectorized pass, where the exponent buckets of the
 /// whole row cost a dependent update per token): if they reach the threshold with the
-/// margin, the nucleus is among them (they are a prefix of the descending order), and only
-/// they are listed. Otherwise the buckets of the whole row make the cut.
+/// margin, the nucleus is among them (they are a prefix of the descending order; as with
+/// the buckets, a sum's rounding beyond the margin could only move a boundary that lies
+/// within rounding itself), and only they are listed. Otherwise the buckets of the whole
+/// row make the cut.
 pub(super) fn keep_nucleus_of_row(weights: &[f64], candidates: &mut Vec<u32>, threshold: f64) {
     candidates.clear();
     if sampling_weights::mass_at_least(weights, HEAVY) >= threshold * (1.0 + MARGIN) {
