@@ -42,14 +42,17 @@ pub struct BenchArgs {
     /// Print JSON lines (the only format; accepted for the documented command line).
     #[arg(long)]
     json: bool,
-    /// Measure decode through the whole engine (implied by `--speculative`); the JSON line
+    /// Measure decode through the whole engine (implied by `--speculative`, `--temperature`,
+    /// a structured-output flag, `--prompt-kind copy` and `--prompt-file`); the JSON line
     /// then carries the speculative decoding counters.
     #[arg(long = "engine")]
     through_engine: bool,
-    /// Prompts in engine mode: random tokens, or a random half written twice (to copy).
+    /// Prompts in engine mode (`copy` implies it): random tokens, or a random half written
+    /// twice (to copy).
     #[arg(long, value_enum, default_value_t = PromptKind::Random)]
     prompt_kind: PromptKind,
-    /// Engine mode: every prompt is this file's text (instead of --prompt-len tokens).
+    /// Engine mode (implied): every prompt is this file's text (instead of --prompt-len
+    /// tokens).
     #[arg(long, value_name = "FILE")]
     prompt_file: Option<std::path::PathBuf>,
     /// Measure the prefix cache instead: time to first token with a cached vs a cold
@@ -120,10 +123,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
         crate::bench_prefix::run(&mut engine, &a.prompt_lens, a.repeat)?;
         return crate::trace_out::write(engine.trace(), a.engine.trace.as_deref());
     }
+    // Prompts of a kind or from a file are engine-mode prompts: they imply it, as sampling
+    // and speculation do.
     if a.through_engine
         || a.engine.speculative.is_some()
         || a.structured.is_set()
         || a.temperature != 0.0
+        || a.prompt_kind != PromptKind::Random
+        || a.prompt_file.is_some()
     {
         return run_engine(a);
     }

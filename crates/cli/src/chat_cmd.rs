@@ -40,6 +40,12 @@ impl Observer for Printer {
 }
 
 pub fn run(a: ChatArgs) -> Result<()> {
+    // A conversation keeps one answer per turn.
+    anyhow::ensure!(
+        a.sampling.n == 1,
+        "--n {}: tandem chat answers each turn once (use generate for several samples)",
+        a.sampling.n
+    );
     let (lm, target) = PreparedModel::load(&a.model, a.engine.kv_cache_dtype)?;
     let tokenizer = Arc::new(lm.tokenizer);
     let builder = PromptBuilder::new(
@@ -105,6 +111,10 @@ pub fn run(a: ChatArgs) -> Result<()> {
         };
         cancel.store(false, Ordering::Relaxed);
         let result = run_jobs(&mut engine, &tokenizer, jobs, &mut Printer, &cancel)?.remove(0);
+        if !result.beams.is_empty() {
+            // Beam search streams nothing: its best hypothesis is known at the end.
+            print!("{}", result.text);
+        }
         println!();
         match (&result.error, result.finish_reason.as_str()) {
             (Some(e), _) => {

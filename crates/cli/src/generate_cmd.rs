@@ -206,7 +206,8 @@ fn write_results(
             "prompt": inputs[i].0.display_text(),
             "text": r.text,
             "token_ids": r.token_ids,
-            "logprobs": r.logprobs,
+            // Beam search reports each hypothesis' cumulative logprob in `beams` instead.
+            "logprobs": if r.beams.is_empty() { json!(r.logprobs) } else { serde_json::Value::Null },
             "finish_reason": r.finish_reason,
             "usage": {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.token_ids.len()},
         });

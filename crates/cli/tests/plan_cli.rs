@@ -149,6 +149,11 @@ fn plan_reports_the_workload_and_refuses_bad_input() {
             "--prompt-len",
         ),
         (unknown.to_vec(), "no-such-gpu"),
+        (
+            [&base[..], &["--cuda-weights", "q8_0"]].concat(),
+            "--cuda-weights",
+        ),
+        ([&base[..], &["--dtype", "f32"]].concat(), "--dtype"),
     ] {
         let out = tandem(&args);
         assert!(!out.status.success(), "{names} was accepted");

@@ -153,6 +153,21 @@ pub struct PlanInputs {
 
 pub fn run(a: PlanArgs) -> Result<()> {
     check_ranges(&a)?;
+    // A GPU's profile and the plan's prices are those of its default numbers; the other
+    // formats are not modelled (rather than priced as bf16).
+    let (weights, dtype) = (a.model.cuda_weights, a.model.dtype);
+    if weights != tandem_cuda::CudaWeights::Dense {
+        bail!(
+            "--cuda-weights {}: tandem plan prices a CUDA device's dense bf16 weights only",
+            weights.name()
+        );
+    }
+    if dtype != tandem_cuda::CudaDtype::Bf16 {
+        bail!(
+            "--dtype {}: tandem plan prices a CUDA device's bf16 numbers only",
+            dtype.name()
+        );
+    }
     let cache = tandem_model::default_model::cache_dir(a.model.cache_dir.as_deref())?;
     let threads = a.model.threads();
     let gpu = matches!(a.model.device, Device::Cuda(_));
