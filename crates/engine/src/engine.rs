@@ -227,7 +227,8 @@ impl Engine {
             )));
         }
         let max_len = self.scheduler.config().max_model_len;
-        if req.prompt.len() + req.limits.max_tokens > max_len {
+        let total = req.prompt.len().checked_add(req.limits.max_tokens);
+        if total.is_none_or(|n| n > max_len) {
             return Err(EngineError::InvalidParams(format!(
                 "max_tokens: the prompt ({} tokens) plus max_tokens ({}) exceeds the maximum model length of {max_len}",
                 req.prompt.len(),

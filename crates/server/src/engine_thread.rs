@@ -248,10 +248,28 @@ pub fn spawn_engine(
         trace_file,
     };
     worker.publish();
+    let mark_dead = MarkDead(snapshot.clone());
     let join = std::thread::Builder::new()
         .name("tandem-engine".into())
-        .spawn(move || worker.run(rx))?;
+        .spawn(move || {
+            // Whatever ends the loop, a panic outside a step included, /health then says so.
+            let _mark_dead = mark_dead;
+            worker.run(rx)
+        })?;
     Ok((EngineHandle { commands, snapshot }, join))
+}
+
+/// Publishes `alive: false` when dropped: held by the engine thread, it runs however the
+/// thread ends.
+struct MarkDead(Arc<Mutex<EngineSnapshot>>);
+
+impl Drop for MarkDead {
+    fn drop(&mut self) {
+        match self.0.lock() {
+            Ok(mut g) => g.alive = false,
+            Err(poisoned) => poisoned.into_inner().alive = false,
+        }
+    }
 }
 
 /// Where a request's events go.

@@ -149,7 +149,7 @@ fn start_inner(
         .connections
         .validate()
         .map_err(ServerError::Startup)?;
-    let limits = model_limits(&engine);
+    let limits = model_limits(&engine, &tokenizer);
     let prompts = PromptBuilder::new(tokenizer.clone(), chat_template.as_deref())?;
     let bind_err = |source| ServerError::Bind {
         addr: config.addr.to_string(),
@@ -216,10 +216,12 @@ fn await_ready(
     }
 }
 
-/// What requests are checked against: the model's vocabulary, length and end tokens.
-fn model_limits(engine: &Engine) -> ModelLimits {
+/// What requests are checked against: the model's vocabulary, length and end tokens. The ids
+/// a request may name (bias, stop ids) are those with text: a padded embedding's rows past
+/// the tokenizer's vocabulary have none, and a token chosen there could not be decoded.
+fn model_limits(engine: &Engine, tokenizer: &Tokenizer) -> ModelLimits {
     ModelLimits {
-        vocab_size: engine.model_config().vocab_size,
+        vocab_size: engine.model_config().vocab_size.min(tokenizer.vocab_size()),
         max_model_len: engine.scheduler().config().max_model_len,
         eos_token_ids: engine
             .scheduler()

@@ -370,6 +370,11 @@ fn client_mistakes_get_openai_error_bodies() {
     assert_error(&c(json!({"max_tokens": 100000})), 400, Some("max_tokens"));
     assert_error(&c(json!({"model": "gpt-4"})), 404, Some("model"));
     assert_error(&c(json!({"max_tokens": 0})), 400, Some("max_tokens"));
+    // So large that the prompt plus it overflows: refused, not wrapped around.
+    assert_error(&c(json!({"max_tokens": u64::MAX})), 400, Some("max_tokens"));
+    let endless = json!({"messages": [{"role": "user", "content": "x"}],
+                         "max_completion_tokens": u64::MAX});
+    assert_error(&post(addr, "/v1/chat/completions", &endless), 400, None);
     let chat = |b: Value| post(addr, "/v1/chat/completions", &b);
     assert_error(&chat(json!({"messages": []})), 400, Some("messages"));
     assert_error(&chat(json!({})), 400, Some("messages"));

@@ -164,8 +164,15 @@ impl ResponseMeta {
     }
 
     /// The last streamed chunk of a chat choice with tools: the held-back text as content
-    /// or as `tool_calls` fragments (one per call, whole), with the finish reason.
-    pub fn tool_chunk(&self, index: usize, text: &str, finish: Option<&Finish>) -> Value {
+    /// or as `tool_calls` fragments (one per call, whole), with its tokens' `logprobs` and
+    /// the finish reason.
+    pub fn tool_chunk(
+        &self,
+        index: usize,
+        text: &str,
+        logprobs: Value,
+        finish: Option<&Finish>,
+    ) -> Value {
         let (message, finish) = self.message(text, finish.map(Finish::as_str));
         let mut delta = Map::new();
         if let Some(c) = message.get("content").filter(|c| !c.is_null()) {
@@ -178,7 +185,7 @@ impl ResponseMeta {
                 tools::calls_json(&answer, &self.id, true),
             );
         }
-        let choice = json!({"index": index, "delta": delta, "logprobs": null,
+        let choice = json!({"index": index, "delta": delta, "logprobs": logprobs,
                             "finish_reason": finish});
         self.envelope(true, vec![choice])
     }

@@ -21,7 +21,7 @@ use super::tools::ToolMode;
 use super::App;
 use crate::engine_thread::{SampleGroup, SubmitError};
 use crate::error::{ApiError, ApiResult};
-use crate::generation::{ChoiceUpdate, Finish, Generation};
+use crate::generation::{ChoiceUpdate, Finish, Generation, TokenInfo};
 
 /// What an endpoint hands over once its request is validated.
 #[derive(Debug)]
@@ -142,8 +142,10 @@ struct SseState {
     /// text offset of its next token (completions logprobs).
     started: Vec<bool>,
     offsets: Vec<usize>,
-    /// Per choice, with tools: the text held back until its last chunk.
+    /// Per choice, with tools: the text, and the tokens for its logprobs, held back until
+    /// its last chunk.
     held: Vec<String>,
+    held_tokens: Vec<Vec<TokenInfo>>,
     done: bool,
 }
 
@@ -201,9 +203,14 @@ impl SseState {
     /// `tool_calls`); before that only the role goes out.
     fn hold_tool_text(&mut self, u: ChoiceUpdate, role: bool) {
         self.held[u.index].push_str(&u.text);
+        self.held_tokens[u.index].extend(u.tokens);
         let chunk = if u.finish.is_some() {
             let text = std::mem::take(&mut self.held[u.index]);
-            self.meta.tool_chunk(u.index, &text, u.finish.as_ref())
+            let tokens = std::mem::take(&mut self.held_tokens[u.index]);
+            let offset = &mut self.offsets[u.index];
+            let logprobs = self.meta.logprobs(&self.tokenizer, &tokens, offset);
+            self.meta
+                .tool_chunk(u.index, &text, logprobs, u.finish.as_ref())
         } else if role {
             self.meta.chunk(u.index, "", Value::Null, None, true)
         } else {
@@ -243,6 +250,7 @@ pub fn stream(
         started: vec![false; num_choices],
         offsets: vec![0; num_choices],
         held: vec![String::new(); num_choices],
+        held_tokens: vec![Vec::new(); num_choices],
         done: false,
     };
     let body = futures_util::stream::unfold(state, |mut s| async move {

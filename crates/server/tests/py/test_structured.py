@@ -182,6 +182,16 @@ def tool_calls(client, model):
                     p["arguments"] += d.function.arguments or ""
             check(parts == {0: {"name": name, "arguments": calls[0].function.arguments}},
                   f"{choice}: streamed {parts} != {calls}")
+    # Logprobs asked for: a streamed tool call carries those of the whole answer.
+    args = dict(model=model, messages=ask, tools=TOOLS, tool_choice="required",
+                temperature=1.0, seed=0, max_tokens=120, logprobs=True)
+    whole = client.chat.completions.create(**args).choices[0].logprobs.content
+    streamed = [t for chunk in client.chat.completions.create(stream=True, **args)
+                if chunk.choices and chunk.choices[0].logprobs
+                for t in chunk.choices[0].logprobs.content]
+    pairs = lambda ts: [(t.token, t.logprob) for t in ts]
+    check(whole and pairs(streamed) == pairs(whole),
+          f"streamed logprobs {pairs(streamed)} != {pairs(whole)}")
     # The call and its result in the history, then an answer.
     call = {"id": "call_1", "type": "function",
             "function": {"name": "get_weather",
