@@ -175,18 +175,29 @@ impl ApiError {
             EngineError::EmptyPrompt
             | EngineError::PromptTooLong { .. }
             | EngineError::PromptExceedsPool { .. } => ApiError::field(prompt_param, e),
-            EngineError::InvalidParams(m) if m.starts_with("max_tokens") => {
-                ApiError::bad_request(m.clone(), Some("max_tokens"))
-            }
             EngineError::InvalidParams(m) if m.starts_with("prompt token") => {
                 ApiError::field(prompt_param, m)
             }
-            EngineError::InvalidParams(m) => ApiError::bad_request(m.clone(), None),
+            EngineError::InvalidParams(m) => ApiError::bad_request(m.clone(), named_field(m)),
             // The engine thread refuses everything once it has failed.
             EngineError::InvalidConfig(m) => ApiError::unavailable(m.clone()),
             other => ApiError::internal(other.to_string()),
         }
     }
+}
+
+/// The request field an engine refusal's message is about, from how it starts ("n must be
+/// between 1 and max_num_seqs ..."; a beam search's width is its `n`).
+fn named_field(message: &str) -> Option<&'static str> {
+    const FIELDS: [(&str, &str); 5] = [
+        ("max_tokens", "max_tokens"),
+        ("n ", "n"),
+        ("beam width ", "n"),
+        ("prompt_logprobs ", "prompt_logprobs"),
+        ("length_penalty ", "length_penalty"),
+    ];
+    let field = FIELDS.iter().find(|(start, _)| message.starts_with(start));
+    field.map(|&(_, name)| name)
 }
 
 /// Seconds a client should wait before retrying a 429 or 503.
@@ -215,3 +226,41 @@ impl IntoResponse for ApiError {
 
 /// Shorthand for handler results.
 pub type ApiResult<T> = std::result::Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_refusals_name_their_field() {
+        let param = |m: &str| {
+            let e = ApiError::from_engine(&EngineError::InvalidParams(m.into()), "prompt");
+            e.body()["error"]["param"].clone()
+        };
+        assert_eq!(
+            param("n must be between 1 and max_num_seqs (4), got 9"),
+            "n"
+        );
+        assert_eq!(
+            param("beam width must be between 1 and max_num_seqs (4), got 9"),
+            "n"
+        );
+        assert_eq!(
+            param("max_tokens: the prompt (3 tokens) plus ..."),
+            "max_tokens"
+        );
+        assert_eq!(
+            param("prompt_logprobs must be at most 20, got 30"),
+            "prompt_logprobs"
+        );
+        assert_eq!(
+            param("length_penalty must be finite, got NaN"),
+            "length_penalty"
+        );
+        assert_eq!(
+            param("prompt token id 9 is outside the vocabulary of 5"),
+            "prompt"
+        );
+        assert_eq!(param("something else"), serde_json::Value::Null);
+    }
+}

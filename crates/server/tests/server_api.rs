@@ -375,6 +375,12 @@ fn client_mistakes_get_openai_error_bodies() {
     let endless = json!({"messages": [{"role": "user", "content": "x"}],
                          "max_completion_tokens": u64::MAX});
     assert_error(&post(addr, "/v1/chat/completions", &endless), 400, None);
+    let none = json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0});
+    assert_error(
+        &post(addr, "/v1/chat/completions", &none),
+        400,
+        Some("max_completion_tokens"),
+    );
     let chat = |b: Value| post(addr, "/v1/chat/completions", &b);
     assert_error(&chat(json!({"messages": []})), 400, Some("messages"));
     assert_error(&chat(json!({})), 400, Some("messages"));

@@ -251,6 +251,12 @@ fn apply_max_completion_tokens(
     bounds: &RequestLimits,
 ) -> ApiResult<()> {
     if let Some(m) = own.max_completion_tokens {
+        if m == 0 {
+            return Err(ApiError::field(
+                "max_completion_tokens",
+                "must be at least 1",
+            ));
+        }
         if let Some(cap) = bounds.max_output_tokens.filter(|&cap| m > cap as u64) {
             return Err(ApiError::field(
                 "max_completion_tokens",
