@@ -114,7 +114,7 @@ pub fn load_model_beside<R>(
     // The tokenizer's build freed many small temporaries, on several threads: give their
     // pages back rather than keep them resident while serving.
     tandem_kernels::heap::release_free_memory();
-    let (tokenizer, eos) = tokenizer?;
+    let (mut tokenizer, eos) = tokenizer?;
     // A GGUF vocabulary lists the embedding's rows: it may not hold more tokens.
     if format == ModelFormat::Gguf && tokenizer.vocab_size() > vocab_size {
         return Err(ModelError::Tokenizer(format!(
@@ -122,6 +122,8 @@ pub fn load_model_beside<R>(
             tokenizer.vocab_size(),
         )));
     }
+    // Rows past the vocabulary (a padded embedding) are tokens of no text.
+    tokenizer.pad_to(vocab_size);
     let chat_template = match format {
         ModelFormat::Gguf => tokenizer
             .chat_template()

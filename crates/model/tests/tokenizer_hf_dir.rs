@@ -113,3 +113,28 @@ fn missing_directory_is_an_error() {
     let err = Tokenizer::from_hf_dir(&fixture("no_such_dir")).expect_err("fails");
     assert!(err.to_string().contains("tokenizer.json"), "{err}");
 }
+
+/// A model's padded embedding rows (ids past the vocabulary) are tokens of no text: every
+/// corpus string decodes the same with padding ids among its tokens, and an id past the
+/// padding is still an error.
+#[test]
+fn padding_ids_decode_to_no_text() {
+    for name in ["byte_level", "sentencepiece"] {
+        let (mut tok, reference) = load(name);
+        let n = tok.vocab_size();
+        tok.pad_to(n + 7);
+        assert_eq!(tok.vocab_size(), n + 7, "{name}");
+        let pad = (n + 3) as u32;
+        assert_eq!(tok.token_bytes(pad), Some(&b""[..]), "{name}");
+        for case in &reference.cases {
+            let mut ids = case.ids.clone();
+            let plain = tok.decode(&ids, true).expect("decodes");
+            ids.insert(ids.len() / 2, pad);
+            ids.push(pad);
+            assert_eq!(tok.decode(&ids, true).expect("decodes"), plain, "{name}");
+        }
+        assert!(tok.decode(&[(n + 7) as u32], true).is_err(), "{name}");
+        tok.pad_to(3);
+        assert_eq!(tok.vocab_size(), n + 7, "never shrinks");
+    }
+}

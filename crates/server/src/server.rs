@@ -217,8 +217,9 @@ fn await_ready(
 }
 
 /// What requests are checked against: the model's vocabulary, length and end tokens. The ids
-/// a request may name (bias, stop ids) are those with text: a padded embedding's rows past
-/// the tokenizer's vocabulary have none, and a token chosen there could not be decoded.
+/// a request may name (bias, stop ids) are those the tokenizer can decode too (the loader
+/// extends it over a padded embedding's rows, `Tokenizer::pad_to`; one built otherwise may
+/// cover fewer).
 fn model_limits(engine: &Engine, tokenizer: &Tokenizer) -> ModelLimits {
     ModelLimits {
         vocab_size: engine.model_config().vocab_size.min(tokenizer.vocab_size()),

@@ -56,6 +56,10 @@ impl IncrementalDetokenizer {
 
     /// Adds one token and returns the text that became complete (possibly empty).
     pub fn push(&mut self, id: u32) -> Result<String, TextError> {
+        if self.tokenizer.is_padding(id) {
+            // A padded embedding row: no text, and none of the context `decode` sees.
+            return Ok(String::new());
+        }
         let bytes = self
             .tokenizer
             .token_bytes(id)

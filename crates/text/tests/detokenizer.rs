@@ -259,3 +259,40 @@ proptest! {
         }
     }
 }
+
+/// Padding rows past the vocabulary (a padded embedding) stream as no text and leave the text
+/// around them as it was: byte-level and SentencePiece (whose space prefix a control token
+/// would reset) alike, and the whole stream equals `decode` with or without them.
+#[test]
+fn padding_ids_stream_as_nothing() {
+    let mut padded: Vec<Tokenizer> = vec![(*tokenizer()).clone()];
+    padded.extend(sentencepiece_tokenizers().iter().map(|t| (**t).clone()));
+    for mut tok in padded {
+        let n = tok.vocab_size();
+        tok.pad_to(n + 4);
+        let tok = Arc::new(tok);
+        let pad = n as u32 + 2;
+        let ids = tok
+            .encode("Hello world, and again: hello world!", true)
+            .unwrap();
+        let plain = tok.decode(&ids, true).unwrap();
+        let mut with_pad = vec![pad];
+        for &id in &ids {
+            with_pad.extend([id, pad]);
+        }
+        for skip in [true, false] {
+            assert_streams_like_decode_with(&tok, &with_pad, skip);
+            assert_eq!(
+                tok.decode(&with_pad, skip).unwrap(),
+                tok.decode(&ids, skip).unwrap()
+            );
+        }
+        let streamed = stream_checked_with(&tok, &with_pad, true).concat();
+        assert_eq!(streamed, plain);
+        let mut detok = IncrementalDetokenizer::new(tok.clone(), false);
+        assert_eq!(
+            detok.push(n as u32 + 4),
+            Err(TextError::UnknownToken(n as u32 + 4))
+        );
+    }
+}

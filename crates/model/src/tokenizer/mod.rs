@@ -190,9 +190,24 @@ impl Tokenizer {
         self.pieces.kind(id) == Some(TokenKind::Special)
     }
 
+    /// Whether `id` is a padding row past the vocabulary ([`Tokenizer::pad_to`]): no text,
+    /// and no effect on the text around it.
+    pub fn is_padding(&self, id: u32) -> bool {
+        self.pieces.kind(id) == Some(TokenKind::Padding)
+    }
+
     /// Size of the id space (ids are `0..vocab_size()`).
     pub fn vocab_size(&self) -> usize {
         self.pieces.len()
+    }
+
+    /// Makes the id space `n` ids when the vocabulary has fewer: a model whose embedding was
+    /// padded (Qwen2.5 and Qwen3 in Hugging Face format: 151,936 rows for about 151,670
+    /// tokens) may still sample a padding row, which then decodes to no text and leaves the
+    /// text around it as it was, as transformers' `decode` skips it, instead of being an
+    /// unknown id.
+    pub fn pad_to(&mut self, n: usize) {
+        self.pieces.pad_to(n);
     }
 
     pub fn bos_id(&self) -> Option<u32> {

@@ -21,6 +21,9 @@ pub enum TokenKind {
     Special,
     /// A user-defined added token: matched verbatim in text, always decoded.
     Added,
+    /// An id past the vocabulary that the model has a row for (a padded embedding): never
+    /// produced by encoding, and no text at all when decoded, as if it were absent.
+    Padding,
 }
 
 /// How vocabulary strings of normal tokens spell bytes.
@@ -77,6 +80,7 @@ impl PieceTable {
                     return Vec::new();
                 };
                 match (kind, encoding) {
+                    (TokenKind::Padding, _) => Vec::new(),
                     (TokenKind::Special | TokenKind::Added, _) => text.as_bytes().to_vec(),
                     (TokenKind::Normal, PieceEncoding::ByteLevel) => {
                         byte_level::decode_piece(text, &char_map)
@@ -103,6 +107,14 @@ impl PieceTable {
         self.kinds.len()
     }
 
+    /// Extends the id space to `n` ids with [`TokenKind::Padding`] tokens.
+    pub fn pad_to(&mut self, n: usize) {
+        if n > self.len() {
+            self.bytes.resize(n, Vec::new());
+            self.kinds.resize(n, TokenKind::Padding);
+        }
+    }
+
     /// The bytes of one token in isolation, `None` for an id outside the vocabulary.
     pub fn bytes(&self, id: u32) -> Option<&[u8]> {
         self.bytes.get(id as usize).map(Vec::as_slice)
@@ -127,6 +139,9 @@ impl PieceTable {
                 ModelError::Tokenizer(format!("token id {id} is outside the vocabulary"))
             })?;
             let bytes = &self.bytes[id as usize];
+            if kind == TokenKind::Padding {
+                continue;
+            }
             if kind == TokenKind::Normal {
                 let skip = usize::from(at_text_start && bytes.first() == Some(&b' '));
                 out.extend_from_slice(&bytes[skip..]);
