@@ -226,10 +226,11 @@ fn bounded_limits() -> ParserLimits {
     }
 }
 
-/// The bytes of `id` for the trie: its text, special tokens behind the marker byte.
+/// The bytes of `id` for the trie: its text, special tokens (and padding rows, which no
+/// grammar may produce either) behind the marker byte.
 fn token_word(tokenizer: &Tokenizer, id: u32) -> Vec<u8> {
     let bytes = tokenizer.token_bytes(id).unwrap_or_default();
-    if tokenizer.is_special(id) {
+    if tokenizer.is_special(id) || tokenizer.is_padding(id) {
         let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
         w.extend_from_slice(bytes);
         w
