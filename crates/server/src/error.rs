@@ -165,6 +165,18 @@ impl ApiError {
         }})
     }
 
+    /// This error with field `from` named `to` instead (in its message's start too): for a
+    /// request field that stands in for another.
+    pub fn renamed(mut self, from: &str, to: &str) -> ApiError {
+        if self.param.as_deref() == Some(from) {
+            self.param = Some(to.to_string());
+            if let Some(rest) = self.message.strip_prefix(from) {
+                self.message = format!("{to}{rest}");
+            }
+        }
+        self
+    }
+
     /// Maps an engine refusal of a request (`add_request`) to a 400 naming the field;
     /// `prompt_param` is `prompt` or `messages`.
     pub fn from_engine(e: &EngineError, prompt_param: &str) -> ApiError {
@@ -191,7 +203,7 @@ impl ApiError {
 fn named_field(message: &str) -> Option<&'static str> {
     const FIELDS: [(&str, &str); 5] = [
         ("max_tokens", "max_tokens"),
-        ("n ", "n"),
+        ("n must ", "n"),
         ("beam width ", "n"),
         ("prompt_logprobs ", "prompt_logprobs"),
         ("length_penalty ", "length_penalty"),

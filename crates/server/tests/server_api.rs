@@ -374,7 +374,11 @@ fn client_mistakes_get_openai_error_bodies() {
     assert_error(&c(json!({"max_tokens": u64::MAX})), 400, Some("max_tokens"));
     let endless = json!({"messages": [{"role": "user", "content": "x"}],
                          "max_completion_tokens": u64::MAX});
-    assert_error(&post(addr, "/v1/chat/completions", &endless), 400, None);
+    assert_error(
+        &post(addr, "/v1/chat/completions", &endless),
+        400,
+        Some("max_completion_tokens"),
+    );
     let none = json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0});
     assert_error(
         &post(addr, "/v1/chat/completions", &none),

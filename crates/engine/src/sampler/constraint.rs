@@ -138,7 +138,8 @@ fn escape_regex(text: &str) -> String {
 /// Build once per model; share by `Arc`.
 pub struct ConstraintCompiler {
     factory: ParserFactory,
-    /// The trie's id space (the tokenizer's); logits rows may be longer (padding ids).
+    /// The trie's id space (the tokenizer's, padding rows included when the loader padded
+    /// it); logits rows may be longer (a tokenizer built otherwise); those ids get `-inf`.
     vocab_size: usize,
 }
 

@@ -196,8 +196,25 @@ fn top_logprobs(own: &ChatFields) -> ApiResult<Option<usize>> {
 
 async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let value = json_object(body, app.config.limits.max_body_bytes)?;
-    let mut common: CommonFields = fields(&value)?;
+    let common: CommonFields = fields(&value)?;
     let own: ChatFields = fields(&value)?;
+    // `max_completion_tokens` stands in for `max_tokens`: a refusal names the field sent.
+    let sent = if own.max_completion_tokens.is_some() {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    let answer = answer(app, value, common, own).await;
+    answer.map_err(|e| e.renamed("max_tokens", sent))
+}
+
+/// [`run`] once the request's fields are read.
+async fn answer(
+    app: App,
+    value: Value,
+    mut common: CommonFields,
+    own: ChatFields,
+) -> ApiResult<Response> {
     let model = app.check_model(common.model.as_deref())?;
     let bounds = &app.config.limits;
     apply_max_completion_tokens(&own, &mut common, bounds)?;
@@ -251,12 +268,6 @@ fn apply_max_completion_tokens(
     bounds: &RequestLimits,
 ) -> ApiResult<()> {
     if let Some(m) = own.max_completion_tokens {
-        if m == 0 {
-            return Err(ApiError::field(
-                "max_completion_tokens",
-                "must be at least 1",
-            ));
-        }
         if let Some(cap) = bounds.max_output_tokens.filter(|&cap| m > cap as u64) {
             return Err(ApiError::field(
                 "max_completion_tokens",

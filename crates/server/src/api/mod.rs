@@ -46,7 +46,8 @@ use crate::prompt::PromptBuilder;
 /// What the model allows, read from the engine before it moved to its thread.
 #[derive(Debug, Clone)]
 pub struct ModelLimits {
-    /// Token ids a request may name: the model's that the tokenizer has text for.
+    /// Token ids a request may name: below both the model's vocabulary and the tokenizer's
+    /// id space (which the loader pads over a padded embedding's rows).
     pub vocab_size: usize,
     /// Most tokens (prompt + output) in one sequence.
     pub max_model_len: usize,
