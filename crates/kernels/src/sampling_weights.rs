@@ -31,28 +31,49 @@ pub fn exp_weight(value: f64, max: f64, t: f64) -> f64 {
     }
 }
 
+/// `$with(isa, args)`: `$portable` compiled for AVX-512 or AVX2 where `isa` names one and
+/// the CPU has it, else as it is (the same operations, so every variant gives the same bits).
+macro_rules! with_isa {
+    ($(#[$doc:meta])* $with:ident => $portable:ident($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        $(#[$doc])*
+        pub fn $with(isa: Isa, $($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                /// # Safety
+                /// The CPU must have AVX-512 F and VL.
+                #[target_feature(enable = "avx512f,avx512vl")]
+                unsafe fn avx512($($arg: $ty),*) -> $ret {
+                    $portable($($arg),*)
+                }
+                /// # Safety
+                /// The CPU must have AVX2.
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2($($arg: $ty),*) -> $ret {
+                    $portable($($arg),*)
+                }
+                if matches!(isa, Isa::Avx512 | Isa::Avx512Int8) && isa.is_available() {
+                    // SAFETY: the CPU has AVX-512 F and VL (`is_available` just checked).
+                    return unsafe { avx512($($arg),*) };
+                }
+                if matches!(isa, Isa::Avx2 | Isa::Avx2Int8) && isa.is_available() {
+                    // SAFETY: the CPU has AVX2 (`is_available` just checked).
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            let _ = isa;
+            $portable($($arg),*)
+        }
+    };
+}
+
 /// The largest entry of `values` (`-inf` for an empty row). The row must hold no NaN.
 pub fn maximum(values: &[f64]) -> f64 {
     maximum_with(isa::active(), values)
 }
 
-/// [`maximum`] with an explicit variant (all variants give the same result).
-pub fn maximum_with(isa: Isa, values: &[f64]) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let avx512 = matches!(isa, Isa::Avx512 | Isa::Avx512Int8) && isa.is_available();
-        let avx2 = matches!(isa, Isa::Avx2 | Isa::Avx2Int8) && isa.is_available();
-        if avx512 {
-            // SAFETY: the CPU has AVX-512 F and VL (`is_available` checked just above).
-            return unsafe { maximum_avx512(values) };
-        }
-        if avx2 || avx512 {
-            // SAFETY: the CPU has AVX2 (every AVX-512 variant's CPU check implies it here).
-            return unsafe { maximum_avx2(values) };
-        }
-    }
-    let _ = isa;
-    maximum_portable(values)
+with_isa! {
+    /// [`maximum`] with an explicit variant (all variants give the same result).
+    maximum_with => maximum_portable(values: &[f64]) -> f64
 }
 
 /// Replaces every entry `v` of `values` by [`exp_weight`]`(v, max, t)` and returns their sum.
@@ -61,23 +82,20 @@ pub fn exp_weights(values: &mut [f64], max: f64, t: f64) -> f64 {
     exp_weights_with(isa::active(), values, max, t)
 }
 
-/// [`exp_weights`] with an explicit variant (all variants give bitwise equal results).
-pub fn exp_weights_with(isa: Isa, values: &mut [f64], max: f64, t: f64) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let avx512 = matches!(isa, Isa::Avx512 | Isa::Avx512Int8) && isa.is_available();
-        let avx2 = matches!(isa, Isa::Avx2 | Isa::Avx2Int8) && isa.is_available();
-        if avx512 {
-            // SAFETY: the CPU has AVX-512 F and VL (`is_available` checked just above).
-            return unsafe { exp_weights_avx512(values, max, t) };
-        }
-        if avx2 || avx512 {
-            // SAFETY: the CPU has AVX2 (every AVX-512 variant's CPU check implies it here).
-            return unsafe { exp_weights_avx2(values, max, t) };
-        }
-    }
-    let _ = isa;
-    exp_weights_portable(values, max, t)
+with_isa! {
+    /// [`exp_weights`] with an explicit variant (all variants give bitwise equal results).
+    exp_weights_with => exp_weights_portable(values: &mut [f64], max: f64, t: f64) -> f64
+}
+
+/// The sum of the entries of `weights` that are at least `cut`, in the order of
+/// [`exp_weights`]' sum (so every variant gives the same bits).
+pub fn mass_at_least(weights: &[f64], cut: f64) -> f64 {
+    mass_at_least_with(isa::active(), weights, cut)
+}
+
+with_isa! {
+    /// [`mass_at_least`] with an explicit variant (all variants give bitwise equal results).
+    mass_at_least_with => mass_at_least_portable(weights: &[f64], cut: f64) -> f64
 }
 
 #[inline(always)]
@@ -99,31 +117,6 @@ fn maximum_portable(values: &[f64]) -> f64 {
         .fold(f64::NEG_INFINITY, |a, b| if b > a { b } else { a })
 }
 
-/// The sum of the entries of `weights` that are at least `cut`, in the order of
-/// [`exp_weights`]' sum (so every variant gives the same bits).
-pub fn mass_at_least(weights: &[f64], cut: f64) -> f64 {
-    mass_at_least_with(isa::active(), weights, cut)
-}
-
-/// [`mass_at_least`] with an explicit variant (all variants give bitwise equal results).
-pub fn mass_at_least_with(isa: Isa, weights: &[f64], cut: f64) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let avx512 = matches!(isa, Isa::Avx512 | Isa::Avx512Int8) && isa.is_available();
-        let avx2 = matches!(isa, Isa::Avx2 | Isa::Avx2Int8) && isa.is_available();
-        if avx512 {
-            // SAFETY: the CPU has AVX-512 F and VL (`is_available` checked just above).
-            return unsafe { mass_at_least_avx512(weights, cut) };
-        }
-        if avx2 || avx512 {
-            // SAFETY: the CPU has AVX2 (every AVX-512 variant's CPU check implies it here).
-            return unsafe { mass_at_least_avx2(weights, cut) };
-        }
-    }
-    let _ = isa;
-    mass_at_least_portable(weights, cut)
-}
-
 #[inline(always)]
 fn mass_at_least_portable(weights: &[f64], cut: f64) -> f64 {
     let mut acc = [0.0f64; 8];
@@ -142,22 +135,6 @@ fn mass_at_least_portable(weights: &[f64], cut: f64) -> f64 {
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
-/// # Safety
-/// The CPU must have AVX-512 F and VL.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl")]
-unsafe fn mass_at_least_avx512(weights: &[f64], cut: f64) -> f64 {
-    mass_at_least_portable(weights, cut)
-}
-
-/// # Safety
-/// The CPU must have AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn mass_at_least_avx2(weights: &[f64], cut: f64) -> f64 {
-    mass_at_least_portable(weights, cut)
-}
-
 #[inline(always)]
 fn exp_weights_portable(values: &mut [f64], max: f64, t: f64) -> f64 {
     let mut acc = [0.0f64; 8];
@@ -173,38 +150,6 @@ fn exp_weights_portable(values: &mut [f64], max: f64, t: f64) -> f64 {
         *a += *v;
     }
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
-}
-
-/// # Safety
-/// The CPU must have AVX-512 F and VL.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl")]
-unsafe fn maximum_avx512(values: &[f64]) -> f64 {
-    maximum_portable(values)
-}
-
-/// # Safety
-/// The CPU must have AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn maximum_avx2(values: &[f64]) -> f64 {
-    maximum_portable(values)
-}
-
-/// # Safety
-/// The CPU must have AVX-512 F and VL.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl")]
-unsafe fn exp_weights_avx512(values: &mut [f64], max: f64, t: f64) -> f64 {
-    exp_weights_portable(values, max, t)
-}
-
-/// # Safety
-/// The CPU must have AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn exp_weights_avx2(values: &mut [f64], max: f64, t: f64) -> f64 {
-    exp_weights_portable(values, max, t)
 }
 
 #[cfg(test)]
