@@ -4,16 +4,18 @@
 //!
 //! Each of `batch` sequences owns `context` scattered slots (its blocks of 16 interleaved with
 //! the other sequences', as a paged pool hands them out); one "step" runs, for every layer, one
-//! query token per sequence against its whole context, split into (token, KV head) tasks on the
-//! pool as the model does. Prints, for f32 and f16 rows, the median step time of 7 and the K/V
-//! bytes read per second: the layers' stores together exceed the caches, as in a real decode.
+//! query token per sequence against its whole context, split into one task per token (all its
+//! KV heads at once) on the pool as the model does in a batch (`PER_HEAD=1`: one task per
+//! (token, KV head), as it does for small batches). Prints, for f32 and f16 rows, the median
+//! step time of 7 and the K/V bytes read per second: the layers' stores together exceed the
+//! caches, as in a real decode.
 //! The stores sit on huge pages as the model's do (`SMALL_PAGES=1`: ordinary 4 KiB pages);
 //! `REPS=N` times N steps instead of 7.
 
 use std::time::Instant;
 
 use half::f16;
-use tandem_kernels::attention::{attend, KvRows, KvView};
+use tandem_kernels::attention::{attend, attend_heads_with, KvRows, KvView};
 use tandem_kernels::huge_pages::zeroed_vec;
 use tandem_kernels::parallel::for_each_chunk_mut;
 use tandem_kernels::ThreadPool;
@@ -80,6 +82,8 @@ fn main() {
     let group = HEADS / KV_HEADS;
     let task = group * HEAD_DIM;
     let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+    let per_head = std::env::var_os("PER_HEAD").is_some();
+    let isa = tandem_kernels::isa::active();
     let mut step = |half: bool| {
         for layer in 0..LAYERS {
             let (k, v) = (2 * layer, 2 * layer + 1);
@@ -94,17 +98,31 @@ fn main() {
                     values: &f32_layers[v],
                 }
             };
-            for_each_chunk_mut(&pool, &mut out, task, |i, o| {
-                let (t, kvh) = (i / KV_HEADS, i % KV_HEADS);
-                let kv = KvView {
-                    rows,
-                    row_stride: row,
-                    offset: kvh * HEAD_DIM,
-                    head_dim: HEAD_DIM,
-                    slots: &seq_slots[t],
-                };
-                attend(&q[i * task..][..task], &kv, scale, o);
-            });
+            if per_head {
+                for_each_chunk_mut(&pool, &mut out, task, |i, o| {
+                    let (t, kvh) = (i / KV_HEADS, i % KV_HEADS);
+                    let kv = KvView {
+                        rows,
+                        row_stride: row,
+                        offset: kvh * HEAD_DIM,
+                        head_dim: HEAD_DIM,
+                        slots: &seq_slots[t],
+                    };
+                    attend(&q[i * task..][..task], &kv, scale, o);
+                });
+            } else {
+                let token = KV_HEADS * task;
+                for_each_chunk_mut(&pool, &mut out, token, |t, o| {
+                    let kv = KvView {
+                        rows,
+                        row_stride: row,
+                        offset: 0,
+                        head_dim: HEAD_DIM,
+                        slots: &seq_slots[t],
+                    };
+                    attend_heads_with(isa, &q[t * token..][..token], &kv, KV_HEADS, scale, o);
+                });
+            }
         }
     };
     for (name, bytes) in [("f32", 4usize), ("f16", 2)] {

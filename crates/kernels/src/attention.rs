@@ -37,6 +37,9 @@ pub const GROUP_MAX: usize = 8;
 /// vector lane.
 pub const TILE_ROWS: usize = 16;
 
+/// Most KV heads one call of the group kernel walks together ([`attend_heads`]).
+pub const KV_HEADS_MAX: usize = 8;
+
 /// Largest head the tile kernel takes (its buffers live on the stack); rows of larger heads
 /// go through the group kernel one by one (bitwise the same).
 pub(crate) const TILE_HEAD_DIM_MAX: usize = 256;
@@ -145,8 +148,57 @@ pub fn attend_with(isa: Isa, q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [
         .unwrap_or_else(|| panic!("attend: this CPU cannot run the {isa} kernels"));
     let chunk = GROUP_MAX * d;
     for (qg, og) in q.chunks(chunk).zip(out.chunks_mut(chunk)) {
-        kernels.attend_group(qg, kv, scale, og);
+        kernels.attend_group(qg, kv, 1, scale, og);
     }
+}
+
+/// [`attend`] for the query heads of `kv_heads` consecutive KV heads, the first at
+/// `kv.offset`: `q` (`out` alike) holds their GQA groups one after the other, each of
+/// `q.len() / (kv_heads · head_dim)` heads, and group `h` attends to the KV head at
+/// `kv.offset + h · head_dim`. Bitwise [`attend`] of each group on its own; the groups walk
+/// the context together, block by block, so that each slot's row is read whole and once
+/// (decode of many sequences, where the rows come from memory, not from the caches).
+///
+/// Panics if the shapes do not match, the heads do not lie within a slot's row, the context
+/// is empty or this CPU cannot run `isa`.
+pub fn attend_heads_with(
+    isa: Isa,
+    q: &[f32],
+    kv: &KvView<'_>,
+    kv_heads: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let d = kv.head_dim;
+    let span = kv_heads * d;
+    assert!(
+        span > 0 && q.len() == out.len() && q.len().is_multiple_of(span),
+        "attend_heads: q has {} elements, out {}, {kv_heads} KV heads of {d}",
+        q.len(),
+        out.len()
+    );
+    let widest = KvView {
+        head_dim: span,
+        ..*kv
+    };
+    widest.assert_head_in_row("attend_heads");
+    assert!(!kv.slots.is_empty(), "attend_heads: empty context");
+    let kernels = Kernels::new(isa)
+        .unwrap_or_else(|| panic!("attend_heads: this CPU cannot run the {isa} kernels"));
+    let group = q.len() / span;
+    if group > GROUP_MAX || kv_heads > KV_HEADS_MAX {
+        // Groups too large to walk together: one KV head at a time (the same bits).
+        let groups = q.chunks(group * d).zip(out.chunks_mut(group * d));
+        for (h, (qh, oh)) in groups.enumerate() {
+            let head = KvView {
+                offset: kv.offset + h * d,
+                ..*kv
+            };
+            attend_with(isa, qh, &head, scale, oh);
+        }
+        return;
+    }
+    kernels.attend_group(q, kv, kv_heads, scale, out);
 }
 
 /// `out[i] = softmax_j(q[i] · k[j] · scale) · v[j]` over the first `context[i]` positions of
@@ -193,7 +245,7 @@ pub fn attend_rows_with(
         .unwrap_or_else(|| panic!("attend_rows: this CPU cannot run the {isa} kernels"));
     if d > TILE_HEAD_DIM_MAX {
         each_row_alone(q, context, kv, scale, out, |qi, view, s, oi| {
-            kernels.attend_group(qi, view, s, oi)
+            kernels.attend_group(qi, view, 1, s, oi)
         });
         return;
     }
@@ -212,7 +264,7 @@ pub(crate) fn attend_tile_scalar(
     scale: f32,
     out: &mut [f32],
 ) {
-    each_row_alone(q, context, kv, scale, out, attend_group_scalar);
+    each_row_alone(q, context, kv, scale, out, attend_one_scalar);
 }
 
 /// `attend_one(q[i], kv over its first context[i] slots, scale, out[i])` for every row.
@@ -237,9 +289,28 @@ fn each_row_alone<F>(
     }
 }
 
-/// The scalar reference of [`attend`] for at most [`GROUP_MAX`] query heads, in the order of
-/// the module docs. Shapes are checked by [`attend_with`].
-pub(crate) fn attend_group_scalar(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
+/// The scalar reference of [`attend_heads_with`] for at most [`GROUP_MAX`] query heads per
+/// KV head: each group on its own, in the order of the module docs. Shapes are checked by
+/// the callers.
+pub(crate) fn attend_group_scalar(
+    q: &[f32],
+    kv: &KvView<'_>,
+    kv_heads: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let n = q.len() / kv_heads;
+    for (h, (qh, oh)) in q.chunks(n).zip(out.chunks_mut(n)).enumerate() {
+        let head = KvView {
+            offset: kv.offset + h * kv.head_dim,
+            ..*kv
+        };
+        attend_one_scalar(qh, &head, scale, oh);
+    }
+}
+
+/// The scalar reference of [`attend`] for at most [`GROUP_MAX`] query heads of one KV head.
+fn attend_one_scalar(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
     match kv.rows {
         KvRows::F32 { keys, values } => attend_rows_scalar(q, &kv.head(keys, values), scale, out),
         KvRows::F16 { keys, values } => {
@@ -269,7 +340,7 @@ pub(crate) fn attend_group_scalar(q: &[f32], kv: &KvView<'_>, scale: f32, out: &
     }
 }
 
-/// [`attend_group_scalar`] over f32 rows.
+/// [`attend_one_scalar`] over f32 rows.
 fn attend_rows_scalar(q: &[f32], kv: &HeadRows<'_, f32>, scale: f32, out: &mut [f32]) {
     let d = kv.head_dim;
     let g = q.len() / d;

@@ -3,7 +3,8 @@
 //! of the vector width or of the position block, groups larger than one kernel call, scattered
 //! slots); the scalar reference matches the definition computed in f64; and a query head's
 //! result does not depend on the other heads computed with it. The same over f16 rows, where
-//! the result must be bitwise the f32 attention over the rows widened to f32.
+//! the result must be bitwise the f32 attention over the rows widened to f32. Several KV heads
+//! walked together give each group its bits alone.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a test failure
 
@@ -12,7 +13,7 @@ use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use tandem_kernels::attention::{attend_rows_with, attend_with, KvRows, KvView};
+use tandem_kernels::attention::{attend_heads_with, attend_rows_with, attend_with, KvRows, KvView};
 use tandem_kernels::Isa;
 
 /// A random layer of a KV store and one sequence's context in it.
@@ -265,6 +266,59 @@ proptest! {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(120))]
+
+    /// Several KV heads walked together (decode of a whole token in one task) give each
+    /// group the bits of the scalar reference for that group alone: groups of up to 10 heads
+    /// and up to 10 KV heads (past what one kernel call takes), heads that do not start the
+    /// row, f32 and f16 rows, in every variant.
+    #[test]
+    fn kv_heads_together_equal_each_group_alone(
+        seed in any::<u64>(),
+        head_dim in prop_oneof![Just(64usize), 1usize..90],
+        group in 1usize..=10,
+        kv_heads in 1usize..=10,
+        context in 1usize..70,
+    ) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let first = rng.random_range(0..3);
+        let row = (first + kv_heads + rng.random_range(0..2)) * head_dim;
+        let n_slots = context + 5;
+        let mut draw = |n: usize| -> Vec<f32> {
+            (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect()
+        };
+        let (keys, values) = (draw(n_slots * row), draw(n_slots * row));
+        let q = draw(kv_heads * group * head_dim);
+        let mut slots: Vec<usize> = (0..n_slots).collect();
+        slots.shuffle(&mut rng);
+        slots.truncate(context);
+        let to_f16 = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<f16>>();
+        let (keys16, values16) = (to_f16(&keys), to_f16(&values));
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        for half in [false, true] {
+            let rows = if half {
+                KvRows::F16 { keys: &keys16, values: &values16 }
+            } else {
+                KvRows::F32 { keys: &keys, values: &values }
+            };
+            let view = |offset: usize| KvView {
+                rows,
+                row_stride: row,
+                offset,
+                head_dim,
+                slots: &slots,
+            };
+            let n = group * head_dim;
+            let mut want = vec![f32::NAN; q.len()];
+            for (h, (qh, wh)) in q.chunks(n).zip(want.chunks_mut(n)).enumerate() {
+                attend_with(Isa::Scalar, qh, &view((first + h) * head_dim), scale, wh);
+            }
+            for isa in Isa::available() {
+                let mut got = vec![f32::NAN; q.len()];
+                attend_heads_with(isa, &q, &view(first * head_dim), kv_heads, scale, &mut got);
+                assert_bits(&got, &want, &format!("{} f16={}", isa.name(), half))?;
+            }
+        }
+    }
 
     /// The tile kernel gives every row the bits of the scalar reference for that row alone
     /// over its own context: rows beside longer and shorter ones, several tiles, head sizes

@@ -10,7 +10,8 @@
 //! once for three heads at a time (their 3 × 8 score accumulators stay in registers) and each
 //! value vector once for four (4 × 4 output accumulators), so a GQA group pays its f16
 //! conversions once, not once per head. AVX2, with a quarter of the vectors in registers,
-//! keeps one head at a time.
+//! keeps one head at a time. Several KV heads of one token can walk the context together,
+//! block by block, so that a batched decode reads each slot's row whole in one pass.
 
 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
 
@@ -18,7 +19,9 @@ use half::f16;
 
 use super::lanes::Lanes16;
 use crate::attention::exp_consts::{EXP_BIAS, LN2_HI, LN2_LO, LOG2E, MAX_X, MIN_X, P, ROUND};
-use crate::attention::{add_in_order, block_max, HeadRows, KvRows, KvView, GROUP_MAX, POS_BLOCK};
+use crate::attention::{
+    add_in_order, block_max, HeadRows, KvRows, KvView, GROUP_MAX, KV_HEADS_MAX, POS_BLOCK,
+};
 use crate::dot16::{tree_sum, LANES};
 
 /// An element type of K/V rows: loaded 16 at a time, or one at a time, as exact f32.
@@ -59,18 +62,28 @@ impl Element for f16 {
 /// # Safety
 /// The CPU must support `V`'s features. Shapes are asserted.
 #[inline(always)]
-unsafe fn attend_kv<V: Lanes16>(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
+unsafe fn attend_kv<V: Lanes16>(
+    q: &[f32],
+    kv: &KvView<'_>,
+    kv_heads: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
     match kv.rows {
         KvRows::F32 { keys, values } => {
-            attend_group::<V, f32>(q, &kv.head(keys, values), scale, out)
+            attend_group::<V, f32>(q, &kv.head(keys, values), kv_heads, scale, out)
         }
         KvRows::F16 { keys, values } => {
-            attend_group::<V, f16>(q, &kv.head(keys, values), scale, out)
+            attend_group::<V, f16>(q, &kv.head(keys, values), kv_heads, scale, out)
         }
     }
 }
 
-/// As [`crate::attention::attend_group_scalar`] (bitwise equal).
+/// As [`crate::attention::attend_group_scalar`] (bitwise equal), for the query heads of
+/// `kv_heads` consecutive KV heads from `kv.offset` on: `q` holds their groups one after the
+/// other, each of the same number of heads. The groups advance through the context together,
+/// block by block, so that a block's rows are read whole (every KV head of a slot at once)
+/// rather than once per head; each group's operations are those it would perform alone.
 ///
 /// # Safety
 /// The CPU must support `V`'s features. Shapes are asserted.
@@ -78,94 +91,159 @@ unsafe fn attend_kv<V: Lanes16>(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mu
 unsafe fn attend_group<V: Lanes16, E: Element>(
     q: &[f32],
     kv: &HeadRows<'_, E>,
+    kv_heads: usize,
     scale: f32,
     out: &mut [f32],
 ) {
     let d = kv.head_dim;
-    let g = q.len() / d;
+    let span = kv_heads * d;
+    let g = q.len() / span.max(1);
     assert!(
-        g <= GROUP_MAX && q.len() == g * d && out.len() == q.len(),
-        "attend_group: {} query elements, {} outputs, head_dim {d}",
+        (1..=KV_HEADS_MAX).contains(&kv_heads)
+            && g <= GROUP_MAX
+            && q.len() == g * span
+            && out.len() == q.len()
+            && kv.offset + span <= kv.row_stride,
+        "attend_group: {} query elements, {} outputs, {kv_heads} KV heads of {d}",
         q.len(),
         out.len()
     );
-    let full = d - d % LANES;
     out.fill(0.0);
-    let mut m = [f32::NEG_INFINITY; GROUP_MAX];
-    let mut l = [0.0f32; GROUP_MAX];
+    let mut running = [Running::new(); KV_HEADS_MAX];
+    let blocks = kv.slots.chunks(POS_BLOCK);
+    for (block, next) in blocks.clone().zip(blocks.skip(1).map(Some).chain([None])) {
+        for (h, running) in running.iter_mut().enumerate().take(kv_heads) {
+            let head = HeadRows {
+                offset: kv.offset + h * d,
+                ..*kv
+            };
+            let at = h * g * d..(h + 1) * g * d;
+            group_block::<V, E>(
+                &q[at.clone()],
+                &head,
+                block,
+                scale,
+                &mut out[at],
+                running,
+                next,
+            );
+        }
+    }
+    for (h, running) in running.iter().enumerate().take(kv_heads) {
+        for i in 0..g {
+            let inv = 1.0 / running.l[i];
+            scale_row::<V>(&mut out[(h * g + i) * d..][..d], inv, d - d % LANES);
+        }
+    }
+}
+
+/// The running maximum `m` and sum `l` of each query head of a group.
+#[derive(Clone, Copy)]
+struct Running {
+    m: [f32; GROUP_MAX],
+    l: [f32; GROUP_MAX],
+}
+
+impl Running {
+    fn new() -> Running {
+        Running {
+            m: [f32::NEG_INFINITY; GROUP_MAX],
+            l: [0.0; GROUP_MAX],
+        }
+    }
+}
+
+/// Steps 1 to 5 of [`crate::attention`]'s order for one block of positions and the `g` query
+/// heads of one KV head (`q`, `out`: `[g, d]`), updating their running maxima and sums. The keys of the `next` block are prefetched before the scores, its values before the
+/// accumulation: spread so, a whole token's K/V rows ahead never ask for more lines at once
+/// than the caches take in flight (asked for all at once, in a task of three KV heads, they
+/// measured slower than the head-by-head passes they replace).
+///
+/// # Safety
+/// The CPU must support `V`'s features; the shapes are those [`attend_group`] asserted.
+#[inline(always)]
+unsafe fn group_block<V: Lanes16, E: Element>(
+    q: &[f32],
+    kv: &HeadRows<'_, E>,
+    block: &[usize],
+    scale: f32,
+    out: &mut [f32],
+    running: &mut Running,
+    next: Option<&[usize]>,
+) {
+    let Running { m, l } = running;
+    let d = kv.head_dim;
+    if let Some(next) = next {
+        prefetch_rows(kv.keys, kv, next);
+    }
+    let g = q.len() / d;
+    let full = d - d % LANES;
+    let nb = block.len();
     // Scores, then probabilities, of the block; lanes past the block's end are ignored.
     let mut p = [[0.0f32; POS_BLOCK]; GROUP_MAX];
     let mut v_rows: [&[E]; POS_BLOCK] = [&[]; POS_BLOCK];
-    let blocks = kv.slots.chunks(POS_BLOCK);
-    for (block, next) in blocks.clone().zip(blocks.skip(1).map(Some).chain([None])) {
-        let nb = block.len();
-        if let Some(next) = next {
-            prefetch_rows(kv, next);
-        }
-        // Past the block's end, the first row stands in (its lanes are ignored).
-        let mut k_rows: [&[E]; POS_BLOCK] = [kv.key(block[0]); POS_BLOCK];
-        for (j, &slot) in block.iter().enumerate() {
-            k_rows[j] = kv.key(slot);
-            v_rows[j] = kv.value(slot);
-        }
-        let mut first = 0;
-        if full == d && V::IN_REGISTERS >= 32 {
-            // Three heads at a time share each widened key vector.
-            while first + SCORE_HEADS <= g {
-                let sums = scores_3::<V, E>(&q[first * d..][..SCORE_HEADS * d], &k_rows);
-                for (i, sum) in sums.into_iter().enumerate() {
-                    sum.mul(V::splat(scale)).store(p[first + i].as_mut_ptr());
-                }
-                first += SCORE_HEADS;
+    // Past the block's end, the first row stands in (its lanes are ignored).
+    let mut k_rows: [&[E]; POS_BLOCK] = [kv.key(block[0]); POS_BLOCK];
+    for (j, &slot) in block.iter().enumerate() {
+        k_rows[j] = kv.key(slot);
+        v_rows[j] = kv.value(slot);
+    }
+    let mut first = 0;
+    if full == d && V::IN_REGISTERS >= 32 {
+        // Three heads at a time share each widened key vector.
+        while first + SCORE_HEADS <= g {
+            let sums = scores_3::<V, E>(&q[first * d..][..SCORE_HEADS * d], &k_rows);
+            for (i, sum) in sums.into_iter().enumerate() {
+                sum.mul(V::splat(scale)).store(p[first + i].as_mut_ptr());
             }
+            first += SCORE_HEADS;
         }
-        for i in first..g {
-            let qi = &q[i * d..][..d];
-            if full == d {
-                scores::<V, E>(qi, &k_rows)
-                    .mul(V::splat(scale))
-                    .store(p[i].as_mut_ptr());
-            } else {
-                for (s, k) in p[i].iter_mut().zip(&k_rows[..nb]) {
-                    *s = dot::<V, E>(qi, k, full) * scale;
-                }
-            }
-        }
-        for i in 0..g {
-            let acc = &mut out[i * d..][..d];
-            let (m_new, c) = block_max(m[i], &p[i][..nb]);
-            if let Some(c) = c {
-                l[i] *= c;
-                scale_row::<V>(acc, c, full);
-            }
-            m[i] = m_new;
-            let s = V::load(p[i].as_ptr()).sub(V::splat(m_new));
-            exp::<V>(s).store(p[i].as_mut_ptr());
-            l[i] = add_in_order(l[i], &p[i][..nb]);
-        }
-        // Up to four heads at a time share each widened value vector where the registers
-        // hold their 16 accumulators.
-        let at_once = if V::IN_REGISTERS >= 32 {
-            HEADS_AT_ONCE
+    }
+    for i in first..g {
+        let qi = &q[i * d..][..d];
+        if full == d {
+            scores::<V, E>(qi, &k_rows)
+                .mul(V::splat(scale))
+                .store(p[i].as_mut_ptr());
         } else {
-            1
-        };
-        let mut i = 0;
-        while i < g {
-            let heads = at_once.min(g - i);
-            accumulate_heads::<V, E>(
-                &mut out[i * d..][..heads * d],
-                &p[i..i + heads],
-                nb,
-                &v_rows[..nb],
-                full,
-            );
-            i += heads;
+            for (s, k) in p[i].iter_mut().zip(&k_rows[..nb]) {
+                *s = dot::<V, E>(qi, k, full) * scale;
+            }
         }
     }
     for i in 0..g {
-        let inv = 1.0 / l[i];
-        scale_row::<V>(&mut out[i * d..][..d], inv, full);
+        let acc = &mut out[i * d..][..d];
+        let (m_new, c) = block_max(m[i], &p[i][..nb]);
+        if let Some(c) = c {
+            l[i] *= c;
+            scale_row::<V>(acc, c, full);
+        }
+        m[i] = m_new;
+        let s = V::load(p[i].as_ptr()).sub(V::splat(m_new));
+        exp::<V>(s).store(p[i].as_mut_ptr());
+        l[i] = add_in_order(l[i], &p[i][..nb]);
+    }
+    if let Some(next) = next {
+        prefetch_rows(kv.values, kv, next);
+    }
+    // Up to four heads at a time share each widened value vector where the registers hold
+    // their 16 accumulators.
+    let at_once = if V::IN_REGISTERS >= 32 {
+        HEADS_AT_ONCE
+    } else {
+        1
+    };
+    let mut i = 0;
+    while i < g {
+        let heads = at_once.min(g - i);
+        accumulate_heads::<V, E>(
+            &mut out[i * d..][..heads * d],
+            &p[i..i + heads],
+            nb,
+            &v_rows[..nb],
+            full,
+        );
+        i += heads;
     }
 }
 
@@ -350,20 +428,20 @@ unsafe fn accumulate_from<V: Lanes16, E: Element>(
     }
 }
 
-/// Asks for the K and V rows of `slots` to be brought into L2 (in decode they come from
-/// memory, at addresses the hardware prefetcher cannot guess). Into L2 rather than L1: the
-/// 64 lines of a block exceed what L1 can have in flight, and batched decode attention
-/// measured faster so (BENCHMARKS.md § Figures behind choices in the code).
+/// Asks for this head's rows of `slots` in `rows` (the keys or the values) to be brought into
+/// L2 (in decode they come from memory, at addresses the hardware prefetcher cannot guess).
+/// Into L2 rather than L1: the lines of a block exceed what L1 can have in flight, and
+/// batched decode attention measured faster so (BENCHMARKS.md § Figures behind choices in
+/// the code).
 #[inline(always)]
-fn prefetch_rows<E>(kv: &HeadRows<'_, E>, slots: &[usize]) {
+fn prefetch_rows<E>(rows: &[E], kv: &HeadRows<'_, E>, slots: &[usize]) {
     let bytes = kv.head_dim * std::mem::size_of::<E>();
     for &slot in slots {
-        for row in [kv.key(slot), kv.value(slot)] {
-            let p = row.as_ptr().cast::<i8>();
-            for off in (0..bytes).step_by(64) {
-                // SAFETY: prefetching never faults; the address lies within `row`.
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off)) };
-            }
+        let at = slot * kv.row_stride + kv.offset;
+        let p = rows[at..at + kv.head_dim].as_ptr().cast::<i8>();
+        for off in (0..bytes).step_by(64) {
+            // SAFETY: prefetching never faults; the address lies within the row.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off)) };
         }
     }
 }
@@ -430,13 +508,25 @@ pub(super) unsafe fn exp<V: Lanes16>(x: V) -> V {
 /// # Safety
 /// AVX-512 F/BW/VL and F16C must be available.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-pub(super) unsafe fn attend_group_avx512(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
-    attend_kv::<super::avx512::Z>(q, kv, scale, out)
+pub(super) unsafe fn attend_group_avx512(
+    q: &[f32],
+    kv: &KvView<'_>,
+    kv_heads: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    attend_kv::<super::avx512::Z>(q, kv, kv_heads, scale, out)
 }
 
 /// # Safety
 /// AVX2, FMA and F16C must be available.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn attend_group_avx2(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
-    attend_kv::<super::avx2::Y>(q, kv, scale, out)
+pub(super) unsafe fn attend_group_avx2(
+    q: &[f32],
+    kv: &KvView<'_>,
+    kv_heads: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    attend_kv::<super::avx2::Y>(q, kv, kv_heads, scale, out)
 }

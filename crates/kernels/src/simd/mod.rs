@@ -56,7 +56,7 @@ use crate::isa::Isa;
 use crate::packed::{BlockScale, PackedMatrix, QuantizedRows};
 use crate::{dot16, packed, quant, DType};
 
-type AttendFn = unsafe fn(&[f32], &KvView<'_>, f32, &mut [f32]);
+type AttendFn = unsafe fn(&[f32], &KvView<'_>, usize, f32, &mut [f32]);
 type AttendTileFn = unsafe fn(&[f32], &[usize], &KvView<'_>, f32, &mut [f32]);
 type DequantFn = unsafe fn(DType, &[u8], &mut [f32]);
 type Dot1Fn = unsafe fn(&[f32], &[f32]) -> f32;
@@ -170,10 +170,18 @@ impl Kernels {
     }
 
     /// As [`crate::attention::attend_group_scalar`] (bitwise equal): at most
-    /// [`crate::attention::GROUP_MAX`] query heads over one KV head's context.
-    pub(crate) fn attend_group(&self, q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
+    /// [`crate::attention::GROUP_MAX`] query heads of each of `kv_heads` consecutive KV heads
+    /// over their context.
+    pub(crate) fn attend_group(
+        &self,
+        q: &[f32],
+        kv: &KvView<'_>,
+        kv_heads: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) {
         // SAFETY: as in `dequantize_row`; the kernel asserts the shapes.
-        unsafe { (self.attend)(q, kv, scale, out) }
+        unsafe { (self.attend)(q, kv, kv_heads, scale, out) }
     }
 
     /// As [`crate::attention::attend_tile_scalar`] (bitwise equal): at most
