@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use tandem_server::limits::{
-    RequestLimits, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_GRAMMAR_BYTES, DEFAULT_MAX_SCORE_ITEMS,
-    DEFAULT_MAX_WAITING_REQUESTS,
+    RequestLimits, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_GRAMMAR_BYTES, DEFAULT_MAX_GRAMMAR_COMPILES,
+    DEFAULT_MAX_SCORE_ITEMS, DEFAULT_MAX_WAITING_REQUESTS,
 };
 
 /// What one request may ask for; over a bound it gets 400 naming the field (413 for the body,
@@ -50,6 +50,10 @@ pub struct LimitArgs {
     /// Largest structured-output grammar (JSON schema, regex, choices, Lark) in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_GRAMMAR_BYTES)]
     max_grammar_bytes: usize,
+    /// Most structured-output grammars compiling at once; a request that finds them all busy
+    /// for the 10 s compile limit gets 429.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_GRAMMAR_COMPILES)]
+    max_grammar_compiles: usize,
 }
 
 impl LimitArgs {
@@ -68,6 +72,7 @@ impl LimitArgs {
             max_score_items: self.max_score_items,
             max_waiting_requests: self.max_waiting_requests,
             max_grammar_bytes: self.max_grammar_bytes,
+            max_grammar_compiles: self.max_grammar_compiles,
         };
         limits.validate().map_err(anyhow::Error::msg)?;
         Ok(limits)

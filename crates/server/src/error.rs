@@ -133,6 +133,20 @@ impl ApiError {
         }
     }
 
+    /// 429 when every grammar compile slot stayed taken for the compile time limit (answered
+    /// with `Retry-After`).
+    pub fn compilers_busy(slots: usize) -> ApiError {
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: format!(
+                "the server is busy: all {slots} grammar compile slots are taken; retry later"
+            ),
+            kind: "rate_limit_error",
+            param: None,
+            code: Some("grammar_compilers_busy"),
+        }
+    }
+
     /// 503 when the engine is gone (shutting down or failed).
     pub fn unavailable(message: impl Into<String>) -> ApiError {
         ApiError {

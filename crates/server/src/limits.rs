@@ -37,11 +37,18 @@ pub struct RequestLimits {
     /// Largest structured-output grammar (JSON schema text, regex, choices, Lark grammar),
     /// in bytes (`--max-grammar-bytes`).
     pub max_grammar_bytes: usize,
+    /// Most grammars compiling at once (`--max-grammar-compiles`). A compile past its time
+    /// limit is refused but runs on to its end (its lexer fuel bounds it) and keeps its slot
+    /// until then, so hostile grammars occupy at most this many threads; a request that
+    /// finds every slot taken for the whole time limit gets 429 with `Retry-After`.
+    pub max_grammar_compiles: usize,
 }
 
 /// Default limit on a request body, in bytes.
 /// Default `--max-grammar-bytes`: 64 KiB.
 pub const DEFAULT_MAX_GRAMMAR_BYTES: usize = 64 << 10;
+/// Default `--max-grammar-compiles`.
+pub const DEFAULT_MAX_GRAMMAR_COMPILES: usize = 4;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 /// Default limit on the sequences of one `/v1/score` request.
 pub const DEFAULT_MAX_SCORE_ITEMS: usize = 64;
@@ -63,6 +70,7 @@ impl Default for RequestLimits {
             max_score_items: DEFAULT_MAX_SCORE_ITEMS,
             max_waiting_requests: DEFAULT_MAX_WAITING_REQUESTS,
             max_grammar_bytes: DEFAULT_MAX_GRAMMAR_BYTES,
+            max_grammar_compiles: DEFAULT_MAX_GRAMMAR_COMPILES,
         }
     }
 }
@@ -81,6 +89,7 @@ impl RequestLimits {
             ("--max-score-items", self.max_score_items),
             ("--max-waiting-requests", self.max_waiting_requests),
             ("--max-grammar-bytes", self.max_grammar_bytes),
+            ("--max-grammar-compiles", self.max_grammar_compiles),
         ];
         if let Some((flag, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{flag} must be at least 1"));
@@ -113,6 +122,11 @@ mod tests {
             ..RequestLimits::default()
         };
         assert!(l.validate().unwrap_err().contains("--max-n"));
+        let l = RequestLimits {
+            max_grammar_compiles: 0,
+            ..RequestLimits::default()
+        };
+        assert!(l.validate().unwrap_err().contains("--max-grammar-compiles"));
         let l = RequestLimits {
             max_top_logprobs: MAX_TOP_LOGPROBS + 1,
             ..RequestLimits::default()

@@ -20,6 +20,7 @@
 pub mod beam;
 pub mod body;
 pub mod chat;
+pub mod compile_slots;
 pub mod completions;
 pub mod echo;
 pub mod format;
@@ -42,6 +43,7 @@ use crate::config::ServerConfig;
 use crate::engine_thread::EngineHandle;
 use crate::error::{ApiError, ApiResult};
 use crate::prompt::PromptBuilder;
+use compile_slots::CompileSlots;
 
 /// What the model allows, read from the engine before it moved to its thread.
 #[derive(Debug, Clone)]
@@ -67,6 +69,8 @@ pub struct AppState {
     /// The model's structured-output vocabulary, built on first use (see
     /// [`structured`]).
     constraints: std::sync::OnceLock<Result<Arc<ConstraintCompiler>, ConstraintError>>,
+    /// Where structured-output grammars compile (`limits.max_grammar_compiles` at once).
+    pub(crate) compile_slots: CompileSlots,
 }
 
 /// Shared handle to [`AppState`].
@@ -79,6 +83,7 @@ impl AppState {
         limits: ModelLimits,
         config: ServerConfig,
     ) -> AppState {
+        let compile_slots = CompileSlots::new(config.limits.max_grammar_compiles);
         AppState {
             engine,
             prompts,
@@ -87,6 +92,7 @@ impl AppState {
             started: unix_time(),
             next_id: AtomicU64::new(0),
             constraints: std::sync::OnceLock::new(),
+            compile_slots,
         }
     }
 

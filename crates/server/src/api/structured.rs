@@ -8,7 +8,10 @@
 //!
 //! At most one of them per request. The grammar is compiled here, in a blocking task with a
 //! time limit and under `--max-grammar-bytes`, so the engine thread never compiles: a bad or
-//! hostile schema is a 400 naming its field before anything runs.
+//! hostile schema is a 400 naming its field before anything runs. At most
+//! `--max-grammar-compiles` compile at once, each holding its slot until it ends (a compile
+//! past the time limit is refused but cannot be stopped), so hostile schemas cannot pile up
+//! blocking threads.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +25,8 @@ use super::sampling::GenerationPlan;
 use super::App;
 use crate::error::{ApiError, ApiResult};
 
-/// The longest a grammar may take to compile before the request is refused.
+/// The longest a grammar may take to compile, its wait for a compile slot included, before
+/// the request is refused.
 pub const COMPILE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `response_format`.
@@ -149,24 +153,15 @@ pub async fn compile_into(
     spec: GrammarSpec,
     plan: &mut GenerationPlan,
 ) -> ApiResult<()> {
-    let app = Arc::clone(app);
+    let owner = Arc::clone(app);
     let max_bytes = app.config.limits.max_grammar_bytes;
-    let task = tokio::task::spawn_blocking(move || {
-        let compiler = app.constraint_compiler()?;
-        compiler.compile(&spec, field, max_bytes)
-    });
-    let compiled = tokio::time::timeout(COMPILE_TIMEOUT, task)
-        .await
-        .map_err(|_| {
-            ApiError::field(
-                field,
-                format!(
-                    "the grammar did not compile within {} s",
-                    COMPILE_TIMEOUT.as_secs()
-                ),
-            )
-        })?
-        .map_err(|e| ApiError::internal(format!("grammar compile task failed: {e}")))?;
+    let compiled = app
+        .compile_slots
+        .run(field, COMPILE_TIMEOUT, move || {
+            let compiler = owner.constraint_compiler()?;
+            compiler.compile(&spec, field, max_bytes)
+        })
+        .await?;
     match compiled {
         Ok(c) => {
             plan.sampling.constraint = Some(c);

@@ -1,0 +1,121 @@
+//! The slots in which structured-output grammars compile: a bounded number of blocking
+//! threads, each compile with a time limit.
+//!
+//! A compile cannot be interrupted (llguidance's lexer fuel bounds how long it runs, not a
+//! deadline), so a compile past its time limit is refused to its request but runs on, holding
+//! its slot until it ends. Hostile grammars therefore occupy at most as many threads as
+//! there are slots; a request that finds every slot taken for its whole time limit gets 429.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::time::{timeout_at, Instant};
+
+use crate::error::{ApiError, ApiResult};
+
+/// A fixed number of slots for blocking compiles.
+#[derive(Debug)]
+pub struct CompileSlots {
+    permits: Arc<Semaphore>,
+    slots: usize,
+}
+
+impl CompileSlots {
+    /// `slots` compiles at once (at least one).
+    pub fn new(slots: usize) -> CompileSlots {
+        let slots = slots.max(1);
+        CompileSlots {
+            permits: Arc::new(Semaphore::new(slots)),
+            slots,
+        }
+    }
+
+    /// Runs `compile` on a blocking thread once a slot is free, the wait for the slot and the
+    /// compile together within `limit`. Errors: 429 when no slot came free in time, 400
+    /// naming `field` when the compile did not end in time (it runs on in its slot), 500 if
+    /// the compile panicked.
+    pub fn run<T, F>(
+        &self,
+        field: &'static str,
+        limit: Duration,
+        compile: F,
+    ) -> impl Future<Output = ApiResult<T>> + Send + 'static
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let deadline = Instant::now() + limit;
+        let permits = Arc::clone(&self.permits);
+        let slots = self.slots;
+        async move {
+            let slot = timeout_at(deadline, permits.acquire_owned())
+                .await
+                .map_err(|_| ApiError::compilers_busy(slots))?
+                .map_err(|e| ApiError::internal(format!("grammar compile slots closed: {e}")))?;
+            let task = tokio::task::spawn_blocking(move || {
+                // Freed when the compile ends, not when its request gives up on it.
+                let _slot = slot;
+                compile()
+            });
+            timeout_at(deadline, task)
+                .await
+                .map_err(|_| {
+                    ApiError::field(
+                        field,
+                        format!("the grammar did not compile within {} s", limit.as_secs()),
+                    )
+                })?
+                .map_err(|e| ApiError::internal(format!("grammar compile task failed: {e}")))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use axum::http::StatusCode;
+
+    use super::*;
+
+    const LIMIT: Duration = Duration::from_secs(10);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_compile_past_its_limit_keeps_its_slot_until_it_ends() {
+        let slots = CompileSlots::new(1);
+        let (release, hold) = mpsc::channel::<()>();
+        let (ended_tx, ended) = mpsc::channel::<()>();
+        let short = Duration::from_millis(200);
+        let slow = slots.run("grammar", short, move || {
+            hold.recv().ok();
+            ended_tx.send(()).ok();
+        });
+        let err = slow.await.unwrap_err();
+        assert_eq!(err.status, StatusCode::BAD_REQUEST);
+        assert_eq!(err.param.as_deref(), Some("grammar"));
+        // The slow compile still holds the only slot: the next request waits its whole
+        // limit and is told the server is busy.
+        let busy = slots.run("grammar", short, || 7).await.unwrap_err();
+        assert_eq!(busy.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(busy.code, Some("grammar_compilers_busy"));
+        // Once it ends, its slot is free again.
+        release.send(()).unwrap();
+        ended.recv().unwrap();
+        assert_eq!(slots.run("grammar", LIMIT, || 7).await.unwrap(), 7);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn compiles_beyond_the_slots_wait_for_one_to_end() {
+        let slots = CompileSlots::new(2);
+        let (release, hold) = mpsc::channel::<()>();
+        let first = tokio::spawn(slots.run("json", LIMIT, move || hold.recv().is_ok()));
+        let second = tokio::spawn(slots.run("json", LIMIT, || 2));
+        assert_eq!(second.await.unwrap().unwrap(), 2);
+        // The first holds one slot; a third still finds the other.
+        assert_eq!(slots.run("json", LIMIT, || 3).await.unwrap(), 3);
+        release.send(()).unwrap();
+        assert!(first.await.unwrap().unwrap());
+    }
+}
