@@ -201,13 +201,15 @@ fn write_results(
             writeln!(out, "{}", r.text)?;
             continue;
         }
+        let beam_search = inputs[i].1.beam_width.or(a.sampling.beam_width).is_some();
         let mut v = json!({
             "index": i,
             "prompt": inputs[i].0.display_text(),
             "text": r.text,
             "token_ids": r.token_ids,
-            // Beam search reports each hypothesis' cumulative logprob in `beams` instead.
-            "logprobs": if r.beams.is_empty() { json!(r.logprobs) } else { serde_json::Value::Null },
+            // Beam search reports each hypothesis' cumulative logprob in `beams` instead (none
+            // when it failed).
+            "logprobs": if beam_search { serde_json::Value::Null } else { json!(r.logprobs) },
             "finish_reason": r.finish_reason,
             "usage": {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.token_ids.len()},
         });

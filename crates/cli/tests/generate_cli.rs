@@ -243,3 +243,33 @@ fn beam_search_of_width_one_is_greedy_and_wider_beams_score_no_worse() {
         "the best beam is at least as likely as greedy"
     );
 }
+
+/// A beam request's record carries `logprobs: null` (its hypotheses carry their cumulative
+/// logprobs), whether it succeeded or failed; the failed one names its error, and the run
+/// fails after writing both records.
+#[test]
+fn beam_records_have_null_logprobs_even_when_the_request_failed() {
+    let dir = std::env::temp_dir().join(format!("tandem-beam-records-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("in.jsonl");
+    std::fs::write(
+        &input,
+        "{\"prompt\": \"Hi\", \"beam_width\": 2, \"max_tokens\": 3}\n\
+         {\"prompt\": \"Hi\", \"beam_width\": 2, \"max_tokens\": 1000000}\n",
+    )
+    .unwrap();
+    let out = tandem(&["--input", input.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(!out.status.success(), "a failed request fails the run");
+    let records: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 2);
+    assert_eq!(records[0]["logprobs"], Value::Null);
+    assert_eq!(records[0]["beams"].as_array().unwrap().len(), 2);
+    assert_eq!(records[1]["logprobs"], Value::Null);
+    assert_eq!(records[1]["finish_reason"], "error");
+    assert!(records[1]["error"].as_str().unwrap().contains("max_tokens"));
+}
