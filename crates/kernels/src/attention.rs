@@ -399,7 +399,16 @@ fn fused_dot(q: &[f32], k: &[f32]) -> f32 {
 /// finite value (`None`: no rescaling).
 #[inline(always)]
 pub(crate) fn block_max(m: f32, s: &[f32]) -> (f32, Option<f32>) {
-    let m_new = s.iter().copied().fold(m, f32::max);
+    grown_max(m, s.iter().copied().fold(f32::NEG_INFINITY, f32::max))
+}
+
+/// [`block_max`] given the block's largest score that is no NaN (`top`; −∞ if none): the
+/// same new maximum, whatever order found `top`. (Only the sign of a zero maximum may
+/// differ, and it changes no later result: every use subtracts it from a score or a
+/// maximum, and `exp` of `±0` is 1.)
+#[inline(always)]
+pub(crate) fn grown_max(m: f32, top: f32) -> (f32, Option<f32>) {
+    let m_new = f32::max(m, top);
     let c = (m > f32::NEG_INFINITY && m_new > m).then(|| exp_fixed(m - m_new));
     (m_new, c)
 }

@@ -20,7 +20,7 @@ use half::f16;
 use super::lanes::Lanes16;
 use crate::attention::exp_consts::{EXP_BIAS, LN2_HI, LN2_LO, LOG2E, MAX_X, MIN_X, P, ROUND};
 use crate::attention::{
-    add_in_order, block_max, HeadRows, KvRows, KvView, GROUP_MAX, KV_HEADS_MAX, POS_BLOCK,
+    add_in_order, grown_max, HeadRows, KvRows, KvView, GROUP_MAX, KV_HEADS_MAX, POS_BLOCK,
 };
 use crate::dot16::{tree_sum, LANES};
 
@@ -209,11 +209,17 @@ unsafe fn group_block<V: Lanes16, E: Element>(
             for (s, k) in p[i].iter_mut().zip(&k_rows[..nb]) {
                 *s = dot::<V, E>(qi, k, full) * scale;
             }
+            // As the stand-in rows do above: lanes past the block's end repeat its first.
+            let first_score = p[i][0];
+            p[i][nb..].fill(first_score);
         }
     }
     for i in 0..g {
         let acc = &mut out[i * d..][..d];
-        let (m_new, c) = block_max(m[i], &p[i][..nb]);
+        // Every lane holds a score of the block; NaN lanes become −∞ (`s > −∞ ? s : −∞`),
+        // which `f32::max` in the reference's fold ignores too.
+        let lanes = V::load(p[i].as_ptr()).max(V::splat(f32::NEG_INFINITY));
+        let (m_new, c) = grown_max(m[i], lanes.max_lane());
         if let Some(c) = c {
             l[i] *= c;
             scale_row::<V>(acc, c, full);

@@ -124,6 +124,11 @@ impl Lanes16 for Y {
     }
     #[inline]
     #[target_feature(enable = "avx2")]
+    unsafe fn max_lane(self) -> f32 {
+        max_lane_8(_mm256_max_ps(self.0, self.1))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
     unsafe fn tree_sum_16(a: &[Self; 16]) -> Self {
         let mut sums = [0.0f32; 16];
         for (s, v) in sums.iter_mut().zip(a) {
@@ -142,6 +147,19 @@ impl Lanes16 for Y {
 unsafe fn bf16_8(p: *const u8) -> __m256 {
     let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide))
+}
+
+/// The largest of the 8 lanes of `v` (which hold no NaN), halving the vector three times.
+///
+/// # Safety
+/// AVX must be available.
+#[inline]
+#[target_feature(enable = "avx")]
+pub(super) unsafe fn max_lane_8(v: __m256) -> f32 {
+    let m4 = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    let m1 = _mm_max_ss(m2, _mm_shuffle_ps::<0b01>(m2, m2));
+    _mm_cvtss_f32(m1)
 }
 
 /// The last three levels of the fixed tree on `v` (lane `l` already holds `a[l] + a[l + 8]`):

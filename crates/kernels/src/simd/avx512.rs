@@ -106,6 +106,13 @@ impl Lanes16 for Z {
     }
     #[inline]
     #[target_feature(enable = "avx512f")]
+    unsafe fn max_lane(self) -> f32 {
+        let lo = _mm512_castps512_ps256(self.0);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(self.0)));
+        super::avx2::max_lane_8(_mm256_max_ps(lo, hi))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
     unsafe fn tree_sum_16(a: &[Self; 16]) -> Self {
         // `tree_sum_16` below puts the sum of its `a[4j + m]` in lane `4m + j`.
         let mut t = [_mm512_setzero_ps(); 16];

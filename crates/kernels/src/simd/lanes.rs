@@ -49,6 +49,9 @@ pub(super) trait Lanes16: Copy {
     /// The sum of the lanes by exactly the tree of [`crate::dot16::tree_sum`]
     /// (`v[l] + v[l + 8]`, then `+ v[l + 4]`, `+ v[l + 2]`, `+ v[l + 1]`): bitwise equal to it.
     unsafe fn tree_sum(self) -> f32;
+    /// The largest lane (by `>`, in an order of the implementor's choosing: the lanes must
+    /// hold no NaN, and which of a `+0.0` and a `-0.0` maximum is returned is unspecified).
+    unsafe fn max_lane(self) -> f32;
     /// Lane `p` holds `a[p].tree_sum()` (bitwise: the same additions).
     unsafe fn tree_sum_16(a: &[Self; 16]) -> Self;
 }
