@@ -17,6 +17,7 @@ pub mod exp_sum;
 pub mod heap;
 pub mod huge_pages;
 pub mod isa;
+mod isa_dispatch;
 pub mod matmul;
 pub mod ops;
 pub mod packed;

@@ -1,9 +1,14 @@
 //! Row-wise operations of the transformer: RMSNorm, SwiGLU, RoPE, softmax and friends.
 //!
 //! Each function works on one row (one token) and has a fixed reduction order, so a row's
-//! result never depends on what other rows are in the batch.
+//! result never depends on what other rows are in the batch. The element-wise ones a layer
+//! runs on every token (RMSNorm, SwiGLU, GeGLU, the residual add) are compiled for the
+//! process's [`isa::active`] vector width too (every variant gives the same bits; `*_with`
+//! picks one).
 
 use crate::attention::exp_fixed;
+use crate::isa;
+use crate::isa_dispatch::with_isa;
 
 /// Sums `x` in a fixed order: 8 interleaved partial sums combined pairwise.
 /// The order depends only on `x.len()`, which keeps results batch-invariant.
@@ -42,6 +47,16 @@ pub fn dot_fixed(a: &[f32], b: &[f32]) -> f32 {
 
 /// `out = x / sqrt(mean(x^2) + eps) * weight`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    rms_norm_with(isa::active(), x, weight, eps, out)
+}
+
+with_isa! {
+    /// [`rms_norm`] with an explicit variant (all give the same bits).
+    rms_norm_with => rms_norm_portable(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> ()
+}
+
+#[inline(always)]
+fn rms_norm_portable(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     assert!(
         x.len() == weight.len() && x.len() == out.len(),
         "rms_norm: length mismatch"
@@ -61,6 +76,16 @@ pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
 
 /// In-place RMSNorm.
 pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
+    rms_norm_inplace_with(isa::active(), x, weight, eps)
+}
+
+with_isa! {
+    /// [`rms_norm_inplace`] with an explicit variant (all give the same bits).
+    rms_norm_inplace_with => rms_norm_inplace_portable(x: &mut [f32], weight: &[f32], eps: f32) -> ()
+}
+
+#[inline(always)]
+fn rms_norm_inplace_portable(x: &mut [f32], weight: &[f32], eps: f32) {
     assert_eq!(x.len(), weight.len(), "rms_norm_inplace: length mismatch");
     let scale = rms_scale(x, eps);
     for (v, &w) in x.iter_mut().zip(weight) {
@@ -74,6 +99,16 @@ pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
 /// `e^x` is [`exp_fixed`] (about 2 ulp; plain multiplications and additions, no libm call), so
 /// the loop vectorizes and gives the same bits everywhere.
 pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
+    swiglu_inplace_with(isa::active(), gate, up)
+}
+
+with_isa! {
+    /// [`swiglu_inplace`] with an explicit variant (all give the same bits).
+    swiglu_inplace_with => swiglu_portable(gate: &mut [f32], up: &[f32]) -> ()
+}
+
+#[inline(always)]
+fn swiglu_portable(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "swiglu: length mismatch");
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + exp_fixed(-*g)) * u;
@@ -88,6 +123,16 @@ pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
 /// instead of calling libm's `tanhf` per element, gives the same bits everywhere, and
 /// loses nothing to cancellation where `tanh(y)` nears −1.
 pub fn geglu_tanh_inplace(gate: &mut [f32], up: &[f32]) {
+    geglu_tanh_inplace_with(isa::active(), gate, up)
+}
+
+with_isa! {
+    /// [`geglu_tanh_inplace`] with an explicit variant (all give the same bits).
+    geglu_tanh_inplace_with => geglu_tanh_portable(gate: &mut [f32], up: &[f32]) -> ()
+}
+
+#[inline(always)]
+fn geglu_tanh_portable(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "geglu: length mismatch");
     const TWO_SQRT_2_OVER_PI: f32 = 1.595_769_2;
     for (g, &u) in gate.iter_mut().zip(up) {
@@ -106,6 +151,16 @@ pub fn softcap_inplace(x: &mut [f32], cap: f32) {
 
 /// `x += y`.
 pub fn add_inplace(x: &mut [f32], y: &[f32]) {
+    add_inplace_with(isa::active(), x, y)
+}
+
+with_isa! {
+    /// [`add_inplace`] with an explicit variant (all give the same bits).
+    add_inplace_with => add_portable(x: &mut [f32], y: &[f32]) -> ()
+}
+
+#[inline(always)]
+fn add_portable(x: &mut [f32], y: &[f32]) {
     assert_eq!(x.len(), y.len(), "add_inplace: length mismatch");
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;

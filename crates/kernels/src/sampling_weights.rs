@@ -15,7 +15,8 @@
 //! [`exp_weights`] writes.
 
 use crate::exp_sum::{exp_nonpositive, MIN_X};
-use crate::isa::{self, Isa};
+use crate::isa;
+use crate::isa_dispatch::with_isa;
 
 /// The weight `e^((value − max) / t)` of one entry: 0 for `-inf` and wherever the exponent is
 /// below −708 (where the true value is below 3e−308). `max` must be at least `value`, `t > 0`.
@@ -29,41 +30,6 @@ pub fn exp_weight(value: f64, max: f64, t: f64) -> f64 {
     } else {
         e
     }
-}
-
-/// `$with(isa, args)`: `$portable` compiled for AVX-512 or AVX2 where `isa` names one and
-/// the CPU has it, else as it is (the same operations, so every variant gives the same bits).
-macro_rules! with_isa {
-    ($(#[$doc:meta])* $with:ident => $portable:ident($($arg:ident: $ty:ty),*) -> $ret:ty) => {
-        $(#[$doc])*
-        pub fn $with(isa: Isa, $($arg: $ty),*) -> $ret {
-            #[cfg(target_arch = "x86_64")]
-            {
-                /// # Safety
-                /// The CPU must have AVX-512 F and VL.
-                #[target_feature(enable = "avx512f,avx512vl")]
-                unsafe fn avx512($($arg: $ty),*) -> $ret {
-                    $portable($($arg),*)
-                }
-                /// # Safety
-                /// The CPU must have AVX2.
-                #[target_feature(enable = "avx2")]
-                unsafe fn avx2($($arg: $ty),*) -> $ret {
-                    $portable($($arg),*)
-                }
-                if matches!(isa, Isa::Avx512 | Isa::Avx512Int8) && isa.is_available() {
-                    // SAFETY: the CPU has AVX-512 F and VL (`is_available` just checked).
-                    return unsafe { avx512($($arg),*) };
-                }
-                if matches!(isa, Isa::Avx2 | Isa::Avx2Int8) && isa.is_available() {
-                    // SAFETY: the CPU has AVX2 (`is_available` just checked).
-                    return unsafe { avx2($($arg),*) };
-                }
-            }
-            let _ = isa;
-            $portable($($arg),*)
-        }
-    };
 }
 
 /// The largest entry of `values` (`-inf` for an empty row). The row must hold no NaN.
@@ -155,6 +121,7 @@ fn exp_weights_portable(values: &mut [f64], max: f64, t: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::isa::Isa;
 
     /// A row with a spread of values, `-inf` entries and a length off the lane count.
     fn row(n: usize) -> Vec<f64> {
