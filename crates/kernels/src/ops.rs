@@ -12,6 +12,7 @@ use crate::isa_dispatch::with_isa;
 
 /// Sums `x` in a fixed order: 8 interleaved partial sums combined pairwise.
 /// The order depends only on `x.len()`, which keeps results batch-invariant.
+#[inline]
 pub fn sum_fixed(x: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let chunks = x.chunks_exact(8);
@@ -28,6 +29,7 @@ pub fn sum_fixed(x: &[f32]) -> f32 {
 }
 
 /// Dot product with the same fixed order as [`sum_fixed`].
+#[inline]
 pub fn dot_fixed(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot_fixed: length mismatch");
     let mut acc = [0.0f32; 8];
@@ -69,6 +71,7 @@ fn rms_norm_portable(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 
 /// RMSNorm's factor `1 / sqrt(mean(x^2) + eps)`: element `i` of the normed row is then
 /// `x[i] * scale * weight[i]` (in that order), as [`rms_norm`] computes it.
+#[inline]
 pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
     let mean_sq = dot_fixed(x, x) / x.len() as f32;
     1.0 / (mean_sq + eps).sqrt()

@@ -3,7 +3,7 @@
 use super::BLOCK;
 use crate::isa::{self, Isa};
 use crate::matmul::with_scratch;
-use crate::ops::rms_scale;
+use crate::ops::rms_norm_with;
 use crate::parallel::for_each_chunk_pair_mut;
 use crate::simd::Kernels;
 use crate::ThreadPool;
@@ -131,11 +131,8 @@ impl QuantizedRows {
         let cols = weight.len();
         self.fill_rows(isa, pool, x.len(), n_tokens, cols, |kernels, t, q, s| {
             let row = &x[t * cols..(t + 1) * cols];
-            let scale = rms_scale(row, eps);
             with_scratch(cols, |normed| {
-                for ((n, &v), &w) in normed.iter_mut().zip(row).zip(weight) {
-                    *n = v * scale * w;
-                }
+                rms_norm_with(isa, row, weight, eps, normed);
                 kernels.quantize_row(normed, q, s);
             });
         });
