@@ -3,12 +3,10 @@
 //! Every new token attends to positions `0..=pos` of its own sequence, read from the store
 //! through the sequence's slots (its own K/V were written before this runs); on a layer with
 //! a sliding window of `w` positions, to `pos + 1 - w ..= pos` only (the blocks before stay
-//! in the store and are simply not read). When every
-//! sequence brings one token (decode), the work is split into tasks of a token's query heads
-//! over one or more of its KV heads (as many as leave every thread enough tasks; parts of a
-//! group when the batch is smaller than the pool), each computed by the kernels' one-pass
-//! group attention; when a
-//! sequence brings several (prefill, scoring, speculative verification), into tasks of up to
+//! in the store and are simply not read). When every sequence brings one token (decode), the
+//! work is split as [`crate::decode_attention`] describes: tasks that read a token's K/V rows
+//! whole, through the kernels' one-pass group attention. When a sequence brings several
+//! (prefill, scoring, speculative verification), it is split into tasks of up to
 //! [`TILE_ROWS`] consecutive tokens of one sequence, whose rows of each query head go through
 //! the tile kernel together, so that a block of K/V rows is read once for all of them.
 //!
@@ -16,11 +14,11 @@
 //! query head and context length, and are bitwise equal: a token's result is the same whether
 //! it is computed alone, in a chunk, beside other sequences, or with any task split.
 
-use tandem_kernels::attention::{
-    attend_heads_with, attend_rows_with, attend_with, KvRows, KvView, TILE_ROWS,
-};
-use tandem_kernels::parallel::{for_each_chunk_mut, for_each_part_mut};
+use tandem_kernels::attention::{attend_rows_with, attend_with, KvRows, KvView, TILE_ROWS};
+use tandem_kernels::parallel::for_each_part_mut;
 use tandem_kernels::{Isa, ThreadPool};
+
+use crate::decode_attention::decode_attention;
 
 /// Where each new token of the batch sits: its position and its sequence's slot list.
 #[derive(Debug)]
@@ -47,39 +45,10 @@ pub struct HeadShape {
 
 impl HeadShape {
     /// The first context position a token at `pos` attends to.
-    fn first_position(&self, pos: usize) -> usize {
+    pub(crate) fn first_position(&self, pos: usize) -> usize {
         self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
     }
 }
-
-/// Tasks per thread that single-token decode aims for: when a batch has fewer GQA groups
-/// (tokens × KV heads), each group's query heads are split into parts, each of which reads the
-/// group's K/V rows itself, so that every thread gets work. One: a whole group per task
-/// shares the widening of its K/V rows among its heads, which measured faster than two parts
-/// per group or one task per head (BENCHMARKS.md § Figures behind choices in the code).
-const MIN_TASKS_PER_THREAD: usize = 1;
-
-/// Tasks per thread a decode batch keeps when its tasks take several KV heads of a token
-/// each: enough that threads finishing early find work while contexts differ in length.
-/// A task that takes every KV head of a token reads each slot's row whole, once; one per
-/// head reads a head's share of every row on its own pass, which in a batch whose K/V come
-/// from memory ran 1.3-1.45x slower (BENCHMARKS.md § Figures behind choices in the code).
-const BALANCED_TASKS_PER_THREAD: usize = 4;
-
-/// KV heads per decode task: the most (a divisor of `num_kv_heads`) that still leaves
-/// [`BALANCED_TASKS_PER_THREAD`] tasks per thread, at least one.
-fn kv_heads_per_task(tokens: usize, num_kv_heads: usize, threads: usize) -> usize {
-    let wanted = BALANCED_TASKS_PER_THREAD * threads;
-    (1..=num_kv_heads)
-        .rev()
-        .filter(|k| num_kv_heads.is_multiple_of(*k))
-        .find(|k| tokens * (num_kv_heads / k) >= wanted)
-        .unwrap_or(1)
-}
-
-/// Most parts a split decode batch may have for its bounds to live on the stack (more only on
-/// machines with dozens of threads, which then allocate them).
-const STACK_PARTS: usize = 128;
 
 /// `out[t, h] = softmax_j(q[t, h] . k[j, kvh] * scale) . v[j, kvh]` over `j <= pos(t)`.
 ///
@@ -98,73 +67,7 @@ pub fn causal_attention(
     if runs {
         return tiled_attention(isa, pool, shape, layout, q, rows, out);
     }
-    let HeadShape {
-        num_heads,
-        num_kv_heads,
-        head_dim: d,
-        scale,
-        ..
-    } = shape;
-    let group = num_heads / num_kv_heads;
-    let groups = layout.positions.len() * num_kv_heads;
-    let parts = (MIN_TASKS_PER_THREAD * pool.n_threads())
-        .div_ceil(groups.max(1))
-        .clamp(1, group);
-    // Query heads `heads` of token `t` (all in one GQA group) into `out_heads`.
-    let attend_heads = |t: usize, heads: std::ops::Range<usize>, out_heads: &mut [f32]| {
-        let pos = layout.positions[t];
-        let kv = KvView {
-            rows,
-            row_stride: num_kv_heads * d,
-            offset: heads.start / group * d,
-            head_dim: d,
-            slots: &layout.seq_slots[layout.token_seq[t]][shape.first_position(pos)..=pos],
-        };
-        let q_at = (t * num_heads + heads.start) * d;
-        attend_with(isa, &q[q_at..q_at + heads.len() * d], &kv, scale, out_heads);
-    };
-    if parts == 1 {
-        // Tasks of `k` consecutive KV heads of one token, all their query heads.
-        let k = kv_heads_per_task(layout.positions.len(), num_kv_heads, pool.n_threads());
-        let per_token = num_kv_heads / k;
-        for_each_chunk_mut(pool, out, k * group * d, |i, out_heads| {
-            let (t, first_kv) = (i / per_token, i % per_token * k);
-            let pos = layout.positions[t];
-            let kv = KvView {
-                rows,
-                row_stride: num_kv_heads * d,
-                offset: first_kv * d,
-                head_dim: d,
-                slots: &layout.seq_slots[layout.token_seq[t]][shape.first_position(pos)..=pos],
-            };
-            let q_at = (t * num_heads + first_kv * group) * d;
-            let q_heads = &q[q_at..q_at + k * group * d];
-            attend_heads_with(isa, q_heads, &kv, k, scale, out_heads);
-        });
-        return;
-    }
-    // Part `p` of a group holds its query heads `group·p/parts .. group·(p+1)/parts`.
-    let first_head = |i: usize| {
-        let (g, p) = (i / parts, i % parts);
-        g * group + group * p / parts
-    };
-    let n_parts = groups * parts;
-    let (mut stack, mut heap) = ([0usize; STACK_PARTS + 1], Vec::new());
-    let bounds = if n_parts <= STACK_PARTS {
-        &mut stack[..=n_parts]
-    } else {
-        heap.resize(n_parts + 1, 0);
-        &mut heap[..]
-    };
-    for (i, b) in bounds.iter_mut().enumerate() {
-        *b = first_head(i) * d;
-    }
-    for_each_part_mut(pool, out, bounds, |i, out_heads| {
-        let heads = first_head(i)..first_head(i + 1);
-        let t = heads.start / num_heads;
-        let heads = heads.start % num_heads..heads.start % num_heads + heads.len();
-        attend_heads(t, heads, out_heads);
-    });
+    decode_attention(isa, pool, shape, layout, q, rows, out);
 }
 
 /// [`causal_attention`] in tasks of up to [`TILE_ROWS`] consecutive tokens of one sequence,
@@ -380,81 +283,6 @@ mod tests {
                 let same = same_bits(&alone, &batch[t * row..][..row]);
                 assert!(same, "token {t} with {threads} threads");
             }
-        }
-    }
-
-    /// A decode batch of many sequences, whose tasks take several KV heads of a token each,
-    /// gives every token the bits it gets alone (one task per group, or parts of groups),
-    /// with and without a sliding window.
-    #[test]
-    fn decode_tasks_of_several_kv_heads_keep_each_tokens_bits() {
-        let (heads, kv_heads, d) = (8, 4, 24);
-        let f = |i: usize| ((i * 7919 % 1000) as f32 / 500.0) - 1.0;
-        let n_slots = 64;
-        let keys: Vec<f32> = (0..n_slots * kv_heads * d).map(|i| f(i + 3)).collect();
-        let values: Vec<f32> = (0..n_slots * kv_heads * d).map(|i| f(i + 29)).collect();
-        let seqs = 12;
-        // Sequence `s` owns slots `s, s + 12, ...` (interleaved, as a paged pool hands out).
-        let slots: Vec<Vec<usize>> = (0..seqs)
-            .map(|s| (s..n_slots).step_by(seqs).collect())
-            .collect();
-        let positions: Vec<usize> = (0..seqs).map(|s| (s * 5 + 1) % slots[s].len()).collect();
-        let token_seq: Vec<usize> = (0..seqs).collect();
-        let row = heads * d;
-        let q: Vec<f32> = (0..seqs * row).map(|i| f(i + 53)).collect();
-        let rows = KvRows::F32 {
-            keys: &keys,
-            values: &values,
-        };
-        for window in [None, Some(4)] {
-            let shape = HeadShape {
-                num_heads: heads,
-                num_kv_heads: kv_heads,
-                head_dim: d,
-                scale: 1.0 / (d as f32).sqrt(),
-                window,
-            };
-            let run = |threads: usize, positions: &[usize], token_seq: &[usize], q: &[f32]| {
-                let mut out = vec![f32::NAN; q.len()];
-                let layout = AttentionLayout {
-                    positions,
-                    token_seq,
-                    seq_slots: &slots,
-                };
-                let pool = ThreadPool::new(threads);
-                causal_attention(Isa::best(), &pool, shape, &layout, q, rows, &mut out);
-                out
-            };
-            for threads in [1, 2] {
-                assert_eq!(kv_heads_per_task(seqs, kv_heads, threads), 4);
-                let batch = run(threads, &positions, &token_seq, &q);
-                for t in 0..seqs {
-                    let alone = run(3, &positions[t..=t], &[t], &q[t * row..][..row]);
-                    let same = same_bits(&alone, &batch[t * row..][..row]);
-                    assert!(same, "token {t}, {threads} threads, window {window:?}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn decode_tasks_take_as_many_kv_heads_as_balance_allows() {
-        // (tokens, KV heads, threads) -> KV heads per task.
-        for (tokens, kv, threads, want) in [
-            (16, 3, 2, 3),
-            (4, 3, 2, 1),
-            (1, 8, 2, 1),
-            (2, 8, 2, 2),
-            (4, 8, 2, 4),
-            (16, 8, 2, 8),
-            (8, 1, 2, 1),
-            (5, 6, 2, 3),
-        ] {
-            assert_eq!(
-                kv_heads_per_task(tokens, kv, threads),
-                want,
-                "{tokens} tokens, {kv} KV heads, {threads} threads"
-            );
         }
     }
 

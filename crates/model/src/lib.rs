@@ -7,6 +7,7 @@ pub mod batch;
 pub mod chat_template;
 pub mod config;
 pub mod cpu_runner;
+mod decode_attention;
 pub mod default_model;
 pub mod error;
 pub mod fake_runner;
