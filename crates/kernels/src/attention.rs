@@ -4,12 +4,15 @@
 //! The query heads of a GQA group share one KV head, so they are computed together and every
 //! K/V row is read once per group. Positions are processed in blocks of [`POS_BLOCK`]; for
 //! each query head and block, in this order (the numeric contract; every variant performs
-//! exactly these f32 operations):
+//! exactly these f32 operations, the maximum of step 2 in any order):
 //!
 //! 1. `s[j] = dot(q, k[j]) · scale` for the block's positions `j`: 16 lane sums, lane `l`
 //!    accumulating `q[c]·k[c]` for `c ≡ l (mod 16)` in increasing `c` with fused multiply-adds,
 //!    then the fixed tree of [`crate::dot16::tree_sum`];
-//! 2. `m' = max(m, s[0], s[1], …)` folded left to right with [`f32::max`] (`m` starts at −∞);
+//! 2. `m' = max(m, s[0], s[1], …)`, NaN scores ignored as [`f32::max`] ignores them (`m`
+//!    starts at −∞); a maximum's order matters only for the sign of a zero maximum, which no
+//!    later result sees (every use subtracts it from a score or a maximum, and `exp(±0)` is
+//!    1), so the scalar reference folds and the SIMD kernels reduce by halving;
 //! 3. if `m` was finite and `m' > m`: `c = exp(m − m')`, `l ← l · c`, `acc[d] ← acc[d] · c`;
 //! 4. `p[j] = exp(s[j] − m')`, then `l ← l + p[j]` in increasing `j`;
 //! 5. `acc[d] ← fma(p[j], v[j][d], acc[d])` in increasing `j` (fused: one rounding);
@@ -37,7 +40,7 @@ pub const GROUP_MAX: usize = 8;
 /// vector lane.
 pub const TILE_ROWS: usize = 16;
 
-/// Most KV heads one call of the group kernel walks together ([`attend_heads`]).
+/// Most KV heads one call of the group kernel walks together ([`attend_heads_with`]).
 pub const KV_HEADS_MAX: usize = 8;
 
 /// Largest head the tile kernel takes (its buffers live on the stack); rows of larger heads
@@ -156,8 +159,9 @@ pub fn attend_with(isa: Isa, q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [
 /// `kv.offset`: `q` (`out` alike) holds their GQA groups one after the other, each of
 /// `q.len() / (kv_heads · head_dim)` heads, and group `h` attends to the KV head at
 /// `kv.offset + h · head_dim`. Bitwise [`attend`] of each group on its own; the groups walk
-/// the context together, block by block, so that each slot's row is read whole and once
-/// (decode of many sequences, where the rows come from memory, not from the caches).
+/// the context together, block by block, so that the span of a slot's row they cover (the
+/// whole row when they are all the layer's KV heads) is read in one pass (decode of many
+/// sequences, where the rows come from memory, not from the caches).
 ///
 /// Panics if the shapes do not match, the heads do not lie within a slot's row, the context
 /// is empty or this CPU cannot run `isa`.
@@ -299,7 +303,10 @@ pub(crate) fn attend_group_scalar(
     scale: f32,
     out: &mut [f32],
 ) {
-    let n = q.len() / kv_heads;
+    let n = q.len() / kv_heads.max(1);
+    if n == 0 {
+        return;
+    }
     for (h, (qh, oh)) in q.chunks(n).zip(out.chunks_mut(n)).enumerate() {
         let head = KvView {
             offset: kv.offset + h * kv.head_dim,

@@ -4,8 +4,8 @@
 //! through the sequence's slots (its own K/V were written before this runs); on a layer with
 //! a sliding window of `w` positions, to `pos + 1 - w ..= pos` only (the blocks before stay
 //! in the store and are simply not read). When every sequence brings one token (decode), the
-//! work is split as [`crate::decode_attention`] describes: tasks that read a token's K/V rows
-//! whole, through the kernels' one-pass group attention. When a sequence brings several
+//! work is split as `decode_attention.rs` describes: tasks that read a token's K/V rows whole,
+//! through the kernels' one-pass group attention. When a sequence brings several
 //! (prefill, scoring, speculative verification), it is split into tasks of up to
 //! [`TILE_ROWS`] consecutive tokens of one sequence, whose rows of each query head go through
 //! the tile kernel together, so that a block of K/V rows is read once for all of them.

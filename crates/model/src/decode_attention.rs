@@ -173,7 +173,9 @@ mod tests {
     fn same_bits_in_every_split(heads: usize, kv_heads: usize) {
         let d = 24;
         let f = |i: usize| ((i * 7919 % 1000) as f32 / 500.0) - 1.0;
-        let n_slots = 64;
+        // Contexts of up to 40 positions: three blocks, so the running maximum is rescaled
+        // and the next block prefetched.
+        let n_slots = 12 * 40;
         let keys: Vec<f32> = (0..n_slots * kv_heads * d).map(|i| f(i + 3)).collect();
         let values: Vec<f32> = (0..n_slots * kv_heads * d).map(|i| f(i + 29)).collect();
         let seqs = 12;
@@ -181,7 +183,7 @@ mod tests {
         let slots: Vec<Vec<usize>> = (0..seqs)
             .map(|s| (s..n_slots).step_by(seqs).collect())
             .collect();
-        let positions: Vec<usize> = (0..seqs).map(|s| (s * 5 + 1) % slots[s].len()).collect();
+        let positions: Vec<usize> = (0..seqs).map(|s| (s * 13 + 17) % slots[s].len()).collect();
         let token_seq: Vec<usize> = (0..seqs).collect();
         let row = heads * d;
         let q: Vec<f32> = (0..seqs * row).map(|i| f(i + 53)).collect();
@@ -189,7 +191,7 @@ mod tests {
             keys: &keys,
             values: &values,
         };
-        for window in [None, Some(4)] {
+        for window in [None, Some(4), Some(19)] {
             let shape = HeadShape {
                 num_heads: heads,
                 num_kv_heads: kv_heads,

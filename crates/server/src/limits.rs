@@ -40,15 +40,15 @@ pub struct RequestLimits {
     /// Most grammars compiling at once (`--max-grammar-compiles`). A compile past its time
     /// limit is refused but runs on to its end (its lexer fuel bounds it) and keeps its slot
     /// until then, so hostile grammars occupy at most this many threads; a request that
-    /// finds every slot taken for the whole time limit gets 429 with `Retry-After`.
+    /// finds every slot taken for the time limit gets 429 with `Retry-After`.
     pub max_grammar_compiles: usize,
 }
 
-/// Default limit on a request body, in bytes.
 /// Default `--max-grammar-bytes`: 64 KiB.
 pub const DEFAULT_MAX_GRAMMAR_BYTES: usize = 64 << 10;
 /// Default `--max-grammar-compiles`.
 pub const DEFAULT_MAX_GRAMMAR_COMPILES: usize = 4;
+/// Default limit on a request body, in bytes.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 /// Default limit on the sequences of one `/v1/score` request.
 pub const DEFAULT_MAX_SCORE_ITEMS: usize = 64;

@@ -154,7 +154,8 @@ impl Running {
 }
 
 /// Steps 1 to 5 of [`crate::attention`]'s order for one block of positions and the `g` query
-/// heads of one KV head (`q`, `out`: `[g, d]`), updating their running maxima and sums. The keys of the `next` block are prefetched before the scores, its values before the
+/// heads of one KV head (`q`, `out`: `[g, d]`), updating their running maxima and sums. The
+/// keys of the `next` block are prefetched before the scores, its values before the
 /// accumulation: spread so, a whole token's K/V rows ahead never ask for more lines at once
 /// than the caches take in flight (asked for all at once, in a task of three KV heads, they
 /// measured slower than the head-by-head passes they replace).

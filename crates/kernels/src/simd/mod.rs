@@ -2,8 +2,8 @@
 //! 4-row × 2-token and 4-row × 4-token f32 dots, the fused dequantize-and-dot of 1 or 4
 //! stored rows (SIMD only; used for single-token calls), the int8 kernel of one packed row
 //! group and the activation quantizer (`packed_vnni`, `packed_avx2`; bitwise equal to
-//! `packed::reference`), and the attention of one query group (`attention`; bitwise equal to
-//! scalar, over f32 or f16 rows).
+//! `packed::reference`), and the attention of the query groups of one or more KV heads
+//! (`attention`; bitwise equal to scalar, over f32 or f16 rows).
 //!
 //! | ISA           | f32 path vs scalar | quantized weights (all but Q2_K)                         |
 //! |---------------|--------------------|----------------------------------------------------------|

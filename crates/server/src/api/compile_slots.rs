@@ -4,14 +4,16 @@
 //! A compile cannot be interrupted (llguidance's lexer fuel bounds how long it runs, not a
 //! deadline), so a compile past its time limit is refused to its request but runs on, holding
 //! its slot until it ends. Hostile grammars therefore occupy at most as many threads as
-//! there are slots; a request that finds every slot taken for its whole time limit gets 429.
+//! there are slots. The wait for a slot and the compile have a time limit each: a request
+//! that finds every slot taken for the limit gets 429 (the server is busy, a retry may
+//! succeed), and only a compile that itself runs past the limit is the grammar's fault (400).
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
-use tokio::time::{timeout_at, Instant};
+use tokio::time::timeout;
 
 use crate::error::{ApiError, ApiResult};
 
@@ -32,10 +34,10 @@ impl CompileSlots {
         }
     }
 
-    /// Runs `compile` on a blocking thread once a slot is free, the wait for the slot and the
-    /// compile together within `limit`. Errors: 429 when no slot came free in time, 400
-    /// naming `field` when the compile did not end in time (it runs on in its slot), 500 if
-    /// the compile panicked.
+    /// Runs `compile` on a blocking thread once a slot is free: the wait for the slot within
+    /// `limit`, then the compile within `limit`. Errors: 429 when no slot came free in time,
+    /// 400 naming `field` when the compile did not end in time (it runs on in its slot), 500
+    /// if the compile panicked.
     pub fn run<T, F>(
         &self,
         field: &'static str,
@@ -46,11 +48,10 @@ impl CompileSlots {
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
-        let deadline = Instant::now() + limit;
         let permits = Arc::clone(&self.permits);
         let slots = self.slots;
         async move {
-            let slot = timeout_at(deadline, permits.acquire_owned())
+            let slot = timeout(limit, permits.acquire_owned())
                 .await
                 .map_err(|_| ApiError::compilers_busy(slots))?
                 .map_err(|e| ApiError::internal(format!("grammar compile slots closed: {e}")))?;
@@ -59,13 +60,15 @@ impl CompileSlots {
                 let _slot = slot;
                 compile()
             });
-            timeout_at(deadline, task)
+            timeout(limit, task)
                 .await
                 .map_err(|_| {
-                    ApiError::field(
-                        field,
-                        format!("the grammar did not compile within {} s", limit.as_secs()),
-                    )
+                    let shown = if limit >= Duration::from_secs(1) {
+                        format!("{} s", limit.as_secs())
+                    } else {
+                        format!("{} ms", limit.as_millis())
+                    };
+                    ApiError::field(field, format!("the grammar did not compile within {shown}"))
                 })?
                 .map_err(|e| ApiError::internal(format!("grammar compile task failed: {e}")))
         }
@@ -110,12 +113,52 @@ mod tests {
     async fn compiles_beyond_the_slots_wait_for_one_to_end() {
         let slots = CompileSlots::new(2);
         let (release, hold) = mpsc::channel::<()>();
-        let first = tokio::spawn(slots.run("json", LIMIT, move || hold.recv().is_ok()));
-        let second = tokio::spawn(slots.run("json", LIMIT, || 2));
-        assert_eq!(second.await.unwrap().unwrap(), 2);
-        // The first holds one slot; a third still finds the other.
-        assert_eq!(slots.run("json", LIMIT, || 3).await.unwrap(), 3);
+        let (started_tx, started) = mpsc::channel::<()>();
+        let first = tokio::spawn(slots.run("json", LIMIT, move || {
+            started_tx.send(()).ok();
+            hold.recv().is_ok()
+        }));
+        started.recv().unwrap();
+        // The first holds one slot; a second finds the other at once.
+        assert_eq!(slots.run("json", LIMIT, || 2).await.unwrap(), 2);
+        // With the first's slot and one more taken, a third waits until the first ends.
+        let (release_b, hold_b) = mpsc::channel::<()>();
+        let (started_b_tx, started_b) = mpsc::channel::<()>();
+        let second = tokio::spawn(slots.run("json", LIMIT, move || {
+            started_b_tx.send(()).ok();
+            hold_b.recv().is_ok()
+        }));
+        started_b.recv().unwrap();
+        let third = tokio::spawn(slots.run("json", LIMIT, || 3));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!third.is_finished(), "the third found no free slot");
         release.send(()).unwrap();
+        assert_eq!(third.await.unwrap().unwrap(), 3);
+        assert!(first.await.unwrap().unwrap());
+        release_b.send(()).unwrap();
+        assert!(second.await.unwrap().unwrap());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_compile_gets_its_whole_limit_after_waiting_for_a_slot() {
+        let slots = CompileSlots::new(1);
+        let limit = Duration::from_millis(1000);
+        let (release, hold) = mpsc::channel::<()>();
+        let (started_tx, started) = mpsc::channel::<()>();
+        let first = tokio::spawn(slots.run("json", LIMIT, move || {
+            started_tx.send(()).ok();
+            hold.recv().is_ok()
+        }));
+        started.recv().unwrap();
+        // Waits 600 ms of its 1000 for the slot, then compiles for 600 ms: each within its
+        // limit, together past it.
+        let second = tokio::spawn(slots.run("json", limit, || {
+            std::thread::sleep(Duration::from_millis(600));
+            5
+        }));
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        release.send(()).unwrap();
+        assert_eq!(second.await.unwrap().unwrap(), 5);
         assert!(first.await.unwrap().unwrap());
     }
 }

@@ -25,8 +25,8 @@ use super::sampling::GenerationPlan;
 use super::App;
 use crate::error::{ApiError, ApiResult};
 
-/// The longest a grammar may take to compile, its wait for a compile slot included, before
-/// the request is refused.
+/// The longest a grammar may take to compile before the request is refused (400), and the
+/// longest a request waits for a compile slot (then 429).
 pub const COMPILE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `response_format`.
