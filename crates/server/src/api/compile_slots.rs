@@ -109,47 +109,43 @@ mod tests {
         assert_eq!(slots.run("grammar", LIMIT, || 7).await.unwrap(), 7);
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn compiles_beyond_the_slots_wait_for_one_to_end() {
-        let slots = CompileSlots::new(2);
+    /// A compile that holds a slot until the returned sender sends (or is dropped); returns
+    /// once it has started, with its task.
+    fn hold_a_slot(slots: &CompileSlots) -> (mpsc::Sender<()>, tokio::task::JoinHandle<bool>) {
         let (release, hold) = mpsc::channel::<()>();
         let (started_tx, started) = mpsc::channel::<()>();
-        let first = tokio::spawn(slots.run("json", LIMIT, move || {
+        let task = tokio::spawn(slots.run("json", LIMIT, move || {
             started_tx.send(()).ok();
             hold.recv().is_ok()
         }));
         started.recv().unwrap();
+        let held = async move { task.await.unwrap().unwrap() };
+        (release, tokio::spawn(held))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn compiles_beyond_the_slots_wait_for_one_to_end() {
+        let slots = CompileSlots::new(2);
+        let (release, first) = hold_a_slot(&slots);
         // The first holds one slot; a second finds the other at once.
         assert_eq!(slots.run("json", LIMIT, || 2).await.unwrap(), 2);
         // With the first's slot and one more taken, a third waits until the first ends.
-        let (release_b, hold_b) = mpsc::channel::<()>();
-        let (started_b_tx, started_b) = mpsc::channel::<()>();
-        let second = tokio::spawn(slots.run("json", LIMIT, move || {
-            started_b_tx.send(()).ok();
-            hold_b.recv().is_ok()
-        }));
-        started_b.recv().unwrap();
+        let (release_b, second) = hold_a_slot(&slots);
         let third = tokio::spawn(slots.run("json", LIMIT, || 3));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!third.is_finished(), "the third found no free slot");
         release.send(()).unwrap();
         assert_eq!(third.await.unwrap().unwrap(), 3);
-        assert!(first.await.unwrap().unwrap());
+        assert!(first.await.unwrap());
         release_b.send(()).unwrap();
-        assert!(second.await.unwrap().unwrap());
+        assert!(second.await.unwrap());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_compile_gets_its_whole_limit_after_waiting_for_a_slot() {
         let slots = CompileSlots::new(1);
         let limit = Duration::from_millis(1000);
-        let (release, hold) = mpsc::channel::<()>();
-        let (started_tx, started) = mpsc::channel::<()>();
-        let first = tokio::spawn(slots.run("json", LIMIT, move || {
-            started_tx.send(()).ok();
-            hold.recv().is_ok()
-        }));
-        started.recv().unwrap();
+        let (release, first) = hold_a_slot(&slots);
         // Waits 600 ms of its 1000 for the slot, then compiles for 600 ms: each within its
         // limit, together past it.
         let second = tokio::spawn(slots.run("json", limit, || {
@@ -159,6 +155,6 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(600)).await;
         release.send(()).unwrap();
         assert_eq!(second.await.unwrap().unwrap(), 5);
-        assert!(first.await.unwrap().unwrap());
+        assert!(first.await.unwrap());
     }
 }
