@@ -52,10 +52,73 @@ pub(crate) const TILE_HEAD_DIM_MAX: usize = 256;
 /// f16 rows are widened to f32 exactly on load, so attention over f16 rows is, bit for bit,
 /// the attention over the widened rows: the numeric contract of the module docs holds for
 /// both, and every variant is bitwise equal to the scalar reference for both.
+///
+/// 8-bit rows ([`Q8Rows`]) are read as their dequantized f32 values (`code · scale`, one
+/// rounding, the same in every variant), so attention over them is the attention over those
+/// f32 rows, bit for bit, in every variant too.
 #[derive(Debug, Clone, Copy)]
 pub enum KvRows<'a> {
-    F32 { keys: &'a [f32], values: &'a [f32] },
-    F16 { keys: &'a [f16], values: &'a [f16] },
+    F32 {
+        keys: &'a [f32],
+        values: &'a [f32],
+    },
+    F16 {
+        keys: &'a [f16],
+        values: &'a [f16],
+    },
+    Q8 {
+        keys: Q8Rows<'a>,
+        values: Q8Rows<'a>,
+    },
+}
+
+/// Elements that share one scale in [`Q8Rows`].
+pub const Q8_GROUP: usize = 32;
+
+/// Keys or values as 8-bit codes: element `i` is `codes[i] as f32 · scales[i / Q8_GROUP]`
+/// (see [`crate::kv_quant`]). Rows and heads over them must start and end on a group
+/// boundary, so a head's dimension and a slot's row length are multiples of [`Q8_GROUP`].
+#[derive(Debug, Clone, Copy)]
+pub struct Q8Rows<'a> {
+    pub codes: &'a [i8],
+    pub scales: &'a [f32],
+}
+
+impl Q8Rows<'_> {
+    /// Element `i`, dequantized.
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> f32 {
+        f32::from(self.codes[i]) * self.scales[i / Q8_GROUP]
+    }
+}
+
+/// One plane of a layer's rows (its keys or its values) in a store's format: how one head's
+/// row of a slot is found.
+pub(crate) trait KvPlane: Copy {
+    /// One head's row of one slot.
+    type Row: Copy;
+    /// The `len` elements from `start` on.
+    fn row(self, start: usize, len: usize) -> Self::Row;
+}
+
+impl<'a, E: Copy> KvPlane for &'a [E] {
+    type Row = &'a [E];
+    #[inline(always)]
+    fn row(self, start: usize, len: usize) -> &'a [E] {
+        &self[start..][..len]
+    }
+}
+
+impl<'a> KvPlane for Q8Rows<'a> {
+    type Row = Q8Rows<'a>;
+    /// `start` and `len` are multiples of [`Q8_GROUP`] (asserted where a view is checked).
+    #[inline(always)]
+    fn row(self, start: usize, len: usize) -> Q8Rows<'a> {
+        Q8Rows {
+            codes: &self.codes[start..][..len],
+            scales: &self.scales[start / Q8_GROUP..][..len.div_ceil(Q8_GROUP)],
+        }
+    }
 }
 
 /// The K/V rows of one KV head over a sequence's context, read through its slots.
@@ -83,11 +146,22 @@ impl<'a> KvView<'a> {
             self.head_dim,
             self.row_stride
         );
+        if let KvRows::Q8 { .. } = self.rows {
+            assert!(
+                [self.offset, self.head_dim, self.row_stride]
+                    .iter()
+                    .all(|x| x.is_multiple_of(Q8_GROUP)),
+                "{caller}: 8-bit rows need a head at {} of {} in rows of {} on groups of {Q8_GROUP}",
+                self.offset,
+                self.head_dim,
+                self.row_stride
+            );
+        }
     }
 
-    /// This view over `keys` and `values` of one element type (the kernels' form).
+    /// This view over `keys` and `values` of one format (the kernels' form).
     #[inline(always)]
-    pub(crate) fn head<E>(&self, keys: &'a [E], values: &'a [E]) -> HeadRows<'a, E> {
+    pub(crate) fn head<P>(&self, keys: P, values: P) -> HeadRows<'a, P> {
         HeadRows {
             keys,
             values,
@@ -99,28 +173,30 @@ impl<'a> KvView<'a> {
     }
 }
 
-/// [`KvView`] with its rows' element type resolved: what the kernels read.
+/// [`KvView`] with its rows' format resolved (`P`: a [`KvPlane`]): what the kernels read.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct HeadRows<'a, E> {
-    pub keys: &'a [E],
-    pub values: &'a [E],
+pub(crate) struct HeadRows<'a, P> {
+    pub keys: P,
+    pub values: P,
     pub row_stride: usize,
     pub offset: usize,
     pub head_dim: usize,
     pub slots: &'a [usize],
 }
 
-impl<E> HeadRows<'_, E> {
+impl<P: KvPlane> HeadRows<'_, P> {
     /// The key of `slot` for this head (`head_dim` elements).
     #[inline(always)]
-    pub(crate) fn key(&self, slot: usize) -> &[E] {
-        &self.keys[slot * self.row_stride + self.offset..][..self.head_dim]
+    pub(crate) fn key(&self, slot: usize) -> P::Row {
+        self.keys
+            .row(slot * self.row_stride + self.offset, self.head_dim)
     }
 
     /// The value of `slot` for this head (`head_dim` elements).
     #[inline(always)]
-    pub(crate) fn value(&self, slot: usize) -> &[E] {
-        &self.values[slot * self.row_stride + self.offset..][..self.head_dim]
+    pub(crate) fn value(&self, slot: usize) -> P::Row {
+        self.values
+            .row(slot * self.row_stride + self.offset, self.head_dim)
     }
 }
 
@@ -321,34 +397,63 @@ fn attend_one_scalar(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
     match kv.rows {
         KvRows::F32 { keys, values } => attend_rows_scalar(q, &kv.head(keys, values), scale, out),
         KvRows::F16 { keys, values } => {
-            // The context's rows of this head widened (exactly) to f32, in position order.
             let head = kv.head(keys, values);
-            let slots = kv.slots.iter();
-            let k: Vec<f32> = slots
-                .clone()
-                .flat_map(|&s| head.key(s))
-                .map(|x| x.to_f32())
-                .collect();
-            let v: Vec<f32> = slots
-                .flat_map(|&s| head.value(s))
-                .map(|x| x.to_f32())
-                .collect();
-            let slots: Vec<usize> = (0..kv.slots.len()).collect();
-            let widened = HeadRows {
-                keys: &k,
-                values: &v,
-                row_stride: kv.head_dim,
-                offset: 0,
-                head_dim: kv.head_dim,
-                slots: &slots,
-            };
-            attend_rows_scalar(q, &widened, scale, out)
+            attend_widened(
+                q,
+                kv,
+                |s| head.key(s).iter().map(|x| x.to_f32()).collect(),
+                |s| head.value(s).iter().map(|x| x.to_f32()).collect(),
+                scale,
+                out,
+            )
+        }
+        KvRows::Q8 { keys, values } => {
+            let head = kv.head(keys, values);
+            let d = kv.head_dim;
+            attend_widened(
+                q,
+                kv,
+                |s| {
+                    let k = head.key(s);
+                    (0..d).map(|c| k.get(c)).collect()
+                },
+                |s| {
+                    let v = head.value(s);
+                    (0..d).map(|c| v.get(c)).collect()
+                },
+                scale,
+                out,
+            )
         }
     }
 }
 
+/// [`attend_rows_scalar`] over the context's rows of this head widened to f32 in position
+/// order: `key(slot)` and `value(slot)` give a slot's rows as f32.
+fn attend_widened(
+    q: &[f32],
+    kv: &KvView<'_>,
+    key: impl Fn(usize) -> Vec<f32>,
+    value: impl Fn(usize) -> Vec<f32>,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let k: Vec<f32> = kv.slots.iter().flat_map(|&s| key(s)).collect();
+    let v: Vec<f32> = kv.slots.iter().flat_map(|&s| value(s)).collect();
+    let slots: Vec<usize> = (0..kv.slots.len()).collect();
+    let widened = HeadRows {
+        keys: &k[..],
+        values: &v[..],
+        row_stride: kv.head_dim,
+        offset: 0,
+        head_dim: kv.head_dim,
+        slots: &slots,
+    };
+    attend_rows_scalar(q, &widened, scale, out)
+}
+
 /// [`attend_one_scalar`] over f32 rows.
-fn attend_rows_scalar(q: &[f32], kv: &HeadRows<'_, f32>, scale: f32, out: &mut [f32]) {
+fn attend_rows_scalar(q: &[f32], kv: &HeadRows<'_, &[f32]>, scale: f32, out: &mut [f32]) {
     let d = kv.head_dim;
     let g = q.len() / d;
     assert!(g <= GROUP_MAX, "attend_group: {g} query heads");

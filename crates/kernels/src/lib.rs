@@ -18,6 +18,7 @@ pub mod heap;
 pub mod huge_pages;
 pub mod isa;
 mod isa_dispatch;
+pub mod kv_quant;
 pub mod matmul;
 pub mod ops;
 pub mod packed;

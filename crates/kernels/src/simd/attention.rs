@@ -13,47 +13,90 @@
 //! keeps one head at a time. Several KV heads of one token can walk the context together,
 //! block by block, so that a batched decode reads each slot's row whole in one pass.
 
-use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+use std::arch::x86_64::{_mm_loadu_si128, _mm_prefetch, _MM_HINT_T1};
 
 use half::f16;
 
 use super::lanes::Lanes16;
 use crate::attention::exp_consts::{EXP_BIAS, LN2_HI, LN2_LO, LOG2E, MAX_X, MIN_X, P, ROUND};
 use crate::attention::{
-    add_in_order, grown_max, HeadRows, KvRows, KvView, GROUP_MAX, KV_HEADS_MAX, POS_BLOCK,
+    add_in_order, grown_max, HeadRows, KvPlane, KvRows, KvView, Q8Rows, GROUP_MAX, KV_HEADS_MAX,
+    POS_BLOCK, Q8_GROUP,
 };
 use crate::dot16::{tree_sum, LANES};
 
-/// An element type of K/V rows: loaded 16 at a time, or one at a time, as exact f32.
+/// One head's K or V row of a slot, in a store's format: read 16 elements at a time, or one
+/// at a time, as f32 (f32 as stored, f16 widened exactly, 8-bit codes times their scale).
 pub(super) trait Element: Copy {
-    /// 16 elements from `p`, widened.
+    /// Elements `c..c + 16`, as f32.
     ///
     /// # Safety
-    /// The CPU must support `V`'s features; `p` must be valid for 16 elements.
-    unsafe fn load<V: Lanes16>(p: *const Self) -> V;
-    fn widen(self) -> f32;
+    /// The CPU must support `V`'s features; `c + 16` must not exceed the row's length.
+    unsafe fn load<V: Lanes16>(self, c: usize) -> V;
+    /// Element `c`, as f32.
+    fn at(self, c: usize) -> f32;
+    /// Asks for the row's lines to be brought into L2.
+    fn prefetch(self);
 }
 
-impl Element for f32 {
-    #[inline(always)]
-    unsafe fn load<V: Lanes16>(p: *const f32) -> V {
-        V::load(p)
-    }
-    #[inline(always)]
-    fn widen(self) -> f32 {
-        self
+/// Asks for the `bytes` bytes from `p` to be brought into L2 (in decode the rows come from
+/// memory, at addresses the hardware prefetcher cannot guess). Into L2 rather than L1: the
+/// lines of a block exceed what L1 can have in flight, and batched decode attention measured
+/// faster so (BENCHMARKS.md § Figures behind choices in the code).
+#[inline(always)]
+fn prefetch_bytes(p: *const i8, bytes: usize) {
+    for off in (0..bytes).step_by(64) {
+        // SAFETY: prefetching never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off)) };
     }
 }
 
-impl Element for f16 {
+impl Element for &[f32] {
     #[inline(always)]
-    unsafe fn load<V: Lanes16>(p: *const f16) -> V {
+    unsafe fn load<V: Lanes16>(self, c: usize) -> V {
+        V::load(self.as_ptr().add(c))
+    }
+    #[inline(always)]
+    fn at(self, c: usize) -> f32 {
+        self[c]
+    }
+    #[inline(always)]
+    fn prefetch(self) {
+        prefetch_bytes(self.as_ptr().cast(), std::mem::size_of_val(self));
+    }
+}
+
+impl Element for &[f16] {
+    #[inline(always)]
+    unsafe fn load<V: Lanes16>(self, c: usize) -> V {
         // `f16` is a transparent little-endian `u16`.
-        V::load_f16(p.cast())
+        V::load_f16(self.as_ptr().add(c).cast())
     }
     #[inline(always)]
-    fn widen(self) -> f32 {
-        self.to_f32()
+    fn at(self, c: usize) -> f32 {
+        self[c].to_f32()
+    }
+    #[inline(always)]
+    fn prefetch(self) {
+        prefetch_bytes(self.as_ptr().cast(), std::mem::size_of_val(self));
+    }
+}
+
+impl Element for Q8Rows<'_> {
+    /// `c` is a multiple of 16, so the 16 elements share one scale.
+    #[inline(always)]
+    unsafe fn load<V: Lanes16>(self, c: usize) -> V {
+        let codes = _mm_loadu_si128(self.codes.as_ptr().add(c).cast());
+        V::from_i8(codes).mul(V::splat(*self.scales.as_ptr().add(c / Q8_GROUP)))
+    }
+    #[inline(always)]
+    fn at(self, c: usize) -> f32 {
+        self.get(c)
+    }
+    #[inline(always)]
+    fn prefetch(self) {
+        prefetch_bytes(self.codes.as_ptr(), self.codes.len());
+        prefetch_bytes(self.scales.as_ptr().cast(), 1);
     }
 }
 
@@ -71,10 +114,13 @@ unsafe fn attend_kv<V: Lanes16>(
 ) {
     match kv.rows {
         KvRows::F32 { keys, values } => {
-            attend_group::<V, f32>(q, &kv.head(keys, values), kv_heads, scale, out)
+            attend_group::<V, &[f32]>(q, &kv.head(keys, values), kv_heads, scale, out)
         }
         KvRows::F16 { keys, values } => {
-            attend_group::<V, f16>(q, &kv.head(keys, values), kv_heads, scale, out)
+            attend_group::<V, &[f16]>(q, &kv.head(keys, values), kv_heads, scale, out)
+        }
+        KvRows::Q8 { keys, values } => {
+            attend_group::<V, Q8Rows<'_>>(q, &kv.head(keys, values), kv_heads, scale, out)
         }
     }
 }
@@ -88,13 +134,15 @@ unsafe fn attend_kv<V: Lanes16>(
 /// # Safety
 /// The CPU must support `V`'s features. Shapes are asserted.
 #[inline(always)]
-unsafe fn attend_group<V: Lanes16, E: Element>(
+unsafe fn attend_group<V: Lanes16, P: KvPlane>(
     q: &[f32],
-    kv: &HeadRows<'_, E>,
+    kv: &HeadRows<'_, P>,
     kv_heads: usize,
     scale: f32,
     out: &mut [f32],
-) {
+) where
+    P::Row: Element,
+{
     let d = kv.head_dim;
     let span = kv_heads * d;
     let g = q.len() / span.max(1);
@@ -118,7 +166,7 @@ unsafe fn attend_group<V: Lanes16, E: Element>(
                 ..*kv
             };
             let at = h * g * d..(h + 1) * g * d;
-            group_block::<V, E>(
+            group_block::<V, P>(
                 &q[at.clone()],
                 &head,
                 block,
@@ -163,28 +211,31 @@ impl Running {
 /// # Safety
 /// The CPU must support `V`'s features; the shapes are those [`attend_group`] asserted.
 #[inline(always)]
-unsafe fn group_block<V: Lanes16, E: Element>(
+unsafe fn group_block<V: Lanes16, P: KvPlane>(
     q: &[f32],
-    kv: &HeadRows<'_, E>,
+    kv: &HeadRows<'_, P>,
     block: &[usize],
     scale: f32,
     out: &mut [f32],
     running: &mut Running,
     next: Option<&[usize]>,
-) {
+) where
+    P::Row: Element,
+{
     let Running { m, l } = running;
     let d = kv.head_dim;
     if let Some(next) = next {
-        prefetch_rows(kv.keys, kv, next);
+        next.iter().for_each(|&slot| kv.key(slot).prefetch());
     }
     let g = q.len() / d;
     let full = d - d % LANES;
     let nb = block.len();
     // Scores, then probabilities, of the block; lanes past the block's end are ignored.
     let mut p = [[0.0f32; POS_BLOCK]; GROUP_MAX];
-    let mut v_rows: [&[E]; POS_BLOCK] = [&[]; POS_BLOCK];
-    // Past the block's end, the first row stands in (its lanes are ignored).
-    let mut k_rows: [&[E]; POS_BLOCK] = [kv.key(block[0]); POS_BLOCK];
+    // Past the block's end, the first row stands in (its lanes are ignored; no value row
+    // past the end is read).
+    let mut k_rows: [P::Row; POS_BLOCK] = [kv.key(block[0]); POS_BLOCK];
+    let mut v_rows: [P::Row; POS_BLOCK] = [kv.value(block[0]); POS_BLOCK];
     for (j, &slot) in block.iter().enumerate() {
         k_rows[j] = kv.key(slot);
         v_rows[j] = kv.value(slot);
@@ -193,7 +244,7 @@ unsafe fn group_block<V: Lanes16, E: Element>(
     if full == d && V::IN_REGISTERS >= 32 {
         // Three heads at a time share each widened key vector.
         while first + SCORE_HEADS <= g {
-            let sums = scores_3::<V, E>(&q[first * d..][..SCORE_HEADS * d], &k_rows);
+            let sums = scores_3::<V, P::Row>(&q[first * d..][..SCORE_HEADS * d], &k_rows);
             for (i, sum) in sums.into_iter().enumerate() {
                 sum.mul(V::splat(scale)).store(p[first + i].as_mut_ptr());
             }
@@ -203,12 +254,12 @@ unsafe fn group_block<V: Lanes16, E: Element>(
     for i in first..g {
         let qi = &q[i * d..][..d];
         if full == d {
-            scores::<V, E>(qi, &k_rows)
+            scores::<V, P::Row>(qi, &k_rows)
                 .mul(V::splat(scale))
                 .store(p[i].as_mut_ptr());
         } else {
             for (s, k) in p[i].iter_mut().zip(&k_rows[..nb]) {
-                *s = dot::<V, E>(qi, k, full) * scale;
+                *s = dot::<V, P::Row>(qi, *k, full) * scale;
             }
             // As the stand-in rows do above: lanes past the block's end repeat its first.
             let first_score = p[i][0];
@@ -231,7 +282,7 @@ unsafe fn group_block<V: Lanes16, E: Element>(
         l[i] = add_in_order(l[i], &p[i][..nb]);
     }
     if let Some(next) = next {
-        prefetch_rows(kv.values, kv, next);
+        next.iter().for_each(|&slot| kv.value(slot).prefetch());
     }
     // Up to four heads at a time share each widened value vector where the registers hold
     // their 16 accumulators.
@@ -243,7 +294,7 @@ unsafe fn group_block<V: Lanes16, E: Element>(
     let mut i = 0;
     while i < g {
         let heads = at_once.min(g - i);
-        accumulate_heads::<V, E>(
+        accumulate_heads::<V, P::Row>(
             &mut out[i * d..][..heads * d],
             &p[i..i + heads],
             nb,
@@ -261,12 +312,12 @@ unsafe fn group_block<V: Lanes16, E: Element>(
 /// # Safety
 /// The CPU must support `V`'s features; every `k[j].len() == q.len()`, a multiple of 16.
 #[inline(always)]
-unsafe fn scores<V: Lanes16, E: Element>(q: &[f32], k: &[&[E]; POS_BLOCK]) -> V {
+unsafe fn scores<V: Lanes16, E: Element>(q: &[f32], k: &[E; POS_BLOCK]) -> V {
     let mut acc = [V::zero(); POS_BLOCK];
     for c in (0..q.len()).step_by(LANES) {
         let qv = V::load(q.as_ptr().add(c));
         for j in 0..POS_BLOCK {
-            acc[j] = qv.mul_add(E::load::<V>(k[j].as_ptr().add(c)), acc[j]);
+            acc[j] = qv.mul_add(k[j].load::<V>(c), acc[j]);
         }
     }
     V::tree_sum_16(&acc)
@@ -288,7 +339,7 @@ unsafe fn accumulate_heads<V: Lanes16, E: Element>(
     acc: &mut [f32],
     p: &[[f32; POS_BLOCK]],
     nb: usize,
-    v: &[&[E]],
+    v: &[E],
     full: usize,
 ) {
     const TILE: usize = 4;
@@ -307,7 +358,7 @@ unsafe fn accumulate_heads<V: Lanes16, E: Element>(
         for (j, row) in v.iter().enumerate().take(nb) {
             let mut vv = [V::zero(); TILE];
             for (t, vv) in vv.iter_mut().enumerate() {
-                *vv = E::load::<V>(row.as_ptr().add(c + t * LANES));
+                *vv = row.load::<V>(c + t * LANES);
             }
             for (i, a) in a.iter_mut().enumerate().take(h) {
                 let wv = V::splat(p[i][j]);
@@ -343,7 +394,7 @@ const SCORE_HEADS: usize = 3;
 /// # Safety
 /// As [`scores`], with `q.len() == 3 · d`.
 #[inline(always)]
-unsafe fn scores_3<V: Lanes16, E: Element>(q: &[f32], k: &[&[E]; POS_BLOCK]) -> [V; SCORE_HEADS] {
+unsafe fn scores_3<V: Lanes16, E: Element>(q: &[f32], k: &[E; POS_BLOCK]) -> [V; SCORE_HEADS] {
     const HALF: usize = POS_BLOCK / 2;
     let d = q.len() / SCORE_HEADS;
     let mut acc = [[V::zero(); POS_BLOCK]; SCORE_HEADS];
@@ -356,7 +407,7 @@ unsafe fn scores_3<V: Lanes16, E: Element>(q: &[f32], k: &[&[E]; POS_BLOCK]) -> 
                 V::load(q.as_ptr().add(2 * d + c)),
             ];
             for j in 0..HALF {
-                let kv = E::load::<V>(k[half * HALF + j].as_ptr().add(c));
+                let kv = k[half * HALF + j].load::<V>(c);
                 for i in 0..SCORE_HEADS {
                     a[i][j] = qv[i].mul_add(kv, a[i][j]);
                 }
@@ -383,7 +434,7 @@ unsafe fn scores_3<V: Lanes16, E: Element>(q: &[f32], k: &[&[E]; POS_BLOCK]) -> 
 pub(super) unsafe fn accumulate<V: Lanes16, E: Element>(
     acc: &mut [f32],
     p: &[f32],
-    v: &[&[E]],
+    v: &[E],
     full: usize,
 ) {
     accumulate_from::<V, E>(acc, p, v, full, 0)
@@ -397,7 +448,7 @@ pub(super) unsafe fn accumulate<V: Lanes16, E: Element>(
 unsafe fn accumulate_from<V: Lanes16, E: Element>(
     acc: &mut [f32],
     p: &[f32],
-    v: &[&[E]],
+    v: &[E],
     full: usize,
     start: usize,
 ) {
@@ -412,7 +463,7 @@ unsafe fn accumulate_from<V: Lanes16, E: Element>(
         for (&w, row) in p.iter().zip(v) {
             let wv = V::splat(w);
             for (t, a) in a.iter_mut().enumerate() {
-                *a = wv.mul_add(E::load::<V>(row.as_ptr().add(c + t * LANES)), *a);
+                *a = wv.mul_add(row.load::<V>(c + t * LANES), *a);
             }
         }
         for (t, a) in a.iter().enumerate() {
@@ -423,32 +474,14 @@ unsafe fn accumulate_from<V: Lanes16, E: Element>(
     while c < full {
         let mut a = V::load(o.add(c));
         for (&w, row) in p.iter().zip(v) {
-            a = V::splat(w).mul_add(E::load::<V>(row.as_ptr().add(c)), a);
+            a = V::splat(w).mul_add(row.load::<V>(c), a);
         }
         a.store(o.add(c));
         c += LANES;
     }
     for (c, a) in acc.iter_mut().enumerate().skip(full) {
         for (&w, row) in p.iter().zip(v) {
-            *a = w.mul_add(row[c].widen(), *a);
-        }
-    }
-}
-
-/// Asks for this head's rows of `slots` in `rows` (the keys or the values) to be brought into
-/// L2 (in decode they come from memory, at addresses the hardware prefetcher cannot guess).
-/// Into L2 rather than L1: the lines of a block exceed what L1 can have in flight, and
-/// batched decode attention measured faster so (BENCHMARKS.md § Figures behind choices in
-/// the code).
-#[inline(always)]
-fn prefetch_rows<E>(rows: &[E], kv: &HeadRows<'_, E>, slots: &[usize]) {
-    let bytes = kv.head_dim * std::mem::size_of::<E>();
-    for &slot in slots {
-        let at = slot * kv.row_stride + kv.offset;
-        let p = rows[at..at + kv.head_dim].as_ptr().cast::<i8>();
-        for off in (0..bytes).step_by(64) {
-            // SAFETY: prefetching never faults; the address lies within the row.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off)) };
+            *a = w.mul_add(row.at(c), *a);
         }
     }
 }
@@ -458,19 +491,18 @@ fn prefetch_rows<E>(rows: &[E], kv: &HeadRows<'_, E>, slots: &[usize]) {
 /// # Safety
 /// The CPU must support `V`'s features; `q.len() == k.len()`.
 #[inline(always)]
-unsafe fn dot<V: Lanes16, E: Element>(q: &[f32], k: &[E], full: usize) -> f32 {
-    debug_assert_eq!(q.len(), k.len());
+unsafe fn dot<V: Lanes16, E: Element>(q: &[f32], k: E, full: usize) -> f32 {
     let mut acc = V::zero();
     for c in (0..full).step_by(LANES) {
-        acc = V::load(q.as_ptr().add(c)).mul_add(E::load::<V>(k.as_ptr().add(c)), acc);
+        acc = V::load(q.as_ptr().add(c)).mul_add(k.load::<V>(c), acc);
     }
     if full == q.len() {
         acc.tree_sum()
     } else {
         // The tail: lane `i` adds `q[full + i] · k[full + i]`, fused.
         let mut lanes = acc.to_array();
-        for ((a, &qv), &kv) in lanes.iter_mut().zip(&q[full..]).zip(&k[full..]) {
-            *a = qv.mul_add(kv.widen(), *a);
+        for (i, (a, &qv)) in lanes.iter_mut().zip(&q[full..]).enumerate() {
+            *a = qv.mul_add(k.at(full + i), *a);
         }
         tree_sum(&lanes)
     }

@@ -15,7 +15,7 @@
 use super::attention::{accumulate, exp, scale_row, Element};
 use super::lanes::Lanes16;
 use crate::attention::{
-    exp_fixed, HeadRows, KvRows, KvView, POS_BLOCK, TILE_HEAD_DIM_MAX, TILE_ROWS,
+    exp_fixed, HeadRows, KvPlane, KvRows, KvView, Q8Rows, POS_BLOCK, TILE_HEAD_DIM_MAX, TILE_ROWS,
 };
 use crate::dot16::LANES;
 
@@ -41,10 +41,13 @@ unsafe fn attend_kv_tile<V: Lanes16>(
 ) {
     match kv.rows {
         KvRows::F32 { keys, values } => {
-            attend_tile::<V, f32>(q, context, &kv.head(keys, values), scale, out)
+            attend_tile::<V, &[f32]>(q, context, &kv.head(keys, values), scale, out)
         }
         KvRows::F16 { keys, values } => {
-            attend_tile::<V, half::f16>(q, context, &kv.head(keys, values), scale, out)
+            attend_tile::<V, &[half::f16]>(q, context, &kv.head(keys, values), scale, out)
+        }
+        KvRows::Q8 { keys, values } => {
+            attend_tile::<V, Q8Rows<'_>>(q, context, &kv.head(keys, values), scale, out)
         }
     }
 }
@@ -54,13 +57,15 @@ unsafe fn attend_kv_tile<V: Lanes16>(
 /// # Safety
 /// The CPU must support `V`'s features. Shapes are asserted.
 #[inline(always)]
-unsafe fn attend_tile<V: Lanes16, E: Element>(
+unsafe fn attend_tile<V: Lanes16, P: KvPlane>(
     q: &[f32],
     context: &[usize],
-    kv: &HeadRows<'_, E>,
+    kv: &HeadRows<'_, P>,
     scale: f32,
     out: &mut [f32],
-) {
+) where
+    P::Row: Element,
+{
     let d = kv.head_dim;
     let n = context.len();
     assert!(
@@ -109,8 +114,8 @@ unsafe fn attend_tile<V: Lanes16, E: Element>(
                 .map_or(0, |&c| c.saturating_sub(b * POS_BLOCK).min(nb))
         });
         for (j, &slot) in block.iter().enumerate() {
-            widen::<V, E>(kv.key(slot), &mut kt[j * d..][..d], full);
-            widen::<V, E>(kv.value(slot), &mut vt[j * d..][..d], full);
+            widen::<V, P::Row>(kv.key(slot), &mut kt[j * d..][..d], full);
+            widen::<V, P::Row>(kv.value(slot), &mut vt[j * d..][..d], full);
         }
         scores::<V>(qt, kt, d, nb, part);
         let sv = V::splat(scale);
@@ -164,7 +169,7 @@ unsafe fn attend_tile<V: Lanes16, E: Element>(
                 if r > 0 {
                     let p: [f32; POS_BLOCK] = std::array::from_fn(|j| s[j][i]);
                     let v_rows: [&[f32]; POS_BLOCK] = std::array::from_fn(|j| &vt[j * d..][..d]);
-                    accumulate::<V, f32>(&mut out[i * d..][..d], &p[..r], &v_rows[..r], full);
+                    accumulate::<V, &[f32]>(&mut out[i * d..][..d], &p[..r], &v_rows[..r], full);
                 }
                 i += 1;
             }
@@ -331,15 +336,14 @@ unsafe fn accumulate_4<V: Lanes16>(
 /// `dst = src` widened to f32 (`full`: the length rounded down to 16).
 ///
 /// # Safety
-/// The CPU must support `V`'s features; `src.len() == dst.len()`.
+/// The CPU must support `V`'s features; `src` holds `dst.len()` elements.
 #[inline(always)]
-unsafe fn widen<V: Lanes16, E: Element>(src: &[E], dst: &mut [f32], full: usize) {
-    debug_assert_eq!(src.len(), dst.len());
+unsafe fn widen<V: Lanes16, E: Element>(src: E, dst: &mut [f32], full: usize) {
     for c in (0..full).step_by(LANES) {
-        E::load::<V>(src.as_ptr().add(c)).store(dst.as_mut_ptr().add(c));
+        src.load::<V>(c).store(dst.as_mut_ptr().add(c));
     }
-    for (x, &e) in dst[full..].iter_mut().zip(&src[full..]) {
-        *x = e.widen();
+    for (c, x) in dst.iter_mut().enumerate().skip(full) {
+        *x = src.at(c);
     }
 }
 
