@@ -150,8 +150,9 @@ pub struct EngineArgs {
     #[arg(long, value_name = "SIZE")]
     pub kv_cache_memory: Option<String>,
     /// How the KV cache stores keys and values: f16 (half the memory and the bytes read per
-    /// decode step) or f32. Default: f16 when the model's matrices run through the int8
-    /// kernels, f32 when it runs exactly.
+    /// decode step), q8 (8-bit codes with a scale per 32 values: 1.125 bytes a value, the
+    /// CPU only; needs a head dimension that is a multiple of 32) or f32. Default: f16 when
+    /// the model's matrices run through the int8 kernels, f32 when it runs exactly.
     #[arg(long, value_name = "DTYPE", value_parser = parse_kv_dtype)]
     pub kv_cache_dtype: Option<KvDtype>,
     /// Token slots per KV block.
@@ -257,7 +258,8 @@ fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
     match s {
         "f32" => Ok(KvDtype::F32),
         "f16" => Ok(KvDtype::F16),
-        other => Err(format!("unknown KV cache dtype {other:?} (f32 or f16)")),
+        "q8" => Ok(KvDtype::Q8),
+        other => Err(format!("unknown KV cache dtype {other:?} (f32, f16 or q8)")),
     }
 }
 

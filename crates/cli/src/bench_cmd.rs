@@ -172,7 +172,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             // Every decode step reads each sequence's keys and values over its context
             // (`p + step + 1` positions): on average `p + (g + 1) / 2`.
             let c = &config;
-            let kv_bytes_per_pos = (2 * c.num_layers * c.kv_dim() * kv_dtype.size()) as f64;
+            let kv_bytes_per_pos = (2 * c.num_layers * kv_dtype.row_bytes(c.kv_dim())) as f64;
             let kv_gb =
                 b as f64 * (p as f64 + (a.gen_len as f64 + 1.0) / 2.0) * kv_bytes_per_pos / 1e9;
             let steps_per_s = a.gen_len as f64 / m.decode_s;

@@ -127,7 +127,8 @@ impl PreparedModel {
             PreparedModel::Cuda { host, options } => {
                 let c = &host.config;
                 // Keys and values of every layer, and the final hidden state in f32.
-                2 * c.num_layers * c.kv_dim() * options.dtype.size() + 4 * c.hidden_size
+                2 * c.num_layers * options.dtype.kv_dtype().row_bytes(c.kv_dim())
+                    + 4 * c.hidden_size
             }
         }
     }

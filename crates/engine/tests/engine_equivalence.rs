@@ -14,9 +14,10 @@ use tandem_model::transformer::Model;
 
 mod cpu_engine;
 use cpu_engine::{
-    config, cpu_engine, default_model, fixture_model, gemma3_fixture, mixtral_fixture,
-    scoring_runner,
+    config, cpu_engine_with, default_model, fixture_model, gemma3_fixture, mixtral_fixture,
+    scoring_runner_with,
 };
+use tandem_model::kv_store::KvDtype;
 
 /// Tokens and logprobs (`None` where not asked for) a request produced.
 type Output = (Vec<TokenId>, Vec<Option<f32>>);
@@ -77,8 +78,9 @@ fn run(
     reqs: &[GenerationRequest],
     order: &[usize],
     per_step: usize,
+    kv: Option<KvDtype>,
 ) -> (Vec<Output>, Engine) {
-    let mut engine = cpu_engine(model, config, 7);
+    let mut engine = cpu_engine_with(model, config, kv, 7);
     let mut ids: HashMap<SeqId, usize> = HashMap::new();
     let mut out: Vec<Output> = vec![(Vec::new(), Vec::new()); reqs.len()];
     let mut pending = order.iter().copied().peekable();
@@ -103,8 +105,10 @@ fn run(
     (out, engine)
 }
 
-fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {
-    let model = scoring_runner(load());
+/// Every path against each request alone, and decode against scoring, with the KV cache
+/// stored as `kv` (else the model's default) throughout.
+fn check_paths(load: fn() -> Model, n: usize, sampled: bool, kv: Option<KvDtype>) {
+    let model = scoring_runner_with(load(), kv);
     let vocab = model.config().vocab_size;
     let reqs: Vec<GenerationRequest> = prompts(n, vocab)
         .iter()
@@ -116,7 +120,7 @@ fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {
         .map(|i| {
             let m = load();
             let c = config(&m.config, 64, 4096, 16);
-            run(m, c, &reqs[i..=i], &[0], 1).0.remove(0)
+            run(m, c, &reqs[i..=i], &[0], 1, kv).0.remove(0)
         })
         .collect();
     // A pool that holds the longest request but not all of them at once.
@@ -139,7 +143,7 @@ fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {
     for (name, blocks, budget, block_size, order, per_step) in paths {
         let m = load();
         let c = config(&m.config, blocks, budget, block_size);
-        let (got, engine) = run(m, c, &reqs, order, per_step);
+        let (got, engine) = run(m, c, &reqs, order, per_step, kv);
         for i in 0..n {
             assert_eq!(
                 got[i].0, alone[i].0,
@@ -165,7 +169,7 @@ fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {
         }
     }
     // decode ≡ forward: the logprob of every generated token equals the teacher-forced score.
-    let mut model = scoring_runner(load());
+    let mut model = scoring_runner_with(load(), kv);
     for (i, (tokens, logprobs)) in alone.iter().enumerate() {
         let full: Vec<TokenId> = reqs[i].prompt.iter().chain(tokens).copied().collect();
         let scored = score_tokens(
@@ -218,39 +222,47 @@ fn check_paths(load: fn() -> Model, n: usize, sampled: bool) {
 
 #[test]
 fn greedy_generation_is_path_independent_on_a_fixture_model() {
-    check_paths(fixture_model, 33, false);
+    check_paths(fixture_model, 33, false, None);
 }
 
 #[test]
 fn seeded_sampling_is_path_independent_on_a_fixture_model() {
-    check_paths(fixture_model, 33, true);
+    check_paths(fixture_model, 33, true, None);
 }
 
 /// Gemma 3 with a window of 8 positions on its local layers, shorter than most prompts.
 #[test]
 fn greedy_generation_is_path_independent_with_a_sliding_window() {
-    check_paths(gemma3_fixture, 33, false);
+    check_paths(gemma3_fixture, 33, false, None);
 }
 
 #[test]
 fn seeded_sampling_is_path_independent_with_a_sliding_window() {
-    check_paths(gemma3_fixture, 33, true);
+    check_paths(gemma3_fixture, 33, true, None);
 }
 
 /// Mixtral: a token's neighbours in a step share some of its experts.
 #[test]
 fn greedy_generation_is_path_independent_with_a_mixture_of_experts() {
-    check_paths(mixtral_fixture, 33, false);
+    check_paths(mixtral_fixture, 33, false, None);
 }
 
 #[test]
 fn seeded_sampling_is_path_independent_with_a_mixture_of_experts() {
-    check_paths(mixtral_fixture, 33, true);
+    check_paths(mixtral_fixture, 33, true, None);
 }
 
 #[test]
 fn greedy_generation_is_path_independent_on_the_default_model() {
-    check_paths(default_model, 4, false);
+    check_paths(default_model, 4, false, None);
+}
+
+/// An 8-bit KV cache: a token's keys and values are quantized once, when written, so every
+/// path (and scoring) reads the same values, and the invariants hold as with f16.
+#[test]
+fn generation_is_path_independent_with_an_8_bit_kv_cache() {
+    check_paths(default_model, 4, false, Some(KvDtype::Q8));
+    check_paths(default_model, 4, true, Some(KvDtype::Q8));
 }
 
 #[test]
@@ -258,7 +270,7 @@ fn a_bad_request_is_refused_and_changes_nothing() {
     let model = fixture_model();
     let c = config(&model.config, 8, 64, 4);
     let vocab = model.config.vocab_size;
-    let mut engine = cpu_engine(model, c, 0);
+    let mut engine = cpu_engine_with(model, c, None, 0);
     let too_long = GenerationRequest {
         prompt: vec![TokenId(1); 40],
         ..request(&[TokenId(1)], 0, false)

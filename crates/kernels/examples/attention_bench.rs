@@ -6,17 +6,18 @@
 //! the other sequences', as a paged pool hands them out); one "step" runs, for every layer, one
 //! query token per sequence against its whole context, split into one task per token (all its
 //! KV heads at once) on the pool as the model does in a batch (`PER_HEAD=1`: one task per
-//! (token, KV head), as it does for small batches). Prints, for f32 and f16 rows, the median
-//! step time of 7 and the K/V bytes read per second: the layers' stores together exceed the
-//! caches, as in a real decode.
+//! (token, KV head), as it does for small batches). Prints, for f32, f16 and 8-bit (q8) rows,
+//! the median step time of 7 and the K/V bytes read per second: the layers' stores together
+//! exceed the caches, as in a real decode.
 //! The stores sit on huge pages as the model's do (`SMALL_PAGES=1`: ordinary 4 KiB pages);
-//! `REPS=N` times N steps instead of 7.
+//! `REPS=N` times N steps instead of 7; `DTYPES=f16,q8` runs (and builds) only those.
 
 use std::time::Instant;
 
 use half::f16;
-use tandem_kernels::attention::{attend, attend_heads_with, KvRows, KvView};
+use tandem_kernels::attention::{attend, attend_heads_with, KvRows, KvView, Q8Rows, Q8_GROUP};
 use tandem_kernels::huge_pages::zeroed_vec;
+use tandem_kernels::kv_quant::quantize_q8;
 use tandem_kernels::parallel::for_each_chunk_mut;
 use tandem_kernels::ThreadPool;
 
@@ -61,8 +62,11 @@ fn main() {
             v
         })
         .collect();
+    let dtypes = std::env::var("DTYPES").unwrap_or_else(|_| "f32,f16,q8".into());
+    let wanted = |d: &str| dtypes.split(',').any(|x| x == d);
     let f16_layers: Vec<Vec<f16>> = f32_layers
         .iter()
+        .filter(|_| wanted("f16"))
         .map(|l| {
             let mut v = if huge {
                 zeroed_vec(l.len())
@@ -75,6 +79,19 @@ fn main() {
             v
         })
         .collect();
+    let q8_layers: Vec<(Vec<i8>, Vec<f32>)> = f32_layers
+        .iter()
+        .filter(|_| wanted("q8"))
+        .map(|l| {
+            let (mut codes, mut scales): (Vec<i8>, Vec<f32>) = if huge {
+                (zeroed_vec(l.len()), zeroed_vec(l.len() / Q8_GROUP))
+            } else {
+                (vec![0; l.len()], vec![0.0; l.len() / Q8_GROUP])
+            };
+            quantize_q8(l, &mut codes, &mut scales);
+            (codes, scales)
+        })
+        .collect();
     let q: Vec<f32> = (0..batch * HEADS * HEAD_DIM)
         .map(|i| value(i + 5) * 0.3)
         .collect();
@@ -84,19 +101,22 @@ fn main() {
     let scale = 1.0 / (HEAD_DIM as f32).sqrt();
     let per_head = std::env::var_os("PER_HEAD").is_some();
     let isa = tandem_kernels::isa::active();
-    let mut step = |half: bool| {
+    let mut step = |dtype: &str| {
         for layer in 0..LAYERS {
             let (k, v) = (2 * layer, 2 * layer + 1);
-            let rows = if half {
-                KvRows::F16 {
+            let rows = match dtype {
+                "f16" => KvRows::F16 {
                     keys: &f16_layers[k],
                     values: &f16_layers[v],
-                }
-            } else {
-                KvRows::F32 {
+                },
+                "q8" => KvRows::Q8 {
+                    keys: q8_rows(&q8_layers[k]),
+                    values: q8_rows(&q8_layers[v]),
+                },
+                _ => KvRows::F32 {
                     keys: &f32_layers[k],
                     values: &f32_layers[v],
-                }
+                },
             };
             if per_head {
                 for_each_chunk_mut(&pool, &mut out, task, |i, o| {
@@ -125,7 +145,10 @@ fn main() {
             }
         }
     };
-    for (name, bytes) in [("f32", 4usize), ("f16", 2)] {
+    for (name, bytes) in [("f32", 4.0f64), ("f16", 2.0), ("q8", 1.125)] {
+        if !wanted(name) {
+            continue;
+        }
         let mut times = Vec::new();
         let reps: usize = std::env::var("REPS")
             .ok()
@@ -133,12 +156,12 @@ fn main() {
             .unwrap_or(7);
         for _ in 0..reps {
             let started = Instant::now();
-            step(name == "f16");
+            step(name);
             times.push(started.elapsed().as_secs_f64());
         }
         times.sort_by(f64::total_cmp);
         let t = times[times.len() / 2];
-        let kv_bytes = (batch * context * LAYERS * 2 * row * bytes) as f64;
+        let kv_bytes = (batch * context * LAYERS * 2 * row) as f64 * bytes;
         println!(
             "{name}: batch {batch} context {context} threads {threads}: step {:.2} ms, \
              K/V {:.1} GB/s, {:.0} tok/s of attention alone",
@@ -147,4 +170,8 @@ fn main() {
             batch as f64 / t
         );
     }
+}
+
+fn q8_rows((codes, scales): &(Vec<i8>, Vec<f32>)) -> Q8Rows<'_> {
+    Q8Rows { codes, scales }
 }

@@ -18,6 +18,8 @@ unsafe impl ZeroBits for f32 {}
 unsafe impl ZeroBits for half::f16 {}
 // SAFETY: as above.
 unsafe impl ZeroBits for u8 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for i8 {}
 
 /// A vector of `n` zero elements whose memory is advised onto huge pages and left untouched:
 /// pages are faulted in (as 2 MiB pages where possible) only when first written, so a large

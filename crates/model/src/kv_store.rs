@@ -12,13 +12,17 @@
 //! token to the `2 * num_layers * kv_dim` elements of the keys and values (about 5% of an
 //! f32 cache for the default model, 10% of an f16 one).
 //!
-//! Keys and values are stored as f32 or f16 ([`KvDtype`]); the attention kernels widen f16
-//! exactly on load, so the numeric contract of `tandem_kernels::attention` holds for both.
+//! Keys and values are stored as f32, f16 or 8-bit codes with a scale per 32 elements
+//! ([`KvDtype`]); the attention kernels widen f16 exactly and dequantize the codes the same
+//! way in every variant as they load them, so the numeric contract of
+//! `tandem_kernels::attention` holds for all three: a token's K/V are rounded once, when they
+//! are written, and every later read (decode, scoring, a prefill chunk) sees the same values.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use tandem_kernels::attention::KvRows;
+use tandem_kernels::attention::{KvRows, Q8Rows, Q8_GROUP};
 use tandem_kernels::huge_pages::{zeroed_vec, ZeroBits};
+use tandem_kernels::kv_quant::quantize_q8;
 
 use crate::batch::BlockId;
 use crate::config::ModelConfig;
@@ -54,6 +58,11 @@ impl<T: ZeroBits> Planes<T> {
 enum Layers {
     F32(Planes<f32>),
     F16(Planes<f16>),
+    /// 8-bit codes `[slots, kv_dim]` and their scales `[slots, kv_dim / Q8_GROUP]`.
+    Q8 {
+        codes: Planes<i8>,
+        scales: Planes<f32>,
+    },
 }
 
 /// Keys and values of every layer, in blocks of `block_size` token slots.
@@ -103,9 +112,23 @@ impl KvStore {
         let layers = match dtype {
             KvDtype::F32 => Layers::F32(Planes::zeroed(n, per_layer)),
             KvDtype::F16 => Layers::F16(Planes::zeroed(n, per_layer)),
+            KvDtype::Q8 => {
+                let fits = |x: usize| x.is_multiple_of(Q8_GROUP);
+                if !fits(config.head_dim) || !fits(kv_dim) {
+                    return Err(ModelError::Batch(format!(
+                        "an 8-bit (q8) KV cache needs a head dimension that is a multiple of \
+                         {Q8_GROUP}; this model's is {}",
+                        config.head_dim
+                    )));
+                }
+                Layers::Q8 {
+                    codes: Planes::zeroed(n, per_layer),
+                    scales: Planes::zeroed(n, per_layer / Q8_GROUP),
+                }
+            }
             KvDtype::Bf16 => {
                 return Err(ModelError::Batch(
-                    "the CPU KV store holds f32 or f16, not bf16".into(),
+                    "the CPU KV store holds f32, f16 or q8, not bf16".into(),
                 ))
             }
         };
@@ -122,7 +145,7 @@ impl KvStore {
     /// Bytes one token occupies with keys and values as `dtype`: keys and values of all
     /// layers, and its final hidden state (f32).
     pub fn bytes_per_token(config: &ModelConfig, dtype: KvDtype) -> usize {
-        2 * config.num_layers * config.kv_dim() * dtype.size()
+        2 * config.num_layers * dtype.row_bytes(config.kv_dim())
             + config.hidden_size * std::mem::size_of::<f32>()
     }
 
@@ -131,6 +154,7 @@ impl KvStore {
         match self.layers {
             Layers::F32(_) => KvDtype::F32,
             Layers::F16(_) => KvDtype::F16,
+            Layers::Q8 { .. } => KvDtype::Q8,
         }
     }
 
@@ -153,7 +177,8 @@ impl KvStore {
     }
 
     /// Stores one token's key and value rows (`[kv_dim]` each) of `layer` at `slot`.
-    /// f16 stores round to nearest, ties to even.
+    /// f16 stores round to nearest, ties to even; q8 stores quantize each group of
+    /// [`Q8_GROUP`] elements ([`quantize_q8`]).
     pub fn write(&mut self, layer: usize, slot: usize, key: &[f32], value: &[f32]) {
         let r = slot * self.kv_dim..(slot + 1) * self.kv_dim;
         match &mut self.layers {
@@ -164,6 +189,19 @@ impl KvStore {
             Layers::F16(p) => {
                 p.keys[layer][r.clone()].convert_from_f32_slice(key);
                 p.values[layer][r].convert_from_f32_slice(value);
+            }
+            Layers::Q8 { codes, scales } => {
+                let g = r.start / Q8_GROUP..r.end / Q8_GROUP;
+                quantize_q8(
+                    key,
+                    &mut codes.keys[layer][r.clone()],
+                    &mut scales.keys[layer][g.clone()],
+                );
+                quantize_q8(
+                    value,
+                    &mut codes.values[layer][r],
+                    &mut scales.values[layer][g],
+                );
             }
         }
     }
@@ -190,6 +228,16 @@ impl KvStore {
             Layers::F16(p) => KvRows::F16 {
                 keys: &p.keys[layer],
                 values: &p.values[layer],
+            },
+            Layers::Q8 { codes, scales } => KvRows::Q8 {
+                keys: Q8Rows {
+                    codes: &codes.keys[layer],
+                    scales: &scales.keys[layer],
+                },
+                values: Q8Rows {
+                    codes: &codes.values[layer],
+                    scales: &scales.values[layer],
+                },
             },
         }
     }
@@ -218,6 +266,11 @@ impl KvStore {
         match &mut self.layers {
             Layers::F32(p) => p.copy_within(src, dst),
             Layers::F16(p) => p.copy_within(src, dst),
+            Layers::Q8 { codes, scales } => {
+                let g = |x: usize| x / Q8_GROUP;
+                scales.copy_within(g(src.start)..g(src.end), g(dst));
+                codes.copy_within(src, dst);
+            }
         }
         let len = self.block_size * self.hidden_size;
         self.hidden.copy_within(s * len..(s + 1) * len, d * len);

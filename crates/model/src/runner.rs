@@ -31,14 +31,19 @@ pub enum KvDtype {
     F16,
     /// bfloat16, rounded to nearest on write (the GPU's format).
     Bf16,
+    /// 8-bit codes with an f32 scale per 32 elements (`tandem_kernels::kv_quant`; the CPU's
+    /// smallest format: 1.125 bytes an element).
+    Q8,
 }
 
 impl KvDtype {
-    /// Bytes per stored element.
-    pub fn size(self) -> usize {
+    /// Bytes `elements` stored elements take (for [`KvDtype::Q8`], with the scales of their
+    /// groups, whole groups counted).
+    pub fn row_bytes(self, elements: usize) -> usize {
         match self {
-            KvDtype::F32 => 4,
-            KvDtype::F16 | KvDtype::Bf16 => 2,
+            KvDtype::F32 => 4 * elements,
+            KvDtype::F16 | KvDtype::Bf16 => 2 * elements,
+            KvDtype::Q8 => elements + std::mem::size_of::<f32>() * elements.div_ceil(KV_Q8_GROUP),
         }
     }
 
@@ -47,9 +52,13 @@ impl KvDtype {
             KvDtype::F32 => "f32",
             KvDtype::F16 => "f16",
             KvDtype::Bf16 => "bf16",
+            KvDtype::Q8 => "q8",
         }
     }
 }
+
+/// Elements sharing one scale in [`KvDtype::Q8`] rows.
+const KV_Q8_GROUP: usize = tandem_kernels::attention::Q8_GROUP;
 
 /// The shape of a runner's KV pool, fixed when the runner is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

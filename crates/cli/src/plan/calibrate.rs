@@ -143,13 +143,13 @@ pub fn fit_to_model(
 ) -> anyhow::Result<()> {
     measure(runner, 1, 16, 4, 8192)?; // first touch of the pool and scratch memory
     let steps = 16;
-    let kv_dtype_bytes = runner.kv_geometry().dtype.size();
+    let kv_dtype = runner.kv_geometry().dtype;
     let one = best_measure(runner, 1, 16, steps)?.decode_s / steps as f64;
     let fixed = hw.clone();
     let r = Roofline {
         shape,
         hw: &fixed,
-        kv_dtype_bytes,
+        kv_dtype,
     };
     let ceiling = r.decode(1, 16, steps) / steps as f64 - fixed.overhead_s(shape.num_layers);
     let extra = one - ceiling - fixed.step_overhead_s;

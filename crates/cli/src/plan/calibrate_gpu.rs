@@ -87,8 +87,8 @@ pub fn calibrate(args: &ModelArgs, ordinal: usize) -> Result<HardwareProfile> {
         runner.describe()
     );
     let steps = time_steps(&mut runner, long, block)?;
-    let kv_bytes = runner.kv_geometry().dtype.size();
-    let fitted = fit_gpu::fit(&base, &shape, kv_bytes, &steps);
+    let kv_dtype = runner.kv_geometry().dtype;
+    let fitted = fit_gpu::fit(&base, &shape, kv_dtype, &steps);
     for note in &fitted.notes {
         eprintln!("tandem: note: {note}");
     }

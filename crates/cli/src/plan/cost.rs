@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use super::hardware::{DeviceKind, HardwareProfile};
 use super::shape::ModelShape;
+use tandem_model::kv_store::KvDtype;
 
 /// Query rows the attention kernels handle per pass over a sequence's K/V.
 const ATTENTION_TILE: f64 = 16.0;
@@ -47,7 +48,7 @@ pub struct Roofline<'a> {
     pub shape: &'a ModelShape,
     pub hw: &'a HardwareProfile,
     /// Bytes per stored K or V element.
-    pub kv_dtype_bytes: usize,
+    pub kv_dtype: KvDtype,
 }
 
 impl Roofline<'_> {
@@ -59,7 +60,7 @@ impl Roofline<'_> {
         let tokens: f64 = seqs.iter().map(|q| q.new).sum();
         let rows: f64 = seqs.iter().map(|q| q.rows).sum();
         // Bytes of one position's keys and values in one layer.
-        let kv_per_pos = (s.kv_bytes_per_token(self.kv_dtype_bytes) / s.num_layers.max(1)) as f64;
+        let kv_per_pos = (s.kv_bytes_per_token(self.kv_dtype) / s.num_layers.max(1)) as f64;
         // The CPU's tile kernel reads a sequence's K/V once per tile of its new tokens; on a
         // GPU once a step (the step's other tokens find them in its cache). `.1`: the new
         // tokens of one pass (their windows' union is what a windowed layer reads).
@@ -259,7 +260,7 @@ mod tests {
         let r = Roofline {
             shape: &s,
             hw: &h,
-            kv_dtype_bytes: 2,
+            kv_dtype: KvDtype::F16,
         };
         let one = r.decode_step(1, 0.0);
         // 200 kB at 1 GB/s = 200 µs; 2 x 106,400 FLOPs at 10 GFLOP/s = 21 µs.
@@ -280,7 +281,7 @@ mod tests {
         let r = Roofline {
             shape: &s,
             hw: &h,
-            kv_dtype_bytes: 2,
+            kv_dtype: KvDtype::F16,
         };
         // Two prompts of 10 in steps of 8: steps of 8, 8 (2 + 6), 4.
         let t = r.prefill(2, 10, 8, (0, 0.0));

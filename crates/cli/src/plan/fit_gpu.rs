@@ -21,6 +21,7 @@ use super::cost::{Roofline, SeqWork};
 use super::hardware::{HardwareProfile, RatePoint};
 use super::shape::ModelShape;
 use super::step_times::TimedStep;
+use tandem_model::kv_store::KvDtype;
 
 /// The model's steps timed on the GPU.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,19 +52,13 @@ const UNBOUNDED: f64 = 1e30;
 /// A step within this share of its memory time is taken as bandwidth-bound.
 const MEMORY_BOUND_SLACK: f64 = 1.02;
 
-/// Fits `base` (a datasheet profile) to `m`, measured with a KV cache of `kv_dtype_bytes`
-/// bytes per element.
-pub fn fit(
-    base: &HardwareProfile,
-    shape: &ModelShape,
-    kv_dtype_bytes: usize,
-    m: &GpuSteps,
-) -> GpuFit {
+/// Fits `base` (a datasheet profile) to `m`, measured with a KV cache of `kv_dtype`.
+pub fn fit(base: &HardwareProfile, shape: &ModelShape, kv_dtype: KvDtype, m: &GpuSteps) -> GpuFit {
     let time = |hw: &HardwareProfile, s: &TimedStep| {
         Roofline {
             shape,
             hw,
-            kv_dtype_bytes,
+            kv_dtype,
         }
         .step(&s.work)
         .time_s

@@ -67,7 +67,7 @@ fn synthetic(hw: &HardwareProfile, shape: &ModelShape) -> GpuSteps {
     let r = Roofline {
         shape,
         hw,
-        kv_dtype_bytes: 2,
+        kv_dtype: KvDtype::F16,
     };
     let timed = |work: Vec<SeqWork>| TimedStep {
         secs: r.step(&work).time_s,
@@ -99,7 +99,7 @@ fn assert_reproduces(fitted: &HardwareProfile, shape: &ModelShape, m: &GpuSteps,
     let r = Roofline {
         shape,
         hw: fitted,
-        kv_dtype_bytes: 2,
+        kv_dtype: KvDtype::F16,
     };
     let all = [
         &m.decode_one,
@@ -124,7 +124,7 @@ fn the_fit_recovers_the_profile_that_produced_the_step_times() {
     let (shape, want) = (llama_1b(), known());
     let m = synthetic(&want, &shape);
     let base = builtin("h200").expect("built in");
-    let fitted = fit(&base, &shape, 2, &m);
+    let fitted = fit(&base, &shape, KvDtype::F16, &m);
     let got = &fitted.profile;
     assert!(fitted.notes.is_empty(), "{:?}", fitted.notes);
     assert!(
@@ -163,7 +163,7 @@ fn the_fit_recovers_the_profile_that_produced_the_step_times() {
 }
 
 fn fit_gpu_notes(base: &HardwareProfile, shape: &ModelShape, m: &GpuSteps) -> GpuFit {
-    fit(base, shape, 2, m)
+    fit(base, shape, KvDtype::F16, m)
 }
 
 #[test]
@@ -176,7 +176,12 @@ fn slow_attention_is_fitted_as_an_attention_rate_not_as_bandwidth() {
         ..known()
     };
     let m = synthetic(&want, &shape);
-    let fitted = fit(&builtin("h200").expect("built in"), &shape, 2, &m);
+    let fitted = fit(
+        &builtin("h200").expect("built in"),
+        &shape,
+        KvDtype::F16,
+        &m,
+    );
     assert_eq!(fitted.notes.len(), 1, "{:?}", fitted.notes);
     assert!(fitted.notes[0].contains("attention"), "{:?}", fitted.notes);
     assert!(close(fitted.profile.attention_flops, 4e12, 1e-2));

@@ -234,6 +234,9 @@ pub fn run(a: PlanArgs) -> Result<()> {
         );
     }
     let kv_dtype = match (a.engine.kv_cache_dtype, hw.kind) {
+        (Some(KvDtype::Q8), DeviceKind::Gpu) => {
+            bail!("--kv-cache-dtype q8: only the CPU stores an 8-bit KV cache")
+        }
         (Some(d), _) => d,
         (None, DeviceKind::Gpu) => KvDtype::Bf16,
         (None, DeviceKind::Cpu) if packs && !a.model.cpu_kernels()?.is_exact() => KvDtype::F16,

@@ -107,7 +107,7 @@ impl RateReport {
         let r = Roofline {
             shape: &i.shape,
             hw: &i.hw,
-            kv_dtype_bytes: i.kv_dtype.size(),
+            kv_dtype: i.kv_dtype,
         };
         let m = Lane::new(&r, i, capacity);
         let (x_peak, limited_by) = m.peak();
@@ -433,7 +433,7 @@ impl<'a> Lane<'a> {
         let holding = decoding + rate * mean_own;
         let kv_tokens = decoding * self.mean_ctx + rate * mean_own * self.mean_prompt;
         let c = self.capacity;
-        let slot = i.shape.kv_slot_bytes(i.kv_dtype.size()) as f64;
+        let slot = i.shape.kv_slot_bytes(i.kv_dtype) as f64;
         SteadyState {
             concurrency: rate * latency,
             decode_batch: 1.0 + others,

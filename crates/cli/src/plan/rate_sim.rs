@@ -106,7 +106,7 @@ pub fn simulate(i: &PlanInputs, rate: f64, n: usize, seed: u64) -> Measured {
     let r = Roofline {
         shape: &i.shape,
         hw: &i.hw,
-        kv_dtype_bytes: i.kv_dtype.size(),
+        kv_dtype: i.kv_dtype,
     };
     let warm = n / 10;
     let mut rng = Rng(seed);
@@ -328,7 +328,7 @@ mod tests {
         let r = Roofline {
             shape: &i.shape,
             hw: &i.hw,
-            kv_dtype_bytes: 2,
+            kv_dtype: KvDtype::F16,
         };
         let sat = solve(&i, 1.0).saturation.request_rate;
         let mut last = (0.0, 0.0, 0.0);
@@ -388,7 +388,7 @@ mod tests {
         let r = Roofline {
             shape: &i.shape,
             hw: &i.hw,
-            kv_dtype_bytes: 2,
+            kv_dtype: KvDtype::F16,
         };
         let fastest = r.decode_step(1, 0.0).time_s;
         assert!(sat.request_rate * (512.0 + 127.0) <= 2048.0 / fastest);
@@ -423,7 +423,7 @@ mod tests {
         let r = Roofline {
             shape: &i.shape,
             hw: &i.hw,
-            kv_dtype_bytes: 2,
+            kv_dtype: KvDtype::F16,
         };
         let alone = r.prefill(1, 512, 2048, (0, 0.0)) + r.decode(1, 512, 127);
         let rate = 1e-3;

@@ -116,7 +116,7 @@ impl Plan {
         let r = Roofline {
             shape: &i.shape,
             hw: &i.hw,
-            kv_dtype_bytes: i.kv_dtype.size(),
+            kv_dtype: i.kv_dtype,
         };
         let capacity = capacity(i)?;
         let mean_ctx = (i.prompt_len + i.gen_len / 2) as f64;
@@ -159,7 +159,7 @@ impl Plan {
 
 /// The pool as the engine sizes it: `budget / (slot bytes x block size)` blocks.
 pub fn capacity(i: &PlanInputs) -> Result<Capacity> {
-    let slot_bytes = i.shape.kv_slot_bytes(i.kv_dtype.size());
+    let slot_bytes = i.shape.kv_slot_bytes(i.kv_dtype);
     let per_block = (slot_bytes * i.block_size) as u64;
     if i.kv_budget_bytes < per_block {
         bail!(
@@ -175,7 +175,7 @@ pub fn capacity(i: &PlanInputs) -> Result<Capacity> {
     let max_concurrent_requests = fits.min(i.max_num_seqs);
     Ok(Capacity {
         kv_dtype: i.kv_dtype.name().into(),
-        kv_bytes_per_token: i.shape.kv_bytes_per_token(i.kv_dtype.size()),
+        kv_bytes_per_token: i.shape.kv_bytes_per_token(i.kv_dtype),
         slot_bytes,
         block_size: i.block_size,
         budget_bytes: i.kv_budget_bytes,

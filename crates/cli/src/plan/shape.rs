@@ -6,6 +6,7 @@
 use serde::Serialize;
 use tandem_model::config::MixtureOfExperts;
 use tandem_model::host_model::HostModel;
+use tandem_model::kv_store::KvDtype;
 use tandem_model::ModelConfig;
 
 /// The sizes of a model that set its cost.
@@ -114,14 +115,14 @@ impl ModelShape {
     }
 
     /// Bytes of keys and values one token adds to the cache (all layers).
-    pub fn kv_bytes_per_token(&self, kv_dtype_bytes: usize) -> usize {
-        2 * self.num_layers * self.kv_dim * kv_dtype_bytes
+    pub fn kv_bytes_per_token(&self, kv_dtype: KvDtype) -> usize {
+        2 * self.num_layers * kv_dtype.row_bytes(self.kv_dim)
     }
 
     /// Bytes one token slot of the engine's KV pool takes: keys and values, and the final
     /// hidden state in f32 that scoring reads back from the prefix cache.
-    pub fn kv_slot_bytes(&self, kv_dtype_bytes: usize) -> usize {
-        self.kv_bytes_per_token(kv_dtype_bytes) + 4 * self.hidden_size
+    pub fn kv_slot_bytes(&self, kv_dtype: KvDtype) -> usize {
+        self.kv_bytes_per_token(kv_dtype) + 4 * self.hidden_size
     }
 
     /// Matrix FLOPs of `tokens` tokens through the layers, plus `rows` rows of the LM head.

@@ -80,7 +80,7 @@ pub fn run(host: HostModel, args: &ModelArgs, i: &PlanInputs, quick: bool) -> Re
     let r = Roofline {
         shape: &i.shape,
         hw: &i.hw,
-        kv_dtype_bytes: i.kv_dtype.size(),
+        kv_dtype: i.kv_dtype,
     };
     let mut out = Vec::new();
     measure(runner.as_mut(), 1, 16, 4, BENCH_STEP_TOKENS)?; // first touch of pool and scratch

@@ -90,10 +90,15 @@ pub fn cpu_engine_with(
 /// A runner over `model` whose pool holds one scoring context of up to 2,048 tokens in
 /// blocks of 16 (what `tandem score` would build for such an input).
 pub fn scoring_runner(model: Model) -> Box<dyn ModelRunner> {
+    scoring_runner_with(model, None)
+}
+
+/// [`scoring_runner`] with keys and values stored as `kv_dtype` (else the model's default).
+pub fn scoring_runner_with(model: Model, kv_dtype: Option<KvDtype>) -> Box<dyn ModelRunner> {
     let spec = KvSpec {
         block_size: 16,
         num_blocks: 2048 / 16,
-        dtype: None,
+        dtype: kv_dtype,
     };
     Box::new(CpuRunner::new(model, spec).expect("KV pool"))
 }

@@ -4,6 +4,7 @@
 
 use tandem_model::batch::TokenId;
 use tandem_model::cpu_runner::{CpuRunner, KvSpec};
+use tandem_model::kv_store::KvDtype;
 use tandem_model::scoring::{score_tokens, ScoreOptions};
 use tandem_model::transformer::Model;
 
@@ -65,10 +66,15 @@ pub struct Fidelity {
 
 /// Scores the references with `model` (one scoring context of up to 4,096 tokens).
 pub fn fidelity(model: Model) -> Fidelity {
+    fidelity_with_kv(model, None)
+}
+
+/// [`fidelity`] with the KV cache stored as `dtype` (`None`: the model's default).
+pub fn fidelity_with_kv(model: Model, dtype: Option<KvDtype>) -> Fidelity {
     let spec = KvSpec {
         block_size: 16,
         num_blocks: 4096 / 16,
-        dtype: None,
+        dtype,
     };
     let mut runner = CpuRunner::new(model, spec).expect("KV pool");
     let refs = references();
