@@ -74,6 +74,9 @@ impl PreparedModel {
             let kv_dtype = kv_dtype.unwrap_or_else(|| model.default_kv_dtype());
             return Ok(PreparedModel::Cpu { model, kv_dtype });
         };
+        if kv_dtype == Some(KvDtype::Q8) {
+            bail!("--kv-cache-dtype q8: only the CPU stores an 8-bit KV cache");
+        }
         if kv_dtype.is_some_and(|d| d != args.dtype.kv_dtype()) {
             bail!(
                 "--kv-cache-dtype: on CUDA the KV cache follows --dtype ({})",

@@ -262,6 +262,8 @@ pub fn attend_heads_with(
         ..*kv
     };
     widest.assert_head_in_row("attend_heads");
+    // Each head too: 8-bit rows need every head, not only their span, on whole groups.
+    kv.assert_head_in_row("attend_heads");
     assert!(!kv.slots.is_empty(), "attend_heads: empty context");
     let kernels = Kernels::new(isa)
         .unwrap_or_else(|| panic!("attend_heads: this CPU cannot run the {isa} kernels"));

@@ -4,7 +4,8 @@
 //! Reading an element back is `code · scale`, rounded once to f32.
 //!
 //! A group is exact up to half a step of its scale: each element is off by at most
-//! `max |x| / 254` (plus the rounding of the scale's product). A group holding an infinity
+//! `max |x| / 254` (plus the rounding of the scale's product; for groups so small that the
+//! scale is subnormal, `max |x| < 127 · f32::MIN_POSITIVE`, the bound is absolute instead). A group holding an infinity
 //! reads back as NaN throughout (its scale is infinite), as a row of an f16 cache holds an
 //! infinity where a value exceeds f16's range; NaN elements read back as 0.
 

@@ -4,8 +4,8 @@
 //! ([`dtype`], [`quant`]), the scalar reference operations and their SIMD variants chosen at
 //! run time ([`isa`]), matrix products over quantized weights ([`matmul`], exact) and over
 //! weights repacked for integer dot products ([`packed`], the int8 path), the attention of a
-//! query group, or of a tile of a prefill chunk's tokens, over f32 or f16 KV rows
-//! ([`attention`]), huge-page buffers ([`huge_pages`]), trimming the heap ([`heap`]) and the persistent thread pool
+//! query group, or of a tile of a prefill chunk's tokens, over f32, f16 or 8-bit KV rows
+//! ([`attention`], [`kv_quant`]), huge-page buffers ([`huge_pages`]), trimming the heap ([`heap`]) and the persistent thread pool
 //! ([`thread_pool`]). It knows nothing of models or requests.
 #![allow(unsafe_code)]
 

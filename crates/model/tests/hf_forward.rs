@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use tandem_kernels::attention::KvRows;
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
 use tandem_model::hf_config::load_hf_config;
 use tandem_model::kv_store::{KvDtype, KvStore};
@@ -223,10 +224,11 @@ fn q8_kv_stays_close_to_transformers_and_chunks_change_no_bit() {
             got != f16,
             "{name} seq {i}: the q8 cache gave the f16 cache's logits"
         );
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
         for (chunk, block) in [(1, 16), (5, 4), (7, 1)] {
             let parts = run_chunked_as(&mut model, ids, chunk, block, KvDtype::Q8);
             assert!(
-                got == parts,
+                bits(&got) == bits(&parts),
                 "{name} seq {i}: chunk {chunk} block {block} differs"
             );
         }
@@ -235,6 +237,59 @@ fn q8_kv_stays_close_to_transformers_and_chunks_change_no_bit() {
     let err = KvStore::with_dtype(&narrow.config, 16, 4, KvDtype::Q8)
         .expect_err("a head of 16 dimensions cannot hold q8 groups of 32");
     assert!(err.to_string().contains("is 16"), "{err}");
+}
+
+/// A q8 block copied before a write (copy-on-write of a shared block) carries its codes and
+/// its scales, in every layer; writing into the copy leaves the original as it was.
+#[test]
+fn q8_blocks_copy_codes_and_scales() {
+    let config = load("qwen3", 1).config;
+    let (block, kv_dim) = (4, config.kv_dim());
+    let mut kv = KvStore::with_dtype(&config, block, 3, KvDtype::Q8).expect("kv");
+    let row = |slot: usize, layer: usize, scale: f32| -> Vec<f32> {
+        (0..kv_dim)
+            .map(|c| ((slot * 31 + layer * 7 + c * 13) % 97) as f32 * scale - 40.0 * scale)
+            .collect()
+    };
+    for layer in 0..config.num_layers {
+        for slot in 0..block {
+            let s = 0.01 * (1 + slot + layer) as f32;
+            kv.write(
+                layer,
+                slot,
+                &row(slot, layer, s),
+                &row(slot + 5, layer, 2.0 * s),
+            );
+        }
+    }
+    let rows_of = |kv: &KvStore, layer: usize, first: usize| -> Vec<f32> {
+        let KvRows::Q8 { keys, values } = kv.layer(layer) else {
+            panic!("a q8 store lends 8-bit rows");
+        };
+        (first * kv_dim..(first + block) * kv_dim)
+            .flat_map(|i| [keys.get(i), values.get(i)])
+            .collect()
+    };
+    let before: Vec<Vec<f32>> = (0..config.num_layers).map(|l| rows_of(&kv, l, 0)).collect();
+    kv.copy_block(BlockId(0), BlockId(2));
+    for (layer, want) in before.iter().enumerate() {
+        assert_eq!(
+            &rows_of(&kv, layer, 2 * block),
+            want,
+            "layer {layer}: the copy"
+        );
+    }
+    kv.write(0, 2 * block, &row(9, 0, 3.0), &row(9, 0, 3.0));
+    assert_eq!(
+        rows_of(&kv, 0, 0),
+        before[0],
+        "the original after a write into the copy"
+    );
+    assert_ne!(
+        rows_of(&kv, 0, 2 * block),
+        before[0],
+        "the write into the copy"
+    );
 }
 
 /// Max |Δlogit| allowed with a q8 KV cache: a value is off by up to 1/254 of its group's

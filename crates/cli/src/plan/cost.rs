@@ -47,7 +47,7 @@ pub struct StepCost {
 pub struct Roofline<'a> {
     pub shape: &'a ModelShape,
     pub hw: &'a HardwareProfile,
-    /// Bytes per stored K or V element.
+    /// How the KV cache stores keys and values (its bytes per token).
     pub kv_dtype: KvDtype,
 }
 

@@ -237,6 +237,11 @@ pub fn run(a: PlanArgs) -> Result<()> {
         (Some(KvDtype::Q8), DeviceKind::Gpu) => {
             bail!("--kv-cache-dtype q8: only the CPU stores an 8-bit KV cache")
         }
+        (Some(KvDtype::Q8), DeviceKind::Cpu) => bail!(
+            "--kv-cache-dtype q8: the plan does not price it yet (its cost model reads bytes, \
+             and q8's decode attention is bound by dequantizing, not by its bytes; see \
+             BENCHMARKS.md)"
+        ),
         (Some(d), _) => d,
         (None, DeviceKind::Gpu) => KvDtype::Bf16,
         (None, DeviceKind::Cpu) if packs && !a.model.cpu_kernels()?.is_exact() => KvDtype::F16,

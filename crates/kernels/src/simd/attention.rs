@@ -4,7 +4,8 @@
 //! dots as 16 lanes of fused multiply-adds (scalar tail, the tree of [`crate::dot16`]), `exp`
 //! as the vector form of [`crate::attention::exp_fixed`] on the 16 scores of a block at once,
 //! and the value accumulation with 16 head dimensions per vector (fused multiply-adds,
-//! positions in increasing order). f16 rows are widened exactly as they are loaded. The
+//! positions in increasing order). f16 rows are widened exactly as they are loaded, 8-bit
+//! rows multiplied by their group's scale (one rounding, the reference's too). The
 //! results are bitwise equal to the scalar reference. A block's K and V rows are located once
 //! for all the group's query heads; with AVX-512's 32 registers each key vector is widened
 //! once for three heads at a time (their 3 × 8 score accumulators stay in registers) and each
@@ -96,7 +97,10 @@ impl Element for Q8Rows<'_> {
     #[inline(always)]
     fn prefetch(self) {
         prefetch_bytes(self.codes.as_ptr(), self.codes.len());
-        prefetch_bytes(self.scales.as_ptr().cast(), 1);
+        prefetch_bytes(
+            self.scales.as_ptr().cast(),
+            std::mem::size_of_val(self.scales),
+        );
     }
 }
 

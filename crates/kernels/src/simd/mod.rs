@@ -3,7 +3,7 @@
 //! stored rows (SIMD only; used for single-token calls), the int8 kernel of one packed row
 //! group and the activation quantizer (`packed_vnni`, `packed_avx2`; bitwise equal to
 //! `packed::reference`), and the attention of the query groups of one or more KV heads
-//! (`attention`; bitwise equal to scalar, over f32 or f16 rows).
+//! (`attention`; bitwise equal to scalar, over f32, f16 or 8-bit rows).
 //!
 //! | ISA           | f32 path vs scalar | quantized weights (all but Q2_K)                         |
 //! |---------------|--------------------|----------------------------------------------------------|
