@@ -109,7 +109,10 @@ pub fn build_engine(
         let draft = match draft {
             Some(d) => {
                 let ratio = d.weight_bytes() as f64 / target_weights.max(1) as f64;
-                Some((d.into_runner(block_size, Some(g.num_blocks))?, ratio))
+                let runner = d.into_runner(block_size, Some(g.num_blocks)).context(
+                    "the draft model's KV pool (it stores keys and values as the target's do)",
+                )?;
+                Some((runner, ratio))
             }
             None => None,
         };
