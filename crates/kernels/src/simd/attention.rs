@@ -38,6 +38,9 @@ pub(super) trait Element: Copy {
     fn at(self, c: usize) -> f32;
     /// Asks for the row's lines to be brought into L2.
     fn prefetch(self);
+    /// Whether widening a vector needs registers of its own (8-bit codes: the codes and
+    /// their scale), so that the kernels keep fewer accumulators live while they load.
+    const NARROW: bool = false;
 }
 
 /// Asks for the `bytes` bytes from `p` to be brought into L2 (in decode the rows come from
@@ -84,6 +87,7 @@ impl Element for &[f16] {
 }
 
 impl Element for Q8Rows<'_> {
+    const NARROW: bool = true;
     /// `c` is a multiple of 16, so the 16 elements share one scale.
     #[inline(always)]
     unsafe fn load<V: Lanes16>(self, c: usize) -> V {
@@ -390,35 +394,51 @@ unsafe fn accumulate_heads<V: Lanes16, E: Element>(
 /// Query heads whose scores [`scores_3`] computes together.
 const SCORE_HEADS: usize = 3;
 
-/// [`scores`] of three query heads (`q`: `[3, d]`) at once, half a block of positions at a
-/// time (3 × 8 accumulators stay in registers): each key vector is loaded and widened once for
-/// the three. Per head and position the fused multiply-adds run in the order of [`scores`]
-/// and the same tree sums them, so the bits are the same.
+/// [`scores`] of three query heads (`q`: `[3, d]`) at once, a part of a block of positions at
+/// a time (half a block: 3 × 8 accumulators stay in registers; a quarter for rows whose
+/// conversion needs registers of its own, [`Element::NARROW`]): each key vector is loaded
+/// and widened once for the three. Per head and position the fused multiply-adds run in the
+/// order of [`scores`] and the same tree sums them, so the bits are the same.
 ///
 /// # Safety
 /// As [`scores`], with `q.len() == 3 · d`.
 #[inline(always)]
 unsafe fn scores_3<V: Lanes16, E: Element>(q: &[f32], k: &[E; POS_BLOCK]) -> [V; SCORE_HEADS] {
-    const HALF: usize = POS_BLOCK / 2;
+    if E::NARROW {
+        scores_3_by::<V, E, { POS_BLOCK / 4 }>(q, k)
+    } else {
+        scores_3_by::<V, E, { POS_BLOCK / 2 }>(q, k)
+    }
+}
+
+/// [`scores_3`], `PART` positions at a time.
+///
+/// # Safety
+/// As [`scores_3`].
+#[inline(always)]
+unsafe fn scores_3_by<V: Lanes16, E: Element, const PART: usize>(
+    q: &[f32],
+    k: &[E; POS_BLOCK],
+) -> [V; SCORE_HEADS] {
     let d = q.len() / SCORE_HEADS;
     let mut acc = [[V::zero(); POS_BLOCK]; SCORE_HEADS];
-    for half in 0..2 {
-        let mut a = [[V::zero(); HALF]; SCORE_HEADS];
+    for part in 0..POS_BLOCK / PART {
+        let mut a = [[V::zero(); PART]; SCORE_HEADS];
         for c in (0..d).step_by(LANES) {
             let qv: [V; SCORE_HEADS] = [
                 V::load(q.as_ptr().add(c)),
                 V::load(q.as_ptr().add(d + c)),
                 V::load(q.as_ptr().add(2 * d + c)),
             ];
-            for j in 0..HALF {
-                let kv = k[half * HALF + j].load::<V>(c);
+            for j in 0..PART {
+                let kv = k[part * PART + j].load::<V>(c);
                 for i in 0..SCORE_HEADS {
                     a[i][j] = qv[i].mul_add(kv, a[i][j]);
                 }
             }
         }
         for i in 0..SCORE_HEADS {
-            acc[i][half * HALF..(half + 1) * HALF].copy_from_slice(&a[i]);
+            acc[i][part * PART..(part + 1) * PART].copy_from_slice(&a[i]);
         }
     }
     [
