@@ -92,16 +92,46 @@ impl Q8Rows<'_> {
     }
 }
 
+/// One head's row of a slot in a store's format.
+pub(crate) trait KvRow: Copy {
+    /// Element `c` as f32: as stored, f16 widened exactly, or an 8-bit code times its scale.
+    fn at(self, c: usize) -> f32;
+}
+
+impl KvRow for &[f32] {
+    #[inline(always)]
+    fn at(self, c: usize) -> f32 {
+        self[c]
+    }
+}
+
+impl KvRow for &[f16] {
+    #[inline(always)]
+    fn at(self, c: usize) -> f32 {
+        self[c].to_f32()
+    }
+}
+
+impl KvRow for Q8Rows<'_> {
+    #[inline(always)]
+    fn at(self, c: usize) -> f32 {
+        self.get(c)
+    }
+}
+
 /// One plane of a layer's rows (its keys or its values) in a store's format: how one head's
 /// row of a slot is found.
 pub(crate) trait KvPlane: Copy {
     /// One head's row of one slot.
-    type Row: Copy;
+    type Row: KvRow;
     /// The `len` elements from `start` on.
     fn row(self, start: usize, len: usize) -> Self::Row;
 }
 
-impl<'a, E: Copy> KvPlane for &'a [E] {
+impl<'a, E: Copy> KvPlane for &'a [E]
+where
+    &'a [E]: KvRow,
+{
     type Row = &'a [E];
     #[inline(always)]
     fn row(self, start: usize, len: usize) -> &'a [E] {
@@ -398,57 +428,25 @@ pub(crate) fn attend_group_scalar(
 fn attend_one_scalar(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
     match kv.rows {
         KvRows::F32 { keys, values } => attend_rows_scalar(q, &kv.head(keys, values), scale, out),
-        KvRows::F16 { keys, values } => {
-            let head = kv.head(keys, values);
-            attend_widened(
-                q,
-                kv,
-                |s| head.key(s).iter().map(|x| x.to_f32()).collect(),
-                |s| head.value(s).iter().map(|x| x.to_f32()).collect(),
-                scale,
-                out,
-            )
-        }
-        KvRows::Q8 { keys, values } => {
-            let head = kv.head(keys, values);
-            let d = kv.head_dim;
-            attend_widened(
-                q,
-                kv,
-                |s| {
-                    let k = head.key(s);
-                    (0..d).map(|c| k.get(c)).collect()
-                },
-                |s| {
-                    let v = head.value(s);
-                    (0..d).map(|c| v.get(c)).collect()
-                },
-                scale,
-                out,
-            )
-        }
+        KvRows::F16 { keys, values } => attend_widened(q, &kv.head(keys, values), scale, out),
+        KvRows::Q8 { keys, values } => attend_widened(q, &kv.head(keys, values), scale, out),
     }
 }
 
-/// [`attend_rows_scalar`] over the context's rows of this head widened to f32 in position
-/// order: `key(slot)` and `value(slot)` give a slot's rows as f32.
-fn attend_widened(
-    q: &[f32],
-    kv: &KvView<'_>,
-    key: impl Fn(usize) -> Vec<f32>,
-    value: impl Fn(usize) -> Vec<f32>,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let k: Vec<f32> = kv.slots.iter().flat_map(|&s| key(s)).collect();
-    let v: Vec<f32> = kv.slots.iter().flat_map(|&s| value(s)).collect();
+/// [`attend_rows_scalar`] over the context's rows of this head read as f32 ([`KvRow::at`]),
+/// in position order.
+fn attend_widened<P: KvPlane>(q: &[f32], kv: &HeadRows<'_, P>, scale: f32, out: &mut [f32]) {
+    let d = kv.head_dim;
+    let widen = |row: P::Row| (0..d).map(move |c| row.at(c));
+    let k: Vec<f32> = kv.slots.iter().flat_map(|&s| widen(kv.key(s))).collect();
+    let v: Vec<f32> = kv.slots.iter().flat_map(|&s| widen(kv.value(s))).collect();
     let slots: Vec<usize> = (0..kv.slots.len()).collect();
     let widened = HeadRows {
         keys: &k[..],
         values: &v[..],
-        row_stride: kv.head_dim,
+        row_stride: d,
         offset: 0,
-        head_dim: kv.head_dim,
+        head_dim: d,
         slots: &slots,
     };
     attend_rows_scalar(q, &widened, scale, out)

@@ -6,6 +6,9 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a test failure
 
+mod common;
+use common::assert_bits;
+
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -82,22 +85,6 @@ impl Layer {
             values: &self.values,
         }
     }
-}
-
-fn assert_bits(a: &[f32], b: &[f32], what: &str) -> Result<(), TestCaseError> {
-    prop_assert_eq!(a.len(), b.len());
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        prop_assert_eq!(
-            x.to_bits(),
-            y.to_bits(),
-            "{}: element {}: {} vs {}",
-            what,
-            i,
-            x,
-            y
-        );
-    }
-    Ok(())
 }
 
 /// Slots `0..n_slots` shuffled, the first `context` of them.

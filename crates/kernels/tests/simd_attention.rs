@@ -8,6 +8,9 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a test failure
 
+mod common;
+use common::assert_bits;
+
 use half::f16;
 use proptest::prelude::*;
 use rand::rngs::StdRng;
@@ -171,22 +174,6 @@ impl Case {
         }
         out
     }
-}
-
-fn assert_bits(a: &[f32], b: &[f32], what: &str) -> Result<(), TestCaseError> {
-    prop_assert_eq!(a.len(), b.len());
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        prop_assert_eq!(
-            x.to_bits(),
-            y.to_bits(),
-            "{}: element {}: {} vs {}",
-            what,
-            i,
-            x,
-            y
-        );
-    }
-    Ok(())
 }
 
 proptest! {

@@ -5,6 +5,9 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a test failure
 
+mod common;
+use common::assert_bits;
+
 use std::sync::OnceLock;
 
 use proptest::prelude::*;
@@ -40,22 +43,6 @@ fn run(isa: Isa, threads: usize, w: &WeightView<'_>, x: &[f32], n_tokens: usize)
     let mut y = vec![f32::NAN; n_tokens * w.rows]; // [n_tokens, rows]
     matmul_with(isa, pool(threads), w, x, &mut y, n_tokens);
     y
-}
-
-fn assert_bits(a: &[f32], b: &[f32], what: &str) -> Result<(), TestCaseError> {
-    prop_assert_eq!(a.len(), b.len());
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        prop_assert_eq!(
-            x.to_bits(),
-            y.to_bits(),
-            "{}: element {}: {} vs {}",
-            what,
-            i,
-            x,
-            y
-        );
-    }
-    Ok(())
 }
 
 /// (dtype, cols): a few blocks for quantized types, any length up to 300 for float types.

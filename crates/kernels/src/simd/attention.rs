@@ -21,21 +21,19 @@ use half::f16;
 use super::lanes::Lanes16;
 use crate::attention::exp_consts::{EXP_BIAS, LN2_HI, LN2_LO, LOG2E, MAX_X, MIN_X, P, ROUND};
 use crate::attention::{
-    add_in_order, grown_max, HeadRows, KvPlane, KvRows, KvView, Q8Rows, GROUP_MAX, KV_HEADS_MAX,
-    POS_BLOCK, Q8_GROUP,
+    add_in_order, grown_max, HeadRows, KvPlane, KvRow, KvRows, KvView, Q8Rows, GROUP_MAX,
+    KV_HEADS_MAX, POS_BLOCK, Q8_GROUP,
 };
 use crate::dot16::{tree_sum, LANES};
 
-/// One head's K or V row of a slot, in a store's format: read 16 elements at a time, or one
-/// at a time, as f32 (f32 as stored, f16 widened exactly, 8-bit codes times their scale).
-pub(super) trait Element: Copy {
+/// One head's K or V row of a slot, in a store's format, read 16 elements at a time as f32
+/// (and one at a time by [`KvRow::at`]).
+pub(super) trait Element: KvRow {
     /// Elements `c..c + 16`, as f32.
     ///
     /// # Safety
     /// The CPU must support `V`'s features; `c + 16` must not exceed the row's length.
     unsafe fn load<V: Lanes16>(self, c: usize) -> V;
-    /// Element `c`, as f32.
-    fn at(self, c: usize) -> f32;
     /// Asks for the row's lines to be brought into L2.
     fn prefetch(self);
     /// Whether widening a vector needs registers of its own (8-bit codes: the codes and
@@ -61,10 +59,6 @@ impl Element for &[f32] {
         V::load(self.as_ptr().add(c))
     }
     #[inline(always)]
-    fn at(self, c: usize) -> f32 {
-        self[c]
-    }
-    #[inline(always)]
     fn prefetch(self) {
         prefetch_bytes(self.as_ptr().cast(), std::mem::size_of_val(self));
     }
@@ -75,10 +69,6 @@ impl Element for &[f16] {
     unsafe fn load<V: Lanes16>(self, c: usize) -> V {
         // `f16` is a transparent little-endian `u16`.
         V::load_f16(self.as_ptr().add(c).cast())
-    }
-    #[inline(always)]
-    fn at(self, c: usize) -> f32 {
-        self[c].to_f32()
     }
     #[inline(always)]
     fn prefetch(self) {
@@ -93,10 +83,6 @@ impl Element for Q8Rows<'_> {
     unsafe fn load<V: Lanes16>(self, c: usize) -> V {
         let codes = _mm_loadu_si128(self.codes.as_ptr().add(c).cast());
         V::from_i8(codes).mul(V::splat(*self.scales.as_ptr().add(c / Q8_GROUP)))
-    }
-    #[inline(always)]
-    fn at(self, c: usize) -> f32 {
-        self.get(c)
     }
     #[inline(always)]
     fn prefetch(self) {
