@@ -17,17 +17,34 @@
 //! 4. `p[j] = exp(s[j] − m')`, then `l ← l + p[j]` in increasing `j`;
 //! 5. `acc[d] ← fma(p[j], v[j][d], acc[d])` in increasing `j` (fused: one rounding);
 //!
-//! and finally `out[d] = acc[d] · (1 / l)`. `exp` is [`exp_fixed`], a polynomial made of
-//! plain multiplications and additions, so a SIMD lane computes the same bits as the scalar
-//! function. The order depends only on the context length: a query's result does not depend
-//! on the other queries of the group, the batch, the chunking or the thread split, and the
-//! SIMD variants are **bitwise equal** to the scalar reference ([`attend_group_scalar`]).
+//! These steps run over one **partition** of the context at a time: [`POS_PARTITION`]
+//! positions counted from the context's first slot (the last partition shorter), each from a
+//! fresh state (`m = −∞`, `l = 0`, `acc = 0`). With one partition the result is
+//! `out[d] = acc[d] · (1 / l)`. With more, the partitions' states are folded in order first
+//! ([`fold_partitions`]: `M' = max(M, m_p)`, `a = exp(M − M')`, `b = exp(m_p − M')`,
+//! `L ← L·a + l_p·b`, `ACC[d] ← ACC[d]·a + acc_p[d]·b`, unfused), then divided the same way.
+//! Fixed partitions let one long sequence's decode spread over the threads, a partition per
+//! task, with the bits it gets in one task (and those of the tile kernel that scores it).
+//!
+//! `exp` is [`exp_fixed`], a polynomial made of plain multiplications and additions, so a
+//! SIMD lane computes the same bits as the scalar function. The order depends only on the
+//! context length: a query's result does not depend on the other queries of the group, the
+//! batch, the chunking or the thread split, and the SIMD variants are **bitwise equal** to
+//! the scalar reference ([`attend_group_scalar`]).
+
+mod partitions;
+mod reference;
+mod tile_work;
 
 use half::f16;
 
-use crate::dot16;
 use crate::isa::{self, Isa};
 use crate::simd::Kernels;
+
+pub(crate) use partitions::Partial;
+pub use partitions::{fold_partitions, partitions, record_len, PARTIAL_HEADS_MAX, POS_PARTITION};
+pub(crate) use reference::{attend_group_scalar, attend_tile_scalar};
+pub(crate) use tile_work::TileWork;
 
 /// Context positions per block of the online softmax (fixed: part of the numeric contract).
 pub const POS_BLOCK: usize = 16;
@@ -257,7 +274,7 @@ pub fn attend_with(isa: Isa, q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [
         .unwrap_or_else(|| panic!("attend: this CPU cannot run the {isa} kernels"));
     let chunk = GROUP_MAX * d;
     for (qg, og) in q.chunks(chunk).zip(out.chunks_mut(chunk)) {
-        kernels.attend_group(qg, kv, 1, scale, og);
+        partitions::attend_group(&kernels, qg, kv, 1, scale, og);
     }
 }
 
@@ -279,25 +296,14 @@ pub fn attend_heads_with(
     scale: f32,
     out: &mut [f32],
 ) {
-    let d = kv.head_dim;
-    let span = kv_heads * d;
-    assert!(
-        span > 0 && q.len() == out.len() && q.len().is_multiple_of(span),
-        "attend_heads: q has {} elements, out {}, {kv_heads} KV heads of {d}",
+    assert_eq!(
         q.len(),
-        out.len()
+        out.len(),
+        "attend_heads: q and out differ in length"
     );
-    let widest = KvView {
-        head_dim: span,
-        ..*kv
-    };
-    widest.assert_head_in_row("attend_heads");
-    // Each head too: 8-bit rows need every head, not only their span, on whole groups.
-    kv.assert_head_in_row("attend_heads");
-    assert!(!kv.slots.is_empty(), "attend_heads: empty context");
-    let kernels = Kernels::new(isa)
-        .unwrap_or_else(|| panic!("attend_heads: this CPU cannot run the {isa} kernels"));
-    let group = q.len() / span;
+    let kernels = checked_heads(isa, q, kv, kv_heads, "attend_heads");
+    let d = kv.head_dim;
+    let group = q.len() / (kv_heads * d);
     if group > GROUP_MAX || kv_heads > KV_HEADS_MAX {
         // Groups too large to walk together: one KV head at a time (the same bits).
         let groups = q.chunks(group * d).zip(out.chunks_mut(group * d));
@@ -310,7 +316,59 @@ pub fn attend_heads_with(
         }
         return;
     }
-    kernels.attend_group(q, kv, kv_heads, scale, out);
+    partitions::attend_group(&kernels, q, kv, kv_heads, scale, out);
+}
+
+/// The state that [`attend_heads_with`] reaches over `kv`'s context when that is one
+/// partition, or one partition of a longer context (at most [`POS_PARTITION`] positions),
+/// written to `record` ([`record_len`] of the query heads): what [`fold_partitions`] turns
+/// into the bits of the whole context in one call, from the records of its partitions in
+/// order. For decode tasks that take a partition range of a long context each.
+///
+/// Panics as [`attend_heads_with`] does, if the context is longer than a partition, a group
+/// has more than [`GROUP_MAX`] heads or there are more than [`KV_HEADS_MAX`] KV heads.
+pub fn attend_partition_with(
+    isa: Isa,
+    q: &[f32],
+    kv: &KvView<'_>,
+    kv_heads: usize,
+    scale: f32,
+    record: &mut [f32],
+) {
+    let kernels = checked_heads(isa, q, kv, kv_heads, "attend_partition");
+    let heads = q.len() / kv.head_dim;
+    assert!(
+        kv.slots.len() <= POS_PARTITION
+            && heads / kv_heads <= GROUP_MAX
+            && kv_heads <= KV_HEADS_MAX
+            && record.len() == record_len(heads, kv.head_dim),
+        "attend_partition: {} positions, {heads} query heads of {kv_heads} KV heads, a record of {}",
+        kv.slots.len(),
+        record.len()
+    );
+    let state = Partial::in_record(record, heads);
+    kernels.attend_partition(q, kv, kv_heads, scale, state);
+}
+
+/// The kernels of `isa` after the checks of the entry points that take `kv_heads` KV heads'
+/// query heads `q` over `kv` (`caller` names the entry point in a panic).
+fn checked_heads(isa: Isa, q: &[f32], kv: &KvView<'_>, kv_heads: usize, caller: &str) -> Kernels {
+    let d = kv.head_dim;
+    let span = kv_heads * d;
+    assert!(
+        span > 0 && q.len().is_multiple_of(span),
+        "{caller}: q has {} elements for {kv_heads} KV heads of {d}",
+        q.len(),
+    );
+    let widest = KvView {
+        head_dim: span,
+        ..*kv
+    };
+    widest.assert_head_in_row(caller);
+    // Each head too: 8-bit rows need every head, not only their span, on whole groups.
+    kv.assert_head_in_row(caller);
+    assert!(!kv.slots.is_empty(), "{caller}: empty context");
+    Kernels::new(isa).unwrap_or_else(|| panic!("{caller}: this CPU cannot run the {isa} kernels"))
 }
 
 /// `out[i] = softmax_j(q[i] · k[j] · scale) · v[j]` over the first `context[i]` positions of
@@ -356,154 +414,22 @@ pub fn attend_rows_with(
     let kernels = Kernels::new(isa)
         .unwrap_or_else(|| panic!("attend_rows: this CPU cannot run the {isa} kernels"));
     if d > TILE_HEAD_DIM_MAX {
-        each_row_alone(q, context, kv, scale, out, |qi, view, s, oi| {
-            kernels.attend_group(qi, view, 1, s, oi)
-        });
+        // Rows one by one through the group kernel (the same bits).
+        let rows = q.chunks_exact(d).zip(out.chunks_mut(d));
+        for ((qi, oi), &n) in rows.zip(context) {
+            let view = KvView {
+                slots: &kv.slots[..n],
+                ..*kv
+            };
+            partitions::attend_group(&kernels, qi, &view, 1, scale, oi);
+        }
         return;
     }
     let chunk = TILE_ROWS * d;
     let tiles = q.chunks(chunk).zip(out.chunks_mut(chunk));
     for ((qt, ot), ct) in tiles.zip(context.chunks(TILE_ROWS)) {
-        kernels.attend_tile(qt, ct, kv, scale, ot);
+        partitions::attend_tile(&kernels, qt, ct, kv, scale, ot);
     }
-}
-
-/// The scalar form of the tile kernel: every row on its own through the reference.
-pub(crate) fn attend_tile_scalar(
-    q: &[f32],
-    context: &[usize],
-    kv: &KvView<'_>,
-    scale: f32,
-    out: &mut [f32],
-) {
-    each_row_alone(q, context, kv, scale, out, attend_one_scalar);
-}
-
-/// `attend_one(q[i], kv over its first context[i] slots, scale, out[i])` for every row.
-fn each_row_alone<F>(
-    q: &[f32],
-    context: &[usize],
-    kv: &KvView<'_>,
-    scale: f32,
-    out: &mut [f32],
-    attend_one: F,
-) where
-    F: Fn(&[f32], &KvView<'_>, f32, &mut [f32]),
-{
-    let d = kv.head_dim;
-    let rows = q.chunks_exact(d).zip(out.chunks_exact_mut(d));
-    for ((qi, oi), &n) in rows.zip(context) {
-        let view = KvView {
-            slots: &kv.slots[..n],
-            ..*kv
-        };
-        attend_one(qi, &view, scale, oi);
-    }
-}
-
-/// The scalar reference of [`attend_heads_with`] for at most [`GROUP_MAX`] query heads per
-/// KV head: each group on its own, in the order of the module docs. Shapes are checked by
-/// the callers.
-pub(crate) fn attend_group_scalar(
-    q: &[f32],
-    kv: &KvView<'_>,
-    kv_heads: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let n = q.len() / kv_heads.max(1);
-    if n == 0 {
-        return;
-    }
-    for (h, (qh, oh)) in q.chunks(n).zip(out.chunks_mut(n)).enumerate() {
-        let head = KvView {
-            offset: kv.offset + h * kv.head_dim,
-            ..*kv
-        };
-        attend_one_scalar(qh, &head, scale, oh);
-    }
-}
-
-/// The scalar reference of [`attend`] for at most [`GROUP_MAX`] query heads of one KV head.
-fn attend_one_scalar(q: &[f32], kv: &KvView<'_>, scale: f32, out: &mut [f32]) {
-    match kv.rows {
-        KvRows::F32 { keys, values } => attend_rows_scalar(q, &kv.head(keys, values), scale, out),
-        KvRows::F16 { keys, values } => attend_widened(q, &kv.head(keys, values), scale, out),
-        KvRows::Q8 { keys, values } => attend_widened(q, &kv.head(keys, values), scale, out),
-    }
-}
-
-/// [`attend_rows_scalar`] over the context's rows of this head read as f32 ([`KvRow::at`]),
-/// in position order.
-fn attend_widened<P: KvPlane>(q: &[f32], kv: &HeadRows<'_, P>, scale: f32, out: &mut [f32]) {
-    let d = kv.head_dim;
-    let widen = |row: P::Row| (0..d).map(move |c| row.at(c));
-    let k: Vec<f32> = kv.slots.iter().flat_map(|&s| widen(kv.key(s))).collect();
-    let v: Vec<f32> = kv.slots.iter().flat_map(|&s| widen(kv.value(s))).collect();
-    let slots: Vec<usize> = (0..kv.slots.len()).collect();
-    let widened = HeadRows {
-        keys: &k[..],
-        values: &v[..],
-        row_stride: d,
-        offset: 0,
-        head_dim: d,
-        slots: &slots,
-    };
-    attend_rows_scalar(q, &widened, scale, out)
-}
-
-/// [`attend_one_scalar`] over f32 rows.
-fn attend_rows_scalar(q: &[f32], kv: &HeadRows<'_, &[f32]>, scale: f32, out: &mut [f32]) {
-    let d = kv.head_dim;
-    let g = q.len() / d;
-    assert!(g <= GROUP_MAX, "attend_group: {g} query heads");
-    out.fill(0.0);
-    let mut m = [f32::NEG_INFINITY; GROUP_MAX];
-    let mut l = [0.0f32; GROUP_MAX];
-    let mut p = [[0.0f32; POS_BLOCK]; GROUP_MAX];
-    for block in kv.slots.chunks(POS_BLOCK) {
-        for (j, &slot) in block.iter().enumerate() {
-            let k = kv.key(slot);
-            for (i, qi) in q.chunks_exact(d).enumerate() {
-                p[i][j] = fused_dot(qi, k) * scale;
-            }
-        }
-        for (i, acc) in out.chunks_exact_mut(d).enumerate() {
-            let s = &mut p[i][..block.len()];
-            let (m_new, c) = block_max(m[i], s);
-            if let Some(c) = c {
-                l[i] *= c;
-                acc.iter_mut().for_each(|a| *a *= c);
-            }
-            m[i] = m_new;
-            for x in s.iter_mut() {
-                *x = exp_fixed(*x - m_new);
-            }
-            l[i] = add_in_order(l[i], s);
-        }
-        for (j, &slot) in block.iter().enumerate() {
-            let v = kv.value(slot);
-            for (i, acc) in out.chunks_exact_mut(d).enumerate() {
-                for (a, &b) in acc.iter_mut().zip(v) {
-                    *a = p[i][j].mul_add(b, *a);
-                }
-            }
-        }
-    }
-    for (i, acc) in out.chunks_exact_mut(d).enumerate() {
-        let inv = 1.0 / l[i];
-        acc.iter_mut().for_each(|a| *a *= inv);
-    }
-}
-
-/// Step 1's dot of the module docs: 16 lanes of fused multiply-adds, then the tree.
-fn fused_dot(q: &[f32], k: &[f32]) -> f32 {
-    let mut acc = [0.0f32; dot16::LANES];
-    for (c, (&a, &b)) in q.iter().zip(k).enumerate() {
-        let lane = &mut acc[c % dot16::LANES];
-        *lane = a.mul_add(b, *lane);
-    }
-    dot16::tree_sum(&acc)
 }
 
 /// Steps 2 and 3 of the module docs: the new running maximum after the block's scores `s`,

@@ -106,7 +106,7 @@ proptest! {
         head_dim in prop_oneof![Just(64usize), Just(32), Just(96), Just(128), Just(256)],
         group in 1usize..=9,
         kv_heads in 1usize..=4,
-        context in 1usize..70,
+        context in prop_oneof![1usize..70, 120usize..300],
         spread in prop_oneof![Just(1.0f32), Just(6.0)],
     ) {
         let mut rng = StdRng::seed_from_u64(seed);

@@ -16,7 +16,10 @@ use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use tandem_kernels::attention::{attend_heads_with, attend_rows_with, attend_with, KvRows, KvView};
+use tandem_kernels::attention::{
+    attend_heads_with, attend_partition_with, attend_rows_with, attend_with, fold_partitions,
+    partitions, record_len, KvRows, KvView, GROUP_MAX, KV_HEADS_MAX, POS_PARTITION,
+};
 use tandem_kernels::Isa;
 
 /// A random layer of a KV store and one sequence's context in it.
@@ -184,7 +187,7 @@ proptest! {
         seed in any::<u64>(),
         head_dim in prop_oneof![Just(64usize), Just(128), 1usize..100],
         group in 1usize..12,
-        context in 1usize..80,
+        context in prop_oneof![1usize..80, 120usize..420],
         spread in prop_oneof![Just(1.0f32), Just(4.0), Just(0.01)],
     ) {
         let case = Case::new(seed, head_dim, group, context, spread);
@@ -217,7 +220,7 @@ proptest! {
         seed in any::<u64>(),
         head_dim in prop_oneof![Just(64usize), 1usize..100],
         group in 1usize..10,
-        context in 1usize..80,
+        context in prop_oneof![1usize..80, 120usize..420],
         spread in prop_oneof![Just(1.0f32), Just(3.0)],
     ) {
         let case = Case::new(seed, head_dim, group, context, spread);
@@ -257,14 +260,15 @@ proptest! {
     /// Several KV heads walked together (decode of a whole token in one task) give each
     /// group the bits of the scalar reference for that group alone: groups of up to 10 heads
     /// and up to 10 KV heads (past what one kernel call takes), heads that do not start the
-    /// row, f32 and f16 rows, in every variant.
+    /// row, f32 and f16 rows, in every variant; and so do the partitions of a long context
+    /// computed apart and folded afterwards (decode tasks of one sequence).
     #[test]
     fn kv_heads_together_equal_each_group_alone(
         seed in any::<u64>(),
         head_dim in prop_oneof![Just(64usize), 1usize..90],
         group in 1usize..=10,
         kv_heads in 1usize..=10,
-        context in 1usize..70,
+        context in prop_oneof![1usize..70, 120usize..420],
     ) {
         let mut rng = StdRng::seed_from_u64(seed);
         let first = rng.random_range(0..3);
@@ -303,6 +307,22 @@ proptest! {
                 let mut got = vec![f32::NAN; q.len()];
                 attend_heads_with(isa, &q, &view(first * head_dim), kv_heads, scale, &mut got);
                 assert_bits(&got, &want, &format!("{} f16={}", isa.name(), half))?;
+                if group > GROUP_MAX || kv_heads > KV_HEADS_MAX {
+                    continue;
+                }
+                // The partitions computed one by one (as decode tasks do, each into its
+                // record) and folded afterwards: the same bits.
+                let len = record_len(kv_heads * group, head_dim);
+                let mut records = vec![f32::NAN; partitions(context) * len];
+                for (p, record) in records.chunks_mut(len).enumerate() {
+                    let part = KvView {
+                        slots: &slots[p * POS_PARTITION..context.min((p + 1) * POS_PARTITION)],
+                        ..view(first * head_dim)
+                    };
+                    attend_partition_with(isa, &q, &part, kv_heads, scale, record);
+                }
+                fold_partitions(&records, kv_heads * group, &mut got);
+                assert_bits(&got, &want, &format!("{} f16={} partitions", isa.name(), half))?;
             }
         }
     }
@@ -315,7 +335,7 @@ proptest! {
         seed in any::<u64>(),
         head_dim in prop_oneof![Just(64usize), Just(260), 1usize..100],
         rows in 1usize..40,
-        context in 1usize..70,
+        context in prop_oneof![1usize..70, 100usize..300],
         spread in prop_oneof![Just(1.0f32), Just(4.0)],
     ) {
         let case = Case::new(seed, head_dim, rows, context, spread);

@@ -19,6 +19,7 @@ use tandem_kernels::parallel::for_each_part_mut;
 use tandem_kernels::{Isa, ThreadPool};
 
 use crate::decode_attention::decode_attention;
+pub use crate::decode_partitions::PartitionWork;
 
 /// Where each new token of the batch sits: its position and its sequence's slot list.
 #[derive(Debug)]
@@ -53,7 +54,9 @@ impl HeadShape {
 /// `out[t, h] = softmax_j(q[t, h] . k[j, kvh] * scale) . v[j, kvh]` over `j <= pos(t)`.
 ///
 /// `q`, `out`: `[num_tokens, num_heads * head_dim]`; `rows`: the layer's keys and values,
-/// `[num_slots, num_kv_heads * head_dim]` each.
+/// `[num_slots, num_kv_heads * head_dim]` each; `work`: the memory of a decode split along
+/// its contexts, kept by the caller so that a stream of steps allocates nothing.
+#[allow(clippy::too_many_arguments)]
 pub fn causal_attention(
     isa: Isa,
     pool: &ThreadPool,
@@ -61,13 +64,14 @@ pub fn causal_attention(
     layout: &AttentionLayout<'_>,
     q: &[f32],
     rows: KvRows<'_>,
+    work: &mut PartitionWork,
     out: &mut [f32],
 ) {
     let runs = layout.token_seq.windows(2).any(|w| w[0] == w[1]);
     if runs {
         return tiled_attention(isa, pool, shape, layout, q, rows, out);
     }
-    decode_attention(isa, pool, shape, layout, q, rows, out);
+    decode_attention(isa, pool, shape, layout, q, rows, work, out);
 }
 
 /// [`causal_attention`] in tasks of up to [`TILE_ROWS`] consecutive tokens of one sequence,
@@ -156,10 +160,41 @@ fn tiled_attention(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    /// [`causal_attention`] of `q` for the tokens at `positions` of the sequences `token_seq`
+    /// (their slots in `seq_slots`) on a pool of `threads`, into a fresh output.
+    pub(crate) fn attention_of(
+        threads: usize,
+        shape: HeadShape,
+        positions: &[usize],
+        token_seq: &[usize],
+        seq_slots: &[Vec<usize>],
+        q: &[f32],
+        rows: KvRows<'_>,
+    ) -> Vec<f32> {
+        let mut out = vec![f32::NAN; q.len()];
+        let layout = AttentionLayout {
+            positions,
+            token_seq,
+            seq_slots,
+        };
+        let (pool, mut work) = (ThreadPool::new(threads), PartitionWork::default());
+        causal_attention(
+            Isa::best(),
+            &pool,
+            shape,
+            &layout,
+            q,
+            rows,
+            &mut work,
+            &mut out,
+        );
+        out
+    }
+
+    pub(crate) fn same_bits(a: &[f32], b: &[f32]) -> bool {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
     }
 
@@ -200,12 +235,6 @@ mod tests {
         let slots = vec![vec![9, 2, 5, 0, 7]];
         let positions = [3usize, 4];
         let q: Vec<f32> = (0..2 * heads * d).map(|i| f(i + 101)).collect();
-        let mut out = vec![0.0; 2 * heads * d];
-        let layout = AttentionLayout {
-            positions: &positions,
-            token_seq: &[0, 0],
-            seq_slots: &slots,
-        };
         let shape = HeadShape {
             num_heads: heads,
             num_kv_heads: kv_heads,
@@ -213,18 +242,11 @@ mod tests {
             scale: 1.0 / (d as f32).sqrt(),
             window: None,
         };
-        causal_attention(
-            Isa::best(),
-            &ThreadPool::new(2),
-            shape,
-            &layout,
-            &q,
-            KvRows::F32 {
-                keys: &keys,
-                values: &values,
-            },
-            &mut out,
-        );
+        let rows = KvRows::F32 {
+            keys: &keys,
+            values: &values,
+        };
+        let out = attention_of(2, shape, &positions, &[0, 0], &slots, &q, rows);
         for (t, &pos) in positions.iter().enumerate() {
             for h in 0..heads {
                 let kvh = h / 2;
@@ -260,20 +282,12 @@ mod tests {
             window: None,
         };
         let q: Vec<f32> = (0..4 * heads * d).map(|i| f(i + 31)).collect();
+        let rows = KvRows::F32 {
+            keys: &keys,
+            values: &values,
+        };
         let run = |threads: usize, positions: &[usize], token_seq: &[usize], q: &[f32]| {
-            let mut out = vec![f32::NAN; q.len()];
-            let layout = AttentionLayout {
-                positions,
-                token_seq,
-                seq_slots: &slots,
-            };
-            let pool = ThreadPool::new(threads);
-            let rows = KvRows::F32 {
-                keys: &keys,
-                values: &values,
-            };
-            causal_attention(Isa::best(), &pool, shape, &layout, q, rows, &mut out);
-            out
+            attention_of(threads, shape, positions, token_seq, &slots, q, rows)
         };
         let batch = run(2, &[3, 4, 5, 2], &[0, 0, 0, 1], &q);
         let row = heads * d;
@@ -310,23 +324,8 @@ mod tests {
             values: &values,
         };
         let run = |positions: &[usize], q: &[f32]| {
-            let mut out = vec![f32::NAN; q.len()];
             let token_seq = vec![0; positions.len()];
-            let layout = AttentionLayout {
-                positions,
-                token_seq: &token_seq,
-                seq_slots: &slots,
-            };
-            causal_attention(
-                Isa::best(),
-                &ThreadPool::new(2),
-                shape,
-                &layout,
-                q,
-                rows,
-                &mut out,
-            );
-            out
+            attention_of(2, shape, positions, &token_seq, &slots, q, rows)
         };
         let prefill = run(&[0, 1, 2, 3, 4, 5, 6], &q);
         for pos in 0..7 {
@@ -351,6 +350,63 @@ mod tests {
                         (*g as f64 - w).abs() < 1e-5,
                         "pos {pos} head {h}: {g} vs {w}"
                     );
+                }
+            }
+        }
+    }
+
+    /// Past a partition (128 positions) the context is folded from its partitions: a
+    /// 400-token prefill (tile kernel, or rows one by one under a window) gives every token
+    /// the bits it gets decoded alone on 2 threads (its partitions spread over tasks), and
+    /// both match the definition.
+    #[test]
+    fn long_contexts_decode_with_the_bits_of_their_prefill() {
+        let (heads, kv_heads, d, n) = (6, 2, 20, 400);
+        let f = |i: usize| ((i * 7919 % 1000) as f32 / 500.0) - 1.0;
+        let keys: Vec<f32> = (0..n * kv_heads * d).map(|i| f(i + 13)).collect();
+        let values: Vec<f32> = (0..n * kv_heads * d).map(|i| f(i + 37)).collect();
+        // Scattered slots, as a paged pool hands them out.
+        let slots = vec![(0..n).map(|i| i * 7 % n).collect::<Vec<usize>>()];
+        let row = heads * d;
+        let q: Vec<f32> = (0..n * row).map(|i| f(i + 59)).collect();
+        let rows = KvRows::F32 {
+            keys: &keys,
+            values: &values,
+        };
+        for window in [None, Some(150)] {
+            let shape = HeadShape {
+                num_heads: heads,
+                num_kv_heads: kv_heads,
+                head_dim: d,
+                scale: 1.0 / (d as f32).sqrt(),
+                window,
+            };
+            let run = |positions: &[usize], q: &[f32]| {
+                let token_seq = vec![0; positions.len()];
+                attention_of(2, shape, positions, &token_seq, &slots, q, rows)
+            };
+            let all: Vec<usize> = (0..n).collect();
+            let prefill = run(&all, &q);
+            for pos in [0, 127, 128, 129, 255, 256, 300, 399] {
+                let alone = run(&[pos], &q[pos * row..][..row]);
+                let same = same_bits(&alone, &prefill[pos * row..][..row]);
+                assert!(
+                    same,
+                    "position {pos}, window {window:?}: decode differs from prefill"
+                );
+                let seen = &slots[0][shape.first_position(pos)..=pos];
+                for h in 0..heads {
+                    let at =
+                        |buf: &[f32], s: usize| buf[(s * kv_heads + h / 3) * d..][..d].to_vec();
+                    let ks: Vec<_> = seen.iter().map(|&s| at(&keys, s)).collect();
+                    let vs: Vec<_> = seen.iter().map(|&s| at(&values, s)).collect();
+                    let want = reference(&q[pos * row + h * d..][..d], &ks, &vs);
+                    for (g, w) in alone[h * d..][..d].iter().zip(&want) {
+                        assert!(
+                            (*g as f64 - w).abs() < 1e-5,
+                            "pos {pos} head {h}: {g} vs {w}"
+                        );
+                    }
                 }
             }
         }

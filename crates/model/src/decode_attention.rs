@@ -11,8 +11,13 @@
 //! with a single KV head), each GQA group's query heads are split into parts, each of which
 //! reads the group's K/V itself.
 //!
-//! Every query head's result is computed by the kernels' one-pass group attention, which
-//! gives a head the same bits whatever other heads share its call: a token's result does not
+//! Few tokens with long contexts are split the other way, along their contexts: tasks of
+//! partitions (`decode_partitions.rs`), which read whole rows and keep every thread busy
+//! with one sequence.
+//!
+//! Every query head's result is computed by the kernels' group attention, which gives a head
+//! the same bits whatever other heads share its call, and the same whether its context's
+//! partitions are walked by one task or spread over several: a token's result does not
 //! depend on the split, the batch or the thread count.
 
 use std::ops::Range;
@@ -22,6 +27,7 @@ use tandem_kernels::parallel::{for_each_chunk_mut, for_each_part_mut};
 use tandem_kernels::{Isa, ThreadPool};
 
 use crate::attention::{AttentionLayout, HeadShape};
+use crate::decode_partitions::{attend_in_partitions, PartitionWork};
 
 /// How a decode batch is cut into tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +73,9 @@ impl DecodeSplit {
 }
 
 /// `out[t, h] = softmax_j(q[t, h] · k[j, kvh] · scale) · v[j, kvh]` over the context of token
-/// `t` (one new token per sequence). `q`, `out`: `[num_tokens, num_heads · head_dim]`.
+/// `t` (one new token per sequence). `q`, `out`: `[num_tokens, num_heads · head_dim]`;
+/// `work`: the memory of a split along the contexts (see [`PartitionWork`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn decode_attention(
     isa: Isa,
     pool: &ThreadPool,
@@ -75,11 +83,15 @@ pub(crate) fn decode_attention(
     layout: &AttentionLayout<'_>,
     q: &[f32],
     rows: KvRows<'_>,
+    work: &mut PartitionWork,
     out: &mut [f32],
 ) {
     let (num_heads, num_kv_heads, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
     let group = num_heads / num_kv_heads;
     let tokens = layout.positions.len();
+    if attend_in_partitions(isa, pool, shape, layout, q, rows, work, out) {
+        return;
+    }
     let split = DecodeSplit::new(tokens, num_kv_heads, group, pool.n_threads());
     let k = split.kv_heads;
     let per_token = num_kv_heads / k;
@@ -125,11 +137,7 @@ pub(crate) fn decode_attention(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::causal_attention;
-
-    fn same_bits(a: &[f32], b: &[f32]) -> bool {
-        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-    }
+    use crate::attention::tests::{attention_of, same_bits};
 
     #[test]
     fn tasks_take_whole_rows_and_split_groups_only_to_balance_the_threads() {
@@ -173,9 +181,10 @@ mod tests {
     fn same_bits_in_every_split(heads: usize, kv_heads: usize) {
         let d = 24;
         let f = |i: usize| ((i * 7919 % 1000) as f32 / 500.0) - 1.0;
-        // Contexts of up to 40 positions: three blocks, so the running maximum is rescaled
-        // and the next block prefetched.
-        let n_slots = 12 * 40;
+        // Contexts of up to 420 positions: several blocks, so the running maximum is rescaled
+        // and the next block prefetched, and up to four partitions, which few tokens spread
+        // over tasks.
+        let n_slots = 12 * 420;
         let keys: Vec<f32> = (0..n_slots * kv_heads * d).map(|i| f(i + 3)).collect();
         let values: Vec<f32> = (0..n_slots * kv_heads * d).map(|i| f(i + 29)).collect();
         let seqs = 12;
@@ -183,7 +192,7 @@ mod tests {
         let slots: Vec<Vec<usize>> = (0..seqs)
             .map(|s| (s..n_slots).step_by(seqs).collect())
             .collect();
-        let positions: Vec<usize> = (0..seqs).map(|s| (s * 13 + 17) % slots[s].len()).collect();
+        let positions: Vec<usize> = (0..seqs).map(|s| (s * 137 + 17) % slots[s].len()).collect();
         let token_seq: Vec<usize> = (0..seqs).collect();
         let row = heads * d;
         let q: Vec<f32> = (0..seqs * row).map(|i| f(i + 53)).collect();
@@ -191,7 +200,7 @@ mod tests {
             keys: &keys,
             values: &values,
         };
-        for window in [None, Some(4), Some(19)] {
+        for window in [None, Some(4), Some(19), Some(200)] {
             let shape = HeadShape {
                 num_heads: heads,
                 num_kv_heads: kv_heads,
@@ -200,15 +209,7 @@ mod tests {
                 window,
             };
             let run = |threads: usize, positions: &[usize], token_seq: &[usize], q: &[f32]| {
-                let mut out = vec![f32::NAN; q.len()];
-                let layout = AttentionLayout {
-                    positions,
-                    token_seq,
-                    seq_slots: &slots,
-                };
-                let pool = ThreadPool::new(threads);
-                causal_attention(Isa::best(), &pool, shape, &layout, q, rows, &mut out);
-                out
+                attention_of(threads, shape, positions, token_seq, &slots, q, rows)
             };
             // Alone on one thread: one task, whole groups.
             let alone: Vec<Vec<f32>> = (0..seqs)

@@ -8,6 +8,7 @@ pub mod chat_template;
 pub mod config;
 pub mod cpu_runner;
 mod decode_attention;
+mod decode_partitions;
 pub mod default_model;
 pub mod error;
 pub mod fake_runner;

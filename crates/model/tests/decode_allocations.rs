@@ -28,7 +28,9 @@ fn allocations() -> usize {
 
 const SEQS: usize = 4;
 const BLOCK: usize = 16;
-const BLOCKS_PER_SEQ: usize = 4;
+/// 256 positions: contexts past 128 positions, two of the attention's partitions, which
+/// decode tasks of few sequences split among themselves (records kept by the model).
+const BLOCKS_PER_SEQ: usize = 16;
 const STEPS: usize = 24;
 
 /// Prefills `seqs` sequences (prompts of `prompt..` tokens) on the blocks from `first_block`,
@@ -122,7 +124,7 @@ fn a_decode_step_allocates_only_its_logits_row_list() {
         KvStore::with_dtype(&model.config, BLOCK, blocks, model.default_kv_dtype()).expect("kv");
     // The first sequences grow the model's buffers; the next ones, fewer and with longer
     // contexts, on other blocks, must find them ready.
-    let warm_up = decode_allocations(&mut model, &mut kv, 0, SEQS, 20);
+    let warm_up = decode_allocations(&mut model, &mut kv, 0, SEQS, 140);
     assert!(warm_up.iter().all(|&n| n >= 1), "{warm_up:?}");
     eprintln!("warm-up allocations per step: {warm_up:?}");
     let steady = decode_allocations(
@@ -130,7 +132,7 @@ fn a_decode_step_allocates_only_its_logits_row_list() {
         &mut kv,
         (SEQS * BLOCKS_PER_SEQ) as u32,
         SEQS - 1,
-        33,
+        173,
     );
     assert!(
         steady.iter().all(|&n| n == 1),

@@ -12,7 +12,9 @@
 //! value vector once for four (4 × 4 output accumulators), so a GQA group pays its f16
 //! conversions once, not once per head. AVX2, with a quarter of the vectors in registers,
 //! keeps one head at a time. Several KV heads of one token can walk the context together,
-//! block by block, so that a batched decode reads each slot's row whole in one pass.
+//! block by block, so that a batched decode reads each slot's row whole in one pass. A call
+//! covers one partition of a context and leaves its state (sums and maxima, not yet divided);
+//! `crate::attention::partitions` folds and finishes them.
 
 use std::arch::x86_64::{_mm_loadu_si128, _mm_prefetch, _MM_HINT_T1};
 
@@ -21,7 +23,7 @@ use half::f16;
 use super::lanes::Lanes16;
 use crate::attention::exp_consts::{EXP_BIAS, LN2_HI, LN2_LO, LOG2E, MAX_X, MIN_X, P, ROUND};
 use crate::attention::{
-    add_in_order, grown_max, HeadRows, KvPlane, KvRow, KvRows, KvView, Q8Rows, GROUP_MAX,
+    add_in_order, grown_max, HeadRows, KvPlane, KvRow, KvRows, KvView, Partial, Q8Rows, GROUP_MAX,
     KV_HEADS_MAX, POS_BLOCK, Q8_GROUP,
 };
 use crate::dot16::{tree_sum, LANES};
@@ -104,17 +106,17 @@ unsafe fn attend_kv<V: Lanes16>(
     kv: &KvView<'_>,
     kv_heads: usize,
     scale: f32,
-    out: &mut [f32],
+    state: Partial<'_>,
 ) {
     match kv.rows {
         KvRows::F32 { keys, values } => {
-            attend_group::<V, &[f32]>(q, &kv.head(keys, values), kv_heads, scale, out)
+            attend_group::<V, &[f32]>(q, &kv.head(keys, values), kv_heads, scale, state)
         }
         KvRows::F16 { keys, values } => {
-            attend_group::<V, &[f16]>(q, &kv.head(keys, values), kv_heads, scale, out)
+            attend_group::<V, &[f16]>(q, &kv.head(keys, values), kv_heads, scale, state)
         }
         KvRows::Q8 { keys, values } => {
-            attend_group::<V, Q8Rows<'_>>(q, &kv.head(keys, values), kv_heads, scale, out)
+            attend_group::<V, Q8Rows<'_>>(q, &kv.head(keys, values), kv_heads, scale, state)
         }
     }
 }
@@ -124,6 +126,7 @@ unsafe fn attend_kv<V: Lanes16>(
 /// other, each of the same number of heads. The groups advance through the context together,
 /// block by block, so that a block's rows are read whole (every KV head of a slot at once)
 /// rather than once per head; each group's operations are those it would perform alone.
+/// The state is left in `state` (`state.acc` `[kv_heads · g, d]`, not yet divided by the sum).
 ///
 /// # Safety
 /// The CPU must support `V`'s features. Shapes are asserted.
@@ -133,18 +136,21 @@ unsafe fn attend_group<V: Lanes16, P: KvPlane>(
     kv: &HeadRows<'_, P>,
     kv_heads: usize,
     scale: f32,
-    out: &mut [f32],
+    state: Partial<'_>,
 ) where
     P::Row: Element,
 {
     let d = kv.head_dim;
     let span = kv_heads * d;
     let g = q.len() / span.max(1);
+    let Partial { acc: out, max, sum } = state;
     assert!(
         (1..=KV_HEADS_MAX).contains(&kv_heads)
             && g <= GROUP_MAX
             && q.len() == g * span
             && out.len() == q.len()
+            && max.len() == kv_heads * g
+            && sum.len() == max.len()
             && kv.offset + span <= kv.row_stride,
         "attend_group: {} query elements, {} outputs, {kv_heads} KV heads of {d}",
         q.len(),
@@ -172,10 +178,8 @@ unsafe fn attend_group<V: Lanes16, P: KvPlane>(
         }
     }
     for (h, running) in running.iter().enumerate().take(kv_heads) {
-        for i in 0..g {
-            let inv = 1.0 / running.l[i];
-            scale_row::<V>(&mut out[(h * g + i) * d..][..d], inv, d - d % LANES);
-        }
+        max[h * g..][..g].copy_from_slice(&running.m[..g]);
+        sum[h * g..][..g].copy_from_slice(&running.l[..g]);
     }
 }
 
@@ -562,9 +566,9 @@ pub(super) unsafe fn attend_group_avx512(
     kv: &KvView<'_>,
     kv_heads: usize,
     scale: f32,
-    out: &mut [f32],
+    state: Partial<'_>,
 ) {
-    attend_kv::<super::avx512::Z>(q, kv, kv_heads, scale, out)
+    attend_kv::<super::avx512::Z>(q, kv, kv_heads, scale, state)
 }
 
 /// # Safety
@@ -575,7 +579,7 @@ pub(super) unsafe fn attend_group_avx2(
     kv: &KvView<'_>,
     kv_heads: usize,
     scale: f32,
-    out: &mut [f32],
+    state: Partial<'_>,
 ) {
-    attend_kv::<super::avx2::Y>(q, kv, kv_heads, scale, out)
+    attend_kv::<super::avx2::Y>(q, kv, kv_heads, scale, state)
 }

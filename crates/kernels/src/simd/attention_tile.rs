@@ -10,22 +10,21 @@
 //! maximum folds the block's scores lane-wise in position order; `exp` runs on all rows at
 //! once; positions past a row's context get the score −∞, which leaves its maximum untouched,
 //! and are left out of its sum and values, which are updated row by row as in the group
-//! kernel. A block's K and V rows are widened to f32 once for all the rows.
+//! kernel. A block's K and V rows are widened to f32 once for all the rows. A call covers
+//! one partition of the rows' contexts and leaves each row's state (a row whose context
+//! ends before the partition reads none of it: an empty state, which is never folded).
 
 use super::attention::{accumulate, exp, scale_row, Element};
 use super::lanes::Lanes16;
 use crate::attention::{
-    exp_fixed, HeadRows, KvPlane, KvRows, KvView, Q8Rows, POS_BLOCK, TILE_HEAD_DIM_MAX, TILE_ROWS,
+    exp_fixed, HeadRows, KvPlane, KvRows, KvView, Partial, Q8Rows, TileWork, POS_BLOCK,
+    TILE_HEAD_DIM_MAX, TILE_ROWS,
 };
 use crate::dot16::LANES;
 
 /// Largest head the tile kernel handles (its buffers live on the stack; larger heads never
 /// reach it, see [`crate::attention::attend_rows_with`]).
 const HEAD_DIM_MAX: usize = TILE_HEAD_DIM_MAX;
-
-/// A buffer on a cache-line boundary (so that no vector load of it straddles two lines).
-#[repr(align(64))]
-struct Aligned<T>(T);
 
 /// As [`crate::attention::attend_tile_scalar`] (bitwise equal).
 ///
@@ -37,17 +36,18 @@ unsafe fn attend_kv_tile<V: Lanes16>(
     context: &[usize],
     kv: &KvView<'_>,
     scale: f32,
-    out: &mut [f32],
+    state: Partial<'_>,
+    work: &mut TileWork,
 ) {
     match kv.rows {
         KvRows::F32 { keys, values } => {
-            attend_tile::<V, &[f32]>(q, context, &kv.head(keys, values), scale, out)
+            attend_tile::<V, &[f32]>(q, context, &kv.head(keys, values), scale, state, work)
         }
         KvRows::F16 { keys, values } => {
-            attend_tile::<V, &[half::f16]>(q, context, &kv.head(keys, values), scale, out)
+            attend_tile::<V, &[half::f16]>(q, context, &kv.head(keys, values), scale, state, work)
         }
         KvRows::Q8 { keys, values } => {
-            attend_tile::<V, Q8Rows<'_>>(q, context, &kv.head(keys, values), scale, out)
+            attend_tile::<V, Q8Rows<'_>>(q, context, &kv.head(keys, values), scale, state, work)
         }
     }
 }
@@ -62,43 +62,38 @@ unsafe fn attend_tile<V: Lanes16, P: KvPlane>(
     context: &[usize],
     kv: &HeadRows<'_, P>,
     scale: f32,
-    out: &mut [f32],
+    state: Partial<'_>,
+    work: &mut TileWork,
 ) where
     P::Row: Element,
 {
     let d = kv.head_dim;
     let n = context.len();
+    let Partial { acc: out, max, sum } = state;
     assert!(
-        n <= TILE_ROWS && d <= HEAD_DIM_MAX && q.len() == n * d && out.len() == q.len(),
+        n <= TILE_ROWS
+            && d <= HEAD_DIM_MAX
+            && q.len() == n * d
+            && out.len() == q.len()
+            && max.len() == n
+            && sum.len() == n,
         "attend_tile: {n} rows, {} query elements, {} outputs, head_dim {d}",
         q.len(),
         out.len()
     );
     assert!(
-        context.iter().all(|&c| c >= 1 && c <= kv.slots.len()),
-        "attend_tile: context lengths must lie in 1..={}",
+        context.iter().all(|&c| c <= kv.slots.len()),
+        "attend_tile: context lengths must lie in 0..={}",
         kv.slots.len()
     );
     let full = d - d % LANES;
-    // The queries transposed: `qt[c · TILE_ROWS + i] = q[i][c]` (lanes past `n` stay 0).
-    let mut qt = Aligned([0.0f32; HEAD_DIM_MAX * TILE_ROWS]);
-    let qt = &mut qt.0;
-    for (i, row) in q.chunks_exact(d).enumerate() {
-        for (c, &x) in row.iter().enumerate() {
-            qt[c * TILE_ROWS + i] = x;
-        }
-    }
-    // The block's keys and values widened, `[POS_BLOCK, d]` each.
-    let mut kt = Aligned([0.0f32; POS_BLOCK * HEAD_DIM_MAX]);
-    let kt = &mut kt.0;
-    let mut vt = Aligned([0.0f32; POS_BLOCK * HEAD_DIM_MAX]);
-    let vt = &mut vt.0;
-    // Scores, then probabilities: `s[j][i]` for position `j` of the block and row `i`.
-    let mut s = Aligned([[0.0f32; TILE_ROWS]; POS_BLOCK]);
-    let s = &mut s.0;
-    // The partial sums of the dots: `part[t][j]` (lane `i`) for the columns `c ≡ t (mod 16)`.
-    let mut part = Aligned([[0.0f32; TILE_ROWS]; LANES * POS_BLOCK]);
-    let part = &mut part.0;
+    let TileWork {
+        qt,
+        kt,
+        vt,
+        s,
+        part,
+    } = work;
     let mut m = [f32::NEG_INFINITY; TILE_ROWS];
     let mut l = [0.0f32; TILE_ROWS];
     let mut m_new = [0.0f32; TILE_ROWS];
@@ -175,10 +170,8 @@ unsafe fn attend_tile<V: Lanes16, P: KvPlane>(
             }
         }
     }
-    for (acc, &li) in out.chunks_exact_mut(d).zip(&l) {
-        let inv = 1.0 / li;
-        scale_row::<V>(acc, inv, full);
-    }
+    max.copy_from_slice(&m[..n]);
+    sum.copy_from_slice(&l[..n]);
 }
 
 /// The partial sums of the dots of every row (lanes) with the keys `kt` (`[nb, d]`): partial
@@ -355,9 +348,10 @@ pub(super) unsafe fn attend_tile_avx512(
     context: &[usize],
     kv: &KvView<'_>,
     scale: f32,
-    out: &mut [f32],
+    state: Partial<'_>,
+    work: &mut TileWork,
 ) {
-    attend_kv_tile::<super::avx512::Z>(q, context, kv, scale, out)
+    attend_kv_tile::<super::avx512::Z>(q, context, kv, scale, state, work)
 }
 
 /// # Safety
@@ -368,7 +362,8 @@ pub(super) unsafe fn attend_tile_avx2(
     context: &[usize],
     kv: &KvView<'_>,
     scale: f32,
-    out: &mut [f32],
+    state: Partial<'_>,
+    work: &mut TileWork,
 ) {
-    attend_kv_tile::<super::avx2::Y>(q, context, kv, scale, out)
+    attend_kv_tile::<super::avx2::Y>(q, context, kv, scale, state, work)
 }

@@ -51,13 +51,13 @@ mod packed_avx2;
 #[cfg(target_arch = "x86_64")]
 mod packed_vnni;
 
-use crate::attention::KvView;
+use crate::attention::{KvView, Partial, TileWork};
 use crate::isa::Isa;
 use crate::packed::{BlockScale, PackedMatrix, QuantizedRows};
 use crate::{dot16, packed, quant, DType};
 
-type AttendFn = unsafe fn(&[f32], &KvView<'_>, usize, f32, &mut [f32]);
-type AttendTileFn = unsafe fn(&[f32], &[usize], &KvView<'_>, f32, &mut [f32]);
+type AttendFn = unsafe fn(&[f32], &KvView<'_>, usize, f32, Partial<'_>);
+type AttendTileFn = unsafe fn(&[f32], &[usize], &KvView<'_>, f32, Partial<'_>, &mut TileWork);
 type DequantFn = unsafe fn(DType, &[u8], &mut [f32]);
 type Dot1Fn = unsafe fn(&[f32], &[f32]) -> f32;
 type Dot4Fn = unsafe fn([&[f32]; 4], &[f32]) -> [f32; 4];
@@ -169,33 +169,35 @@ impl Kernels {
         unsafe { (self.dequant)(dtype, src, dst) }
     }
 
-    /// As [`crate::attention::attend_group_scalar`] (bitwise equal): at most
-    /// [`crate::attention::GROUP_MAX`] query heads of each of `kv_heads` consecutive KV heads
-    /// over their context.
-    pub(crate) fn attend_group(
+    /// As [`crate::attention::attend_group_scalar`] (bitwise equal): the state over one
+    /// partition of at most [`crate::attention::GROUP_MAX`] query heads of each of `kv_heads`
+    /// consecutive KV heads.
+    pub(crate) fn attend_partition(
         &self,
         q: &[f32],
         kv: &KvView<'_>,
         kv_heads: usize,
         scale: f32,
-        out: &mut [f32],
+        state: Partial<'_>,
     ) {
         // SAFETY: as in `dequantize_row`; the kernel asserts the shapes.
-        unsafe { (self.attend)(q, kv, kv_heads, scale, out) }
+        unsafe { (self.attend)(q, kv, kv_heads, scale, state) }
     }
 
-    /// As [`crate::attention::attend_tile_scalar`] (bitwise equal): at most
-    /// [`crate::attention::TILE_ROWS`] query rows of one KV head, each over its own context.
-    pub(crate) fn attend_tile(
+    /// As [`crate::attention::attend_tile_scalar`] (bitwise equal): the state over one
+    /// partition of at most [`crate::attention::TILE_ROWS`] query rows of one KV head, each
+    /// over its own part of it; `work` holds `q` transposed ([`TileWork::new`]).
+    pub(crate) fn attend_tile_partition(
         &self,
         q: &[f32],
         context: &[usize],
         kv: &KvView<'_>,
         scale: f32,
-        out: &mut [f32],
+        state: Partial<'_>,
+        work: &mut TileWork,
     ) {
         // SAFETY: as in `dequantize_row`; the kernel asserts the shapes.
-        unsafe { (self.attend_tile)(q, context, kv, scale, out) }
+        unsafe { (self.attend_tile)(q, context, kv, scale, state, work) }
     }
 
     /// As [`dot16::dot_1`] (bitwise equal).
