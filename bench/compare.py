@@ -4,6 +4,7 @@ medians, ratios (BENCHMARKS.md). llama.cpp comes from bench/build_llama_cpp.sh (
 
 usage: bench/compare.py [--model M] [--threads 2] [--reps 3] [--kernels ISA] [--quick]
                         [--batches 8,16,32]   (batched decode sizes; "" for none)
+                        [--depths 1024,4096]  (single-stream decode after that many tokens)
 M is a GGUF file or a model tandem knows by name (`gemma3-270m`; default: the default model).
 Prints one JSON line per measurement and a Markdown table of ratios at the end. Each line
 also has the 1-minute load average before every run (the runs' own 2 threads count about 2;
@@ -37,9 +38,9 @@ def tandem_bench(a, batch, prompt, gen):
     return json.loads(sh(cmd).strip().splitlines()[-1])
 
 
-def llama_bench(a, bin_dir, prompt, gen):
+def llama_bench(a, bin_dir, prompt, gen, depth=0):
     out = sh([str(bin_dir / "llama-bench"), "-m", a.model, "-t", str(a.threads), "-p", str(prompt),
-              "-n", str(gen), "-r", "1", "-o", "json"])
+              "-n", str(gen), "-d", str(depth), "-r", "1", "-o", "json"])
     return json.loads(out)[0]["avg_ts"]
 
 
@@ -79,6 +80,8 @@ def main():
     ap.add_argument("--kernels", default=None)
     ap.add_argument("--quick", action="store_true", help="shorter generations")
     ap.add_argument("--batches", default="8,16,32", help="batched decode sizes, comma-separated")
+    ap.add_argument("--depths", default="", help="context lengths before single-stream decode, "
+                    "comma-separated (llama-bench's -d)")
     ap.add_argument("--wait-idle", type=float, default=None, metavar="F",
                     help="before each run, wait until the CPUs were this fraction idle")
     a = ap.parse_args()
@@ -94,6 +97,11 @@ def main():
         (f"batched decode B={b} tok/s", (lambda b=b: tandem_bench(a, b, 128, gen)["decode_tok_per_s"]),
          (lambda b=b: llama_batched(a, bin_dir, b, 128, gen)))
         for b in [int(b) for b in a.batches.split(",") if b]
+    ] + [
+        (f"decode B=1 after {d} tokens tok/s (tg64)",
+         (lambda d=d: tandem_bench(a, 1, d, 64)["decode_tok_per_s"]),
+         (lambda d=d: llama_bench(a, bin_dir, 0, 64, d)))
+        for d in [int(d) for d in a.depths.split(",") if d]
     ]
     table = []
     for name, ours, theirs in workloads:

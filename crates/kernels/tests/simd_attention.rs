@@ -321,7 +321,7 @@ proptest! {
                     };
                     attend_partition_with(isa, &q, &part, kv_heads, scale, record);
                 }
-                fold_partitions(&records, kv_heads * group, &mut got);
+                fold_partitions(isa, &records, kv_heads * group, &mut got);
                 assert_bits(&got, &want, &format!("{} f16={} partitions", isa.name(), half))?;
             }
         }

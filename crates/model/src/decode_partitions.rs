@@ -168,7 +168,7 @@ pub(crate) fn attend_in_partitions(
     for_each_chunk_mut(pool, out, k * group * d, |i, out_heads| {
         let start = plan.starts[i];
         let len = partitions(context(i / chunks).len()) * plan.record;
-        fold_partitions(&records[start..start + len], k * group, out_heads);
+        fold_partitions(isa, &records[start..start + len], k * group, out_heads);
     });
     true
 }

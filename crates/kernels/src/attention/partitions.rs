@@ -13,6 +13,8 @@
 use std::cell::RefCell;
 
 use super::{exp_fixed, KvView, TileWork, GROUP_MAX, KV_HEADS_MAX, TILE_ROWS};
+use crate::isa::Isa;
+use crate::isa_dispatch::with_isa;
 use crate::simd::Kernels;
 
 /// Context positions per partition (fixed: part of the numeric contract; a multiple of
@@ -22,6 +24,10 @@ pub const POS_PARTITION: usize = 128;
 /// Most query heads one running state holds: one kernel call's (every GQA group of
 /// [`KV_HEADS_MAX`] KV heads) or one tile's rows.
 pub const PARTIAL_HEADS_MAX: usize = GROUP_MAX * KV_HEADS_MAX;
+
+/// Every head of a state (a mask of [`PARTIAL_HEADS_MAX`] bits).
+const ALL_HEADS: u64 = u64::MAX;
+const _: () = assert!(PARTIAL_HEADS_MAX <= u64::BITS as usize);
 
 /// The partitions of a context of `n` positions.
 pub fn partitions(n: usize) -> usize {
@@ -88,16 +94,17 @@ impl<'a> Partial<'a> {
     }
 }
 
-/// Folds the next partition's `record` (of the same heads) into the running state `run`: per
-/// head, `M' = max(M, m)`, `a = exp(M − M')`, `b = exp(m − M')`, `L ← L·a + l·b`,
-/// `ACC[c] ← ACC[c]·a + acc[c]·b`, plain multiplications and additions (never fused, so
-/// every build gives the same bits).
-fn fold(run: &mut Partial<'_>, record: &[f32]) {
-    fold_where(run, record, |_| true);
+with_isa! {
+    /// Folds the next partition's `record` (of the same heads) into the running state `run`,
+    /// for the heads `h` whose bit `h` of `reached` is set (the others keep their state): per
+    /// head, `M' = max(M, m)`, `a = exp(M − M')`, `b = exp(m − M')`, `L ← L·a + l·b`,
+    /// `ACC[c] ← ACC[c]·a + acc[c]·b`, plain multiplications and additions (never fused, so
+    /// every variant gives the same bits).
+    fold_with => fold(run: &mut Partial<'_>, record: &[f32], reached: u64) -> ()
 }
 
-/// [`fold`] for the heads `h` with `take(h)` only (the others keep their state).
-fn fold_where(run: &mut Partial<'_>, record: &[f32], take: impl Fn(usize) -> bool) {
+#[inline(always)]
+fn fold(run: &mut Partial<'_>, record: &[f32], reached: u64) {
     let heads = run.heads();
     assert_eq!(
         record.len(),
@@ -107,7 +114,7 @@ fn fold_where(run: &mut Partial<'_>, record: &[f32], take: impl Fn(usize) -> boo
     let d = run.acc.len() / heads;
     let (acc, stats) = record.split_at(heads * d);
     let (max, sum) = stats.split_at(heads);
-    for h in (0..heads).filter(|&h| take(h)) {
+    for h in (0..heads).filter(|&h| reached >> h & 1 == 1) {
         let m = f32::max(run.max[h], max[h]);
         let (a, b) = (rescale(run.max[h], m), rescale(max[h], m));
         run.max[h] = m;
@@ -129,8 +136,13 @@ fn rescale(x: f32, m: f32) -> f32 {
     }
 }
 
-/// The contract's last step: `acc[c] ← acc[c] · (1 / l)` for every head of `run`.
-fn finish(run: Partial<'_>) {
+with_isa! {
+    /// The contract's last step: `acc[c] ← acc[c] · (1 / l)` for every head of `run`.
+    finish_with => finish(run: &mut Partial<'_>) -> ()
+}
+
+#[inline(always)]
+fn finish(run: &mut Partial<'_>) {
     let heads = run.heads();
     let d = run.acc.len() / heads.max(1);
     for (acc, &l) in run.acc.chunks_exact_mut(d.max(1)).zip(run.sum.iter()) {
@@ -141,11 +153,12 @@ fn finish(run: Partial<'_>) {
 
 /// `out` (`[heads, head_dim]`) from the records of a context's partitions (`records`: one
 /// after the other, in order, each of `heads` heads): partition 0's state, the others folded
-/// into it, then [`finish`]: bitwise what the kernels give for the whole context in one call.
+/// into it, then divided: bitwise what the kernels give for the whole context in one call,
+/// with any `isa`.
 ///
 /// Panics if the records do not hold whole partitions of `out`'s heads (at most
 /// [`PARTIAL_HEADS_MAX`]) or hold none.
-pub fn fold_partitions(records: &[f32], heads: usize, out: &mut [f32]) {
+pub fn fold_partitions(isa: Isa, records: &[f32], heads: usize, out: &mut [f32]) {
     assert!(
         (1..=PARTIAL_HEADS_MAX).contains(&heads) && out.len().is_multiple_of(heads),
         "fold_partitions: {heads} heads, {} outputs",
@@ -171,9 +184,9 @@ pub fn fold_partitions(records: &[f32], heads: usize, out: &mut [f32]) {
         run.sum.copy_from_slice(&stats[heads..]);
     }
     for record in parts {
-        fold(&mut run, record);
+        fold_with(isa, &mut run, record, ALL_HEADS);
     }
-    finish(run);
+    finish_with(isa, &mut run);
 }
 
 thread_local! {
@@ -212,9 +225,9 @@ pub(crate) fn attend_group(
         ..*kv
     };
     let parts = partitions(kv.slots.len());
-    walk(heads, parts, out, |p, state| {
+    walk(kernels.isa(), heads, parts, out, |p, state| {
         kernels.attend_partition(q, &view(p), kv_heads, scale, state);
-        |_| true
+        ALL_HEADS
     });
 }
 
@@ -238,7 +251,7 @@ pub(crate) fn attend_tile(
         ..*kv
     };
     let mut work = TileWork::new(q, kv.head_dim);
-    walk(rows, partitions(longest), out, |p, state| {
+    walk(kernels.isa(), rows, partitions(longest), out, |p, state| {
         let start = p * POS_PARTITION;
         let reads: [usize; TILE_ROWS] = std::array::from_fn(|i| {
             context
@@ -246,7 +259,9 @@ pub(crate) fn attend_tile(
                 .map_or(0, |&c| c.saturating_sub(start).min(POS_PARTITION))
         });
         kernels.attend_tile_partition(q, &reads[..rows], &view(p), scale, state, &mut work);
-        move |i| reads[i] > 0
+        (0..rows)
+            .filter(|&i| reads[i] > 0)
+            .fold(0, |m, i| m | 1 << i)
     });
 }
 
@@ -257,17 +272,16 @@ fn partition(slots: &[usize], p: usize) -> &[usize] {
 }
 
 /// The contract over `parts` partitions (at least one) for `heads` query heads into `out`:
-/// `run(p, state)` computes partition `p` into `state` and says which heads it reached;
-/// partition 0 is computed in place, each next one into a record and folded into the heads
-/// it reached, then the state is finished.
-fn walk<T>(
+/// `run(p, state)` computes partition `p` into `state` and returns the heads it reached (bit
+/// `h` for head `h`); partition 0 is computed in place, each next one into a record and
+/// folded into the heads it reached, then the state is divided.
+fn walk(
+    isa: Isa,
     heads: usize,
     parts: usize,
     out: &mut [f32],
-    mut run: impl FnMut(usize, Partial<'_>) -> T,
-) where
-    T: Fn(usize) -> bool,
-{
+    mut run: impl FnMut(usize, Partial<'_>) -> u64,
+) {
     assert!(
         (1..=PARTIAL_HEADS_MAX).contains(&heads) && parts >= 1,
         "attention partitions: {heads} heads, {parts} partitions"
@@ -284,9 +298,9 @@ fn walk<T>(
         with_record(record_len(heads, d), |record| {
             for p in 1..parts {
                 let reached = run(p, Partial::in_record(record, heads));
-                fold_where(&mut state, record, reached);
+                fold_with(isa, &mut state, record, reached);
             }
         });
     }
-    finish(state);
+    finish_with(isa, &mut state);
 }

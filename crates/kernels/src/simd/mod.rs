@@ -79,6 +79,8 @@ struct Fused {
 /// the ISA: that check is what makes calling the (target-feature) function pointers sound.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Kernels {
+    /// The ISA these kernels were built for (where portable code is compiled per ISA too).
+    isa: Isa,
     dequant: DequantFn,
     dot1: Dot1Fn,
     dot4: Dot4Fn,
@@ -103,6 +105,7 @@ impl Kernels {
         }
         match isa {
             Isa::Scalar => Some(Kernels {
+                isa,
                 dequant: quant::dequantize_row,
                 dot1: dot16::dot_1,
                 dot4: dot16::dot_4,
@@ -116,17 +119,20 @@ impl Kernels {
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2Int8 => Some(Kernels {
+                isa,
                 packed: packed_avx2::group,
                 ..Kernels::new(Isa::Avx2)?
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Int8 => Some(Kernels {
+                isa,
                 packed: packed_vnni::group,
                 quantize: packed_vnni::quantize_row,
                 ..Kernels::new(Isa::Avx512)?
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => Some(Kernels {
+                isa,
                 dequant: avx2::dequantize_row,
                 dot1: avx2::dot_1,
                 dot4: avx2::dot_4,
@@ -143,6 +149,7 @@ impl Kernels {
             }),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => Some(Kernels {
+                isa,
                 dequant: avx512::dequantize_row,
                 dot1: avx512::dot_1,
                 dot4: avx512::dot_4,
@@ -160,6 +167,11 @@ impl Kernels {
             #[cfg(not(target_arch = "x86_64"))]
             _ => None,
         }
+    }
+
+    /// The ISA these kernels were built for.
+    pub(crate) fn isa(&self) -> Isa {
+        self.isa
     }
 
     /// As [`quant::dequantize_row`] (bitwise equal).
