@@ -323,7 +323,9 @@ pub fn attend_heads_with(
 /// partition, or one partition of a longer context (at most [`POS_PARTITION`] positions),
 /// written to `record` ([`record_len`] of the query heads): what [`fold_partitions`] turns
 /// into the bits of the whole context in one call, from the records of its partitions in
-/// order. For decode tasks that take a partition range of a long context each.
+/// order. For decode tasks that take a partition range of a long context each; `next`: the
+/// slots that follow (the next partition's, or none), whose first block is prefetched (the
+/// result does not depend on it).
 ///
 /// Panics as [`attend_heads_with`] does, if the context is longer than a partition, a group
 /// has more than [`GROUP_MAX`] heads or there are more than [`KV_HEADS_MAX`] KV heads.
@@ -333,6 +335,7 @@ pub fn attend_partition_with(
     kv: &KvView<'_>,
     kv_heads: usize,
     scale: f32,
+    next: &[usize],
     record: &mut [f32],
 ) {
     let kernels = checked_heads(isa, q, kv, kv_heads, "attend_partition");
@@ -347,7 +350,7 @@ pub fn attend_partition_with(
         record.len()
     );
     let state = Partial::in_record(record, heads);
-    kernels.attend_partition(q, kv, kv_heads, scale, state);
+    kernels.attend_partition(q, kv, kv_heads, scale, state, next);
 }
 
 /// The kernels of `isa` after the checks of the entry points that take `kv_heads` KV heads'

@@ -314,12 +314,15 @@ proptest! {
                 // record) and folded afterwards: the same bits.
                 let len = record_len(kv_heads * group, head_dim);
                 let mut records = vec![f32::NAN; partitions(context) * len];
+                let partition = |p: usize| {
+                    &slots[context.min(p * POS_PARTITION)..context.min((p + 1) * POS_PARTITION)]
+                };
                 for (p, record) in records.chunks_mut(len).enumerate() {
                     let part = KvView {
-                        slots: &slots[p * POS_PARTITION..context.min((p + 1) * POS_PARTITION)],
+                        slots: partition(p),
                         ..view(first * head_dim)
                     };
-                    attend_partition_with(isa, &q, &part, kv_heads, scale, record);
+                    attend_partition_with(isa, &q, &part, kv_heads, scale, partition(p + 1), record);
                 }
                 fold_partitions(isa, &records, kv_heads * group, &mut got);
                 assert_bits(&got, &want, &format!("{} f16={} partitions", isa.name(), half))?;

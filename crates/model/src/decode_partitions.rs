@@ -61,8 +61,9 @@ struct PartitionPlan {
 
 impl PartitionPlan {
     /// Plans a decode batch; `false` (the plan left unusable) where partition tasks do not
-    /// pay: one thread, enough tokens to give every thread several whole ones, fewer
-    /// partitions than threads, or groups too large for one kernel call.
+    /// pay: one thread, enough tokens to give every thread several whole ones, whole tokens
+    /// that already share out evenly, fewer partitions than threads, or groups too large for
+    /// one kernel call.
     fn fill(&mut self, layout: &AttentionLayout<'_>, shape: &HeadShape, threads: usize) -> bool {
         let (num_kv_heads, d) = (shape.num_kv_heads, shape.head_dim);
         let group = shape.num_heads / num_kv_heads.max(1);
@@ -74,6 +75,13 @@ impl PartitionPlan {
         // The partitions of each token's context (after its window).
         let parts_of = |p: usize| partitions(p + 1 - shape.first_position(p));
         let total: usize = layout.positions.iter().map(|&p| parts_of(p)).sum();
+        if whole_tokens_balance(
+            layout.positions.iter().map(|&p| parts_of(p)),
+            total,
+            threads,
+        ) {
+            return false;
+        }
         let kv_heads = (1..=num_kv_heads.min(KV_HEADS_MAX))
             .rev()
             .find(|&k| num_kv_heads.is_multiple_of(k) && k * group <= PARTIAL_HEADS_MAX);
@@ -115,6 +123,21 @@ impl PartitionPlan {
     }
 }
 
+/// Whether tasks of whole tokens (`work`: each token's partitions, `total` of them), taken in
+/// order by the first free of `threads` threads, finish within a tenth of an even share:
+/// then splitting the tokens' contexts would only add the fold.
+fn whole_tokens_balance(work: impl Iterator<Item = usize>, total: usize, threads: usize) -> bool {
+    let mut loads = [0usize; 64];
+    let loads = &mut loads[..threads.min(64)];
+    for w in work {
+        if let Some(least) = loads.iter_mut().min() {
+            *least += w;
+        }
+    }
+    let longest = loads.iter().copied().max().unwrap_or(0);
+    10 * longest * loads.len() <= 11 * total
+}
+
 /// Decode attention in partition tasks (see the module docs), if [`PartitionWork`] finds they
 /// pay for this batch: `true` when it ran (and wrote `out`), `false` when the caller should
 /// split by tokens. Arguments as [`crate::attention::causal_attention`]'s.
@@ -151,16 +174,26 @@ pub(crate) fn attend_in_partitions(
         let first_kv = task.chunk * k;
         let q_heads = &q[(task.token * num_heads + first_kv * group) * d..][..k * group * d];
         let parts = task_records.chunks_exact_mut(plan.record);
+        // Partition `p` of the context (empty past the last).
+        let partition = |p: usize| {
+            let start = slots.len().min(p * POS_PARTITION);
+            &slots[start..slots.len().min(start + POS_PARTITION)]
+        };
         for (p, record) in task.parts.clone().zip(parts) {
-            let start = p * POS_PARTITION;
             let view = KvView {
                 rows,
                 row_stride: shape.num_kv_heads * d,
                 offset: first_kv * d,
                 head_dim: d,
-                slots: &slots[start..slots.len().min(start + POS_PARTITION)],
+                slots: partition(p),
             };
-            attend_partition_with(isa, q_heads, &view, k, shape.scale, record);
+            // The task's next partition, whose first block the kernel prefetches.
+            let next = if p + 1 < task.parts.end {
+                partition(p + 1)
+            } else {
+                &[]
+            };
+            attend_partition_with(isa, q_heads, &view, k, shape.scale, next, record);
         }
     });
     let records = &*records;
@@ -202,6 +235,12 @@ mod tests {
         // One thread, many tokens, short contexts, groups past one call: no.
         assert!(plan(&[4096], 3, 3, 1).is_none());
         assert!(plan(&[4096; 8], 3, 3, 2).is_none());
+        // Whole tokens that share out evenly: no; unevenly (3 on 2 threads, or one much
+        // longer than the other): yes.
+        assert!(plan(&[2048; 4], 3, 3, 2).is_none());
+        assert!(plan(&[2048, 2000], 3, 3, 2).is_none());
+        assert!(plan(&[2048; 3], 3, 3, 2).is_some());
+        assert!(plan(&[4096, 300], 3, 3, 2).is_some());
         assert!(plan(&[100], 3, 3, 2).is_none());
         assert!(plan(&[4096], 1, 16, 2).is_none());
         // The default model (3 KV heads of 3) after 4096 positions on 2 threads: 32

@@ -226,7 +226,8 @@ pub(crate) fn attend_group(
     };
     let parts = partitions(kv.slots.len());
     walk(kernels.isa(), heads, parts, out, |p, state| {
-        kernels.attend_partition(q, &view(p), kv_heads, scale, state);
+        let next = partition(kv.slots, p + 1);
+        kernels.attend_partition(q, &view(p), kv_heads, scale, state, next);
         ALL_HEADS
     });
 }
@@ -265,9 +266,9 @@ pub(crate) fn attend_tile(
     });
 }
 
-/// Partition `p` of `slots`.
+/// Partition `p` of `slots` (empty past the last).
 fn partition(slots: &[usize], p: usize) -> &[usize] {
-    let start = p * POS_PARTITION;
+    let start = slots.len().min(p * POS_PARTITION);
     &slots[start..slots.len().min(start + POS_PARTITION)]
 }
 

@@ -45,6 +45,7 @@ pub(crate) fn attend_group_scalar(
     kv_heads: usize,
     scale: f32,
     mut state: Partial<'_>,
+    _next: &[usize],
 ) {
     let n = q.len() / kv_heads.max(1);
     let g = n / kv.head_dim.max(1);

@@ -107,16 +107,18 @@ unsafe fn attend_kv<V: Lanes16>(
     kv_heads: usize,
     scale: f32,
     state: Partial<'_>,
+    next: &[usize],
 ) {
     match kv.rows {
         KvRows::F32 { keys, values } => {
-            attend_group::<V, &[f32]>(q, &kv.head(keys, values), kv_heads, scale, state)
+            attend_group::<V, &[f32]>(q, &kv.head(keys, values), kv_heads, scale, state, next)
         }
         KvRows::F16 { keys, values } => {
-            attend_group::<V, &[f16]>(q, &kv.head(keys, values), kv_heads, scale, state)
+            attend_group::<V, &[f16]>(q, &kv.head(keys, values), kv_heads, scale, state, next)
         }
         KvRows::Q8 { keys, values } => {
-            attend_group::<V, Q8Rows<'_>>(q, &kv.head(keys, values), kv_heads, scale, state)
+            let kv = kv.head(keys, values);
+            attend_group::<V, Q8Rows<'_>>(q, &kv, kv_heads, scale, state, next)
         }
     }
 }
@@ -127,6 +129,8 @@ unsafe fn attend_kv<V: Lanes16>(
 /// block by block, so that a block's rows are read whole (every KV head of a slot at once)
 /// rather than once per head; each group's operations are those it would perform alone.
 /// The state is left in `state` (`state.acc` `[kv_heads · g, d]`, not yet divided by the sum).
+/// `next`: the slots that follow `kv`'s (the next partition's; may be empty), whose first
+/// block the last block prefetches as every block prefetches the one after it.
 ///
 /// # Safety
 /// The CPU must support `V`'s features. Shapes are asserted.
@@ -137,6 +141,7 @@ unsafe fn attend_group<V: Lanes16, P: KvPlane>(
     kv_heads: usize,
     scale: f32,
     state: Partial<'_>,
+    next: &[usize],
 ) where
     P::Row: Element,
 {
@@ -159,7 +164,9 @@ unsafe fn attend_group<V: Lanes16, P: KvPlane>(
     out.fill(0.0);
     let mut running = [Running::new(); KV_HEADS_MAX];
     let blocks = kv.slots.chunks(POS_BLOCK);
-    for (block, next) in blocks.clone().zip(blocks.skip(1).map(Some).chain([None])) {
+    // The block after the last: the first of the next partition, where one follows.
+    let after = (!next.is_empty()).then_some(&next[..next.len().min(POS_BLOCK)]);
+    for (block, next) in blocks.clone().zip(blocks.skip(1).map(Some).chain([after])) {
         for (h, running) in running.iter_mut().enumerate().take(kv_heads) {
             let head = HeadRows {
                 offset: kv.offset + h * d,
@@ -567,8 +574,9 @@ pub(super) unsafe fn attend_group_avx512(
     kv_heads: usize,
     scale: f32,
     state: Partial<'_>,
+    next: &[usize],
 ) {
-    attend_kv::<super::avx512::Z>(q, kv, kv_heads, scale, state)
+    attend_kv::<super::avx512::Z>(q, kv, kv_heads, scale, state, next)
 }
 
 /// # Safety
@@ -580,6 +588,7 @@ pub(super) unsafe fn attend_group_avx2(
     kv_heads: usize,
     scale: f32,
     state: Partial<'_>,
+    next: &[usize],
 ) {
-    attend_kv::<super::avx2::Y>(q, kv, kv_heads, scale, state)
+    attend_kv::<super::avx2::Y>(q, kv, kv_heads, scale, state, next)
 }

@@ -56,7 +56,7 @@ use crate::isa::Isa;
 use crate::packed::{BlockScale, PackedMatrix, QuantizedRows};
 use crate::{dot16, packed, quant, DType};
 
-type AttendFn = unsafe fn(&[f32], &KvView<'_>, usize, f32, Partial<'_>);
+type AttendFn = unsafe fn(&[f32], &KvView<'_>, usize, f32, Partial<'_>, &[usize]);
 type AttendTileFn = unsafe fn(&[f32], &[usize], &KvView<'_>, f32, Partial<'_>, &mut TileWork);
 type DequantFn = unsafe fn(DType, &[u8], &mut [f32]);
 type Dot1Fn = unsafe fn(&[f32], &[f32]) -> f32;
@@ -183,7 +183,8 @@ impl Kernels {
 
     /// As [`crate::attention::attend_group_scalar`] (bitwise equal): the state over one
     /// partition of at most [`crate::attention::GROUP_MAX`] query heads of each of `kv_heads`
-    /// consecutive KV heads.
+    /// consecutive KV heads; `next`: the slots after the partition's, whose first block it
+    /// prefetches at its end (empty: none).
     pub(crate) fn attend_partition(
         &self,
         q: &[f32],
@@ -191,9 +192,10 @@ impl Kernels {
         kv_heads: usize,
         scale: f32,
         state: Partial<'_>,
+        next: &[usize],
     ) {
         // SAFETY: as in `dequantize_row`; the kernel asserts the shapes.
-        unsafe { (self.attend)(q, kv, kv_heads, scale, state) }
+        unsafe { (self.attend)(q, kv, kv_heads, scale, state, next) }
     }
 
     /// As [`crate::attention::attend_tile_scalar`] (bitwise equal): the state over one
