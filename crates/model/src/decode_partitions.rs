@@ -96,6 +96,12 @@ impl PartitionPlan {
         self.tasks.clear();
         self.starts.clear();
         self.bounds.clear();
+        // At most a task per thread's share and one more per (token, chunk): reserved at the
+        // first plan, so that later batches never grow the lists.
+        let most = TASKS_PER_THREAD * threads * (chunks + 1);
+        self.tasks.reserve(most);
+        self.bounds.reserve(most + 1);
+        self.starts.reserve(TASKS_PER_THREAD * threads * chunks);
         self.bounds.push(0);
         let mut end = 0;
         for (token, &pos) in layout.positions.iter().enumerate() {
@@ -165,7 +171,10 @@ pub(crate) fn attend_in_partitions(
         &layout.seq_slots[layout.token_seq[t]][shape.first_position(pos)..=pos]
     };
     if records.len() < plan.scratch_len() {
-        records.resize(plan.scratch_len(), 0.0);
+        // With room for contexts growing a step at a time: 8 more partitions per token and
+        // chunk.
+        let room = 8 * plan.starts.len() * plan.record;
+        records.resize(plan.scratch_len() + room, 0.0);
     }
     let records = &mut records[..plan.scratch_len()];
     for_each_part_mut(pool, records, &plan.bounds, |i, task_records| {

@@ -26,7 +26,7 @@ fn allocations() -> usize {
     stats.allocations + stats.reallocations
 }
 
-const SEQS: usize = 4;
+const SEQS: usize = 5;
 const BLOCK: usize = 16;
 /// 256 positions: contexts past 128 positions, two of the attention's partitions, which
 /// decode tasks of few sequences split among themselves (records kept by the model).
@@ -119,21 +119,19 @@ fn a_decode_step_allocates_only_its_logits_row_list() {
     let path = tandem_model::default_model::test_model_path()
         .expect("the default model is needed; this test does not skip");
     let mut model = Model::new(load_gguf_model(&path).expect("load").0, 2);
-    let blocks = 2 * SEQS * BLOCKS_PER_SEQ;
+    let blocks = 3 * SEQS * BLOCKS_PER_SEQ;
     let mut kv =
         KvStore::with_dtype(&model.config, BLOCK, blocks, model.default_kv_dtype()).expect("kv");
-    // The first sequences grow the model's buffers; the next ones, fewer and with longer
-    // contexts, on other blocks, must find them ready.
+    // The first sequences grow the model's buffers (five on two threads: their attention is
+    // split along the contexts); the next ones, fewer and with longer contexts, on other
+    // blocks, must find them ready, whether their attention is split along the contexts
+    // (three sequences) or by tokens (two, which share out evenly).
     let warm_up = decode_allocations(&mut model, &mut kv, 0, SEQS, 140);
     assert!(warm_up.iter().all(|&n| n >= 1), "{warm_up:?}");
     eprintln!("warm-up allocations per step: {warm_up:?}");
-    let steady = decode_allocations(
-        &mut model,
-        &mut kv,
-        (SEQS * BLOCKS_PER_SEQ) as u32,
-        SEQS - 1,
-        173,
-    );
+    let per_run = (SEQS * BLOCKS_PER_SEQ) as u32;
+    let mut steady = decode_allocations(&mut model, &mut kv, per_run, 3, 173);
+    steady.extend(decode_allocations(&mut model, &mut kv, 2 * per_run, 2, 180));
     assert!(
         steady.iter().all(|&n| n == 1),
         "allocations per decode step after warm-up: {steady:?} (want 1: the logits' row list)"
