@@ -361,14 +361,11 @@ proptest! {
 /// definition, and the NaN of a poisoned key reaches the output.
 #[test]
 fn rescaling_and_nan() {
-    for increasing in [true, false] {
-        let mut case = Case::new(7, 64, 3, 70, 1.0);
+    // 70 positions (one partition) and 300 (three: the fold rescales the running state).
+    for (increasing, n) in [(true, 70), (false, 70), (true, 300), (false, 300)] {
+        let mut case = Case::new(7, 64, 3, n, 1.0);
         for (j, &s) in case.slots.clone().iter().enumerate() {
-            let w = if increasing {
-                j as f32
-            } else {
-                (70 - j) as f32
-            } * 0.05;
+            let w = if increasing { j as f32 } else { (n - j) as f32 } * 3.5 / n as f32;
             for x in &mut case.keys[s * case.num_kv_heads * 64 + case.kv_head * 64..][..64] {
                 *x = x.abs() * w;
             }
@@ -380,7 +377,7 @@ fn rescaling_and_nan() {
                 assert!((f64::from(*g) - w).abs() < 1e-5, "{g} vs {w}");
             }
         }
-        let full = [70; 3];
+        let full = [n; 3];
         for isa in Isa::available() {
             for got in [case.run(isa, &case.q), case.run_rows(isa, &full, false)] {
                 assert!(got
@@ -402,5 +399,16 @@ fn rescaling_and_nan() {
             case.run_f16(isa, &case.q).iter().all(|x| x.is_nan()),
             "{isa}"
         );
+    }
+    // Poisoned in the second partition: rows whose context ends before it stay finite, in
+    // the tile kernel and in partitions computed apart and folded.
+    let mut case = Case::new(9, 32, 3, 300, 1.0);
+    let s = case.slots[200];
+    case.keys[s * case.num_kv_heads * 32 + case.kv_head * 32] = f32::NAN;
+    for isa in Isa::available() {
+        assert!(case.run(isa, &case.q).iter().all(|x| x.is_nan()), "{isa}");
+        let tile = case.run_rows(isa, &[300, 150, 100], false);
+        assert!(tile[..32].iter().all(|x| x.is_nan()), "{isa}");
+        assert!(tile[32..].iter().all(|x| x.is_finite()), "{isa}");
     }
 }

@@ -19,7 +19,7 @@ use tandem_kernels::parallel::for_each_part_mut;
 use tandem_kernels::{Isa, ThreadPool};
 
 use crate::decode_attention::decode_attention;
-pub use crate::decode_partitions::PartitionWork;
+pub use crate::decode_partitions::DecodeWork;
 
 /// Where each new token of the batch sits: its position and its sequence's slot list.
 #[derive(Debug)]
@@ -54,8 +54,8 @@ impl HeadShape {
 /// `out[t, h] = softmax_j(q[t, h] . k[j, kvh] * scale) . v[j, kvh]` over `j <= pos(t)`.
 ///
 /// `q`, `out`: `[num_tokens, num_heads * head_dim]`; `rows`: the layer's keys and values,
-/// `[num_slots, num_kv_heads * head_dim]` each; `work`: the memory of a decode split along
-/// its contexts, kept by the caller so that a stream of steps allocates nothing.
+/// `[num_slots, num_kv_heads * head_dim]` each; `work`: the memory of the decode's task
+/// splits, kept by the caller so that a stream of steps allocates nothing.
 #[allow(clippy::too_many_arguments)]
 pub fn causal_attention(
     isa: Isa,
@@ -64,7 +64,7 @@ pub fn causal_attention(
     layout: &AttentionLayout<'_>,
     q: &[f32],
     rows: KvRows<'_>,
-    work: &mut PartitionWork,
+    work: &mut DecodeWork,
     out: &mut [f32],
 ) {
     let runs = layout.token_seq.windows(2).any(|w| w[0] == w[1]);
@@ -180,7 +180,7 @@ pub(crate) mod tests {
             token_seq,
             seq_slots,
         };
-        let (pool, mut work) = (ThreadPool::new(threads), PartitionWork::default());
+        let (pool, mut work) = (ThreadPool::new(threads), DecodeWork::default());
         causal_attention(
             Isa::best(),
             &pool,

@@ -27,7 +27,7 @@ use tandem_kernels::parallel::{for_each_chunk_mut, for_each_part_mut};
 use tandem_kernels::{Isa, ThreadPool};
 
 use crate::attention::{AttentionLayout, HeadShape};
-use crate::decode_partitions::{attend_in_partitions, PartitionWork};
+use crate::decode_partitions::{attend_in_partitions, DecodeWork};
 
 /// How a decode batch is cut into tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +74,7 @@ impl DecodeSplit {
 
 /// `out[t, h] = softmax_j(q[t, h] · k[j, kvh] · scale) · v[j, kvh]` over the context of token
 /// `t` (one new token per sequence). `q`, `out`: `[num_tokens, num_heads · head_dim]`;
-/// `work`: the memory of a split along the contexts (see [`PartitionWork`]).
+/// `work`: the memory of the task splits (see [`DecodeWork`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decode_attention(
     isa: Isa,
@@ -83,7 +83,7 @@ pub(crate) fn decode_attention(
     layout: &AttentionLayout<'_>,
     q: &[f32],
     rows: KvRows<'_>,
-    work: &mut PartitionWork,
+    work: &mut DecodeWork,
     out: &mut [f32],
 ) {
     let (num_heads, num_kv_heads, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
@@ -123,10 +123,10 @@ pub(crate) fn decode_attention(
         let (g, p) = (i / split.parts, i % split.parts);
         g * group + split.part_heads(p, group).start
     };
-    let bounds: Vec<usize> = (0..=tokens * num_kv_heads * split.parts)
-        .map(|i| heads_before(i) * d)
-        .collect();
-    for_each_part_mut(pool, out, &bounds, |i, out_heads| {
+    let bounds = &mut work.group_bounds;
+    bounds.clear();
+    bounds.extend((0..=tokens * num_kv_heads * split.parts).map(|i| heads_before(i) * d));
+    for_each_part_mut(pool, out, bounds, |i, out_heads| {
         let first = heads_before(i);
         let (t, g) = (first / num_heads, first % num_heads / group);
         let q_heads = &q[first * d..][..out_heads.len()];

@@ -33,14 +33,17 @@ struct PartitionTask {
     parts: Range<usize>,
 }
 
-/// The working memory of a decode split along its contexts: the plan of its tasks and the
-/// records of its partitions, kept between steps so that a stream of decode steps allocates
-/// nothing once they have grown to the largest batch.
+/// The working memory of decode attention's task splits: for a split along the contexts,
+/// the plan of its tasks and the records of its partitions; for a split of GQA groups, the
+/// tasks' bounds. Kept between steps so that a stream of decode steps allocates nothing once
+/// they have grown to the largest batch.
 #[derive(Debug, Default)]
-pub struct PartitionWork {
+pub struct DecodeWork {
     plan: PartitionPlan,
     /// The partitions' records, `[tokens, chunks, partitions, record]` (grown, never shrunk).
     records: Vec<f32>,
+    /// Where each task of a split of GQA groups starts in the output (`decode_attention.rs`).
+    pub(crate) group_bounds: Vec<usize>,
 }
 
 /// How the partitions of a decode batch are spread over tasks, and where their records lie.
@@ -131,20 +134,26 @@ impl PartitionPlan {
 
 /// Whether tasks of whole tokens (`work`: each token's partitions, `total` of them), taken in
 /// order by the first free of `threads` threads, finish within a tenth of an even share:
-/// then splitting the tokens' contexts would only add the fold.
+/// then splitting the tokens' contexts would only add the fold. (Past 64 threads, the
+/// longest share is bounded below by the longest token and the even share.)
 fn whole_tokens_balance(work: impl Iterator<Item = usize>, total: usize, threads: usize) -> bool {
-    let mut loads = [0usize; 64];
-    let loads = &mut loads[..threads.min(64)];
-    for w in work {
-        if let Some(least) = loads.iter_mut().min() {
-            *least += w;
+    const MOST: usize = 64;
+    let mut loads = [0usize; MOST];
+    let longest = if threads <= MOST {
+        let loads = &mut loads[..threads];
+        for w in work {
+            if let Some(least) = loads.iter_mut().min() {
+                *least += w;
+            }
         }
-    }
-    let longest = loads.iter().copied().max().unwrap_or(0);
-    10 * longest * loads.len() <= 11 * total
+        loads.iter().copied().max().unwrap_or(0)
+    } else {
+        work.max().unwrap_or(0).max(total.div_ceil(threads))
+    };
+    10 * longest * threads <= 11 * total
 }
 
-/// Decode attention in partition tasks (see the module docs), if [`PartitionWork`] finds they
+/// Decode attention in partition tasks (see the module docs), if [`DecodeWork`] finds they
 /// pay for this batch: `true` when it ran (and wrote `out`), `false` when the caller should
 /// split by tokens. Arguments as [`crate::attention::causal_attention`]'s.
 #[allow(clippy::too_many_arguments)]
@@ -155,10 +164,10 @@ pub(crate) fn attend_in_partitions(
     layout: &AttentionLayout<'_>,
     q: &[f32],
     rows: KvRows<'_>,
-    work: &mut PartitionWork,
+    work: &mut DecodeWork,
     out: &mut [f32],
 ) -> bool {
-    let PartitionWork { plan, records } = work;
+    let DecodeWork { plan, records, .. } = work;
     if !plan.fill(layout, &shape, pool.n_threads()) {
         return false;
     }
@@ -250,6 +259,9 @@ mod tests {
         assert!(plan(&[2048, 2000], 3, 3, 2).is_none());
         assert!(plan(&[2048; 3], 3, 3, 2).is_some());
         assert!(plan(&[4096, 300], 3, 3, 2).is_some());
+        // Past 64 threads: 64 equal tokens leave 36 of 100 threads idle.
+        assert!(plan(&[1024; 64], 3, 3, 100).is_some());
+        assert!(plan(&[1024; 128], 3, 3, 64).is_none());
         assert!(plan(&[100], 3, 3, 2).is_none());
         assert!(plan(&[4096], 1, 16, 2).is_none());
         // The default model (3 KV heads of 3) after 4096 positions on 2 threads: 32

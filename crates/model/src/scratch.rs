@@ -8,7 +8,7 @@
 
 use tandem_kernels::packed::QuantizedRows;
 
-use crate::attention::PartitionWork;
+use crate::attention::DecodeWork;
 use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::kv_store::KvStore;
@@ -68,8 +68,8 @@ pub(crate) struct Activations {
     pub up: Vec<f32>,
     /// `[n, hidden]` sub-layer output before the residual add.
     pub out: Vec<f32>,
-    /// The plan and records of a decode split along its contexts.
-    pub partitions: PartitionWork,
+    /// The working memory of decode attention's task splits.
+    pub decode: DecodeWork,
 }
 
 impl Activations {

@@ -389,7 +389,7 @@ impl Model {
             &attn_layout,
             &a.q,
             kv.layer(l),
-            &mut a.partitions,
+            &mut a.decode,
             &mut a.attn,
         );
         self.matmul(w.o, &a.attn, &mut a.out, n, xq);

@@ -195,12 +195,15 @@ thread_local! {
     static RECORD: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` with a record of `len` elements (contents unspecified).
-fn with_record<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+/// Runs `f` with a record of `record_len(heads, head_dim)` elements (contents unspecified).
+fn with_record<R>(heads: usize, head_dim: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let len = record_len(heads, head_dim);
     RECORD.with(|cell| match cell.try_borrow_mut() {
         Ok(mut record) => {
             if record.len() < len {
-                record.resize(len, 0.0);
+                // Room for the most heads a state holds at once: a thread grows it once per
+                // head size, whatever calls come later.
+                record.resize(record_len(PARTIAL_HEADS_MAX, head_dim).max(len), 0.0);
             }
             f(&mut record[..len])
         }
@@ -296,7 +299,7 @@ fn walk(
     run(0, state.reborrow());
     if parts > 1 {
         let d = state.acc.len() / heads;
-        with_record(record_len(heads, d), |record| {
+        with_record(heads, d, |record| {
             for p in 1..parts {
                 let reached = run(p, Partial::in_record(record, heads));
                 fold_with(isa, &mut state, record, reached);
