@@ -42,7 +42,9 @@ use crate::isa::{self, Isa};
 use crate::simd::Kernels;
 
 pub(crate) use partitions::Partial;
-pub use partitions::{fold_partitions, partitions, record_len, PARTIAL_HEADS_MAX, POS_PARTITION};
+pub use partitions::{
+    fold_partitions, partition, partitions, record_len, PARTIAL_HEADS_MAX, POS_PARTITION,
+};
 pub(crate) use reference::{attend_group_scalar, attend_tile_scalar};
 pub(crate) use tile_work::TileWork;
 

@@ -18,7 +18,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use tandem_kernels::attention::{
     attend_heads_with, attend_partition_with, attend_rows_with, attend_with, fold_partitions,
-    partitions, record_len, KvRows, KvView, GROUP_MAX, KV_HEADS_MAX, POS_PARTITION,
+    partition, partitions, record_len, KvRows, KvView, GROUP_MAX, KV_HEADS_MAX,
 };
 use tandem_kernels::Isa;
 
@@ -314,15 +314,12 @@ proptest! {
                 // record) and folded afterwards: the same bits.
                 let len = record_len(kv_heads * group, head_dim);
                 let mut records = vec![f32::NAN; partitions(context) * len];
-                let partition = |p: usize| {
-                    &slots[context.min(p * POS_PARTITION)..context.min((p + 1) * POS_PARTITION)]
-                };
                 for (p, record) in records.chunks_mut(len).enumerate() {
                     let part = KvView {
-                        slots: partition(p),
+                        slots: partition(&slots, p),
                         ..view(first * head_dim)
                     };
-                    attend_partition_with(isa, &q, &part, kv_heads, scale, partition(p + 1), record);
+                    attend_partition_with(isa, &q, &part, kv_heads, scale, partition(&slots, p + 1), record);
                 }
                 fold_partitions(isa, &records, kv_heads * group, &mut got);
                 assert_bits(&got, &want, &format!("{} f16={} partitions", isa.name(), half))?;

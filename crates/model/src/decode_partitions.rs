@@ -1,6 +1,7 @@
 //! Decode of a few long sequences: tasks of context partitions.
 //!
-//! The kernels cut every context into fixed partitions of [`POS_PARTITION`] positions and
+//! The kernels cut every context into fixed partitions of
+//! [`POS_PARTITION`](tandem_kernels::attention::POS_PARTITION) positions and
 //! fold the partitions' states in order (the numeric contract of
 //! `tandem_kernels::attention`). When the batch has too few tokens to keep every thread busy
 //! with whole tokens (one sequence, or a few of unequal lengths), a token's partitions are
@@ -12,8 +13,8 @@
 use std::ops::Range;
 
 use tandem_kernels::attention::{
-    attend_partition_with, fold_partitions, partitions, record_len, KvRows, KvView, GROUP_MAX,
-    KV_HEADS_MAX, PARTIAL_HEADS_MAX, POS_PARTITION,
+    attend_partition_with, fold_partitions, partition, partitions, record_len, KvRows, KvView,
+    GROUP_MAX, KV_HEADS_MAX, PARTIAL_HEADS_MAX,
 };
 use tandem_kernels::parallel::{for_each_chunk_mut, for_each_part_mut};
 use tandem_kernels::{Isa, ThreadPool};
@@ -192,22 +193,17 @@ pub(crate) fn attend_in_partitions(
         let first_kv = task.chunk * k;
         let q_heads = &q[(task.token * num_heads + first_kv * group) * d..][..k * group * d];
         let parts = task_records.chunks_exact_mut(plan.record);
-        // Partition `p` of the context (empty past the last).
-        let partition = |p: usize| {
-            let start = slots.len().min(p * POS_PARTITION);
-            &slots[start..slots.len().min(start + POS_PARTITION)]
-        };
         for (p, record) in task.parts.clone().zip(parts) {
             let view = KvView {
                 rows,
                 row_stride: shape.num_kv_heads * d,
                 offset: first_kv * d,
                 head_dim: d,
-                slots: partition(p),
+                slots: partition(slots, p),
             };
             // The task's next partition, whose first block the kernel prefetches.
             let next = if p + 1 < task.parts.end {
-                partition(p + 1)
+                partition(slots, p + 1)
             } else {
                 &[]
             };

@@ -34,6 +34,12 @@ pub fn partitions(n: usize) -> usize {
     n.div_ceil(POS_PARTITION)
 }
 
+/// Partition `p` of a context's `slots` (empty past the last).
+pub fn partition(slots: &[usize], p: usize) -> &[usize] {
+    let start = slots.len().min(p * POS_PARTITION);
+    &slots[start..slots.len().min(start + POS_PARTITION)]
+}
+
 /// The length of one partition's record for `heads` query heads of `head_dim` elements:
 /// their `[heads, head_dim]` weighted sums of values (not yet divided), then their `[heads]`
 /// score maxima, then their `[heads]` sums of probabilities.
@@ -267,12 +273,6 @@ pub(crate) fn attend_tile(
             .filter(|&i| reads[i] > 0)
             .fold(0, |m, i| m | 1 << i)
     });
-}
-
-/// Partition `p` of `slots` (empty past the last).
-fn partition(slots: &[usize], p: usize) -> &[usize] {
-    let start = slots.len().min(p * POS_PARTITION);
-    &slots[start..slots.len().min(start + POS_PARTITION)]
 }
 
 /// The contract over `parts` partitions (at least one) for `heads` query heads into `out`:
