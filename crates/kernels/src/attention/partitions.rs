@@ -90,6 +90,15 @@ impl<'a> Partial<'a> {
         }
     }
 
+    /// Sets this state to the one laid out in `record` (see [`record_len`]).
+    fn copy_from_record(self, record: &[f32]) {
+        let (acc, stats) = record.split_at(self.acc.len());
+        let heads = self.heads();
+        self.acc.copy_from_slice(acc);
+        self.max.copy_from_slice(&stats[..heads]);
+        self.sum.copy_from_slice(&stats[heads..]);
+    }
+
     /// This state, borrowed again (to hand to a kernel).
     pub(crate) fn reborrow(&mut self) -> Partial<'_> {
         Partial {
@@ -176,23 +185,12 @@ pub fn fold_partitions(isa: Isa, records: &[f32], heads: usize, out: &mut [f32])
         "fold_partitions: {} elements are no whole records of {len}",
         records.len()
     );
-    let (mut max, mut sum) = ([0.0f32; PARTIAL_HEADS_MAX], [0.0f32; PARTIAL_HEADS_MAX]);
-    let mut run = Partial {
-        acc: out,
-        max: &mut max[..heads],
-        sum: &mut sum[..heads],
-    };
-    let mut parts = records.chunks_exact(len);
-    if let Some(first) = parts.next() {
-        let (acc, stats) = first.split_at(run.acc.len());
-        run.acc.copy_from_slice(acc);
-        run.max.copy_from_slice(&stats[..heads]);
-        run.sum.copy_from_slice(&stats[heads..]);
-    }
-    for record in parts {
-        fold_with(isa, &mut run, record, ALL_HEADS);
-    }
-    finish_with(isa, &mut run);
+    // The walk of the kernels, with each partition's state read from its record.
+    let parts = records.len() / len;
+    walk(isa, heads, parts, out, |p, state| {
+        state.copy_from_record(&records[p * len..][..len]);
+        ALL_HEADS
+    });
 }
 
 thread_local! {
