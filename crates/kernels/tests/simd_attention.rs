@@ -384,28 +384,19 @@ fn rescaling_and_nan() {
             }
         }
     }
-    let mut case = Case::new(8, 32, 3, 20, 1.0);
-    let s = case.slots[5];
-    case.keys[s * case.num_kv_heads * 32 + case.kv_head * 32] = f32::NAN;
-    for isa in Isa::available() {
-        assert!(case.run(isa, &case.q).iter().all(|x| x.is_nan()), "{isa}");
-        let tile = case.run_rows(isa, &[20, 5, 3], false);
-        assert!(tile[..32].iter().all(|x| x.is_nan()), "{isa}");
-        assert!(tile[32..].iter().all(|x| x.is_finite()), "{isa}");
-        assert!(
-            case.run_f16(isa, &case.q).iter().all(|x| x.is_nan()),
-            "{isa}"
-        );
-    }
-    // Poisoned in the second partition: rows whose context ends before it stay finite, in
-    // the tile kernel and in partitions computed apart and folded.
-    let mut case = Case::new(9, 32, 3, 300, 1.0);
-    let s = case.slots[200];
-    case.keys[s * case.num_kv_heads * 32 + case.kv_head * 32] = f32::NAN;
-    for isa in Isa::available() {
-        assert!(case.run(isa, &case.q).iter().all(|x| x.is_nan()), "{isa}");
-        let tile = case.run_rows(isa, &[300, 150, 100], false);
-        assert!(tile[..32].iter().all(|x| x.is_nan()), "{isa}");
-        assert!(tile[32..].iter().all(|x| x.is_finite()), "{isa}");
+    // A NaN key in the first partition, and in the second (rows whose context ends before
+    // it stay finite, in the tile kernel and in partitions computed apart and folded).
+    for (seed, n, poisoned, rows) in [(8, 20, 5, [20, 5, 3]), (9, 300, 200, [300, 150, 100])] {
+        let mut case = Case::new(seed, 32, 3, n, 1.0);
+        let s = case.slots[poisoned];
+        case.keys[s * case.num_kv_heads * 32 + case.kv_head * 32] = f32::NAN;
+        for isa in Isa::available() {
+            assert!(case.run(isa, &case.q).iter().all(|x| x.is_nan()), "{isa}");
+            let f16 = case.run_f16(isa, &case.q);
+            assert!(f16.iter().all(|x| x.is_nan()), "{isa}");
+            let tile = case.run_rows(isa, &rows, false);
+            assert!(tile[..32].iter().all(|x| x.is_nan()), "{isa}");
+            assert!(tile[32..].iter().all(|x| x.is_finite()), "{isa}");
+        }
     }
 }

@@ -51,6 +51,28 @@ impl HeadShape {
     }
 }
 
+/// One layer's single-token decode, as its task splits read it (`decode_attention.rs`,
+/// `decode_partitions.rs`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DecodeInputs<'a> {
+    pub isa: Isa,
+    pub pool: &'a ThreadPool,
+    pub shape: HeadShape,
+    pub layout: &'a AttentionLayout<'a>,
+    /// `[num_tokens, num_heads · head_dim]`
+    pub q: &'a [f32],
+    pub rows: KvRows<'a>,
+}
+
+impl<'a> DecodeInputs<'a> {
+    /// The slots token `t` attends to (its context after its window).
+    pub(crate) fn context(&self, t: usize) -> &'a [usize] {
+        let pos = self.layout.positions[t];
+        let slots = &self.layout.seq_slots[self.layout.token_seq[t]];
+        &slots[self.shape.first_position(pos)..=pos]
+    }
+}
+
 /// `out[t, h] = softmax_j(q[t, h] . k[j, kvh] * scale) . v[j, kvh]` over `j <= pos(t)`.
 ///
 /// `q`, `out`: `[num_tokens, num_heads * head_dim]`; `rows`: the layer's keys and values,
@@ -71,7 +93,15 @@ pub fn causal_attention(
     if runs {
         return tiled_attention(isa, pool, shape, layout, q, rows, out);
     }
-    decode_attention(isa, pool, shape, layout, q, rows, work, out);
+    let inputs = DecodeInputs {
+        isa,
+        pool,
+        shape,
+        layout,
+        q,
+        rows,
+    };
+    decode_attention(&inputs, work, out);
 }
 
 /// [`causal_attention`] in tasks of up to [`TILE_ROWS`] consecutive tokens of one sequence,

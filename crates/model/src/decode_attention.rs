@@ -22,11 +22,10 @@
 
 use std::ops::Range;
 
-use tandem_kernels::attention::{attend_heads_with, KvRows, KvView, KV_HEADS_MAX};
+use tandem_kernels::attention::{attend_heads_with, KvView, KV_HEADS_MAX};
 use tandem_kernels::parallel::{for_each_chunk_mut, for_each_part_mut};
-use tandem_kernels::{Isa, ThreadPool};
 
-use crate::attention::{AttentionLayout, HeadShape};
+use crate::attention::DecodeInputs;
 use crate::decode_partitions::{attend_in_partitions, DecodeWork};
 
 /// How a decode batch is cut into tasks.
@@ -75,36 +74,31 @@ impl DecodeSplit {
 /// `out[t, h] = softmax_j(q[t, h] · k[j, kvh] · scale) · v[j, kvh]` over the context of token
 /// `t` (one new token per sequence). `q`, `out`: `[num_tokens, num_heads · head_dim]`;
 /// `work`: the memory of the task splits (see [`DecodeWork`]).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn decode_attention(
-    isa: Isa,
-    pool: &ThreadPool,
-    shape: HeadShape,
-    layout: &AttentionLayout<'_>,
-    q: &[f32],
-    rows: KvRows<'_>,
-    work: &mut DecodeWork,
-    out: &mut [f32],
-) {
-    let (num_heads, num_kv_heads, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
-    let group = num_heads / num_kv_heads;
-    let tokens = layout.positions.len();
-    if attend_in_partitions(isa, pool, shape, layout, q, rows, work, out) {
+pub(crate) fn decode_attention(inputs: &DecodeInputs<'_>, work: &mut DecodeWork, out: &mut [f32]) {
+    if attend_in_partitions(inputs, work, out) {
         return;
     }
+    let DecodeInputs {
+        isa,
+        pool,
+        shape,
+        q,
+        rows,
+        ..
+    } = *inputs;
+    let (num_heads, num_kv_heads, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
+    let group = num_heads / num_kv_heads;
+    let tokens = inputs.layout.positions.len();
     let split = DecodeSplit::new(tokens, num_kv_heads, group, pool.n_threads());
     let k = split.kv_heads;
     let per_token = num_kv_heads / k;
     // The K/V of KV heads `first_kv ..` of token `t`.
-    let view = |t: usize, first_kv: usize| {
-        let pos = layout.positions[t];
-        KvView {
-            rows,
-            row_stride: num_kv_heads * d,
-            offset: first_kv * d,
-            head_dim: d,
-            slots: &layout.seq_slots[layout.token_seq[t]][shape.first_position(pos)..=pos],
-        }
+    let view = |t: usize, first_kv: usize| KvView {
+        rows,
+        row_stride: num_kv_heads * d,
+        offset: first_kv * d,
+        head_dim: d,
+        slots: inputs.context(t),
     };
     if split.parts == 1 {
         // Whole groups: a task's query heads and outputs are contiguous.
@@ -138,6 +132,8 @@ pub(crate) fn decode_attention(
 mod tests {
     use super::*;
     use crate::attention::tests::{attention_of, same_bits};
+    use crate::attention::HeadShape;
+    use tandem_kernels::attention::KvRows;
 
     #[test]
     fn tasks_take_whole_rows_and_split_groups_only_to_balance_the_threads() {

@@ -13,13 +13,12 @@
 use std::ops::Range;
 
 use tandem_kernels::attention::{
-    attend_partition_with, fold_partitions, partition, partitions, record_len, KvRows, KvView,
-    GROUP_MAX, KV_HEADS_MAX, PARTIAL_HEADS_MAX,
+    attend_partition_with, fold_partitions, partition, partitions, record_len, KvView, GROUP_MAX,
+    KV_HEADS_MAX, PARTIAL_HEADS_MAX,
 };
 use tandem_kernels::parallel::{for_each_chunk_mut, for_each_part_mut};
-use tandem_kernels::{Isa, ThreadPool};
 
-use crate::attention::{AttentionLayout, HeadShape};
+use crate::attention::{AttentionLayout, DecodeInputs, HeadShape};
 
 /// Tasks per thread the partitions are cut into (more balance the threads when contexts
 /// differ in length; fewer keep each task's run of blocks long).
@@ -156,18 +155,20 @@ fn whole_tokens_balance(work: impl Iterator<Item = usize>, total: usize, threads
 
 /// Decode attention in partition tasks (see the module docs), if [`DecodeWork`] finds they
 /// pay for this batch: `true` when it ran (and wrote `out`), `false` when the caller should
-/// split by tokens. Arguments as [`crate::attention::causal_attention`]'s.
-#[allow(clippy::too_many_arguments)]
+/// split by tokens.
 pub(crate) fn attend_in_partitions(
-    isa: Isa,
-    pool: &ThreadPool,
-    shape: HeadShape,
-    layout: &AttentionLayout<'_>,
-    q: &[f32],
-    rows: KvRows<'_>,
+    inputs: &DecodeInputs<'_>,
     work: &mut DecodeWork,
     out: &mut [f32],
 ) -> bool {
+    let DecodeInputs {
+        isa,
+        pool,
+        shape,
+        layout,
+        q,
+        rows,
+    } = *inputs;
     let DecodeWork { plan, records, .. } = work;
     if !plan.fill(layout, &shape, pool.n_threads()) {
         return false;
@@ -175,11 +176,6 @@ pub(crate) fn attend_in_partitions(
     let (num_heads, d) = (shape.num_heads, shape.head_dim);
     let group = num_heads / shape.num_kv_heads;
     let k = plan.kv_heads;
-    // The context of token `t` (after its window).
-    let context = |t: usize| {
-        let pos = layout.positions[t];
-        &layout.seq_slots[layout.token_seq[t]][shape.first_position(pos)..=pos]
-    };
     if records.len() < plan.scratch_len() {
         // With room for contexts growing a step at a time: 8 more partitions per token and
         // chunk.
@@ -189,7 +185,7 @@ pub(crate) fn attend_in_partitions(
     let records = &mut records[..plan.scratch_len()];
     for_each_part_mut(pool, records, &plan.bounds, |i, task_records| {
         let task = &plan.tasks[i];
-        let slots = context(task.token);
+        let slots = inputs.context(task.token);
         let first_kv = task.chunk * k;
         let q_heads = &q[(task.token * num_heads + first_kv * group) * d..][..k * group * d];
         let parts = task_records.chunks_exact_mut(plan.record);
@@ -214,7 +210,7 @@ pub(crate) fn attend_in_partitions(
     let chunks = shape.num_kv_heads / k;
     for_each_chunk_mut(pool, out, k * group * d, |i, out_heads| {
         let start = plan.starts[i];
-        let len = partitions(context(i / chunks).len()) * plan.record;
+        let len = partitions(inputs.context(i / chunks).len()) * plan.record;
         fold_partitions(isa, &records[start..start + len], k * group, out_heads);
     });
     true
