@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use half::f16;
 use serde::{Deserialize, Serialize};
-use tandem_kernels::attention::{attend, attend_rows, KvRows, KvView};
+use tandem_kernels::attention::{attend_heads_with, attend_rows, KvRows, KvView};
 use tandem_kernels::{matmul_packed, DType, PackedMatrix, ThreadPool, WeightView};
 
 use super::cost::Roofline;
@@ -248,13 +248,15 @@ fn q4_1_data(rows: usize, cols: usize) -> Vec<u8> {
     data
 }
 
-/// FLOP/s of the attention kernels over the f16 keys and values of 48 sequences of 512
-/// positions (3 KV heads of 64 per slot; 19 MB, streamed from memory as a batch's caches
-/// are), one task per sequence and KV head, on every thread: `tile` false, the group kernel
-/// of decode (a token's 3 query heads); true, the tile kernel of prefill (16 rows of a
-/// chunk, contexts 497 to 512).
+/// FLOP/s of the attention kernels over the f16 keys and values of 64 sequences of 2,048
+/// positions (3 KV heads of 64 per slot; 100 MB, more than the last-level cache holds, so
+/// they stream from memory as a batch's caches do), on every thread, each kernel reading the
+/// rows as the model's steps do: `tile` false, decode's group kernel, one task per sequence
+/// walking its 3 KV heads together (a token's 9 query heads, every slot's row read whole);
+/// true, prefill's tile kernel, one task per sequence and KV head (16 rows of a chunk,
+/// contexts 2,033 to 2,048).
 fn attention_rate(pool: &ThreadPool, tile: bool) -> f64 {
-    let (seqs, ctx, head_dim, kv_heads) = (48, 512, 64, 3);
+    let (seqs, ctx, head_dim, kv_heads) = (64, 2048, 64, 3);
     let rows = if tile { 16 } else { 3 };
     let stride = kv_heads * head_dim;
     let slots_total = seqs * ctx;
@@ -267,27 +269,31 @@ fn attention_rate(pool: &ThreadPool, tile: bool) -> f64 {
     let slots: Vec<Vec<usize>> = (0..seqs)
         .map(|s| (s * ctx..(s + 1) * ctx).collect())
         .collect();
-    let q: Vec<f32> = (0..rows * head_dim).map(wave).collect();
+    // Decode: one task walks a token's KV heads together; prefill: one task per KV head.
+    let heads_per_task = if tile { 1 } else { kv_heads };
+    let q: Vec<f32> = (0..heads_per_task * rows * head_dim).map(wave).collect();
     let context: Vec<usize> = (0..rows).map(|r| ctx - rows + 1 + r).collect();
-    let tasks = seqs * kv_heads;
+    let tasks = seqs * kv_heads / heads_per_task;
     let sink = AtomicU64::new(0);
+    let isa = tandem_kernels::isa::active();
     let secs = best_of(3, || {
         pool.run(tasks, |i| {
+            let first_head = i % (kv_heads / heads_per_task) * heads_per_task;
             let kv = KvView {
                 rows: KvRows::F16 {
                     keys: &keys,
                     values: &values,
                 },
                 row_stride: stride,
-                offset: (i % kv_heads) * head_dim,
+                offset: first_head * head_dim,
                 head_dim,
-                slots: &slots[i / kv_heads],
+                slots: &slots[i * heads_per_task / kv_heads],
             };
-            let mut out = vec![0.0; rows * head_dim];
+            let mut out = vec![0.0; q.len()];
             if tile {
                 attend_rows(&q, &context, &kv, 0.125, &mut out);
             } else {
-                attend(&q, &kv, 0.125, &mut out);
+                attend_heads_with(isa, &q, &kv, heads_per_task, 0.125, &mut out);
             }
             sink.fetch_add(u64::from(out[0].to_bits()), Ordering::Relaxed);
         })
@@ -298,7 +304,7 @@ fn attention_rate(pool: &ThreadPool, tile: bool) -> f64 {
     } else {
         ctx * rows
     };
-    (4 * positions * head_dim * tasks) as f64 / secs
+    (4 * positions * head_dim * seqs * kv_heads) as f64 / secs
 }
 
 /// Seconds of one small product on the pool (one token through a 64 x 576 matrix: the

@@ -54,7 +54,7 @@ fn grid(quick: bool) -> Vec<(usize, usize, usize)> {
     let (batches, prompts, gen): (&[usize], &[usize], usize) = if quick {
         (&[1, 8], &[64, 512], 32)
     } else {
-        (&[1, 4, 16, 32], &[64, 512, 2048], 64)
+        (&[1, 4, 16, 32], &[64, 512, 2048, 4096], 64)
     };
     let mut out = Vec::new();
     for &b in batches {
