@@ -33,14 +33,26 @@ pub fn quantize_q8(src: &[f32], codes: &mut [i8], scales: &mut [f32]) {
         let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         *scale = amax / 127.0;
         for (q, &v) in q.iter_mut().zip(x) {
-            // `as` saturates and maps NaN to 0; the clamp only guards the last rounding.
             *q = if *scale > 0.0 {
-                (v / *scale).round().clamp(-127.0, 127.0) as i8
+                round_code(v / *scale)
             } else {
                 0
             };
         }
     }
+}
+
+/// `x` rounded to the nearest integer, ties away from zero (as [`f32::round`]), clamped to
+/// `−127..=127`; NaN gives 0. Without `roundf`'s library call, which cost a call per element
+/// of every key and value a q8 cache writes: `x − trunc(x)` is exact once `x` is clamped.
+#[inline(always)]
+fn round_code(x: f32) -> i8 {
+    // Clamped first (NaN stays NaN); `as` truncates toward zero and maps NaN to 0.
+    let x = x.clamp(-128.0, 128.0);
+    let t = x as i32;
+    let frac = x - t as f32;
+    let r = t + i32::from(frac >= 0.5) - i32::from(frac <= -0.5);
+    r.clamp(-127, 127) as i8
 }
 
 /// The dequantized values of `codes` with `scales` (as the attention kernels read them).
@@ -86,6 +98,24 @@ mod tests {
                 .map(|(_, b)| b.abs());
             assert!((top.unwrap() - amax).abs() <= amax * 1e-6);
         }
+    }
+
+    #[test]
+    fn codes_round_half_away_from_zero_as_f32_round_does() {
+        let mut x = -140.0f32;
+        while x < 140.0 {
+            for v in [x, x.next_up(), x.next_down()] {
+                let want = v.round().clamp(-127.0, 127.0) as i8;
+                assert_eq!(round_code(v), want, "{v}");
+            }
+            x += 0.25;
+        }
+        assert_eq!(round_code(0.49999997), 0);
+        assert_eq!(round_code(-0.5), -1);
+        assert_eq!(round_code(f32::NAN), 0);
+        assert_eq!(round_code(f32::INFINITY), 127);
+        assert_eq!(round_code(f32::NEG_INFINITY), -127);
+        assert_eq!(round_code(3e9), 127);
     }
 
     #[test]
