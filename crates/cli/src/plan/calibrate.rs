@@ -8,8 +8,9 @@
 //!   again (they stay in the cache), less the dispatch time of the jobs;
 //! - read bandwidth: the same pass at one token over 30 distinct layers (66 MB, more than
 //!   the caches hold): the rate at which the kernels stream weights from memory;
-//! - attention rates: the attention kernels over f16 keys and values of a cached context,
-//!   the group kernel of decode and the tile kernel of prefill;
+//! - attention rates: the attention kernels over f16 keys and values as the model's steps run
+//!   them, the group kernel of decode (many sequences' rows streamed from memory) and the
+//!   tile kernel of prefill (the causal attention of whole prompts);
 //! - overhead: one tiny product on the pool (a step runs about 8 jobs per layer, 4 more),
 //!   and, when a model is at hand, [`fit_to_model`]: the overhead and the matrix rates as
 //!   the model's own decode steps and prefill chunks show them.
@@ -122,8 +123,8 @@ fn profile(threads: usize) -> HardwareProfile {
         threads,
         bandwidth,
         matmul,
-        attention_flops: attention_rate(&pool, false),
-        prefill_attention_flops: attention_rate(&pool, true),
+        attention_flops: decode_attention_rate(&pool),
+        prefill_attention_flops: prefill_attention_rate(&pool),
         step_overhead_s: ROUNDS_PER_STEP * round,
         layer_overhead_s: ROUNDS_PER_LAYER * round,
         memory_bytes: 0.0,
@@ -248,63 +249,86 @@ fn q4_1_data(rows: usize, cols: usize) -> Vec<u8> {
     data
 }
 
-/// FLOP/s of the attention kernels over the f16 keys and values of 64 sequences of 2,048
+/// FLOP/s of decode's group kernel over the f16 keys and values of 64 sequences of 2,048
 /// positions (3 KV heads of 64 per slot; 100 MB, more than the last-level cache holds, so
-/// they stream from memory as a batch's caches do), on every thread, each kernel reading the
-/// rows as the model's steps do: `tile` false, decode's group kernel, one task per sequence
-/// walking its 3 KV heads together (a token's 9 query heads, every slot's row read whole);
-/// true, prefill's tile kernel, one task per sequence and KV head (16 rows of a chunk,
-/// contexts 2,033 to 2,048).
-fn attention_rate(pool: &ThreadPool, tile: bool) -> f64 {
-    let (seqs, ctx, head_dim, kv_heads) = (64, 2048, 64, 3);
-    let rows = if tile { 16 } else { 3 };
-    let stride = kv_heads * head_dim;
-    let slots_total = seqs * ctx;
-    let keys: Vec<f16> = (0..slots_total * stride)
-        .map(|i| f16::from_f32(wave(i)))
-        .collect();
-    let values: Vec<f16> = (0..slots_total * stride)
-        .map(|i| f16::from_f32(wave(i + 7)))
-        .collect();
+/// they stream from memory as a batch's caches do), on every thread, reading the rows as a
+/// decode step does: one task per sequence walks its 3 KV heads together (a token's 9 query
+/// heads, every slot's row read whole).
+fn decode_attention_rate(pool: &ThreadPool) -> f64 {
+    let (seqs, ctx) = (64, 2048);
+    let (keys, values) = kv_rows(seqs * ctx);
     let slots: Vec<Vec<usize>> = (0..seqs)
         .map(|s| (s * ctx..(s + 1) * ctx).collect())
         .collect();
-    // Decode: one task walks a token's KV heads together; prefill: one task per KV head.
-    let heads_per_task = if tile { 1 } else { kv_heads };
-    let q: Vec<f32> = (0..heads_per_task * rows * head_dim).map(wave).collect();
-    let context: Vec<usize> = (0..rows).map(|r| ctx - rows + 1 + r).collect();
-    let tasks = seqs * kv_heads / heads_per_task;
+    let q: Vec<f32> = (0..HEADS * HEAD_DIM).map(wave).collect();
     let sink = AtomicU64::new(0);
     let isa = tandem_kernels::isa::active();
     let secs = best_of(3, || {
-        pool.run(tasks, |i| {
-            let first_head = i % (kv_heads / heads_per_task) * heads_per_task;
-            let kv = KvView {
-                rows: KvRows::F16 {
-                    keys: &keys,
-                    values: &values,
-                },
-                row_stride: stride,
-                offset: first_head * head_dim,
-                head_dim,
-                slots: &slots[i * heads_per_task / kv_heads],
-            };
+        pool.run(seqs, |i| {
+            let kv = kv_view(&keys, &values, 0, &slots[i]);
             let mut out = vec![0.0; q.len()];
-            if tile {
+            attend_heads_with(isa, &q, &kv, KV_HEADS, 0.125, &mut out);
+            sink.fetch_add(u64::from(out[0].to_bits()), Ordering::Relaxed);
+        })
+    });
+    std::hint::black_box(sink.load(Ordering::Relaxed));
+    (4 * ctx * HEAD_DIM * HEADS * seqs) as f64 / secs
+}
+
+/// FLOP/s of prefill's tile kernel as a prefill step runs it: the causal attention of two
+/// prompts of 2,048 tokens (f16 keys and values, 3 KV heads of 64), one task per chunk of 64
+/// tokens computing their 9 query heads one after the other, 16 rows a tile. A prompt's
+/// rows (3 MB) stay in the last-level cache while its chunks read them, as they do in a
+/// prefill step.
+fn prefill_attention_rate(pool: &ThreadPool) -> f64 {
+    let (seqs, ctx, chunk) = (2, 2048, 64);
+    let (keys, values) = kv_rows(seqs * ctx);
+    let slots: Vec<Vec<usize>> = (0..seqs)
+        .map(|s| (s * ctx..(s + 1) * ctx).collect())
+        .collect();
+    let q: Vec<f32> = (0..chunk * HEAD_DIM).map(wave).collect();
+    let chunks = ctx / chunk;
+    let sink = AtomicU64::new(0);
+    let secs = best_of(3, || {
+        pool.run(seqs * chunks, |i| {
+            let first = i % chunks * chunk;
+            let context: Vec<usize> = (first + 1..=first + chunk).collect();
+            let mut out = vec![0.0; q.len()];
+            for h in 0..HEADS {
+                let kv = kv_view(&keys, &values, h / (HEADS / KV_HEADS), &slots[i / chunks]);
                 attend_rows(&q, &context, &kv, 0.125, &mut out);
-            } else {
-                attend_heads_with(isa, &q, &kv, heads_per_task, 0.125, &mut out);
             }
             sink.fetch_add(u64::from(out[0].to_bits()), Ordering::Relaxed);
         })
     });
     std::hint::black_box(sink.load(Ordering::Relaxed));
-    let positions: usize = if tile {
-        context.iter().sum()
-    } else {
-        ctx * rows
-    };
-    (4 * positions * head_dim * seqs * kv_heads) as f64 / secs
+    // Σ of the contexts of one prompt's rows: 1 + 2 + … + ctx.
+    let pairs = ctx * (ctx + 1) / 2;
+    (4 * pairs * HEAD_DIM * HEADS * seqs) as f64 / secs
+}
+
+/// Query heads, KV heads and head size of the attention rates (the default model's).
+const HEADS: usize = 9;
+const KV_HEADS: usize = 3;
+const HEAD_DIM: usize = 64;
+
+/// Keys and values of `slots` slots of [`KV_HEADS`] heads, f16.
+fn kv_rows(slots: usize) -> (Vec<f16>, Vec<f16>) {
+    let n = slots * KV_HEADS * HEAD_DIM;
+    let keys = (0..n).map(|i| f16::from_f32(wave(i))).collect();
+    let values = (0..n).map(|i| f16::from_f32(wave(i + 7))).collect();
+    (keys, values)
+}
+
+/// KV head `head` of `keys` and `values` over `slots`.
+fn kv_view<'a>(keys: &'a [f16], values: &'a [f16], head: usize, slots: &'a [usize]) -> KvView<'a> {
+    KvView {
+        rows: KvRows::F16 { keys, values },
+        row_stride: KV_HEADS * HEAD_DIM,
+        offset: head * HEAD_DIM,
+        head_dim: HEAD_DIM,
+        slots,
+    }
 }
 
 /// Seconds of one small product on the pool (one token through a 64 x 576 matrix: the
