@@ -256,10 +256,7 @@ fn q4_1_data(rows: usize, cols: usize) -> Vec<u8> {
 /// heads, every slot's row read whole).
 fn decode_attention_rate(pool: &ThreadPool) -> f64 {
     let (seqs, ctx) = (64, 2048);
-    let (keys, values) = kv_rows(seqs * ctx);
-    let slots: Vec<Vec<usize>> = (0..seqs)
-        .map(|s| (s * ctx..(s + 1) * ctx).collect())
-        .collect();
+    let (keys, values, slots) = kv_rows(seqs, ctx);
     let q: Vec<f32> = (0..HEADS * HEAD_DIM).map(wave).collect();
     let sink = AtomicU64::new(0);
     let isa = tandem_kernels::isa::active();
@@ -282,10 +279,7 @@ fn decode_attention_rate(pool: &ThreadPool) -> f64 {
 /// prefill step.
 fn prefill_attention_rate(pool: &ThreadPool) -> f64 {
     let (seqs, ctx, chunk) = (2, 2048, 64);
-    let (keys, values) = kv_rows(seqs * ctx);
-    let slots: Vec<Vec<usize>> = (0..seqs)
-        .map(|s| (s * ctx..(s + 1) * ctx).collect())
-        .collect();
+    let (keys, values, slots) = kv_rows(seqs, ctx);
     let q: Vec<f32> = (0..chunk * HEAD_DIM).map(wave).collect();
     let chunks = ctx / chunk;
     let sink = AtomicU64::new(0);
@@ -312,12 +306,16 @@ const HEADS: usize = 9;
 const KV_HEADS: usize = 3;
 const HEAD_DIM: usize = 64;
 
-/// Keys and values of `slots` slots of [`KV_HEADS`] heads, f16.
-fn kv_rows(slots: usize) -> (Vec<f16>, Vec<f16>) {
-    let n = slots * KV_HEADS * HEAD_DIM;
+/// The f16 keys and values of `seqs` sequences of `ctx` positions ([`KV_HEADS`] heads a
+/// slot), and each sequence's slots (sequence `s` holds slots `s · ctx ..`).
+fn kv_rows(seqs: usize, ctx: usize) -> (Vec<f16>, Vec<f16>, Vec<Vec<usize>>) {
+    let n = seqs * ctx * KV_HEADS * HEAD_DIM;
     let keys = (0..n).map(|i| f16::from_f32(wave(i))).collect();
     let values = (0..n).map(|i| f16::from_f32(wave(i + 7))).collect();
-    (keys, values)
+    let slots = (0..seqs)
+        .map(|s| (s * ctx..(s + 1) * ctx).collect())
+        .collect();
+    (keys, values, slots)
 }
 
 /// KV head `head` of `keys` and `values` over `slots`.
