@@ -193,6 +193,22 @@ fn tiled_attention(
 pub(crate) mod tests {
     use super::*;
 
+    /// Heads of `d` with the usual `1 / √d` scale.
+    pub(crate) fn head_shape(
+        heads: usize,
+        kv_heads: usize,
+        d: usize,
+        window: Option<usize>,
+    ) -> HeadShape {
+        HeadShape {
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+            window,
+        }
+    }
+
     /// [`causal_attention`] of `q` for the tokens at `positions` of the sequences `token_seq`
     /// (their slots in `seq_slots`) on a pool of `threads`, into a fresh output.
     pub(crate) fn attention_of(
@@ -265,13 +281,7 @@ pub(crate) mod tests {
         let slots = vec![vec![9, 2, 5, 0, 7]];
         let positions = [3usize, 4];
         let q: Vec<f32> = (0..2 * heads * d).map(|i| f(i + 101)).collect();
-        let shape = HeadShape {
-            num_heads: heads,
-            num_kv_heads: kv_heads,
-            head_dim: d,
-            scale: 1.0 / (d as f32).sqrt(),
-            window: None,
-        };
+        let shape = head_shape(heads, kv_heads, d, None);
         let rows = KvRows::F32 {
             keys: &keys,
             values: &values,
@@ -304,13 +314,7 @@ pub(crate) mod tests {
         let keys: Vec<f32> = (0..9 * kv_heads * d).map(|i| f(i + 5)).collect();
         let values: Vec<f32> = (0..9 * kv_heads * d).map(|i| f(i + 17)).collect();
         let slots = vec![vec![8, 1, 4, 6, 0, 3], vec![2, 5, 7]];
-        let shape = HeadShape {
-            num_heads: heads,
-            num_kv_heads: kv_heads,
-            head_dim: d,
-            scale: 1.0 / (d as f32).sqrt(),
-            window: None,
-        };
+        let shape = head_shape(heads, kv_heads, d, None);
         let q: Vec<f32> = (0..4 * heads * d).map(|i| f(i + 31)).collect();
         let rows = KvRows::F32 {
             keys: &keys,
@@ -404,13 +408,7 @@ pub(crate) mod tests {
             values: &values,
         };
         for window in [None, Some(150)] {
-            let shape = HeadShape {
-                num_heads: heads,
-                num_kv_heads: kv_heads,
-                head_dim: d,
-                scale: 1.0 / (d as f32).sqrt(),
-                window,
-            };
+            let shape = head_shape(heads, kv_heads, d, window);
             let run = |positions: &[usize], q: &[f32]| {
                 let token_seq = vec![0; positions.len()];
                 attention_of(2, shape, positions, &token_seq, &slots, q, rows)

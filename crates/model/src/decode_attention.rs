@@ -131,8 +131,7 @@ pub(crate) fn decode_attention(inputs: &DecodeInputs<'_>, work: &mut DecodeWork,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::tests::{attention_of, same_bits};
-    use crate::attention::HeadShape;
+    use crate::attention::tests::{attention_of, head_shape, same_bits};
     use tandem_kernels::attention::KvRows;
 
     #[test]
@@ -197,13 +196,7 @@ mod tests {
             values: &values,
         };
         for window in [None, Some(4), Some(19), Some(200)] {
-            let shape = HeadShape {
-                num_heads: heads,
-                num_kv_heads: kv_heads,
-                head_dim: d,
-                scale: 1.0 / (d as f32).sqrt(),
-                window,
-            };
+            let shape = head_shape(heads, kv_heads, d, window);
             let run = |threads: usize, positions: &[usize], token_seq: &[usize], q: &[f32]| {
                 attention_of(threads, shape, positions, token_seq, &slots, q, rows)
             };
