@@ -6,7 +6,8 @@
 //!
 //! **Layout.** A [`PackedMatrix`] stores its rows in groups of [`GROUP_ROWS`] (the last group
 //! padded with zero rows). Group `g` is a run of records, one per 32-column block `b`, each
-//! [`PackedMatrix::record_bytes`] long (a multiple of 64):
+//! [`PackedMatrix::record_bytes`] long (a multiple of 32: whole half lines, no more padding
+//! than that), and the groups follow each other without a gap:
 //! - 4-bit types: 4 vectors of 64 bytes, then the 16 rows' scales `d`, then their mins `m`
 //!   (f16 for Q4_0 and Q4_1, Q4_0's `m` zero; f32 for Q4_K, whose 32-column sub-block `s` has
 //!   `d = d·sc[s]` and `m = −dmin·m[s]`, products exact in f32 but not in f16). Vector `k`,
@@ -71,7 +72,8 @@ pub const GROUP_ROWS: usize = 16;
 /// Columns per block (of the weights and of the quantized activations).
 pub const BLOCK: usize = 32;
 
-/// One 64-byte line; records are whole lines so that every vector load is aligned.
+/// One 64-byte line: the storage starts on a line, and every record on a half line, so that
+/// no vector load of 32 bytes or fewer straddles two lines.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Line([u8; 64]);
@@ -147,15 +149,14 @@ impl PackedMatrix {
         let kind = RecordKind::of(dtype)?;
         let groups = rows.div_ceil(GROUP_ROWS);
         let blocks = cols / BLOCK;
-        let record = kind.record_bytes();
-        let group_lines = blocks * record / 64;
-        let mut lines = huge_page_lines(groups * group_lines);
+        let group_bytes = blocks * kind.record_bytes();
+        let mut lines = huge_page_lines((groups * group_bytes).div_ceil(64));
         let block_bytes = dtype.block_bytes();
         // Records per stored block (K-quant blocks hold 256 columns).
-        let span = dtype.block_len() / BLOCK * record;
-        if group_lines > 0 {
-            crate::parallel::for_each_chunk_mut(pool, &mut lines, group_lines, |g, dst| {
-                let dst = lines_as_bytes(dst);
+        let span = dtype.block_len() / BLOCK * kind.record_bytes();
+        if group_bytes > 0 {
+            let bytes = &mut lines_as_bytes(&mut lines)[..groups * group_bytes];
+            crate::parallel::for_each_chunk_mut(pool, bytes, group_bytes, |g, dst| {
                 for j in 0..GROUP_ROWS.min(rows - g * GROUP_ROWS) {
                     let src_row = row(g * GROUP_ROWS + j);
                     for (b, src) in src_row.chunks_exact(block_bytes).enumerate() {
@@ -218,8 +219,8 @@ impl PackedMatrix {
     }
     /// The records of group `g`, block after block.
     pub(crate) fn group(&self, g: usize) -> &[u8] {
-        let n = self.blocks() * self.record_bytes() / 64;
-        lines_as_bytes_ref(&self.lines[g * n..(g + 1) * n])
+        let bytes = self.blocks() * self.record_bytes();
+        &lines_as_bytes_ref(&self.lines)[g * bytes..(g + 1) * bytes]
     }
 }
 

@@ -46,13 +46,16 @@ impl GroupPrefetch {
             // (No block to pair the prefetches with: fewer than 32 columns.)
             return GroupPrefetch::OWN;
         }
-        let len = (bytes / 64).div_ceil(tiles - 1) * 64;
+        // The next group starts right after this one, at a half line (records are whole
+        // half lines): its lines run from the one holding its first byte.
+        let (from, next_end) = (bytes / 64 * 64, 2 * bytes);
+        let len = (next_end - from).div_ceil(64).div_ceil(tiles - 1) * 64;
         let per_block = (len / 64).div_ceil(bytes / w.record_bytes()) * 64;
         GroupPrefetch {
-            from: bytes,
+            from,
             len,
             per_block,
-            next_end: 2 * bytes,
+            next_end,
         }
     }
 

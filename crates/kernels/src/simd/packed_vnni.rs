@@ -2,6 +2,9 @@
 //! of a group, `vpdpbusd` adds 4 products per row per instruction (weights unsigned, the 4
 //! broadcast activation bytes signed). Bitwise equal to `packed::reference` (integer sums are
 //! exact; the f32 steps are the same operations in the same order).
+//!
+//! Records start on half lines (`packed` module docs), so the 64-byte loads are unaligned
+//! ones; no 32-byte half of one straddles two lines.
 
 use std::arch::x86_64::*;
 
@@ -139,10 +142,10 @@ unsafe fn tile<
         // elements 16..32; 4-bit: the high nibbles of vector k − 4 are).
         let mut wv = [_mm512_setzero_si512(); 8];
         for k in 0..4 {
-            let v = _mm512_load_si512(rec.add(64 * k).cast());
+            let v = _mm512_loadu_si512(rec.add(64 * k).cast());
             if Q8 {
                 wv[k] = v;
-                wv[4 + k] = _mm512_load_si512(rec.add(64 * (4 + k)).cast());
+                wv[4 + k] = _mm512_loadu_si512(rec.add(64 * (4 + k)).cast());
             } else if TABLE {
                 // The levels `T[q] + 128` of the nibbles (`vpshufb` looks up within each
                 // 128-bit lane, where the table is repeated).
@@ -153,7 +156,7 @@ unsafe fn tile<
                 wv[k] = _mm512_and_si512(v, nibble);
                 wv[4 + k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
                 if PLANE {
-                    let plane = _mm512_load_si512(rec.add(256).cast());
+                    let plane = _mm512_loadu_si512(rec.add(256).cast());
                     wv[k] = with_fifth_bits(wv[k], plane, k as i64);
                     wv[4 + k] = with_fifth_bits(wv[4 + k], plane, 4 + k as i64);
                 }
@@ -163,11 +166,11 @@ unsafe fn tile<
         // (No closure: it would not inherit the target features.)
         let (dw, mw) = if WIDE {
             let second = if MIN || HALVES {
-                _mm512_load_ps(rec.add(quants + 64).cast())
+                _mm512_loadu_ps(rec.add(quants + 64).cast())
             } else {
                 _mm512_setzero_ps()
             };
-            (_mm512_load_ps(rec.add(quants).cast()), second)
+            (_mm512_loadu_ps(rec.add(quants).cast()), second)
         } else {
             let second = if MIN || HALVES {
                 _mm512_cvtph_ps(_mm256_load_si256(rec.add(quants + 32).cast()))
