@@ -9,26 +9,32 @@
 //! [`PackedMatrix::record_bytes`] long (a multiple of 32: whole half lines, no more padding
 //! than that), and the groups follow each other without a gap:
 //! - 4-bit types: 4 vectors of 64 bytes, then the 16 rows' scales `d`, then their mins `m`
-//!   (f16 for Q4_0 and Q4_1, Q4_0's `m` zero; f32 for Q4_K, whose 32-column sub-block `s` has
-//!   `d = d·sc[s]` and `m = −dmin·m[s]`, products exact in f32 but not in f16). Vector `k`,
-//!   lane `j` (4 bytes) holds bytes `4k .. 4k + 4` of row `16g + j`'s block in Q4_0's order:
-//!   low nibbles are elements `4k ..`, high nibbles elements `16 + 4k ..`.
+//!   (f16 for Q4_0 and Q4_1, Q4_0's `m` zero). Vector `k`, lane `j` (4 bytes) holds bytes
+//!   `4k .. 4k + 4` of row `16g + j`'s block in Q4_0's order: low nibbles are elements
+//!   `4k ..`, high nibbles elements `16 + 4k ..`.
 //! - 8-bit types: 8 vectors of 64 bytes; vector `k`, lane `j` holds elements `4k .. 4k + 4` of
 //!   row `16g + j` as unsigned bytes (Q8_0: `q + 128`; Q6_K: its 6-bit `q`), then the scales:
-//!   Q8_0 16 × f16 `d`; Q6_K 16 × f32 `d_lo` (elements 0..16) and 16 × f32 `d_hi`
-//!   (elements 16..32), each `d·sc` of its group of 16.
+//!   Q8_0 16 × f16 `d`.
+//! - Super-scaled types (the K-quants and IQ4_XS, whose blocks of 256 columns scale each 32
+//!   or 16 columns by a small integer times one f16): the group's records come in
+//!   super-blocks of 8, each after a header of the 16 rows' f16 `d` (and, with mins, their
+//!   `−dmin`), and a record's tables hold 16 rows' signed 8-bit multipliers: Q4_K's `sc` and
+//!   `m` per 32 columns (`d = d·sc`, `m = −dmin·m`), Q6_K's `sc` of elements 0..16 and of
+//!   16..32 (`d_lo`, `d_hi`). The kernels multiply the factors, exactly in f32 (11 bits
+//!   times 8), as the file's decoder does; stored so, Q4_K streams 2.8 % more bytes than
+//!   the file where f32 tables streamed 33 % more.
 //!
 //! The other types are re-encoded into one of these record kinds ([`RecordKind`]) when packed,
 //! exactly (every stored value is an integer of at most 8 bits times a scale that is exact in
-//! the record's table): Q3_K as Q6_K's halves (`q + 32`, `d·(sc − 32)`). Q5_0, Q5_1 and
+//! the record's tables): Q3_K as Q6_K's halves (`q + 32`, `d·(sc − 32)`). Q5_0, Q5_1 and
 //! Q5_K keep their 5-bit `q` as Q4_0's nibbles plus one line of fifth bits in the nibbles'
 //! layout (lane `j`, byte `p`: bit `k` is element `4k + p`'s, bit `4 + k` element
-//! `16 + 4k + p`'s), with Q4_0's f16 scale (`c` = 16), Q4_1's f16, or Q4_K's f32, scale and
-//! min tables; the kernels shift each vector's bits onto its nibbles and go on as with bytes
-//! `q`. IQ4_NL and IQ4_XS keep their 4-bit indices in Q4_0's nibble layout with an f16 `d`,
-//! or an f32 `d·(ls − 32)` per 32 columns; the kernels look the indices up in the 16-level
-//! table and go on as with 8-bit weights `T[q] + 128`. Q2_K, whose mins change every 16
-//! columns, is not packed and takes the exact path.
+//! `16 + 4k + p`'s), with Q4_0's f16 scale (`c` = 16), Q4_1's f16, or Q4_K's super-scaled,
+//! scale and min tables; the kernels shift each vector's bits onto its nibbles and go on as
+//! with bytes `q`. IQ4_NL and IQ4_XS keep their 4-bit indices in Q4_0's nibble layout with an
+//! f16 `d`, or a super-scaled `d·(ls − 32)` per 32 columns; the kernels look the indices up
+//! in the 16-level table and go on as with 8-bit weights `T[q] + 128`. Q2_K, whose mins
+//! change every 16 columns, is not packed and takes the exact path.
 //!
 //! So one `vpdpbusd` of a weight vector with 4 broadcast activation bytes gives, in lane `j`,
 //! 4 products of row `j`: 16 rows advance together and no horizontal sum is ever needed.
@@ -60,11 +66,12 @@ use std::ops::Range;
 pub(crate) use activations::quantize_row;
 pub use activations::{BlockScale, QuantizedRows};
 pub use grouped::{matmuls_quantized_grouped, GroupedProduct};
-pub(crate) use record::RecordKind;
+pub(crate) use record::{RecordKind, RecordLayout};
 
 use crate::isa::{self, Isa};
 use crate::matmul::{for_each_column_chunk_of, with_scratch, ColumnSplit, ColumnsMut, WeightView};
-use crate::simd::Kernels;
+use crate::quant::SubScale;
+use crate::simd::{Kernels, PACKED_SCALES_PER_BLOCK};
 use crate::{DType, ThreadPool};
 
 /// Rows that advance together: the 16 lanes of one 512-bit register of `i32`.
@@ -149,11 +156,12 @@ impl PackedMatrix {
         let kind = RecordKind::of(dtype)?;
         let groups = rows.div_ceil(GROUP_ROWS);
         let blocks = cols / BLOCK;
-        let group_bytes = blocks * kind.record_bytes();
+        let layout = kind.layout();
+        let group_bytes = layout.span(blocks);
         let mut lines = huge_page_lines((groups * group_bytes).div_ceil(64));
         let block_bytes = dtype.block_bytes();
-        // Records per stored block (K-quant blocks hold 256 columns).
-        let span = dtype.block_len() / BLOCK * kind.record_bytes();
+        // Records per stored block (K-quant blocks hold 256 columns: a super-block).
+        let span = layout.span(dtype.block_len() / BLOCK);
         if group_bytes > 0 {
             let bytes = &mut lines_as_bytes(&mut lines)[..groups * group_bytes];
             crate::parallel::for_each_chunk_mut(pool, bytes, group_bytes, |g, dst| {
@@ -219,7 +227,7 @@ impl PackedMatrix {
     }
     /// The records of group `g`, block after block.
     pub(crate) fn group(&self, g: usize) -> &[u8] {
-        let bytes = self.blocks() * self.record_bytes();
+        let bytes = self.kind.layout().span(self.blocks());
         &lines_as_bytes_ref(&self.lines)[g * bytes..(g + 1) * bytes]
     }
 }
@@ -260,20 +268,20 @@ fn pack_block(dtype: DType, kind: RecordKind, src: &[u8], j: usize, dst: &mut [u
         DType::Q4_K => crate::quant::q4_k_sub_blocks(src, |s, d, m, q| {
             let mut r = RecordWriter::new(dst, s, kind, j);
             r.nibbles(&q);
-            r.f32_table(0, d);
-            r.f32_table(1, -m);
+            r.super_table(0, 0, d);
+            r.super_table(1, 1, SubScale { d: -m.d, ..m });
         }),
         DType::Q5_K => crate::quant::q5_k_sub_blocks(src, |s, d, m, q| {
             let mut r = RecordWriter::new(dst, s, kind, j);
             r.five_bits(&q);
-            r.f32_table(0, d);
-            r.f32_table(1, -m);
+            r.super_table(0, 0, d);
+            r.super_table(1, 1, SubScale { d: -m.d, ..m });
         }),
         DType::IQ4_XS => crate::quant::iq4_xs_sub_blocks(src, |s, d, _| {
             let mut r = RecordWriter::new(dst, s, kind, j);
             // Sub-block `s`'s 16 index bytes, in IQ4_NL's (= Q4_0's) nibble order.
             r.nibble_bytes(&src[8 + 16 * s..8 + 16 * (s + 1)]);
-            r.f32_table(0, d);
+            r.super_table(0, 0, d);
         }),
         DType::Q6_K => crate::quant::q6_k_groups(src, |i0, d, v| {
             RecordWriter::new(dst, i0 / BLOCK, kind, j).half(i0 % BLOCK / 16, v, d);
@@ -319,9 +327,13 @@ fn pack_block(dtype: DType, kind: RecordKind, src: &[u8], j: usize, dst: &mut [u
     }
 }
 
-/// Row `j`'s lane of one record.
+/// Row `j`'s lane of one record (and of its super-block's header).
 struct RecordWriter<'a> {
-    rec: &'a mut [u8],
+    /// The records of one stored block: one, or a super-block's header and 8.
+    dst: &'a mut [u8],
+    /// Where the record starts in `dst`, and its super-block's header.
+    rec: usize,
+    head: usize,
     j: usize,
     /// Bytes of quants before the scale tables.
     quants: usize,
@@ -330,12 +342,19 @@ struct RecordWriter<'a> {
 impl<'a> RecordWriter<'a> {
     /// Row `j`'s lane of record `b` of `dst` (records of `kind`).
     fn new(dst: &'a mut [u8], b: usize, kind: RecordKind, j: usize) -> Self {
-        let record = kind.record_bytes();
+        let layout = kind.layout();
         RecordWriter {
-            rec: &mut dst[b * record..(b + 1) * record],
+            dst,
+            rec: layout.record_at(b),
+            head: layout.header_at(b),
             j,
             quants: kind.quant_bytes(),
         }
+    }
+
+    /// The record's bytes `at .. at + n`.
+    fn bytes(&mut self, at: usize, n: usize) -> &mut [u8] {
+        &mut self.dst[self.rec + at..self.rec + at + n]
     }
 
     /// Signed 8-bit weights `q` stored unsigned (`q ^ 0x80`, i.e. biased by 128): vector
@@ -343,7 +362,7 @@ impl<'a> RecordWriter<'a> {
     fn biased_bytes(&mut self, q: &[u8]) {
         for (k, four) in q.chunks_exact(4).take(BLOCK / 4).enumerate() {
             let at = 64 * k + 4 * self.j;
-            for (d, &s) in self.rec[at..at + 4].iter_mut().zip(four) {
+            for (d, &s) in self.bytes(at, 4).iter_mut().zip(four) {
                 *d = s ^ 0x80;
             }
         }
@@ -365,7 +384,7 @@ impl<'a> RecordWriter<'a> {
         self.nibbles(&q.map(|v| v & 0x0f));
         let at = 256 + 4 * self.j;
         for p in 0..4 {
-            self.rec[at + p] = (0..4).fold(0u8, |acc, k| {
+            self.bytes(at + p, 1)[0] = (0..4).fold(0u8, |acc, k| {
                 let (lo, hi) = (q[4 * k + p] >> 4, q[16 + 4 * k + p] >> 4);
                 acc | (lo << k) | (hi << (4 + k))
             });
@@ -376,30 +395,33 @@ impl<'a> RecordWriter<'a> {
     fn nibble_bytes(&mut self, packed: &[u8]) {
         for k in 0..4 {
             let at = 64 * k + 4 * self.j;
-            self.rec[at..at + 4].copy_from_slice(&packed[4 * k..4 * k + 4]);
+            self.bytes(at, 4).copy_from_slice(&packed[4 * k..4 * k + 4]);
         }
     }
 
     /// Half `h` (elements `16h .. 16h + 16`) of an 8-bit record of signed values `v` stored as
-    /// `v + 32`, with its f32 scale `d` in table `h`.
-    fn half(&mut self, h: usize, v: &[i8; 16], d: f32) {
+    /// `v + 32`, with its scale `d·k`: `k` in table `h`, `d` in the header.
+    fn half(&mut self, h: usize, v: &[i8; 16], d: SubScale) {
         for (e, &v) in v.iter().enumerate() {
             let e = 16 * h + e;
-            self.rec[64 * (e / 4) + 4 * self.j + e % 4] = (v + 32) as u8;
+            self.bytes(64 * (e / 4) + 4 * self.j + e % 4, 1)[0] = (v + 32) as u8;
         }
-        self.f32_table(h, d);
+        self.super_table(h, 0, d);
     }
 
-    /// Entry `j` of f32 table `t` (0: scales, 1: mins or the second half's scales).
-    fn f32_table(&mut self, t: usize, v: f32) {
-        let at = self.quants + 64 * t + 4 * self.j;
-        self.rec[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    /// Entry `j` of the 8-bit multiplier table `t` (0: scales, 1: mins or the second half's
+    /// scales), `v.k`, and of the header's f16 table `head` (0: `d`, 1: `−dmin`), `v.d`.
+    fn super_table(&mut self, t: usize, head: usize, v: SubScale) {
+        let at = self.quants + 16 * t + self.j;
+        self.bytes(at, 1)[0] = v.k as u8;
+        let at = self.head + 32 * head + 2 * self.j;
+        self.dst[at..at + 2].copy_from_slice(&v.d.to_le_bytes());
     }
 
     /// Entry `j` of f16 table `t` (0: scales, 1: mins), the stored bytes `h`.
     fn f16_table(&mut self, t: usize, h: &[u8]) {
         let at = self.quants + 32 * t + 2 * self.j;
-        self.rec[at..at + 2].copy_from_slice(h);
+        self.bytes(at, 2).copy_from_slice(h);
     }
 }
 
@@ -537,10 +559,17 @@ pub(crate) fn product_groups(
     out: &mut ColumnsMut<'_>,
 ) {
     let start = groups.start * GROUP_ROWS;
-    with_scratch(xq.n_tokens() * GROUP_ROWS, |tile| {
+    let outputs = xq.n_tokens() * GROUP_ROWS;
+    let scales = if w.matrix.kind.super_scaled() {
+        PACKED_SCALES_PER_BLOCK * w.matrix.blocks()
+    } else {
+        0
+    };
+    with_scratch(outputs + scales, |scratch| {
         // tile: [n_tokens, 16]
+        let (tile, scales) = scratch.split_at_mut(outputs);
         for g in groups {
-            kernels.packed_group(w.matrix, w.first_group + g, xq, tile);
+            kernels.packed_group(w.matrix, w.first_group + g, xq, tile, scales);
             let first = g * GROUP_ROWS;
             let live = GROUP_ROWS.min(w.rows - first);
             for (t, lanes) in tile.chunks_exact(GROUP_ROWS).enumerate() {

@@ -4,29 +4,41 @@
 use super::{PackedMatrix, QuantizedRows, RecordKind, BLOCK, GROUP_ROWS};
 use crate::quant::IQ4_LEVELS;
 
-/// Scale (or min) number `i` of the 16-row table at byte `at`, f16 or f32.
-fn scale_at(rec: &[u8], at: usize, i: usize, f32_table: bool) -> f32 {
-    if f32_table {
-        let b = &rec[at + 4 * i..at + 4 * i + 4];
-        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+/// Entry `i` of the 16-row f16 table at byte `at` of `bytes`.
+fn f16_at(bytes: &[u8], at: usize, i: usize) -> f32 {
+    half::f16::from_le_bytes([bytes[at + 2 * i], bytes[at + 2 * i + 1]]).to_f32()
+}
+
+/// Row `j`'s scale (`t` = 0) or min or second half's scale (`t` = 1) of the record at `rec`
+/// (super-block header at `head`) in `records`.
+fn scale(kind: RecordKind, records: &[u8], rec: usize, head: usize, t: usize, j: usize) -> f32 {
+    let tables = rec + kind.quant_bytes();
+    if kind.super_scaled() {
+        // The header holds `d` (and `−dmin` for the mins); the record the multipliers.
+        let d = f16_at(records, head + if kind.has_min() { 32 * t } else { 0 }, j);
+        d * f32::from(records[tables + 16 * t + j] as i8)
     } else {
-        half::f16::from_le_bytes([rec[at + 2 * i], rec[at + 2 * i + 1]]).to_f32()
+        f16_at(records, tables + 32 * t, j)
     }
 }
 
 /// `out[t·16 + j] = W[16g + j] · x[t]` for every token of `xq` (`out`: `[n_tokens, 16]`;
-/// lanes of padding rows get 0).
-pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f32]) {
+/// lanes of padding rows get 0). The reference reads every scale from the records: it needs
+/// no scratch for them.
+pub(crate) fn group(
+    w: &PackedMatrix,
+    g: usize,
+    xq: &QuantizedRows,
+    out: &mut [f32],
+    _scales: &mut [f32],
+) {
     assert!(
         xq.cols() == w.cols() && out.len() == xq.n_tokens() * GROUP_ROWS,
         "packed reference: shapes do not match"
     );
     let kind = w.kind();
-    let (record, quants) = (w.record_bytes(), kind.quant_bytes());
+    let layout = kind.layout();
     let bias = kind.weight_bias();
-    let wide = kind.wide();
-    // Bytes of one scale table (16 rows).
-    let table = if wide { 64 } else { 32 };
     let bytes8 = kind.bytes8();
     let lookup = kind.table();
     let plane = kind.plane();
@@ -37,7 +49,9 @@ pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f
         for (j, y) in lanes.iter_mut().enumerate() {
             let mut acc = 0.0f32;
             let mut off = 0.0f32;
-            for ((b, rec), s) in records.chunks_exact(record).enumerate().zip(scales) {
+            for (b, s) in scales.iter().enumerate() {
+                let (at, head) = (layout.record_at(b), layout.header_at(b));
+                let rec = &records[at..at + layout.record];
                 let x = &q[b * BLOCK..(b + 1) * BLOCK];
                 // Integer sums over elements 0..16 and 16..32.
                 let (mut lo, mut hi) = (0i32, 0i32);
@@ -75,18 +89,18 @@ pub(crate) fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f
                     let i_lo = lo - bias * s.sum_lo;
                     let i_hi = hi - bias * (s.sum - s.sum_lo);
                     let (d_lo, d_hi) = (
-                        scale_at(rec, quants, j, true),
-                        scale_at(rec, quants + table, j, true),
+                        scale(kind, records, at, head, 0, j),
+                        scale(kind, records, at, head, 1, j),
                     );
                     acc = (i_lo as f32).mul_add(d_lo * s.d, acc);
                     acc = (i_hi as f32).mul_add(d_hi * s.d, acc);
                     continue;
                 }
                 let i = lo + hi - bias * s.sum;
-                let dw = scale_at(rec, quants, j, wide);
+                let dw = scale(kind, records, at, head, 0, j);
                 acc = (i as f32).mul_add(dw * s.d, acc);
                 if has_min {
-                    off = scale_at(rec, quants + table, j, wide).mul_add(s.sx, off);
+                    off = scale(kind, records, at, head, 1, j).mul_add(s.sx, off);
                 }
             }
             *y = if has_min { acc + off } else { acc };

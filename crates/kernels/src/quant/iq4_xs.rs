@@ -5,7 +5,7 @@
 //! (low nibble for even `s`), high 2 bits from bits `2s, 2s + 1` of the `u16`.
 
 use super::iq4_nl::{nearest_level, pack_levels, table_values};
-use super::{inverse_or_zero, read_f16, to_f16};
+use super::{f16_at, inverse_or_zero, to_f16, SubScale};
 
 const QK: usize = 256;
 const SUB: usize = 32;
@@ -15,20 +15,28 @@ const BLOCK_BYTES: usize = QS + QK / 2;
 /// The sub-blocks of one block `b` (136 bytes): `f(s, d·(ls − 32), v)` with the 32 table
 /// values of sub-block `s` (`d·(ls − 32)` is exact in f32).
 #[inline(always)]
-pub(super) fn sub_blocks(b: &[u8], mut f: impl FnMut(usize, f32, [i8; SUB])) {
-    let d = read_f16(b, 0);
+pub(super) fn sub_blocks(b: &[u8], mut f: impl FnMut(usize, SubScale, [i8; SUB])) {
+    let d = f16_at(b, 0);
     let high = u16::from_le_bytes([b[2], b[3]]);
     for s in 0..QK / SUB {
         let low = (b[4 + s / 2] >> (4 * (s % 2))) & 0x0f;
         let ls = low | ((((high >> (2 * s)) & 0x03) as u8) << 4);
         let qs = &b[QS + 16 * s..QS + 16 * (s + 1)];
-        f(s, d * f32::from(ls as i8 - 32), table_values(qs));
+        f(
+            s,
+            SubScale {
+                d,
+                k: ls as i8 - 32,
+            },
+            table_values(qs),
+        );
     }
 }
 
 pub(super) fn dequantize(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
         sub_blocks(b, |s, ds, v| {
+            let ds = ds.value();
             for (y, &v) in y[s * SUB..(s + 1) * SUB].iter_mut().zip(&v) {
                 *y = ds * f32::from(v);
             }

@@ -70,16 +70,32 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// A scale of a K-quant (or IQ4_XS) super-block's part, in its two stored factors: the
+/// super-block's f16 `d` times a small integer `k` (a 6-bit scale or min, or an 8-bit one).
+/// Their product is exact in f32 (11 significant bits times at most 8).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SubScale {
+    pub(crate) d: half::f16,
+    pub(crate) k: i8,
+}
+
+impl SubScale {
+    /// `d·k`, exactly.
+    #[inline(always)]
+    pub(crate) fn value(self) -> f32 {
+        self.d.to_f32() * f32::from(self.k)
+    }
+}
+
 /// The 8 sub-blocks of one Q4_K block (144 bytes): `f(s, d·sc[s], dmin·m[s], q)` with the 32
-/// 4-bit values of sub-block `s`, so that `x = (d·sc[s])·q − dmin·m[s]` (both factors exact in
-/// f32).
-pub(crate) fn q4_k_sub_blocks(block: &[u8], f: impl FnMut(usize, f32, f32, [u8; 32])) {
+/// 4-bit values of sub-block `s`, so that `x = (d·sc[s])·q − dmin·m[s]`.
+pub(crate) fn q4_k_sub_blocks(block: &[u8], f: impl FnMut(usize, SubScale, SubScale, [u8; 32])) {
     q4_k::sub_blocks(block, f);
 }
 
 /// The 16 groups of one Q6_K block (210 bytes): `f(i0, d·sc, q)` with the signed 6-bit values
-/// `q − 32` of elements `i0 .. i0 + 16`, so that `x = (d·sc)·(q − 32)` (`d·sc` exact in f32).
-pub(crate) fn q6_k_groups(block: &[u8], f: impl FnMut(usize, f32, &[i8; 16])) {
+/// `q − 32` of elements `i0 .. i0 + 16`, so that `x = (d·sc)·(q − 32)`.
+pub(crate) fn q6_k_groups(block: &[u8], f: impl FnMut(usize, SubScale, &[i8; 16])) {
     q6_k::groups(block, f);
 }
 
@@ -99,19 +115,19 @@ pub(crate) const IQ4_LEVELS: [i8; 16] = iq4_nl::KVALUES;
 
 /// The 8 sub-blocks of one Q5_K block (176 bytes): `f(s, d·sc[s], dmin·m[s], q)` with the
 /// 32 unsigned 5-bit values of sub-block `s`: `x = (d·sc[s])·q − dmin·m[s]`.
-pub(crate) fn q5_k_sub_blocks(block: &[u8], f: impl FnMut(usize, f32, f32, [u8; 32])) {
+pub(crate) fn q5_k_sub_blocks(block: &[u8], f: impl FnMut(usize, SubScale, SubScale, [u8; 32])) {
     q5_k::sub_blocks(block, f);
 }
 
 /// The 16 groups of one Q3_K block (110 bytes): `f(i0, d·(sc − 32), q)` with the signed
 /// 3-bit values of elements `i0 .. i0 + 16`: `x = (d·(sc − 32))·q`.
-pub(crate) fn q3_k_groups(block: &[u8], f: impl FnMut(usize, f32, &[i8; 16])) {
+pub(crate) fn q3_k_groups(block: &[u8], f: impl FnMut(usize, SubScale, &[i8; 16])) {
     q3_k::groups(block, f);
 }
 
 /// The 8 sub-blocks of one IQ4_XS block (136 bytes): `f(s, d·(ls − 32), v)` with the 32
 /// table values of sub-block `s`: `x = (d·(ls − 32))·v`.
-pub(crate) fn iq4_xs_sub_blocks(block: &[u8], f: impl FnMut(usize, f32, [i8; 32])) {
+pub(crate) fn iq4_xs_sub_blocks(block: &[u8], f: impl FnMut(usize, SubScale, [i8; 32])) {
     iq4_xs::sub_blocks(block, f);
 }
 
@@ -197,7 +213,13 @@ fn assert_row_len(dtype: DType, n_bytes: usize, n_elements: usize, what: &str) {
 /// Reads the little-endian f16 at `b[at..at + 2]` as f32 (exact).
 #[inline(always)]
 fn read_f16(b: &[u8], at: usize) -> f32 {
-    half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+    f16_at(b, at).to_f32()
+}
+
+/// The little-endian f16 at `b[at..at + 2]`.
+#[inline(always)]
+fn f16_at(b: &[u8], at: usize) -> half::f16 {
+    half::f16::from_le_bytes([b[at], b[at + 1]])
 }
 
 /// Rounds `v` to f16 (to nearest, ties to even) and returns its bytes and its value as f32.

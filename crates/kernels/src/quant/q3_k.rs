@@ -7,7 +7,7 @@
 //! `hmask[l]` is set. Scales: `sc[g]` has low 4 bits from byte `g % 8` (low nibble for
 //! `g < 8`, high otherwise) and high 2 bits from bits `2·(g / 4)` of byte `8 + g % 4`.
 
-use super::{inverse_or_zero, read_f16, to_f16};
+use super::{f16_at, inverse_or_zero, to_f16, SubScale};
 
 const QK: usize = 256;
 const QS: usize = QK / 8;
@@ -26,8 +26,8 @@ fn scale(s: &[u8], g: usize) -> u8 {
 /// The groups of 16 elements of one block `b` (110 bytes) sharing a scale: `f(i0, d·(sc − 32),
 /// q)` with the signed 3-bit values of elements `i0 .. i0 + 16` (`d·(sc − 32)` is exact).
 #[inline(always)]
-pub(super) fn groups(b: &[u8], mut f: impl FnMut(usize, f32, &[i8; 16])) {
-    let d = read_f16(b, D);
+pub(super) fn groups(b: &[u8], mut f: impl FnMut(usize, SubScale, &[i8; 16])) {
+    let d = f16_at(b, D);
     for g in 0..QK / 16 {
         let i0 = 16 * g;
         let (h, k) = (i0 / 128, (i0 % 128) / 32);
@@ -42,13 +42,14 @@ pub(super) fn groups(b: &[u8], mut f: impl FnMut(usize, f32, &[i8; 16])) {
             }
         });
         let sc = scale(&b[SCALES..D], g) as i8 - 32;
-        f(i0, d * f32::from(sc), &q);
+        f(i0, SubScale { d, k: sc }, &q);
     }
 }
 
 pub(super) fn dequantize(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
         groups(b, |i0, ds, q| {
+            let ds = ds.value();
             for (y, &q) in y[i0..i0 + 16].iter_mut().zip(q) {
                 *y = ds * f32::from(q);
             }

@@ -8,7 +8,7 @@
 //! Scales (`b` = the 12 bytes), for `j < 4`: `sc[j] = b[j] & 63`, `m[j] = b[j + 4] & 63`,
 //! `sc[j + 4] = (b[j + 8] & 15) | (b[j] >> 6) << 4`, `m[j + 4] = (b[j + 8] >> 4) | (b[j + 4] >> 6) << 4`.
 
-use super::{inverse_or_zero, read_f16, to_f16};
+use super::{f16_at, inverse_or_zero, read_f16, to_f16, SubScale};
 
 const QK: usize = 256;
 const SUB: usize = 32;
@@ -53,17 +53,23 @@ fn for_each_sub_block(b: &[u8], mut f: impl FnMut(usize, f32, f32, &[u8], u32)) 
 }
 
 /// The sub-blocks of one block `b` (144 bytes): `f(s, d·sc[s], dmin·m[s], q)` with the 32
-/// 4-bit values of sub-block `s` (exact: `d·sc` and `dmin·m` are products of an f16 and a
-/// 6-bit integer). For the int8 kernels' repacking.
-pub(super) fn sub_blocks(b: &[u8], mut f: impl FnMut(usize, f32, f32, [u8; SUB])) {
-    for_each_sub_block(b, |s, ds, dm, nibbles, shift| {
+/// 4-bit values of sub-block `s`. For the int8 kernels' repacking.
+pub(super) fn sub_blocks(b: &[u8], mut f: impl FnMut(usize, SubScale, SubScale, [u8; SUB])) {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    for s in 0..QK / SUB {
+        let (sc, m) = scale_min(&b[4..16], s);
+        let nibbles = &b[16 + SUB * (s / 2)..16 + SUB * (s / 2 + 1)];
+        let shift = 4 * (s % 2);
         f(
             s,
-            ds,
-            dm,
+            SubScale { d, k: sc as i8 },
+            SubScale {
+                d: dmin,
+                k: m as i8,
+            },
             std::array::from_fn(|l| (nibbles[l] >> shift) & 0x0f),
         );
-    });
+    }
 }
 
 pub(super) fn dequantize(src: &[u8], dst: &mut [f32]) {

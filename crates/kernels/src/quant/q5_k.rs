@@ -6,7 +6,7 @@
 //! nibble for `h = 0`, high for `h = 1`) and its fifth bit from bit `s` of `qh[l]`.
 
 use super::q4_k::{pack_scales, scale_min};
-use super::{inverse_or_zero, read_f16, to_f16};
+use super::{f16_at, inverse_or_zero, to_f16, SubScale};
 
 const QK: usize = 256;
 const SUB: usize = 32;
@@ -17,22 +17,30 @@ const BLOCK_BYTES: usize = QS + QK / 2;
 /// The sub-blocks of one block `b` (176 bytes): `f(s, d·sc[s], dmin·m[s], q)` with the 32
 /// unsigned 5-bit values of sub-block `s` (both factors exact in f32).
 #[inline(always)]
-pub(super) fn sub_blocks(b: &[u8], mut f: impl FnMut(usize, f32, f32, [u8; SUB])) {
-    let d = read_f16(b, 0);
-    let dmin = read_f16(b, 2);
+pub(super) fn sub_blocks(b: &[u8], mut f: impl FnMut(usize, SubScale, SubScale, [u8; SUB])) {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
     for s in 0..QK / SUB {
         let (sc, m) = scale_min(&b[4..16], s);
         let nibbles = &b[QS + SUB * (s / 2)..QS + SUB * (s / 2 + 1)];
         let shift = 4 * (s % 2);
         let q =
             std::array::from_fn(|l| ((nibbles[l] >> shift) & 0x0f) | (((b[QH + l] >> s) & 1) << 4));
-        f(s, d * f32::from(sc), dmin * f32::from(m), q);
+        f(
+            s,
+            SubScale { d, k: sc as i8 },
+            SubScale {
+                d: dmin,
+                k: m as i8,
+            },
+            q,
+        );
     }
 }
 
 pub(super) fn dequantize(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
         sub_blocks(b, |s, ds, dm, q| {
+            let (ds, dm) = (ds.value(), dm.value());
             for (y, &q) in y[s * SUB..(s + 1) * SUB].iter_mut().zip(&q) {
                 *y = ds * f32::from(q) - dm;
             }

@@ -6,7 +6,7 @@
 //! `ql[64·h + 32·(k % 2) + l]` (low nibble for `k < 2`, high nibble otherwise) and its high
 //! 2 bits from bits `2k, 2k + 1` of `qh[32·h + l]`.
 
-use super::{inverse_or_zero, read_f16, to_f16};
+use super::{f16_at, inverse_or_zero, to_f16, SubScale};
 
 const QK: usize = 256;
 const BLOCK_BYTES: usize = QK / 2 + QK / 4 + QK / 16 + 2;
@@ -24,14 +24,21 @@ fn value(b: &[u8], h: usize, k: usize, l: usize) -> i8 {
 
 /// Calls `f(i0, d·sc, q)` for each group of 16 elements `i0 .. i0 + 16` sharing a scale.
 #[inline(always)]
-fn for_each_group(b: &[u8], mut f: impl FnMut(usize, f32, &[i8; 16])) {
-    let d = read_f16(b, D);
+fn for_each_group(b: &[u8], mut f: impl FnMut(usize, SubScale, &[i8; 16])) {
+    let d = f16_at(b, D);
     for h in 0..2 {
         for k in 0..4 {
             for g in 0..2 {
                 let i0 = 128 * h + 32 * k + 16 * g;
                 let q: [i8; 16] = std::array::from_fn(|j| value(b, h, k, 16 * g + j));
-                f(i0, d * f32::from(b[SCALES + i0 / 16] as i8), &q);
+                f(
+                    i0,
+                    SubScale {
+                        d,
+                        k: b[SCALES + i0 / 16] as i8,
+                    },
+                    &q,
+                );
             }
         }
     }
@@ -40,13 +47,14 @@ fn for_each_group(b: &[u8], mut f: impl FnMut(usize, f32, &[i8; 16])) {
 /// The groups of 16 elements of one block `b` (210 bytes) sharing a scale: `f(i0, d·sc, q)`
 /// with the signed values `q − 32` of elements `i0 .. i0 + 16` (exact: `d·sc` is the product
 /// of an f16 and an 8-bit integer). For the int8 kernels' repacking.
-pub(super) fn groups(b: &[u8], f: impl FnMut(usize, f32, &[i8; 16])) {
+pub(super) fn groups(b: &[u8], f: impl FnMut(usize, SubScale, &[i8; 16])) {
     for_each_group(b, f);
 }
 
 pub(super) fn dequantize(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
         for_each_group(b, |i0, ds, q| {
+            let ds = ds.value();
             for (y, &q) in y[i0..i0 + 16].iter_mut().zip(q) {
                 *y = ds * f32::from(q);
             }
@@ -59,6 +67,7 @@ pub(super) fn dot(src: &[u8], x: &[f32]) -> f32 {
     let mut total = 0.0f32;
     for (b, x) in src.chunks_exact(BLOCK_BYTES).zip(x.chunks_exact(QK)) {
         for_each_group(b, |i0, ds, q| {
+            let ds = ds.value();
             let mut sum = 0.0f32;
             for (&xv, &q) in x[i0..i0 + 16].iter().zip(q) {
                 sum += f32::from(q) * xv;

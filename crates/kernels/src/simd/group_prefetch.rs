@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::packed::PackedMatrix;
+use crate::packed::{PackedMatrix, RecordLayout, BLOCK};
 
 /// How many records ahead of the one being read the first tile prefetches.
 const RECORDS_AHEAD: usize = 4;
@@ -50,7 +50,7 @@ impl GroupPrefetch {
         // half lines): its lines run from the one holding its first byte.
         let (from, next_end) = (bytes / 64 * 64, 2 * bytes);
         let len = (next_end - from).div_ceil(64).div_ceil(tiles - 1) * 64;
-        let per_block = (len / 64).div_ceil(bytes / w.record_bytes()) * 64;
+        let per_block = (len / 64).div_ceil(w.cols() / BLOCK) * 64;
         GroupPrefetch {
             from,
             len,
@@ -70,13 +70,20 @@ impl GroupPrefetch {
         }
     }
 
-    /// The prefetches that go with block `b` of the group at `records` (`record` bytes a
-    /// block).
+    /// The prefetches that go with block `b` of the group at `records` (laid out as
+    /// `layout`).
     #[inline(always)]
-    pub(super) fn fetch(self, records: *const u8, b: usize, record: usize) {
+    pub(super) fn fetch(self, records: *const u8, layout: RecordLayout, b: usize) {
         if self.len == 0 {
-            let ahead = records.wrapping_add((b + RECORDS_AHEAD) * record);
-            for line in (0..record).step_by(64) {
+            // The record a few ahead, and the header before it (which is not its super-block's
+            // unless it is the super-block's first record: then those lines were fetched
+            // already). The same number of lines every block: a count that varied with the
+            // record's place would cost a branch miss a block (2x slower when the records
+            // are in the cache).
+            let ahead = records
+                .wrapping_add(layout.record_at(b + RECORDS_AHEAD))
+                .wrapping_sub(layout.header);
+            for line in (0..layout.header + layout.record).step_by(64) {
                 // SAFETY: a prefetch never faults, whatever the address.
                 unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast()) };
             }

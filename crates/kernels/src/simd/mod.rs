@@ -50,11 +50,18 @@ mod lanes;
 mod packed_avx2;
 #[cfg(target_arch = "x86_64")]
 mod packed_vnni;
+#[cfg(target_arch = "x86_64")]
+mod scale_tables;
 
 use crate::attention::{KvView, Partial, TileWork};
 use crate::isa::Isa;
 use crate::packed::{BlockScale, PackedMatrix, QuantizedRows};
 use crate::{dot16, packed, quant, DType};
+
+/// Scratch values per 32-column block that the int8 kernels need for a super-scaled kind's
+/// scale tables: 16 rows' scales, then 16 rows' second table (mins, or Q6_K's second half's
+/// scales).
+pub(crate) const PACKED_SCALES_PER_BLOCK: usize = 32;
 
 type AttendFn = unsafe fn(&[f32], &KvView<'_>, usize, f32, Partial<'_>, &[usize]);
 type AttendTileFn = unsafe fn(&[f32], &[usize], &KvView<'_>, f32, Partial<'_>, &mut TileWork);
@@ -64,7 +71,7 @@ type Dot4Fn = unsafe fn([&[f32]; 4], &[f32]) -> [f32; 4];
 type Dot4x2Fn = unsafe fn([&[f32]; 4], [&[f32]; 2]) -> [[f32; 4]; 2];
 type Dot4x4Fn = unsafe fn([&[f32]; 4], [&[f32]; 4]) -> [[f32; 4]; 4];
 type DotRowFn = unsafe fn(DType, &[u8], &[f32]) -> f32;
-type PackedFn = unsafe fn(&PackedMatrix, usize, &QuantizedRows, &mut [f32]);
+type PackedFn = unsafe fn(&PackedMatrix, usize, &QuantizedRows, &mut [f32], &mut [f32]);
 type QuantizeFn = unsafe fn(&[f32], &mut [i8], &mut [BlockScale]);
 type DotRows4Fn = unsafe fn(DType, [&[u8]; 4], &[f32]) -> [f32; 4];
 
@@ -249,16 +256,19 @@ impl Kernels {
     }
 
     /// `out[t·16 + j] = W[16g + j] · x[t]` for every token of `xq` (`out`: `[n_tokens, 16]`),
-    /// bitwise equal to [`packed::reference::group`].
+    /// bitwise equal to [`packed::reference::group`]. `scales`: scratch for a super-scaled
+    /// kind's scale tables, [`PACKED_SCALES_PER_BLOCK`] values per 32-column block (else
+    /// unused).
     pub(crate) fn packed_group(
         &self,
         w: &PackedMatrix,
         g: usize,
         xq: &QuantizedRows,
         out: &mut [f32],
+        scales: &mut [f32],
     ) {
         // SAFETY: as in `dequantize_row`; the kernel asserts the shapes.
-        unsafe { (self.packed)(w, g, xq, out) }
+        unsafe { (self.packed)(w, g, xq, out, scales) }
     }
 
     /// One activation row quantized for the int8 kernels, bitwise equal to

@@ -23,6 +23,8 @@ use std::arch::x86_64::*;
 use crate::packed::{BlockScale, PackedMatrix, QuantizedRows, RecordKind, BLOCK, GROUP_ROWS};
 
 use super::group_prefetch::GroupPrefetch;
+use super::scale_tables::ScaleTables;
+use super::PACKED_SCALES_PER_BLOCK as PER_BLOCK;
 
 /// Tokens whose sums advance together over one decoded weight record.
 const TILE: usize = 4;
@@ -34,38 +36,59 @@ const HALF: usize = GROUP_ROWS / 2;
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C. Shapes are asserted.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f32]) {
+pub(super) unsafe fn group(
+    w: &PackedMatrix,
+    g: usize,
+    xq: &QuantizedRows,
+    out: &mut [f32],
+    scales: &mut [f32],
+) {
     assert!(
         xq.cols() == w.cols() && out.len() == xq.n_tokens() * GROUP_ROWS,
         "packed avx2: shapes do not match"
     );
     match w.kind() {
-        RecordKind::Nibbles => tiles::<false, false, false, false, false, false>(w, g, xq, out),
-        RecordKind::NibblesMin => tiles::<false, true, false, false, false, false>(w, g, xq, out),
-        RecordKind::NibblesMinWide => {
-            tiles::<false, true, true, false, false, false>(w, g, xq, out)
+        RecordKind::Nibbles => {
+            tiles::<false, false, false, false, false, false>(w, g, xq, out, scales)
         }
-        RecordKind::Bytes => tiles::<true, false, false, false, false, false>(w, g, xq, out),
-        RecordKind::Plane => tiles::<false, false, false, false, false, true>(w, g, xq, out),
-        RecordKind::PlaneMin => tiles::<false, true, false, false, false, true>(w, g, xq, out),
-        RecordKind::TableNibbles => tiles::<false, false, false, false, true, false>(w, g, xq, out),
-        RecordKind::TableNibblesWide => {
-            tiles::<false, false, true, false, true, false>(w, g, xq, out)
+        RecordKind::NibblesMin => {
+            tiles::<false, true, false, false, false, false>(w, g, xq, out, scales)
         }
-        RecordKind::PlaneMinWide => tiles::<false, true, true, false, false, true>(w, g, xq, out),
-        RecordKind::Halves => tiles::<true, false, true, true, false, false>(w, g, xq, out),
+        RecordKind::NibblesMinSuper => {
+            tiles::<false, true, true, false, false, false>(w, g, xq, out, scales)
+        }
+        RecordKind::Bytes => {
+            tiles::<true, false, false, false, false, false>(w, g, xq, out, scales)
+        }
+        RecordKind::Plane => {
+            tiles::<false, false, false, false, false, true>(w, g, xq, out, scales)
+        }
+        RecordKind::PlaneMin => {
+            tiles::<false, true, false, false, false, true>(w, g, xq, out, scales)
+        }
+        RecordKind::TableNibbles => {
+            tiles::<false, false, false, false, true, false>(w, g, xq, out, scales)
+        }
+        RecordKind::TableNibblesSuper => {
+            tiles::<false, false, true, false, true, false>(w, g, xq, out, scales)
+        }
+        RecordKind::PlaneMinSuper => {
+            tiles::<false, true, true, false, false, true>(w, g, xq, out, scales)
+        }
+        RecordKind::Halves => tiles::<true, false, true, true, false, false>(w, g, xq, out, scales),
     }
 }
 
 /// Every token of `xq`, [`TILE`] at a time, then the remainder. `Q8`: 8-bit weights (else
-/// nibbles); `MIN`: a min table; `WIDE`: f32 scale tables (else f16); `HALVES`: Q6_K's two
+/// nibbles); `MIN`: a min table; `SUPER`: 8-bit multipliers of the super-block's f16 scales
+/// (else f16 scales); `HALVES`: Q6_K's two
 /// scales per record, one per 16 elements; `TABLE`: the nibbles index the IQ4 levels, looked
 /// up into 8-bit weights; `PLANE`: a line of fifth bits completes the nibbles.
 #[inline(always)]
 unsafe fn tiles<
     const Q8: bool,
     const MIN: bool,
-    const WIDE: bool,
+    const SUPER: bool,
     const HALVES: bool,
     const TABLE: bool,
     const PLANE: bool,
@@ -74,20 +97,23 @@ unsafe fn tiles<
     g: usize,
     xq: &QuantizedRows,
     out: &mut [f32],
+    scales: &mut [f32],
 ) {
     let n = xq.n_tokens();
-    let plan = GroupPrefetch::plan(w, g, n / TILE);
+    let (full, blocks) = (n / TILE, w.cols() / BLOCK);
+    let plan = GroupPrefetch::plan(w, g, full);
+    let mut tables = |i| ScaleTables::for_tile(SUPER, full, i, scales, blocks);
     let mut t0 = 0;
     while t0 + TILE <= n {
-        let fetch = plan.tile(t0 / TILE);
-        tile::<TILE, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, fetch, out);
+        let (fetch, st) = (plan.tile(t0 / TILE), tables(t0 / TILE));
+        tile::<TILE, Q8, MIN, SUPER, HALVES, TABLE, PLANE>(w, g, xq, t0, fetch, st, out);
         t0 += TILE;
     }
-    let own = GroupPrefetch::OWN;
+    let (own, st) = (GroupPrefetch::OWN, tables(full));
     match n - t0 {
-        3 => tile::<3, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, own, out),
-        2 => tile::<2, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, own, out),
-        1 => tile::<1, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, own, out),
+        3 => tile::<3, Q8, MIN, SUPER, HALVES, TABLE, PLANE>(w, g, xq, t0, own, st, out),
+        2 => tile::<2, Q8, MIN, SUPER, HALVES, TABLE, PLANE>(w, g, xq, t0, own, st, out),
+        1 => tile::<1, Q8, MIN, SUPER, HALVES, TABLE, PLANE>(w, g, xq, t0, own, st, out),
         _ => {}
     }
 }
@@ -105,6 +131,12 @@ unsafe fn with_fifth_bits(nibbles: __m256i, plane: __m256i, bit: i64) -> __m256i
     _mm256_or_si256(nibbles, _mm256_and_si256(at4, _mm256_set1_epi8(0x10)))
 }
 
+/// The 8 signed bytes at `p` as f32 (8 rows' scale multipliers of a super-scaled record).
+#[inline(always)]
+unsafe fn multipliers(p: *const u8) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast())))
+}
+
 /// The 4 activation bytes at `p` in every lane.
 #[inline(always)]
 unsafe fn broadcast4(p: *const i8) -> __m256i {
@@ -117,7 +149,7 @@ unsafe fn tile<
     const T: usize,
     const Q8: bool,
     const MIN: bool,
-    const WIDE: bool,
+    const SUPER: bool,
     const HALVES: bool,
     const TABLE: bool,
     const PLANE: bool,
@@ -127,9 +159,10 @@ unsafe fn tile<
     xq: &QuantizedRows,
     t0: usize,
     fetch: GroupPrefetch,
+    tables: ScaleTables,
     out: &mut [f32],
 ) {
-    let (record, quants) = (w.record_bytes(), w.kind().quant_bytes());
+    let (layout, quants) = (w.kind().layout(), w.kind().quant_bytes());
     // `c` of the module docs (Q8_0's is folded into the signed weights instead).
     let bias = if (Q8 || TABLE) && !HALVES {
         0
@@ -137,7 +170,7 @@ unsafe fn tile<
         w.kind().weight_bias()
     };
     let records = w.group(g);
-    let blocks = records.len() / record;
+    let blocks = w.cols() / BLOCK;
     let q: [*const i8; T] = std::array::from_fn(|i| xq.q(t0 + i).as_ptr());
     let scales: [&[BlockScale]; T] = std::array::from_fn(|i| xq.scales(t0 + i));
     let mut acc = [[_mm256_setzero_ps(); 2]; T];
@@ -146,10 +179,21 @@ unsafe fn tile<
     let flip = _mm256_set1_epi8(0x80u8 as i8);
     let ones = _mm256_set1_epi16(1);
     let levels = _mm256_broadcastsi128_si256(super::packed_vnni::iq4_levels(0));
+    // A super-block's header scales (per half of the rows), converted once for its 8 records.
+    let (mut d, mut dmin) = ([_mm256_setzero_ps(); 2], [_mm256_setzero_ps(); 2]);
     #[allow(clippy::needless_range_loop)] // `b` indexes the records, the bytes and the scales
     for b in 0..blocks {
-        let rec = records.as_ptr().add(b * record);
-        fetch.fetch(records.as_ptr(), b, record);
+        if SUPER && tables.converts() && layout.starts_super(b) {
+            let head = records.as_ptr().add(layout.header_at(b));
+            for h in 0..2 {
+                d[h] = _mm256_cvtph_ps(_mm_load_si128(head.add(16 * h).cast()));
+                if MIN {
+                    dmin[h] = _mm256_cvtph_ps(_mm_load_si128(head.add(32 + 16 * h).cast()));
+                }
+            }
+        }
+        let rec = records.as_ptr().add(layout.record_at(b));
+        fetch.fetch(records.as_ptr(), layout, b);
         for h in 0..2 {
             // Weight vector `k` (this half) pairs with activation bytes `4k ..` (Q8_0: vectors
             // 4..8 are elements 16..32; 4-bit: the high nibbles of vector k − 4 are). For Q8_0,
@@ -193,13 +237,28 @@ unsafe fn tile<
             }
             // The scale table, then the second one (mins, or Q6_K's scales of elements
             // 16..32), this half's 8 rows of each.
-            let (dw, mw) = if WIDE {
-                let second = if MIN || HALVES {
-                    _mm256_load_ps(rec.add(quants + 64 + 32 * h).cast())
+            let (dw, mw) = if SUPER {
+                if let ScaleTables::Load(p) = tables {
+                    let p = p.add(PER_BLOCK * b + HALF * h);
+                    (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(GROUP_ROWS)))
                 } else {
-                    _mm256_setzero_ps()
-                };
-                (_mm256_load_ps(rec.add(quants + 32 * h).cast()), second)
+                    // Each product of an f16 and an 8-bit integer is exact.
+                    let k = rec.add(quants + HALF * h);
+                    let second = if MIN {
+                        _mm256_mul_ps(dmin[h], multipliers(k.add(GROUP_ROWS)))
+                    } else if HALVES {
+                        _mm256_mul_ps(d[h], multipliers(k.add(GROUP_ROWS)))
+                    } else {
+                        _mm256_setzero_ps()
+                    };
+                    let first = _mm256_mul_ps(d[h], multipliers(k));
+                    if let ScaleTables::Store(p) = tables {
+                        let p = p.add(PER_BLOCK * b + HALF * h);
+                        _mm256_storeu_ps(p, first);
+                        _mm256_storeu_ps(p.add(GROUP_ROWS), second);
+                    }
+                    (first, second)
+                }
             } else {
                 let second = if MIN || HALVES {
                     _mm256_cvtph_ps(_mm_load_si128(rec.add(quants + 32 + 16 * h).cast()))

@@ -12,6 +12,8 @@ use crate::packed::{BlockScale, PackedMatrix, QuantizedRows, RecordKind, BLOCK, 
 use crate::quant::IQ4_LEVELS;
 
 use super::group_prefetch::GroupPrefetch;
+use super::scale_tables::ScaleTables;
+use super::PACKED_SCALES_PER_BLOCK as PER_BLOCK;
 
 /// Tokens whose sums advance together over one decoded weight record.
 const TILE: usize = 4;
@@ -21,38 +23,59 @@ const TILE: usize = 4;
 /// # Safety
 /// The CPU must support AVX-512 F, BW, VL and VNNI, and F16C. Shapes are asserted.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
-pub(super) unsafe fn group(w: &PackedMatrix, g: usize, xq: &QuantizedRows, out: &mut [f32]) {
+pub(super) unsafe fn group(
+    w: &PackedMatrix,
+    g: usize,
+    xq: &QuantizedRows,
+    out: &mut [f32],
+    scales: &mut [f32],
+) {
     assert!(
         xq.cols() == w.cols() && out.len() == xq.n_tokens() * GROUP_ROWS,
         "packed vnni: shapes do not match"
     );
     match w.kind() {
-        RecordKind::Nibbles => tiles::<false, false, false, false, false, false>(w, g, xq, out),
-        RecordKind::NibblesMin => tiles::<false, true, false, false, false, false>(w, g, xq, out),
-        RecordKind::NibblesMinWide => {
-            tiles::<false, true, true, false, false, false>(w, g, xq, out)
+        RecordKind::Nibbles => {
+            tiles::<false, false, false, false, false, false>(w, g, xq, out, scales)
         }
-        RecordKind::Bytes => tiles::<true, false, false, false, false, false>(w, g, xq, out),
-        RecordKind::Plane => tiles::<false, false, false, false, false, true>(w, g, xq, out),
-        RecordKind::PlaneMin => tiles::<false, true, false, false, false, true>(w, g, xq, out),
-        RecordKind::TableNibbles => tiles::<false, false, false, false, true, false>(w, g, xq, out),
-        RecordKind::TableNibblesWide => {
-            tiles::<false, false, true, false, true, false>(w, g, xq, out)
+        RecordKind::NibblesMin => {
+            tiles::<false, true, false, false, false, false>(w, g, xq, out, scales)
         }
-        RecordKind::PlaneMinWide => tiles::<false, true, true, false, false, true>(w, g, xq, out),
-        RecordKind::Halves => tiles::<true, false, true, true, false, false>(w, g, xq, out),
+        RecordKind::NibblesMinSuper => {
+            tiles::<false, true, true, false, false, false>(w, g, xq, out, scales)
+        }
+        RecordKind::Bytes => {
+            tiles::<true, false, false, false, false, false>(w, g, xq, out, scales)
+        }
+        RecordKind::Plane => {
+            tiles::<false, false, false, false, false, true>(w, g, xq, out, scales)
+        }
+        RecordKind::PlaneMin => {
+            tiles::<false, true, false, false, false, true>(w, g, xq, out, scales)
+        }
+        RecordKind::TableNibbles => {
+            tiles::<false, false, false, false, true, false>(w, g, xq, out, scales)
+        }
+        RecordKind::TableNibblesSuper => {
+            tiles::<false, false, true, false, true, false>(w, g, xq, out, scales)
+        }
+        RecordKind::PlaneMinSuper => {
+            tiles::<false, true, true, false, false, true>(w, g, xq, out, scales)
+        }
+        RecordKind::Halves => tiles::<true, false, true, true, false, false>(w, g, xq, out, scales),
     }
 }
 
 /// Every token of `xq`, [`TILE`] at a time, then the remainder. `Q8`: 8-bit weights (else
-/// nibbles); `MIN`: a min table; `WIDE`: f32 scale tables (else f16); `HALVES`: Q6_K's two
-/// scales per record, one per 16 elements; `TABLE`: the nibbles index the IQ4 levels, looked
-/// up into 8-bit weights; `PLANE`: a line of fifth bits completes the nibbles.
+/// nibbles); `MIN`: a min table; `SUPER`: 8-bit multipliers of the super-block's f16 scales
+/// (else f16 scales); `HALVES`: Q6_K's two scales per record, one per 16 elements; `TABLE`:
+/// the nibbles index the IQ4 levels, looked up into 8-bit weights; `PLANE`: a line of fifth
+/// bits completes the nibbles.
 #[inline(always)]
 unsafe fn tiles<
     const Q8: bool,
     const MIN: bool,
-    const WIDE: bool,
+    const SUPER: bool,
     const HALVES: bool,
     const TABLE: bool,
     const PLANE: bool,
@@ -61,20 +84,23 @@ unsafe fn tiles<
     g: usize,
     xq: &QuantizedRows,
     out: &mut [f32],
+    scales: &mut [f32],
 ) {
     let n = xq.n_tokens();
-    let plan = GroupPrefetch::plan(w, g, n / TILE);
+    let (full, blocks) = (n / TILE, w.cols() / BLOCK);
+    let plan = GroupPrefetch::plan(w, g, full);
+    let mut tables = |i| ScaleTables::for_tile(SUPER, full, i, scales, blocks);
     let mut t0 = 0;
     while t0 + TILE <= n {
-        let fetch = plan.tile(t0 / TILE);
-        tile::<TILE, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, fetch, out);
+        let (fetch, st) = (plan.tile(t0 / TILE), tables(t0 / TILE));
+        tile::<TILE, Q8, MIN, SUPER, HALVES, TABLE, PLANE>(w, g, xq, t0, fetch, st, out);
         t0 += TILE;
     }
-    let own = GroupPrefetch::OWN;
+    let (own, st) = (GroupPrefetch::OWN, tables(full));
     match n - t0 {
-        3 => tile::<3, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, own, out),
-        2 => tile::<2, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, own, out),
-        1 => tile::<1, Q8, MIN, WIDE, HALVES, TABLE, PLANE>(w, g, xq, t0, own, out),
+        3 => tile::<3, Q8, MIN, SUPER, HALVES, TABLE, PLANE>(w, g, xq, t0, own, st, out),
+        2 => tile::<2, Q8, MIN, SUPER, HALVES, TABLE, PLANE>(w, g, xq, t0, own, st, out),
+        1 => tile::<1, Q8, MIN, SUPER, HALVES, TABLE, PLANE>(w, g, xq, t0, own, st, out),
         _ => {}
     }
 }
@@ -100,6 +126,12 @@ unsafe fn with_fifth_bits(nibbles: __m512i, plane: __m512i, bit: i64) -> __m512i
     _mm512_ternarylogic_epi32::<0xF8>(nibbles, at4, _mm512_set1_epi8(0x10))
 }
 
+/// The 16 signed bytes at `p` as f32 (the rows' scale multipliers of a super-scaled record).
+#[inline(always)]
+unsafe fn multipliers(p: *const u8) -> __m512 {
+    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast())))
+}
+
 /// The 4 activation bytes at `p` in every lane.
 #[inline(always)]
 unsafe fn broadcast4(p: *const i8) -> __m512i {
@@ -112,7 +144,7 @@ unsafe fn tile<
     const T: usize,
     const Q8: bool,
     const MIN: bool,
-    const WIDE: bool,
+    const SUPER: bool,
     const HALVES: bool,
     const TABLE: bool,
     const PLANE: bool,
@@ -122,22 +154,32 @@ unsafe fn tile<
     xq: &QuantizedRows,
     t0: usize,
     fetch: GroupPrefetch,
+    tables: ScaleTables,
     out: &mut [f32],
 ) {
-    let (record, quants) = (w.record_bytes(), w.kind().quant_bytes());
+    let (layout, quants) = (w.kind().layout(), w.kind().quant_bytes());
     let bias = w.kind().weight_bias();
     let records = w.group(g);
-    let blocks = records.len() / record;
+    let blocks = w.cols() / BLOCK;
     let q: [*const i8; T] = std::array::from_fn(|i| xq.q(t0 + i).as_ptr());
     let scales: [&[BlockScale]; T] = std::array::from_fn(|i| xq.scales(t0 + i));
     let mut acc = [_mm512_setzero_ps(); T];
     let mut off = [_mm512_setzero_ps(); T];
     let nibble = _mm512_set1_epi8(0x0f);
     let levels = _mm512_broadcast_i32x4(iq4_levels(-128));
+    // A super-block's header scales, converted once for its 8 records.
+    let (mut d, mut dmin) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     #[allow(clippy::needless_range_loop)] // `b` indexes the records, the bytes and the scales
     for b in 0..blocks {
-        let rec = records.as_ptr().add(b * record);
-        fetch.fetch(records.as_ptr(), b, record);
+        if SUPER && tables.converts() && layout.starts_super(b) {
+            let head = records.as_ptr().add(layout.header_at(b));
+            d = _mm512_cvtph_ps(_mm256_loadu_si256(head.cast()));
+            if MIN {
+                dmin = _mm512_cvtph_ps(_mm256_loadu_si256(head.add(32).cast()));
+            }
+        }
+        let rec = records.as_ptr().add(layout.record_at(b));
+        fetch.fetch(records.as_ptr(), layout, b);
         // Weight vector `k` pairs with activation bytes `4k ..` (Q8_0: vectors 4..8 are
         // elements 16..32; 4-bit: the high nibbles of vector k − 4 are).
         let mut wv = [_mm512_setzero_si512(); 8];
@@ -164,21 +206,35 @@ unsafe fn tile<
         }
         // The scale table, then the second one (mins, or Q6_K's scales of elements 16..32).
         // (No closure: it would not inherit the target features.)
-        let (dw, mw) = if WIDE {
-            let second = if MIN || HALVES {
-                _mm512_loadu_ps(rec.add(quants + 64).cast())
+        let (dw, mw) = if SUPER {
+            if let ScaleTables::Load(p) = tables {
+                let p = p.add(PER_BLOCK * b);
+                (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(GROUP_ROWS)))
             } else {
-                _mm512_setzero_ps()
-            };
-            (_mm512_loadu_ps(rec.add(quants).cast()), second)
+                // Each product of an f16 and an 8-bit integer is exact.
+                let second = if MIN {
+                    _mm512_mul_ps(dmin, multipliers(rec.add(quants + 16)))
+                } else if HALVES {
+                    _mm512_mul_ps(d, multipliers(rec.add(quants + 16)))
+                } else {
+                    _mm512_setzero_ps()
+                };
+                let first = _mm512_mul_ps(d, multipliers(rec.add(quants)));
+                if let ScaleTables::Store(p) = tables {
+                    let p = p.add(PER_BLOCK * b);
+                    _mm512_storeu_ps(p, first);
+                    _mm512_storeu_ps(p.add(GROUP_ROWS), second);
+                }
+                (first, second)
+            }
         } else {
             let second = if MIN || HALVES {
-                _mm512_cvtph_ps(_mm256_load_si256(rec.add(quants + 32).cast()))
+                _mm512_cvtph_ps(_mm256_loadu_si256(rec.add(quants + 32).cast()))
             } else {
                 _mm512_setzero_ps()
             };
             (
-                _mm512_cvtph_ps(_mm256_load_si256(rec.add(quants).cast())),
+                _mm512_cvtph_ps(_mm256_loadu_si256(rec.add(quants).cast())),
                 second,
             )
         };
