@@ -178,6 +178,16 @@ impl RecordLayout {
         self.header_at(b) + self.header + in_super * self.record
     }
 
+    /// The offset of record `b + n` given record `b`'s, `at` (`n` at most a super-block's
+    /// records): the kernels walk the records with this, cheaper than [`Self::record_at`].
+    #[inline(always)]
+    pub(crate) fn record_after(self, at: usize, b: usize, n: usize) -> usize {
+        // The super-blocks that start after record `b`, up to record `b + n` (0 or 1; `n`
+        // with no super-blocks, whose headers are empty).
+        let started = ((b & ((1 << self.super_shift) - 1)) + n) >> self.super_shift;
+        at + n * self.record + started * self.header
+    }
+
     /// Whether record `b` is the first of its super-block.
     #[inline(always)]
     pub(crate) fn starts_super(self, b: usize) -> bool {
@@ -232,10 +242,17 @@ mod tests {
         assert_eq!(q4_k.header_at(8), super_bytes);
         assert_eq!(q4_k.record_at(9), super_bytes + 64 + 288);
         assert_eq!(q4_k.span(16), 2 * super_bytes);
+        for b in 0..24 {
+            for n in 0..=8 {
+                let after = q4_k.record_after(q4_k.record_at(b), b, n);
+                assert_eq!(after, q4_k.record_at(b + n), "record {b} + {n}");
+            }
+        }
         let q8_0 = RecordKind::of(DType::Q8_0).expect("a packed type").layout();
         assert_eq!(
             (q8_0.record_at(5), q8_0.header_at(5), q8_0.span(3)),
             (5 * 544, 5 * 544, 3 * 544)
         );
+        assert_eq!(q8_0.record_after(5 * 544, 5, 4), 9 * 544);
     }
 }

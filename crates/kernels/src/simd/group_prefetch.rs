@@ -71,9 +71,9 @@ impl GroupPrefetch {
     }
 
     /// The prefetches that go with block `b` of the group at `records` (laid out as
-    /// `layout`).
+    /// `layout`), whose record is at `at`.
     #[inline(always)]
-    pub(super) fn fetch(self, records: *const u8, layout: RecordLayout, b: usize) {
+    pub(super) fn fetch(self, records: *const u8, layout: RecordLayout, b: usize, at: usize) {
         if self.len == 0 {
             // The record a few ahead, and the header before it (which is not its super-block's
             // unless it is the super-block's first record: then those lines were fetched
@@ -81,7 +81,7 @@ impl GroupPrefetch {
             // record's place would cost a branch miss a block (2x slower when the records
             // are in the cache).
             let ahead = records
-                .wrapping_add(layout.record_at(b + RECORDS_AHEAD))
+                .wrapping_add(layout.record_after(at, b, RECORDS_AHEAD))
                 .wrapping_sub(layout.header);
             for line in (0..layout.header + layout.record).step_by(64) {
                 // SAFETY: a prefetch never faults, whatever the address.

@@ -181,6 +181,7 @@ unsafe fn tile<
     let levels = _mm256_broadcastsi128_si256(super::packed_vnni::iq4_levels(0));
     // A super-block's header scales (per half of the rows), converted once for its 8 records.
     let (mut d, mut dmin) = ([_mm256_setzero_ps(); 2], [_mm256_setzero_ps(); 2]);
+    let mut at = layout.record_at(0);
     #[allow(clippy::needless_range_loop)] // `b` indexes the records, the bytes and the scales
     for b in 0..blocks {
         if SUPER && tables.converts() && layout.starts_super(b) {
@@ -192,8 +193,9 @@ unsafe fn tile<
                 }
             }
         }
-        let rec = records.as_ptr().add(layout.record_at(b));
-        fetch.fetch(records.as_ptr(), layout, b);
+        let rec = records.as_ptr().add(at);
+        fetch.fetch(records.as_ptr(), layout, b, at);
+        at = layout.record_after(at, b, 1);
         for h in 0..2 {
             // Weight vector `k` (this half) pairs with activation bytes `4k ..` (Q8_0: vectors
             // 4..8 are elements 16..32; 4-bit: the high nibbles of vector k − 4 are). For Q8_0,

@@ -169,6 +169,7 @@ unsafe fn tile<
     let levels = _mm512_broadcast_i32x4(iq4_levels(-128));
     // A super-block's header scales, converted once for its 8 records.
     let (mut d, mut dmin) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut at = layout.record_at(0);
     #[allow(clippy::needless_range_loop)] // `b` indexes the records, the bytes and the scales
     for b in 0..blocks {
         if SUPER && tables.converts() && layout.starts_super(b) {
@@ -178,8 +179,9 @@ unsafe fn tile<
                 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(head.add(32).cast()));
             }
         }
-        let rec = records.as_ptr().add(layout.record_at(b));
-        fetch.fetch(records.as_ptr(), layout, b);
+        let rec = records.as_ptr().add(at);
+        fetch.fetch(records.as_ptr(), layout, b, at);
+        at = layout.record_after(at, b, 1);
         // Weight vector `k` pairs with activation bytes `4k ..` (Q8_0: vectors 4..8 are
         // elements 16..32; 4-bit: the high nibbles of vector k − 4 are).
         let mut wv = [_mm512_setzero_si512(); 8];
