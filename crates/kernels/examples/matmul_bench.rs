@@ -6,7 +6,8 @@
 //!
 //! Prints GFLOP/s (2·rows·cols·n_tokens per call) for the SmolLM2-135M shapes (Q4_1
 //! projections, the Q8_0 LM head) and Gemma 3 270M's (the Q8_0 262,144 × 640 LM head, Q5_0,
-//! Q6_K and Q4_K projections) with 1, 64 and 512 tokens, for every ISA this CPU runs, and in
+//! Q6_K and Q4_K projections), and two K-quant matrices of 32,768 × 2,048 that no cache holds,
+//! with 1, 64 and 512 tokens, for every ISA this CPU runs, and in
 //! the column `packed` for the int8 kernels on packed matrices that quantized models run
 //! (`matmul_quantized`, the activations quantized outside the timing): the median of 7 timed
 //! batches (the machine is shared; medians resist outliers).
@@ -18,8 +19,10 @@ use tandem_kernels::quant::quantize_row;
 use tandem_kernels::{matmul_with, DType, Isa, PackedMatrix, ThreadPool, WeightView};
 
 /// `[rows, cols]` weights of the default model (attention q/o, k/v, MLP gate/up, MLP down, and
-/// the LM head), then Gemma 3 270M's (LM head, MLP gate/up and down, attention o).
-const SHAPES: [(DType, usize, usize); 9] = [
+/// the LM head), then Gemma 3 270M's (LM head, MLP gate/up and down, attention o), then two
+/// K-quant matrices larger than this CPU's 32 MiB last-level cache (a Q4_K_M model's Q4_K
+/// layers and Q6_K LM head stream from memory at one token).
+const SHAPES: [(DType, usize, usize); 11] = [
     (DType::Q4_1, 576, 576),
     (DType::Q4_1, 192, 576),
     (DType::Q4_1, 1536, 576),
@@ -29,6 +32,8 @@ const SHAPES: [(DType, usize, usize); 9] = [
     (DType::Q5_0, 2048, 640),
     (DType::Q6_K, 640, 2048),
     (DType::Q4_K, 640, 1024),
+    (DType::Q4_K, 32768, 2048),
+    (DType::Q6_K, 32768, 2048),
 ];
 
 fn weight(dtype: DType, rows: usize, cols: usize) -> Vec<u8> {

@@ -66,7 +66,7 @@ use std::ops::Range;
 pub(crate) use activations::quantize_row;
 pub use activations::{BlockScale, QuantizedRows};
 pub use grouped::{matmuls_quantized_grouped, GroupedProduct};
-pub(crate) use record::{RecordKind, RecordLayout};
+pub(crate) use record::{RecordKind, RecordLayout, SUPER_RECORDS};
 
 use crate::isa::{self, Isa};
 use crate::matmul::{for_each_column_chunk_of, with_scratch, ColumnSplit, ColumnsMut, WeightView};

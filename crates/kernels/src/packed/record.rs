@@ -155,10 +155,17 @@ impl RecordKind {
         RecordLayout {
             record: self.record_bytes(),
             header: self.header_bytes(),
-            super_shift: if self.super_scaled() { 3 } else { 0 },
+            super_shift: if self.super_scaled() {
+                SUPER_RECORDS.trailing_zeros()
+            } else {
+                0
+            },
         }
     }
 }
+
+/// Records in a super-block of a super-scaled kind (256 columns).
+pub(crate) const SUPER_RECORDS: usize = 8;
 
 /// The byte offsets inside a row group: super-blocks of `2^super_shift` records after a
 /// header (8 records after 32 or 64 bytes for the super-scaled kinds; 1 record and no header
@@ -179,19 +186,14 @@ impl RecordLayout {
     }
 
     /// The offset of record `b + n` given record `b`'s, `at` (`n` at most a super-block's
-    /// records): the kernels walk the records with this, cheaper than [`Self::record_at`].
+    /// records), cheaper than [`Self::record_at`]. (The kernels step from record to record
+    /// with their kind's constants: `record`, and `header` after every [`SUPER_RECORDS`].)
     #[inline(always)]
     pub(crate) fn record_after(self, at: usize, b: usize, n: usize) -> usize {
         // The super-blocks that start after record `b`, up to record `b + n` (0 or 1; `n`
         // with no super-blocks, whose headers are empty).
         let started = ((b & ((1 << self.super_shift) - 1)) + n) >> self.super_shift;
         at + n * self.record + started * self.header
-    }
-
-    /// Whether record `b` is the first of its super-block.
-    #[inline(always)]
-    pub(crate) fn starts_super(self, b: usize) -> bool {
-        b & ((1 << self.super_shift) - 1) == 0
     }
 
     /// The offset of the header of record `b`'s super-block.

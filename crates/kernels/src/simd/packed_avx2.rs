@@ -20,7 +20,9 @@
 
 use std::arch::x86_64::*;
 
-use crate::packed::{BlockScale, PackedMatrix, QuantizedRows, RecordKind, BLOCK, GROUP_ROWS};
+use crate::packed::{
+    BlockScale, PackedMatrix, QuantizedRows, RecordKind, BLOCK, GROUP_ROWS, SUPER_RECORDS,
+};
 
 use super::group_prefetch::GroupPrefetch;
 use super::scale_tables::ScaleTables;
@@ -184,7 +186,7 @@ unsafe fn tile<
     let mut at = layout.record_at(0);
     #[allow(clippy::needless_range_loop)] // `b` indexes the records, the bytes and the scales
     for b in 0..blocks {
-        if SUPER && tables.converts() && layout.starts_super(b) {
+        if SUPER && tables.converts() && b % SUPER_RECORDS == 0 {
             let head = records.as_ptr().add(layout.header_at(b));
             for h in 0..2 {
                 d[h] = _mm256_cvtph_ps(_mm_load_si128(head.add(16 * h).cast()));
@@ -195,7 +197,10 @@ unsafe fn tile<
         }
         let rec = records.as_ptr().add(at);
         fetch.fetch(records.as_ptr(), layout, b, at);
-        at = layout.record_after(at, b, 1);
+        at += layout.record;
+        if SUPER && (b + 1) % SUPER_RECORDS == 0 {
+            at += layout.header;
+        }
         for h in 0..2 {
             // Weight vector `k` (this half) pairs with activation bytes `4k ..` (Q8_0: vectors
             // 4..8 are elements 16..32; 4-bit: the high nibbles of vector k − 4 are). For Q8_0,

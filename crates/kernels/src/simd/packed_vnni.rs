@@ -8,7 +8,9 @@
 
 use std::arch::x86_64::*;
 
-use crate::packed::{BlockScale, PackedMatrix, QuantizedRows, RecordKind, BLOCK, GROUP_ROWS};
+use crate::packed::{
+    BlockScale, PackedMatrix, QuantizedRows, RecordKind, BLOCK, GROUP_ROWS, SUPER_RECORDS,
+};
 use crate::quant::IQ4_LEVELS;
 
 use super::group_prefetch::GroupPrefetch;
@@ -172,7 +174,7 @@ unsafe fn tile<
     let mut at = layout.record_at(0);
     #[allow(clippy::needless_range_loop)] // `b` indexes the records, the bytes and the scales
     for b in 0..blocks {
-        if SUPER && tables.converts() && layout.starts_super(b) {
+        if SUPER && tables.converts() && b % SUPER_RECORDS == 0 {
             let head = records.as_ptr().add(layout.header_at(b));
             d = _mm512_cvtph_ps(_mm256_loadu_si256(head.cast()));
             if MIN {
@@ -181,7 +183,10 @@ unsafe fn tile<
         }
         let rec = records.as_ptr().add(at);
         fetch.fetch(records.as_ptr(), layout, b, at);
-        at = layout.record_after(at, b, 1);
+        at += layout.record;
+        if SUPER && (b + 1) % SUPER_RECORDS == 0 {
+            at += layout.header;
+        }
         // Weight vector `k` pairs with activation bytes `4k ..` (Q8_0: vectors 4..8 are
         // elements 16..32; 4-bit: the high nibbles of vector k − 4 are).
         let mut wv = [_mm512_setzero_si512(); 8];
