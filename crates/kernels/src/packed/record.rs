@@ -224,7 +224,7 @@ mod tests {
             (DType::Q5_0, 320 + 32),
             (DType::Q5_1, 320 + 64),
             (DType::IQ4_NL, 256 + 32),
-            (DType::IQ4_XS, 256 + 16 + 16),
+            (DType::IQ4_XS, 288), // 256 + 16, rounded up to a half line
             (DType::Q5_K, 320 + 32),
             (DType::Q6_K, 512 + 32),
         ];
