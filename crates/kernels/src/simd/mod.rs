@@ -45,6 +45,9 @@ mod group_prefetch;
 #[cfg(target_arch = "x86_64")]
 mod kernels;
 #[cfg(target_arch = "x86_64")]
+#[macro_use]
+mod kind_flags;
+#[cfg(target_arch = "x86_64")]
 mod lanes;
 #[cfg(target_arch = "x86_64")]
 mod packed_avx2;

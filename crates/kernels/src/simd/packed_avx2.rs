@@ -20,9 +20,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::packed::{
-    BlockScale, PackedMatrix, QuantizedRows, RecordKind, BLOCK, GROUP_ROWS, SUPER_RECORDS,
-};
+use crate::packed::{BlockScale, PackedMatrix, QuantizedRows, BLOCK, GROUP_ROWS, SUPER_RECORDS};
 
 use super::group_prefetch::GroupPrefetch;
 use super::scale_tables::ScaleTables;
@@ -49,43 +47,10 @@ pub(super) unsafe fn group(
         xq.cols() == w.cols() && out.len() == xq.n_tokens() * GROUP_ROWS,
         "packed avx2: shapes do not match"
     );
-    match w.kind() {
-        RecordKind::Nibbles => {
-            tiles::<false, false, false, false, false, false>(w, g, xq, out, scales)
-        }
-        RecordKind::NibblesMin => {
-            tiles::<false, true, false, false, false, false>(w, g, xq, out, scales)
-        }
-        RecordKind::NibblesMinSuper => {
-            tiles::<false, true, true, false, false, false>(w, g, xq, out, scales)
-        }
-        RecordKind::Bytes => {
-            tiles::<true, false, false, false, false, false>(w, g, xq, out, scales)
-        }
-        RecordKind::Plane => {
-            tiles::<false, false, false, false, false, true>(w, g, xq, out, scales)
-        }
-        RecordKind::PlaneMin => {
-            tiles::<false, true, false, false, false, true>(w, g, xq, out, scales)
-        }
-        RecordKind::TableNibbles => {
-            tiles::<false, false, false, false, true, false>(w, g, xq, out, scales)
-        }
-        RecordKind::TableNibblesSuper => {
-            tiles::<false, false, true, false, true, false>(w, g, xq, out, scales)
-        }
-        RecordKind::PlaneMinSuper => {
-            tiles::<false, true, true, false, false, true>(w, g, xq, out, scales)
-        }
-        RecordKind::Halves => tiles::<true, false, true, true, false, false>(w, g, xq, out, scales),
-    }
+    with_kind_flags!(w.kind(), tiles(w, g, xq, out, scales))
 }
 
-/// Every token of `xq`, [`TILE`] at a time, then the remainder. `Q8`: 8-bit weights (else
-/// nibbles); `MIN`: a min table; `SUPER`: 8-bit multipliers of the super-block's f16 scales
-/// (else f16 scales); `HALVES`: Q6_K's two
-/// scales per record, one per 16 elements; `TABLE`: the nibbles index the IQ4 levels, looked
-/// up into 8-bit weights; `PLANE`: a line of fifth bits completes the nibbles.
+/// Every token of `xq`, [`TILE`] at a time, then the remainder (the flags: `kind_flags.rs`).
 #[inline(always)]
 unsafe fn tiles<
     const Q8: bool,
