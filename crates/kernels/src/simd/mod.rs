@@ -46,7 +46,7 @@ mod group_prefetch;
 mod kernels;
 #[cfg(target_arch = "x86_64")]
 #[macro_use]
-mod kind_flags;
+mod packed_common;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
 #[cfg(target_arch = "x86_64")]

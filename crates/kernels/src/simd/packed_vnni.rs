@@ -37,40 +37,8 @@ pub(super) unsafe fn group(
     with_kind_flags!(w.kind(), tiles(w, g, xq, out, scales))
 }
 
-/// Every token of `xq`, [`TILE`] at a time, then the remainder (the flags: `kind_flags.rs`).
-#[inline(always)]
-unsafe fn tiles<
-    const Q8: bool,
-    const MIN: bool,
-    const SUPER: bool,
-    const HALVES: bool,
-    const TABLE: bool,
-    const PLANE: bool,
->(
-    w: &PackedMatrix,
-    g: usize,
-    xq: &QuantizedRows,
-    out: &mut [f32],
-    scales: &mut [f32],
-) {
-    let n = xq.n_tokens();
-    let (full, blocks) = (n / TILE, w.cols() / BLOCK);
-    let plan = GroupPrefetch::plan(w, g, full);
-    let mut tables = |i| ScaleTables::for_tile(SUPER, full, i, scales, blocks);
-    let mut t0 = 0;
-    while t0 + TILE <= n {
-        let (fetch, st) = (plan.tile(t0 / TILE), tables(t0 / TILE));
-        tile::<TILE, Q8, MIN, SUPER, HALVES, TABLE, PLANE>(w, g, xq, t0, fetch, st, out);
-        t0 += TILE;
-    }
-    let (own, st) = (GroupPrefetch::OWN, tables(full));
-    match n - t0 {
-        3 => tile::<3, Q8, MIN, SUPER, HALVES, TABLE, PLANE>(w, g, xq, t0, own, st, out),
-        2 => tile::<2, Q8, MIN, SUPER, HALVES, TABLE, PLANE>(w, g, xq, t0, own, st, out),
-        1 => tile::<1, Q8, MIN, SUPER, HALVES, TABLE, PLANE>(w, g, xq, t0, own, st, out),
-        _ => {}
-    }
-}
+// `tiles`: every token of `xq`, `TILE` at a time, with this module's `tile`.
+define_tiles!();
 
 /// The 16 IQ4 levels plus `offset`, as bytes (the `pshufb` table of the table kinds).
 #[inline(always)]
