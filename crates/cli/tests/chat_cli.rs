@@ -19,12 +19,15 @@ fn chat(args: &[&str], input: &str) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run tandem chat");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
+    // A chat that refuses its arguments may exit before reading its input: writing it then
+    // fails with a broken pipe, and the exit status and stderr tell the rest.
+    if let Err(e) = child.stdin.take().unwrap().write_all(input.as_bytes()) {
+        assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::BrokenPipe,
+            "writing the chat input: {e}"
+        );
+    }
     child.wait_with_output().unwrap()
 }
 
