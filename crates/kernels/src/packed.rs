@@ -415,7 +415,7 @@ impl<'a> RecordWriter<'a> {
         let at = self.quants + 16 * t + self.j;
         self.bytes(at, 1)[0] = v.k as u8;
         let at = self.head + 32 * head + 2 * self.j;
-        self.dst[at..at + 2].copy_from_slice(&v.d.to_le_bytes());
+        self.dst[at..at + 2].copy_from_slice(&v.d.bits.to_le_bytes());
     }
 
     /// Entry `j` of f16 table `t` (0: scales, 1: mins), the stored bytes `h`.

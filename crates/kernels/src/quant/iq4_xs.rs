@@ -5,7 +5,7 @@
 //! (low nibble for even `s`), high 2 bits from bits `2s, 2s + 1` of the `u16`.
 
 use super::iq4_nl::{nearest_level, pack_levels, table_values};
-use super::{f16_at, inverse_or_zero, to_f16, SubScale};
+use super::{inverse_or_zero, to_f16, SubScale, SuperScale};
 
 const QK: usize = 256;
 const SUB: usize = 32;
@@ -16,7 +16,7 @@ const BLOCK_BYTES: usize = QS + QK / 2;
 /// values of sub-block `s` (`d·(ls − 32)` is exact in f32).
 #[inline(always)]
 pub(super) fn sub_blocks(b: &[u8], mut f: impl FnMut(usize, SubScale, [i8; SUB])) {
-    let d = f16_at(b, 0);
+    let d = SuperScale::at(b, 0);
     let high = u16::from_le_bytes([b[2], b[3]]);
     for s in 0..QK / SUB {
         let low = (b[4 + s / 2] >> (4 * (s % 2))) & 0x0f;

@@ -75,7 +75,7 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
 /// Their product is exact in f32 (11 significant bits times at most 8).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SubScale {
-    pub(crate) d: half::f16,
+    pub(crate) d: SuperScale,
     pub(crate) k: i8,
 }
 
@@ -83,7 +83,38 @@ impl SubScale {
     /// `d·k`, exactly.
     #[inline(always)]
     pub(crate) fn value(self) -> f32 {
-        self.d.to_f32() * f32::from(self.k)
+        self.d.value * f32::from(self.k)
+    }
+}
+
+/// A super-block's stored f16 scale, and its value converted once for the block's parts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SuperScale {
+    pub(crate) bits: half::f16,
+    value: f32,
+}
+
+impl SuperScale {
+    /// The little-endian f16 at `b[at..at + 2]`.
+    #[inline(always)]
+    fn at(b: &[u8], at: usize) -> SuperScale {
+        let bits = f16_at(b, at);
+        SuperScale {
+            bits,
+            value: bits.to_f32(),
+        }
+    }
+}
+
+impl std::ops::Neg for SuperScale {
+    type Output = SuperScale;
+
+    /// `−d`, exactly (the sign bit flipped).
+    fn neg(self) -> SuperScale {
+        SuperScale {
+            bits: -self.bits,
+            value: -self.value,
+        }
     }
 }
 

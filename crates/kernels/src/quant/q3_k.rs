@@ -7,7 +7,7 @@
 //! `hmask[l]` is set. Scales: `sc[g]` has low 4 bits from byte `g % 8` (low nibble for
 //! `g < 8`, high otherwise) and high 2 bits from bits `2·(g / 4)` of byte `8 + g % 4`.
 
-use super::{f16_at, inverse_or_zero, to_f16, SubScale};
+use super::{inverse_or_zero, to_f16, SubScale, SuperScale};
 
 const QK: usize = 256;
 const QS: usize = QK / 8;
@@ -27,7 +27,7 @@ fn scale(s: &[u8], g: usize) -> u8 {
 /// q)` with the signed 3-bit values of elements `i0 .. i0 + 16` (`d·(sc − 32)` is exact).
 #[inline(always)]
 pub(super) fn groups(b: &[u8], mut f: impl FnMut(usize, SubScale, &[i8; 16])) {
-    let d = f16_at(b, D);
+    let d = SuperScale::at(b, D);
     for g in 0..QK / 16 {
         let i0 = 16 * g;
         let (h, k) = (i0 / 128, (i0 % 128) / 32);

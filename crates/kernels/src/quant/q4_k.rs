@@ -8,7 +8,7 @@
 //! Scales (`b` = the 12 bytes), for `j < 4`: `sc[j] = b[j] & 63`, `m[j] = b[j + 4] & 63`,
 //! `sc[j + 4] = (b[j + 8] & 15) | (b[j] >> 6) << 4`, `m[j + 4] = (b[j + 8] >> 4) | (b[j + 4] >> 6) << 4`.
 
-use super::{f16_at, inverse_or_zero, read_f16, to_f16, SubScale};
+use super::{inverse_or_zero, read_f16, to_f16, SubScale, SuperScale};
 
 const QK: usize = 256;
 const SUB: usize = 32;
@@ -36,18 +36,17 @@ pub(super) fn pack_scales(sc: &[u8; 8], m: &[u8; 8], b: &mut [u8]) {
     }
 }
 
-/// Calls `f(s, d·sc[s], dmin·m[s], nibbles, shift)` for each sub-block `s` of the block `b`:
-/// element `l` of the sub-block is `(nibbles[l] >> shift) & 15`.
+/// Calls `f(s, sc[s], m[s], nibbles, shift)` for each sub-block `s` of the block `b`: element
+/// `l` of the sub-block is `(nibbles[l] >> shift) & 15`, its value `(d·sc)·q − dmin·m` with
+/// the block's f16 `d` (bytes 0..2) and `dmin` (bytes 2..4).
 #[inline(always)]
-fn for_each_sub_block(b: &[u8], mut f: impl FnMut(usize, f32, f32, &[u8], u32)) {
-    let d = read_f16(b, 0);
-    let dmin = read_f16(b, 2);
+fn for_each_sub_block(b: &[u8], mut f: impl FnMut(usize, u8, u8, &[u8], u32)) {
     let scales = &b[4..16];
     for (j, nibbles) in b[16..].chunks_exact(SUB).enumerate() {
         for (half, shift) in [(0, 0), (1, 4)] {
             let s = 2 * j + half;
             let (sc, m) = scale_min(scales, s);
-            f(s, d * f32::from(sc), dmin * f32::from(m), nibbles, shift);
+            f(s, sc, m, nibbles, shift);
         }
     }
 }
@@ -55,11 +54,8 @@ fn for_each_sub_block(b: &[u8], mut f: impl FnMut(usize, f32, f32, &[u8], u32)) 
 /// The sub-blocks of one block `b` (144 bytes): `f(s, d·sc[s], dmin·m[s], q)` with the 32
 /// 4-bit values of sub-block `s`. For the int8 kernels' repacking.
 pub(super) fn sub_blocks(b: &[u8], mut f: impl FnMut(usize, SubScale, SubScale, [u8; SUB])) {
-    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-    for s in 0..QK / SUB {
-        let (sc, m) = scale_min(&b[4..16], s);
-        let nibbles = &b[16 + SUB * (s / 2)..16 + SUB * (s / 2 + 1)];
-        let shift = 4 * (s % 2);
+    let (d, dmin) = (SuperScale::at(b, 0), SuperScale::at(b, 2));
+    for_each_sub_block(b, |s, sc, m, nibbles, shift| {
         f(
             s,
             SubScale { d, k: sc as i8 },
@@ -69,12 +65,14 @@ pub(super) fn sub_blocks(b: &[u8], mut f: impl FnMut(usize, SubScale, SubScale, 
             },
             std::array::from_fn(|l| (nibbles[l] >> shift) & 0x0f),
         );
-    }
+    });
 }
 
 pub(super) fn dequantize(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(QK)) {
-        for_each_sub_block(b, |s, ds, dm, nibbles, shift| {
+        let (d, dmin) = (read_f16(b, 0), read_f16(b, 2));
+        for_each_sub_block(b, |s, sc, m, nibbles, shift| {
+            let (ds, dm) = (d * f32::from(sc), dmin * f32::from(m));
             for (y, &q) in y[s * SUB..(s + 1) * SUB].iter_mut().zip(nibbles) {
                 *y = ds * f32::from((q >> shift) & 0x0f) - dm;
             }
@@ -86,7 +84,9 @@ pub(super) fn dequantize(src: &[u8], dst: &mut [f32]) {
 pub(super) fn dot(src: &[u8], x: &[f32]) -> f32 {
     let mut total = 0.0f32;
     for (b, x) in src.chunks_exact(BLOCK_BYTES).zip(x.chunks_exact(QK)) {
-        for_each_sub_block(b, |s, ds, dm, nibbles, shift| {
+        let (d, dmin) = (read_f16(b, 0), read_f16(b, 2));
+        for_each_sub_block(b, |s, sc, m, nibbles, shift| {
+            let (ds, dm) = (d * f32::from(sc), dmin * f32::from(m));
             let mut qx = 0.0f32;
             let mut sx = 0.0f32;
             for (&xv, &q) in x[s * SUB..(s + 1) * SUB].iter().zip(nibbles) {

@@ -6,7 +6,7 @@
 //! nibble for `h = 0`, high for `h = 1`) and its fifth bit from bit `s` of `qh[l]`.
 
 use super::q4_k::{pack_scales, scale_min};
-use super::{f16_at, inverse_or_zero, to_f16, SubScale};
+use super::{inverse_or_zero, to_f16, SubScale, SuperScale};
 
 const QK: usize = 256;
 const SUB: usize = 32;
@@ -18,7 +18,7 @@ const BLOCK_BYTES: usize = QS + QK / 2;
 /// unsigned 5-bit values of sub-block `s` (both factors exact in f32).
 #[inline(always)]
 pub(super) fn sub_blocks(b: &[u8], mut f: impl FnMut(usize, SubScale, SubScale, [u8; SUB])) {
-    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    let (d, dmin) = (SuperScale::at(b, 0), SuperScale::at(b, 2));
     for s in 0..QK / SUB {
         let (sc, m) = scale_min(&b[4..16], s);
         let nibbles = &b[QS + SUB * (s / 2)..QS + SUB * (s / 2 + 1)];

@@ -6,7 +6,7 @@
 //! `ql[64·h + 32·(k % 2) + l]` (low nibble for `k < 2`, high nibble otherwise) and its high
 //! 2 bits from bits `2k, 2k + 1` of `qh[32·h + l]`.
 
-use super::{f16_at, inverse_or_zero, to_f16, SubScale};
+use super::{inverse_or_zero, to_f16, SubScale, SuperScale};
 
 const QK: usize = 256;
 const BLOCK_BYTES: usize = QK / 2 + QK / 4 + QK / 16 + 2;
@@ -25,7 +25,7 @@ fn value(b: &[u8], h: usize, k: usize, l: usize) -> i8 {
 /// Calls `f(i0, d·sc, q)` for each group of 16 elements `i0 .. i0 + 16` sharing a scale.
 #[inline(always)]
 fn for_each_group(b: &[u8], mut f: impl FnMut(usize, SubScale, &[i8; 16])) {
-    let d = f16_at(b, D);
+    let d = SuperScale::at(b, D);
     for h in 0..2 {
         for k in 0..4 {
             for g in 0..2 {
