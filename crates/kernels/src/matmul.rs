@@ -32,6 +32,7 @@ use std::ops::Range;
 
 pub use crate::dot16::LANES;
 use crate::isa::{self, Isa};
+use crate::packed::GroupOut;
 use crate::simd::Kernels;
 use crate::{DType, ThreadPool};
 use blocked::Blocking;
@@ -365,24 +366,18 @@ impl ColumnsMut<'_> {
         unsafe { *self.base.add(t * self.stride + c) = v };
     }
 
-    /// Sets elements `[t, columns.start + j ..]` to `vs`.
-    #[inline(always)]
-    pub(crate) fn set_run(&mut self, t: usize, j: usize, vs: &[f32]) {
+    /// Columns `columns.start + j ..` (`live` of them) of every token, as one row group's
+    /// output.
+    pub(crate) fn group_out(&mut self, j: usize, live: usize) -> GroupOut<'_> {
         let c = self.columns.start + j;
         assert!(
-            t < self.n_tokens && c + vs.len() <= self.columns.end,
-            "column view: out of bounds"
+            c + live <= self.columns.end,
+            "column view: group out of bounds"
         );
-        // SAFETY: as in `set`: the run lies in row `t` within this view's columns.
-        let dst = unsafe { self.base.add(t * self.stride + c) };
-        if let Ok(run) = <&[f32; 16]>::try_from(vs) {
-            // The common case (a whole row group) as one fixed-size copy, not a call to memmove.
-            // SAFETY: as above, 16 elements.
-            unsafe { dst.cast::<[f32; 16]>().write_unaligned(*run) };
-        } else {
-            // SAFETY: as above.
-            unsafe { std::ptr::copy_nonoverlapping(vs.as_ptr(), dst, vs.len()) };
-        }
+        // SAFETY: the `live` columns from `c` lie within this view's columns (checked above)
+        // in each of its `n_tokens` rows, which no other thread accesses (contract of `new`);
+        // the group view borrows this one mutably.
+        unsafe { GroupOut::new(self.base.wrapping_add(c), self.stride, self.n_tokens, live) }
     }
 }
 

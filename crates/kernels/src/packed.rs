@@ -57,6 +57,7 @@
 //! is the activation rounding: at most `Σ |w_i|·d_x/2` per row and token.
 
 mod activations;
+mod group_out;
 mod grouped;
 mod record;
 pub(crate) mod reference;
@@ -65,6 +66,7 @@ use std::ops::Range;
 
 pub(crate) use activations::quantize_row;
 pub use activations::{BlockScale, QuantizedRows};
+pub(crate) use group_out::GroupOut;
 pub use grouped::{matmuls_quantized_grouped, GroupedProduct};
 pub(crate) use record::{RecordKind, RecordLayout, SUPER_RECORDS};
 
@@ -559,22 +561,17 @@ pub(crate) fn product_groups(
     out: &mut ColumnsMut<'_>,
 ) {
     let start = groups.start * GROUP_ROWS;
-    let outputs = xq.n_tokens() * GROUP_ROWS;
     let scales = if w.matrix.kind.super_scaled() {
         PACKED_SCALES_PER_BLOCK * w.matrix.blocks()
     } else {
         0
     };
-    with_scratch(outputs + scales, |scratch| {
-        // tile: [n_tokens, 16]
-        let (tile, scales) = scratch.split_at_mut(outputs);
+    with_scratch(scales, |scales| {
         for g in groups {
-            kernels.packed_group(w.matrix, w.first_group + g, xq, tile, scales);
             let first = g * GROUP_ROWS;
             let live = GROUP_ROWS.min(w.rows - first);
-            for (t, lanes) in tile.chunks_exact(GROUP_ROWS).enumerate() {
-                out.set_run(t, first - start, &lanes[..live]);
-            }
+            let mut group_out = out.group_out(first - start, live);
+            kernels.packed_group(w.matrix, w.first_group + g, xq, &mut group_out, scales);
         }
     });
 }

@@ -1,7 +1,7 @@
 //! The scalar reference of the int8 kernels: the order of the `packed` module docs, one row and
 //! one token at a time, read straight from the packed records.
 
-use super::{PackedMatrix, QuantizedRows, RecordKind, BLOCK, GROUP_ROWS};
+use super::{GroupOut, PackedMatrix, QuantizedRows, RecordKind, BLOCK};
 use crate::quant::IQ4_LEVELS;
 
 /// Entry `i` of the 16-row f16 table at byte `at` of `bytes`.
@@ -22,18 +22,18 @@ fn scale(kind: RecordKind, records: &[u8], rec: usize, head: usize, t: usize, j:
     }
 }
 
-/// `out[t·16 + j] = W[16g + j] · x[t]` for every token of `xq` (`out`: `[n_tokens, 16]`;
-/// lanes of padding rows get 0). The reference reads every scale from the records: it needs
-/// no scratch for them.
+/// `out[t, j] = W[16g + j] · x[t]` for every token of `xq` and live row `j` (padding rows are
+/// not computed). The reference reads every scale from the records: it needs no scratch for
+/// them.
 pub(crate) fn group(
     w: &PackedMatrix,
     g: usize,
     xq: &QuantizedRows,
-    out: &mut [f32],
+    out: &mut GroupOut,
     _scales: &mut [f32],
 ) {
     assert!(
-        xq.cols() == w.cols() && out.len() == xq.n_tokens() * GROUP_ROWS,
+        xq.cols() == w.cols() && out.n_tokens() == xq.n_tokens(),
         "packed reference: shapes do not match"
     );
     let kind = w.kind();
@@ -44,9 +44,9 @@ pub(crate) fn group(
     let plane = kind.plane();
     let has_min = kind.has_min();
     let records = w.group(g);
-    for (t, lanes) in out.chunks_exact_mut(GROUP_ROWS).enumerate() {
+    for t in 0..out.n_tokens() {
         let (q, scales) = (xq.q(t), xq.scales(t));
-        for (j, y) in lanes.iter_mut().enumerate() {
+        for j in 0..out.live() {
             let mut acc = 0.0f32;
             let mut off = 0.0f32;
             for (b, s) in scales.iter().enumerate() {
@@ -103,7 +103,7 @@ pub(crate) fn group(
                     off = scale(kind, records, at, head, 1, j).mul_add(s.sx, off);
                 }
             }
-            *y = if has_min { acc + off } else { acc };
+            out.set(t, j, if has_min { acc + off } else { acc });
         }
     }
 }

@@ -58,7 +58,7 @@ mod scale_tables;
 
 use crate::attention::{KvView, Partial, TileWork};
 use crate::isa::Isa;
-use crate::packed::{BlockScale, PackedMatrix, QuantizedRows};
+use crate::packed::{BlockScale, GroupOut, PackedMatrix, QuantizedRows};
 use crate::{dot16, packed, quant, DType};
 
 /// Scratch values per 32-column block that the int8 kernels need for a super-scaled kind's
@@ -74,7 +74,7 @@ type Dot4Fn = unsafe fn([&[f32]; 4], &[f32]) -> [f32; 4];
 type Dot4x2Fn = unsafe fn([&[f32]; 4], [&[f32]; 2]) -> [[f32; 4]; 2];
 type Dot4x4Fn = unsafe fn([&[f32]; 4], [&[f32]; 4]) -> [[f32; 4]; 4];
 type DotRowFn = unsafe fn(DType, &[u8], &[f32]) -> f32;
-type PackedFn = unsafe fn(&PackedMatrix, usize, &QuantizedRows, &mut [f32], &mut [f32]);
+type PackedFn = unsafe fn(&PackedMatrix, usize, &QuantizedRows, &mut GroupOut, &mut [f32]);
 type QuantizeFn = unsafe fn(&[f32], &mut [i8], &mut [BlockScale]);
 type DotRows4Fn = unsafe fn(DType, [&[u8]; 4], &[f32]) -> [f32; 4];
 
@@ -267,7 +267,7 @@ impl Kernels {
         w: &PackedMatrix,
         g: usize,
         xq: &QuantizedRows,
-        out: &mut [f32],
+        out: &mut GroupOut,
         scales: &mut [f32],
     ) {
         // SAFETY: as in `dequantize_row`; the kernel asserts the shapes.

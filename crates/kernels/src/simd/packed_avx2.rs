@@ -20,7 +20,9 @@
 
 use std::arch::x86_64::*;
 
-use crate::packed::{BlockScale, PackedMatrix, QuantizedRows, BLOCK, GROUP_ROWS, SUPER_RECORDS};
+use crate::packed::{
+    BlockScale, GroupOut, PackedMatrix, QuantizedRows, BLOCK, GROUP_ROWS, SUPER_RECORDS,
+};
 
 use super::group_prefetch::GroupPrefetch;
 use super::scale_tables::ScaleTables;
@@ -31,7 +33,8 @@ const TILE: usize = 4;
 /// Rows per `ymm` of `i32`: a group is two halves.
 const HALF: usize = GROUP_ROWS / 2;
 
-/// `out[t·16 + j] = W[16g + j] · x[t]` for every token of `xq` (as `packed::reference::group`).
+/// `out[t, j] = W[16g + j] · x[t]` for every token of `xq` and live row `j` (as
+/// `packed::reference::group`).
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C. Shapes are asserted.
@@ -40,11 +43,11 @@ pub(super) unsafe fn group(
     w: &PackedMatrix,
     g: usize,
     xq: &QuantizedRows,
-    out: &mut [f32],
+    out: &mut GroupOut,
     scales: &mut [f32],
 ) {
     assert!(
-        xq.cols() == w.cols() && out.len() == xq.n_tokens() * GROUP_ROWS,
+        xq.cols() == w.cols() && out.n_tokens() == xq.n_tokens(),
         "packed avx2: shapes do not match"
     );
     with_kind_flags!(w.kind(), tiles(w, g, xq, out, scales))
@@ -95,7 +98,7 @@ unsafe fn tile<
     t0: usize,
     fetch: GroupPrefetch,
     tables: ScaleTables,
-    out: &mut [f32],
+    out: &mut GroupOut,
 ) {
     let (layout, quants) = (w.kind().layout(), w.kind().quant_bytes());
     // `c` of the module docs (Q8_0's is folded into the signed weights instead).
@@ -271,15 +274,24 @@ unsafe fn tile<
             }
         }
     }
+    // The live lanes only: a last group's padding rows have no place in the output.
+    let live = out.live();
+    let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for t in 0..T {
+        let p = out.token(t0 + t);
         for h in 0..2 {
             let y = if MIN {
                 _mm256_add_ps(acc[t][h], off[t][h])
             } else {
                 acc[t][h]
             };
-            let at = (t0 + t) * GROUP_ROWS + h * HALF;
-            _mm256_storeu_ps(out[at..at + HALF].as_mut_ptr(), y);
+            if live == GROUP_ROWS {
+                _mm256_storeu_ps(p.add(h * HALF), y);
+            } else {
+                // Lanes below `live − h·8` (a mask lane's top bit set where it is).
+                let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((live - h * HALF) as i32), lane);
+                _mm256_maskstore_ps(p.add(h * HALF), mask, y);
+            }
         }
     }
 }

@@ -44,7 +44,7 @@ macro_rules! define_tiles {
             w: &PackedMatrix,
             g: usize,
             xq: &QuantizedRows,
-            out: &mut [f32],
+            out: &mut GroupOut,
             scales: &mut [f32],
         ) {
             let n = xq.n_tokens();

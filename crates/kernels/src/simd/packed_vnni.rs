@@ -8,7 +8,9 @@
 
 use std::arch::x86_64::*;
 
-use crate::packed::{BlockScale, PackedMatrix, QuantizedRows, BLOCK, GROUP_ROWS, SUPER_RECORDS};
+use crate::packed::{
+    BlockScale, GroupOut, PackedMatrix, QuantizedRows, BLOCK, GROUP_ROWS, SUPER_RECORDS,
+};
 use crate::quant::IQ4_LEVELS;
 
 use super::group_prefetch::GroupPrefetch;
@@ -18,7 +20,8 @@ use super::PACKED_SCALES_PER_BLOCK as PER_BLOCK;
 /// Tokens whose sums advance together over one decoded weight record.
 const TILE: usize = 4;
 
-/// `out[t·16 + j] = W[16g + j] · x[t]` for every token of `xq` (as `packed::reference::group`).
+/// `out[t, j] = W[16g + j] · x[t]` for every token of `xq` and live row `j` (as
+/// `packed::reference::group`).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F, BW, VL and VNNI, and F16C. Shapes are asserted.
@@ -27,11 +30,11 @@ pub(super) unsafe fn group(
     w: &PackedMatrix,
     g: usize,
     xq: &QuantizedRows,
-    out: &mut [f32],
+    out: &mut GroupOut,
     scales: &mut [f32],
 ) {
     assert!(
-        xq.cols() == w.cols() && out.len() == xq.n_tokens() * GROUP_ROWS,
+        xq.cols() == w.cols() && out.n_tokens() == xq.n_tokens(),
         "packed vnni: shapes do not match"
     );
     with_kind_flags!(w.kind(), tiles(w, g, xq, out, scales))
@@ -90,7 +93,7 @@ unsafe fn tile<
     t0: usize,
     fetch: GroupPrefetch,
     tables: ScaleTables,
-    out: &mut [f32],
+    out: &mut GroupOut,
 ) {
     let (layout, quants) = (w.kind().layout(), w.kind().quant_bytes());
     let bias = w.kind().weight_bias();
@@ -211,14 +214,15 @@ unsafe fn tile<
             }
         }
     }
+    // The live lanes only: a last group's padding rows have no place in the output.
+    let live = (1u32 << out.live()) - 1;
     for t in 0..T {
         let y = if MIN {
             _mm512_add_ps(acc[t], off[t])
         } else {
             acc[t]
         };
-        let at = (t0 + t) * GROUP_ROWS;
-        _mm512_storeu_ps(out[at..at + GROUP_ROWS].as_mut_ptr(), y);
+        _mm512_mask_storeu_ps(out.token(t0 + t), live as __mmask16, y);
     }
 }
 
