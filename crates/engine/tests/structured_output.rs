@@ -13,7 +13,9 @@
 //! - a dead end (the grammar is complete but `min_tokens` forbids EOS) ends that request with
 //!   an error and nothing else; bad grammars are typed errors naming the field;
 //! - constrained beam search: every hypothesis is a complete match at widths 1, 2 and 4, and
-//!   width 1 is constrained greedy decoding.
+//!   width 1 is constrained greedy decoding;
+//! - grammars as deep as the size limit allows (chains of Lark rules, of `$ref`s) compile
+//!   and constrain generation on a thread with a small stack.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -387,4 +389,72 @@ fn bad_grammars_name_the_field() {
         compiler.compile(&big, "guided_regex", 50),
         Err(ConstraintError::TooLarge { .. })
     ));
+}
+
+/// A Lark grammar of `r0: r1`, `r1: r2`, … as long as `max` bytes allow.
+fn chained_lark(max: usize) -> String {
+    let mut g = String::from("start: r0\n");
+    let mut i = 0;
+    while g.len() + 64 < max {
+        g.push_str(&format!("r{i}: r{}\n", i + 1));
+        i += 1;
+    }
+    g.push_str(&format!("r{i}: \"a\"\n"));
+    g
+}
+
+/// A JSON schema whose `$ref`s chain through as many definitions as `max` bytes allow.
+fn chained_refs(max: usize) -> serde_json::Value {
+    let mut defs = serde_json::Map::new();
+    let mut size = 64;
+    let mut i = 0;
+    while size + 64 < max {
+        let next = serde_json::json!({ "$ref": format!("#/$defs/d{}", i + 1) });
+        size += format!("\"d{i}\":{next},").len();
+        defs.insert(format!("d{i}"), next);
+        i += 1;
+    }
+    defs.insert(format!("d{i}"), serde_json::json!({"type": "integer"}));
+    serde_json::json!({ "$ref": "#/$defs/d0", "$defs": defs })
+}
+
+/// Runs `f` on a thread with a 2 MiB stack (a tokio blocking thread's, where the server
+/// compiles; the engine thread's too).
+fn on_small_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn_scoped(s, f)
+            .expect("a thread")
+            .join()
+            .expect("no panic")
+    })
+}
+
+/// Grammars as deep as the size limit lets them be (a chain of thousands of Lark rules, of
+/// `$ref`s) compile from a thread with a small stack, and constrain generation there: the
+/// only output either allows ("a", a number) comes out. (llguidance recurses through the
+/// chain: on the caller's stack this overflowed, which aborts the whole process.)
+#[test]
+fn grammars_as_deep_as_the_size_limit_allows_compile_on_a_small_stack() {
+    let tok = tokenizer();
+    let compiler = ConstraintCompiler::new(&tok).expect("vocabulary");
+    type Allowed = fn(&str) -> bool;
+    let cases: [(GrammarSpec, Allowed); 2] = [
+        (GrammarSpec::Lark(chained_lark(MAX_BYTES)), |t| t == "a"),
+        (GrammarSpec::JsonSchema(chained_refs(MAX_BYTES)), |t| {
+            t.parse::<i64>().is_ok()
+        }),
+    ];
+    for (spec, allowed) in cases {
+        assert!(spec.size() <= MAX_BYTES, "{}", spec.size());
+        assert!(spec.size() > MAX_BYTES - 100, "{}", spec.size());
+        let out = on_small_stack(|| {
+            let c = compile(&compiler, &spec);
+            run(&mut engine(&tok, 512), &[(request(&tok, Some(c), 5), 1)])
+        });
+        let (text, reason) = (text(&tok, &out[0]), &out[0].1);
+        assert_eq!(*reason, FinishReason::Stop, "{text:?}");
+        assert!(allowed(&text), "{text:?}");
+    }
 }

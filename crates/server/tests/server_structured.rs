@@ -5,7 +5,8 @@
 //! `guided_*` on both endpoints, stream ≡ non-stream, the client's `parse` with a Pydantic
 //! model, 400s naming the field, tool calls (`required`, named, streamed, a result in the
 //! history).
-//! Plus the raw-HTTP 400s (grammars, the size limit, tools) and a dead end, without Python.
+//! Plus the raw-HTTP 400s (grammars, the size limit, tools), a dead end, and grammars as deep
+//! as the size limit allows, without Python.
 
 mod server_common;
 
@@ -103,6 +104,58 @@ fn a_grammar_dead_end_fails_that_request_only() {
         &json!({"prompt": "x", "guided_choice": ["x", "y"], "max_tokens": 8}),
     );
     assert_eq!(r.status, 200, "{}", r.body);
+    wait_health(addr, std::time::Duration::from_secs(5), idle);
+    server.shutdown().expect("clean shutdown");
+}
+
+/// A chain of Lark rules and one of schema `$ref`s, each just under the default 64 KiB
+/// limit: llguidance recurses through such chains, which overflowed the stack of the thread
+/// compiling them and aborted the server. Both compile and constrain their completions.
+#[test]
+fn grammars_as_deep_as_the_size_limit_allows_are_served() {
+    let server = start_server(&fixture_path(), |_| {});
+    let addr = server.addr();
+    let limit = tandem_server::limits::DEFAULT_MAX_GRAMMAR_BYTES;
+    let rules = (limit - 100) / "r0000: r0001\n".len();
+    let lark: String = (0..rules)
+        .map(|i| format!("r{i:04}: r{:04}\n", i + 1))
+        .chain([format!("start: r0000\nr{rules:04}: \"a\"\n")])
+        .collect();
+    let refs = (limit - 100) / r##""d0000":{"$ref":"#/$defs/d0001"},"##.len();
+    let mut defs: serde_json::Map<String, serde_json::Value> = (0..refs)
+        .map(|i| {
+            (
+                format!("d{i:04}"),
+                json!({"$ref": format!("#/$defs/d{:04}", i + 1)}),
+            )
+        })
+        .collect();
+    defs.insert(format!("d{refs:04}"), json!({"type": "integer"}));
+    let schema = json!({"$ref": "#/$defs/d0000", "$defs": defs});
+    let cases = [
+        json!({"structured_outputs": {"grammar": lark}}),
+        json!({"guided_json": schema}),
+    ];
+    for (i, case) in cases.into_iter().enumerate() {
+        let mut body = json!({"prompt": "x", "max_tokens": 12, "temperature": 1.0, "seed": 7});
+        body.as_object_mut()
+            .expect("an object")
+            .extend(case.as_object().expect("an object").clone());
+        let r = post(addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let text = r.json()["choices"][0]["text"].as_str().map(str::to_string);
+        let text = text.expect("a text");
+        let allowed = if i == 0 {
+            text == "a"
+        } else {
+            text.is_empty()
+                || text
+                    .trim_start_matches('-')
+                    .chars()
+                    .all(|c| c.is_ascii_digit())
+        };
+        assert!(allowed, "{text:?}");
+    }
     wait_health(addr, std::time::Duration::from_secs(5), idle);
     server.shutdown().expect("clean shutdown");
 }

@@ -52,6 +52,9 @@ pub enum ConstraintError {
     /// The tokenizer could not be turned into a token trie.
     #[error("cannot build the constraint vocabulary: {0}")]
     Vocabulary(String),
+    /// No thread could be started for the compile (the system is out of threads or memory).
+    #[error("cannot start a grammar compile: {0}")]
+    Thread(String),
 }
 
 /// What a request asks its output to match.
@@ -192,6 +195,25 @@ impl ConstraintCompiler {
             });
         }
         let grammar = spec.to_grammar(field)?;
+        // llguidance walks a grammar's rules and a schema's references recursively, so a
+        // hostile chain of them needs stack in proportion to its size: the compile gets a
+        // thread of its own whose stack grows with the grammar, whatever thread calls.
+        std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name("grammar-compile".into())
+                .stack_size(compile_stack_bytes(size))
+                .spawn_scoped(s, || self.compile_grammar(grammar, field))
+                .map_err(|e| ConstraintError::Thread(e.to_string()))?
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+
+    fn compile_grammar(
+        &self,
+        grammar: TopLevelGrammar,
+        field: &'static str,
+    ) -> Result<Constraint, ConstraintError> {
         let parser = self
             .factory
             .create_parser(grammar)
@@ -212,6 +234,14 @@ impl ConstraintCompiler {
             vocab_size: self.vocab_size,
         })))
     }
+}
+
+/// The stack of a compile of a `size`-byte grammar: 8 MiB and 1 KiB per byte. A chain of
+/// Lark rules or of schema `$ref`s 64 KiB long compiled in 9–17 MiB (release build), so the
+/// default `--max-grammar-bytes` gets over 4 times what it needs. Only the pages a compile
+/// touches are ever committed.
+fn compile_stack_bytes(size: usize) -> usize {
+    (8 << 20) + size.saturating_mul(1 << 10)
 }
 
 /// The factory's limits: llguidance's defaults with a smaller lexer budget, so one mask

@@ -167,7 +167,9 @@ pub async fn compile_into(
             plan.sampling.constraint = Some(c);
             Ok(())
         }
-        Err(ConstraintError::Vocabulary(m)) => Err(ApiError::internal(m)),
+        Err(e @ (ConstraintError::Vocabulary(_) | ConstraintError::Thread(_))) => {
+            Err(ApiError::internal(e.to_string()))
+        }
         Err(e @ (ConstraintError::Invalid { .. } | ConstraintError::TooLarge { .. })) => {
             Err(ApiError::field(field, e.to_string()))
         }
