@@ -63,6 +63,10 @@ pub enum ModelError {
     Tokenizer(String),
     #[error("chat template: {0}")]
     ChatTemplate(String),
+    /// The chat template spent its budget for one rendering (a fault of the template, not of
+    /// the conversation).
+    #[error("chat template: over its budget for one rendering: {0}")]
+    ChatTemplateBudget(String),
     #[error("invalid forward batch: {0}")]
     Batch(String),
     #[error("input of {num_tokens} tokens exceeds the model's context length of {context_len}")]

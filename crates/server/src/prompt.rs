@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use tandem_model::batch::TokenId;
 use tandem_model::chat_template::{ChatMessage, ChatTemplate};
+use tandem_model::error::ModelError;
 use tandem_model::tokenizer::Tokenizer;
 
 use crate::error::{ApiError, ApiResult, ServerError};
@@ -74,7 +75,7 @@ impl PromptBuilder {
         let text = self
             .template()?
             .render(messages, add_generation_prompt)
-            .map_err(|e| ApiError::field("messages", e))?;
+            .map_err(rendering_error)?;
         self.text(&text, false, "messages")
     }
 
@@ -88,7 +89,7 @@ impl PromptBuilder {
         let text = self
             .template()?
             .render_json(messages, tools, add_generation_prompt)
-            .map_err(|e| ApiError::field("messages", e))?;
+            .map_err(rendering_error)?;
         self.text(&text, false, "messages")
     }
 
@@ -102,5 +103,14 @@ impl PromptBuilder {
             )),
             None => Ok(()),
         }
+    }
+}
+
+/// A failed rendering: the conversation's fault (400 naming `messages`: the template raised,
+/// or cannot render what was sent), or the template's own (500: it spent its budget).
+fn rendering_error(e: ModelError) -> ApiError {
+    match e {
+        ModelError::ChatTemplateBudget(_) => ApiError::internal(e.to_string()),
+        e => ApiError::field("messages", e),
     }
 }

@@ -185,3 +185,32 @@ fn repeated_keys_in_a_body_are_a_400() {
     assert!(idle(&get(addr, "/health").json()));
     server.shutdown().expect("clean shutdown");
 }
+
+/// A chat template from the model file (untrusted input) that never ends fails each chat
+/// request with a 500 (the model's fault, not the request's) within its budget, instead of
+/// holding a request thread for hours; completions and later chats are served.
+#[test]
+fn a_chat_template_that_never_ends_fails_its_requests_and_nothing_else() {
+    let (engine, tokenizer, _) = engine(load(&fixture_path()), 256);
+    let hostile =
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+    let mut config = tandem_server::ServerConfig::new("test-model");
+    config.addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let server = tandem_server::start(engine, tokenizer, Some(hostile.into()), config)
+        .expect("server starts");
+    let addr = server.addr();
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    for path in ["/v1/chat/completions", "/tokenize"] {
+        let r = post(addr, path, &chat);
+        assert_error(&r, 500, None);
+        assert!(r.body.contains("fuel"), "{}", r.body);
+    }
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "hi", "max_tokens": 2}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(idle(&get(addr, "/health").json()));
+    server.shutdown().expect("clean shutdown");
+}

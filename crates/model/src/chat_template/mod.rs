@@ -5,7 +5,14 @@
 //! and dict methods (`.strip()`, `.startswith()`, `.items()`, ...), `raise_exception(msg)`,
 //! `strftime_now(fmt)`, a `tojson` filter that writes like Python's `json.dumps`, and the
 //! variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`.
+//!
+//! A template comes from the model file, which is untrusted input, and renders on a server's
+//! request threads: each rendering runs on a budget (`budget.rs`: fuel in proportion to the
+//! conversation's size, a cap on the text),
+//! so a template that loops without end or writes without end fails that request
+//! ([`ModelError::ChatTemplateBudget`]) instead of holding a thread or filling memory.
 
+mod budget;
 mod py_json;
 mod strftime;
 
@@ -137,8 +144,11 @@ impl ChatTemplate {
         tools: Option<Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
-        let template = self
-            .env
+        let input = budget::json_bytes(&messages) + tools.as_ref().map_or(0, budget::json_bytes);
+        let fuel = budget::render_fuel(input);
+        let mut env = self.env.clone();
+        env.set_fuel(Some(fuel));
+        let template = env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| jinja_err("template missing", &e))?;
         let context = minijinja::context! {
@@ -148,9 +158,18 @@ impl ChatTemplate {
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
         };
-        template
-            .render(context)
-            .map_err(|e| jinja_err("cannot render conversation", &e))
+        let mut out = budget::CappedText::default();
+        let rendered = template.render_captured_to(context, &mut out).map(drop);
+        match rendered {
+            Ok(()) => out.into_string(),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(ModelError::ChatTemplateBudget(
+                format!("{fuel} units of fuel for a conversation of {input} bytes ran out"),
+            )),
+            Err(e) if e.kind() == ErrorKind::WriteFailure => Err(ModelError::ChatTemplateBudget(
+                format!("the text passed {} bytes", budget::MAX_RENDERED_BYTES),
+            )),
+            Err(e) => Err(jinja_err("cannot render conversation", &e)),
+        }
     }
 }
 
@@ -188,6 +207,33 @@ mod tests {
         let err = render(src, &[ChatMessage::new("user", "x")], false).expect_err("raises");
         assert!(err.to_string().contains("need a system turn"), "{err}");
         assert!(ChatTemplate::new("{% if %}", None, None).is_err());
+    }
+
+    /// A template from a hostile or broken model file that never ends (10^10 iterations)
+    /// or writes without end (10^13 bytes) fails within its budget, as a budget error.
+    #[test]
+    fn templates_that_never_end_stop_within_their_budget() {
+        let msgs = [ChatMessage::new("user", "hi")];
+        for src in [
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "{% for i in range(100000) %}{{ 'x' * 100000000 }}{% endfor %}",
+        ] {
+            match render(src, &msgs, true) {
+                Err(ModelError::ChatTemplateBudget(m)) => eprintln!("{m}"),
+                other => panic!("{src}: {other:?}"),
+            }
+        }
+    }
+
+    /// The budget grows with the conversation: Gemma 3's template renders 20,000 turns (a
+    /// fixed budget fit for short conversations would refuse them).
+    #[test]
+    fn long_conversations_render_within_their_budget() {
+        let msgs: Vec<ChatMessage> = (0..20_000)
+            .map(|i| ChatMessage::new(["user", "assistant"][i % 2], "a short turn"))
+            .collect();
+        let out = render(GEMMA3_TEMPLATE, &msgs, true).expect("renders");
+        assert_eq!(out.matches("<start_of_turn>").count(), 20_001);
     }
 
     #[test]
