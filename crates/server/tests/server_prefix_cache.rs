@@ -1,7 +1,8 @@
 //! The prefix cache over HTTP (ARCHITECTURE.md § Invariants, 4): a repeated prompt reports its
 //! cached tokens in `usage.prompt_tokens_details.cached_tokens` and answers exactly as when cold —
 //! for generation, for `echo` + `logprobs` scoring and for `/v1/score` with a context and several
-//! continuations; `cache_salt` isolates tenants; `POST /reset_prefix_cache` empties it.
+//! continuations; `cache_salt` isolates tenants, in generation and in `/v1/score`; `POST
+//! /reset_prefix_cache` empties it.
 
 mod server_common;
 
@@ -191,17 +192,55 @@ fn score_continuations_of_a_cached_context_equal_the_cold_scores() {
     }
 }
 
+/// `/v1/score` takes `cache_salt` as generation does: a salted score fills and reads only
+/// its tenant's cached prefixes.
+#[test]
+fn a_salted_score_shares_cached_prefixes_only_with_its_salt() {
+    let server = start_server(&fixture_path(), |_| {});
+    let addr = server.addr();
+    let score = |salt: Value| {
+        let r = post(
+            addr,
+            "/v1/score",
+            &json!({"input": [prompt()], "cache_salt": salt}),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["data"].clone()
+    };
+    let salted = score(json!("tenant-a"));
+    assert_eq!(
+        cached(&complete(addr, json!({}))),
+        0,
+        "an unsalted request never sees a salted score's blocks"
+    );
+    assert_eq!(
+        cached(&complete(addr, json!({"cache_salt": "tenant-b"}))),
+        0
+    );
+    assert_eq!(
+        cached(&complete(addr, json!({"cache_salt": "tenant-a"}))),
+        32,
+        "the salted score filled its tenant's cache"
+    );
+    assert_eq!(score(json!("tenant-a")), salted, "warm = cold");
+    wait_health(addr, std::time::Duration::from_secs(10), idle);
+}
+
 #[test]
 fn bad_cache_salt_is_a_400_naming_the_field() {
     let server = start_server(&fixture_path(), |_| {});
     let long = "x".repeat(300);
     for salt in [json!(""), json!(long)] {
-        let r = post(
-            server.addr(),
-            "/v1/completions",
-            &json!({"prompt": "hi", "max_tokens": 1, "cache_salt": salt}),
-        );
-        assert_eq!(r.status, 400, "{}", r.body);
-        assert_eq!(r.json()["error"]["param"], "cache_salt");
+        for (path, body) in [
+            (
+                "/v1/completions",
+                json!({"prompt": "hi", "max_tokens": 1, "cache_salt": salt}),
+            ),
+            ("/v1/score", json!({"input": "hi", "cache_salt": salt})),
+        ] {
+            let r = post(server.addr(), path, &body);
+            assert_eq!(r.status, 400, "{path}: {}", r.body);
+            assert_eq!(r.json()["error"]["param"], "cache_salt", "{path}");
+        }
     }
 }

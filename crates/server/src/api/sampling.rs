@@ -20,6 +20,17 @@ pub const MAX_STOP_TOKEN_IDS: usize = 64;
 /// Longest `cache_salt`, in bytes.
 pub const MAX_CACHE_SALT_BYTES: usize = 256;
 
+/// `cache_salt`, when given, is 1 to [`MAX_CACHE_SALT_BYTES`] bytes.
+pub(super) fn check_cache_salt(salt: Option<&str>) -> ApiResult<()> {
+    match salt {
+        Some(s) if s.is_empty() || s.len() > MAX_CACHE_SALT_BYTES => Err(ApiError::field(
+            "cache_salt",
+            format!("must be 1 to {MAX_CACHE_SALT_BYTES} bytes, got {}", s.len()),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// `stop` as one string or a list, as in the OpenAI API.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
@@ -136,17 +147,7 @@ impl GenerationPlan {
                 format!("at most {max_k} alternatives, got {k}"),
             ));
         }
-        if let Some(salt) = &f.cache_salt {
-            if salt.is_empty() || salt.len() > MAX_CACHE_SALT_BYTES {
-                return Err(ApiError::field(
-                    "cache_salt",
-                    format!(
-                        "must be 1 to {MAX_CACHE_SALT_BYTES} bytes, got {}",
-                        salt.len()
-                    ),
-                ));
-            }
-        }
+        check_cache_salt(f.cache_salt.as_deref())?;
         let stop_token_ids = f.stop_token_ids.clone().unwrap_or_default();
         if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
             return Err(ApiError::field(

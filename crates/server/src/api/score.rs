@@ -13,10 +13,11 @@
 //! plus optional `top_logprobs` (alternatives per position, default 0, at most 20),
 //! `add_special_tokens` (default true: text inputs and the context get the model's special
 //! tokens — BOS when its metadata asks for it — like `tandem score`; continuations never
-//! do) and `model`. Refused with 400: no or both input forms, an item without tokens, more
-//! items than the server's `max_score_items`, an item longer than the maximum model length
-//! (the message names both lengths), token ids outside the vocabulary, `top_logprobs` over
-//! its bound.
+//! do), `cache_salt` (as in generation requests: cached prefixes are shared only between
+//! requests of the same salt) and `model`. Refused with 400: no or both input forms, an item
+//! without tokens, more items than the server's `max_score_items`, an item longer than the
+//! maximum model length (the message names both lengths), token ids outside the vocabulary,
+//! `top_logprobs` over its bound, an empty or overlong `cache_salt`.
 //!
 //! **Response**:
 //! ```json
@@ -53,6 +54,7 @@ use tandem_engine::RequestParams;
 use tandem_model::batch::TokenId;
 
 use super::body::{fields, json_object};
+use super::sampling::check_cache_salt;
 use super::score_format::{item_json, ScoredItem};
 use super::App;
 use crate::engine_thread::GroupEvent;
@@ -69,6 +71,8 @@ struct ScoreFields {
     continuations: Option<Value>,
     top_logprobs: Option<u32>,
     add_special_tokens: Option<bool>,
+    /// As in generation requests: only requests with the same salt share cached prefixes.
+    cache_salt: Option<String>,
 }
 
 /// One sequence to score: its tokens, and how many leading ones are context (not reported).
@@ -105,8 +109,9 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
             format!("at most {max_k} alternatives, got {top_k}"),
         ));
     }
+    check_cache_salt(f.cache_salt.as_deref())?;
     let items = parse_items(&app, &f)?;
-    let scores = run_items(&app, &items, top_k).await?;
+    let scores = run_items(&app, &items, top_k, f.cache_salt.as_deref()).await?;
     let data: Vec<Value> = items
         .iter()
         .zip(scores)
@@ -276,12 +281,14 @@ fn check_items(app: &App, items: &[Item], param: &str) -> ApiResult<()> {
     Ok(())
 }
 
-/// Runs every item as a prompt-only engine request; returns each item's prompt scores
-/// (prompt indices `1..`).
+/// Runs every item as a prompt-only engine request (sharing cached prefixes only with
+/// requests of the same `cache_salt`); returns each item's prompt scores (prompt indices
+/// `1..`).
 async fn run_items(
     app: &App,
     items: &[Item],
     top_k: usize,
+    cache_salt: Option<&str>,
 ) -> ApiResult<Vec<Vec<PromptTokenLogprob>>> {
     let requests = items
         .iter()
@@ -291,6 +298,7 @@ async fn run_items(
                 sampling: SamplingParams::greedy(),
                 limits: RequestParams {
                     max_tokens: 0,
+                    cache_salt: cache_salt.map(str::to_string),
                     ..RequestParams::default()
                 },
                 sample_index: 0,
