@@ -14,7 +14,7 @@ use tandem_engine::{FinishReason, RequestParams};
 use tandem_model::batch::TokenId;
 use tandem_model::tokenizer::Tokenizer;
 use tandem_text::{
-    BeamText, Finish, OutputProcessor, RequestDelta, RequestOutput, TextOptions, TextRequest,
+    BeamText, OutputProcessor, RequestDelta, RequestOutput, TextOptions, TextRequest,
 };
 
 /// One prompt to run: `n` samples sharing the prompt's KV blocks, or a beam search.
@@ -175,9 +175,7 @@ fn record(res: &mut JobResult, delta: RequestDelta) -> bool {
         return false;
     };
     res.finish_reason = finish.as_str().into();
-    if let Finish::Error(e) = finish {
-        res.error = Some(e);
-    }
+    res.error = finish.failure().map(str::to_string);
     true
 }
 

@@ -340,7 +340,7 @@ impl Engine {
         &mut self,
         step: u64,
         forwarded: std::result::Result<sampling::StepSamples, ModelError>,
-        mut failed: Vec<(SeqId, String)>,
+        mut failed: Vec<(SeqId, FinishReason)>,
     ) -> Result<Vec<EngineEvent>> {
         let (events, sampled) = match forwarded {
             Ok(samples) => {

@@ -34,8 +34,20 @@ pub enum FinishReason {
     Length,
     /// The client aborted it.
     Abort,
-    /// The step computing it failed.
+    /// The step computing it failed (a fault of the engine or the model).
     Error(String),
+    /// The request's own parameters left nothing to sample: its grammar reached a dead end
+    /// (complete while `min_tokens` forbids EOS), or every token was suppressed. The
+    /// request's fault (a server answers 400), found only when its row came to be sampled.
+    Refused(String),
+}
+
+impl FinishReason {
+    /// Whether the request ended in failure ([`FinishReason::Error`] or
+    /// [`FinishReason::Refused`]).
+    pub fn is_failure(&self) -> bool {
+        matches!(self, FinishReason::Error(_) | FinishReason::Refused(_))
+    }
 }
 
 /// Where a sequence is in its life.

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use tandem_engine::beam_search::{BeamHypothesis, BeamParams};
 use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
 use tandem_engine::sampler::SamplingParams;
-use tandem_engine::{FinishReason, RequestParams, SchedulerConfig, SeqId};
+use tandem_engine::{RequestParams, SchedulerConfig, SeqId};
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, TokenId};
 use tandem_model::kv_store::KvStore;
 use tandem_model::transformer::Model;
@@ -139,7 +139,7 @@ fn drain(
                     tokens.entry(seq_id).or_default().push(token);
                 }
                 EngineEvent::Finished { seq_id, reason } if beam_ids.contains(&seq_id) => {
-                    assert!(!matches!(reason, FinishReason::Error(_)), "{reason:?}");
+                    assert!(!reason.is_failure(), "{reason:?}");
                     let h = engine
                         .take_beam_result(seq_id)
                         .expect("result after Finished");

@@ -71,7 +71,7 @@ fn run_aborting(
                     out.tokens.push(Tok::of(token, logprob, &top_logprobs));
                 }
                 EngineEvent::Finished { seq_id, reason } => {
-                    assert!(!matches!(reason, FinishReason::Error(_)), "{reason:?}");
+                    assert!(!reason.is_failure(), "{reason:?}");
                     let (i, j) = slot[&seq_id];
                     let out = &mut outs[i][j];
                     assert!(out.finish.is_none(), "{seq_id:?} finished twice");

@@ -305,11 +305,11 @@ fn a_dead_end_ends_only_its_request() {
     let free = request(&tok, None, 2);
     let outs = run(&mut engine(&tok, 512), &[(stuck, 1), (free, 1)]);
     match &outs[0].1 {
-        FinishReason::Error(m) => assert!(m.contains("grammar"), "{m}"),
+        FinishReason::Refused(m) => assert!(m.contains("grammar"), "{m}"),
         other => panic!("expected an error, got {other:?}"),
     }
     assert_eq!(text(&tok, &outs[0]), "x");
-    assert!(!matches!(outs[1].1, FinishReason::Error(_)));
+    assert!(!outs[1].1.is_failure());
 }
 
 /// Runs one beam search request to its end: how it ended and its hypotheses.
@@ -347,7 +347,7 @@ fn constrained_beams_end_in_matches_and_width_one_is_constrained_greedy() {
         for (width, seed) in [(1, 0), (2, 1), (4, 2)] {
             let req = request(&tok, Some(c.clone()), seed);
             let (end, hyps) = beam(&mut engine(&tok, 1024), req.clone(), width);
-            assert!(!matches!(end, FinishReason::Error(_)), "spec {k}: {end:?}");
+            assert!(!end.is_failure(), "spec {k}: {end:?}");
             assert!(!hyps.is_empty() && hyps.len() <= width);
             for h in &hyps {
                 // With 160 tokens of room every hypothesis completes its grammar.

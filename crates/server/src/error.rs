@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tandem_engine::sampler::SamplerError;
 use tandem_engine::EngineError;
+use tandem_text::Finish;
 
 /// Why the server could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +145,17 @@ impl ApiError {
             kind: "rate_limit_error",
             param: None,
             code: Some("grammar_compilers_busy"),
+        }
+    }
+
+    /// The answer to a request that failed while generating (`what`: what failed), if
+    /// `finish` is a failure: 400 when the request's own parameters left nothing to sample
+    /// (a grammar's dead end, every token suppressed), 500 for a fault of the engine or model.
+    pub fn failed(what: &str, finish: &Finish) -> Option<ApiError> {
+        match finish {
+            Finish::Refused(m) => Some(ApiError::bad_request(format!("{what}: {m}"), None)),
+            Finish::Error(m) => Some(ApiError::internal(format!("{what}: {m}"))),
+            _ => None,
         }
     }
 

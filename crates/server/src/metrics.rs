@@ -156,7 +156,7 @@ impl ServingMetrics {
             Finish::Stop => 0,
             Finish::Length => 1,
             Finish::Abort => 2,
-            Finish::Error(_) => 3,
+            Finish::Error(_) | Finish::Refused(_) => 3,
         };
         self.counters.finished[slot] += 1;
         self.counters

@@ -96,8 +96,24 @@ fn a_grammar_dead_end_fails_that_request_only() {
         "/v1/completions",
         &json!({"prompt": "x", "guided_choice": ["x"], "min_tokens": 5, "max_tokens": 8}),
     );
-    assert_eq!(r.status, 500, "{}", r.body);
+    // The request's own mistake, found while generating: a 400, not a fault of the server.
+    assert_error(&r, 400, None);
     assert!(r.body.contains("grammar allows no token"), "{}", r.body);
+    // Streamed, the 200 has gone out: the error arrives as a frame with the same body.
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "x", "guided_choice": ["x"], "min_tokens": 5, "max_tokens": 8,
+                "stream": true}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let frames = r.sse_data();
+    let error = frames
+        .iter()
+        .filter_map(|f| serde_json::from_str::<serde_json::Value>(f).ok())
+        .find(|v| v["error"].is_object())
+        .unwrap_or_else(|| panic!("no error frame: {frames:?}"));
+    assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
     let r = post(
         addr,
         "/v1/completions",

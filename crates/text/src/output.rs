@@ -18,16 +18,28 @@ pub enum Finish {
     Abort,
     /// The model, the engine or the text layer failed for this request.
     Error(String),
+    /// The request's own parameters left nothing to sample (a grammar's dead end, every
+    /// token suppressed): the client's mistake, found while generating.
+    Refused(String),
 }
 
 impl Finish {
-    /// The `finish_reason` string (an error reports `error`).
+    /// The `finish_reason` string (an error or a refusal reports `error`).
     pub fn as_str(&self) -> &'static str {
         match self {
             Finish::Stop => "stop",
             Finish::Length => "length",
             Finish::Abort => "abort",
-            Finish::Error(_) => "error",
+            Finish::Error(_) | Finish::Refused(_) => "error",
+        }
+    }
+
+    /// The failure's message, if the request failed ([`Finish::Error`] or
+    /// [`Finish::Refused`]).
+    pub fn failure(&self) -> Option<&str> {
+        match self {
+            Finish::Error(m) | Finish::Refused(m) => Some(m),
+            _ => None,
         }
     }
 }
@@ -39,6 +51,7 @@ impl From<FinishReason> for Finish {
             FinishReason::Length => Finish::Length,
             FinishReason::Abort => Finish::Abort,
             FinishReason::Error(e) => Finish::Error(e),
+            FinishReason::Refused(e) => Finish::Refused(e),
         }
     }
 }

@@ -45,8 +45,8 @@ struct Beam {
 pub(super) struct BeamGroup {
     search: BeamSearch,
     live: Vec<Beam>,
-    /// Set when a beam's step failed: the request ends with this error.
-    failed: Option<String>,
+    /// Set when a beam's step failed: how the request ends.
+    failed: Option<FinishReason>,
 }
 
 /// The engine's beam requests: groups by root id, and the root of every live beam.
@@ -133,8 +133,7 @@ impl Engine {
         // The `k` most likely tokens: read off the raw row in one pass without a grammar,
         // else from the log-softmax over the tokens the grammar allows.
         let candidates = match beam.constraint.as_mut() {
-            None => top_logprobs_of_row(logits.row(row), k)
-                .ok_or_else(|| "the logits hold NaN or infinity".to_string()),
+            None => top_logprobs_of_row(logits.row(row), k).ok_or_else(non_finite),
             Some(c) => {
                 constrained_log_probs(logits.row(row), c, &stop).map(|lp| top_k_logprobs(&lp, k))
             }
@@ -156,8 +155,8 @@ impl Engine {
         };
         let group = self.beams.groups.get_mut(root).expect("beam has a group");
         group.failed = Some(match reason {
-            FinishReason::Error(m) => m.clone(),
-            other => format!("{other:?}"),
+            FinishReason::Error(_) | FinishReason::Refused(_) => reason.clone(),
+            other => FinishReason::Error(format!("{other:?}")),
         });
         true
     }
@@ -169,15 +168,15 @@ impl Engine {
         let roots: Vec<SeqId> = self.beams.groups.keys().copied().collect();
         for root in roots {
             let group = &self.beams.groups[&root];
-            let reason = if let Some(m) = &group.failed {
-                Some(FinishReason::Error(m.clone()))
+            let reason = if let Some(failed) = &group.failed {
+                Some(failed.clone())
             } else if group.live.iter().all(|b| b.candidates.is_some()) {
                 self.select_beams(root)?
             } else {
                 None
             };
             if let Some(reason) = reason {
-                self.end_beam_request(root, matches!(reason, FinishReason::Error(_)));
+                self.end_beam_request(root, reason.is_failure());
                 events.push(EngineEvent::Finished {
                     seq_id: root,
                     reason,
@@ -264,22 +263,29 @@ fn constrained_log_probs(
     row: &[f32],
     constraint: &mut ConstraintState,
     stop: &[u32],
-) -> std::result::Result<Vec<f32>, String> {
+) -> std::result::Result<Vec<f32>, FinishReason> {
     if row.iter().any(|v| !v.is_finite()) {
-        return Err("the logits hold NaN or infinity".into());
+        return Err(non_finite());
     }
     let mut values: Vec<f64> = row.iter().map(|&v| f64::from(v)).collect();
-    constraint.apply(&mut values, stop)?;
+    // The grammar's dead end: the request's fault.
+    constraint
+        .apply(&mut values, stop)
+        .map_err(FinishReason::Refused)?;
     let allowed: Vec<usize> = (0..values.len())
         .filter(|&i| values[i] > f64::NEG_INFINITY)
         .collect();
     let kept: Vec<f32> = allowed.iter().map(|&i| row[i]).collect();
     let mut kept_lp = vec![0.0; kept.len()];
-    tandem_kernels::ops::log_softmax(&kept, &mut kept_lp)
-        .ok_or_else(|| "the logits hold NaN or infinity".to_string())?;
+    tandem_kernels::ops::log_softmax(&kept, &mut kept_lp).ok_or_else(non_finite)?;
     let mut out = vec![f32::NEG_INFINITY; row.len()];
     for (&i, &lp) in allowed.iter().zip(&kept_lp) {
         out[i] = lp;
     }
     Ok(out)
+}
+
+/// How a beam request whose row holds NaN or infinity ends: the model's fault.
+fn non_finite() -> FinishReason {
+    FinishReason::Error("the logits hold NaN or infinity".into())
 }

@@ -46,6 +46,7 @@ use crate::sampler::MAX_TOP_LOGPROBS;
 use crate::scheduler::Scheduler;
 use crate::sequence::{SeqId, SeqMap};
 use crate::step_plan::StepPlan;
+use crate::FinishReason;
 
 /// The score of one prompt token.
 #[derive(Debug, Clone, PartialEq)]
@@ -117,7 +118,7 @@ pub(super) struct Extracted {
     /// One event per sequence that got prompt rows (and per pending sibling of its group).
     pub(super) events: Vec<EngineEvent>,
     /// Sequences whose prompt rows were not finite, with the reason.
-    pub(super) failed: Vec<(SeqId, String)>,
+    pub(super) failed: Vec<(SeqId, FinishReason)>,
 }
 
 impl PromptLogprobs {
@@ -147,7 +148,7 @@ impl PromptLogprobs {
         plan: &StepPlan,
         scheduler: &Scheduler,
         runner: &mut dyn ModelRunner,
-    ) -> (Vec<EngineEvent>, Vec<(SeqId, String)>) {
+    ) -> (Vec<EngineEvent>, Vec<(SeqId, FinishReason)>) {
         let mut events = Vec::new();
         let mut failed = Vec::new();
         if self.pending.is_empty() {
@@ -168,7 +169,7 @@ impl PromptLogprobs {
             let logits = match runner.cached_logits(&s.block_table, lo..hi) {
                 Ok(logits) => logits,
                 Err(e) => {
-                    failed.push((s.seq_id, format!("prompt logprobs: {e}")));
+                    failed.push((s.seq_id, failure(&e)));
                     continue;
                 }
             };
@@ -184,7 +185,7 @@ impl PromptLogprobs {
                     p.next = r.first + r.len;
                     group_events(&mut events, scheduler, &r, entries);
                 }
-                Err(e) => failed.push((s.seq_id, format!("prompt logprobs: {e}"))),
+                Err(e) => failed.push((s.seq_id, failure(&e))),
             }
         }
         (events, failed)
@@ -248,7 +249,7 @@ impl PromptLogprobs {
                     p.next = r.first + r.len;
                     group_events(&mut events, scheduler, r, entries);
                 }
-                Err(e) => failed.push((r.seq_id, format!("prompt logprobs: {e}"))),
+                Err(e) => failed.push((r.seq_id, failure(&e))),
             }
         }
         let sampling = if logits.rows() == plan_rows {
@@ -350,4 +351,10 @@ fn select_rows(logits: &Logits, rows: &[usize]) -> Logits {
         data.extend_from_slice(logits.row(i));
     }
     Logits::new(rows.to_vec(), vocab, data)
+}
+
+/// How a sequence whose prompt logprobs could not be computed ends: the model's or the
+/// engine's fault.
+fn failure(e: &impl std::fmt::Display) -> FinishReason {
+    FinishReason::Error(format!("prompt logprobs: {e}"))
 }

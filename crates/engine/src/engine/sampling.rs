@@ -41,8 +41,8 @@ pub(super) struct StepSamples {
     /// The chosen tokens with their logprobs, for the events, in order per sequence (more
     /// than one when speculative drafts were accepted).
     pub(super) sampled: SeqMap<VecDeque<SampledToken>>,
-    /// Sequences whose row could not be sampled, with the reason.
-    pub(super) failed: Vec<(SeqId, String)>,
+    /// Sequences whose row could not be sampled, with how they end.
+    pub(super) failed: Vec<(SeqId, FinishReason)>,
 }
 
 /// One request's plain draw from a row of a step's logits (see
@@ -178,7 +178,7 @@ impl Engine {
                         });
                         out.sampled.insert(s.seq_id, VecDeque::from(tokens));
                     }
-                    Some(Err(e)) => out.failed.push((s.seq_id, e.to_string())),
+                    Some(Err(e)) => out.failed.push((s.seq_id, e.finish_reason())),
                     None => {}
                 }
                 continue;
@@ -189,8 +189,8 @@ impl Engine {
                 let Some(sampled) = drawn.remove(&id) else {
                     // Not reachable: every scheduled sequence and pending sibling has a
                     // request. Should it happen, that sequence fails, not the engine.
-                    out.failed
-                        .push((id, "the sequence has no sampler state".to_string()));
+                    let reason = FinishReason::Error("the sequence has no sampler state".into());
+                    out.failed.push((id, reason));
                     continue;
                 };
                 match sampled {
@@ -201,7 +201,7 @@ impl Engine {
                         });
                         out.sampled.insert(id, VecDeque::from([t]));
                     }
-                    Err(e) => out.failed.push((id, e.to_string())),
+                    Err(e) => out.failed.push((id, e.finish_reason())),
                 }
             }
         }
@@ -369,7 +369,7 @@ impl Engine {
                     }
                     out.sampled.insert(s.seq_id, VecDeque::from([t]));
                 }
-                Err(e) => out.failed.push((s.seq_id, e.to_string())),
+                Err(e) => out.failed.push((s.seq_id, e.finish_reason())),
             }
         }
         out
@@ -377,10 +377,9 @@ impl Engine {
 
     /// Ends the sequences whose row failed to sample (a group parent takes its pending
     /// siblings with it) and returns their `Finished` events.
-    pub(super) fn end_failed(&mut self, failed: Vec<(SeqId, String)>) -> Vec<SeqEvent> {
+    pub(super) fn end_failed(&mut self, failed: Vec<(SeqId, FinishReason)>) -> Vec<SeqEvent> {
         let mut events = Vec::new();
-        for (id, message) in failed {
-            let reason = FinishReason::Error(message);
+        for (id, reason) in failed {
             let mut ids = vec![id];
             ids.extend_from_slice(self.scheduler.pending_siblings(id));
             if self.scheduler.finish_early(id, reason.clone()).is_err() {

@@ -94,5 +94,6 @@ fn reason_word(r: &FinishReason) -> &'static str {
         FinishReason::Length => "length",
         FinishReason::Abort => "abort",
         FinishReason::Error(_) => "error",
+        FinishReason::Refused(_) => "refused",
     }
 }

@@ -2,6 +2,8 @@
 
 use thiserror::Error;
 
+use crate::FinishReason;
+
 /// Why a sampling parameter was rejected or a row could not be sampled.
 ///
 /// `InvalidParam` is a client mistake (the server maps it to HTTP 400 naming `field`);
@@ -31,6 +33,20 @@ pub enum SamplerError {
 }
 
 impl SamplerError {
+    /// How a sequence whose row failed with this error ends: refused for what the request
+    /// asked (a parameter, a grammar's dead end, every token suppressed), an error for what
+    /// the model produced.
+    pub fn finish_reason(&self) -> FinishReason {
+        match self {
+            SamplerError::InvalidParam { .. }
+            | SamplerError::NoCandidates
+            | SamplerError::Constraint(_) => FinishReason::Refused(self.to_string()),
+            SamplerError::NonFiniteLogits | SamplerError::EmptyLogits => {
+                FinishReason::Error(self.to_string())
+            }
+        }
+    }
+
     /// Shorthand for [`SamplerError::InvalidParam`].
     pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> SamplerError {
         SamplerError::InvalidParam {

@@ -127,7 +127,7 @@ impl Run {
                     out.tokens.push(Tok::of(token, logprob, &top));
                 }
                 EngineEvent::Finished { seq_id, reason } => {
-                    let failed = matches!(reason, FinishReason::Error(_));
+                    let failed = reason.is_failure();
                     assert!(!failed, "{seq_id:?} failed: {reason:?}");
                     let out = self.out(seq_id);
                     assert!(out.finish.is_none(), "{seq_id:?} finished twice");

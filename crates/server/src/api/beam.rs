@@ -77,10 +77,14 @@ pub async fn run(app: &App, plan: &GenerationPlan, req: BeamRequest<'_>) -> ApiR
         let RequestOutput::Delta(delta) = event.event else {
             continue;
         };
+        if let Some(err) = delta
+            .finish
+            .as_ref()
+            .and_then(|f| ApiError::failed("beam search failed", f))
+        {
+            return Err(err);
+        }
         match delta.finish {
-            Some(Finish::Error(e)) => {
-                return Err(ApiError::internal(format!("beam search failed: {e}")))
-            }
             Some(Finish::Abort) => return Err(ApiError::unavailable("the request was aborted")),
             Some(_) => break delta.beams,
             None => {}

@@ -21,7 +21,7 @@ use super::tools::ToolMode;
 use super::App;
 use crate::engine_thread::{SampleGroup, SubmitError};
 use crate::error::{ApiError, ApiResult};
-use crate::generation::{ChoiceUpdate, Finish, Generation, TokenInfo};
+use crate::generation::{ChoiceUpdate, Generation, TokenInfo};
 
 /// What an endpoint hands over once its request is validated.
 #[derive(Debug)]
@@ -105,8 +105,12 @@ pub async fn complete(
         c.text.push_str(&u.text);
         c.tokens.extend(u.tokens);
         c.prompt.extend(u.prompt);
-        if let Some(Finish::Error(e)) = &u.finish {
-            return ApiError::internal(format!("generation failed: {e}")).into_response();
+        if let Some(err) = u
+            .finish
+            .as_ref()
+            .and_then(|f| ApiError::failed("generation failed", f))
+        {
+            return err.into_response();
         }
         c.finish = u.finish;
     }
@@ -169,8 +173,11 @@ impl SseState {
             self.done = true;
             return true;
         };
-        if let Some(Finish::Error(e)) = &u.finish {
-            let err = ApiError::internal(format!("generation failed: {e}"));
+        if let Some(err) = u
+            .finish
+            .as_ref()
+            .and_then(|f| ApiError::failed("generation failed", f))
+        {
             self.queue.push_back(frame(&err.body()));
         }
         let role = !self.started[u.index];

@@ -345,11 +345,16 @@ async fn collect_scores(
             // `prompt_logprobs_start`.
             RequestOutput::Delta(delta) => {
                 scores[index].extend(delta.prompt_logprobs);
+                let what = format!("item {index} failed");
+                if let Some(err) = delta
+                    .finish
+                    .as_ref()
+                    .and_then(|f| ApiError::failed(&what, f))
+                {
+                    return Err(err);
+                }
                 match delta.finish {
                     Some(Finish::Length) => open -= 1,
-                    Some(Finish::Error(e)) => {
-                        return Err(ApiError::internal(format!("item {index} failed: {e}")))
-                    }
                     Some(_) => return Err(ApiError::unavailable("the request was aborted")),
                     None => {}
                 }
