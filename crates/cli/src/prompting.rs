@@ -107,8 +107,8 @@ impl PromptBuilder {
                     .template
                     .as_ref()
                     .context("the model has no chat template")?;
-                let text = template.render(m, true)?;
-                self.tokenizer.encode(&text, false)?
+                // Control tokens only from the template, never from a message's text.
+                template.encode(&self.tokenizer, &serde_json::to_value(m)?, None, true)?
             }
         };
         if ids.is_empty() {

@@ -72,25 +72,25 @@ impl PromptBuilder {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> ApiResult<Vec<TokenId>> {
-        let text = self
-            .template()?
-            .render(messages, add_generation_prompt)
-            .map_err(rendering_error)?;
-        self.text(&text, false, "messages")
+        let messages = serde_json::to_value(messages)
+            .map_err(|e| ApiError::internal(format!("messages as JSON: {e}")))?;
+        self.chat_json(&messages, None, add_generation_prompt)
     }
 
-    /// The ids of a conversation given as JSON messages, with the request's tools.
+    /// The ids of a conversation given as JSON messages, with the request's tools. Control
+    /// tokens come only from the template: special-token text in a message stays text
+    /// ([`ChatTemplate::encode`]).
     pub fn chat_json(
         &self,
         messages: &serde_json::Value,
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> ApiResult<Vec<TokenId>> {
-        let text = self
+        let ids = self
             .template()?
-            .render_json(messages, tools, add_generation_prompt)
+            .encode(&self.tokenizer, messages, tools, add_generation_prompt)
             .map_err(rendering_error)?;
-        self.text(&text, false, "messages")
+        Ok(ids.into_iter().map(TokenId).collect())
     }
 
     /// Checks that every id is in the vocabulary.

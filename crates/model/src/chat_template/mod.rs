@@ -13,6 +13,7 @@
 //! ([`ModelError::ChatTemplateBudget`]) instead of holding a thread or filling memory.
 
 mod budget;
+mod conversation;
 mod py_json;
 mod strftime;
 

@@ -13,6 +13,7 @@ mod gguf_vocab;
 mod hf_dir;
 mod pieces;
 mod pre_tokenizer;
+mod special_text;
 
 pub use gguf_vocab::{GgufTokenType, GgufTokenizerModel, GgufVocab};
 pub use pieces::{PieceEncoding, SpacePrefix, TokenKind};
@@ -23,6 +24,7 @@ use std::path::Path;
 use crate::error::{ModelError, Result};
 use crate::gguf::Metadata;
 use pieces::PieceTable;
+use special_text::SpecialText;
 
 /// A model's tokenizer, with its special-token settings and chat template.
 ///
@@ -43,6 +45,8 @@ pub struct Tokenizer {
     description: String,
     /// Who adds BOS/EOS for `encode(.., true)`.
     specials_by: SpecialsBy,
+    /// Special-token texts inside user text.
+    special_text: SpecialText,
 }
 
 /// Who adds BOS/EOS when encoding a completion prompt.
@@ -114,6 +118,7 @@ impl Tokenizer {
             chat_template: vocab.chat_template.clone(),
             description,
             specials_by: SpecialsBy::Flags,
+            special_text: SpecialText::default(),
         })
     }
 
@@ -135,6 +140,7 @@ impl Tokenizer {
             chat_template: parts.chat_template,
             description: format!("Hugging Face tokenizer.json from {}", dir.display()),
             specials_by: SpecialsBy::PostProcessor,
+            special_text: SpecialText::default(),
         })
     }
 
@@ -160,6 +166,29 @@ impl Tokenizer {
             ids.extend(self.eos_ids.first());
         }
         Ok(ids)
+    }
+
+    /// The first special-token text (`<|im_start|>`, `<bos>`, ...) in `text`, if any: what
+    /// [`Tokenizer::encode`] would turn into a control token.
+    pub fn special_text_in(&self, text: &str) -> Option<&str> {
+        self.special_text.find(text, || {
+            (0..self.pieces.len() as u32)
+                .filter(|&id| self.is_special(id))
+                .filter_map(|id| self.token_bytes(id))
+                .filter_map(|b| std::str::from_utf8(b).ok().map(str::to_string))
+                .collect()
+        })
+    }
+
+    /// Token ids of `text` with special-token texts tokenized as the text they are (no
+    /// control token comes out), and no BOS/EOS: a chat message's content.
+    pub fn encode_as_text(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .special_text
+            .as_text(&self.inner)
+            .encode_fast(text, false)
+            .map_err(|e| ModelError::Tokenizer(format!("encoding failed: {e}")))?;
+        Ok(encoding.get_ids().to_vec())
     }
 
     /// The text of `ids`. With `skip_special`, control tokens (BOS, EOS, `<|im_end|>`, ...)
