@@ -70,24 +70,21 @@ pub fn engine_with(
     num_blocks: usize,
     sched: impl FnOnce(&mut SchedulerConfig),
 ) -> (Engine, Arc<Tokenizer>, Option<String>) {
-    engine_over(lm, num_blocks, sched, false)
+    engine_over(lm, num_blocks, sched, |r| r)
 }
 
-/// [`engine_with`], the runner behind `QueuedRunner` when `queued` (overlapped steps).
-fn engine_over(
+/// [`engine_with`], the CPU runner inside what `wrap` makes of it.
+pub fn engine_over(
     lm: LoadedModel,
     num_blocks: usize,
     sched: impl FnOnce(&mut SchedulerConfig),
-    queued: bool,
+    wrap: impl FnOnce(Box<dyn ModelRunner>) -> Box<dyn ModelRunner>,
 ) -> (Engine, Arc<Tokenizer>, Option<String>) {
     let max_len = lm.host.config.context_len.min(2048);
     let mut config = SchedulerConfig::new(num_blocks, 16, max_len);
     config.eos_token_ids = lm.eos_token_ids.clone();
     sched(&mut config);
-    let mut runner = cpu_runner(lm.host, &config);
-    if queued {
-        runner = Box::new(QueuedRunner::new(runner));
-    }
+    let runner = wrap(cpu_runner(lm.host, &config));
     let engine = Engine::new(runner, config, 0).expect("engine config is valid");
     (engine, Arc::new(lm.tokenizer), lm.chat_template)
 }
@@ -96,7 +93,8 @@ fn engine_over(
 /// runs at its launch), so the engine plans each step ahead of the previous one's result as
 /// it does on a GPU.
 pub fn start_overlapped_server(path: &std::path::Path) -> RunningServer {
-    let (engine, tokenizer, template) = engine_over(load(path), 256, |_| {}, true);
+    let wrap = |r| Box::new(QueuedRunner::new(r)) as Box<dyn ModelRunner>;
+    let (engine, tokenizer, template) = engine_over(load(path), 256, |_| {}, wrap);
     let mut config = ServerConfig::new("test-model");
     config.addr = SocketAddr::from(([127, 0, 0, 1], 0));
     tandem_server::start(engine, tokenizer, template, config).expect("server starts")
