@@ -449,6 +449,34 @@ fn api_key_guards_everything_but_health() {
         &body,
     );
     assert_eq!(ok.status, 200, "{}", ok.body);
+    // Every route but /health (and /metrics, open by default as in vLLM), and spellings of
+    // paths that a router might normalize, need the key; with it, none answers 401.
+    let key = [("Authorization", "Bearer s3cret")];
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
+    let routes = [
+        ("POST", "/v1/chat/completions", chat.to_string()),
+        (
+            "POST",
+            "/v1/score",
+            json!({"input": "hi there"}).to_string(),
+        ),
+        ("POST", "/tokenize", json!({"prompt": "hi"}).to_string()),
+        ("POST", "/detokenize", json!({"tokens": [5, 6]}).to_string()),
+        ("POST", "/reset_prefix_cache", "{}".to_string()),
+        ("GET", "/tokenizer_info", String::new()),
+        ("GET", "/v1/models/test-model", String::new()),
+        ("GET", "/health/", String::new()),
+        ("GET", "//v1/models", String::new()),
+        ("GET", "/V1/models", String::new()),
+        ("GET", "/v1/models/../../health", String::new()),
+        ("POST", "/v1/completions/", body.clone()),
+    ];
+    for (method, path, body) in &routes {
+        let r = request(addr, method, path, &[], body);
+        assert_error(&r, 401, None);
+        let r = request(addr, method, path, &key, body);
+        assert_ne!(r.status, 401, "{method} {path}: {}", r.body);
+    }
     server.shutdown().expect("clean shutdown");
 }
 
