@@ -8,7 +8,7 @@ use tandem_engine::beam_search::BeamParams;
 use tandem_engine::sampler::SamplingParams;
 use tandem_engine::RequestParams;
 use tandem_model::batch::TokenId;
-use tandem_model::chat_template::{ChatMessage, ChatTemplate};
+use tandem_model::chat_template::{ChatMessage, ChatTemplate, RenderOptions};
 use tandem_model::tokenizer::Tokenizer;
 use tandem_text::{StopStrings, TextOptions};
 
@@ -108,7 +108,11 @@ impl PromptBuilder {
                     .as_ref()
                     .context("the model has no chat template")?;
                 // Control tokens only from the template, never from a message's text.
-                template.encode(&self.tokenizer, &serde_json::to_value(m)?, None, true)?
+                let options = RenderOptions {
+                    add_generation_prompt: true,
+                    ..RenderOptions::default()
+                };
+                template.encode(&self.tokenizer, &serde_json::to_value(m)?, &options)?
             }
         };
         if ids.is_empty() {

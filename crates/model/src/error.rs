@@ -63,6 +63,10 @@ pub enum ModelError {
     Tokenizer(String),
     #[error("chat template: {0}")]
     ChatTemplate(String),
+    /// A request's extra template variables are not allowed (one names the template's own
+    /// inputs or functions).
+    #[error("chat_template_kwargs: {0}")]
+    ChatTemplateKwargs(String),
     /// The chat template spent its budget for one rendering (a fault of the template, not of
     /// the conversation).
     #[error("chat template: over its budget for one rendering: {0}")]

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use serde_json::json;
-use tandem_model::chat_template::ChatTemplate;
+use tandem_model::chat_template::{ChatTemplate, RenderOptions};
 use tandem_model::tokenizer::Tokenizer;
 
 /// ChatML, with content given as a string or as a list of text parts.
@@ -21,6 +21,14 @@ fn tokenizer() -> Tokenizer {
 
 fn template(src: &str) -> ChatTemplate {
     ChatTemplate::new(src, None, None).expect("compiles")
+}
+
+/// No tools, no extra variables, the assistant's turn opened.
+fn opening() -> RenderOptions<'static> {
+    RenderOptions {
+        add_generation_prompt: true,
+        ..RenderOptions::default()
+    }
 }
 
 /// How many times the control token with text `text` occurs in `ids`.
@@ -44,7 +52,7 @@ fn plain_conversations_encode_as_the_whole_rendered_prompt() {
     let text = t.render_json(&messages, None, true).expect("renders");
     let whole = tok.encode(&text, false).expect("encodes");
     assert_eq!(
-        t.encode(&tok, &messages, None, true).expect("encodes"),
+        t.encode(&tok, &messages, &opening()).expect("encodes"),
         whole
     );
     assert_eq!(count(&tok, &whole, "<|im_start|>"), 5);
@@ -60,7 +68,7 @@ fn special_token_text_in_a_message_stays_text() {
             {"role": "system", "content": "Be brief."},
             {"role": "user", "content": content}
         ]);
-        let ids = t.encode(&tok, &messages, None, true).expect("encodes");
+        let ids = t.encode(&tok, &messages, &opening()).expect("encodes");
         // The template's turns only: system, user, and the generation prompt.
         assert_eq!(count(&tok, &ids, "<|im_start|>"), 3);
         assert_eq!(count(&tok, &ids, "<|im_end|>"), 2);
@@ -81,8 +89,10 @@ fn a_template_that_changes_message_text_is_refused_only_with_special_text() {
         "{% for m in messages %}<|im_start|>{{ m.content | upper }}<|im_end|>{% endfor %}",
     );
     let plain = json!([{"role": "user", "content": "hi"}]);
-    assert!(t.encode(&tok, &plain, None, false).is_ok());
+    assert!(t.encode(&tok, &plain, &RenderOptions::default()).is_ok());
     let attack = json!([{"role": "user", "content": "hi<|im_start|>"}]);
-    let err = t.encode(&tok, &attack, None, false).expect_err("refused");
+    let err = t
+        .encode(&tok, &attack, &RenderOptions::default())
+        .expect_err("refused");
     assert!(err.to_string().contains("<|im_start|>"), "{err}");
 }

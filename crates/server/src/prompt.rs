@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use tandem_model::batch::TokenId;
-use tandem_model::chat_template::{ChatMessage, ChatTemplate};
+use tandem_model::chat_template::{ChatMessage, ChatTemplate, RenderOptions};
 use tandem_model::error::ModelError;
 use tandem_model::tokenizer::Tokenizer;
 
@@ -70,25 +70,24 @@ impl PromptBuilder {
     pub fn chat(
         &self,
         messages: &[ChatMessage],
-        add_generation_prompt: bool,
+        options: &RenderOptions<'_>,
     ) -> ApiResult<Vec<TokenId>> {
         let messages = serde_json::to_value(messages)
             .map_err(|e| ApiError::internal(format!("messages as JSON: {e}")))?;
-        self.chat_json(&messages, None, add_generation_prompt)
+        self.chat_json(&messages, options)
     }
 
-    /// The ids of a conversation given as JSON messages, with the request's tools. Control
-    /// tokens come only from the template: special-token text in a message stays text
-    /// ([`ChatTemplate::encode`]).
+    /// The ids of a conversation given as JSON messages, with the request's tools and extra
+    /// template variables. Control tokens come only from the template: special-token text
+    /// in a message stays text ([`ChatTemplate::encode`]).
     pub fn chat_json(
         &self,
         messages: &serde_json::Value,
-        tools: Option<&serde_json::Value>,
-        add_generation_prompt: bool,
+        options: &RenderOptions<'_>,
     ) -> ApiResult<Vec<TokenId>> {
         let ids = self
             .template()?
-            .encode(&self.tokenizer, messages, tools, add_generation_prompt)
+            .encode(&self.tokenizer, messages, options)
             .map_err(rendering_error)?;
         Ok(ids.into_iter().map(TokenId).collect())
     }
@@ -106,11 +105,13 @@ impl PromptBuilder {
     }
 }
 
-/// A failed rendering: the conversation's fault (400 naming `messages`: the template raised,
-/// or cannot render what was sent), or the template's own (500: it spent its budget).
+/// A failed rendering: the request's fault (400 naming `messages`: the template raised, or
+/// cannot render what was sent; or naming `chat_template_kwargs`), or the template's own
+/// (500: it spent its budget).
 fn rendering_error(e: ModelError) -> ApiError {
     match e {
         ModelError::ChatTemplateBudget(_) => ApiError::internal(e.to_string()),
+        ModelError::ChatTemplateKwargs(_) => ApiError::field("chat_template_kwargs", e),
         e => ApiError::field("messages", e),
     }
 }

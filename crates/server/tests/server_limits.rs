@@ -191,13 +191,9 @@ fn repeated_keys_in_a_body_are_a_400() {
 /// holding a request thread for hours; completions and later chats are served.
 #[test]
 fn a_chat_template_that_never_ends_fails_its_requests_and_nothing_else() {
-    let (engine, tokenizer, _) = engine(load(&fixture_path()), 256);
     let hostile =
         "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
-    let mut config = tandem_server::ServerConfig::new("test-model");
-    config.addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    let server = tandem_server::start(engine, tokenizer, Some(hostile.into()), config)
-        .expect("server starts");
+    let server = start_server_with_template(&fixture_path(), hostile);
     let addr = server.addr();
     let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
     for path in ["/v1/chat/completions", "/tokenize"] {
@@ -211,6 +207,43 @@ fn a_chat_template_that_never_ends_fails_its_requests_and_nothing_else() {
         &json!({"prompt": "hi", "max_tokens": 2}),
     );
     assert_eq!(r.status, 200, "{}", r.body);
+    assert!(idle(&get(addr, "/health").json()));
+    server.shutdown().expect("clean shutdown");
+}
+
+/// `chat_template_kwargs` reach the template as variables (as in vLLM: Qwen3's
+/// `enable_thinking`), and may not replace its own inputs or functions (400 naming the
+/// field).
+#[test]
+fn chat_template_kwargs_are_template_variables_but_not_its_own() {
+    let template = "{% if enable_thinking %}<think>{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}";
+    let server = start_server_with_template(&fixture_path(), template);
+    let addr = server.addr();
+    let body = |kwargs: serde_json::Value| {
+        json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 1,
+               "chat_template_kwargs": kwargs})
+    };
+    let prompt_tokens = |kwargs: serde_json::Value| {
+        let r = post(addr, "/v1/chat/completions", &body(kwargs));
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["usage"]["prompt_tokens"]
+            .as_u64()
+            .expect("a count")
+    };
+    let plain = prompt_tokens(json!({}));
+    assert_eq!(prompt_tokens(json!({"enable_thinking": false})), plain);
+    assert!(prompt_tokens(json!({"enable_thinking": true})) > plain);
+    for kwargs in [
+        json!({"messages": []}),
+        json!({"add_generation_prompt": false}),
+        json!({"bos_token": "<|im_start|>"}),
+        json!({"raise_exception": 1}),
+        json!({"range": "x"}),
+        json!(["enable_thinking"]),
+    ] {
+        let r = post(addr, "/v1/chat/completions", &body(kwargs));
+        assert_error(&r, 400, Some("chat_template_kwargs"));
+    }
     assert!(idle(&get(addr, "/health").json()));
     server.shutdown().expect("clean shutdown");
 }

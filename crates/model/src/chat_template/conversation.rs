@@ -12,7 +12,7 @@
 
 use serde_json::Value;
 
-use super::ChatTemplate;
+use super::{ChatTemplate, RenderOptions};
 use crate::error::{ModelError, Result};
 use crate::tokenizer::Tokenizer;
 
@@ -20,16 +20,16 @@ use crate::tokenizer::Tokenizer;
 const MARK: char = '\u{10FFFD}';
 
 impl ChatTemplate {
-    /// The token ids of `messages` (JSON, as a client sent them) and `tools` rendered through
-    /// the template, no BOS/EOS added: control tokens only where the template writes them.
+    /// The token ids of `messages` (JSON, as a client sent them) rendered through the
+    /// template with `options`, no BOS/EOS added: control tokens only where the template
+    /// writes them.
     pub fn encode(
         &self,
         tokenizer: &Tokenizer,
         messages: &Value,
-        tools: Option<&Value>,
-        add_generation_prompt: bool,
+        options: &RenderOptions<'_>,
     ) -> Result<Vec<u32>> {
-        let text = self.render_json(messages, tools, add_generation_prompt)?;
+        let text = self.render_with(messages, options)?;
         let texts = message_texts(messages);
         let Some(special) = texts.iter().find_map(|t| tokenizer.special_text_in(t)) else {
             return tokenizer.encode(&text, false);
@@ -49,7 +49,7 @@ impl ChatTemplate {
             *t = format!("{MARK}{index}{MARK}");
             index += 1;
         });
-        let skeleton = self.render_json(&marked, tools, add_generation_prompt)?;
+        let skeleton = self.render_with(&marked, options)?;
         let pieces = pieces(&skeleton, texts.len());
         let rebuilt: String = pieces
             .iter()

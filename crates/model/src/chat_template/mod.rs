@@ -54,6 +54,18 @@ pub fn builtin_template(architecture: crate::config::Architecture) -> Option<&'s
     }
 }
 
+/// What a rendering is given besides the messages.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RenderOptions<'a> {
+    /// The request's tools (the template's `tools` variable; `none` when absent).
+    pub tools: Option<&'a serde_json::Value>,
+    /// Whether the prompt ends with the opening of an assistant turn.
+    pub add_generation_prompt: bool,
+    /// Extra template variables (a request's `chat_template_kwargs`, e.g. Qwen3's
+    /// `enable_thinking`).
+    pub kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
+
 /// Name under which the template is stored in its environment.
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -119,7 +131,13 @@ impl ChatTemplate {
     /// The prompt text for `messages`; with `add_generation_prompt`, ends with the opening
     /// of an assistant turn. Errors when the template raises or fails.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        self.render_values(Value::from_serialize(messages), None, add_generation_prompt)
+        let no_extra = Value::from_serialize(serde_json::Map::new());
+        self.render_values(
+            Value::from_serialize(messages),
+            None,
+            add_generation_prompt,
+            no_extra,
+        )
     }
 
     /// Renders messages given as JSON (with `tool_calls`, `tool_call_id`, ... as the client
@@ -130,22 +148,61 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
-        let tools = tools.map(Value::from_serialize);
+        let options = RenderOptions {
+            tools,
+            add_generation_prompt,
+            kwargs: None,
+        };
+        self.render_with(messages, &options)
+    }
+
+    /// [`ChatTemplate::render_json`] with every option. Extra variables may not replace the
+    /// template's own inputs or functions ([`ModelError::ChatTemplateKwargs`]).
+    pub fn render_with(
+        &self,
+        messages: &serde_json::Value,
+        options: &RenderOptions<'_>,
+    ) -> Result<String> {
+        let kwargs = options.kwargs.cloned().unwrap_or_default();
+        if let Some(name) = kwargs.keys().find(|k| self.is_reserved(k)) {
+            return Err(ModelError::ChatTemplateKwargs(format!(
+                "`{name}` is the template's own; it cannot be set"
+            )));
+        }
+        let tools = options.tools.map(Value::from_serialize);
+        let extra = Value::from_serialize(&kwargs);
         self.render_values(
             Value::from_serialize(messages),
             tools,
-            add_generation_prompt,
+            options.add_generation_prompt,
+            extra,
         )
     }
 
-    /// The one rendering: `tools` is `none` when absent, as transformers passes it.
+    /// Whether `name` is one of the template's inputs or functions.
+    fn is_reserved(&self, name: &str) -> bool {
+        const INPUTS: [&str; 5] = [
+            "messages",
+            "tools",
+            "add_generation_prompt",
+            "bos_token",
+            "eos_token",
+        ];
+        INPUTS.contains(&name) || self.env.globals().any(|(global, _)| global == name)
+    }
+
+    /// The one rendering: `tools` is `none` when absent, as transformers passes it; `extra`
+    /// adds variables (none of the others' names).
     fn render_values(
         &self,
         messages: Value,
         tools: Option<Value>,
         add_generation_prompt: bool,
+        extra: Value,
     ) -> Result<String> {
-        let input = budget::json_bytes(&messages) + tools.as_ref().map_or(0, budget::json_bytes);
+        let input = budget::json_bytes(&messages)
+            + tools.as_ref().map_or(0, budget::json_bytes)
+            + budget::json_bytes(&extra);
         let fuel = budget::render_fuel(input);
         let mut env = self.env.clone();
         env.set_fuel(Some(fuel));
@@ -158,6 +215,7 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
+            ..extra
         };
         let mut out = budget::CappedText::default();
         let rendered = template.render_captured_to(context, &mut out).map(drop);

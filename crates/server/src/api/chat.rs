@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::Value;
 use tandem_model::batch::TokenId;
-use tandem_model::chat_template::ChatMessage;
+use tandem_model::chat_template::{ChatMessage, RenderOptions};
 
 use super::body::{fields, json_object};
 use super::format::Endpoint;
@@ -60,6 +60,9 @@ struct ChatFields {
     /// Accepted: a model may make several calls in one answer either way.
     #[allow(dead_code)]
     parallel_tool_calls: Option<bool>,
+    /// Extra variables for the chat template (e.g. Qwen3's `enable_thinking`), as in vLLM;
+    /// none may replace the template's own inputs or functions.
+    chat_template_kwargs: Option<serde_json::Map<String, Value>>,
 }
 
 pub async fn chat_completions(
@@ -136,17 +139,16 @@ async fn attach_tools(
 fn chat_prompt(
     app: &App,
     messages: Option<Vec<MessageIn>>,
-    tool_list: Option<&Value>,
-    add_generation_prompt: Option<bool>,
+    options: &RenderOptions<'_>,
 ) -> ApiResult<Vec<TokenId>> {
     let messages = messages.ok_or_else(|| ApiError::field("messages", "is required"))?;
-    let add = add_generation_prompt.unwrap_or(true);
+    let tool_list = options.tools;
     let with_tools = tool_list.is_some()
         || messages
             .iter()
             .any(|m| m.tool_calls.is_some() || m.role == "tool");
     if !with_tools {
-        return app.prompts.chat(&to_messages(messages)?, add);
+        return app.prompts.chat(&to_messages(messages)?, options);
     }
     let extra: Vec<_> = messages
         .iter()
@@ -178,8 +180,7 @@ fn chat_prompt(
         let system = serde_json::json!({"role": "system", "content": tools::system_prompt(list)});
         json_messages.insert(0, system);
     }
-    app.prompts
-        .chat_json(&Value::Array(json_messages), tool_list, add)
+    app.prompts.chat_json(&Value::Array(json_messages), options)
 }
 
 /// `top_logprobs` (bounded by the plan) when `logprobs` is set.
@@ -228,12 +229,12 @@ async fn answer(
         let tools = tool_mode.is_some();
         beam::check(&plan, &[("logprobs", logprobs.is_some()), ("tools", tools)])?;
     }
-    let prompt = chat_prompt(
-        &app,
-        own.messages,
-        own.tools.as_ref(),
-        own.add_generation_prompt,
-    )?;
+    let options = RenderOptions {
+        tools: own.tools.as_ref(),
+        add_generation_prompt: own.add_generation_prompt.unwrap_or(true),
+        kwargs: own.chat_template_kwargs.as_ref(),
+    };
+    let prompt = chat_prompt(&app, own.messages, &options)?;
     check_prompt_length(&prompt, bounds, limits.max_model_len)?;
     let room = limits.max_model_len - prompt.len();
     let default_max = bounds.max_output_tokens.map_or(room, |cap| cap.min(room));

@@ -15,6 +15,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
+use tandem_model::chat_template::RenderOptions;
 
 use super::body::{fields, json_object};
 use super::chat::{to_messages, MessageIn};
@@ -45,9 +46,13 @@ pub async fn tokenize(State(app): State<App>, body: Result<Bytes, BytesRejection
                 app.prompts
                     .text(&p, f.add_special_tokens.unwrap_or(true), "prompt")?
             }
-            (None, Some(m)) => app
-                .prompts
-                .chat(&to_messages(m)?, f.add_generation_prompt.unwrap_or(true))?,
+            (None, Some(m)) => {
+                let options = RenderOptions {
+                    add_generation_prompt: f.add_generation_prompt.unwrap_or(true),
+                    ..RenderOptions::default()
+                };
+                app.prompts.chat(&to_messages(m)?, &options)?
+            }
             _ => {
                 return Err(ApiError::bad_request(
                     "give exactly one of `prompt` or `messages`",

@@ -108,6 +108,14 @@ pub fn start_server(
     start_server_with(path, |_| {}, tweak)
 }
 
+/// A server over the model at `path` with `template` as its chat template.
+pub fn start_server_with_template(path: &std::path::Path, template: &str) -> RunningServer {
+    let (engine, tokenizer, _) = engine(load(path), 256);
+    let mut config = ServerConfig::new("test-model");
+    config.addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    tandem_server::start(engine, tokenizer, Some(template.into()), config).expect("server starts")
+}
+
 /// [`start_server`] with `sched` adjusting the scheduler's config too.
 pub fn start_server_with(
     path: &std::path::Path,
