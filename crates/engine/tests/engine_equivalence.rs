@@ -26,7 +26,8 @@ type Output = (Vec<TokenId>, Vec<Option<f32>>);
 /// order, submissions per step.
 type Path<'a> = (&'a str, usize, usize, usize, &'a [usize], usize);
 
-/// Deterministic prompts of varied lengths (33 requests: one alone vs with up to 32 others).
+/// Deterministic prompts of varied lengths (65 requests on the fixtures: each alone vs with
+/// up to 64 others).
 fn prompts(n: usize, vocab: usize) -> Vec<Vec<TokenId>> {
     (0..n)
         .map(|i| {
@@ -222,34 +223,34 @@ fn check_paths(load: fn() -> Model, n: usize, sampled: bool, kv: Option<KvDtype>
 
 #[test]
 fn greedy_generation_is_path_independent_on_a_fixture_model() {
-    check_paths(fixture_model, 33, false, None);
+    check_paths(fixture_model, 65, false, None);
 }
 
 #[test]
 fn seeded_sampling_is_path_independent_on_a_fixture_model() {
-    check_paths(fixture_model, 33, true, None);
+    check_paths(fixture_model, 65, true, None);
 }
 
 /// Gemma 3 with a window of 8 positions on its local layers, shorter than most prompts.
 #[test]
 fn greedy_generation_is_path_independent_with_a_sliding_window() {
-    check_paths(gemma3_fixture, 33, false, None);
+    check_paths(gemma3_fixture, 65, false, None);
 }
 
 #[test]
 fn seeded_sampling_is_path_independent_with_a_sliding_window() {
-    check_paths(gemma3_fixture, 33, true, None);
+    check_paths(gemma3_fixture, 65, true, None);
 }
 
 /// Mixtral: a token's neighbours in a step share some of its experts.
 #[test]
 fn greedy_generation_is_path_independent_with_a_mixture_of_experts() {
-    check_paths(mixtral_fixture, 33, false, None);
+    check_paths(mixtral_fixture, 65, false, None);
 }
 
 #[test]
 fn seeded_sampling_is_path_independent_with_a_mixture_of_experts() {
-    check_paths(mixtral_fixture, 33, true, None);
+    check_paths(mixtral_fixture, 65, true, None);
 }
 
 #[test]
