@@ -7,6 +7,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use tandem_server::connections::{
     ConnectionLimits, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_WRITE_TIMEOUT,
 };
 use tandem_server::logging::{self, LogFormat};
 use tandem_server::ServerConfig;
@@ -20,6 +21,11 @@ pub struct OpsArgs {
     /// Seconds a request body may take to arrive in full (then 408 and the connection closes).
     #[arg(long, value_name = "SECS", default_value_t = DEFAULT_BODY_TIMEOUT.as_secs_f64())]
     body_timeout: f64,
+    /// Seconds a response's writes may stay blocked because the client reads nothing (then
+    /// the connection closes and its request is aborted); a slow reader that keeps reading
+    /// is served at its pace.
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_WRITE_TIMEOUT.as_secs_f64())]
+    write_timeout: f64,
     /// Connections served at once; more are answered 503 with Retry-After (except /health).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
@@ -60,6 +66,7 @@ impl OpsArgs {
         config.connections = ConnectionLimits {
             header_timeout: seconds("--header-timeout", self.header_timeout)?,
             body_timeout: seconds("--body-timeout", self.body_timeout)?,
+            write_timeout: seconds("--write-timeout", self.write_timeout)?,
             max_connections: self.max_connections,
         };
         config.connections.validate().map_err(anyhow::Error::msg)?;

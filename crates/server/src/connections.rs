@@ -7,6 +7,8 @@
 //!   on a kept-alive one between requests, so it bounds both a slow-header client and an idle
 //!   keep-alive connection; either is closed when it fires;
 //! - **body timeout**: the whole body must arrive within it (see [`crate::http_limits`]);
+//! - **write timeout**: a connection whose writes are blocked that long (a client that
+//!   stopped reading) is closed, and its request aborted (see [`crate::write_stall`]);
 //! - **connection cap**: `max_connections` sockets are served normally. One more is still
 //!   accepted and read, but as an *overflow* connection: keep-alive off, a short header timeout,
 //!   and every route but `/health` answers 503 with `Retry-After` and `Connection: close`
@@ -32,6 +34,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
+use crate::write_stall::StallGuard;
+
 /// Timeouts and the connection cap (the `tandem serve` flags `--header-timeout`,
 /// `--body-timeout`, `--max-connections`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +45,9 @@ pub struct ConnectionLimits {
     pub header_timeout: Duration,
     /// Longest time to receive a whole request body; then 408 and the connection closes.
     pub body_timeout: Duration,
+    /// Longest time a write may stay blocked (the client reads nothing); then the
+    /// connection closes and its request is aborted.
+    pub write_timeout: Duration,
     /// Connections served normally at once; more are answered 503 (except `/health`).
     pub max_connections: usize,
 }
@@ -51,6 +58,8 @@ pub struct ConnectionLimits {
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `--body-timeout`: room for the 4 MiB default body over a slow link.
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `--write-timeout`: nginx's `send_timeout`.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default `--max-connections`: below the usual 1,024 open-file limit, with room for the
 /// overflow connections that answer 503.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
@@ -62,6 +71,7 @@ impl Default for ConnectionLimits {
         ConnectionLimits {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             body_timeout: DEFAULT_BODY_TIMEOUT,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
@@ -78,6 +88,9 @@ impl ConnectionLimits {
         }
         if self.body_timeout.is_zero() {
             return Err("--body-timeout must be positive".into());
+        }
+        if self.write_timeout.is_zero() {
+            return Err("--write-timeout must be positive".into());
         }
         Ok(())
     }
@@ -152,8 +165,8 @@ impl Connections {
                 }
                 req
             });
-        let conn =
-            builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+        let io = StallGuard::new(TokioIo::new(stream), self.limits.write_timeout);
+        let conn = builder.serve_connection(io, TowerToHyperService::new(service));
         let conn = self.graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {

@@ -36,6 +36,7 @@ pub mod logging;
 pub mod metrics;
 pub mod prompt;
 pub mod server;
+pub mod write_stall;
 
 pub use config::ServerConfig;
 pub use error::{ApiError, ServerError};

@@ -1,5 +1,6 @@
 //! Connection limits over real sockets (ARCHITECTURE.md § Connections and drain): slow
-//! headers, idle keep-alive and slow bodies are cut within their timeouts; 413 comes before
+//! headers, idle keep-alive, slow bodies and clients that stop reading are cut within their
+//! timeouts; 413 comes before
 //! `100 Continue`; over `max_connections` requests get 503 while `/health` still answers;
 //! unknown routes answer 404 only with the API key; `/metrics` follows vLLM's key rule.
 
@@ -20,6 +21,7 @@ fn server(max_connections: usize) -> RunningServer {
         c.connections = ConnectionLimits {
             header_timeout: SHORT,
             body_timeout: SHORT,
+            write_timeout: SHORT,
             max_connections,
         };
         c.limits.max_body_bytes = 1000;
@@ -213,4 +215,63 @@ fn a_response_longer_than_the_header_timeout_is_not_cut() {
     assert_eq!(finish, vec!["length".to_string()]);
     // Meaningful only when the response outlasted the timeout (on the default model it does).
     assert!(start.elapsed() > Duration::from_millis(100));
+}
+
+/// A client that stops reading is cut off after the write timeout: with room for one
+/// connection, its slot is free again (the next request is served, not refused as
+/// overflow), and the engine goes idle.
+#[test]
+fn a_client_that_stops_reading_is_closed_after_the_write_timeout() {
+    // A long header timeout: only the write timeout may free the slot.
+    let server = start_server(&fixture_path(), |c| {
+        c.connections = ConnectionLimits {
+            header_timeout: Duration::from_secs(60),
+            body_timeout: SHORT,
+            write_timeout: SHORT,
+            max_connections: 1,
+        };
+    });
+    let addr = server.addr();
+    // A small receive buffer (set before connecting) and 8 pipelined requests for 16
+    // streams of 240 tokens with 20 alternatives each (about 2 MB apiece): more than the
+    // socket buffers hold, so the server's writes block.
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    socket.connect(&addr.into()).expect("connect");
+    let mut stalled: TcpStream = socket.into();
+    let body = serde_json::json!({"prompt": "hi", "max_tokens": 240, "n": 16, "logprobs": 20,
+                                  "ignore_eos": true, "stream": true})
+    .to_string();
+    let request = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stalled
+        .write_all(request.repeat(8).as_bytes())
+        .expect("write");
+    // Read nothing; once the write timeout has cut it, the one slot serves a new client.
+    let start = Instant::now();
+    loop {
+        let one = serde_json::json!({"prompt": "hi", "max_tokens": 1});
+        let r = post(addr, "/v1/completions", &one);
+        if r.status == 200 {
+            break;
+        }
+        assert_eq!(r.status, 503, "{}", r.body);
+        let waited = start.elapsed();
+        assert!(
+            waited < Duration::from_secs(30),
+            "the stalled client kept its slot"
+        );
+        std::thread::sleep(SHORT / 4);
+    }
+    wait_health(addr, Duration::from_secs(10), idle);
+    // The stalled client finds its connection closed, its last response cut short.
+    let (got, _) = read_until_closed(&mut stalled);
+    assert!(
+        got.matches("[DONE]").count() < 8,
+        "every response was written"
+    );
 }
