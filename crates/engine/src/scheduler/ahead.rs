@@ -26,7 +26,7 @@
 //!   nobody once it preempted). Nothing planned ahead is ever undone.
 //! - Otherwise waiting sequences are admitted as usual: their tokens are known.
 
-use tandem_model::batch::TokenId;
+use tandem_model::batch::{BlockId, TokenId};
 
 use super::{Admitted, Grant, InFlight, Scheduler};
 use crate::error::Result;
@@ -38,6 +38,18 @@ use crate::step_plan::{ScheduledSeq, StepPlan};
 struct AheadStart {
     start: usize,
     carried: bool,
+}
+
+/// The running sequences' grants planned ahead, in running order.
+struct RunningAhead {
+    grants: Vec<Grant>,
+    starts: SeqMap<AheadStart>,
+    /// Copy-on-write block copies the grants need.
+    copies: Vec<(BlockId, BlockId)>,
+    /// The step's token budget left.
+    budget: usize,
+    /// The pool could not hold a grant: planning stopped there (nothing is preempted).
+    short: bool,
 }
 
 impl Scheduler {
@@ -53,48 +65,13 @@ impl Scheduler {
         if self.in_flight.len() > 1 || !self.can_plan_after(flight) {
             return Ok(None);
         }
-        // Per granted sequence: tokens the plan in flight computes, and whether it samples.
-        let granted: SeqMap<(usize, bool)> = flight
-            .grants
-            .iter()
-            .map(|g| (g.seq_id, (g.num_new, g.num_output_rows == 1)))
-            .collect();
-        let mut budget = self.config.max_num_batched_tokens;
-        let mut grants = Vec::new();
-        let mut starts: SeqMap<AheadStart> = SeqMap::default();
-        let mut copies = Vec::new();
-        let mut short = false;
-        for i in 0..self.running.len() {
-            if budget == 0 {
-                break;
-            }
-            let id = self.running[i];
-            let seq = &self.seqs[&id];
-            let (computing, samples) = granted.get(&id).copied().unwrap_or((0, false));
-            let start = seq.num_computed_tokens() + computing;
-            let (num_new, carried) = if samples {
-                if finishes_by_length(self, seq) {
-                    continue;
-                }
-                (1, true)
-            } else {
-                let left = seq.num_tokens() - start;
-                if left == 0 {
-                    continue;
-                }
-                let threshold = self.config.long_prefill_token_threshold;
-                (left.min(threshold).min(budget), false)
-            };
-            let table = self.seq_mut(id).block_table_mut();
-            let Ok(c) = table.prepare_write(start, start + num_new) else {
-                short = true; // the pool is dry: no preemption ahead of a result
-                break;
-            };
-            copies.extend(c);
-            starts.insert(id, AheadStart { start, carried });
-            grants.push(self.grant_ahead(id, start, num_new, carried));
-            budget -= num_new;
-        }
+        let RunningAhead {
+            mut grants,
+            starts,
+            mut copies,
+            mut budget,
+            short,
+        } = self.grant_running_ahead();
         let mut preempted = Vec::new();
         let mut first_admissions = Vec::new();
         let mut admitted = Admitted {
@@ -150,6 +127,64 @@ impl Scheduler {
     }
 
     /// The grant of `num_new` tokens from `start` to running `id` (no group is pending).
+    /// Grants every running sequence its next tokens as of the end of the plan in flight
+    /// (one carried token for those it samples, else the rest of its prompt in chunks), in
+    /// running order, until the budget or the pool runs out.
+    fn grant_running_ahead(&mut self) -> RunningAhead {
+        // Per granted sequence: tokens the plan in flight computes, and whether it samples.
+        let granted: SeqMap<(usize, bool)> = self
+            .in_flight
+            .front()
+            .map(|flight| {
+                flight
+                    .grants
+                    .iter()
+                    .map(|g| (g.seq_id, (g.num_new, g.num_output_rows == 1)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut out = RunningAhead {
+            grants: Vec::new(),
+            starts: SeqMap::default(),
+            copies: Vec::new(),
+            budget: self.config.max_num_batched_tokens,
+            short: false,
+        };
+        for i in 0..self.running.len() {
+            if out.budget == 0 {
+                break;
+            }
+            let id = self.running[i];
+            let seq = &self.seqs[&id];
+            let (computing, samples) = granted.get(&id).copied().unwrap_or((0, false));
+            let start = seq.num_computed_tokens() + computing;
+            let (num_new, carried) = if samples {
+                if finishes_by_length(self, seq) {
+                    continue;
+                }
+                (1, true)
+            } else {
+                let left = seq.num_tokens() - start;
+                if left == 0 {
+                    continue;
+                }
+                let threshold = self.config.long_prefill_token_threshold;
+                (left.min(threshold).min(out.budget), false)
+            };
+            let table = self.seq_mut(id).block_table_mut();
+            let Ok(c) = table.prepare_write(start, start + num_new) else {
+                out.short = true; // the pool is dry: no preemption ahead of a result
+                break;
+            };
+            out.copies.extend(c);
+            out.starts.insert(id, AheadStart { start, carried });
+            out.grants
+                .push(self.grant_ahead(id, start, num_new, carried));
+            out.budget -= num_new;
+        }
+        out
+    }
+
     fn grant_ahead(&self, id: SeqId, start: usize, num_new: usize, carried: bool) -> Grant {
         let seq = &self.seqs[&id];
         let reaches_end = carried || start + num_new == seq.num_tokens();
