@@ -91,7 +91,7 @@ struct RequestClock {
 }
 
 /// Finished requests by reason, in `vllm:request_success_total`'s label order.
-const REASONS: [&str; 4] = ["stop", "length", "abort", "error"];
+const REASONS: [&str; 5] = ["stop", "length", "abort", "error", "refused"];
 
 /// Counters and histograms owned by the engine thread.
 #[derive(Debug, Clone, Default)]
@@ -156,7 +156,8 @@ impl ServingMetrics {
             Finish::Stop => 0,
             Finish::Length => 1,
             Finish::Abort => 2,
-            Finish::Error(_) | Finish::Refused(_) => 3,
+            Finish::Error(_) => 3,
+            Finish::Refused(_) => 4,
         };
         self.counters.finished[slot] += 1;
         self.counters
@@ -182,7 +183,7 @@ pub struct MetricsSnapshot {
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
     /// Finished requests by reason: stop, length, abort, error.
-    pub finished: [u64; 4],
+    pub finished: [u64; 5],
     pub preemptions: u64,
     /// Engine steps, and of them those planned while the previous one still ran.
     pub steps: u64,
@@ -202,7 +203,7 @@ impl Default for MetricsSnapshot {
         MetricsSnapshot {
             prompt_tokens: 0,
             generation_tokens: 0,
-            finished: [0; 4],
+            finished: [0; 5],
             preemptions: 0,
             steps: 0,
             steps_planned_ahead: 0,

@@ -232,7 +232,11 @@ fn chat_template_kwargs_are_template_variables_but_not_its_own() {
     };
     let plain = prompt_tokens(json!({}));
     assert_eq!(prompt_tokens(json!({"enable_thinking": false})), plain);
-    assert!(prompt_tokens(json!({"enable_thinking": true})) > plain);
+    let thinking = prompt_tokens(json!({"enable_thinking": true}));
+    assert!(thinking > plain);
+    // `/tokenize` counts the same prompt.
+    let r = post(addr, "/tokenize", &body(json!({"enable_thinking": true})));
+    assert_eq!(r.json()["count"].as_u64(), Some(thinking), "{}", r.body);
     for kwargs in [
         json!({"messages": []}),
         json!({"add_generation_prompt": false}),

@@ -236,12 +236,12 @@ impl ConstraintCompiler {
     }
 }
 
-/// The stack of a compile of a `size`-byte grammar: 8 MiB and 1 KiB per byte. A chain of
-/// Lark rules or of schema `$ref`s 64 KiB long compiled in 9–17 MiB (release build), so the
-/// default `--max-grammar-bytes` gets over 4 times what it needs. Only the pages a compile
-/// touches are ever committed.
+/// The stack of a compile of a `size`-byte grammar: 8 MiB and 1 KiB per byte, at most
+/// 1 GiB (address space only: only the pages a compile touches are ever committed). A chain
+/// of Lark rules or of schema `$ref`s 64 KiB long compiled in 9–17 MiB (release build), so
+/// the default `--max-grammar-bytes` gets over 4 times what it needs.
 fn compile_stack_bytes(size: usize) -> usize {
-    (8 << 20) + size.saturating_mul(1 << 10)
+    ((8 << 20) + size.saturating_mul(1 << 10)).min(1 << 30)
 }
 
 /// The factory's limits: llguidance's defaults with a smaller lexer budget, so one mask

@@ -285,12 +285,14 @@ unsafe fn tile<
             } else {
                 acc[t][h]
             };
-            if live == GROUP_ROWS {
-                _mm256_storeu_ps(p.add(h * HALF), y);
-            } else {
-                // Lanes below `live − h·8` (a mask lane's top bit set where it is).
-                let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((live - h * HALF) as i32), lane);
-                _mm256_maskstore_ps(p.add(h * HALF), mask, y);
+            // The half's live lanes: 8, fewer in a last group, or none.
+            let n = live.saturating_sub(h * HALF).min(HALF);
+            if n == HALF {
+                _mm256_storeu_ps(p.wrapping_add(h * HALF), y);
+            } else if n > 0 {
+                // Lanes below `n` (a mask lane's top bit set where it is).
+                let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lane);
+                _mm256_maskstore_ps(p.wrapping_add(h * HALF), mask, y);
             }
         }
     }

@@ -10,7 +10,9 @@
 //! request threads: each rendering runs on a budget (`budget.rs`: fuel in proportion to the
 //! conversation's size, a cap on the text),
 //! so a template that loops without end or writes without end fails that request
-//! ([`ModelError::ChatTemplateBudget`]) instead of holding a thread or filling memory.
+//! ([`ModelError::ChatTemplateBudget`]) instead of holding a thread. (The fuel bounds
+//! instructions, not memory: a template that doubles a string in a loop can still grow it
+//! within its fuel; MiniJinja has no hook to bound that.)
 
 mod budget;
 mod conversation;

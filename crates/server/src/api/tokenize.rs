@@ -1,7 +1,7 @@
 //! `POST /tokenize` and `POST /detokenize` (vLLM's shapes):
 //!
 //! - `/tokenize` `{"prompt": str, "add_special_tokens": bool = true}` or
-//!   `{"messages": [...], "add_generation_prompt": bool = true}` ->
+//!   `{"messages": [...], "add_generation_prompt": bool = true, "chat_template_kwargs": {}}` ->
 //!   `{"count", "max_model_len", "tokens": [int]}`;
 //! - `/detokenize` `{"tokens": [int]}` -> `{"prompt": str}` (special tokens kept);
 //! - `GET /tokenizer_info` -> `{"tokenizer_class", "name", "vocab_size",
@@ -29,6 +29,8 @@ struct TokenizeFields {
     messages: Option<Vec<MessageIn>>,
     add_special_tokens: Option<bool>,
     add_generation_prompt: Option<bool>,
+    /// As in chat requests: extra template variables.
+    chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -49,6 +51,7 @@ pub async fn tokenize(State(app): State<App>, body: Result<Bytes, BytesRejection
             (None, Some(m)) => {
                 let options = RenderOptions {
                     add_generation_prompt: f.add_generation_prompt.unwrap_or(true),
+                    kwargs: f.chat_template_kwargs.as_ref(),
                     ..RenderOptions::default()
                 };
                 app.prompts.chat(&to_messages(m)?, &options)?
