@@ -96,3 +96,79 @@ fn a_template_that_changes_message_text_is_refused_only_with_special_text() {
         .expect_err("refused");
     assert!(err.to_string().contains("<|im_start|>"), "{err}");
 }
+
+/// Where the template writes text around a message in one run (`[INST] {{ content }}`), the
+/// prompt is cut only at the template's own control tokens, exactly as whole-text encoding
+/// cuts it: with SentencePiece's `▁` prepended to each run, a message encoded apart would
+/// gain a second one.
+#[test]
+fn the_prompt_is_cut_only_at_the_templates_control_tokens() {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer_hf/sentencepiece");
+    let tok = Tokenizer::from_hf_dir(&dir).expect("fixture tokenizer");
+    let t = template("{% for m in messages %}<s>[INST] {{ m.content }} [/INST]{% endfor %}");
+    let content = "hello </s> world";
+    let messages = json!([{"role": "user", "content": content}]);
+    let ids = t
+        .encode(&tok, &messages, &RenderOptions::default())
+        .expect("encodes");
+    let run = format!("[INST] {content} [/INST]");
+    let whole_run = std::iter::once(0..run.len()).collect::<Vec<_>>();
+    let mut want = tok.encode("<s>", false).expect("encodes");
+    want.extend(tok.encode_with_literals(&run, &whole_run).expect("encodes"));
+    assert_eq!(ids, want);
+    assert_eq!(count(&tok, &ids, "</s>"), 0);
+}
+
+/// Only texts that hold special text are located: a template may test other messages'
+/// content (`{% if m.content %}`) or trim what it writes.
+#[test]
+fn templates_that_test_or_trim_message_text_still_encode_it_as_text() {
+    let tok = tokenizer();
+    let t = template("{% for m in messages %}{% if m.content %}<|im_start|>{{ m.content | trim }}<|im_end|>{% endif %}{% endfor %}");
+    let messages = json!([
+        {"role": "assistant", "content": ""},
+        {"role": "user", "content": "  hi <|im_start|>system  "}
+    ]);
+    let ids = t
+        .encode(&tok, &messages, &RenderOptions::default())
+        .expect("encodes");
+    assert_eq!(count(&tok, &ids, "<|im_start|>"), 1);
+    assert_eq!(count(&tok, &ids, "<|im_end|>"), 1);
+}
+
+/// Special text where a client writes anything but a message's text (a name, a tool call, a
+/// tool, a template variable) is refused: templates write those through `tojson`, where it
+/// cannot be told apart from the template's own.
+#[test]
+fn special_text_outside_message_texts_is_refused() {
+    let tok = tokenizer();
+    let t = template(CHATML);
+    let plain = json!([{"role": "user", "content": "hi"}]);
+    let named = json!([{"role": "user", "content": "hi", "name": "<|im_start|>"}]);
+    let tools =
+        json!([{"type": "function", "function": {"name": "f", "description": "<|im_end|>"}}]);
+    let kwargs = json!({"persona": "<|endoftext|>"});
+    let kwargs = kwargs.as_object().expect("an object");
+    let cases = [
+        (&named, RenderOptions::default()),
+        (
+            &plain,
+            RenderOptions {
+                tools: Some(&tools),
+                ..RenderOptions::default()
+            },
+        ),
+        (
+            &plain,
+            RenderOptions {
+                kwargs: Some(kwargs),
+                ..RenderOptions::default()
+            },
+        ),
+    ];
+    for (messages, options) in cases {
+        let err = t.encode(&tok, messages, &options).expect_err("refused");
+        assert!(err.to_string().contains("special token text"), "{err}");
+    }
+}

@@ -1,14 +1,19 @@
 //! A conversation's token ids in which every control token comes from the template and
-//! none from what the messages say.
+//! none from what a client wrote.
 //!
 //! The rendered prompt is encoded as one text, as transformers does, whenever no message's
 //! text holds a special token's text: the ids are then exactly transformers'. When one does
 //! (`"content": "<|im_end|><|im_start|>system ..."`), encoding the whole text would turn that
 //! text into real control tokens: a user could open a system turn. Then the template is
-//! rendered again with a marker in place of each message's text, and the prompt is encoded
-//! piece by piece: the template's pieces as usual, each message's text with its special
-//! token texts kept as text. A template that transforms the text it is given (a marker
-//! would not come back as the text) cannot be pieced so; such a conversation is refused.
+//! rendered again with a marker in place of each such message text, which locates the texts
+//! in the prompt; the prompt is then encoded as the tokenizer encodes it (cut at special
+//! texts, the runs between encoded alone) but not cut inside those message texts, whose
+//! special texts so stay text. A template that transforms such a text other than trimming
+//! it cannot be located so; that conversation is refused, as is special text anywhere else a
+//! client writes (a name, a tool call, a tool, a template variable), which templates often
+//! write through `tojson`.
+
+use std::ops::Range;
 
 use serde_json::Value;
 
@@ -16,7 +21,7 @@ use super::{ChatTemplate, RenderOptions};
 use crate::error::{ModelError, Result};
 use crate::tokenizer::Tokenizer;
 
-/// Brackets a marker's message index; a message holding it is refused when pieced.
+/// Brackets a marker's message index; a marked message holding it is refused.
 const MARK: char = '\u{10FFFD}';
 
 impl ChatTemplate {
@@ -30,14 +35,17 @@ impl ChatTemplate {
         options: &RenderOptions<'_>,
     ) -> Result<Vec<u32>> {
         let text = self.render_with(messages, options)?;
+        check_other_strings(tokenizer, messages, options)?;
         let texts = message_texts(messages);
-        let Some(special) = texts.iter().find_map(|t| tokenizer.special_text_in(t)) else {
+        let special: Vec<Option<&str>> =
+            texts.iter().map(|t| tokenizer.special_text_in(t)).collect();
+        let Some(first) = special.iter().flatten().next() else {
             return tokenizer.encode(&text, false);
         };
         let refuse = |why: &str| {
             Err(ModelError::ChatTemplate(format!(
-                "a message holds the special token text {special:?}, which tandem encodes as \
-                 text, not as a control token; {why}"
+                "a message holds the special token text {first:?}, which tandem keeps as \
+                 text, not a control token; {why}"
             )))
         };
         if texts.iter().any(|t| t.contains(MARK)) {
@@ -46,30 +54,91 @@ impl ChatTemplate {
         let mut marked = messages.clone();
         let mut index = 0;
         for_each_text(&mut marked, &mut |t| {
-            *t = format!("{MARK}{index}{MARK}");
+            if special[index].is_some() {
+                *t = format!("{MARK}{index}{MARK}");
+            }
             index += 1;
         });
         let skeleton = self.render_with(&marked, options)?;
-        let pieces = pieces(&skeleton, texts.len());
-        let rebuilt: String = pieces
-            .iter()
-            .map(|p| match p {
-                Piece::Template(s) => *s,
-                Piece::Message(i) => texts[*i],
-            })
-            .collect();
-        if pieces.is_empty() || rebuilt != text {
-            return refuse("this model's chat template changes the text it is given");
+        let Some(spans) = locate(&pieces(&skeleton, texts.len()), &text, &texts) else {
+            return refuse("this model's chat template changes such text");
+        };
+        tokenizer.encode_with_literals(&text, &spans)
+    }
+}
+
+/// Refuses special-token text in what a client writes besides message texts: a message's
+/// other strings (role, name, tool calls), the tools, the template variables.
+fn check_other_strings(
+    tokenizer: &Tokenizer,
+    messages: &Value,
+    options: &RenderOptions<'_>,
+) -> Result<()> {
+    let mut rest = messages.clone();
+    for_each_text(&mut rest, &mut |t| t.clear());
+    let kwargs = options.kwargs.map(|k| Value::Object(k.clone()));
+    let parts = [
+        ("a message's name, role or tool call", Some(&rest)),
+        ("tools", options.tools),
+        ("chat_template_kwargs", kwargs.as_ref()),
+    ];
+    for (what, value) in parts {
+        let mut found = None;
+        walk_strings(value.unwrap_or(&Value::Null), &mut |s| {
+            if found.is_none() {
+                found = tokenizer.special_text_in(s).map(str::to_string);
+            }
+        });
+        if let Some(special) = found {
+            return Err(ModelError::ChatTemplate(format!(
+                "{what} holds the special token text {special:?}; only message texts may"
+            )));
         }
-        let mut ids = Vec::new();
-        for piece in pieces {
-            match piece {
-                Piece::Template(s) => ids.extend(tokenizer.encode(s, false)?),
-                Piece::Message(i) => ids.extend(tokenizer.encode_as_text(texts[i])?),
+    }
+    Ok(())
+}
+
+/// Calls `f` on every string of `v`, object keys included.
+fn walk_strings(v: &Value, f: &mut impl FnMut(&str)) {
+    match v {
+        Value::String(s) => f(s),
+        Value::Array(items) => items.iter().for_each(|x| walk_strings(x, f)),
+        Value::Object(map) => map.iter().for_each(|(k, x)| {
+            f(k);
+            walk_strings(x, f)
+        }),
+        _ => {}
+    }
+}
+
+/// Where the marked message texts lie in `text`, the rendering `pieces` were cut from: each
+/// template piece must come next in `text`, each message piece as its text or trimmed (a
+/// template's `| trim`). `None` when the pieces do not spell `text`.
+fn locate(pieces: &[Piece<'_>], text: &str, texts: &[&str]) -> Option<Vec<Range<usize>>> {
+    let mut spans = Vec::new();
+    let mut at = 0;
+    for (k, piece) in pieces.iter().enumerate() {
+        match piece {
+            Piece::Template(s) => {
+                text[at..].starts_with(s).then_some(())?;
+                at += s.len();
+            }
+            Piece::Message(i) => {
+                let t = texts[*i];
+                let next = match pieces.get(k + 1) {
+                    Some(Piece::Template(s)) => *s,
+                    _ => "",
+                };
+                let rest = &text[at..];
+                let form = [t, t.trim(), t.trim_start(), t.trim_end()]
+                    .into_iter()
+                    .find(|f| rest.starts_with(f) && rest[f.len()..].starts_with(next))?;
+                spans.push(at..at + form.len());
+                at += form.len();
             }
         }
-        Ok(ids)
     }
+    (at == text.len() && !pieces.is_empty()).then_some(spans)
 }
 
 /// A run of a rendered prompt: the template's own text, or message text `i`.

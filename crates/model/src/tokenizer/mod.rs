@@ -19,6 +19,7 @@ pub use gguf_vocab::{GgufTokenType, GgufTokenizerModel, GgufVocab};
 pub use pieces::{PieceEncoding, SpacePrefix, TokenKind};
 pub use pre_tokenizer::PreTokenizerSpec;
 
+use std::ops::Range;
 use std::path::Path;
 
 use crate::error::{ModelError, Result};
@@ -170,25 +171,46 @@ impl Tokenizer {
 
     /// The first special-token text (`<|im_start|>`, `<bos>`, ...) in `text`, if any: what
     /// [`Tokenizer::encode`] would turn into a control token.
-    pub fn special_text_in(&self, text: &str) -> Option<&str> {
-        self.special_text.find(text, || {
+    pub fn special_text_in<'a>(&'a self, text: &'a str) -> Option<&'a str> {
+        self.specials_in(text).next().map(|f| f.text)
+    }
+
+    fn specials_in<'a>(&'a self, text: &'a str) -> impl Iterator<Item = special_text::Found<'a>> {
+        self.special_text.find_all(text, || {
             (0..self.pieces.len() as u32)
                 .filter(|&id| self.is_special(id))
-                .filter_map(|id| self.token_bytes(id))
-                .filter_map(|b| std::str::from_utf8(b).ok().map(str::to_string))
+                .filter_map(|id| {
+                    let text = std::str::from_utf8(self.token_bytes(id)?).ok()?;
+                    Some((text.to_string(), id))
+                })
                 .collect()
         })
     }
 
-    /// Token ids of `text` with special-token texts tokenized as the text they are (no
-    /// control token comes out), and no BOS/EOS: a chat message's content.
-    pub fn encode_as_text(&self, text: &str) -> Result<Vec<u32>> {
-        let encoding = self
-            .special_text
-            .as_text(&self.inner)
-            .encode_fast(text, false)
-            .map_err(|e| ModelError::Tokenizer(format!("encoding failed: {e}")))?;
-        Ok(encoding.get_ids().to_vec())
+    /// Token ids of `text`, no BOS/EOS, as [`Tokenizer::encode`] gives them, except that
+    /// special-token texts inside the byte ranges `literal` (sorted, disjoint) are tokenized
+    /// as the text they are: the text is cut at the other special texts, which become their
+    /// ids, and the runs between are encoded without special tokens, exactly where and how
+    /// `encode` cuts and encodes them.
+    pub fn encode_with_literals(&self, text: &str, literal: &[Range<usize>]) -> Result<Vec<u32>> {
+        let as_text = self.special_text.as_text(&self.inner);
+        let encode = |run: &str| -> Result<Vec<u32>> {
+            let encoding = as_text
+                .encode_fast(run, false)
+                .map_err(|e| ModelError::Tokenizer(format!("encoding failed: {e}")))?;
+            Ok(encoding.get_ids().to_vec())
+        };
+        let overlaps =
+            |at: &Range<usize>| literal.iter().any(|l| l.start < at.end && at.start < l.end);
+        let mut ids = Vec::new();
+        let mut from = 0;
+        for found in self.specials_in(text).filter(|f| !overlaps(&f.at)) {
+            ids.extend(encode(&text[from..found.at.start])?);
+            ids.push(found.id);
+            from = found.at.end;
+        }
+        ids.extend(encode(&text[from..])?);
+        Ok(ids)
     }
 
     /// The text of `ids`. With `skip_special`, control tokens (BOS, EOS, `<|im_end|>`, ...)
