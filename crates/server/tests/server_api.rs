@@ -520,3 +520,30 @@ fn concurrent_requests_batch_without_changing_their_answers() {
     wait_health(addr, std::time::Duration::from_secs(5), idle);
     server.shutdown().expect("clean shutdown");
 }
+
+/// Tokenizing runs off the HTTP workers: with a single worker, `/health` answers while a
+/// 3 MiB prompt is still being tokenized (before, it waited for the tokenizer). The prompt
+/// is then refused as longer than the context: its answer is short, so its time is the
+/// tokenizer's.
+#[test]
+fn a_long_tokenization_does_not_hold_the_http_workers() {
+    let server = start_server(&fixture_path(), |c| c.http_threads = 1);
+    let addr = server.addr();
+    let big = json!({"prompt": "1".repeat(3 << 20), "max_tokens": 1});
+    let started = std::time::Instant::now();
+    let long = std::thread::spawn(move || {
+        let r = post(addr, "/v1/completions", &big);
+        assert_error(&r, 400, Some("prompt"));
+        started.elapsed()
+    });
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    assert_eq!(get(addr, "/health").status, 200);
+    let health = started.elapsed();
+    let tokenize = long.join().expect("tokenize thread");
+    eprintln!("health after {health:?}, tokenize after {tokenize:?}");
+    assert!(
+        health < tokenize,
+        "health {health:?} waited for tokenize {tokenize:?}"
+    );
+    server.shutdown().expect("clean shutdown");
+}

@@ -14,7 +14,7 @@ use tandem_model::chat_template::{ChatMessage, RenderOptions};
 use super::body::{fields, json_object};
 use super::format::Endpoint;
 use super::sampling::{CommonFields, GenerationPlan};
-use super::{beam, respond, structured, tools, App};
+use super::{beam, off_the_workers, respond, structured, tools, App};
 use crate::error::{ApiError, ApiResult};
 use crate::limits::RequestLimits;
 
@@ -229,12 +229,21 @@ async fn answer(
         let tools = tool_mode.is_some();
         beam::check(&plan, &[("logprobs", logprobs.is_some()), ("tools", tools)])?;
     }
-    let options = RenderOptions {
-        tools: own.tools.as_ref(),
-        add_generation_prompt: own.add_generation_prompt.unwrap_or(true),
-        kwargs: own.chat_template_kwargs.as_ref(),
+    let prompt = {
+        let app = app.clone();
+        let (tools, kwargs) = (own.tools.clone(), own.chat_template_kwargs.clone());
+        let add_generation_prompt = own.add_generation_prompt.unwrap_or(true);
+        let messages = own.messages;
+        off_the_workers(move || {
+            let options = RenderOptions {
+                tools: tools.as_ref(),
+                add_generation_prompt,
+                kwargs: kwargs.as_ref(),
+            };
+            chat_prompt(&app, messages, &options)
+        })
+        .await?
     };
-    let prompt = chat_prompt(&app, own.messages, &options)?;
     check_prompt_length(&prompt, bounds, limits.max_model_len)?;
     let room = limits.max_model_len - prompt.len();
     let default_max = bounds.max_output_tokens.map_or(room, |cap| cap.min(room));

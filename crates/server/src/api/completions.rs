@@ -13,7 +13,7 @@ use super::body::{fields, json_object};
 use super::echo::PromptOptions;
 use super::format::Endpoint;
 use super::sampling::CommonFields;
-use super::{beam, respond, structured, App};
+use super::{beam, off_the_workers, respond, structured, App};
 use crate::error::{ApiError, ApiResult};
 
 /// The fields only completions have.
@@ -54,7 +54,11 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
     let prompt = value
         .get("prompt")
         .ok_or_else(|| ApiError::field("prompt", "is required"))?;
-    let prompts = parse_prompts(&app, prompt, own.add_special_tokens.unwrap_or(true))?;
+    let prompts = {
+        let (app, prompt) = (app.clone(), prompt.clone());
+        let add_special = own.add_special_tokens.unwrap_or(true);
+        off_the_workers(move || parse_prompts(&app, &prompt, add_special)).await?
+    };
     let max_tokens = plan
         .max_tokens
         .unwrap_or(bounds.max_output_tokens.map_or(16, |cap| cap.min(16)));

@@ -122,6 +122,20 @@ impl AppState {
     }
 }
 
+/// Runs `work` on tokio's blocking pool: turning a request's text into token ids
+/// (rendering a chat template, tokenizing) costs CPU in proportion to the request (2 s for
+/// the largest body on this project's machines), and the few HTTP worker threads must stay
+/// free to answer `/health` and keep streams flowing meanwhile.
+pub async fn off_the_workers<T, F>(work: F) -> ApiResult<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> ApiResult<T> + Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizing the request failed: {e}")))?
+}
+
 /// Seconds since the Unix epoch.
 pub fn unix_time() -> u64 {
     std::time::SystemTime::now()

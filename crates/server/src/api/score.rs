@@ -56,7 +56,7 @@ use tandem_model::batch::TokenId;
 use super::body::{fields, json_object};
 use super::sampling::check_cache_salt;
 use super::score_format::{item_json, ScoredItem};
-use super::App;
+use super::{off_the_workers, App};
 use crate::engine_thread::GroupEvent;
 use crate::error::{ApiError, ApiResult};
 use tandem_text::{Finish, RequestOutput, TextOptions};
@@ -110,8 +110,12 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
         ));
     }
     check_cache_salt(f.cache_salt.as_deref())?;
-    let items = parse_items(&app, &f)?;
-    let scores = run_items(&app, &items, top_k, f.cache_salt.as_deref()).await?;
+    let salt = f.cache_salt.clone();
+    let items = {
+        let app = app.clone();
+        off_the_workers(move || parse_items(&app, &f)).await?
+    };
+    let scores = run_items(&app, &items, top_k, salt.as_deref()).await?;
     let data: Vec<Value> = items
         .iter()
         .zip(scores)

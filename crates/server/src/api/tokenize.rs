@@ -19,7 +19,7 @@ use tandem_model::chat_template::RenderOptions;
 
 use super::body::{fields, json_object};
 use super::chat::{to_messages, MessageIn};
-use super::App;
+use super::{off_the_workers, App};
 use crate::error::{ApiError, ApiResult};
 
 #[derive(Debug, Deserialize)]
@@ -40,38 +40,41 @@ struct DetokenizeFields {
 }
 
 pub async fn tokenize(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
-    let run = || -> ApiResult<Response> {
-        let f: TokenizeFields = fields(&json_object(body, app.config.limits.max_body_bytes)?)?;
-        app.check_model(f.model.as_deref())?;
-        let ids = match (f.prompt, f.messages) {
-            (Some(p), None) => {
-                app.prompts
-                    .text(&p, f.add_special_tokens.unwrap_or(true), "prompt")?
-            }
-            (None, Some(m)) => {
-                let options = RenderOptions {
-                    add_generation_prompt: f.add_generation_prompt.unwrap_or(true),
-                    kwargs: f.chat_template_kwargs.as_ref(),
-                    ..RenderOptions::default()
-                };
-                app.prompts.chat(&to_messages(m)?, &options)?
-            }
-            _ => {
-                return Err(ApiError::bad_request(
-                    "give exactly one of `prompt` or `messages`",
-                    Some("prompt"),
-                ))
-            }
-        };
-        let tokens: Vec<u32> = ids.iter().map(|t| t.0).collect();
-        Ok(axum::Json(json!({
-            "count": tokens.len(),
-            "max_model_len": app.limits.max_model_len,
-            "tokens": tokens,
-        }))
-        .into_response())
+    off_the_workers(move || tokenize_now(&app, body))
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `/tokenize`, on the blocking pool (see [`off_the_workers`]).
+fn tokenize_now(app: &App, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
+    let f: TokenizeFields = fields(&json_object(body, app.config.limits.max_body_bytes)?)?;
+    app.check_model(f.model.as_deref())?;
+    let ids = match (f.prompt, f.messages) {
+        (Some(p), None) => app
+            .prompts
+            .text(&p, f.add_special_tokens.unwrap_or(true), "prompt")?,
+        (None, Some(m)) => {
+            let options = RenderOptions {
+                add_generation_prompt: f.add_generation_prompt.unwrap_or(true),
+                kwargs: f.chat_template_kwargs.as_ref(),
+                ..RenderOptions::default()
+            };
+            app.prompts.chat(&to_messages(m)?, &options)?
+        }
+        _ => {
+            return Err(ApiError::bad_request(
+                "give exactly one of `prompt` or `messages`",
+                Some("prompt"),
+            ))
+        }
     };
-    run().unwrap_or_else(IntoResponse::into_response)
+    let tokens: Vec<u32> = ids.iter().map(|t| t.0).collect();
+    Ok(axum::Json(json!({
+        "count": tokens.len(),
+        "max_model_len": app.limits.max_model_len,
+        "tokens": tokens,
+    }))
+    .into_response())
 }
 
 pub async fn detokenize(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
