@@ -68,38 +68,50 @@ impl ChatTemplate {
 }
 
 /// Refuses special-token text in what a client writes besides message texts: a message's
-/// other strings (role, name, tool calls), the tools, the template variables.
+/// other strings (role, name, tool calls), the tools, the template variables. (Read in
+/// place: this runs for every chat request.)
 fn check_other_strings(
     tokenizer: &Tokenizer,
     messages: &Value,
     options: &RenderOptions<'_>,
 ) -> Result<()> {
-    let mut rest = messages.clone();
-    for_each_text(&mut rest, &mut |t| t.clear());
-    let kwargs = options.kwargs.map(|k| Value::Object(k.clone()));
-    let parts = [
-        ("a message's name, role or tool call", Some(&rest)),
-        ("tools", options.tools),
-        ("chat_template_kwargs", kwargs.as_ref()),
-    ];
-    for (what, value) in parts {
+    let refuse = |what: &str, special: String| {
+        Err(ModelError::ChatTemplate(format!(
+            "{what} holds the special token text {special:?}; only message texts may"
+        )))
+    };
+    let first_special = |visit: &dyn Fn(Visitor<'_>)| {
         let mut found = None;
-        walk_strings(value.unwrap_or(&Value::Null), &mut |s| {
+        visit(&mut |s| {
             if found.is_none() {
                 found = tokenizer.special_text_in(s).map(str::to_string);
             }
         });
-        if let Some(special) = found {
-            return Err(ModelError::ChatTemplate(format!(
-                "{what} holds the special token text {special:?}; only message texts may"
-            )));
-        }
+        found
+    };
+    if let Some(s) = first_special(&|f| walk_other_message_strings(messages, f)) {
+        return refuse("a message's name, role or tool call", s);
+    }
+    if let Some(s) = first_special(&|f| walk_strings(options.tools.unwrap_or(&Value::Null), f)) {
+        return refuse("tools", s);
+    }
+    let kwargs = options.kwargs.into_iter().flatten();
+    if let Some(s) = first_special(&|f| {
+        kwargs.clone().for_each(|(k, v)| {
+            f(k);
+            walk_strings(v, f)
+        })
+    }) {
+        return refuse("chat_template_kwargs", s);
     }
     Ok(())
 }
 
+/// What a walk over strings calls on each.
+type Visitor<'a> = &'a mut dyn FnMut(&str);
+
 /// Calls `f` on every string of `v`, object keys included.
-fn walk_strings(v: &Value, f: &mut impl FnMut(&str)) {
+fn walk_strings(v: &Value, f: &mut dyn FnMut(&str)) {
     match v {
         Value::String(s) => f(s),
         Value::Array(items) => items.iter().for_each(|x| walk_strings(x, f)),
@@ -108,6 +120,40 @@ fn walk_strings(v: &Value, f: &mut impl FnMut(&str)) {
             walk_strings(x, f)
         }),
         _ => {}
+    }
+}
+
+/// Calls `f` on every string of `messages` but their texts (those of [`message_texts`]).
+fn walk_other_message_strings(messages: &Value, f: &mut dyn FnMut(&str)) {
+    let Some(list) = messages.as_array() else {
+        return walk_strings(messages, f);
+    };
+    for message in list {
+        let Some(fields) = message.as_object() else {
+            walk_strings(message, f);
+            continue;
+        };
+        for (key, value) in fields {
+            f(key);
+            match (key.as_str(), value) {
+                ("content", Value::String(_)) => {}
+                ("content", Value::Array(parts)) => parts.iter().for_each(|p| walk_part(p, f)),
+                _ => walk_strings(value, f),
+            }
+        }
+    }
+}
+
+/// [`walk_other_message_strings`] within one content part: all but its `text`.
+fn walk_part(part: &Value, f: &mut dyn FnMut(&str)) {
+    let Some(fields) = part.as_object() else {
+        return walk_strings(part, f);
+    };
+    for (key, value) in fields {
+        f(key);
+        if !(key == "text" && value.is_string()) {
+            walk_strings(value, f);
+        }
     }
 }
 

@@ -165,14 +165,15 @@ impl ChatTemplate {
         messages: &serde_json::Value,
         options: &RenderOptions<'_>,
     ) -> Result<String> {
-        let kwargs = options.kwargs.cloned().unwrap_or_default();
+        let no_kwargs = serde_json::Map::new();
+        let kwargs = options.kwargs.unwrap_or(&no_kwargs);
         if let Some(name) = kwargs.keys().find(|k| self.is_reserved(k)) {
             return Err(ModelError::ChatTemplateKwargs(format!(
                 "`{name}` is the template's own; it cannot be set"
             )));
         }
         let tools = options.tools.map(Value::from_serialize);
-        let extra = Value::from_serialize(&kwargs);
+        let extra = Value::from_serialize(kwargs);
         self.render_values(
             Value::from_serialize(messages),
             tools,
