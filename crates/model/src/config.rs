@@ -260,6 +260,23 @@ impl BlockFeatures {
     }
 }
 
+/// The largest count or dimension a model may have (2^24): far above any real model's, and
+/// small enough that what is allocated per layer, head or row stays bounded.
+pub const MAX_SIZE: usize = 1 << 24;
+
+/// Checks that a count or dimension is positive and at most [`MAX_SIZE`]. The loaders check
+/// the layer count where they read it, before anything is built per layer;
+/// [`ModelConfig::validate`] checks every size.
+pub fn check_size(name: &str, v: usize) -> Result<(), String> {
+    if v == 0 {
+        return Err(format!("{name} must be positive"));
+    }
+    if v > MAX_SIZE {
+        return Err(format!("{name} = {v} is implausibly large"));
+    }
+    Ok(())
+}
+
 impl ModelConfig {
     /// Checks the relations between sizes that the forward pass relies on.
     pub fn validate(&self) -> Result<(), String> {
@@ -274,12 +291,7 @@ impl ModelConfig {
             ("context_len", self.context_len),
         ];
         for (name, v) in positive {
-            if v == 0 {
-                return Err(format!("{name} must be positive"));
-            }
-            if v > (1 << 24) {
-                return Err(format!("{name} = {v} is implausibly large"));
-            }
+            check_size(name, v)?;
         }
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(format!(

@@ -4,8 +4,8 @@
 //! embedding).
 
 use crate::config::{
-    Activation, Architecture, BlockFeatures, MixtureOfExperts, ModelConfig, RopeConfig, RopeStyle,
-    SlidingWindow, GGUF_ARCHITECTURES,
+    check_size, Activation, Architecture, BlockFeatures, MixtureOfExperts, ModelConfig, RopeConfig,
+    RopeStyle, SlidingWindow, GGUF_ARCHITECTURES,
 };
 use crate::error::{ModelError, Result};
 use crate::gguf::{Metadata, MetadataValue};
@@ -50,6 +50,7 @@ pub fn config_from_gguf(md: &Metadata, vocab_size: usize) -> Result<ModelConfig>
         | Architecture::Phi3 => RopeStyle::Neox,
     };
     let num_layers = int("block_count")?;
+    check_size(&key("block_count"), num_layers).map_err(ModelError::Config)?;
     let features = match architecture {
         Architecture::Gemma3 => {
             gemma3_features(md, arch_name, hidden_size, num_heads, head_dim, num_layers)?

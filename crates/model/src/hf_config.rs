@@ -26,7 +26,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use crate::config::{
-    Architecture, BlockFeatures, Llama3RopeScaling, ModelConfig, RopeConfig, RopeStyle,
+    check_size, Architecture, BlockFeatures, Llama3RopeScaling, ModelConfig, RopeConfig, RopeStyle,
     SlidingWindow, HF_CLASSES, HF_MODEL_TYPES,
 };
 use crate::error::{ModelError, Result};
@@ -118,6 +118,13 @@ fn parse_object(text: &str, file: &str) -> Result<Map<String, Value>> {
         Ok(_) => Err(ModelError::Config(format!("{file} is not a JSON object"))),
         Err(e) => Err(ModelError::Config(format!("{file} is not valid JSON: {e}"))),
     }
+}
+
+/// `num_hidden_layers`, checked before anything is built per layer.
+pub(crate) fn layer_count(cfg: &Map<String, Value>) -> Result<usize> {
+    let n = req_usize(cfg, "num_hidden_layers")?;
+    check_size("num_hidden_layers", n).map_err(|e| field_err("num_hidden_layers", e))?;
+    Ok(n)
 }
 
 pub(crate) fn field_err(field: &str, what: impl std::fmt::Display) -> ModelError {
@@ -347,7 +354,7 @@ fn model_config(cfg: &Map<String, Value>) -> Result<ModelConfig> {
     };
     let max_positions = req_usize(cfg, "max_position_embeddings")?;
     let rms_norm_eps = opt_f64(cfg, "rms_norm_eps")?.unwrap_or(1e-6) as f32;
-    let num_layers = req_usize(cfg, "num_hidden_layers")?;
+    let num_layers = layer_count(cfg)?;
     let features = BlockFeatures {
         sliding_window: mistral_window(cfg, architecture, num_layers)?,
         moe: crate::hf_moe::hf_experts(cfg, architecture)?,

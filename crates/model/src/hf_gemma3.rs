@@ -17,7 +17,8 @@ use crate::config::{
 };
 use crate::error::Result;
 use crate::hf_config::{
-    field_err, opt_bool, opt_f64, opt_f64_labeled, opt_str, opt_usize, present, req_usize,
+    field_err, layer_count, opt_bool, opt_f64, opt_f64_labeled, opt_str, opt_usize, present,
+    req_usize,
 };
 
 /// Transformers' `Gemma3TextConfig` defaults.
@@ -34,7 +35,7 @@ pub(crate) fn gemma3_config(cfg: &Map<String, Value>) -> Result<ModelConfig> {
     check_unsupported(cfg)?;
     let hidden_size = req_usize(cfg, "hidden_size")?;
     let num_heads = req_usize(cfg, "num_attention_heads")?;
-    let num_layers = req_usize(cfg, "num_hidden_layers")?;
+    let num_layers = layer_count(cfg)?;
     let head_dim = opt_usize(cfg, "head_dim")?.unwrap_or(DEFAULT_HEAD_DIM);
     let scalar = opt_f64(cfg, "query_pre_attn_scalar")?.unwrap_or(DEFAULT_QUERY_PRE_ATTN_SCALAR);
     if scalar <= 0.0 {
