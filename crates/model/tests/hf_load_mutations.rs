@@ -11,9 +11,10 @@ mod load_check;
 
 use std::path::{Path, PathBuf};
 
-use load_check::{no_panic, run_five_tokens};
+use load_check::{exercise, no_panic, run_five_tokens};
 use serde_json::{json, Value};
 use tandem_model::loader::load_model;
+use tandem_model::tokenizer::Tokenizer;
 
 const FIXTURES: [&str; 9] = [
     "llama_tied",
@@ -63,36 +64,54 @@ fn variants(v: &Value) -> Vec<Value> {
     out
 }
 
-/// Every (path, replacement) pair: each value of `root`, nested ones too, replaced by each
-/// of its variants, or removed (`None`).
-fn mutations(root: &Value) -> Vec<(Vec<String>, Option<Value>)> {
+/// Every (JSON pointer, replacement) pair: each value of `root`, nested ones too (the first
+/// three elements of a list), replaced by each of its variants, or removed (`None`). The
+/// children of a key in `opaque` (a vocabulary, its merges) are not visited one by one.
+fn mutations(root: &Value, opaque: &[&str]) -> Vec<(String, Option<Value>)> {
     let mut out = Vec::new();
-    let mut stack = vec![(Vec::<String>::new(), root)];
-    while let Some((path, value)) = stack.pop() {
-        let Value::Object(map) = value else { continue };
-        for (key, child) in map {
-            let mut at = path.clone();
-            at.push(key.clone());
+    let mut stack = vec![(String::new(), root)];
+    while let Some((pointer, value)) = stack.pop() {
+        let children: Vec<(String, &Value)> = match value {
+            Value::Object(map) => map
+                .iter()
+                .map(|(key, child)| (key.replace('~', "~0").replace('/', "~1"), child))
+                .collect(),
+            Value::Array(items) => items
+                .iter()
+                .take(3)
+                .enumerate()
+                .map(|(i, c)| (i.to_string(), c))
+                .collect(),
+            _ => continue,
+        };
+        for (step, child) in children {
+            let at = format!("{pointer}/{step}");
             out.push((at.clone(), None));
             out.extend(variants(child).into_iter().map(|v| (at.clone(), Some(v))));
-            stack.push((at, child));
+            let last = at.rsplit('/').next().unwrap_or_default();
+            if !opaque.contains(&last) {
+                stack.push((at, child));
+            }
         }
     }
     out
 }
 
-fn apply(root: &Value, path: &[String], replacement: &Option<Value>) -> Value {
+/// `root` with the value at `pointer` replaced, or removed.
+fn apply(root: &Value, pointer: &str, replacement: &Option<Value>) -> Value {
     let mut out = root.clone();
-    let (last, parents) = path.split_last().expect("a non-empty path");
-    let mut node = &mut out;
-    for key in parents {
-        node = node.get_mut(key).expect("the path exists");
+    let (parent, last) = pointer.rsplit_once('/').expect("a non-empty pointer");
+    let last = last.replace("~1", "/").replace("~0", "~");
+    match (
+        out.pointer_mut(parent).expect("the path exists"),
+        replacement,
+    ) {
+        (Value::Object(map), Some(v)) => drop(map.insert(last, v.clone())),
+        (Value::Object(map), None) => drop(map.remove(&last)),
+        (Value::Array(items), Some(v)) => items[last.parse::<usize>().expect("index")] = v.clone(),
+        (Value::Array(items), None) => drop(items.remove(last.parse::<usize>().expect("index"))),
+        _ => unreachable!("a pointer's parent is an object or a list"),
     }
-    let map = node.as_object_mut().expect("an object");
-    match replacement {
-        Some(v) => map.insert(last.clone(), v.clone()),
-        None => map.remove(last),
-    };
     out
 }
 
@@ -102,7 +121,7 @@ fn load_and_run(dir: &Path) -> Result<bool, String> {
     let Ok(loaded) = load_model(dir) else {
         return Ok(false);
     };
-    let _ = loaded.tokenizer.encode("Hello world", true);
+    exercise(&loaded.tokenizer);
     run_five_tokens(loaded.host).map(|()| true)
 }
 
@@ -136,10 +155,10 @@ fn mutated_model_directories_load_to_an_error_or_a_working_model() {
                 continue;
             };
             let root: Value = serde_json::from_str(&text).expect("fixture json");
-            for (path, replacement) in mutations(&root) {
+            for (path, replacement) in mutations(&root, &[]) {
                 let changed = apply(&root, &path, &replacement);
                 std::fs::write(dir.join(file), changed.to_string()).expect("write");
-                let label = format!("{name}/{file}: {} = {replacement:?}", path.join("."));
+                let label = format!("{name}/{file}: {path} = {replacement:?}");
                 match no_panic(&label, &mut failures, || load_and_run(&dir)) {
                     Some(true) => loaded += 1,
                     Some(false) => refused += 1,
@@ -155,5 +174,33 @@ fn mutated_model_directories_load_to_an_error_or_a_working_model() {
         );
     }
     std::fs::remove_dir_all(&tmp).ok();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `tokenizer.json` (shared by the fixtures) gets the same treatment, but for the entries of
+/// its vocabulary and merges: each mutation builds a tokenizer, or fails with a typed error.
+#[test]
+fn mutated_tokenizer_json_builds_or_fails_cleanly() {
+    let tmp = std::env::temp_dir().join(format!("tandem-tokenizer-json-{}", std::process::id()));
+    let dir = copy_fixture("llama_tied", &tmp);
+    let text = std::fs::read_to_string(dir.join("tokenizer.json")).expect("tokenizer.json");
+    let root: Value = serde_json::from_str(&text).expect("fixture json");
+    let build = || Tokenizer::from_hf_dir(&dir).map_err(|e| e.to_string());
+    assert_eq!(build().map(|t| exercise(&t)), Ok(()), "the fixture itself");
+    let (mut failures, mut built, mut refused) = (Vec::new(), 0, 0);
+    for (path, replacement) in mutations(&root, &["vocab", "merges"]) {
+        let changed = apply(&root, &path, &replacement);
+        std::fs::write(dir.join("tokenizer.json"), changed.to_string()).expect("write");
+        let label = format!("tokenizer.json: {path} = {replacement:.60?}");
+        let outcome = no_panic(&label, &mut failures, || Ok(build().map(|t| exercise(&t))));
+        match outcome {
+            Some(Ok(())) => built += 1,
+            Some(Err(_)) => refused += 1,
+            None => {}
+        }
+    }
+    std::fs::remove_dir_all(&tmp).ok();
+    eprintln!("tokenizer.json: {built} mutations built a tokenizer, {refused} refused");
+    assert!(built > 0 && refused > 0, "{built} built, {refused} refused");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

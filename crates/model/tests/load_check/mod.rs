@@ -7,6 +7,7 @@ use tandem_kernels::Isa;
 use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, TokenId};
 use tandem_model::host_model::HostModel;
 use tandem_model::kv_store::{KvDtype, KvStore};
+use tandem_model::tokenizer::Tokenizer;
 use tandem_model::transformer::Model;
 
 /// Runs five tokens through a model that loaded: the forward pass may fail with a typed
@@ -45,5 +46,33 @@ pub fn no_panic<T>(
             failures.push(format!("{label}: panicked: {msg}"));
             None
         }
+    }
+}
+
+/// Uses a tokenizer that built: encodes and decodes texts with special-token text, controls
+/// and emoji, and looks up ids inside and outside its vocabulary. Errors are allowed, panics
+/// are not.
+pub fn exercise(t: &Tokenizer) {
+    let texts = [
+        "Hello world! 123 <|im_start|>user\n ünï 🤖\t\t x",
+        "",
+        " ",
+        "<s></s>",
+        "\0",
+    ];
+    for text in texts {
+        let _ = t.special_text_in(text);
+        let _ = t.encode_with_literals(text, std::slice::from_ref(&(0..text.len())));
+        if let Ok(ids) = t.encode(text, true) {
+            let _ = (t.decode(&ids, false), t.decode(&ids, true));
+        }
+    }
+    let n = t.vocab_size() as u32;
+    for id in [0, 1, n.saturating_sub(1), n, u32::MAX] {
+        let _ = (
+            t.decode(&[id], false),
+            t.token_to_piece(id),
+            t.is_special(id),
+        );
     }
 }
