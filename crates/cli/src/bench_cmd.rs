@@ -319,6 +319,7 @@ pub(crate) fn measure(
                 len: n,
                 num_cached: done[s],
                 block_table: tables[s].clone(),
+                adapter: None,
             });
             batch
                 .tokens
@@ -345,6 +346,7 @@ pub(crate) fn measure(
                     len: 1,
                     num_cached: p + step,
                     block_table: tables[s].clone(),
+                    adapter: None,
                 })
                 .collect(),
             output: OutputSelection::Last,

@@ -17,7 +17,7 @@
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hash};
 
-use tandem_model::batch::TokenId;
+use tandem_model::batch::{AdapterId, TokenId};
 
 /// The identity of a full block's contents (and of everything before it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,9 +57,10 @@ impl PrefixHasher {
         BlockKey(u128::from(lo) | (u128::from(hi) << 64))
     }
 
-    /// The key a sequence's first block chains from: model identity and cache salt.
-    pub fn root(&self, cache_salt: Option<&str>) -> BlockKey {
-        self.key_of((0u8, self.model_identity, cache_salt))
+    /// The key a sequence's first block chains from: model identity, cache salt and LoRA
+    /// adapter.
+    pub fn root(&self, cache_salt: Option<&str>, adapter: Option<AdapterId>) -> BlockKey {
+        self.key_of((0u8, self.model_identity, cache_salt, adapter))
     }
 
     /// The key of a full block with `tokens` after the block keyed `parent`.
@@ -94,9 +95,9 @@ mod tests {
     }
 
     #[test]
-    fn keys_depend_on_tokens_parent_salt_and_model() {
+    fn keys_depend_on_tokens_parent_salt_adapter_and_model() {
         let h = PrefixHasher::new(7);
-        let root = h.root(None);
+        let root = h.root(None, None);
         let a = h.chain(root, &toks(&[1, 2]));
         assert_eq!(
             a,
@@ -104,13 +105,18 @@ mod tests {
             "deterministic within a hasher"
         );
         assert_ne!(a, h.chain(root, &toks(&[2, 1])));
-        assert_ne!(a, h.chain(h.root(Some("tenant")), &toks(&[1, 2])));
-        assert_ne!(h.root(Some("a")), h.root(Some("b")));
+        assert_ne!(a, h.chain(h.root(Some("tenant"), None), &toks(&[1, 2])));
+        assert_ne!(h.root(Some("a"), None), h.root(Some("b"), None));
+        assert_ne!(root, h.root(None, Some(AdapterId(0))));
+        assert_ne!(
+            h.root(None, Some(AdapterId(0))),
+            h.root(None, Some(AdapterId(1)))
+        );
         assert_ne!(h.chain(a, &toks(&[3])), h.chain(root, &toks(&[3])));
         let other = PrefixHasher::new(7);
         assert_ne!(
             a,
-            other.chain(other.root(None), &toks(&[1, 2])),
+            other.chain(other.root(None, None), &toks(&[1, 2])),
             "keys are seeded per hasher, so clients cannot predict them"
         );
         let mut keys = Vec::new();

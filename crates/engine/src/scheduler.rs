@@ -443,6 +443,7 @@ impl Scheduler {
             block_table: seq.block_table().blocks().to_vec(),
             num_output_rows: g.num_output_rows,
             carries_pick: false,
+            adapter: seq.params().adapter,
         }
     }
 

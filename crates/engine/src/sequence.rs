@@ -11,7 +11,7 @@
 //! `tokens`, clamps `num_computed_tokens` and shrinks the block table to the blocks the
 //! remaining tokens need. Accepted drafts become output with [`Sequence::commit_drafts`].
 
-use tandem_model::batch::TokenId;
+use tandem_model::batch::{AdapterId, TokenId};
 
 use crate::block_table::BlockTable;
 use crate::prefix_cache::{BlockKey, PrefixHasher};
@@ -90,6 +90,10 @@ pub struct RequestParams {
     /// Prefix-cache isolation key: requests share cached KV blocks only with requests of the
     /// same salt (`None` is a salt of its own).
     pub cache_salt: Option<String>,
+    /// The LoRA adapter the request runs with (registered with the model runner), if any.
+    /// Part of the prefix-cache key: blocks computed under one adapter are never reused
+    /// under another.
+    pub adapter: Option<AdapterId>,
 }
 
 impl Default for RequestParams {
@@ -100,6 +104,7 @@ impl Default for RequestParams {
             stop_token_ids: Vec::new(),
             priority: 0,
             cache_salt: None,
+            adapter: None,
         }
     }
 }
@@ -266,14 +271,14 @@ impl Sequence {
     }
 
     /// Computes (once) the prefix-cache keys of the first `n` full blocks of `block_size`
-    /// tokens; returns the root key they chain from (model identity and cache salt).
+    /// tokens; returns the root key they chain from (model identity, cache salt and adapter).
     pub fn ensure_block_keys(
         &mut self,
         hasher: &PrefixHasher,
         block_size: usize,
         n: usize,
     ) -> BlockKey {
-        let root = hasher.root(self.params.cache_salt.as_deref());
+        let root = hasher.root(self.params.cache_salt.as_deref(), self.params.adapter);
         hasher.extend_keys(&mut self.prefix.keys, root, &self.tokens, block_size, n);
         root
     }

@@ -2,7 +2,7 @@
 //! compute this step ([`StepPlan`]), what came out of it ([`StepResult`]), and what the clients
 //! learn ([`SeqEvent`]). [`to_forward_batch`] maps a plan onto the model's flat batch.
 
-use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
+use tandem_model::batch::{AdapterId, BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
 
 use crate::sequence::{FinishReason, SeqId};
 
@@ -26,6 +26,8 @@ pub struct ScheduledSeq {
     /// before this one, still running when this plan was made (`tokens` holds a placeholder;
     /// see `scheduler/ahead.rs`).
     pub carries_pick: bool,
+    /// The LoRA adapter the sequence runs with.
+    pub adapter: Option<AdapterId>,
 }
 
 impl ScheduledSeq {
@@ -131,6 +133,7 @@ pub fn to_forward_batch(plan: &StepPlan) -> ForwardBatch {
             len: s.len(),
             num_cached: s.num_computed,
             block_table: s.block_table.clone(),
+            adapter: s.adapter,
         });
     }
     ForwardBatch {
@@ -157,6 +160,7 @@ mod tests {
                     block_table: vec![BlockId(2), BlockId(5)],
                     num_output_rows: 1,
                     carries_pick: false,
+                    adapter: None,
                 },
                 ScheduledSeq {
                     seq_id: SeqId(1),
@@ -165,6 +169,7 @@ mod tests {
                     block_table: vec![BlockId(0)],
                     num_output_rows: 0,
                     carries_pick: false,
+                    adapter: None,
                 },
                 ScheduledSeq {
                     seq_id: SeqId(2),
@@ -173,6 +178,7 @@ mod tests {
                     block_table: vec![BlockId(1)],
                     num_output_rows: 2,
                     carries_pick: false,
+                    adapter: None,
                 },
             ],
             preempted: vec![],

@@ -29,6 +29,7 @@ fn req_strategy(max_prompt: usize, max_arrival: usize) -> impl Strategy<Value = 
                     stop_token_ids: stops.into_iter().map(TokenId).collect(),
                     priority,
                     cache_salt: None,
+                    adapter: None,
                 },
                 arrival,
                 abort_at: abort_at.filter(|&a| a >= arrival),

@@ -6,6 +6,8 @@
 //! sequence's cached past through its block table, with logits for a chosen set of rows.
 
 use crate::error::{ModelError, Result};
+pub use crate::lora::AdapterId;
+use crate::lora::AdapterRows;
 
 /// A token id of the model's vocabulary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -38,6 +40,8 @@ pub struct SeqSpan {
     pub num_cached: usize,
     /// Physical blocks holding positions `0..num_cached + len`, in order.
     pub block_table: Vec<BlockId>,
+    /// The LoRA adapter this sequence runs with, if any (registered with the model).
+    pub adapter: Option<AdapterId>,
 }
 
 impl SeqSpan {
@@ -85,6 +89,7 @@ impl ForwardBatch {
                 len,
                 num_cached,
                 block_table,
+                adapter: None,
             }],
             output,
         }
@@ -111,6 +116,15 @@ impl ForwardBatch {
             OutputSelection::Last => self.seqs.iter().map(|s| s.start + s.len - 1).collect(),
             OutputSelection::Rows(r) => r.clone(),
         }
+    }
+
+    /// Which rows run with which adapter: a run per sequence that names one.
+    pub fn adapter_rows(&self) -> AdapterRows {
+        let runs = self
+            .seqs
+            .iter()
+            .filter_map(|s| Some((s.start..s.start + s.len, s.adapter?)));
+        AdapterRows(runs.collect())
     }
 
     /// Checks the batch's internal consistency against the store's geometry.

@@ -82,6 +82,8 @@ pub enum ModelError {
     DefaultModel(String),
     #[error("not a model: {0}")]
     NotAModel(String),
+    #[error("LoRA adapter {}: {reason}", path.display())]
+    Adapter { path: PathBuf, reason: String },
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;

@@ -22,6 +22,7 @@ pub mod kv_store;
 pub mod loader;
 pub mod logit_processing;
 pub mod logits;
+pub mod lora;
 pub mod model_builder;
 mod packed_weights;
 pub mod queued_runner;

@@ -13,6 +13,7 @@ use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::kv_store::KvStore;
 use crate::logits::SpareLogits;
+use crate::lora::AdapterRows;
 use crate::transformer::{MoeScratch, SPARE_LOGITS_BYTES};
 
 /// Everything one forward call works in.
@@ -70,6 +71,9 @@ pub(crate) struct Activations {
     pub out: Vec<f32>,
     /// The working memory of decode attention's task splits.
     pub decode: DecodeWork,
+    /// `[n, hidden]` a sub-layer's normalised input for the LoRA corrections (sized only
+    /// when a row of the batch runs with an adapter).
+    pub lora_in: Vec<f32>,
 }
 
 impl Activations {
@@ -110,6 +114,8 @@ pub(crate) struct BatchLayout {
     pub seq_slots: Vec<Vec<usize>>,
     /// `[n]` the slot each new token's K/V is written to.
     pub write_slots: Vec<usize>,
+    /// The rows that run with a LoRA adapter (usually none).
+    pub adapter_rows: AdapterRows,
 }
 
 impl BatchLayout {
@@ -118,6 +124,7 @@ impl BatchLayout {
         self.positions.clear();
         self.token_seq.clear();
         self.write_slots.clear();
+        self.adapter_rows = batch.adapter_rows();
         // Slot lists are kept for as many sequences as a batch has had (the ones past this
         // batch's are not read) and grown a step of positions at a time, so that neither a
         // smaller batch nor a context growing by one token per step allocates.

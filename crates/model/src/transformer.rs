@@ -13,12 +13,13 @@ use tandem_kernels::parallel::for_each_chunk_mut;
 use tandem_kernels::{Isa, ThreadPool};
 
 use crate::attention::{causal_attention, AttentionLayout, HeadShape};
-use crate::batch::{ForwardBatch, TokenId};
+use crate::batch::{AdapterId, ForwardBatch, TokenId};
 use crate::config::{Activation, ModelConfig, RopeStyle};
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::host_model::HostModel;
 use crate::kv_store::{KvDtype, KvStore};
 use crate::logits::Logits;
+use crate::lora::{self, AdapterRows, LoraAdapter, Projection};
 use crate::packed_weights::{NormedInput, PackedWeights};
 use crate::scratch::{Activations, BatchLayout, RopeTable, Scratch};
 use crate::token_pick::TokenPick;
@@ -108,6 +109,8 @@ pub struct Model {
     pool: ThreadPool,
     /// Working memory reused by every forward call.
     scratch: Scratch,
+    /// The LoRA adapters sequences may run with, by [`AdapterId`].
+    adapters: Vec<LoraAdapter>,
 }
 
 impl Model {
@@ -135,7 +138,27 @@ impl Model {
             packed,
             pool,
             scratch: Scratch::default(),
+            adapters: Vec::new(),
         }
+    }
+
+    /// Registers a LoRA adapter (loaded for this model's configuration, e.g. by
+    /// [`crate::lora::load_peft_adapter`]); sequences of a batch name it by the returned id.
+    pub fn add_adapter(&mut self, adapter: LoraAdapter) -> Result<AdapterId> {
+        if adapter.num_layers() != self.config.num_layers {
+            return Err(ModelError::Batch(format!(
+                "an adapter of {} layers for a model of {}",
+                adapter.num_layers(),
+                self.config.num_layers
+            )));
+        }
+        self.adapters.push(adapter);
+        Ok(AdapterId(self.adapters.len() as u32 - 1))
+    }
+
+    /// Number of registered adapters.
+    pub fn num_adapters(&self) -> usize {
+        self.adapters.len()
     }
 
     /// The kernel variant this model's products and attention run with.
@@ -255,6 +278,16 @@ impl Model {
     pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvStore) -> Result<Logits> {
         let c = &self.config;
         batch.validate(c.vocab_size, kv.block_size(), kv.num_blocks())?;
+        if let Some(s) = (batch.seqs.iter()).find(|s| {
+            s.adapter
+                .is_some_and(|a| a.0 as usize >= self.adapters.len())
+        }) {
+            return Err(ModelError::Batch(format!(
+                "adapter {:?} is not registered ({} are)",
+                s.adapter,
+                self.adapters.len()
+            )));
+        }
         // The scratch is moved out for the call (the layers borrow the weights) and back.
         let mut scratch = std::mem::take(&mut self.scratch);
         let logits = self.forward_in(batch, kv, &mut scratch);
@@ -296,7 +329,7 @@ impl Model {
             let local = c.features.window(l).is_some() && self.w.local_inv_freqs.is_some();
             let layer_rope = if local { &*local_rope } else { &*rope };
             self.attention_block(l, layer, layout, layer_rope, a, xq, kv);
-            self.mlp_block(layer, a, xq, moe);
+            self.mlp_block(l, layer, &layout.adapter_rows, a, xq, moe);
         }
         // Every token's final hidden state is kept beside its K/V (see `KvStore`).
         let h = c.hidden_size;
@@ -353,6 +386,17 @@ impl Model {
         let ys = [&mut a.q[..], &mut a.k[..], &mut a.v[..]];
         let scratch = (&mut a.xn[..], &mut *xq);
         self.normed_matmuls(&w.attn_norm, [w.q, w.k, w.v], &a.x, scratch, ys);
+        let rows = &layout.adapter_rows;
+        if !rows.is_empty() {
+            self.normed_input(&w.attn_norm, &a.x, &mut a.lora_in);
+            for (p, y) in [
+                (Projection::Q, &mut a.q),
+                (Projection::K, &mut a.k),
+                (Projection::V, &mut a.v),
+            ] {
+                self.adapt(rows, (l, p), &a.lora_in, y);
+            }
+        }
         if let Some([bq, bk, bv]) = &w.qkv_bias {
             add_bias(&mut a.q, bq);
             add_bias(&mut a.k, bk);
@@ -393,10 +437,30 @@ impl Model {
             &mut a.attn,
         );
         self.matmul(w.o, &a.attn, &mut a.out, n, xq);
+        self.adapt(rows, (l, Projection::O), &a.attn, &mut a.out);
         if let Some([post_attn, _]) = &w.post_norms {
             self.norm_rows(&mut a.out, post_attn);
         }
         add_inplace(&mut a.x, &a.out);
+    }
+
+    /// The LoRA corrections of projection `at` = (layer, projection) for the rows that run
+    /// with an adapter: `x` is the projection's input, `y` its output.
+    fn adapt(&self, rows: &AdapterRows, at: (usize, Projection), x: &[f32], y: &mut [f32]) {
+        if !rows.is_empty() {
+            lora::add_corrections(&self.pool, &self.adapters, rows, at, x, y);
+        }
+    }
+
+    /// `out` = RMSNorm of every row of `x` (`[n, hidden]`): a sub-layer's input as its
+    /// projections see it, for the LoRA corrections.
+    fn normed_input(&self, weight: &[f32], x: &[f32], out: &mut Vec<f32>) {
+        let eps = self.config.rms_norm_eps;
+        let h = weight.len();
+        out.resize(x.len(), 0.0);
+        for_each_chunk_mut(&self.pool, out, h, |t, row| {
+            rms_norm(&x[t * h..(t + 1) * h], weight, eps, row)
+        });
     }
 
     /// RMSNorm of every row of `x` (`[n, hidden]`) in place.
@@ -435,7 +499,9 @@ impl Model {
 
     fn mlp_block(
         &self,
+        l: usize,
         w: &LayerWeights,
+        rows: &AdapterRows,
         a: &mut Activations,
         xq: &mut QuantizedRows,
         moe: &mut MoeScratch,
@@ -448,8 +514,19 @@ impl Model {
                 let ff = c.intermediate_size;
                 let (gate, up) = (&mut a.gate[..n * ff], &mut a.up[..n * ff]);
                 self.normed_matmuls(&w.ffn_norm, [m.gate, m.up], &a.x, scratch, [gate, up]);
+                if !rows.is_empty() {
+                    self.normed_input(&w.ffn_norm, &a.x, &mut a.lora_in);
+                    self.adapt(
+                        rows,
+                        (l, Projection::Gate),
+                        &a.lora_in,
+                        &mut a.gate[..n * ff],
+                    );
+                    self.adapt(rows, (l, Projection::Up), &a.lora_in, &mut a.up[..n * ff]);
+                }
                 self.activate(&mut a.gate[..n * ff], &a.up[..n * ff], ff);
                 self.matmul(m.down, &a.gate[..n * ff], &mut a.out, n, xq);
+                self.adapt(rows, (l, Projection::Down), &a.gate[..n * ff], &mut a.out);
             }
             FeedForward::Experts(e) => self.experts_block(&w.ffn_norm, e, a, xq, moe),
         }

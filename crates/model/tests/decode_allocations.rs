@@ -67,6 +67,7 @@ fn decode_allocations(
             len,
             num_cached: 0,
             block_table: tables[s].clone(),
+            adapter: None,
         });
     }
     let prefill = ForwardBatch {
@@ -85,6 +86,7 @@ fn decode_allocations(
                 len: 1,
                 num_cached: lens[s],
                 block_table: tables[s].clone(),
+                adapter: None,
             })
             .collect();
         let step = ForwardBatch {

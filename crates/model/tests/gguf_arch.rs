@@ -107,6 +107,7 @@ fn mixtral_q8_0_batch_neighbours_change_nothing() {
         len,
         num_cached: 0,
         block_table: blocks.map(|i| BlockId(i as u32)).collect(),
+        adapter: None,
     };
     let batch = ForwardBatch {
         tokens: a.iter().chain(b).copied().collect(),

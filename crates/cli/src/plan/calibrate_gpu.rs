@@ -155,6 +155,7 @@ fn host_part(runner: &mut CudaRunner, block: usize) -> Option<f64> {
             block_table: (0..(SHORT + 1).div_ceil(block) as u32)
                 .map(BlockId)
                 .collect(),
+            adapter: None,
         }],
         output: OutputSelection::Last,
     };

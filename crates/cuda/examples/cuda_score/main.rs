@@ -220,6 +220,7 @@ fn prefix_and_copy(runner: &mut CudaRunner, tokens: &[TokenId]) -> Result<Value>
             len: n - half,
             num_cached: half,
             block_table: b.clone(),
+            adapter: None,
         }],
         output: OutputSelection::All,
     })?;
@@ -335,6 +336,7 @@ fn decode_batch(tables: &[Vec<BlockId>], token: TokenId, pos: usize) -> ForwardB
             len: 1,
             num_cached: pos,
             block_table: table.clone(),
+            adapter: None,
         })
         .collect();
     ForwardBatch {
@@ -357,6 +359,7 @@ fn long_prefill_batch(tokens: &[TokenId], seqs: usize) -> ForwardBatch {
             len,
             num_cached: 0,
             block_table: blocks(i * per_seq, per_seq),
+            adapter: None,
         });
         all.extend(tokens.iter().cycle().skip(i).take(len).copied());
     }

@@ -33,6 +33,7 @@ fn prefill(runner: &mut CudaRunner, tokens: &[TokenId], tables: &[Vec<BlockId>])
             len: PROMPT,
             num_cached: 0,
             block_table: table.clone(),
+            adapter: None,
         });
         all.extend((0..PROMPT).map(|p| tokens[(i + p) % tokens.len()]));
     }

@@ -314,6 +314,7 @@ fn batch(step: &[(usize, usize, usize)]) -> ForwardBatch {
             len,
             num_cached: cached,
             block_table: tables[s][..(cached + len).div_ceil(BLOCK_SIZE)].to_vec(),
+            adapter: None,
         });
         tokens.extend((cached..cached + len).map(|p| token(s, p)));
     }

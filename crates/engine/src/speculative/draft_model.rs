@@ -158,6 +158,8 @@ impl DraftModelProposer {
                 len: job.feed.len(),
                 num_cached: seq.cached.len(),
                 block_table: seq.table.blocks().to_vec(),
+                // The draft model runs without the target's adapter: it only proposes.
+                adapter: None,
             });
             batch.tokens.extend_from_slice(&job.feed);
         }

@@ -208,6 +208,7 @@ impl GenerationPlan {
                 stop_token_ids: stop_token_ids.into_iter().map(TokenId).collect(),
                 priority: 0,
                 cache_salt: f.cache_salt.clone(),
+                adapter: None,
             },
             text: TextOptions {
                 skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
