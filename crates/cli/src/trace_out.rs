@@ -136,6 +136,10 @@ impl ModelRunner for TracedRunner {
     ) -> tandem_model::Result<Vec<Option<TokenId>>> {
         self.traced(batch, |inner| inner.forward_greedy_tokens(batch))
     }
+    fn num_adapters(&self) -> usize {
+        self.inner.num_adapters()
+    }
+
     fn recycle_logits(&mut self, logits: Logits) {
         self.inner.recycle_logits(logits)
     }

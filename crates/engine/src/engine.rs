@@ -216,9 +216,16 @@ impl Engine {
         self.check_prompt(req)
     }
 
-    /// Refuses prompt tokens outside the vocabulary and prompt + `max_tokens` beyond the
-    /// model length.
+    /// Refuses prompt tokens outside the vocabulary, prompt + `max_tokens` beyond the model
+    /// length, and an adapter the runner does not have.
     fn check_prompt(&self, req: &GenerationRequest) -> Result<()> {
+        let adapters = self.runner.num_adapters();
+        if let Some(a) = req.limits.adapter.filter(|a| a.0 as usize >= adapters) {
+            return Err(EngineError::InvalidParams(format!(
+                "adapter {} is not loaded ({adapters} are)",
+                a.0
+            )));
+        }
         let vocab = self.runner.config().vocab_size;
         if let Some(t) = req.prompt.iter().find(|t| t.0 as usize >= vocab) {
             return Err(EngineError::InvalidParams(format!(

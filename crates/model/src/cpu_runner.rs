@@ -142,6 +142,10 @@ impl ModelRunner for CpuRunner {
         h.finish()
     }
 
+    fn num_adapters(&self) -> usize {
+        self.model.num_adapters()
+    }
+
     fn describe(&self) -> String {
         format!(
             "cpu ({} kernels, {} threads)",

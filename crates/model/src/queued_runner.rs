@@ -129,6 +129,10 @@ impl ModelRunner for QueuedRunner {
         self.inner.recycle_logits(logits)
     }
 
+    fn num_adapters(&self) -> usize {
+        self.inner.num_adapters()
+    }
+
     fn host_pool(&self) -> Option<&tandem_kernels::thread_pool::ThreadPool> {
         self.inner.host_pool()
     }

@@ -262,6 +262,12 @@ pub trait ModelRunner: Send + std::fmt::Debug {
 
     /// One line for start-up logs: the device, its kernels and numeric mode.
     fn describe(&self) -> String;
+
+    /// Number of LoRA adapters registered with the model: a batch's sequences may name
+    /// adapters `0..num_adapters()` (none on a runner without adapter support).
+    fn num_adapters(&self) -> usize {
+        0
+    }
 }
 
 /// Checks that every `(src, dst)` of a [`ModelRunner::copy_blocks`] call names a block of a
