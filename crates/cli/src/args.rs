@@ -56,6 +56,25 @@ pub struct ModelArgs {
     /// kernel). Off unless given.
     #[arg(long)]
     pub tensor_core_attention: bool,
+    /// LoRA adapters (PEFT directories: adapter_config.json, adapter_model.safetensors) to
+    /// load beside the model, as NAME=PATH, one or more; they run on the CPU. `serve`
+    /// answers a request whose `model` is NAME with that adapter; the other commands run
+    /// every request with the one `--lora` names.
+    #[arg(long = "lora-modules", value_name = "NAME=PATH", num_args = 1.., value_parser = parse_lora_module)]
+    pub lora_modules: Vec<(String, PathBuf)>,
+    /// The adapter of `--lora-modules` every request of score, generate, chat and bench runs
+    /// with (serve picks adapters by the request's `model`).
+    #[arg(long, value_name = "NAME")]
+    pub lora: Option<String>,
+}
+
+fn parse_lora_module(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !path.is_empty() => {
+            Ok((name.to_string(), PathBuf::from(path)))
+        }
+        _ => Err(format!("{s:?} is not NAME=PATH")),
+    }
 }
 
 /// `--device`.
@@ -121,6 +140,17 @@ impl ModelArgs {
             self.model.as_deref(),
             &cache,
         )?)
+    }
+
+    /// The adapter `--lora` names: its index among `--lora-modules`.
+    pub fn adapter(&self) -> anyhow::Result<Option<tandem_model::batch::AdapterId>> {
+        let Some(name) = &self.lora else {
+            return Ok(None);
+        };
+        match self.lora_modules.iter().position(|(n, _)| n == name) {
+            Some(i) => Ok(Some(tandem_model::batch::AdapterId(i as u32))),
+            None => anyhow::bail!("--lora {name}: no adapter of that name in --lora-modules"),
+        }
     }
 
     /// The CPU kernel variant: `--kernels` if this CPU can run it, else the best it can.

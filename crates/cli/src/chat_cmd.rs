@@ -52,7 +52,8 @@ pub fn run(a: ChatArgs) -> Result<()> {
         tokenizer.clone(),
         lm.chat_template.as_deref(),
         &lm.eos_token_ids,
-    )?;
+    )?
+    .with_adapter(a.model.adapter()?);
     let mut engine = build_engine(
         target,
         lm.eos_token_ids.clone(),

@@ -67,7 +67,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         tokenizer.clone(),
         lm.chat_template.as_deref(),
         &lm.eos_token_ids,
-    )?;
+    )?
+    .with_adapter(a.model.adapter()?);
     let inputs = read_inputs(&a)?;
     let constraint = a.structured.compile(&tokenizer)?;
     let mut jobs = Vec::new();

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use tandem_engine::beam_search::BeamParams;
 use tandem_engine::sampler::SamplingParams;
 use tandem_engine::RequestParams;
-use tandem_model::batch::TokenId;
+use tandem_model::batch::{AdapterId, TokenId};
 use tandem_model::chat_template::{ChatMessage, ChatTemplate, RenderOptions};
 use tandem_model::tokenizer::Tokenizer;
 use tandem_text::{StopStrings, TextOptions};
@@ -75,6 +75,8 @@ pub struct PromptBuilder {
     tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     eos: Vec<u32>,
+    /// The LoRA adapter every job runs with.
+    adapter: Option<AdapterId>,
 }
 
 impl PromptBuilder {
@@ -95,7 +97,14 @@ impl PromptBuilder {
             tokenizer,
             template,
             eos: eos.iter().map(|t| t.0).collect(),
+            adapter: None,
         })
+    }
+
+    /// Every job runs with `adapter` (`--lora`).
+    pub fn with_adapter(mut self, adapter: Option<AdapterId>) -> PromptBuilder {
+        self.adapter = adapter;
+        self
     }
 
     /// The prompt's token ids.
@@ -161,6 +170,7 @@ impl PromptBuilder {
         let limits = RequestParams {
             max_tokens,
             ignore_eos,
+            adapter: self.adapter,
             ..RequestParams::default()
         };
         let text = TextOptions {

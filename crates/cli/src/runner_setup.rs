@@ -9,6 +9,7 @@ use tandem_model::cpu_runner::{CpuRunner, KvSpec};
 use tandem_model::host_model::HostModel;
 use tandem_model::kv_store::{KvDtype, KvStore};
 use tandem_model::loader::{load_model_beside, ModelText};
+use tandem_model::lora::load_peft_adapter;
 use tandem_model::runner::ModelRunner;
 use tandem_model::transformer::Model;
 
@@ -105,7 +106,29 @@ impl PreparedModel {
         let (text, prepared) =
             load_model_beside(&path, |host| PreparedModel::new(host, args, kv_dtype))
                 .with_context(|| format!("loading {}", path.display()))?;
-        Ok((text, prepared?))
+        let mut prepared = prepared?;
+        prepared.add_adapters(args)?;
+        Ok((text, prepared))
+    }
+
+    /// Loads and registers the `--lora-modules` adapters, in order (adapter `i` is the
+    /// `i`-th); the CPU runs them, a GPU does not yet.
+    pub fn add_adapters(&mut self, args: &ModelArgs) -> Result<()> {
+        if args.lora_modules.is_empty() {
+            return Ok(());
+        }
+        let PreparedModel::Cpu { model, .. } = self else {
+            bail!("--lora-modules: LoRA adapters run on the CPU (--device cpu)");
+        };
+        for (i, (name, path)) in args.lora_modules.iter().enumerate() {
+            if args.lora_modules[..i].iter().any(|(n, _)| n == name) {
+                bail!("--lora-modules {name}: the name is given twice");
+            }
+            let adapter = load_peft_adapter(path, &model.config)
+                .with_context(|| format!("--lora-modules {name}"))?;
+            model.add_adapter(adapter)?;
+        }
+        Ok(())
     }
 
     /// The model's configuration.

@@ -63,6 +63,7 @@ pub fn run(a: ScoreArgs) -> Result<()> {
             .zip(a.stride)
             .map(|(size, stride)| Window { size, stride }),
         max_context: a.engine.max_model_len.map(|m| m as usize),
+        adapter: a.model.adapter()?,
         ..ScoreOptions::default()
     };
     let LoadedModel {
@@ -106,7 +107,8 @@ fn score_runner(
 ) -> Result<Box<dyn ModelRunner>> {
     let span = span_tokens(num_tokens, opts, host.config.context_len);
     let block_size = a.engine.block_size as usize;
-    let prepared = PreparedModel::new(host, &a.model, a.engine.kv_cache_dtype)?;
+    let mut prepared = PreparedModel::new(host, &a.model, a.engine.kv_cache_dtype)?;
+    prepared.add_adapters(&a.model)?;
     let runner = prepared.into_runner(block_size, Some(span.div_ceil(block_size)))?;
     let trace = a.engine.trace.as_deref();
     Ok(crate::trace_out::TracedRunner::wrap(

@@ -47,6 +47,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
     a.ops.apply(&mut config)?;
     config.addr = SocketAddr::new(a.host, a.port);
     config.trace_file = a.engine.trace.clone();
+    if a.model.lora.is_some() {
+        anyhow::bail!(
+            "--lora: serve picks an adapter by each request's `model` (--lora-modules NAME=PATH)"
+        );
+    }
     let (lm, target) = PreparedModel::load(&a.model, a.engine.kv_cache_dtype)?;
     let tokenizer = Arc::new(lm.tokenizer);
     let engine = build_engine(
@@ -66,6 +71,15 @@ pub fn run(a: ServeArgs) -> Result<()> {
     names.push(lm.path.display().to_string());
     names.dedup();
     config.model_names = names;
+    config.adapter_names = a
+        .model
+        .lora_modules
+        .iter()
+        .map(|(n, _)| n.clone())
+        .collect();
+    if let Some(clash) = (config.adapter_names.iter()).find(|n| config.model_names.contains(n)) {
+        anyhow::bail!("--lora-modules {clash}: the name is the base model's");
+    }
     let server = tandem_server::start_with_signals(engine, tokenizer, lm.chat_template, config)?;
     eprintln!(
         "tandem: serving {} at http://{} (model name `{}`)",

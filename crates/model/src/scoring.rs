@@ -6,7 +6,7 @@
 
 use tandem_kernels::ops::log_prob;
 
-use crate::batch::{BlockId, ForwardBatch, OutputSelection, TokenId};
+use crate::batch::{AdapterId, BlockId, ForwardBatch, OutputSelection, TokenId};
 use crate::error::{ModelError, Result};
 use crate::logits::Logits;
 use crate::runner::ModelRunner;
@@ -32,6 +32,8 @@ pub struct ScoreOptions {
     pub chunk_len: usize,
     /// Longest sequence one forward context may hold (the model's context unless lowered).
     pub max_context: Option<usize>,
+    /// The LoRA adapter the text is scored with.
+    pub adapter: Option<AdapterId>,
 }
 
 impl Default for ScoreOptions {
@@ -41,6 +43,7 @@ impl Default for ScoreOptions {
             window: None,
             chunk_len: 256,
             max_context: None,
+            adapter: None,
         }
     }
 }
@@ -167,12 +170,13 @@ fn score_span(
     let mut done = 0;
     while done < seq.len() {
         let n = chunk_len.min(seq.len() - done);
-        let batch = ForwardBatch::single(
+        let mut batch = ForwardBatch::single(
             seq[done..done + n].to_vec(),
             done,
             table[..(done + n).div_ceil(block_size)].to_vec(),
             OutputSelection::All,
         );
+        batch.seqs[0].adapter = opts.adapter;
         // The token each row predicts, where it is one this span scores.
         let target = |row: usize| {
             let t = start + done + row + 1;

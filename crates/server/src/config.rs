@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use tandem_model::batch::AdapterId;
+
 pub use crate::connections::ConnectionLimits;
 
 pub use crate::limits::{
@@ -21,6 +23,10 @@ pub struct ServerConfig {
     /// The model's names: the first is the one `/v1/models` lists; requests may use any.
     /// A request without `model` gets the first.
     pub model_names: Vec<String>,
+    /// The LoRA adapters registered with the engine's runner, by name, in [`AdapterId`]
+    /// order: a request whose `model` is one of them runs with that adapter, and
+    /// `/v1/models` lists them after the base model (vLLM's `--lora-modules`).
+    pub adapter_names: Vec<String>,
     /// Worker threads of the async runtime (the kernels need the cores; 1 or 2 suffice).
     pub http_threads: usize,
     /// What one request may ask for, and the waiting queue's bound.
@@ -51,6 +57,7 @@ impl ServerConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 8000)),
             api_key: None,
             model_names: vec![model_name.into()],
+            adapter_names: Vec::new(),
             http_threads: 2,
             limits: RequestLimits::default(),
             connections: ConnectionLimits::default(),
@@ -59,6 +66,15 @@ impl ServerConfig {
             engine_log_interval: Some(DEFAULT_ENGINE_LOG_INTERVAL),
             trace_file: None,
         }
+    }
+
+    /// What a request's `model` names: the base model (`None`) or an adapter; `None` when
+    /// it is neither.
+    pub fn resolve_model(&self, name: &str) -> Option<Option<AdapterId>> {
+        if let Some(i) = self.adapter_names.iter().position(|n| n == name) {
+            return Some(Some(AdapterId(i as u32)));
+        }
+        self.model_names.iter().any(|n| n == name).then_some(None)
     }
 
     /// The name `/v1/models` lists and responses carry.

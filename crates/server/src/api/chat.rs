@@ -14,7 +14,7 @@ use tandem_model::chat_template::{ChatMessage, RenderOptions};
 use super::body::{fields, json_object};
 use super::format::Endpoint;
 use super::sampling::{CommonFields, GenerationPlan};
-use super::{beam, off_the_workers, respond, structured, tools, App};
+use super::{beam, off_the_workers, respond, structured, tools, App, ServedModel};
 use crate::error::{ApiError, ApiResult};
 use crate::limits::RequestLimits;
 
@@ -216,12 +216,16 @@ async fn answer(
     mut common: CommonFields,
     own: ChatFields,
 ) -> ApiResult<Response> {
-    let model = app.check_model(common.model.as_deref())?;
+    let ServedModel {
+        name: model,
+        adapter,
+    } = app.check_model(common.model.as_deref())?;
     let bounds = &app.config.limits;
     apply_max_completion_tokens(&own, &mut common, bounds)?;
     let logprobs = top_logprobs(&own)?;
     let limits = &app.limits;
     let mut plan = GenerationPlan::new(&common, logprobs, "top_logprobs", limits, bounds)?;
+    plan.limits.adapter = adapter;
     structured::attach(&app, &value, &mut plan).await?;
     let tool_mode = attach_tools(&app, &own, &mut plan).await?;
     let beam_search = common.use_beam_search == Some(true);

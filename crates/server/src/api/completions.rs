@@ -13,7 +13,7 @@ use super::body::{fields, json_object};
 use super::echo::PromptOptions;
 use super::format::Endpoint;
 use super::sampling::CommonFields;
-use super::{beam, off_the_workers, respond, structured, App};
+use super::{beam, off_the_workers, respond, structured, App, ServedModel};
 use crate::error::{ApiError, ApiResult};
 
 /// The fields only completions have.
@@ -37,7 +37,10 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
     let value = json_object(body, app.config.limits.max_body_bytes)?;
     let common: CommonFields = fields(&value)?;
     let own: CompletionFields = fields(&value)?;
-    let model = app.check_model(common.model.as_deref())?;
+    let ServedModel {
+        name: model,
+        adapter,
+    } = app.check_model(common.model.as_deref())?;
     if own.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::field("suffix", "suffix is not supported"));
     }
@@ -50,6 +53,7 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
         bounds.max_top_logprobs,
     )?;
     let mut plan = options.plan(&common, &app)?;
+    plan.limits.adapter = adapter;
     structured::attach(&app, &value, &mut plan).await?;
     let prompt = value
         .get("prompt")

@@ -38,12 +38,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tandem_engine::sampler::{ConstraintCompiler, ConstraintError};
+use tandem_model::batch::AdapterId;
 
 use crate::config::ServerConfig;
 use crate::engine_thread::EngineHandle;
 use crate::error::{ApiError, ApiResult};
 use crate::prompt::PromptBuilder;
 use compile_slots::CompileSlots;
+
+/// What a request's `model` resolved to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedModel {
+    /// The name the response carries (the request's own spelling).
+    pub name: String,
+    /// The LoRA adapter the request runs with; `None` for the base model.
+    pub adapter: Option<AdapterId>,
+}
 
 /// What the model allows, read from the engine before it moved to its thread.
 #[derive(Debug, Clone)]
@@ -112,12 +122,22 @@ impl AppState {
         format!("{prefix}-{:x}{n:06x}", self.started)
     }
 
-    /// The model name for a response: the request's `model` must be one of ours.
-    pub fn check_model(&self, requested: Option<&str>) -> ApiResult<String> {
-        match requested {
-            None => Ok(self.config.served_name().to_string()),
-            Some(m) if self.config.model_names.iter().any(|n| n == m) => Ok(m.to_string()),
-            Some(m) => Err(ApiError::model_not_found(m)),
+    /// What the request's `model` names, which must be ours: the name responses carry, and
+    /// the LoRA adapter the request runs with (none for the base model).
+    pub fn check_model(&self, requested: Option<&str>) -> ApiResult<ServedModel> {
+        let Some(m) = requested else {
+            let name = self.config.served_name().to_string();
+            return Ok(ServedModel {
+                name,
+                adapter: None,
+            });
+        };
+        match self.config.resolve_model(m) {
+            Some(adapter) => Ok(ServedModel {
+                name: m.to_string(),
+                adapter,
+            }),
+            None => Err(ApiError::model_not_found(m)),
         }
     }
 }

@@ -10,6 +10,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde_json::json;
 use std::sync::Arc;
+use tandem_model::batch::AdapterId;
 
 use super::{chat, completions, score, tokenize, App};
 use crate::access_log::access_log;
@@ -184,23 +185,39 @@ async fn metrics(State(app): State<App>) -> Response {
         .into_response()
 }
 
-fn model_card(app: &App) -> serde_json::Value {
-    json!({
-        "id": app.config.served_name(),
+/// The card `/v1/models` lists for the base model, or for one of its LoRA adapters (with
+/// the base model as `parent`, as vLLM lists them).
+fn model_card(app: &App, adapter: Option<AdapterId>) -> serde_json::Value {
+    let base = app.config.served_name();
+    let mut card = json!({
+        "id": base,
         "object": "model",
         "created": app.started,
         "owned_by": "tandem",
+        "root": base,
+        "parent": null,
         "max_model_len": app.limits.max_model_len,
-    })
+    });
+    if let Some(name) = adapter.and_then(|a| app.config.adapter_names.get(a.0 as usize)) {
+        card["id"] = json!(name);
+        card["root"] = json!(name);
+        card["parent"] = json!(base);
+    }
+    card
 }
 
 async fn models(State(app): State<App>) -> Response {
-    axum::Json(json!({"object": "list", "data": [model_card(&app)]})).into_response()
+    let adapters = (0..app.config.adapter_names.len()).map(|i| Some(AdapterId(i as u32)));
+    let data: Vec<_> = std::iter::once(None)
+        .chain(adapters)
+        .map(|a| model_card(&app, a))
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
 async fn model(State(app): State<App>, Path(id): Path<String>) -> Response {
     match app.check_model(Some(&id)) {
-        Ok(_) => axum::Json(model_card(&app)).into_response(),
+        Ok(served) => axum::Json(model_card(&app, served.adapter)).into_response(),
         Err(e) => e.into_response(),
     }
 }

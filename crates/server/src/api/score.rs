@@ -51,12 +51,12 @@ use serde_json::{json, Value};
 use tandem_engine::engine::{GenerationRequest, PromptTokenLogprob};
 use tandem_engine::sampler::SamplingParams;
 use tandem_engine::RequestParams;
-use tandem_model::batch::TokenId;
+use tandem_model::batch::{AdapterId, TokenId};
 
 use super::body::{fields, json_object};
 use super::sampling::check_cache_salt;
 use super::score_format::{item_json, ScoredItem};
-use super::{off_the_workers, App};
+use super::{off_the_workers, App, ServedModel};
 use crate::engine_thread::GroupEvent;
 use crate::error::{ApiError, ApiResult};
 use tandem_text::{Finish, RequestOutput, TextOptions};
@@ -100,7 +100,10 @@ pub async fn score(State(app): State<App>, body: Result<Bytes, BytesRejection>) 
 async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let value = json_object(body, app.config.limits.max_body_bytes)?;
     let f: ScoreFields = fields(&value)?;
-    let model = app.check_model(f.model.as_deref())?;
+    let ServedModel {
+        name: model,
+        adapter,
+    } = app.check_model(f.model.as_deref())?;
     let top_k = f.top_logprobs.unwrap_or(0) as usize;
     let max_k = app.config.limits.max_top_logprobs;
     if top_k > max_k {
@@ -115,7 +118,7 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respons
         let app = app.clone();
         off_the_workers(move || parse_items(&app, &f)).await?
     };
-    let scores = run_items(&app, &items, top_k, salt.as_deref()).await?;
+    let scores = run_items(&app, &items, top_k, (salt.as_deref(), adapter)).await?;
     let data: Vec<Value> = items
         .iter()
         .zip(scores)
@@ -292,7 +295,7 @@ async fn run_items(
     app: &App,
     items: &[Item],
     top_k: usize,
-    cache_salt: Option<&str>,
+    (cache_salt, adapter): (Option<&str>, Option<AdapterId>),
 ) -> ApiResult<Vec<Vec<PromptTokenLogprob>>> {
     let requests = items
         .iter()
@@ -303,6 +306,7 @@ async fn run_items(
                 limits: RequestParams {
                     max_tokens: 0,
                     cache_salt: cache_salt.map(str::to_string),
+                    adapter,
                     ..RequestParams::default()
                 },
                 sample_index: 0,

@@ -1,0 +1,126 @@
+//! `--lora-modules` and `--lora` end to end: `tandem score` of the Llama fixture with its PEFT
+//! adapter gives transformers + PEFT's log-probabilities (the fixture's reference logits,
+//! scripts/make_lora_fixtures.py), and the flags' mistakes are clear errors that name them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn tandem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(args)
+        .output()
+        .expect("run tandem")
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures")
+}
+
+fn path(p: PathBuf) -> String {
+    p.display().to_string()
+}
+
+/// The adapter fixture's first sequence and its log-softmax rows (f64), from PEFT's logits.
+fn peft_logprobs() -> (Vec<u32>, Vec<Vec<f64>>) {
+    let dir = fixtures().join("lora/llama_tied");
+    let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference");
+    let r: Value = serde_json::from_str(&text).expect("json");
+    let s = &r["sequences"][0];
+    let ids: Vec<u32> = (s["input_ids"].as_array().expect("ids").iter())
+        .map(|v| v.as_u64().expect("id") as u32)
+        .collect();
+    let bytes = std::fs::read(dir.join(s["logits_file"].as_str().expect("file"))).expect("logits");
+    let logits: Vec<f64> = (bytes.chunks_exact(4))
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
+        .collect();
+    let rows = (logits.chunks_exact(logits.len() / ids.len()))
+        .map(|row| {
+            let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let lse = m + row.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+            row.iter().map(|x| x - lse).collect()
+        })
+        .collect();
+    (ids, rows)
+}
+
+#[test]
+fn score_with_an_adapter_matches_peft() {
+    let (ids, rows) = peft_logprobs();
+    let list = ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let model = path(fixtures().join("hf/llama_tied"));
+    let module = format!("sql={}", path(fixtures().join("lora/llama_tied")));
+    let out = tandem(&[
+        "score",
+        "--model",
+        &model,
+        "--tokens",
+        &list,
+        "--json",
+        "--kernels",
+        "avx2",
+        "--lora-modules",
+        &module,
+        "--lora",
+        "sql",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let lps = v["token_logprobs"].as_array().expect("logprobs");
+    for i in 1..ids.len() {
+        let (got, want) = (
+            lps[i].as_f64().expect("a number"),
+            rows[i - 1][ids[i] as usize],
+        );
+        assert!(
+            (got - want).abs() < 1e-3,
+            "position {i}: {got} vs PEFT {want}"
+        );
+    }
+    // Without --lora the same modules load, and the base model scores.
+    let base = tandem(&[
+        "score",
+        "--model",
+        &model,
+        "--tokens",
+        &list,
+        "--json",
+        "--lora-modules",
+        &module,
+    ]);
+    let b: Value = serde_json::from_slice(&base.stdout).expect("one JSON object");
+    assert_ne!(b["token_logprobs"], v["token_logprobs"]);
+}
+
+fn error_of(args: &[&str]) -> String {
+    let out = tandem(args);
+    assert!(!out.status.success(), "{args:?} should fail");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn mistakes_in_the_flags_are_named() {
+    let model = path(fixtures().join("hf/llama_tied"));
+    let good = format!("sql={}", path(fixtures().join("lora/llama_tied")));
+    let wrong_model = format!("q={}", path(fixtures().join("lora/qwen3")));
+    let score = ["score", "--model", &model, "--text", "hi"];
+    let cases: [(&[&str], &str); 4] = [
+        (&["--lora-modules", &good, &good], "given twice"),
+        (&["--lora", "sql"], "--lora sql"),
+        (&["--lora-modules", "sql"], "NAME=PATH"),
+        (&["--lora-modules", &wrong_model], "--lora-modules q"),
+    ];
+    for (extra, needle) in cases {
+        let args = [&score[..], extra].concat();
+        let e = error_of(&args);
+        assert!(e.contains(needle), "{args:?}: {e}");
+    }
+    let serve = ["serve", "--model", &model, "--port", "0"];
+    let e = error_of(&[&serve[..], &["--lora-modules", &good, "--lora", "sql"]].concat());
+    assert!(e.contains("--lora"), "{e}");
+}
