@@ -15,7 +15,7 @@ use clap::Args;
 use serde_json::json;
 use tandem_engine::sampler::SamplingParams;
 use tandem_kernels::row_max;
-use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
+use tandem_model::batch::{AdapterId, BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
 use tandem_model::runner::ModelRunner;
 
 use crate::args::{EngineArgs, ModelArgs};
@@ -161,14 +161,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     // One runner whose pool holds the largest configuration; each uses blocks `0..`.
-    let prepared = PreparedModel::new(lm.host, &a.model, a.engine.kv_cache_dtype)?;
+    let mut prepared = PreparedModel::new(lm.host, &a.model, a.engine.kv_cache_dtype)?;
+    prepared.add_adapters(&a.model)?;
+    let adapter = a.model.adapter()?;
     let kv_dtype = prepared.kv_dtype();
     let kernels = prepared.kernels_name();
     let runner = prepared.into_runner(block_size, Some(pool_blocks))?;
     let mut runner = TracedRunner::wrap(runner, a.engine.trace.as_deref(), a.engine.trace_steps);
     for (&b, &weights_gb) in a.batches.iter().zip(&read_gb) {
         for &p in &a.prompt_lens {
-            let m = measure(runner.as_mut(), b, p, a.gen_len, step_tokens)?;
+            let m = measure_with(runner.as_mut(), (b, p, a.gen_len), step_tokens, adapter)?;
             // Every decode step reads each sequence's keys and values over its context
             // (`p + step + 1` positions): on average `p + (g + 1) / 2`.
             let c = &config;
@@ -226,6 +228,7 @@ fn run_engine(a: BenchArgs) -> Result<()> {
         ..SamplingParams::greedy()
     };
     let mut engine = build_engine(target, lm.eos_token_ids.clone(), &a.model, &a.engine, 0)?;
+    let adapter = a.model.adapter()?;
     let vocab = engine.model_config().vocab_size;
     sampling
         .validate(vocab)
@@ -240,7 +243,7 @@ fn run_engine(a: BenchArgs) -> Result<()> {
                 })
                 .collect();
             let prompt_len = prompts[0].len();
-            let r = bench_engine::run(&mut engine, prompts, a.gen_len, &sampling)?;
+            let r = bench_engine::run(&mut engine, prompts, a.gen_len, (&sampling, adapter))?;
             let mut line = json!({
                 "mode": "engine", "batch": b, "prompt_len": prompt_len, "gen_len": a.gen_len,
                 "threads": a.model.threads(),
@@ -286,6 +289,16 @@ pub(crate) fn measure(
     g: usize,
     step_tokens: usize,
 ) -> Result<Measured> {
+    measure_with(runner, (b, p, g), step_tokens, None)
+}
+
+/// [`measure`] of `(b, p, g)` with every sequence running with LoRA `adapter`.
+fn measure_with(
+    runner: &mut dyn ModelRunner,
+    (b, p, g): (usize, usize, usize),
+    step_tokens: usize,
+    adapter: Option<AdapterId>,
+) -> Result<Measured> {
     let blocks_per_seq = (p + g).div_ceil(runner.kv_geometry().block_size);
     let vocab = runner.config().vocab_size;
     let tables: Vec<Vec<BlockId>> = (0..b)
@@ -319,7 +332,7 @@ pub(crate) fn measure(
                 len: n,
                 num_cached: done[s],
                 block_table: tables[s].clone(),
-                adapter: None,
+                adapter,
             });
             batch
                 .tokens
@@ -346,7 +359,7 @@ pub(crate) fn measure(
                     len: 1,
                     num_cached: p + step,
                     block_table: tables[s].clone(),
-                    adapter: None,
+                    adapter,
                 })
                 .collect(),
             output: OutputSelection::Last,

@@ -15,7 +15,7 @@ use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
 use tandem_engine::sampler::{Constraint, SamplingParams};
 use tandem_engine::speculative::SpecStats;
 use tandem_engine::RequestParams;
-use tandem_model::batch::TokenId;
+use tandem_model::batch::{AdapterId, TokenId};
 
 /// What the prompts look like.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -62,13 +62,13 @@ pub fn prompt(kind: PromptKind, seq: usize, len: usize, vocab: usize) -> Vec<Tok
 }
 
 /// Runs `prompts` (each for `gen_len` tokens chosen as `sampling` says, request `s` seeded
-/// with `s`) through `engine` to completion. With a constraint (structured output),
-/// requests may end early when the grammar completes.
+/// with `s`, all with LoRA `adapter`) through `engine` to completion. With a constraint
+/// (structured output), requests may end early when the grammar completes.
 pub fn run(
     engine: &mut Engine,
     prompts: Vec<Vec<TokenId>>,
     gen_len: usize,
-    sampling: &SamplingParams,
+    (sampling, adapter): (&SamplingParams, Option<AdapterId>),
 ) -> Result<EngineRun> {
     let constraint = sampling.constraint.as_ref();
     ensure!(gen_len >= 2, "--gen-len must be at least 2 with --engine");
@@ -86,6 +86,7 @@ pub fn run(
             limits: RequestParams {
                 max_tokens: gen_len,
                 ignore_eos: constraint.is_none(),
+                adapter,
                 ..RequestParams::default()
             },
             sample_index: 0,

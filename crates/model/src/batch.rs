@@ -124,7 +124,7 @@ impl ForwardBatch {
             .seqs
             .iter()
             .filter_map(|s| Some((s.start..s.start + s.len, s.adapter?)));
-        AdapterRows(runs.collect())
+        AdapterRows::new(runs)
     }
 
     /// Checks the batch's internal consistency against the store's geometry.

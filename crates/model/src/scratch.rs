@@ -13,7 +13,7 @@ use crate::batch::ForwardBatch;
 use crate::config::ModelConfig;
 use crate::kv_store::KvStore;
 use crate::logits::SpareLogits;
-use crate::lora::AdapterRows;
+use crate::lora::{AdapterRows, LoraScratch};
 use crate::transformer::{MoeScratch, SPARE_LOGITS_BYTES};
 
 /// Everything one forward call works in.
@@ -71,9 +71,17 @@ pub(crate) struct Activations {
     pub out: Vec<f32>,
     /// The working memory of decode attention's task splits.
     pub decode: DecodeWork,
-    /// `[n, hidden]` a sub-layer's normalised input for the LoRA corrections (sized only
-    /// when a row of the batch runs with an adapter).
-    pub lora_in: Vec<f32>,
+    /// The LoRA corrections' working memory (sized only when a row of the batch runs with
+    /// an adapter).
+    pub lora: LoraWork,
+}
+
+/// What the LoRA corrections work in.
+#[derive(Debug, Default)]
+pub(crate) struct LoraWork {
+    /// `[n, hidden]` a sub-layer's normalised input.
+    pub input: Vec<f32>,
+    pub scratch: LoraScratch,
 }
 
 impl Activations {

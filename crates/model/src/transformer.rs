@@ -19,9 +19,9 @@ use crate::error::{ModelError, Result};
 use crate::host_model::HostModel;
 use crate::kv_store::{KvDtype, KvStore};
 use crate::logits::Logits;
-use crate::lora::{self, AdapterRows, LoraAdapter, Projection};
+use crate::lora::{self, AdapterRows, LoraAdapter, LoraScratch, Projection};
 use crate::packed_weights::{NormedInput, PackedWeights};
-use crate::scratch::{Activations, BatchLayout, RopeTable, Scratch};
+use crate::scratch::{Activations, BatchLayout, LoraWork, RopeTable, Scratch};
 use crate::token_pick::TokenPick;
 use crate::weights::{TensorHandle, TensorSet};
 
@@ -387,16 +387,12 @@ impl Model {
         let scratch = (&mut a.xn[..], &mut *xq);
         self.normed_matmuls(&w.attn_norm, [w.q, w.k, w.v], &a.x, scratch, ys);
         let rows = &layout.adapter_rows;
-        if !rows.is_empty() {
-            self.normed_input(&w.attn_norm, &a.x, &mut a.lora_in);
-            for (p, y) in [
-                (Projection::Q, &mut a.q),
-                (Projection::K, &mut a.k),
-                (Projection::V, &mut a.v),
-            ] {
-                self.adapt(rows, (l, p), &a.lora_in, y);
-            }
-        }
+        let ys = [
+            (Projection::Q, &mut a.q[..]),
+            (Projection::K, &mut a.k[..]),
+            (Projection::V, &mut a.v[..]),
+        ];
+        self.adapt_normed(rows, (l, &w.attn_norm), &a.x, ys, &mut a.lora);
         if let Some([bq, bk, bv]) = &w.qkv_bias {
             add_bias(&mut a.q, bq);
             add_bias(&mut a.k, bk);
@@ -437,7 +433,13 @@ impl Model {
             &mut a.attn,
         );
         self.matmul(w.o, &a.attn, &mut a.out, n, xq);
-        self.adapt(rows, (l, Projection::O), &a.attn, &mut a.out);
+        self.adapt(
+            rows,
+            (l, Projection::O),
+            &a.attn,
+            &mut a.out,
+            &mut a.lora.scratch,
+        );
         if let Some([post_attn, _]) = &w.post_norms {
             self.norm_rows(&mut a.out, post_attn);
         }
@@ -446,21 +448,41 @@ impl Model {
 
     /// The LoRA corrections of projection `at` = (layer, projection) for the rows that run
     /// with an adapter: `x` is the projection's input, `y` its output.
-    fn adapt(&self, rows: &AdapterRows, at: (usize, Projection), x: &[f32], y: &mut [f32]) {
+    fn adapt(
+        &self,
+        rows: &AdapterRows,
+        at: (usize, Projection),
+        x: &[f32],
+        y: &mut [f32],
+        scratch: &mut LoraScratch,
+    ) {
         if !rows.is_empty() {
-            lora::add_corrections(&self.pool, &self.adapters, rows, at, x, y);
+            let kernels = (self.packed.isa(), &self.pool);
+            lora::add_corrections(kernels, &self.adapters, rows, at, x, y, scratch);
         }
     }
 
-    /// `out` = RMSNorm of every row of `x` (`[n, hidden]`): a sub-layer's input as its
-    /// projections see it, for the LoRA corrections.
-    fn normed_input(&self, weight: &[f32], x: &[f32], out: &mut Vec<f32>) {
-        let eps = self.config.rms_norm_eps;
-        let h = weight.len();
-        out.resize(x.len(), 0.0);
-        for_each_chunk_mut(&self.pool, out, h, |t, row| {
-            rms_norm(&x[t * h..(t + 1) * h], weight, eps, row)
+    /// [`Model::adapt`] for projections of a sub-layer's normalised input (`norm` of layer
+    /// `l` over `x`, `[n, hidden]`), which the int8 products never write out in f32.
+    fn adapt_normed<const N: usize>(
+        &self,
+        rows: &AdapterRows,
+        (l, norm): (usize, &[f32]),
+        x: &[f32],
+        ys: [(Projection, &mut [f32]); N],
+        work: &mut LoraWork,
+    ) {
+        if rows.is_empty() {
+            return;
+        }
+        let (eps, h) = (self.config.rms_norm_eps, norm.len());
+        work.input.resize(x.len(), 0.0);
+        for_each_chunk_mut(&self.pool, &mut work.input, h, |t, row| {
+            rms_norm(&x[t * h..(t + 1) * h], norm, eps, row)
         });
+        for (p, y) in ys {
+            self.adapt(rows, (l, p), &work.input, y, &mut work.scratch);
+        }
     }
 
     /// RMSNorm of every row of `x` (`[n, hidden]`) in place.
@@ -514,19 +536,21 @@ impl Model {
                 let ff = c.intermediate_size;
                 let (gate, up) = (&mut a.gate[..n * ff], &mut a.up[..n * ff]);
                 self.normed_matmuls(&w.ffn_norm, [m.gate, m.up], &a.x, scratch, [gate, up]);
-                if !rows.is_empty() {
-                    self.normed_input(&w.ffn_norm, &a.x, &mut a.lora_in);
-                    self.adapt(
-                        rows,
-                        (l, Projection::Gate),
-                        &a.lora_in,
-                        &mut a.gate[..n * ff],
-                    );
-                    self.adapt(rows, (l, Projection::Up), &a.lora_in, &mut a.up[..n * ff]);
-                }
+                let ys = [
+                    (Projection::Gate, &mut a.gate[..n * ff]),
+                    (Projection::Up, &mut a.up[..n * ff]),
+                ];
+                self.adapt_normed(rows, (l, &w.ffn_norm), &a.x, ys, &mut a.lora);
                 self.activate(&mut a.gate[..n * ff], &a.up[..n * ff], ff);
                 self.matmul(m.down, &a.gate[..n * ff], &mut a.out, n, xq);
-                self.adapt(rows, (l, Projection::Down), &a.gate[..n * ff], &mut a.out);
+                let down = (l, Projection::Down);
+                self.adapt(
+                    rows,
+                    down,
+                    &a.gate[..n * ff],
+                    &mut a.out,
+                    &mut a.lora.scratch,
+                );
             }
             FeedForward::Experts(e) => self.experts_block(&w.ffn_norm, e, a, xq, moe),
         }

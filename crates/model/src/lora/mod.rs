@@ -6,16 +6,20 @@
 //! token's result depends only on its own row and its sequence's adapter (batch invariance
 //! holds across adapters).
 //!
-//! The correction is computed exactly in f32 (the rank is small: `r · (in + out)`
-//! multiply-adds a row, against the projection's `in · out`). Adapters are read from PEFT's
-//! directories (`peft.rs`).
+//! `A` and `B` stay in the dtype of the file (f32, f16 or bf16) and run through the exact
+//! float products of the kernels crate, rows of the same adapter together: `T = X Aᵀ`
+//! (`[m, r]`), `T *= s`, `Y += T Bᵀ`. The products are batch-invariant, so the correction of
+//! a row is the same whatever rows run beside it. It costs `r · (in + out)` multiply-adds a
+//! row against the projection's `in · out`, and `r · (in + out)` weights to read a step.
+//! Adapters are read from PEFT's directories (`peft.rs`).
 
 mod peft;
 
 use std::ops::Range;
 
-use tandem_kernels::parallel::for_each_chunk_mut;
-use tandem_kernels::ThreadPool;
+use tandem_kernels::matmul::{matmul_with, WeightView};
+use tandem_kernels::ops::add_inplace;
+use tandem_kernels::{DType, Isa, ThreadPool};
 
 pub use peft::load_peft_adapter;
 
@@ -51,36 +55,62 @@ impl Projection {
     }
 }
 
-/// One projection's low-rank correction.
+/// One projection's low-rank correction, its matrices as stored in the adapter's file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoraPair {
     pub rank: usize,
-    /// `[rank, in]`.
-    pub a: Vec<f32>,
-    /// `[out, rank]`.
-    pub b: Vec<f32>,
+    /// f32, f16 or bf16.
+    pub dtype: DType,
+    /// `[rank, in]`: PEFT's `lora_A`.
+    pub a: Vec<u8>,
+    /// `[out, rank]`: PEFT's `lora_B`.
+    pub b: Vec<u8>,
     pub scale: f32,
 }
 
 impl LoraPair {
+    /// Bytes of a row of `cols` elements.
+    fn row_bytes(&self, cols: usize) -> usize {
+        self.dtype.bytes_for(cols).expect("a float dtype")
+    }
+
+    /// `A` as `[rank, in]`.
+    fn a_view(&self) -> WeightView<'_> {
+        let a = WeightView::new(self.dtype, self.rank, self.in_dim(), &self.a);
+        a.expect("shapes checked at load")
+    }
+
+    /// `B` as `[out, rank]`.
+    fn b_view(&self) -> WeightView<'_> {
+        let b = WeightView::new(self.dtype, self.out_dim(), self.rank, &self.b);
+        b.expect("shapes checked at load")
+    }
+
     fn in_dim(&self) -> usize {
-        self.a.len() / self.rank
+        self.a.len() / self.row_bytes(1) / self.rank
     }
 
     fn out_dim(&self) -> usize {
-        self.b.len() / self.rank
+        self.b.len() / self.row_bytes(self.rank)
     }
 
-    /// `y += scale · B (A x)` for one row.
-    fn add_to(&self, x: &[f32], y: &mut [f32]) {
-        let mut ax = [0f32; MAX_RANK];
-        let ax = &mut ax[..self.rank];
-        for (v, a_row) in ax.iter_mut().zip(self.a.chunks_exact(x.len())) {
-            *v = self.scale * a_row.iter().zip(x).map(|(a, x)| a * x).sum::<f32>();
-        }
-        for (y, b_row) in y.iter_mut().zip(self.b.chunks_exact(self.rank)) {
-            *y += b_row.iter().zip(ax.iter()).map(|(b, v)| b * v).sum::<f32>();
-        }
+    /// `y += s · B (A x)` for the `m` rows of `x` (`[m, in]`) and `y` (`[m, out]`), with
+    /// `t` and `d` as working memory.
+    fn add_to(
+        &self,
+        (isa, pool): (Isa, &ThreadPool),
+        x: &[f32],
+        y: &mut [f32],
+        (t, d): (&mut Vec<f32>, &mut Vec<f32>),
+    ) {
+        let (a, b) = (self.a_view(), self.b_view());
+        let m = x.len() / a.cols;
+        t.resize(m * self.rank, 0.0);
+        d.resize(y.len(), 0.0);
+        matmul_with(isa, pool, &a, x, t, m);
+        t.iter_mut().for_each(|v| *v *= self.scale);
+        matmul_with(isa, pool, &b, t, d, m);
+        add_inplace(y, d);
     }
 }
 
@@ -130,97 +160,147 @@ impl LoraAdapter {
         }
     }
 
-    /// Bytes of its f32 matrices.
+    /// Bytes of its matrices.
     pub fn bytes(&self) -> usize {
-        let floats: usize = (self.layers.iter().flatten().flatten())
+        (self.layers.iter().flatten().flatten())
             .map(|p| p.a.len() + p.b.len())
-            .sum();
-        floats * 4
+            .sum()
     }
 }
 
-/// Which rows of a batch run with which adapter: runs of consecutive rows, in order.
+/// Which rows of a batch run with which adapter: runs of consecutive rows, in order (a
+/// sequence's rows, or neighbouring sequences' with the same adapter).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct AdapterRows(pub Vec<(Range<usize>, AdapterId)>);
+pub struct AdapterRows(Vec<(Range<usize>, AdapterId)>);
 
 impl AdapterRows {
+    /// The runs of `spans` (row range, adapter), merging neighbours of one adapter.
+    pub fn new(spans: impl IntoIterator<Item = (Range<usize>, AdapterId)>) -> AdapterRows {
+        let mut runs: Vec<(Range<usize>, AdapterId)> = Vec::new();
+        for (rows, id) in spans {
+            match runs.last_mut() {
+                Some((last, last_id)) if *last_id == id && last.end == rows.start => {
+                    last.end = rows.end
+                }
+                _ => runs.push((rows, id)),
+            }
+        }
+        AdapterRows(runs)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+}
 
-    /// The adapter of each row of `[n, width]`-shaped `y`, or `None`.
-    fn adapter_of(&self, row: usize) -> Option<AdapterId> {
-        let i = self.0.partition_point(|(r, _)| r.end <= row);
-        self.0.get(i).filter(|(r, _)| r.contains(&row)).map(|e| e.1)
-    }
+/// Working memory of the corrections: `[m, r]` and `[m, out]`.
+#[derive(Debug, Default)]
+pub struct LoraScratch {
+    t: Vec<f32>,
+    d: Vec<f32>,
 }
 
 /// Adds the corrections of projection `p` of layer `l` to `y` (`[n, out]`) for the rows
-/// `rows` assigns an adapter; `x` (`[n, in]`) is the projection's input.
+/// `rows` assigns an adapter that targets it; `x` (`[n, in]`) is the projection's input.
+#[allow(clippy::too_many_arguments)] // the kernels, the adapters, the rows and their buffers
 pub fn add_corrections(
-    pool: &ThreadPool,
+    kernels: (Isa, &ThreadPool),
     adapters: &[LoraAdapter],
     rows: &AdapterRows,
     (l, p): (usize, Projection),
     x: &[f32],
     y: &mut [f32],
+    scratch: &mut LoraScratch,
 ) {
-    let targets = |id: AdapterId| adapters[id.0 as usize].get(l, p);
-    let Some(out) = (rows.0.iter()).find_map(|&(_, id)| targets(id).map(LoraPair::out_dim)) else {
-        return;
-    };
-    for_each_chunk_mut(pool, y, out, |t, y_row| {
-        if let Some(pair) = rows.adapter_of(t).and_then(targets) {
-            let width = pair.in_dim();
-            pair.add_to(&x[t * width..(t + 1) * width], y_row);
-        }
-    });
+    for (range, id) in &rows.0 {
+        let Some(pair) = adapters[id.0 as usize].get(l, p) else {
+            continue;
+        };
+        let (width_in, width_out) = (pair.in_dim(), pair.out_dim());
+        let x_rows = &x[range.start * width_in..range.end * width_in];
+        let y_rows = &mut y[range.start * width_out..range.end * width_out];
+        pair.add_to(kernels, x_rows, y_rows, (&mut scratch.t, &mut scratch.d));
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn pair(a: &[f32], b: &[f32], scale: f32) -> LoraPair {
+        LoraPair {
+            rank: 1,
+            dtype: DType::F32,
+            a: f32_bytes(a),
+            b: f32_bytes(b),
+            scale,
+        }
+    }
+
     #[test]
     fn a_row_gets_scale_times_b_a_x() {
         // A = [[1, 2]], B = [[3], [4], [5]], scale 0.5, x = [1, 1]: A x = 3, y += 0.5·3·B.
-        let pair = LoraPair {
-            rank: 1,
-            a: vec![1.0, 2.0],
-            b: vec![3.0, 4.0, 5.0],
-            scale: 0.5,
-        };
+        let mut adapter = LoraAdapter::empty(1);
+        adapter.set(0, Projection::Up, pair(&[1.0, 2.0], &[3.0, 4.0, 5.0], 0.5));
+        let rows = AdapterRows::new([(0..1, AdapterId(0))]);
         let mut y = vec![1.0; 3];
-        pair.add_to(&[1.0, 1.0], &mut y);
+        let pool = ThreadPool::new(1);
+        let kernels = (Isa::Scalar, &pool);
+        let mut scratch = LoraScratch::default();
+        add_corrections(
+            kernels,
+            &[adapter],
+            &rows,
+            (0, Projection::Up),
+            &[1.0, 1.0],
+            &mut y,
+            &mut scratch,
+        );
         assert_eq!(y, vec![5.5, 7.0, 8.5]);
     }
 
     #[test]
     fn only_the_rows_of_an_adapter_change() {
         let mut adapter = LoraAdapter::empty(1);
-        let pair = LoraPair {
-            rank: 1,
-            a: vec![1.0],
-            b: vec![2.0],
-            scale: 1.0,
-        };
-        adapter.set(0, Projection::Down, pair);
-        let rows = AdapterRows(vec![(1..2, AdapterId(0)), (3..4, AdapterId(0))]);
+        adapter.set(0, Projection::Down, pair(&[1.0], &[2.0], 1.0));
+        let rows = AdapterRows::new([(1..2, AdapterId(0)), (3..4, AdapterId(0))]);
         let x = [1.0, 2.0, 3.0, 4.0];
         let mut y = [0.0; 4];
         let pool = ThreadPool::new(1);
+        let (kernels, mut scratch) = ((Isa::Scalar, &pool), LoraScratch::default());
+        let adapters = [adapter];
         add_corrections(
-            &pool,
-            &[adapter.clone()],
+            kernels,
+            &adapters,
             &rows,
             (0, Projection::Down),
             &x,
             &mut y,
+            &mut scratch,
         );
         assert_eq!(y, [0.0, 4.0, 0.0, 8.0]);
         // A projection the adapter does not target changes nothing.
         let mut y = [0.0; 4];
-        add_corrections(&pool, &[adapter], &rows, (0, Projection::Up), &x, &mut y);
+        add_corrections(
+            kernels,
+            &adapters,
+            &rows,
+            (0, Projection::Up),
+            &x,
+            &mut y,
+            &mut scratch,
+        );
         assert_eq!(y, [0.0; 4]);
+    }
+
+    #[test]
+    fn neighbouring_runs_of_one_adapter_merge() {
+        let (a, b) = (AdapterId(0), AdapterId(1));
+        let rows = AdapterRows::new([(0..2, a), (2..3, a), (4..5, a), (5..6, b)]);
+        assert_eq!(rows.0, vec![(0..3, a), (4..5, a), (5..6, b)]);
     }
 }

@@ -53,8 +53,14 @@ pub fn load_peft_adapter(dir: &Path, config: &ModelConfig) -> Result<LoraAdapter
                 t.dtype
             )));
         }
-        let data = t.to_f32()?;
-        halves.entry((layer, module)).or_default()[half] = Some(Matrix { rows, cols, data });
+        let data = t.data.to_vec();
+        let dtype = t.dtype;
+        halves.entry((layer, module)).or_default()[half] = Some(Matrix {
+            rows,
+            cols,
+            dtype,
+            data,
+        });
     }
     if halves.is_empty() {
         return Err(err(format!("{WEIGHTS_FILE} holds no LoRA tensors")));
@@ -243,11 +249,12 @@ fn parse_name(
     Ok((layer, module, half))
 }
 
-/// A matrix read from the file, row-major.
+/// A matrix read from the file, row-major, in its stored dtype.
 struct Matrix {
     rows: usize,
     cols: usize,
-    data: Vec<f32>,
+    dtype: DType,
+    data: Vec<u8>,
 }
 
 /// The projections `module` changes, with their corrections (a fused module gives several,
@@ -294,20 +301,29 @@ fn targets(
             a.rows, a.cols, b.rows, b.cols
         ));
     }
+    if a.dtype != b.dtype {
+        return Err(format!(
+            "A is {} and B {}; they must match",
+            a.dtype, b.dtype
+        ));
+    }
+    let row = b.data.len() / b.rows; // bytes of a row of B: `rank` elements
     let mut start = 0;
     let mut out = Vec::new();
     for (p, rows) in parts {
-        let mut b_rows = b.data[start * rank..(start + rows) * rank].to_vec();
+        let mut b_rows = b.data[start * row..(start + rows) * row].to_vec();
         start += rows;
-        if config.rope.style == RopeStyle::Interleaved && matches!(p, Projection::Q | Projection::K)
-        {
-            b_rows = interleave_heads(&b_rows, rank, config.head_dim);
+        let rotated = matches!(p, Projection::Q | Projection::K);
+        if config.rope.style == RopeStyle::Interleaved && rotated {
+            b_rows = interleave_heads(&b_rows, row, config.head_dim);
         }
+        let (dtype, a) = (a.dtype, a.data.clone());
         out.push((
             p,
             LoraPair {
                 rank,
-                a: a.data.clone(),
+                dtype,
+                a,
                 b: b_rows,
                 scale,
             },
@@ -316,21 +332,20 @@ fn targets(
     Ok(out)
 }
 
-/// The rows of `b` (`[heads · head_dim, rank]`) in the order llama.cpp's converter stores q
-/// and k for interleaved RoPE: within each head, row `2i + s` is the original row
-/// `s · head_dim / 2 + i`.
-fn interleave_heads(b: &[f32], rank: usize, head_dim: usize) -> Vec<f32> {
+/// The rows of `b` (`[heads · head_dim]` rows of `row` bytes) in the order llama.cpp's
+/// converter stores q and k for interleaved RoPE: within each head, row `2i + s` is the
+/// original row `s · head_dim / 2 + i`.
+fn interleave_heads(b: &[u8], row: usize, head_dim: usize) -> Vec<u8> {
     let half = head_dim / 2;
-    let mut out = vec![0.0; b.len()];
-    for (head_in, head_out) in b
-        .chunks_exact(head_dim * rank)
-        .zip(out.chunks_exact_mut(head_dim * rank))
-    {
+    let mut out = vec![0; b.len()];
+    let heads = b
+        .chunks_exact(head_dim * row)
+        .zip(out.chunks_exact_mut(head_dim * row));
+    for (head_in, head_out) in heads {
         for i in 0..half {
             for s in 0..2 {
-                let from = (s * half + i) * rank;
-                let to = (2 * i + s) * rank;
-                head_out[to..to + rank].copy_from_slice(&head_in[from..from + rank]);
+                let (from, to) = ((s * half + i) * row, (2 * i + s) * row);
+                head_out[to..to + row].copy_from_slice(&head_in[from..from + row]);
             }
         }
     }
@@ -352,10 +367,7 @@ mod tests {
 
     #[test]
     fn interleaving_pairs_each_row_with_its_rotation_partner() {
-        // One head of 4 rows (rank 1): rows 0 and 2 rotate together, 1 and 3.
-        assert_eq!(
-            interleave_heads(&[0.0, 1.0, 2.0, 3.0], 1, 4),
-            vec![0.0, 2.0, 1.0, 3.0]
-        );
+        // One head of 4 rows of 1 byte: rows 0 and 2 rotate together, 1 and 3.
+        assert_eq!(interleave_heads(&[0, 1, 2, 3], 1, 4), vec![0, 2, 1, 3]);
     }
 }
