@@ -11,10 +11,12 @@ mod load_check;
 
 use std::path::{Path, PathBuf};
 
-use load_check::{exercise, no_panic, run_five_tokens};
+use load_check::{exercise, no_panic, run_five_tokens, run_five_tokens_on};
 use serde_json::{json, Value};
 use tandem_model::loader::load_model;
+use tandem_model::lora::load_peft_adapter;
 use tandem_model::tokenizer::Tokenizer;
+use tandem_model::transformer::Model;
 
 const FIXTURES: [&str; 9] = [
     "llama_tied",
@@ -127,11 +129,12 @@ fn load_and_run(dir: &Path) -> Result<bool, String> {
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hf")
+        .join("tests/fixtures")
         .join(name)
 }
 
-/// A copy of the fixture `name` in a fresh temporary directory.
+/// A copy of the fixture `name` (`hf/llama_tied`, `lora/qwen3`) in a fresh temporary
+/// directory.
 fn copy_fixture(name: &str, into: &Path) -> PathBuf {
     let dir = into.join(name);
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -147,7 +150,7 @@ fn mutated_model_directories_load_to_an_error_or_a_working_model() {
     let tmp = std::env::temp_dir().join(format!("tandem-hf-mutations-{}", std::process::id()));
     let mut failures = Vec::new();
     for name in FIXTURES {
-        let dir = copy_fixture(name, &tmp);
+        let dir = copy_fixture(&format!("hf/{name}"), &tmp);
         assert_eq!(load_and_run(&dir), Ok(true), "{name}: the fixture itself");
         let (mut loaded, mut refused) = (0, 0);
         for file in JSON_FILES {
@@ -182,7 +185,7 @@ fn mutated_model_directories_load_to_an_error_or_a_working_model() {
 #[test]
 fn mutated_tokenizer_json_builds_or_fails_cleanly() {
     let tmp = std::env::temp_dir().join(format!("tandem-tokenizer-json-{}", std::process::id()));
-    let dir = copy_fixture("llama_tied", &tmp);
+    let dir = copy_fixture("hf/llama_tied", &tmp);
     let text = std::fs::read_to_string(dir.join("tokenizer.json")).expect("tokenizer.json");
     let root: Value = serde_json::from_str(&text).expect("fixture json");
     let build = || Tokenizer::from_hf_dir(&dir).map_err(|e| e.to_string());
@@ -202,5 +205,46 @@ fn mutated_tokenizer_json_builds_or_fails_cleanly() {
     std::fs::remove_dir_all(&tmp).ok();
     eprintln!("tokenizer.json: {built} mutations built a tokenizer, {refused} refused");
     assert!(built > 0 && refused > 0, "{built} built, {refused} refused");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Loads the adapter in `dir` for the Llama fixture and, when it loads, runs five tokens with
+/// it. `Ok(true)` when it loaded.
+fn adapt_and_run(dir: &Path) -> Result<bool, String> {
+    let base = load_model(&fixture("hf/llama_tied")).map_err(|e| e.to_string())?;
+    let mut model = Model::new(base.host, 1);
+    let Ok(adapter) = load_peft_adapter(dir, &model.config) else {
+        return Ok(false);
+    };
+    let id = model.add_adapter(adapter).map_err(|e| e.to_string())?;
+    run_five_tokens_on(&mut model, Some(id)).map(|()| true)
+}
+
+/// The Llama fixture's PEFT adapter with every value of its `adapter_config.json` in turn
+/// removed or replaced: it loads and runs, or fails with a typed error.
+#[test]
+fn mutated_adapter_configs_load_to_an_error_or_a_working_adapter() {
+    let tmp = std::env::temp_dir().join(format!("tandem-adapter-mutations-{}", std::process::id()));
+    let dir = copy_fixture("lora/llama_tied", &tmp);
+    let text = std::fs::read_to_string(dir.join("adapter_config.json")).expect("config");
+    let root: Value = serde_json::from_str(&text).expect("fixture json");
+    assert_eq!(adapt_and_run(&dir), Ok(true), "the fixture itself");
+    let (mut failures, mut loaded, mut refused) = (Vec::new(), 0, 0);
+    for (path, replacement) in mutations(&root, &[]) {
+        let changed = apply(&root, &path, &replacement);
+        std::fs::write(dir.join("adapter_config.json"), changed.to_string()).expect("write");
+        let label = format!("adapter_config.json: {path} = {replacement:.60?}");
+        match no_panic(&label, &mut failures, || adapt_and_run(&dir)) {
+            Some(true) => loaded += 1,
+            Some(false) => refused += 1,
+            None => {}
+        }
+    }
+    std::fs::remove_dir_all(&tmp).ok();
+    eprintln!("adapter_config.json: {loaded} mutations loaded and ran, {refused} refused");
+    assert!(
+        loaded > 0 && refused > 0,
+        "{loaded} loaded, {refused} refused"
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -146,9 +146,20 @@ impl Settings {
         } else {
             r as f64
         };
-        Ok((alpha / denominator) as f32)
+        let scale = alpha / denominator;
+        if scale.is_nan() || scale.abs() > MAX_SCALE {
+            return Err(format!(
+                "layer {layer} `{module}`: alpha {alpha} / {denominator} is not a scale in \
+                 -{MAX_SCALE}..={MAX_SCALE}"
+            ));
+        }
+        Ok(scale as f32)
     }
 }
+
+/// The largest scale (`alpha / r`) accepted: trained adapters use 1/512 to 512, and a scale
+/// past 2^16 would turn activations into infinities.
+const MAX_SCALE: f64 = 65536.0;
 
 /// Refuses the settings that change the computation in ways tandem does not implement.
 fn check_unsupported(cfg: &Map<String, Value>) -> std::result::Result<(), String> {

@@ -4,7 +4,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use tandem_kernels::Isa;
-use tandem_model::batch::{BlockId, ForwardBatch, OutputSelection, TokenId};
+use tandem_model::batch::{AdapterId, BlockId, ForwardBatch, OutputSelection, TokenId};
 use tandem_model::host_model::HostModel;
 use tandem_model::kv_store::{KvDtype, KvStore};
 use tandem_model::tokenizer::Tokenizer;
@@ -13,12 +13,17 @@ use tandem_model::transformer::Model;
 /// Runs five tokens through a model that loaded: the forward pass may fail with a typed
 /// error, but logits it returns must be finite.
 pub fn run_five_tokens(host: HostModel) -> Result<(), String> {
-    let mut model = Model::with_kernels(host, 1, Isa::best());
+    run_five_tokens_on(&mut Model::with_kernels(host, 1, Isa::best()), None)
+}
+
+/// [`run_five_tokens`] on a prepared model, the sequence running with `adapter`.
+pub fn run_five_tokens_on(model: &mut Model, adapter: Option<AdapterId>) -> Result<(), String> {
     let Ok(mut kv) = KvStore::with_dtype(&model.config, 16, 1, KvDtype::F32) else {
         return Ok(());
     };
     let ids = (0..5).map(TokenId).collect();
-    let batch = ForwardBatch::single(ids, 0, vec![BlockId(0)], OutputSelection::All);
+    let mut batch = ForwardBatch::single(ids, 0, vec![BlockId(0)], OutputSelection::All);
+    batch.seqs[0].adapter = adapter;
     match model.forward(&batch, &mut kv) {
         Ok(logits) if !logits.as_slice().iter().all(|x| x.is_finite()) => {
             Err("the forward pass gave logits that are not finite".into())
