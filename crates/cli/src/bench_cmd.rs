@@ -117,6 +117,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
         !(a.prefix_cache && a.temperature != 0.0),
         "--prefix-cache measures greedy requests: --temperature does not apply"
     );
+    anyhow::ensure!(
+        !(a.prefix_cache && a.model.lora.is_some()),
+        "--prefix-cache measures the base model: --lora does not apply"
+    );
     if a.prefix_cache {
         let (lm, target) = PreparedModel::load(&a.model, a.engine.kv_cache_dtype)?;
         let mut engine = build_engine(target, lm.eos_token_ids.clone(), &a.model, &a.engine, 0)?;

@@ -52,6 +52,10 @@ impl BatchLayout {
         block_size: usize,
         rope: &RopeFreqs,
     ) -> Result<BatchLayout, CudaError> {
+        if batch.seqs.iter().any(|s| s.adapter.is_some()) {
+            let msg = "LoRA adapters run on the CPU; this CUDA runner has none";
+            return Err(CudaError::Unsupported(msg.into()));
+        }
         let half = rope.global.len();
         let n = batch.num_tokens();
         let max_blocks = batch

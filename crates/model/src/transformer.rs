@@ -145,13 +145,7 @@ impl Model {
     /// Registers a LoRA adapter (loaded for this model's configuration, e.g. by
     /// [`crate::lora::load_peft_adapter`]); sequences of a batch name it by the returned id.
     pub fn add_adapter(&mut self, adapter: LoraAdapter) -> Result<AdapterId> {
-        if adapter.num_layers() != self.config.num_layers {
-            return Err(ModelError::Batch(format!(
-                "an adapter of {} layers for a model of {}",
-                adapter.num_layers(),
-                self.config.num_layers
-            )));
-        }
+        adapter.check(&self.config).map_err(ModelError::Batch)?;
         self.adapters.push(adapter);
         Ok(AdapterId(self.adapters.len() as u32 - 1))
     }

@@ -186,7 +186,9 @@ fn an_adapter_for_another_model_is_refused() {
 
 /// A copy of adapter fixture `name` whose `adapter_config.json` has `key` set to `value`.
 fn with_setting(name: &str, key: &str, value: serde_json::Value) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tandem-lora-{key}-{}", std::process::id()));
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("tandem-lora-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let from = fixtures().join("lora").join(name);
     std::fs::copy(
@@ -219,6 +221,30 @@ fn settings_tandem_does_not_implement_are_refused_by_name() {
             json!({"down_proj": "two"}),
             "rank_pattern.down_proj",
         ),
+        ("use_rslora", json!("true"), "use_rslora"),
+        (
+            "alora_invocation_tokens",
+            json!([1, 2]),
+            "alora_invocation_tokens",
+        ),
+        ("a_future_setting", json!({"on": true}), "a_future_setting"),
+        (
+            "init_lora_weights",
+            json!("pissa_niter_4"),
+            "residual base model",
+        ),
+        (
+            "target_modules",
+            json!(["q_proj", "k_proj"]),
+            "leave its module out",
+        ),
+        ("layers_to_transform", json!([1]), "leave its module out"),
+        (
+            "exclude_modules",
+            json!("model\\.layers\\.0\\..*"),
+            "leave its module out",
+        ),
+        ("lora_alpha", json!(1e300), "not a scale"),
     ];
     for (key, value, needle) in cases {
         let dir = with_setting("llama_tied", key, value.clone());
@@ -241,4 +267,48 @@ fn a_batch_naming_an_unregistered_adapter_is_refused() {
         .forward(&batch, &mut kv)
         .expect_err("no adapter is registered");
     assert!(matches!(e, ModelError::Batch(_)), "{e}");
+}
+
+/// PEFT's reading of the settings, checked against PEFT's own logits: `lora_alpha` defaults to
+/// 8 (the fixture's value), and pattern keys are regexes matched against the end of a
+/// module's name (so `(o)_proj` is the fixture's `o_proj`, and a key naming layer 0's module
+/// leaves layer 1's at the default alpha, which changes the logits).
+#[test]
+fn settings_are_read_as_peft_reads_them() {
+    use serde_json::json;
+    let same = [
+        ("lora_alpha", json!(null)),
+        ("alpha_pattern", json!({"(o)_proj": 3})),
+        (
+            "target_modules",
+            json!("model\\.layers\\.\\d+\\.(self_attn|mlp)\\.[a-z_]+"),
+        ),
+        ("target_modules", json!("all-linear")),
+        ("layers_to_transform", json!([0, 1])),
+    ];
+    for (key, value) in same {
+        let dir = with_setting("llama_tied", key, value.clone());
+        let mut model = hf_model("llama_tied", Isa::best_exact());
+        let adapter =
+            load_peft_adapter(&dir, &model.config).unwrap_or_else(|e| panic!("{key}: {e}"));
+        model.add_adapter(adapter).expect("add");
+        assert_matches_peft(&mut model, "llama_tied");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+    let dir = with_setting(
+        "llama_tied",
+        "alpha_pattern",
+        json!({"layers\\.0\\.self_attn\\.o_proj": 3}),
+    );
+    let mut model = hf_model("llama_tied", Isa::best_exact());
+    model
+        .add_adapter(load_peft_adapter(&dir, &model.config).expect("loads"))
+        .expect("add");
+    let (ids, want) = &sequences(&fixtures().join("lora/llama_tied"))[0];
+    let got = batch_logits(&mut model, &[(ids, Some(AdapterId(0)))]).remove(0);
+    assert!(
+        max_abs_diff(&got, want) > 1e-2,
+        "layer 1's o_proj has the default alpha now"
+    );
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -14,12 +14,15 @@
 //! Adapters are read from PEFT's directories (`peft.rs`).
 
 mod peft;
+mod peft_config;
 
 use std::ops::Range;
 
 use tandem_kernels::matmul::{matmul_with, WeightView};
 use tandem_kernels::ops::add_inplace;
 use tandem_kernels::{DType, Isa, ThreadPool};
+
+use crate::config::ModelConfig;
 
 pub use peft::load_peft_adapter;
 
@@ -58,14 +61,14 @@ impl Projection {
 /// One projection's low-rank correction, its matrices as stored in the adapter's file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoraPair {
-    pub rank: usize,
+    rank: usize,
     /// f32, f16 or bf16.
-    pub dtype: DType,
+    dtype: DType,
     /// `[rank, in]`: PEFT's `lora_A`.
-    pub a: Vec<u8>,
+    a: Vec<u8>,
     /// `[out, rank]`: PEFT's `lora_B`.
-    pub b: Vec<u8>,
-    pub scale: f32,
+    b: Vec<u8>,
+    scale: f32,
 }
 
 impl LoraPair {
@@ -150,6 +153,53 @@ impl LoraAdapter {
     /// Number of (layer, projection) pairs the adapter changes.
     pub fn num_targets(&self) -> usize {
         self.layers.iter().flatten().flatten().count()
+    }
+
+    /// Checks that every correction fits its projection in a model of `config`: `A` is
+    /// `[r, in]` and `B` `[out, r]` of the projection's sizes, `0 < r <= MAX_RANK`.
+    pub fn check(&self, config: &ModelConfig) -> Result<(), String> {
+        if self.layers.len() != config.num_layers {
+            let n = self.layers.len();
+            return Err(format!(
+                "an adapter of {n} layers for a model of {} layers",
+                config.num_layers
+            ));
+        }
+        let (h, q, kv, ff) = (
+            config.hidden_size,
+            config.q_dim(),
+            config.kv_dim(),
+            config.intermediate_size,
+        );
+        for (l, pairs) in self.layers.iter().enumerate() {
+            for (p, pair) in Projection::ALL.iter().zip(pairs) {
+                let Some(pair) = pair else { continue };
+                let (want_in, want_out) = match p {
+                    Projection::Q => (h, q),
+                    Projection::K | Projection::V => (h, kv),
+                    Projection::O => (q, h),
+                    Projection::Gate | Projection::Up => (h, ff),
+                    Projection::Down => (ff, h),
+                };
+                let fits = |n: usize, cols: usize, len: usize| {
+                    pair.dtype.bytes_for(cols).and_then(|b| b.checked_mul(n)) == Some(len)
+                };
+                let moe = config.features.moe.is_some() && p.index() >= Projection::Gate.index();
+                let float = matches!(pair.dtype, DType::F32 | DType::F16 | DType::BF16);
+                if moe
+                    || !float
+                    || pair.rank == 0
+                    || pair.rank > MAX_RANK
+                    || !fits(pair.rank, want_in, pair.a.len())
+                    || !fits(want_out, pair.rank, pair.b.len())
+                {
+                    return Err(format!(
+                        "layer {l} {p:?}: the correction does not fit the model"
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Multiplies every correction's scale by `factor` (PEFT's `scale_layer`: 0 turns the

@@ -1,35 +1,32 @@
-//! Reading a PEFT LoRA adapter directory: `adapter_config.json` and
+//! Reading a PEFT LoRA adapter directory: `adapter_config.json` (`peft_config.rs`) and
 //! `adapter_model.safetensors`, whose tensors are named
 //! `base_model.model.model.layers.{l}.self_attn.q_proj.lora_A.weight` (`[r, in]`) and
 //! `….lora_B.weight` (`[out, r]`).
 //!
-//! What is read: `r`, `lora_alpha`, `use_rslora`, and the per-module `rank_pattern` and
-//! `alpha_pattern` (a key applies to the modules whose name is the key or ends with `.key`).
-//! The targets are the projections q/k/v/o and gate/up/down, and Phi-3's fused `qkv_proj`
-//! and `gate_up_proj`, whose `B` rows are split as the base model's fused weights are. What
-//! changes the computation in other ways (DoRA, biases, `fan_in_fan_out`, fully trained
-//! `modules_to_save`, adapters of embeddings or of experts) is refused with an error that
-//! names it, never ignored.
-//!
-//! Where the base model's q and k rows are stored permuted for interleaved RoPE (GGUF files
-//! of Llama and Mixtral, converted by llama.cpp), the rows of `B` are permuted the same way.
+//! The targets are the attention's q/k/v/o and a dense MLP's gate/up/down projections, or,
+//! for Phi-3, its fused `qkv_proj` and `gate_up_proj` (whose `B` rows are split as the
+//! fused weights are) with `o_proj` and `down_proj`. A tensor of any other module (an
+//! embedding, the LM head, an expert, a vision tower), of a module the config does not
+//! target, a second correction of one projection, a shape of another model, or a value that
+//! is not finite is refused with an error that names it, never ignored. Where the base
+//! model's q and k rows are stored permuted for interleaved RoPE (GGUF files of Llama and
+//! Mixtral, converted by llama.cpp), the rows of `B` are permuted the same way.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde_json::{Map, Value};
 use tandem_kernels::DType;
 
+use super::peft_config::PeftConfig;
 use super::{LoraAdapter, LoraPair, Projection, MAX_RANK};
-use crate::config::{ModelConfig, RopeStyle};
+use crate::config::{Architecture, ModelConfig, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::safetensors::add_safetensors_file;
-use crate::weights::TensorSet;
+use crate::weights::{TensorRef, TensorSet};
 
-const CONFIG_FILE: &str = "adapter_config.json";
 const WEIGHTS_FILE: &str = "adapter_model.safetensors";
-/// Largest `adapter_config.json` read, in bytes.
-const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// What precedes a module's name in a tensor's name.
+const PREFIX: &str = "base_model.model.";
 
 /// Loads the PEFT adapter in `dir` for a model of configuration `config`.
 pub fn load_peft_adapter(dir: &Path, config: &ModelConfig) -> Result<LoraAdapter> {
@@ -37,227 +34,96 @@ pub fn load_peft_adapter(dir: &Path, config: &ModelConfig) -> Result<LoraAdapter
         path: dir.to_path_buf(),
         reason,
     };
-    let settings = Settings::read(dir).map_err(err)?;
+    let settings = PeftConfig::read(dir).map_err(err)?;
     let mut tensors = TensorSet::default();
     add_safetensors_file(&mut tensors, &dir.join(WEIGHTS_FILE))?;
     let mut halves: BTreeMap<(usize, String), [Option<Matrix>; 2]> = BTreeMap::new();
     for name in tensors.names() {
-        let (layer, module, half) = parse_name(name, config.num_layers).map_err(err)?;
-        let t = tensors.require(name)?;
-        let [rows, cols] = *t.shape else {
-            return Err(err(format!("`{name}` has shape {:?}, not 2-D", t.shape)));
-        };
-        if !matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16) {
+        let t = TensorName::parse(name, config.num_layers).map_err(err)?;
+        if !settings.targets(&t.module, t.layer) {
             return Err(err(format!(
-                "`{name}` is {}, not f32, f16 or bf16",
-                t.dtype
+                "`{name}`: target_modules, layers_to_transform and exclude_modules leave its \
+                 module out"
             )));
         }
-        let data = t.data.to_vec();
-        let dtype = t.dtype;
-        halves.entry((layer, module)).or_default()[half] = Some(Matrix {
-            rows,
-            cols,
-            dtype,
-            data,
-        });
+        let matrix = Matrix::read(tensors.require(name)?).map_err(err)?;
+        halves.entry((t.layer, t.module)).or_default()[t.half] = Some(matrix);
     }
     if halves.is_empty() {
         return Err(err(format!("{WEIGHTS_FILE} holds no LoRA tensors")));
     }
     let mut adapter = LoraAdapter::empty(config.num_layers);
     for ((layer, module), [a, b]) in halves {
-        let at = format!("layer {layer} `{module}`");
         let (Some(a), Some(b)) = (a, b) else {
-            return Err(err(format!("{at} lacks its lora_A or lora_B")));
+            return Err(err(format!("`{module}` lacks its lora_A or lora_B")));
         };
-        let scale = settings.scale(layer, &module, a.rows).map_err(err)?;
-        for (p, pair) in
-            targets(config, &module, a, b, scale).map_err(|e| err(format!("{at}: {e}")))?
-        {
+        let scale = settings.scale(&module, a.rows).map_err(err)?;
+        let inner = module
+            .split_once(&format!("layers.{layer}."))
+            .map_or("", |(_, m)| m);
+        let pairs =
+            corrections(config, inner, a, b, scale).map_err(|e| err(format!("`{module}`: {e}")))?;
+        for (p, pair) in pairs {
+            if adapter.get(layer, p).is_some() {
+                return Err(err(format!(
+                    "`{module}`: a second correction of layer {layer}'s {p:?}"
+                )));
+            }
             adapter.set(layer, p, pair);
         }
     }
     Ok(adapter)
 }
 
-/// The settings of `adapter_config.json` that tandem reads.
-struct Settings {
-    r: usize,
-    alpha: f64,
-    rslora: bool,
-    rank_pattern: Vec<(String, usize)>,
-    alpha_pattern: Vec<(String, f64)>,
+/// What a LoRA tensor's name says.
+#[derive(Debug, PartialEq)]
+struct TensorName {
+    layer: usize,
+    /// The module's name in the model, e.g. `model.layers.3.mlp.down_proj`.
+    module: String,
+    /// 0 for `lora_A`, 1 for `lora_B`.
+    half: usize,
 }
 
-impl Settings {
-    fn read(dir: &Path) -> std::result::Result<Settings, String> {
-        let path = dir.join(CONFIG_FILE);
-        let size = std::fs::metadata(&path)
-            .map_err(|e| format!("{CONFIG_FILE}: {e}"))?
-            .len();
-        if size > MAX_CONFIG_BYTES {
+impl TensorName {
+    /// Parses `base_model.model.model.layers.3.mlp.down_proj.lora_B.weight` (a multimodal
+    /// model's text layers may sit under `language_model`).
+    fn parse(name: &str, num_layers: usize) -> std::result::Result<TensorName, String> {
+        let not_lora = || format!("`{name}` is not a LoRA weight (…lora_A.weight, …lora_B.weight)");
+        let rest = name.strip_prefix(PREFIX).ok_or_else(not_lora)?;
+        let (module, half) = match rest
+            .strip_suffix(".weight")
+            .and_then(|m| m.rsplit_once('.'))
+        {
+            Some((module, "lora_A")) => (module, 0),
+            Some((module, "lora_B")) => (module, 1),
+            _ => return Err(not_lora()),
+        };
+        let parts: Vec<&str> = module.split('.').collect();
+        let at = parts.iter().position(|&p| p == "layers");
+        let layer = at.and_then(|i| parts.get(i + 1)?.parse::<usize>().ok());
+        let (Some(i), Some(layer)) = (at, layer) else {
             return Err(format!(
-                "{CONFIG_FILE} is {size} bytes (at most {MAX_CONFIG_BYTES})"
+                "`{name}` names no layer: adapters of embeddings or the LM head are not supported"
+            ));
+        };
+        if !parts[..i]
+            .iter()
+            .all(|p| matches!(*p, "model" | "language_model"))
+        {
+            return Err(format!("`{name}` is not in the language model's layers"));
+        }
+        if layer >= num_layers {
+            return Err(format!(
+                "`{name}`: layer {layer}, the model has {num_layers}"
             ));
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("{CONFIG_FILE}: {e}"))?;
-        let cfg: Map<String, Value> =
-            serde_json::from_str(&text).map_err(|e| format!("{CONFIG_FILE}: {e}"))?;
-        check_unsupported(&cfg)?;
-        let r = positive_int(&cfg, "r")?;
-        let alpha = match cfg.get("lora_alpha") {
-            None | Some(Value::Null) => r as f64,
-            Some(v) => v
-                .as_f64()
-                .filter(|a| a.is_finite())
-                .ok_or("`lora_alpha` must be a number")?,
-        };
-        Ok(Settings {
-            r,
-            alpha,
-            rslora: cfg
-                .get("use_rslora")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            rank_pattern: pattern(&cfg, "rank_pattern", |v| v.as_u64().map(|r| r as usize))?,
-            alpha_pattern: pattern(&cfg, "alpha_pattern", Value::as_f64)?,
+        Ok(TensorName {
+            layer,
+            module: module.to_string(),
+            half,
         })
     }
-
-    /// The scale of `module` of `layer`, whose `A` has `rank` rows: `alpha / r`, or
-    /// `alpha / √r` with rsLoRA, each from its pattern when one matches.
-    fn scale(&self, layer: usize, module: &str, rank: usize) -> std::result::Result<f32, String> {
-        let full = format!("model.layers.{layer}.{module}");
-        let matching = |key: &str| full == key || full.ends_with(&format!(".{key}"));
-        let r = (self.rank_pattern.iter())
-            .find(|(k, _)| matching(k))
-            .map_or(self.r, |e| e.1);
-        if r != rank {
-            return Err(format!(
-                "layer {layer} `{module}` has rank {rank}, the config says {r}"
-            ));
-        }
-        let alpha = (self.alpha_pattern.iter())
-            .find(|(k, _)| matching(k))
-            .map_or(self.alpha, |e| e.1);
-        let denominator = if self.rslora {
-            (r as f64).sqrt()
-        } else {
-            r as f64
-        };
-        let scale = alpha / denominator;
-        if scale.is_nan() || scale.abs() > MAX_SCALE {
-            return Err(format!(
-                "layer {layer} `{module}`: alpha {alpha} / {denominator} is not a scale in \
-                 -{MAX_SCALE}..={MAX_SCALE}"
-            ));
-        }
-        Ok(scale as f32)
-    }
-}
-
-/// The largest scale (`alpha / r`) accepted: trained adapters use 1/512 to 512, and a scale
-/// past 2^16 would turn activations into infinities.
-const MAX_SCALE: f64 = 65536.0;
-
-/// Refuses the settings that change the computation in ways tandem does not implement.
-fn check_unsupported(cfg: &Map<String, Value>) -> std::result::Result<(), String> {
-    let set = |key: &str| !matches!(cfg.get(key), None | Some(Value::Null | Value::Bool(false)));
-    if let Some(kind) = cfg.get("peft_type").and_then(Value::as_str) {
-        if kind != "LORA" {
-            return Err(format!(
-                "`peft_type` is {kind}; only LORA adapters are supported"
-            ));
-        }
-    }
-    for key in [
-        "use_dora",
-        "fan_in_fan_out",
-        "lora_bias",
-        "layer_replication",
-    ] {
-        if set(key) {
-            return Err(format!("`{key}` is set, which is not supported"));
-        }
-    }
-    if cfg
-        .get("bias")
-        .and_then(Value::as_str)
-        .is_some_and(|b| b != "none")
-    {
-        return Err("`bias` other than \"none\" is not supported".into());
-    }
-    match cfg.get("modules_to_save") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Array(m)) if m.is_empty() => Ok(()),
-        Some(m) => Err(format!(
-            "`modules_to_save` ({m}) is not supported: only low-rank corrections"
-        )),
-    }
-}
-
-fn positive_int(cfg: &Map<String, Value>, key: &str) -> std::result::Result<usize, String> {
-    let r = cfg
-        .get(key)
-        .and_then(Value::as_u64)
-        .ok_or(format!("`{key}` must be a positive integer"))?;
-    if r == 0 || r as usize > MAX_RANK {
-        return Err(format!("`{key}` = {r} is outside 1..={MAX_RANK}"));
-    }
-    Ok(r as usize)
-}
-
-fn pattern<T>(
-    cfg: &Map<String, Value>,
-    key: &str,
-    value: impl Fn(&Value) -> Option<T>,
-) -> std::result::Result<Vec<(String, T)>, String> {
-    match cfg.get(key) {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Object(map)) => map
-            .iter()
-            .map(|(k, v)| {
-                value(v)
-                    .map(|v| (k.clone(), v))
-                    .ok_or(format!("`{key}.{k}` is {v}"))
-            })
-            .collect(),
-        Some(v) => Err(format!("`{key}` must be an object, not {v}")),
-    }
-}
-
-/// `(layer, module, 0 for A or 1 for B)` of a tensor name such as
-/// `base_model.model.model.layers.3.mlp.down_proj.lora_B.weight`.
-fn parse_name(
-    name: &str,
-    num_layers: usize,
-) -> std::result::Result<(usize, String, usize), String> {
-    let parts: Vec<&str> = name.split('.').collect();
-    let half = match parts.iter().rev().nth(1) {
-        Some(&"lora_A") => 0,
-        Some(&"lora_B") => 1,
-        _ => {
-            return Err(format!(
-                "`{name}` is not a LoRA tensor (lora_A or lora_B weight)"
-            ))
-        }
-    };
-    let at = parts.iter().position(|&p| p == "layers");
-    let layer = at.and_then(|i| parts.get(i + 1)?.parse::<usize>().ok());
-    let (Some(i), Some(layer)) = (at, layer) else {
-        return Err(format!(
-            "`{name}` names no layer: adapters of embeddings or the LM head are not supported"
-        ));
-    };
-    if layer >= num_layers {
-        return Err(format!(
-            "`{name}`: layer {layer}, the model has {num_layers}"
-        ));
-    }
-    // The module path inside the layer, e.g. `self_attn.q_proj`.
-    let module = parts[i + 2..parts.len() - 2].join(".");
-    Ok((layer, module, half))
 }
 
 /// A matrix read from the file, row-major, in its stored dtype.
@@ -268,11 +134,34 @@ struct Matrix {
     data: Vec<u8>,
 }
 
-/// The projections `module` changes, with their corrections (a fused module gives several,
-/// sharing `A`).
-fn targets(
+impl Matrix {
+    /// A 2-D f32, f16 or bf16 tensor of finite values.
+    fn read(t: TensorRef<'_>) -> std::result::Result<Matrix, String> {
+        let name = t.name;
+        let [rows, cols] = *t.shape else {
+            return Err(format!("`{name}` has shape {:?}, not 2-D", t.shape));
+        };
+        if !matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(format!("`{name}` is {}, not f32, f16 or bf16", t.dtype));
+        }
+        let values = t.to_f32().map_err(|e| e.to_string())?;
+        if let Some(v) = values.iter().find(|v| !v.is_finite()) {
+            return Err(format!("`{name}` holds {v}"));
+        }
+        Ok(Matrix {
+            rows,
+            cols,
+            dtype: t.dtype,
+            data: t.data.to_vec(),
+        })
+    }
+}
+
+/// The projections that `inner` (a module's path inside its layer, e.g. `self_attn.q_proj`)
+/// changes, with their corrections (a fused module gives several, sharing `A`).
+fn corrections(
     config: &ModelConfig,
-    module: &str,
+    inner: &str,
     a: Matrix,
     b: Matrix,
     scale: f32,
@@ -283,25 +172,24 @@ fn targets(
         config.kv_dim(),
         config.intermediate_size,
     );
-    let name = module.rsplit('.').next().unwrap_or(module);
-    let moe = config.features.moe.is_some();
-    let (in_dim, parts): (usize, Vec<(Projection, usize)>) = match name {
-        "q_proj" => (h, vec![(Projection::Q, q)]),
-        "k_proj" => (h, vec![(Projection::K, kv)]),
-        "v_proj" => (h, vec![(Projection::V, kv)]),
-        "o_proj" => (q, vec![(Projection::O, h)]),
-        "qkv_proj" => (
-            h,
-            vec![(Projection::Q, q), (Projection::K, kv), (Projection::V, kv)],
-        ),
-        "gate_proj" if !moe => (h, vec![(Projection::Gate, ff)]),
-        "up_proj" if !moe => (h, vec![(Projection::Up, ff)]),
-        "gate_up_proj" if !moe => (h, vec![(Projection::Gate, ff), (Projection::Up, ff)]),
-        "down_proj" if !moe => (ff, vec![(Projection::Down, h)]),
+    let phi3 = config.architecture == Architecture::Phi3;
+    let dense = config.features.moe.is_none();
+    use Projection::*;
+    let (in_dim, parts): (usize, Vec<(Projection, usize)>) = match inner {
+        "self_attn.q_proj" if !phi3 => (h, vec![(Q, q)]),
+        "self_attn.k_proj" if !phi3 => (h, vec![(K, kv)]),
+        "self_attn.v_proj" if !phi3 => (h, vec![(V, kv)]),
+        "self_attn.qkv_proj" if phi3 => (h, vec![(Q, q), (K, kv), (V, kv)]),
+        "self_attn.o_proj" => (q, vec![(O, h)]),
+        "mlp.gate_proj" if dense && !phi3 => (h, vec![(Gate, ff)]),
+        "mlp.up_proj" if dense && !phi3 => (h, vec![(Up, ff)]),
+        "mlp.gate_up_proj" if dense && phi3 => (h, vec![(Gate, ff), (Up, ff)]),
+        "mlp.down_proj" if dense => (ff, vec![(Down, h)]),
         _ => {
-            return Err(
-                "not a projection tandem can adapt (q/k/v/o, gate/up/down of a dense MLP)".into(),
-            )
+            return Err(format!(
+                "not a projection of this {:?} model tandem can adapt",
+                config.architecture
+            ))
         }
     };
     let rank = a.rows;
@@ -324,8 +212,7 @@ fn targets(
     for (p, rows) in parts {
         let mut b_rows = b.data[start * row..(start + rows) * row].to_vec();
         start += rows;
-        let rotated = matches!(p, Projection::Q | Projection::K);
-        if config.rope.style == RopeStyle::Interleaved && rotated {
+        if config.rope.style == RopeStyle::Interleaved && matches!(p, Q | K) {
             b_rows = interleave_heads(&b_rows, row, config.head_dim);
         }
         let (dtype, a) = (a.dtype, a.data.clone());
@@ -370,10 +257,24 @@ mod tests {
     #[test]
     fn names_give_layer_module_and_half() {
         let n = "base_model.model.model.layers.3.mlp.down_proj.lora_B.weight";
-        assert_eq!(parse_name(n, 4), Ok((3, "mlp.down_proj".into(), 1)));
-        assert!(parse_name(n, 3).is_err());
-        assert!(parse_name("base_model.model.lm_head.lora_A.weight", 4).is_err());
-        assert!(parse_name("base_model.model.model.layers.0.mlp.down_proj.weight", 4).is_err());
+        let want = TensorName {
+            layer: 3,
+            module: "model.layers.3.mlp.down_proj".into(),
+            half: 1,
+        };
+        assert_eq!(TensorName::parse(n, 4), Ok(want));
+        assert!(TensorName::parse(n, 3).is_err(), "layer 3 of 3");
+        for bad in [
+            "base_model.model.lm_head.lora_A.weight",
+            "base_model.model.model.layers.0.mlp.down_proj.weight",
+            "base_model.model.model.layers.0.mlp.down_proj.lora_A.bias",
+            "base_model.model.vision_tower.encoder.layers.0.self_attn.q_proj.lora_A.weight",
+            "model.layers.0.self_attn.q_proj.lora_A.weight",
+        ] {
+            assert!(TensorName::parse(bad, 4).is_err(), "{bad}");
+        }
+        let gemma = "base_model.model.model.language_model.layers.1.self_attn.q_proj.lora_A.weight";
+        assert_eq!(TensorName::parse(gemma, 4).map(|t| t.layer), Ok(1));
     }
 
     #[test]
