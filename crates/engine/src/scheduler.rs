@@ -32,9 +32,9 @@
 //! `num_computed_tokens`, appends tokens, applies the stop conditions and releases the blocks
 //! of finished sequences.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 
-use tandem_model::batch::{BlockId, TokenId};
+use tandem_model::batch::{AdapterId, BlockId, TokenId};
 
 use crate::block_allocator::BlockAllocator;
 use crate::block_table::BlockTable;
@@ -163,6 +163,15 @@ impl Scheduler {
     /// Sequences running.
     pub fn num_running(&self) -> usize {
         self.running.len()
+    }
+
+    /// The distinct LoRA adapters of the running sequences and of the waiting ones.
+    pub fn adapters_in_use(&self) -> [BTreeSet<AdapterId>; 2] {
+        let of = |ids: &mut dyn Iterator<Item = &SeqId>| {
+            ids.filter_map(|id| self.seqs.get(id)?.params().adapter)
+                .collect()
+        };
+        [of(&mut self.running.iter()), of(&mut self.waiting.iter())]
     }
 
     /// True while any sequence is live.

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use tandem_engine::beam_search::BeamParams;
 use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
 use tandem_engine::{EngineError, FinishReason, SeqId, SeqStatus};
+use tandem_model::batch::AdapterId;
 use tandem_model::tokenizer::Tokenizer;
 use tandem_text::{Finish, OutputProcessor, RequestOutput, TextOptions, TextRequest};
 use tokio::sync::{mpsc as tmpsc, oneshot};
@@ -57,6 +58,8 @@ pub struct EngineSnapshot {
     pub disconnects: u64,
     /// Counters and latency histograms for `/metrics`.
     pub metrics: MetricsSnapshot,
+    /// The distinct LoRA adapters of the running and of the waiting requests.
+    pub adapters: [Vec<AdapterId>; 2],
 }
 
 enum Command {
@@ -559,6 +562,7 @@ impl Worker {
             in_flight: self.outputs.len(),
             disconnects: self.disconnects,
             metrics: self.metrics.snapshot(s.stats(), self.engine.spec_stats()),
+            adapters: s.adapters_in_use().map(|set| set.into_iter().collect()),
         };
         match self.snapshot.lock() {
             Ok(mut g) => *g = snap,

@@ -227,10 +227,51 @@ pub struct Gauges {
     pub kv_total_blocks: usize,
 }
 
-/// Renders the Prometheus text exposition of `gauges` and `m` for `model_name`.
-pub fn render(model_name: &str, gauges: Gauges, m: &MetricsSnapshot) -> String {
+/// The LoRA adapters in use, as vLLM's `vllm:lora_requests_info` reports them (what the
+/// Gateway API Inference Extension reads to send a request to a replica that already runs
+/// its adapter).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraGauge {
+    /// Names of the adapters of running requests.
+    pub running: Vec<String>,
+    /// Names of the adapters of waiting requests.
+    pub waiting: Vec<String>,
+    /// How many adapters one step may run: every loaded one.
+    pub max_lora: usize,
+    /// Seconds since the Unix epoch (vLLM's value of the gauge: when it was set).
+    pub time: f64,
+}
+
+impl LoraGauge {
+    fn render(&self, out: &mut String) {
+        let name = "vllm:lora_requests_info";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Running stats on LoRA requests.\n# TYPE {name} gauge"
+        );
+        let list = |names: &[String]| escape_label(&names.join(","));
+        let (running, waiting) = (list(&self.running), list(&self.waiting));
+        let _ = writeln!(
+            out,
+            "{name}{{max_lora=\"{}\",running_lora_adapters=\"{running}\",waiting_lora_adapters=\"{waiting}\"}} {}",
+            self.max_lora, self.time
+        );
+    }
+}
+
+/// Renders the Prometheus text exposition of `gauges` and `m` for `model_name` (and of `lora`,
+/// when the server has adapters).
+pub fn render(
+    model_name: &str,
+    gauges: Gauges,
+    m: &MetricsSnapshot,
+    lora: Option<&LoraGauge>,
+) -> String {
     let labels = format!("model_name=\"{}\"", escape_label(model_name));
     let mut out = String::new();
+    if let Some(lora) = lora {
+        lora.render(&mut out);
+    }
     let usage = if gauges.kv_total_blocks == 0 {
         0.0
     } else {

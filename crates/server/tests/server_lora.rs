@@ -217,3 +217,37 @@ fn scores_and_cached_blocks_belong_to_their_adapter() {
     );
     server.shutdown().expect("clean shutdown");
 }
+
+/// `/metrics` reports the adapters in use as vLLM does (`vllm:lora_requests_info`, whose
+/// labels a gateway reads to route a request to a replica already running its adapter).
+#[test]
+fn metrics_name_the_adapters_of_running_requests() {
+    let server = start();
+    let addr = server.addr();
+    let long = std::thread::spawn(move || {
+        let body = json!({"model": "neg", "prompt": PROMPT, "max_tokens": 220,
+                          "temperature": 0, "ignore_eos": true});
+        post(addr, "/v1/completions", &body).status
+    });
+    let line = |text: &str| -> String {
+        let found = text
+            .lines()
+            .find(|l| l.starts_with("vllm:lora_requests_info{"));
+        found.expect("a lora_requests_info line").to_string()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut seen = String::new();
+    while std::time::Instant::now() < deadline && !seen.contains("running_lora_adapters=\"neg\"") {
+        seen = line(&get(addr, "/metrics").body);
+    }
+    assert!(seen.contains("max_lora=\"2\""), "{seen}");
+    assert!(seen.contains("running_lora_adapters=\"neg\""), "{seen}");
+    assert_eq!(long.join().expect("request thread"), 200);
+    wait_health(addr, Duration::from_secs(30), idle);
+    let after = line(&get(addr, "/metrics").body);
+    assert!(
+        after.contains("running_lora_adapters=\"\",waiting_lora_adapters=\"\""),
+        "{after}"
+    );
+    server.shutdown().expect("clean shutdown");
+}

@@ -41,6 +41,10 @@ fn metrics(addr: std::net::SocketAddr) -> HashMap<String, f64> {
     assert!(r
         .header("content-type")
         .is_some_and(|v| v.starts_with("text/plain")));
+    assert!(
+        !r.body.contains("lora_requests_info"),
+        "no adapters, no LoRA gauge"
+    );
     parse(&r.body)
 }
 

@@ -17,7 +17,7 @@ use crate::access_log::access_log;
 use crate::drain::{admission, Drain};
 use crate::error::ApiError;
 use crate::http_limits::{body_limits, BodyLimits};
-use crate::metrics::{render, Gauges};
+use crate::metrics::{render, Gauges, LoraGauge};
 
 /// All routes over `app`, behind the layers (outermost first): `x-request-id`, the access
 /// line, admission (drain and overflow refusals), the API key (every route but `/health`, and
@@ -174,7 +174,21 @@ async fn metrics(State(app): State<App>) -> Response {
         kv_used_blocks: s.kv_total_blocks.saturating_sub(s.kv_free_blocks),
         kv_total_blocks: s.kv_total_blocks,
     };
-    let text = render(app.config.served_name(), gauges, &s.metrics);
+    let names = &app.config.adapter_names;
+    let named = |ids: &[AdapterId]| -> Vec<String> {
+        ids.iter()
+            .filter_map(|a| names.get(a.0 as usize).cloned())
+            .collect()
+    };
+    let lora = (!names.is_empty()).then(|| LoraGauge {
+        running: named(&s.adapters[0]),
+        waiting: named(&s.adapters[1]),
+        max_lora: names.len(),
+        time: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+    });
+    let text = render(app.config.served_name(), gauges, &s.metrics, lora.as_ref());
     (
         [(
             header::CONTENT_TYPE,
