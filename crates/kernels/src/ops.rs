@@ -170,6 +170,25 @@ fn add_portable(x: &mut [f32], y: &[f32]) {
     }
 }
 
+/// `x += a · y`, a multiply then an add per element (never fused), so every variant gives
+/// the same bits.
+pub fn add_scaled_inplace(x: &mut [f32], a: f32, y: &[f32]) {
+    add_scaled_inplace_with(isa::active(), x, a, y)
+}
+
+with_isa! {
+    /// [`add_scaled_inplace`] with an explicit variant (all give the same bits).
+    add_scaled_inplace_with => add_scaled_portable(x: &mut [f32], a: f32, y: &[f32]) -> ()
+}
+
+#[inline(always)]
+fn add_scaled_portable(x: &mut [f32], a: f32, y: &[f32]) {
+    assert_eq!(x.len(), y.len(), "add_scaled_inplace: length mismatch");
+    for (v, &w) in x.iter_mut().zip(y) {
+        *v += a * w;
+    }
+}
+
 /// Rotates one head in place by the angles `position * inv_freq[i]`.
 ///
 /// `neox == true` pairs dimension `i` with `i + d/2` (HF `rotate_half`);

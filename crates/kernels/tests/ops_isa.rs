@@ -1,14 +1,14 @@
 //! The element-wise ops of a layer (`tandem_kernels::ops`: RMSNorm, SwiGLU, GeGLU, the
-//! residual add) give the same bits in every variant they are compiled for: rows of many
-//! lengths (off the vector widths), values from tiny to past `exp`'s clamp, infinities and
+//! residual add, the scaled add of LoRA corrections) give the same bits in every variant
+//! they are compiled for: rows of many lengths (off the vector widths), values from tiny to past `exp`'s clamp, infinities and
 //! NaN.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a test failure
 
 use proptest::prelude::*;
 use tandem_kernels::ops::{
-    add_inplace_with, geglu_tanh_inplace_with, rms_norm_inplace_with, rms_norm_with,
-    swiglu_inplace_with,
+    add_inplace_with, add_scaled_inplace_with, geglu_tanh_inplace_with, rms_norm_inplace_with,
+    rms_norm_with, swiglu_inplace_with,
 };
 use tandem_kernels::Isa;
 
@@ -60,12 +60,18 @@ proptest! {
             geglu_tanh_inplace_with(isa, &mut geglu, &y);
             let mut sum = x.clone();
             add_inplace_with(isa, &mut sum, &y);
-            [normed, in_place, swiglu, geglu, sum].map(|v| bits(&v))
+            let mut scaled = x.clone();
+            add_scaled_inplace_with(isa, &mut scaled, y[0], &y);
+            // 0 · ∞ makes a NaN whose sign bit the vector and scalar units set differently:
+            // every NaN counts as one value here (the others keep the operands' NaNs).
+            scaled.iter_mut().filter(|v| v.is_nan()).for_each(|v| *v = f32::NAN);
+            [normed, in_place, swiglu, geglu, sum, scaled].map(|v| bits(&v))
         };
         let want = run(Isa::Scalar);
         for isa in Isa::available() {
             let got = run(isa);
-            for (name, (g, w)) in ["rms_norm", "rms_norm_inplace", "swiglu", "geglu", "add"]
+            let names = ["rms_norm", "rms_norm_inplace", "swiglu", "geglu", "add", "add_scaled"];
+            for (name, (g, w)) in names
                 .iter()
                 .zip(got.iter().zip(&want))
             {

@@ -6,10 +6,12 @@
 //! token's result depends only on its own row and its sequence's adapter (batch invariance
 //! holds across adapters).
 //!
-//! `A` and `B` stay in the dtype of the file (f32, f16 or bf16) and run through the exact
-//! float products of the kernels crate, rows of the same adapter together: `T = X Aᵀ`
-//! (`[m, r]`), `T *= s`, `Y += T Bᵀ`. The products are batch-invariant, so the correction of
-//! a row is the same whatever rows run beside it. It costs `r · (in + out)` multiply-adds a
+//! `A` stays in the dtype of the file (f32, f16 or bf16) and runs through the exact float
+//! product of the kernels crate, rows of the same adapter together: `T = X Aᵀ` (`[m, r]`),
+//! `T *= s`. Then each row adds `T[t, k] · Bᵀ[k]` for `k` in order, `Bᵀ` kept in f32 (a
+//! product of length `r` per output would spend more on its reduction than on the `r`
+//! multiply-adds). Both steps are per row and in a fixed order, so the correction of a row is
+//! the same whatever rows run beside it. It costs `r · (in + out)` multiply-adds a
 //! row against the projection's `in · out`, and `r · (in + out)` weights to read a step.
 //! Adapters are read from PEFT's directories (`peft.rs`).
 
@@ -19,7 +21,8 @@ mod peft_config;
 use std::ops::Range;
 
 use tandem_kernels::matmul::{matmul_with, WeightView};
-use tandem_kernels::ops::add_inplace;
+use tandem_kernels::ops::add_scaled_inplace_with;
+use tandem_kernels::parallel::for_each_chunk_mut;
 use tandem_kernels::{DType, Isa, ThreadPool};
 
 use crate::config::ModelConfig;
@@ -66,8 +69,8 @@ pub struct LoraPair {
     dtype: DType,
     /// `[rank, in]`: PEFT's `lora_A`.
     a: Vec<u8>,
-    /// `[out, rank]`: PEFT's `lora_B`.
-    b: Vec<u8>,
+    /// `[rank, out]`: PEFT's `lora_B` (`[out, rank]`) transposed, in f32.
+    b_t: Vec<f32>,
     scale: f32,
 }
 
@@ -83,37 +86,31 @@ impl LoraPair {
         a.expect("shapes checked at load")
     }
 
-    /// `B` as `[out, rank]`.
-    fn b_view(&self) -> WeightView<'_> {
-        let b = WeightView::new(self.dtype, self.out_dim(), self.rank, &self.b);
-        b.expect("shapes checked at load")
-    }
-
     fn in_dim(&self) -> usize {
         self.a.len() / self.row_bytes(1) / self.rank
     }
 
     fn out_dim(&self) -> usize {
-        self.b.len() / self.row_bytes(self.rank)
+        self.b_t.len() / self.rank
     }
 
-    /// `y += s · B (A x)` for the `m` rows of `x` (`[m, in]`) and `y` (`[m, out]`), with
-    /// `t` and `d` as working memory.
-    fn add_to(
-        &self,
-        (isa, pool): (Isa, &ThreadPool),
-        x: &[f32],
-        y: &mut [f32],
-        (t, d): (&mut Vec<f32>, &mut Vec<f32>),
-    ) {
-        let (a, b) = (self.a_view(), self.b_view());
-        let m = x.len() / a.cols;
-        t.resize(m * self.rank, 0.0);
-        d.resize(y.len(), 0.0);
+    /// `y += s · B (A x)` for the `m` rows of `x` (`[m, in]`) and `y` (`[m, out]`), with `t`
+    /// as working memory.
+    fn add_to(&self, (isa, pool): (Isa, &ThreadPool), x: &[f32], y: &mut [f32], t: &mut Vec<f32>) {
+        let a = self.a_view();
+        let (m, r, out) = (x.len() / a.cols, self.rank, self.out_dim());
+        t.resize(m * r, 0.0);
         matmul_with(isa, pool, &a, x, t, m);
         t.iter_mut().for_each(|v| *v *= self.scale);
-        matmul_with(isa, pool, &b, t, d, m);
-        add_inplace(y, d);
+        let t = &*t;
+        for_each_chunk_mut(pool, y, out, |row, y_row| {
+            for (&tk, b_k) in t[row * r..(row + 1) * r]
+                .iter()
+                .zip(self.b_t.chunks_exact(out))
+            {
+                add_scaled_inplace_with(isa, y_row, tk, b_k);
+            }
+        });
     }
 }
 
@@ -191,7 +188,7 @@ impl LoraAdapter {
                     || pair.rank == 0
                     || pair.rank > MAX_RANK
                     || !fits(pair.rank, want_in, pair.a.len())
-                    || !fits(want_out, pair.rank, pair.b.len())
+                    || pair.b_t.len() != pair.rank * want_out
                 {
                     return Err(format!(
                         "layer {l} {p:?}: the correction does not fit the model"
@@ -213,7 +210,7 @@ impl LoraAdapter {
     /// Bytes of its matrices.
     pub fn bytes(&self) -> usize {
         (self.layers.iter().flatten().flatten())
-            .map(|p| p.a.len() + p.b.len())
+            .map(|p| p.a.len() + 4 * p.b_t.len())
             .sum()
     }
 }
@@ -243,11 +240,10 @@ impl AdapterRows {
     }
 }
 
-/// Working memory of the corrections: `[m, r]` and `[m, out]`.
+/// Working memory of the corrections: `[m, r]`.
 #[derive(Debug, Default)]
 pub struct LoraScratch {
     t: Vec<f32>,
-    d: Vec<f32>,
 }
 
 /// Adds the corrections of projection `p` of layer `l` to `y` (`[n, out]`) for the rows
@@ -269,7 +265,7 @@ pub fn add_corrections(
         let (width_in, width_out) = (pair.in_dim(), pair.out_dim());
         let x_rows = &x[range.start * width_in..range.end * width_in];
         let y_rows = &mut y[range.start * width_out..range.end * width_out];
-        pair.add_to(kernels, x_rows, y_rows, (&mut scratch.t, &mut scratch.d));
+        pair.add_to(kernels, x_rows, y_rows, &mut scratch.t);
     }
 }
 
@@ -286,7 +282,7 @@ mod tests {
             rank: 1,
             dtype: DType::F32,
             a: f32_bytes(a),
-            b: f32_bytes(b),
+            b_t: b.to_vec(),
             scale,
         }
     }

@@ -132,6 +132,8 @@ struct Matrix {
     cols: usize,
     dtype: DType,
     data: Vec<u8>,
+    /// The same values in f32.
+    values: Vec<f32>,
 }
 
 impl Matrix {
@@ -153,6 +155,7 @@ impl Matrix {
             cols,
             dtype: t.dtype,
             data: t.data.to_vec(),
+            values,
         })
     }
 }
@@ -206,15 +209,15 @@ fn corrections(
             a.dtype, b.dtype
         ));
     }
-    let row = b.data.len() / b.rows; // bytes of a row of B: `rank` elements
     let mut start = 0;
     let mut out = Vec::new();
     for (p, rows) in parts {
-        let mut b_rows = b.data[start * row..(start + rows) * row].to_vec();
+        let mut b_rows = b.values[start * rank..(start + rows) * rank].to_vec();
         start += rows;
         if config.rope.style == RopeStyle::Interleaved && matches!(p, Q | K) {
-            b_rows = interleave_heads(&b_rows, row, config.head_dim);
+            b_rows = interleave_heads(&b_rows, rank, config.head_dim);
         }
+        let b_t = transpose(&b_rows, rows, rank);
         let (dtype, a) = (a.dtype, a.data.clone());
         out.push((
             p,
@@ -222,7 +225,7 @@ fn corrections(
                 rank,
                 dtype,
                 a,
-                b: b_rows,
+                b_t,
                 scale,
             },
         ));
@@ -230,12 +233,19 @@ fn corrections(
     Ok(out)
 }
 
-/// The rows of `b` (`[heads · head_dim]` rows of `row` bytes) in the order llama.cpp's
+/// `m` (`[rows, cols]`) transposed to `[cols, rows]`.
+fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..cols)
+        .flat_map(|c| (0..rows).map(move |r| m[r * cols + c]))
+        .collect()
+}
+
+/// The rows of `b` (`[heads · head_dim]` rows of `row` values) in the order llama.cpp's
 /// converter stores q and k for interleaved RoPE: within each head, row `2i + s` is the
 /// original row `s · head_dim / 2 + i`.
-fn interleave_heads(b: &[u8], row: usize, head_dim: usize) -> Vec<u8> {
+fn interleave_heads<T: Copy + Default>(b: &[T], row: usize, head_dim: usize) -> Vec<T> {
     let half = head_dim / 2;
-    let mut out = vec![0; b.len()];
+    let mut out = vec![T::default(); b.len()];
     let heads = b
         .chunks_exact(head_dim * row)
         .zip(out.chunks_exact_mut(head_dim * row));
@@ -279,7 +289,7 @@ mod tests {
 
     #[test]
     fn interleaving_pairs_each_row_with_its_rotation_partner() {
-        // One head of 4 rows of 1 byte: rows 0 and 2 rotate together, 1 and 3.
+        // One head of 4 rows of 1 value: rows 0 and 2 rotate together, 1 and 3.
         assert_eq!(interleave_heads(&[0, 1, 2, 3], 1, 4), vec![0, 2, 1, 3]);
     }
 }
