@@ -124,3 +124,79 @@ fn mistakes_in_the_flags_are_named() {
     let e = error_of(&[&serve[..], &["--lora-modules", &good, "--lora", "sql"]].concat());
     assert!(e.contains("--lora"), "{e}");
 }
+
+/// `generate --lora` and `score --lora` agree: every greedy token generated under the adapter
+/// is the adapter's most likely token when the text is scored under it (rank 1), with the
+/// logprob generation reported, and without the adapter the generation differs.
+#[test]
+fn generate_under_an_adapter_is_greedy_under_its_scores() {
+    let model = path(fixtures().join("hf/llama_tied"));
+    let module = format!("sql={}", path(fixtures().join("lora/llama_tied")));
+    let generate = |lora: &[&str]| -> Value {
+        let args = [
+            &[
+                "generate",
+                "--model",
+                &model,
+                "--prompt",
+                "hello",
+                "--max-tokens",
+                "8",
+                "--temperature",
+                "0",
+                "--ignore-eos",
+                "--json",
+                "--lora-modules",
+                &module,
+            ][..],
+            lora,
+        ]
+        .concat();
+        let out = tandem(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("one JSON object")
+    };
+    let adapted = generate(&["--lora", "sql"]);
+    assert_ne!(
+        adapted["token_ids"],
+        generate(&[])["token_ids"],
+        "the adapter changes the text"
+    );
+    let prompt = tandem(&["score", "--model", &model, "--text", "hello", "--json"]);
+    let prompt: Value = serde_json::from_slice(&prompt.stdout).expect("json");
+    let ids: Vec<u64> = (prompt["tokens"].as_array().expect("tokens").iter())
+        .chain(adapted["token_ids"].as_array().expect("ids"))
+        .map(|v| v.as_u64().expect("an id"))
+        .collect();
+    let list = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    let out = tandem(&[
+        "score",
+        "--model",
+        &model,
+        "--tokens",
+        &list,
+        "--top-k",
+        "1",
+        "--json",
+        "--lora-modules",
+        &module,
+        "--lora",
+        "sql",
+    ]);
+    let scored: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let n = prompt["tokens"].as_array().expect("tokens").len();
+    let generated = adapted["logprobs"].as_array().expect("logprobs");
+    for (k, i) in (n..ids.len()).enumerate() {
+        assert_eq!(
+            scored["ranks"][i], 1,
+            "generated token {k} is the adapter's greedy choice"
+        );
+        let (s, g) = (scored["token_logprobs"][i].as_f64(), generated[k].as_f64());
+        let (s, g) = (s.expect("a score"), g.expect("a logprob"));
+        assert!((s - g).abs() < 1e-4, "token {k}: scored {s}, generated {g}");
+    }
+}
