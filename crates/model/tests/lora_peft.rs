@@ -285,6 +285,12 @@ fn settings_are_read_as_peft_reads_them() {
         ),
         ("target_modules", json!("all-linear")),
         ("layers_to_transform", json!([0, 1])),
+        ("layers_to_transform", json!([])),
+        // The first matching key wins, in the file's order (not sorted: `l` < `o`).
+        (
+            "alpha_pattern",
+            json!({"o_proj": 3, "layers\\.0\\.self_attn\\.o_proj": 99}),
+        ),
     ];
     for (key, value) in same {
         let dir = with_setting("llama_tied", key, value.clone());

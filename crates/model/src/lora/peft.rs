@@ -39,7 +39,8 @@ pub fn load_peft_adapter(dir: &Path, config: &ModelConfig) -> Result<LoraAdapter
     add_safetensors_file(&mut tensors, &dir.join(WEIGHTS_FILE))?;
     let mut halves: BTreeMap<(usize, String), [Option<Matrix>; 2]> = BTreeMap::new();
     for name in tensors.names() {
-        let t = TensorName::parse(name, config.num_layers).map_err(err)?;
+        let multimodal = config.architecture == Architecture::Gemma3;
+        let t = TensorName::parse(name, config.num_layers, multimodal).map_err(err)?;
         if !settings.targets(&t.module, t.layer) {
             return Err(err(format!(
                 "`{name}`: target_modules, layers_to_transform and exclude_modules leave its \
@@ -86,9 +87,13 @@ struct TensorName {
 }
 
 impl TensorName {
-    /// Parses `base_model.model.model.layers.3.mlp.down_proj.lora_B.weight` (a multimodal
-    /// model's text layers may sit under `language_model`).
-    fn parse(name: &str, num_layers: usize) -> std::result::Result<TensorName, String> {
+    /// Parses `base_model.model.model.layers.3.mlp.down_proj.lora_B.weight` (a `multimodal`
+    /// model's text layers may sit under `model.language_model`).
+    fn parse(
+        name: &str,
+        num_layers: usize,
+        multimodal: bool,
+    ) -> std::result::Result<TensorName, String> {
         let not_lora = || format!("`{name}` is not a LoRA weight (…lora_A.weight, …lora_B.weight)");
         let rest = name.strip_prefix(PREFIX).ok_or_else(not_lora)?;
         let (module, half) = match rest
@@ -107,10 +112,12 @@ impl TensorName {
                 "`{name}` names no layer: adapters of embeddings or the LM head are not supported"
             ));
         };
-        if !parts[..i]
-            .iter()
-            .all(|p| matches!(*p, "model" | "language_model"))
-        {
+        let language_model = if multimodal {
+            &["model", "language_model"][..]
+        } else {
+            &["model"][..]
+        };
+        if parts[..i] != ["model"] && parts[..i] != *language_model {
             return Err(format!("`{name}` is not in the language model's layers"));
         }
         if layer >= num_layers {
@@ -272,19 +279,24 @@ mod tests {
             module: "model.layers.3.mlp.down_proj".into(),
             half: 1,
         };
-        assert_eq!(TensorName::parse(n, 4), Ok(want));
-        assert!(TensorName::parse(n, 3).is_err(), "layer 3 of 3");
+        assert_eq!(TensorName::parse(n, 4, false), Ok(want));
+        assert!(TensorName::parse(n, 3, false).is_err(), "layer 3 of 3");
         for bad in [
             "base_model.model.lm_head.lora_A.weight",
             "base_model.model.model.layers.0.mlp.down_proj.weight",
             "base_model.model.model.layers.0.mlp.down_proj.lora_A.bias",
             "base_model.model.vision_tower.encoder.layers.0.self_attn.q_proj.lora_A.weight",
             "model.layers.0.self_attn.q_proj.lora_A.weight",
+            "base_model.model.layers.0.self_attn.q_proj.lora_A.weight",
         ] {
-            assert!(TensorName::parse(bad, 4).is_err(), "{bad}");
+            assert!(TensorName::parse(bad, 4, true).is_err(), "{bad}");
         }
         let gemma = "base_model.model.model.language_model.layers.1.self_attn.q_proj.lora_A.weight";
-        assert_eq!(TensorName::parse(gemma, 4).map(|t| t.layer), Ok(1));
+        assert_eq!(TensorName::parse(gemma, 4, true).map(|t| t.layer), Ok(1));
+        assert!(
+            TensorName::parse(gemma, 4, false).is_err(),
+            "a text-only model"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@
 
 use std::path::Path;
 
-use regex::Regex;
+use regex::{Regex, RegexBuilder};
 use serde_json::{Map, Value};
 
 use super::MAX_RANK;
@@ -97,10 +97,23 @@ impl Modules {
     }
 }
 
-/// A regex that must match a whole name (Python's `re.fullmatch`).
+/// A regex that must match a whole name (Python's `re.fullmatch`). The pattern must be a
+/// regex on its own (so that `a)|(b` cannot break out of the anchors), of bounded size.
 fn whole_match(pattern: &str) -> Result<Regex, String> {
-    Regex::new(&format!("^(?:{pattern})$")).map_err(|e| format!("regex {pattern:?}: {e}"))
+    let build = |p: &str| {
+        RegexBuilder::new(p)
+            .size_limit(MAX_REGEX_BYTES)
+            .build()
+            .map_err(|e| format!("regex {pattern:?}: {e}"))
+    };
+    build(pattern)?;
+    build(&format!("^(?:{pattern})$"))
 }
+
+/// The most memory one compiled pattern may take, and the most pattern keys a config may
+/// hold.
+const MAX_REGEX_BYTES: usize = 1 << 20;
+const MAX_PATTERN_KEYS: usize = 1024;
 
 /// The settings of an adapter that tandem applies.
 #[derive(Debug)]
@@ -165,12 +178,19 @@ impl PeftConfig {
 
     /// Whether the adapter targets `module` (its name in the model, such as
     /// `model.layers.3.self_attn.q_proj`) of layer `layer`.
+    /// As PEFT: `layers_to_transform` (when not empty) applies to a list of names, to the
+    /// modules not named in full.
     pub(super) fn targets(&self, module: &str, layer: usize) -> bool {
+        let named_in_full = match &self.targets {
+            Modules::Names(names) => names.iter().any(|n| n == module),
+            _ => true,
+        };
+        let in_layers = match &self.layers {
+            Some(ls) if !ls.is_empty() && !named_in_full => ls.contains(&(layer as u64)),
+            _ => true,
+        };
         self.targets.contains(module)
-            && self
-                .layers
-                .as_ref()
-                .is_none_or(|ls| ls.contains(&(layer as u64)))
+            && in_layers
             && self.exclude.as_ref().is_none_or(|ex| !ex.contains(module))
     }
 
@@ -263,6 +283,10 @@ fn pattern<T>(
 ) -> Result<Vec<(Regex, T)>, String> {
     match cfg.get(key) {
         None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Object(map)) if map.len() > MAX_PATTERN_KEYS => Err(format!(
+            "`{key}` has {} keys (at most {MAX_PATTERN_KEYS})",
+            map.len()
+        )),
         Some(Value::Object(map)) => map
             .iter()
             .map(|(k, v)| {
@@ -304,6 +328,12 @@ mod tests {
         assert!(re.is_match("v_proj"));
         assert!(!re.is_match("model.layers.0.self_attn.k_proj"));
         assert!(!re.is_match("model.layers.0.self_attn.xq_proj"));
+    }
+
+    #[test]
+    fn a_pattern_cannot_break_out_of_its_anchors() {
+        assert!(whole_match("q)|(k").is_err());
+        assert!(whole_match("a{1000}{1000}").is_err(), "too large");
     }
 
     #[test]
