@@ -14,6 +14,14 @@ fn tandem(args: &[&str]) -> Output {
         .expect("run tandem")
 }
 
+/// Runs tandem with `args`, which must succeed, and parses its one JSON object.
+fn json_ok(args: &[&str]) -> Value {
+    let out = tandem(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "tandem {args:?}: {stderr}");
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures")
 }
@@ -51,26 +59,9 @@ fn score_with_an_adapter_matches_peft() {
     let list = ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     let model = path(fixtures().join("hf/llama_tied"));
     let module = format!("sql={}", path(fixtures().join("lora/llama_tied")));
-    let out = tandem(&[
-        "score",
-        "--model",
-        &model,
-        "--tokens",
-        &list,
-        "--json",
-        "--kernels",
-        "avx2",
-        "--lora-modules",
-        &module,
-        "--lora",
-        "sql",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let score = ["score", "--model", &model, "--tokens", &list, "--json"];
+    let lora = ["--lora-modules", &module, "--lora", "sql"];
+    let v = json_ok(&[&score[..], &["--kernels", "avx2"], &lora].concat());
     let lps = v["token_logprobs"].as_array().expect("logprobs");
     for i in 1..ids.len() {
         let (got, want) = (
@@ -83,17 +74,7 @@ fn score_with_an_adapter_matches_peft() {
         );
     }
     // Without --lora the same modules load, and the base model scores.
-    let base = tandem(&[
-        "score",
-        "--model",
-        &model,
-        "--tokens",
-        &list,
-        "--json",
-        "--lora-modules",
-        &module,
-    ]);
-    let b: Value = serde_json::from_slice(&base.stdout).expect("one JSON object");
+    let b = json_ok(&[&score[..], &lora[..2]].concat());
     assert_ne!(b["token_logprobs"], v["token_logprobs"]);
 }
 
@@ -134,31 +115,23 @@ fn generate_under_an_adapter_is_greedy_under_its_scores() {
     let module = format!("sql={}", path(fixtures().join("lora/llama_tied")));
     let generate = |lora: &[&str]| -> Value {
         let args = [
-            &[
-                "generate",
-                "--model",
-                &model,
-                "--prompt",
-                "hello",
-                "--max-tokens",
-                "8",
-                "--temperature",
-                "0",
-                "--ignore-eos",
-                "--json",
-                "--lora-modules",
-                &module,
-            ][..],
-            lora,
-        ]
-        .concat();
-        let out = tandem(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("one JSON object")
+            "generate",
+            "--model",
+            &model,
+            "--prompt",
+            "hello",
+            "--max-tokens",
+            "8",
+        ];
+        let greedy = [
+            "--temperature",
+            "0",
+            "--ignore-eos",
+            "--json",
+            "--lora-modules",
+            &module,
+        ];
+        json_ok(&[&args[..], &greedy, lora].concat())
     };
     let adapted = generate(&["--lora", "sql"]);
     assert_ne!(
@@ -166,28 +139,17 @@ fn generate_under_an_adapter_is_greedy_under_its_scores() {
         generate(&[])["token_ids"],
         "the adapter changes the text"
     );
-    let prompt = tandem(&["score", "--model", &model, "--text", "hello", "--json"]);
-    let prompt: Value = serde_json::from_slice(&prompt.stdout).expect("json");
+    let prompt = json_ok(&["score", "--model", &model, "--text", "hello", "--json"]);
     let ids: Vec<u64> = (prompt["tokens"].as_array().expect("tokens").iter())
         .chain(adapted["token_ids"].as_array().expect("ids"))
         .map(|v| v.as_u64().expect("an id"))
         .collect();
     let list = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
-    let out = tandem(&[
-        "score",
-        "--model",
-        &model,
-        "--tokens",
-        &list,
-        "--top-k",
-        "1",
-        "--json",
-        "--lora-modules",
-        &module,
-        "--lora",
-        "sql",
-    ]);
-    let scored: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let score = [
+        "score", "--model", &model, "--tokens", &list, "--top-k", "1", "--json",
+    ];
+    let lora = ["--lora-modules", &module, "--lora", "sql"];
+    let scored = json_ok(&[&score[..], &lora].concat());
     let n = prompt["tokens"].as_array().expect("tokens").len();
     let generated = adapted["logprobs"].as_array().expect("logprobs");
     for (k, i) in (n..ids.len()).enumerate() {
