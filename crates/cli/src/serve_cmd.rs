@@ -36,6 +36,11 @@ pub struct ServeArgs {
     limits: LimitArgs,
     #[command(flatten)]
     ops: OpsArgs,
+    /// Serve `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's, behind its
+    /// `VLLM_ALLOW_RUNTIME_LORA_UPDATING`): clients with the API key may then load adapters
+    /// from this machine's directories.
+    #[arg(long)]
+    allow_runtime_lora_updating: bool,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -77,6 +82,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .iter()
         .map(|(n, _)| n.clone())
         .collect();
+    config.runtime_lora_updates = a.allow_runtime_lora_updating;
     if let Some(clash) = (config.adapter_names.iter()).find(|n| config.model_names.contains(n)) {
         anyhow::bail!("--lora-modules {clash}: the name is the base model's");
     }

@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use tandem_engine::trace::{MarkKind, Part, SeqSlice, StepClock, StepCounters, StepTrace, Work};
 use tandem_engine::SeqId;
-use tandem_model::batch::{BlockId, ForwardBatch, TokenId};
+use tandem_model::batch::{AdapterId, BlockId, ForwardBatch, TokenId};
 use tandem_model::logits::Logits;
+use tandem_model::lora::LoraAdapter;
 use tandem_model::row_sampling::RowDraw;
 use tandem_model::runner::{KvGeometry, ModelRunner};
 use tandem_model::token_pick::TokenPick;
@@ -136,8 +137,16 @@ impl ModelRunner for TracedRunner {
     ) -> tandem_model::Result<Vec<Option<TokenId>>> {
         self.traced(batch, |inner| inner.forward_greedy_tokens(batch))
     }
-    fn num_adapters(&self) -> usize {
-        self.inner.num_adapters()
+    fn has_adapter(&self, id: AdapterId) -> bool {
+        self.inner.has_adapter(id)
+    }
+
+    fn add_adapter(&mut self, adapter: LoraAdapter) -> tandem_model::Result<AdapterId> {
+        self.inner.add_adapter(adapter)
+    }
+
+    fn remove_adapter(&mut self, id: AdapterId) -> tandem_model::Result<()> {
+        self.inner.remove_adapter(id)
     }
 
     fn recycle_logits(&mut self, logits: Logits) {

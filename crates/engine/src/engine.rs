@@ -19,7 +19,8 @@
 //! [`EngineEvent::PromptLogprobs`]; with `max_tokens == 0` the request ends right after its
 //! prompt (a scoring request).
 
-use tandem_model::batch::TokenId;
+use tandem_model::batch::{AdapterId, TokenId};
+use tandem_model::lora::LoraAdapter;
 use tandem_model::runner::ModelRunner;
 use tandem_model::{ModelConfig, ModelError};
 
@@ -219,12 +220,9 @@ impl Engine {
     /// Refuses prompt tokens outside the vocabulary, prompt + `max_tokens` beyond the model
     /// length, and an adapter the runner does not have.
     fn check_prompt(&self, req: &GenerationRequest) -> Result<()> {
-        let adapters = self.runner.num_adapters();
-        if let Some(a) = req.limits.adapter.filter(|a| a.0 as usize >= adapters) {
-            return Err(EngineError::InvalidParams(format!(
-                "adapter {} is not loaded ({adapters} are)",
-                a.0
-            )));
+        if let Some(a) = req.limits.adapter.filter(|&a| !self.runner.has_adapter(a)) {
+            let msg = format!("adapter {} is not loaded", a.0);
+            return Err(EngineError::InvalidParams(msg));
         }
         let vocab = self.runner.config().vocab_size;
         if let Some(t) = req.prompt.iter().find(|t| t.0 as usize >= vocab) {
@@ -267,6 +265,24 @@ impl Engine {
     /// many blocks were forgotten. Results never change: only the cost of the next prefills.
     pub fn reset_prefix_cache(&mut self) -> usize {
         self.scheduler.reset_prefix_cache()
+    }
+
+    /// Registers a LoRA adapter with the runner (loading it while serving); requests name it
+    /// by the returned id.
+    pub fn add_adapter(&mut self, adapter: LoraAdapter) -> Result<AdapterId> {
+        let added = self.runner.add_adapter(adapter);
+        added.map_err(|e| EngineError::InvalidParams(e.to_string()))
+    }
+
+    /// Forgets adapter `id`; refused while a request runs or waits with it. Its cached
+    /// blocks are never hit again (ids are not reused) and age out of the cache.
+    pub fn remove_adapter(&mut self, id: AdapterId) -> Result<()> {
+        if self.scheduler.uses_adapter(id) {
+            let msg = format!("adapter {} is in use by a running or waiting request", id.0);
+            return Err(EngineError::InvalidParams(msg));
+        }
+        let removed = self.runner.remove_adapter(id);
+        removed.map_err(|e| EngineError::InvalidParams(e.to_string()))
     }
 
     /// Whether any request is waiting or running, or a launched step is still to be

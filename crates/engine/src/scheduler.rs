@@ -174,6 +174,11 @@ impl Scheduler {
         [of(&mut self.running.iter()), of(&mut self.waiting.iter())]
     }
 
+    /// Whether a live sequence runs with adapter `id`.
+    pub fn uses_adapter(&self, id: AdapterId) -> bool {
+        self.seqs.values().any(|s| s.params().adapter == Some(id))
+    }
+
     /// True while any sequence is live.
     pub fn has_unfinished(&self) -> bool {
         !self.seqs.is_empty()

@@ -5,11 +5,12 @@ use std::ops::Range;
 
 use tandem_kernels::thread_pool::ThreadPool;
 
-use crate::batch::{BlockId, ForwardBatch, TokenId};
+use crate::batch::{AdapterId, BlockId, ForwardBatch, TokenId};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv_store::{KvDtype, KvStore};
 use crate::logits::Logits;
+use crate::lora::LoraAdapter;
 use crate::runner::{check_block_copies, check_targets, slot_of, KvGeometry, ModelRunner};
 use crate::token_pick::TokenPick;
 use crate::transformer::Model;
@@ -142,8 +143,16 @@ impl ModelRunner for CpuRunner {
         h.finish()
     }
 
-    fn num_adapters(&self) -> usize {
-        self.model.num_adapters()
+    fn has_adapter(&self, id: AdapterId) -> bool {
+        self.model.has_adapter(id)
+    }
+
+    fn add_adapter(&mut self, adapter: LoraAdapter) -> Result<AdapterId> {
+        self.model.add_adapter(adapter)
+    }
+
+    fn remove_adapter(&mut self, id: AdapterId) -> Result<()> {
+        self.model.remove_adapter(id)
     }
 
     fn describe(&self) -> String {

@@ -10,10 +10,11 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use crate::batch::{BlockId, CarriedToken, ForwardBatch, TokenId};
+use crate::batch::{AdapterId, BlockId, CarriedToken, ForwardBatch, TokenId};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::logits::Logits;
+use crate::lora::LoraAdapter;
 use crate::row_sampling::RowDraw;
 use crate::runner::{KvGeometry, ModelRunner};
 use crate::token_pick::TokenPick;
@@ -129,8 +130,16 @@ impl ModelRunner for QueuedRunner {
         self.inner.recycle_logits(logits)
     }
 
-    fn num_adapters(&self) -> usize {
-        self.inner.num_adapters()
+    fn has_adapter(&self, id: AdapterId) -> bool {
+        self.inner.has_adapter(id)
+    }
+
+    fn add_adapter(&mut self, adapter: LoraAdapter) -> Result<AdapterId> {
+        self.inner.add_adapter(adapter)
+    }
+
+    fn remove_adapter(&mut self, id: AdapterId) -> Result<()> {
+        self.inner.remove_adapter(id)
     }
 
     fn host_pool(&self) -> Option<&tandem_kernels::thread_pool::ThreadPool> {

@@ -14,10 +14,11 @@ use std::ops::Range;
 
 use tandem_kernels::thread_pool::ThreadPool;
 
-use crate::batch::{BlockId, CarriedToken, ForwardBatch, TokenId};
+use crate::batch::{AdapterId, BlockId, CarriedToken, ForwardBatch, TokenId};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::logits::Logits;
+use crate::lora::LoraAdapter;
 use crate::row_sampling::RowDraw;
 use crate::scoring::score_row;
 use crate::token_pick::TokenPick;
@@ -263,10 +264,26 @@ pub trait ModelRunner: Send + std::fmt::Debug {
     /// One line for start-up logs: the device, its kernels and numeric mode.
     fn describe(&self) -> String;
 
-    /// Number of LoRA adapters registered with the model: a batch's sequences may name
-    /// adapters `0..num_adapters()` (none on a runner without adapter support).
-    fn num_adapters(&self) -> usize {
-        0
+    /// Whether LoRA adapter `id` is registered with the model (a batch's sequences may name
+    /// only those; none on a runner without adapter support).
+    fn has_adapter(&self, _id: AdapterId) -> bool {
+        false
+    }
+
+    /// Registers a LoRA adapter loaded for this runner's model; its id is never reused.
+    fn add_adapter(&mut self, _adapter: LoraAdapter) -> Result<AdapterId> {
+        Err(ModelError::Batch(format!(
+            "{}: LoRA adapters run on the CPU",
+            self.describe()
+        )))
+    }
+
+    /// Forgets adapter `id` (the caller makes sure no sequence runs with it).
+    fn remove_adapter(&mut self, id: AdapterId) -> Result<()> {
+        Err(ModelError::Batch(format!(
+            "adapter {} is not registered",
+            id.0
+        )))
     }
 }
 

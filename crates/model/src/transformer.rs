@@ -13,13 +13,13 @@ use tandem_kernels::parallel::for_each_chunk_mut;
 use tandem_kernels::{Isa, ThreadPool};
 
 use crate::attention::{causal_attention, AttentionLayout, HeadShape};
-use crate::batch::{AdapterId, ForwardBatch, TokenId};
+use crate::batch::{AdapterId, ForwardBatch, SeqSpan, TokenId};
 use crate::config::{Activation, ModelConfig, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::host_model::HostModel;
 use crate::kv_store::{KvDtype, KvStore};
 use crate::logits::Logits;
-use crate::lora::{self, AdapterRows, LoraAdapter, LoraScratch, Projection};
+use crate::lora::{self, AdapterRows, AdapterSet, LoraAdapter, LoraScratch, Projection};
 use crate::packed_weights::{NormedInput, PackedWeights};
 use crate::scratch::{Activations, BatchLayout, LoraWork, RopeTable, Scratch};
 use crate::token_pick::TokenPick;
@@ -110,7 +110,7 @@ pub struct Model {
     /// Working memory reused by every forward call.
     scratch: Scratch,
     /// The LoRA adapters sequences may run with, by [`AdapterId`].
-    adapters: Vec<LoraAdapter>,
+    adapters: AdapterSet,
 }
 
 impl Model {
@@ -138,21 +138,32 @@ impl Model {
             packed,
             pool,
             scratch: Scratch::default(),
-            adapters: Vec::new(),
+            adapters: AdapterSet::default(),
         }
     }
 
     /// Registers a LoRA adapter (loaded for this model's configuration, e.g. by
-    /// [`crate::lora::load_peft_adapter`]); sequences of a batch name it by the returned id.
+    /// [`crate::lora::load_peft_adapter`]); sequences of a batch name it by the returned id,
+    /// never given to another adapter.
     pub fn add_adapter(&mut self, adapter: LoraAdapter) -> Result<AdapterId> {
         adapter.check(&self.config).map_err(ModelError::Batch)?;
-        self.adapters.push(adapter);
-        Ok(AdapterId(self.adapters.len() as u32 - 1))
+        Ok(self.adapters.add(adapter))
     }
 
-    /// Number of registered adapters.
-    pub fn num_adapters(&self) -> usize {
-        self.adapters.len()
+    /// Forgets adapter `id` (a batch naming it is refused from now on).
+    pub fn remove_adapter(&mut self, id: AdapterId) -> Result<()> {
+        match self.adapters.remove(id) {
+            Some(_) => Ok(()),
+            None => Err(ModelError::Batch(format!(
+                "adapter {} is not registered",
+                id.0
+            ))),
+        }
+    }
+
+    /// Whether adapter `id` is registered.
+    pub fn has_adapter(&self, id: AdapterId) -> bool {
+        self.adapters.get(id).is_some()
     }
 
     /// The kernel variant this model's products and attention run with.
@@ -272,15 +283,10 @@ impl Model {
     pub fn forward(&mut self, batch: &ForwardBatch, kv: &mut KvStore) -> Result<Logits> {
         let c = &self.config;
         batch.validate(c.vocab_size, kv.block_size(), kv.num_blocks())?;
-        if let Some(s) = (batch.seqs.iter()).find(|s| {
-            s.adapter
-                .is_some_and(|a| a.0 as usize >= self.adapters.len())
-        }) {
-            return Err(ModelError::Batch(format!(
-                "adapter {:?} is not registered ({} are)",
-                s.adapter,
-                self.adapters.len()
-            )));
+        let unknown = |s: &&SeqSpan| s.adapter.is_some_and(|a| !self.has_adapter(a));
+        if let Some(s) = batch.seqs.iter().find(unknown) {
+            let msg = format!("adapter {:?} is not registered", s.adapter);
+            return Err(ModelError::Batch(msg));
         }
         // The scratch is moved out for the call (the layers borrow the weights) and back.
         let mut scratch = std::mem::take(&mut self.scratch);

@@ -3,8 +3,6 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tandem_model::batch::AdapterId;
-
 pub use crate::connections::ConnectionLimits;
 
 pub use crate::limits::{
@@ -27,6 +25,9 @@ pub struct ServerConfig {
     /// order: a request whose `model` is one of them runs with that adapter, and
     /// `/v1/models` lists them after the base model (vLLM's `--lora-modules`).
     pub adapter_names: Vec<String>,
+    /// Serve `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's
+    /// `VLLM_ALLOW_RUNTIME_LORA_UPDATING`): off by default, as they read the server's files.
+    pub runtime_lora_updates: bool,
     /// Worker threads of the async runtime (the kernels need the cores; 1 or 2 suffice).
     pub http_threads: usize,
     /// What one request may ask for, and the waiting queue's bound.
@@ -58,6 +59,7 @@ impl ServerConfig {
             api_key: None,
             model_names: vec![model_name.into()],
             adapter_names: Vec::new(),
+            runtime_lora_updates: false,
             http_threads: 2,
             limits: RequestLimits::default(),
             connections: ConnectionLimits::default(),
@@ -66,15 +68,6 @@ impl ServerConfig {
             engine_log_interval: Some(DEFAULT_ENGINE_LOG_INTERVAL),
             trace_file: None,
         }
-    }
-
-    /// What a request's `model` names: the base model (`None`) or an adapter; `None` when
-    /// it is neither.
-    pub fn resolve_model(&self, name: &str) -> Option<Option<AdapterId>> {
-        if let Some(i) = self.adapter_names.iter().position(|n| n == name) {
-            return Some(Some(AdapterId(i as u32)));
-        }
-        self.model_names.iter().any(|n| n == name).then_some(None)
     }
 
     /// The name `/v1/models` lists and responses carry.

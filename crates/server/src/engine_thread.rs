@@ -29,12 +29,15 @@ use tandem_engine::beam_search::BeamParams;
 use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
 use tandem_engine::{EngineError, FinishReason, SeqId, SeqStatus};
 use tandem_model::batch::AdapterId;
+use tandem_model::lora::LoraAdapter;
 use tandem_model::tokenizer::Tokenizer;
 use tandem_text::{Finish, OutputProcessor, RequestOutput, TextOptions, TextRequest};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::engine_log::EngineLog;
 use crate::metrics::{MetricsSnapshot, ServingMetrics};
+
+mod admin;
 
 /// An event of request `index` of its group.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,6 +76,13 @@ enum Command {
     ResetPrefixCache(oneshot::Sender<usize>),
     /// The step timeline as Chrome trace JSON (`None` when not recording).
     DumpTrace(oneshot::Sender<Option<String>>),
+    /// Register a LoRA adapter; replies with its id or why not.
+    AddAdapter(
+        Box<LoraAdapter>,
+        oneshot::Sender<Result<AdapterId, EngineError>>,
+    ),
+    /// Forget a LoRA adapter (refused while a request uses it).
+    RemoveAdapter(AdapterId, oneshot::Sender<Result<(), EngineError>>),
     Shutdown,
 }
 
@@ -108,6 +118,8 @@ impl std::fmt::Debug for Command {
             Command::Abort(id) => write!(f, "Abort({id:?})"),
             Command::ResetPrefixCache(_) => write!(f, "ResetPrefixCache"),
             Command::DumpTrace(_) => write!(f, "DumpTrace"),
+            Command::AddAdapter(..) => write!(f, "AddAdapter"),
+            Command::RemoveAdapter(id, _) => write!(f, "RemoveAdapter({id:?})"),
             Command::Shutdown => write!(f, "Shutdown"),
         }
     }
@@ -189,26 +201,6 @@ impl EngineHandle {
     pub fn abort(&self, id: SeqId) {
         // A send error means the engine is gone, which ended the request anyway.
         let _ = self.commands.send(Command::Abort(id));
-    }
-
-    /// Empties the prefix cache (results never change, only the cost of later prefills);
-    /// returns the number of blocks it forgot.
-    pub async fn reset_prefix_cache(&self) -> Result<usize, SubmitError> {
-        let (reply, reply_rx) = oneshot::channel();
-        self.commands
-            .send(Command::ResetPrefixCache(reply))
-            .map_err(|_| SubmitError::Unavailable)?;
-        reply_rx.await.map_err(|_| SubmitError::Unavailable)
-    }
-
-    /// The step timeline recorded so far as Chrome trace JSON, also written to the trace
-    /// file when one is set; `Ok(None)` when the engine records none.
-    pub async fn dump_trace(&self) -> Result<Option<String>, SubmitError> {
-        let (reply, reply_rx) = oneshot::channel();
-        self.commands
-            .send(Command::DumpTrace(reply))
-            .map_err(|_| SubmitError::Unavailable)?;
-        reply_rx.await.map_err(|_| SubmitError::Unavailable)
     }
 
     /// Asks the thread to abort everything and exit.
@@ -379,6 +371,14 @@ impl Worker {
             }
             Command::DumpTrace(reply) => {
                 let _ = reply.send(self.dump_trace());
+                false
+            }
+            Command::AddAdapter(adapter, reply) => {
+                let _ = reply.send(self.engine.add_adapter(*adapter));
+                false
+            }
+            Command::RemoveAdapter(id, reply) => {
+                let _ = reply.send(self.engine.remove_adapter(id));
                 false
             }
             Command::Shutdown => true,

@@ -150,6 +150,7 @@ fn start_inner(
         .validate()
         .map_err(ServerError::Startup)?;
     let limits = model_limits(&engine, &tokenizer);
+    let model_config = engine.model_config().clone();
     let prompts = PromptBuilder::new(tokenizer.clone(), chat_template.as_deref())?;
     let bind_err = |source| ServerError::Bind {
         addr: config.addr.to_string(),
@@ -175,7 +176,13 @@ fn start_inner(
         drain: drain.clone(),
     };
     let served_name = config.served_name().to_string();
-    let app = Arc::new(AppState::new(handle.clone(), prompts, limits, config));
+    let model = model_config.clone();
+    let app = Arc::new(AppState::new(
+        handle.clone(),
+        prompts,
+        (limits, model),
+        config,
+    ));
     let (stop, stop_rx) = tmpsc::unbounded_channel();
     let (ready_tx, ready_rx) = std_mpsc::channel();
     let engine_for_http = handle.clone();

@@ -25,6 +25,10 @@ use tandem_server::{RunningServer, ServerConfig};
 
 const PROMPT: [u32; 12] = [37, 90, 12, 255, 7, 140, 33, 19, 201, 64, 88, 5];
 
+fn adapter_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/lora/llama_tied")
+}
+
 fn base_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/hf/llama_tied")
 }
@@ -43,6 +47,11 @@ fn model_with_adapters() -> Model {
 }
 
 fn start() -> RunningServer {
+    start_with(|_| {})
+}
+
+/// [`start`] with `tweak` adjusting the server's config.
+fn start_with(tweak: impl FnOnce(&mut ServerConfig)) -> RunningServer {
     let lm = load(&base_dir());
     let mut sched = SchedulerConfig::new(256, 16, 256);
     sched.eos_token_ids = lm.eos_token_ids.clone();
@@ -57,6 +66,7 @@ fn start() -> RunningServer {
     let mut config = ServerConfig::new("test-model");
     config.addr = SocketAddr::from(([127, 0, 0, 1], 0));
     config.adapter_names = vec!["sql".into(), "neg".into()];
+    tweak(&mut config);
     let tokenizer = std::sync::Arc::new(lm.tokenizer);
     tandem_server::start(engine, tokenizer, lm.chat_template, config).expect("server starts")
 }
@@ -248,6 +258,94 @@ fn metrics_name_the_adapters_of_running_requests() {
     assert!(
         after.contains("running_lora_adapters=\"\",waiting_lora_adapters=\"\""),
         "{after}"
+    );
+    server.shutdown().expect("clean shutdown");
+}
+
+/// vLLM's runtime routes, with `runtime_lora_updates`: an adapter loaded while serving
+/// answers exactly as the same adapter loaded at start-up; it cannot be unloaded while a
+/// request runs with it, then can; its name is gone afterwards; mistakes are 4xx. Without
+/// the setting the routes do not exist.
+#[test]
+fn adapters_load_and_unload_while_serving() {
+    let closed = start();
+    let body = json!({"lora_name": "live", "lora_path": adapter_dir()});
+    assert_error(
+        &post(closed.addr(), "/v1/load_lora_adapter", &body),
+        404,
+        None,
+    );
+    closed.shutdown().expect("clean shutdown");
+
+    let server = start_with(|c| c.runtime_lora_updates = true);
+    let addr = server.addr();
+    let r = post(addr, "/v1/load_lora_adapter", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (live, sql) = (completion(addr, "live"), completion(addr, "sql"));
+    assert_eq!(live.status, 200, "{}", live.body);
+    assert_eq!(
+        live.json()["choices"],
+        sql.json()["choices"],
+        "the same adapter file"
+    );
+    let ids: Vec<Value> = get(addr, "/v1/models").json()["data"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|m| m["id"].clone())
+        .collect();
+    assert_eq!(
+        ids,
+        vec![
+            json!("test-model"),
+            json!("sql"),
+            json!("neg"),
+            json!("live")
+        ]
+    );
+    assert_error(
+        &post(addr, "/v1/load_lora_adapter", &body),
+        400,
+        Some("lora_name"),
+    );
+    let bad = json!({"lora_name": "bad", "lora_path": base_dir()});
+    assert_error(
+        &post(addr, "/v1/load_lora_adapter", &bad),
+        400,
+        Some("lora_path"),
+    );
+
+    let long = std::thread::spawn(move || {
+        let body = json!({"model": "live", "prompt": PROMPT, "max_tokens": 220,
+                          "temperature": 0, "ignore_eos": true});
+        post(addr, "/v1/completions", &body).status
+    });
+    let unload = json!({"lora_name": "live"});
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let running = || {
+        get(addr, "/metrics")
+            .body
+            .contains("running_lora_adapters=\"live\"")
+    };
+    while !running() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the request never ran"
+        );
+    }
+    let r = post(addr, "/v1/unload_lora_adapter", &unload);
+    assert_error(&r, 400, Some("lora_name"));
+    assert!(r.body.contains("in use"), "{}", r.body);
+    assert_eq!(long.join().expect("request thread"), 200);
+    wait_health(addr, Duration::from_secs(30), idle);
+    let r = post(addr, "/v1/unload_lora_adapter", &unload);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_error(&completion(addr, "live"), 404, Some("model"));
+    assert_error(&post(addr, "/v1/unload_lora_adapter", &unload), 404, None);
+    assert_eq!(
+        completion(addr, "sql").json()["choices"],
+        sql.json()["choices"],
+        "the others stay"
     );
     server.shutdown().expect("clean shutdown");
 }

@@ -215,6 +215,27 @@ impl LoraAdapter {
     }
 }
 
+/// The adapters registered with a model, by id; an id is never given to another adapter
+/// (cached blocks and requests keyed by it stay unambiguous after a removal).
+#[derive(Debug, Default)]
+pub struct AdapterSet(Vec<Option<LoraAdapter>>);
+
+impl AdapterSet {
+    pub fn add(&mut self, adapter: LoraAdapter) -> AdapterId {
+        self.0.push(Some(adapter));
+        AdapterId(self.0.len() as u32 - 1)
+    }
+
+    /// Takes adapter `id` out; `None` when it is not registered.
+    pub fn remove(&mut self, id: AdapterId) -> Option<LoraAdapter> {
+        self.0.get_mut(id.0 as usize)?.take()
+    }
+
+    pub fn get(&self, id: AdapterId) -> Option<&LoraAdapter> {
+        self.0.get(id.0 as usize)?.as_ref()
+    }
+}
+
 /// Which rows of a batch run with which adapter: runs of consecutive rows, in order (a
 /// sequence's rows, or neighbouring sequences' with the same adapter).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -251,7 +272,7 @@ pub struct LoraScratch {
 #[allow(clippy::too_many_arguments)] // the kernels, the adapters, the rows and their buffers
 pub fn add_corrections(
     kernels: (Isa, &ThreadPool),
-    adapters: &[LoraAdapter],
+    adapters: &AdapterSet,
     rows: &AdapterRows,
     (l, p): (usize, Projection),
     x: &[f32],
@@ -259,7 +280,7 @@ pub fn add_corrections(
     scratch: &mut LoraScratch,
 ) {
     for (range, id) in &rows.0 {
-        let Some(pair) = adapters[id.0 as usize].get(l, p) else {
+        let Some(pair) = adapters.get(*id).and_then(|a| a.get(l, p)) else {
             continue;
         };
         let (width_in, width_out) = (pair.in_dim(), pair.out_dim());
@@ -297,9 +318,11 @@ mod tests {
         let pool = ThreadPool::new(1);
         let kernels = (Isa::Scalar, &pool);
         let mut scratch = LoraScratch::default();
+        let mut adapters = AdapterSet::default();
+        adapters.add(adapter);
         add_corrections(
             kernels,
-            &[adapter],
+            &adapters,
             &rows,
             (0, Projection::Up),
             &[1.0, 1.0],
@@ -318,7 +341,8 @@ mod tests {
         let mut y = [0.0; 4];
         let pool = ThreadPool::new(1);
         let (kernels, mut scratch) = ((Isa::Scalar, &pool), LoraScratch::default());
-        let adapters = [adapter];
+        let mut adapters = AdapterSet::default();
+        adapters.add(adapter);
         add_corrections(
             kernels,
             &adapters,

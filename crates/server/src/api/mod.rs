@@ -17,6 +17,7 @@
 //! requests whose client is still attached, requests aborted because their client went
 //! away (since start), and the KV pool. When idle, `kv_free_blocks == kv_total_blocks`.
 
+pub mod adapters;
 pub mod beam;
 pub mod body;
 pub mod chat;
@@ -44,7 +45,9 @@ use crate::config::ServerConfig;
 use crate::engine_thread::EngineHandle;
 use crate::error::{ApiError, ApiResult};
 use crate::prompt::PromptBuilder;
+use adapters::AdapterNames;
 use compile_slots::CompileSlots;
+use tandem_model::ModelConfig;
 
 /// What a request's `model` resolved to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +84,11 @@ pub struct AppState {
     constraints: std::sync::OnceLock<Result<Arc<ConstraintCompiler>, ConstraintError>>,
     /// Where structured-output grammars compile (`limits.max_grammar_compiles` at once).
     pub(crate) compile_slots: CompileSlots,
+    /// The LoRA adapters' names (those of `config.adapter_names`, then any loaded at run
+    /// time).
+    pub adapters: AdapterNames,
+    /// The model's configuration, to check adapters loaded at run time against.
+    pub model_config: ModelConfig,
 }
 
 /// Shared handle to [`AppState`].
@@ -90,11 +98,14 @@ impl AppState {
     pub fn new(
         engine: EngineHandle,
         prompts: PromptBuilder,
-        limits: ModelLimits,
+        (limits, model_config): (ModelLimits, ModelConfig),
         config: ServerConfig,
     ) -> AppState {
         let compile_slots = CompileSlots::new(config.limits.max_grammar_compiles);
+        let adapters = AdapterNames::new(&config.adapter_names);
         AppState {
+            adapters,
+            model_config,
             engine,
             prompts,
             limits,
@@ -132,13 +143,14 @@ impl AppState {
                 adapter: None,
             });
         };
-        match self.config.resolve_model(m) {
-            Some(adapter) => Ok(ServedModel {
-                name: m.to_string(),
-                adapter,
-            }),
-            None => Err(ApiError::model_not_found(m)),
+        let adapter = self.adapters.resolve(m);
+        if adapter.is_none() && !self.config.model_names.iter().any(|n| n == m) {
+            return Err(ApiError::model_not_found(m));
         }
+        Ok(ServedModel {
+            name: m.to_string(),
+            adapter,
+        })
     }
 }
 

@@ -12,7 +12,7 @@ use serde_json::json;
 use std::sync::Arc;
 use tandem_model::batch::AdapterId;
 
-use super::{chat, completions, score, tokenize, App};
+use super::{adapters, chat, completions, score, tokenize, App};
 use crate::access_log::access_log;
 use crate::drain::{admission, Drain};
 use crate::error::ApiError;
@@ -29,7 +29,16 @@ pub fn router(app: App, drain: Arc<Drain>) -> Router {
         max_bytes: limit,
         timeout: app.config.connections.body_timeout,
     };
-    Router::new()
+    let mut routes = Router::new();
+    if app.config.runtime_lora_updates {
+        routes = routes
+            .route("/v1/load_lora_adapter", post(adapters::load_lora_adapter))
+            .route(
+                "/v1/unload_lora_adapter",
+                post(adapters::unload_lora_adapter),
+            );
+    }
+    routes
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
@@ -174,16 +183,16 @@ async fn metrics(State(app): State<App>) -> Response {
         kv_used_blocks: s.kv_total_blocks.saturating_sub(s.kv_free_blocks),
         kv_total_blocks: s.kv_total_blocks,
     };
-    let names = &app.config.adapter_names;
     let named = |ids: &[AdapterId]| -> Vec<String> {
         ids.iter()
-            .filter_map(|a| names.get(a.0 as usize).cloned())
+            .filter_map(|&a| app.adapters.name_of(a))
             .collect()
     };
-    let lora = (!names.is_empty()).then(|| LoraGauge {
+    let lora_enabled = !app.config.adapter_names.is_empty() || app.config.runtime_lora_updates;
+    let lora = lora_enabled.then(|| LoraGauge {
         running: named(&s.adapters[0]),
         waiting: named(&s.adapters[1]),
-        max_lora: names.len(),
+        max_lora: app.adapters.loaded().len(),
         time: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64()),
@@ -212,7 +221,7 @@ fn model_card(app: &App, adapter: Option<AdapterId>) -> serde_json::Value {
         "parent": null,
         "max_model_len": app.limits.max_model_len,
     });
-    if let Some(name) = adapter.and_then(|a| app.config.adapter_names.get(a.0 as usize)) {
+    if let Some(name) = adapter.and_then(|a| app.adapters.name_of(a)) {
         card["id"] = json!(name);
         card["root"] = json!(name);
         card["parent"] = json!(base);
@@ -221,7 +230,7 @@ fn model_card(app: &App, adapter: Option<AdapterId>) -> serde_json::Value {
 }
 
 async fn models(State(app): State<App>) -> Response {
-    let adapters = (0..app.config.adapter_names.len()).map(|i| Some(AdapterId(i as u32)));
+    let adapters = app.adapters.loaded().into_iter().map(|(id, _)| Some(id));
     let data: Vec<_> = std::iter::once(None)
         .chain(adapters)
         .map(|a| model_card(&app, a))
