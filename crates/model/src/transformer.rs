@@ -2,6 +2,7 @@
 //! mixture-of-experts Mixtral and Qwen3-MoE, whose MLP is in `transformer/moe.rs`) and its one
 //! entry point, [`Model::forward`]: a [`ForwardBatch`] in, logits for the selected rows out.
 
+mod adapt;
 mod moe;
 
 use tandem_kernels::ops::{
@@ -19,9 +20,9 @@ use crate::error::{ModelError, Result};
 use crate::host_model::HostModel;
 use crate::kv_store::{KvDtype, KvStore};
 use crate::logits::Logits;
-use crate::lora::{self, AdapterRows, AdapterSet, LoraAdapter, LoraScratch, Projection};
+use crate::lora::{AdapterRows, AdapterSet, LoraAdapter, Projection};
 use crate::packed_weights::{NormedInput, PackedWeights};
-use crate::scratch::{Activations, BatchLayout, LoraWork, RopeTable, Scratch};
+use crate::scratch::{Activations, BatchLayout, RopeTable, Scratch};
 use crate::token_pick::TokenPick;
 use crate::weights::{TensorHandle, TensorSet};
 
@@ -444,45 +445,6 @@ impl Model {
             self.norm_rows(&mut a.out, post_attn);
         }
         add_inplace(&mut a.x, &a.out);
-    }
-
-    /// The LoRA corrections of projection `at` = (layer, projection) for the rows that run
-    /// with an adapter: `x` is the projection's input, `y` its output.
-    fn adapt(
-        &self,
-        rows: &AdapterRows,
-        at: (usize, Projection),
-        x: &[f32],
-        y: &mut [f32],
-        scratch: &mut LoraScratch,
-    ) {
-        if !rows.is_empty() {
-            let kernels = (self.packed.isa(), &self.pool);
-            lora::add_corrections(kernels, &self.adapters, rows, at, x, y, scratch);
-        }
-    }
-
-    /// [`Model::adapt`] for projections of a sub-layer's normalised input (`norm` of layer
-    /// `l` over `x`, `[n, hidden]`), which the int8 products never write out in f32.
-    fn adapt_normed<const N: usize>(
-        &self,
-        rows: &AdapterRows,
-        (l, norm): (usize, &[f32]),
-        x: &[f32],
-        ys: [(Projection, &mut [f32]); N],
-        work: &mut LoraWork,
-    ) {
-        if rows.is_empty() {
-            return;
-        }
-        let (eps, h) = (self.config.rms_norm_eps, norm.len());
-        work.input.resize(x.len(), 0.0);
-        for_each_chunk_mut(&self.pool, &mut work.input, h, |t, row| {
-            rms_norm(&x[t * h..(t + 1) * h], norm, eps, row)
-        });
-        for (p, y) in ys {
-            self.adapt(rows, (l, p), &work.input, y, &mut work.scratch);
-        }
     }
 
     /// RMSNorm of every row of `x` (`[n, hidden]`) in place.

@@ -59,6 +59,23 @@ impl Projection {
     fn index(self) -> usize {
         self as usize
     }
+
+    /// `(in, out)` of this projection in a model of `config`.
+    pub fn shape(self, config: &ModelConfig) -> (usize, usize) {
+        let (h, q, kv, ff) = (
+            config.hidden_size,
+            config.q_dim(),
+            config.kv_dim(),
+            config.intermediate_size,
+        );
+        match self {
+            Projection::Q => (h, q),
+            Projection::K | Projection::V => (h, kv),
+            Projection::O => (q, h),
+            Projection::Gate | Projection::Up => (h, ff),
+            Projection::Down => (ff, h),
+        }
+    }
 }
 
 /// One projection's low-rank correction, its matrices as stored in the adapter's file.
@@ -162,22 +179,10 @@ impl LoraAdapter {
                 config.num_layers
             ));
         }
-        let (h, q, kv, ff) = (
-            config.hidden_size,
-            config.q_dim(),
-            config.kv_dim(),
-            config.intermediate_size,
-        );
         for (l, pairs) in self.layers.iter().enumerate() {
             for (p, pair) in Projection::ALL.iter().zip(pairs) {
                 let Some(pair) = pair else { continue };
-                let (want_in, want_out) = match p {
-                    Projection::Q => (h, q),
-                    Projection::K | Projection::V => (h, kv),
-                    Projection::O => (q, h),
-                    Projection::Gate | Projection::Up => (h, ff),
-                    Projection::Down => (ff, h),
-                };
+                let (want_in, want_out) = p.shape(config);
                 let fits = |n: usize, cols: usize, len: usize| {
                     pair.dtype.bytes_for(cols).and_then(|b| b.checked_mul(n)) == Some(len)
                 };
@@ -258,6 +263,12 @@ impl AdapterRows {
 
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    /// Whether row `row` runs with an adapter.
+    pub fn contains(&self, row: usize) -> bool {
+        let i = self.0.partition_point(|(rows, _)| rows.end <= row);
+        self.0.get(i).is_some_and(|(rows, _)| rows.contains(&row))
     }
 }
 
@@ -372,5 +383,7 @@ mod tests {
         let (a, b) = (AdapterId(0), AdapterId(1));
         let rows = AdapterRows::new([(0..2, a), (2..3, a), (4..5, a), (5..6, b)]);
         assert_eq!(rows.0, vec![(0..3, a), (4..5, a), (5..6, b)]);
+        let covered: Vec<usize> = (0..8).filter(|&r| rows.contains(r)).collect();
+        assert_eq!(covered, vec![0, 1, 2, 4, 5]);
     }
 }

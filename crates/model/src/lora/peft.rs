@@ -176,25 +176,19 @@ fn corrections(
     b: Matrix,
     scale: f32,
 ) -> std::result::Result<Vec<(Projection, LoraPair)>, String> {
-    let (h, q, kv, ff) = (
-        config.hidden_size,
-        config.q_dim(),
-        config.kv_dim(),
-        config.intermediate_size,
-    );
     let phi3 = config.architecture == Architecture::Phi3;
     let dense = config.features.moe.is_none();
     use Projection::*;
-    let (in_dim, parts): (usize, Vec<(Projection, usize)>) = match inner {
-        "self_attn.q_proj" if !phi3 => (h, vec![(Q, q)]),
-        "self_attn.k_proj" if !phi3 => (h, vec![(K, kv)]),
-        "self_attn.v_proj" if !phi3 => (h, vec![(V, kv)]),
-        "self_attn.qkv_proj" if phi3 => (h, vec![(Q, q), (K, kv), (V, kv)]),
-        "self_attn.o_proj" => (q, vec![(O, h)]),
-        "mlp.gate_proj" if dense && !phi3 => (h, vec![(Gate, ff)]),
-        "mlp.up_proj" if dense && !phi3 => (h, vec![(Up, ff)]),
-        "mlp.gate_up_proj" if dense && phi3 => (h, vec![(Gate, ff), (Up, ff)]),
-        "mlp.down_proj" if dense => (ff, vec![(Down, h)]),
+    let projections: &[Projection] = match inner {
+        "self_attn.q_proj" if !phi3 => &[Q],
+        "self_attn.k_proj" if !phi3 => &[K],
+        "self_attn.v_proj" if !phi3 => &[V],
+        "self_attn.qkv_proj" if phi3 => &[Q, K, V],
+        "self_attn.o_proj" => &[O],
+        "mlp.gate_proj" if dense && !phi3 => &[Gate],
+        "mlp.up_proj" if dense && !phi3 => &[Up],
+        "mlp.gate_up_proj" if dense && phi3 => &[Gate, Up],
+        "mlp.down_proj" if dense => &[Down],
         _ => {
             return Err(format!(
                 "not a projection of this {:?} model tandem can adapt",
@@ -202,6 +196,11 @@ fn corrections(
             ))
         }
     };
+    // A fused module's projections share their input and stack their outputs.
+    let in_dim = projections[0].shape(config).0;
+    let parts: Vec<(Projection, usize)> = (projections.iter())
+        .map(|&p| (p, p.shape(config).1))
+        .collect();
     let rank = a.rows;
     let out_dim: usize = parts.iter().map(|p| p.1).sum();
     if rank == 0 || rank > MAX_RANK || a.cols != in_dim || b.rows != out_dim || b.cols != rank {
