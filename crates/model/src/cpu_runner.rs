@@ -11,7 +11,9 @@ use crate::error::{ModelError, Result};
 use crate::kv_store::{KvDtype, KvStore};
 use crate::logits::Logits;
 use crate::lora::LoraAdapter;
-use crate::runner::{check_block_copies, check_targets, slot_of, KvGeometry, ModelRunner};
+use crate::runner::{
+    check_block_copies, check_targets, slot_of, KvBlockFormat, KvGeometry, ModelRunner,
+};
 use crate::token_pick::TokenPick;
 use crate::transformer::Model;
 
@@ -153,6 +155,47 @@ impl ModelRunner for CpuRunner {
 
     fn remove_adapter(&mut self, id: AdapterId) -> Result<()> {
         self.model.remove_adapter(id)
+    }
+
+    fn kv_block_format(&self) -> Option<KvBlockFormat> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let (dtype, block_size) = (self.kv.dtype(), self.kv.block_size());
+        (self.model_identity(), self.model.kernels().is_exact()).hash(&mut h);
+        (format!("{dtype:?}"), block_size, self.kv.block_bytes()).hash(&mut h);
+        Some(KvBlockFormat {
+            compatibility: h.finish(),
+            dtype,
+            block_size,
+            bytes_per_block: self.kv.block_bytes(),
+        })
+    }
+
+    fn read_blocks(&mut self, blocks: &[BlockId], out: &mut Vec<u8>) -> Result<()> {
+        out.reserve(blocks.len() * self.kv.block_bytes());
+        blocks.iter().try_for_each(|&b| self.kv.read_block(b, out))
+    }
+
+    fn write_blocks(&mut self, blocks: &[BlockId], data: &[u8]) -> Result<()> {
+        let size = self.kv.block_bytes();
+        if data.len() != blocks.len() * size {
+            return Err(ModelError::Batch(format!(
+                "{} bytes for {} blocks of {size} bytes",
+                data.len(),
+                blocks.len()
+            )));
+        }
+        let n = self.kv.num_blocks();
+        if let Some(b) = blocks.iter().find(|b| b.0 as usize >= n) {
+            return Err(ModelError::Batch(format!(
+                "block {} is outside the pool of {n} blocks",
+                b.0
+            )));
+        }
+        for (&b, bytes) in blocks.iter().zip(data.chunks_exact(size)) {
+            self.kv.write_block(b, bytes)?;
+        }
+        Ok(())
     }
 
     fn describe(&self) -> String {

@@ -29,6 +29,8 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 pub use crate::runner::KvDtype;
 
+mod transfer;
+
 /// Per layer: `[num_blocks * block_size, kv_dim]` keys, and values alike, of one element type.
 #[derive(Debug)]
 struct Planes<T> {

@@ -16,7 +16,7 @@ use crate::error::{ModelError, Result};
 use crate::logits::Logits;
 use crate::lora::LoraAdapter;
 use crate::row_sampling::RowDraw;
-use crate::runner::{KvGeometry, ModelRunner};
+use crate::runner::{KvBlockFormat, KvGeometry, ModelRunner};
 use crate::token_pick::TokenPick;
 
 /// Launched steps not collected at a time, at most.
@@ -192,6 +192,18 @@ impl ModelRunner for QueuedRunner {
         positions: Range<usize>,
     ) -> Result<Logits> {
         self.inner.cached_logits(block_table, positions)
+    }
+
+    fn kv_block_format(&self) -> Option<KvBlockFormat> {
+        self.inner.kv_block_format()
+    }
+
+    fn read_blocks(&mut self, blocks: &[BlockId], out: &mut Vec<u8>) -> Result<()> {
+        self.inner.read_blocks(blocks, out)
+    }
+
+    fn write_blocks(&mut self, blocks: &[BlockId], data: &[u8]) -> Result<()> {
+        self.inner.write_blocks(blocks, data)
     }
 
     fn model_identity(&self) -> u64 {

@@ -285,6 +285,46 @@ pub trait ModelRunner: Send + std::fmt::Debug {
             id.0
         )))
     }
+
+    /// How this runner's KV blocks travel to another instance ([`Self::read_blocks`]), or
+    /// `None` when it cannot move them (the default).
+    fn kv_block_format(&self) -> Option<KvBlockFormat> {
+        None
+    }
+
+    /// Appends the contents of `blocks` (keys, values and whatever else a slot keeps, as
+    /// [`Self::kv_block_format`]'s `bytes_per_block` bytes each) to `out`, after any launched
+    /// step. An error on a runner without a format or for a block outside the pool.
+    fn read_blocks(&mut self, blocks: &[BlockId], out: &mut Vec<u8>) -> Result<()> {
+        let _ = (blocks, out);
+        Err(ModelError::Batch(format!(
+            "{}: KV blocks move between CPU runners only",
+            self.describe()
+        )))
+    }
+
+    /// Overwrites `blocks` with contents [`Self::read_blocks`] gave on a runner of the same
+    /// [`KvBlockFormat`] (`data` holds exactly one block's bytes per block, in order).
+    fn write_blocks(&mut self, blocks: &[BlockId], data: &[u8]) -> Result<()> {
+        let _ = (blocks, data);
+        Err(ModelError::Batch(format!(
+            "{}: KV blocks move between CPU runners only",
+            self.describe()
+        )))
+    }
+}
+
+/// What a block read from one runner needs to mean the same in another: the same model in
+/// the same numeric mode (`compatibility`), the same element type and block size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvBlockFormat {
+    /// Equal on runners whose blocks are interchangeable: it hashes the model's identity, its
+    /// numeric mode and the block layout.
+    pub compatibility: u64,
+    pub dtype: KvDtype,
+    pub block_size: usize,
+    /// Bytes of one block's contents.
+    pub bytes_per_block: usize,
 }
 
 /// Checks that every `(src, dst)` of a [`ModelRunner::copy_blocks`] call names a block of a
