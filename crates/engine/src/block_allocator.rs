@@ -246,12 +246,20 @@ impl BlockAllocator {
 
     /// Whether [`BlockAllocator::acquire_cached`] would hit, without taking anything.
     pub fn is_cached(&self, parent: BlockKey, key: BlockKey, tokens: &[TokenId]) -> bool {
+        self.find_cached(parent, key, tokens).is_some()
+    }
+
+    /// The block [`BlockAllocator::acquire_cached`] would hit, without taking it.
+    pub fn find_cached(
+        &self,
+        parent: BlockKey,
+        key: BlockKey,
+        tokens: &[TokenId],
+    ) -> Option<BlockId> {
         let pool = self.lock();
-        pool.index.get(&key).is_some_and(|id| {
-            pool.cached[id.0 as usize]
-                .as_ref()
-                .is_some_and(|c| c.parent == parent && *c.tokens == *tokens)
-        })
+        let id = *pool.index.get(&key)?;
+        let c = pool.cached[id.0 as usize].as_ref()?;
+        (c.parent == parent && *c.tokens == *tokens).then_some(id)
     }
 
     /// Forgets every registered block (held blocks keep their contents, cached-free blocks

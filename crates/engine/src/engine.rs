@@ -33,6 +33,7 @@ use crate::step_plan::{to_forward_batch, StepResult};
 use crate::trace::{MarkKind, Part, StepTrace};
 
 mod beams;
+mod kv_transfer;
 mod overlap;
 mod prompt_logprobs;
 mod sampling;

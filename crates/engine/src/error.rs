@@ -47,6 +47,10 @@ pub enum EngineError {
     /// `schedule` was called while the previous plan's result is still outstanding.
     #[error("step {0} is still in flight: call update or fail_step first")]
     StepInFlight(u64),
+    /// KV blocks sent by another instance are malformed or do not fit this engine (another
+    /// model, numeric mode, KV dtype or block size), or this engine cannot move KV blocks.
+    #[error("KV transfer: {0}")]
+    KvTransfer(String),
     /// A step result does not answer the plan in flight.
     #[error("step result does not match the plan in flight: {0}")]
     ResultMismatch(String),

@@ -14,6 +14,8 @@
 //! - [`beam_search`]: the model-free beam search step (ranking, hypotheses, scores);
 //! - [`speculative`]: speculative decoding (n-gram and draft-model proposers, the rejection
 //!   sampler, when to speculate, counters);
+//! - [`kv_transfer`]: the wire form of a prompt's KV blocks moving between instances
+//!   (disaggregated prefill: `Engine::export_prefix` / `Engine::import_prefix`);
 //! - [`trace`]: the step timeline (Chrome trace JSON of every step and request), off by
 //!   default;
 //! - [`engine`]: `Engine::step` = `scheduler.schedule()` -> the model's forward pass on
@@ -24,6 +26,7 @@ pub mod block_allocator;
 pub mod block_table;
 pub mod engine;
 pub mod error;
+pub mod kv_transfer;
 pub mod prefix_cache;
 pub mod scheduler;
 pub mod scheduler_config;

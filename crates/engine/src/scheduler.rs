@@ -555,4 +555,7 @@ mod ahead;
 mod drafts;
 mod groups;
 mod prefix;
+mod prefix_transfer;
+
+pub use prefix_transfer::PrefixImport;
 mod update;
