@@ -41,6 +41,18 @@ pub struct ServeArgs {
     /// from this machine's directories.
     #[arg(long)]
     allow_runtime_lora_updating: bool,
+    /// Serve `POST /v1/kv/prefill`: compute prompts for decode instances and answer their KV
+    /// blocks (the prefill side of disaggregated serving).
+    #[arg(long)]
+    kv_producer: bool,
+    /// Continue from the prefill instance at HOST:PORT (a tandem serving with --kv-producer,
+    /// same model, flags and API key): each prompt is computed there and its KV blocks
+    /// enter this server's prefix cache before the request runs here.
+    #[arg(long, value_name = "HOST:PORT")]
+    prefill_peer: Option<String>,
+    /// Seconds a request waits on the prefill peer before computing its prompt here.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    prefill_peer_timeout: f64,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -52,6 +64,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
     a.ops.apply(&mut config)?;
     config.addr = SocketAddr::new(a.host, a.port);
     config.trace_file = a.engine.trace.clone();
+    if let Some(peer) = &a.prefill_peer {
+        tandem_server::prefill_peer::peer_uri(peer).map_err(anyhow::Error::msg)?;
+    }
+    let t = a.prefill_peer_timeout;
+    if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
+        anyhow::bail!("--prefill-peer-timeout {t}: give seconds in (0, 86400]");
+    }
+    config.prefill_peer_timeout = std::time::Duration::from_secs_f64(t);
     if a.model.lora.is_some() {
         anyhow::bail!(
             "--lora: serve picks an adapter by each request's `model` (--lora-modules NAME=PATH)"
@@ -83,6 +103,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .map(|(n, _)| n.clone())
         .collect();
     config.runtime_lora_updates = a.allow_runtime_lora_updating;
+    config.kv_producer = a.kv_producer;
+    config.prefill_peer = a.prefill_peer.clone();
     if let Some(clash) = (config.adapter_names.iter()).find(|n| config.model_names.contains(n)) {
         anyhow::bail!("--lora-modules {clash}: the name is the base model's");
     }

@@ -28,6 +28,15 @@ pub struct ServerConfig {
     /// Serve `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's
     /// `VLLM_ALLOW_RUNTIME_LORA_UPDATING`): off by default, as they read the server's files.
     pub runtime_lora_updates: bool,
+    /// Serve `POST /v1/kv/prefill`: compute a prompt for a decode instance and answer its KV
+    /// blocks (the prefill side of disaggregated serving, ARCHITECTURE.md § KV transfer).
+    pub kv_producer: bool,
+    /// The prefill instance (`host:port`, plain HTTP) whose `POST /v1/kv/prefill` computes
+    /// this server's prompts: their blocks are put into the prefix cache before the request
+    /// runs, so this server computes only the last partial block (the decode side).
+    pub prefill_peer: Option<String>,
+    /// How long a request waits on the prefill peer before computing its prompt here.
+    pub prefill_peer_timeout: Duration,
     /// Worker threads of the async runtime (the kernels need the cores; 1 or 2 suffice).
     pub http_threads: usize,
     /// What one request may ask for, and the waiting queue's bound.
@@ -47,6 +56,8 @@ pub struct ServerConfig {
 
 /// Default `--shutdown-timeout`: what Kubernetes gives a pod by default before SIGKILL.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `--prefill-peer-timeout`.
+pub const DEFAULT_PREFILL_PEER_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default period of the engine log line (vLLM's is 10 s too).
 pub const DEFAULT_ENGINE_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -60,6 +71,9 @@ impl ServerConfig {
             model_names: vec![model_name.into()],
             adapter_names: Vec::new(),
             runtime_lora_updates: false,
+            kv_producer: false,
+            prefill_peer: None,
+            prefill_peer_timeout: DEFAULT_PREFILL_PEER_TIMEOUT,
             http_threads: 2,
             limits: RequestLimits::default(),
             connections: ConnectionLimits::default(),

@@ -38,6 +38,11 @@ use crate::engine_log::EngineLog;
 use crate::metrics::{MetricsSnapshot, ServingMetrics};
 
 mod admin;
+mod kv;
+mod submit_error;
+
+pub use kv::PromptKey;
+pub use submit_error::SubmitError;
 
 /// An event of request `index` of its group.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,26 +88,14 @@ enum Command {
     ),
     /// Forget a LoRA adapter (refused while a request uses it).
     RemoveAdapter(AdapterId, oneshot::Sender<Result<(), EngineError>>),
+    /// Send or receive a prompt's KV blocks.
+    Kv(kv::KvCommand),
     Shutdown,
 }
 
 /// One prompt's request and how many parallel samples of it to run (`n`); the engine
 /// computes the prompt once and the samples share its KV blocks.
 pub type SampleGroup = (GenerationRequest, usize);
-
-/// Why a submission did not run.
-#[derive(Debug, thiserror::Error)]
-pub enum SubmitError {
-    /// The engine refused a request (a client mistake: bad parameters, prompt too long).
-    #[error("{0}")]
-    Refused(EngineError),
-    /// The engine is not running (shutting down or failed).
-    #[error("the engine is not running")]
-    Unavailable,
-    /// The waiting queue is full (it holds this many sequences at most).
-    #[error("the waiting queue is full ({0} requests)")]
-    QueueFull(usize),
-}
 
 /// The handlers' side of the engine thread. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -120,6 +113,7 @@ impl std::fmt::Debug for Command {
             Command::DumpTrace(_) => write!(f, "DumpTrace"),
             Command::AddAdapter(..) => write!(f, "AddAdapter"),
             Command::RemoveAdapter(id, _) => write!(f, "RemoveAdapter({id:?})"),
+            Command::Kv(_) => write!(f, "Kv"),
             Command::Shutdown => write!(f, "Shutdown"),
         }
     }
@@ -379,6 +373,10 @@ impl Worker {
             }
             Command::RemoveAdapter(id, reply) => {
                 let _ = reply.send(self.engine.remove_adapter(id));
+                false
+            }
+            Command::Kv(command) => {
+                self.handle_kv(command);
                 false
             }
             Command::Shutdown => true,

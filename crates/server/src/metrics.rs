@@ -393,7 +393,7 @@ pub fn render(
 }
 
 /// Escapes a Prometheus label value (backslash, quote, newline).
-fn escape_label(s: &str) -> String {
+pub(crate) fn escape_label(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")

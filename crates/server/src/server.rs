@@ -19,6 +19,7 @@ use crate::connections::{ConnectionLimits, Connections};
 use crate::drain::{Drain, Settled};
 use crate::engine_thread::{spawn_engine, EngineHandle, EngineSnapshot};
 use crate::error::ServerError;
+use crate::prefill_peer::PrefillPeer;
 use crate::prompt::PromptBuilder;
 
 /// How long responses get to finish after the engine stops.
@@ -149,6 +150,7 @@ fn start_inner(
         .connections
         .validate()
         .map_err(ServerError::Startup)?;
+    let prefill_peer = check_kv_transfer(&engine, &config)?;
     let limits = model_limits(&engine, &tokenizer);
     let model_config = engine.model_config().clone();
     let prompts = PromptBuilder::new(tokenizer.clone(), chat_template.as_deref())?;
@@ -177,12 +179,9 @@ fn start_inner(
     };
     let served_name = config.served_name().to_string();
     let model = model_config.clone();
-    let app = Arc::new(AppState::new(
-        handle.clone(),
-        prompts,
-        (limits, model),
-        config,
-    ));
+    let mut state = AppState::new(handle.clone(), prompts, (limits, model), config);
+    state.prefill_peer = prefill_peer;
+    let app = Arc::new(state);
     let (stop, stop_rx) = tmpsc::unbounded_channel();
     let (ready_tx, ready_rx) = std_mpsc::channel();
     let engine_for_http = handle.clone();
@@ -223,6 +222,33 @@ fn await_ready(
     }
 }
 
+/// Checks that the engine can play the KV transfer roles `config` gives it, and makes the
+/// prefill peer's client.
+fn check_kv_transfer(
+    engine: &Engine,
+    config: &ServerConfig,
+) -> Result<Option<PrefillPeer>, ServerError> {
+    let roles = config.kv_producer || config.prefill_peer.is_some();
+    if roles && engine.runner().kv_block_format().is_none() {
+        return Err(ServerError::Startup(format!(
+            "disaggregated prefill moves KV blocks between CPU runners only, not {}",
+            engine.runner().describe()
+        )));
+    }
+    let Some(peer) = &config.prefill_peer else {
+        return Ok(None);
+    };
+    if !engine.scheduler().prefix_caching() {
+        return Err(ServerError::Startup(
+            "--prefill-peer needs the prefix cache: the peer's blocks enter it".into(),
+        ));
+    }
+    let timeout = config.prefill_peer_timeout;
+    PrefillPeer::new(peer, timeout, config.api_key.clone())
+        .map(Some)
+        .map_err(ServerError::Startup)
+}
+
 /// What requests are checked against: the model's vocabulary, length and end tokens. The ids
 /// a request may name (bias, stop ids) are those the tokenizer can decode too (the loader
 /// extends it over a padded embedding's rows, `Tokenizer::pad_to`; one built otherwise may
@@ -238,6 +264,8 @@ fn model_limits(engine: &Engine, tokenizer: &Tokenizer) -> ModelLimits {
             .iter()
             .map(|t| t.0)
             .collect(),
+        kv_block_size: engine.scheduler().config().block_size,
+        kv_bytes_per_token: engine.runner().kv_geometry().bytes_per_token,
     }
 }
 

@@ -25,6 +25,7 @@ pub mod compile_slots;
 pub mod completions;
 pub mod echo;
 pub mod format;
+pub mod kv_prefill;
 pub mod respond;
 pub mod routes;
 pub mod sampling;
@@ -44,6 +45,8 @@ use tandem_model::batch::AdapterId;
 use crate::config::ServerConfig;
 use crate::engine_thread::EngineHandle;
 use crate::error::{ApiError, ApiResult};
+use crate::kv_transfer_stats::KvTransferStats;
+use crate::prefill_peer::PrefillPeer;
 use crate::prompt::PromptBuilder;
 use adapters::AdapterNames;
 use compile_slots::CompileSlots;
@@ -67,6 +70,10 @@ pub struct ModelLimits {
     /// Most tokens (prompt + output) in one sequence.
     pub max_model_len: usize,
     pub eos_token_ids: Vec<u32>,
+    /// Token slots per KV block.
+    pub kv_block_size: usize,
+    /// Bytes one token's KV slot takes (every layer; what a peer's blocks may weigh).
+    pub kv_bytes_per_token: usize,
 }
 
 /// Everything the handlers share.
@@ -89,6 +96,10 @@ pub struct AppState {
     pub adapters: AdapterNames,
     /// The model's configuration, to check adapters loaded at run time against.
     pub model_config: ModelConfig,
+    /// The prefill instance this one continues from (`config.prefill_peer`).
+    pub prefill_peer: Option<PrefillPeer>,
+    /// Counters of KV blocks sent to and received from peers.
+    pub kv_transfer: KvTransferStats,
 }
 
 /// Shared handle to [`AppState`].
@@ -112,6 +123,8 @@ impl AppState {
             config,
             started: unix_time(),
             next_id: AtomicU64::new(0),
+            prefill_peer: None,
+            kv_transfer: KvTransferStats::default(),
             constraints: std::sync::OnceLock::new(),
             compile_slots,
         }

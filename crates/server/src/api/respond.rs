@@ -42,6 +42,7 @@ pub struct Submission {
 /// Submits the requests to the engine and answers with one body or an SSE stream: the part
 /// the completions and chat endpoints share.
 pub async fn run_plan(app: &App, plan: &GenerationPlan, sub: Submission) -> ApiResult<Response> {
+    crate::prefill_peer::prefill_remotely(app, &sub.requests, &sub.model).await;
     let (seqs, events) = app
         .engine
         .submit(sub.requests, &plan.text)

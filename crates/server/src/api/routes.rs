@@ -12,7 +12,7 @@ use serde_json::json;
 use std::sync::Arc;
 use tandem_model::batch::AdapterId;
 
-use super::{adapters, chat, completions, score, tokenize, App};
+use super::{adapters, chat, completions, kv_prefill, score, tokenize, App};
 use crate::access_log::access_log;
 use crate::drain::{admission, Drain};
 use crate::error::ApiError;
@@ -37,6 +37,9 @@ pub fn router(app: App, drain: Arc<Drain>) -> Router {
                 "/v1/unload_lora_adapter",
                 post(adapters::unload_lora_adapter),
             );
+    }
+    if app.config.kv_producer {
+        routes = routes.route("/v1/kv/prefill", post(kv_prefill::prefill));
     }
     routes
         .route("/health", get(health))
@@ -197,7 +200,10 @@ async fn metrics(State(app): State<App>) -> Response {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64()),
     });
-    let text = render(app.config.served_name(), gauges, &s.metrics, lora.as_ref());
+    let mut text = render(app.config.served_name(), gauges, &s.metrics, lora.as_ref());
+    if app.config.kv_producer || app.config.prefill_peer.is_some() {
+        text.push_str(&app.kv_transfer.render(app.config.served_name()));
+    }
     (
         [(
             header::CONTENT_TYPE,

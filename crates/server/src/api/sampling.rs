@@ -294,6 +294,8 @@ mod tests {
             vocab_size: 100,
             max_model_len: 64,
             eos_token_ids: vec![2],
+            kv_block_size: 16,
+            kv_bytes_per_token: 1024,
         }
     }
 
