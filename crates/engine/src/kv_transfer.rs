@@ -11,8 +11,10 @@
 //! | 4 | number of blocks |
 //! | 8 | bytes per block |
 //! | 8 | compatibility ([`KvBlockFormat::compatibility`]: model, numeric mode, layout) |
+//! | 4 | index of the first block (the receiver already holds the blocks before it) |
+//! | 4 | zero (reserved) |
 //!
-//! Block `i` covers prompt tokens `i * block_size..(i + 1) * block_size`; the tokens
+//! Block `first + j` covers prompt tokens `(first + j) * block_size..`; the tokens
 //! themselves do not travel: the receiver knows which prompt it asked for, and keys the
 //! blocks under its own prefix cache's keys for those tokens.
 
@@ -24,12 +26,13 @@ use crate::error::{EngineError, Result};
 const MAGIC: &[u8; 8] = b"TANDEMKV";
 const VERSION: u32 = 1;
 /// Bytes before the first block.
-pub const HEADER_BYTES: usize = 40;
+pub const HEADER_BYTES: usize = 48;
 
 /// A prompt's leading KV blocks in wire form (header and contents in one buffer).
 #[derive(Debug, Clone, PartialEq)]
 pub struct KvPayload {
     format: KvBlockFormat,
+    first_block: usize,
     num_blocks: usize,
     bytes: Vec<u8>,
 }
@@ -58,9 +61,9 @@ fn malformed(what: impl std::fmt::Display) -> EngineError {
 }
 
 impl KvPayload {
-    /// An empty payload of `format` whose blocks [`KvPayload::contents_mut`] fills, with
-    /// room reserved for `capacity` blocks.
-    pub fn with_capacity(format: KvBlockFormat, capacity: usize) -> KvPayload {
+    /// An empty payload of `format` whose blocks, from prompt block `first_block` on,
+    /// [`KvPayload::append_blocks`] fills, with room reserved for `capacity` blocks.
+    pub fn with_capacity(format: KvBlockFormat, first_block: u32, capacity: usize) -> KvPayload {
         let mut bytes = Vec::with_capacity(HEADER_BYTES + capacity * format.bytes_per_block);
         bytes.extend_from_slice(MAGIC);
         bytes.extend_from_slice(&VERSION.to_le_bytes());
@@ -69,9 +72,12 @@ impl KvPayload {
         bytes.extend_from_slice(&0u32.to_le_bytes());
         bytes.extend_from_slice(&(format.bytes_per_block as u64).to_le_bytes());
         bytes.extend_from_slice(&format.compatibility.to_le_bytes());
+        bytes.extend_from_slice(&first_block.to_le_bytes());
+        bytes.extend_from_slice(&0u32.to_le_bytes());
         debug_assert_eq!(bytes.len(), HEADER_BYTES);
         KvPayload {
             format,
+            first_block: first_block as usize,
             num_blocks: 0,
             bytes,
         }
@@ -136,8 +142,12 @@ impl KvPayload {
             block_size,
             bytes_per_block,
         };
+        if u32_at(44) != 0 {
+            return Err(malformed("the reserved header field is not zero"));
+        }
         Ok(KvPayload {
             format,
+            first_block: u32_at(40) as usize,
             num_blocks,
             bytes,
         })
@@ -157,11 +167,16 @@ impl KvPayload {
         self.format
     }
 
+    /// The prompt block the payload's first block is.
+    pub fn first_block(&self) -> usize {
+        self.first_block
+    }
+
     pub fn num_blocks(&self) -> usize {
         self.num_blocks
     }
 
-    /// Block `i`'s contents.
+    /// The contents of the payload's block `i` (prompt block `first_block() + i`).
     pub fn block(&self, i: usize) -> &[u8] {
         let size = self.format.bytes_per_block;
         &self.bytes[HEADER_BYTES + i * size..HEADER_BYTES + (i + 1) * size]
@@ -209,7 +224,7 @@ mod tests {
 
     #[test]
     fn a_payload_decodes_to_what_was_encoded() {
-        let mut p = KvPayload::with_capacity(format(), 2);
+        let mut p = KvPayload::with_capacity(format(), 3, 2);
         p.append_blocks(|out| {
             out.extend(0..12u8);
             Ok(())
@@ -222,14 +237,14 @@ mod tests {
         .expect("a third");
         let back = KvPayload::decode(p.as_bytes().to_vec()).expect("decode");
         assert_eq!(back, p);
-        assert_eq!(back.num_blocks(), 3);
+        assert_eq!((back.first_block(), back.num_blocks()), (3, 3));
         assert_eq!(back.block(2), &[12, 13, 14, 15, 16, 17]);
         assert!(back.check_format(format()).is_ok());
     }
 
     #[test]
     fn bad_payloads_are_refused_by_name() {
-        let mut p = KvPayload::with_capacity(format(), 1);
+        let mut p = KvPayload::with_capacity(format(), 0, 1);
         let partial = p.append_blocks(|out| {
             out.extend(0..5u8);
             Ok(())
@@ -256,6 +271,7 @@ mod tests {
         edit(12, 9, "dtype");
         edit(20, 2, "bytes of blocks");
         edit(24, 7, "bytes of blocks");
+        edit(45, 1, "reserved");
         for (bytes, why) in cases {
             let e = KvPayload::decode(bytes).expect_err(why);
             assert!(e.to_string().contains(why), "{e} should name {why}");

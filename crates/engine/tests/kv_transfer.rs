@@ -86,9 +86,21 @@ fn run(engine: &mut Engine, req: GenerationRequest) -> (Vec<TokenId>, Vec<u32>, 
 
 /// The prefill side: computes `prompt` (one token out) and exports its cached blocks.
 fn prefill(prompt: &[TokenId], adapter: Option<AdapterId>, dtype: KvDtype) -> KvPayload {
+    prefill_from(prompt, adapter, dtype, 0)
+}
+
+/// [`prefill`] of the blocks from `skip` on.
+fn prefill_from(
+    prompt: &[TokenId],
+    adapter: Option<AdapterId>,
+    dtype: KvDtype,
+    skip: u32,
+) -> KvPayload {
     let mut p = engine(32, dtype, true);
     run(&mut p, request(prompt, adapter, 1));
-    let payload = p.export_prefix(prompt, None, adapter).expect("export");
+    let payload = p
+        .export_prefix(prompt, (None, adapter), skip)
+        .expect("export");
     KvPayload::decode(payload.into_bytes()).expect("the wire form decodes")
 }
 
@@ -107,7 +119,7 @@ fn a_request_continues_from_imported_blocks_as_it_runs_alone() {
         // Other work first, so that the imported blocks land at other block ids.
         run(&mut d, request(&other_prompt(40), None, 3));
         let added = d
-            .import_prefix(&p, None, adapter, &payload)
+            .import_prefix(&p, (None, adapter), &payload)
             .expect("import");
         let usable = (len as usize - 1) / 16;
         assert_eq!(added, usable, "len {len}: the blocks a request can adopt");
@@ -115,7 +127,7 @@ fn a_request_continues_from_imported_blocks_as_it_runs_alone() {
             d.scheduler().allocator().is_idle(),
             "imported blocks wait cached-free"
         );
-        let again = d.export_prefix(&p, None, adapter).expect("export");
+        let again = d.export_prefix(&p, (None, adapter), 0).expect("export");
         for i in 0..usable {
             assert!(
                 again.block(i) == payload.block(i),
@@ -141,7 +153,7 @@ fn blocks_are_keyed_under_the_receiving_request() {
     let p = prompt(70);
     let payload = prefill(&p, None, KvDtype::F32);
     let mut d = engine(32, KvDtype::F32, true);
-    d.import_prefix(&p, Some("tenant a"), None, &payload)
+    d.import_prefix(&p, (Some("tenant a"), None), &payload)
         .expect("import");
     let other_salt = RequestParams {
         cache_salt: Some("tenant b".into()),
@@ -171,7 +183,7 @@ fn an_import_into_a_busy_pool_takes_only_free_blocks() {
         d.step().expect("step");
     }
     let free = d.scheduler().allocator().num_free();
-    let added = d.import_prefix(&p, None, None, &payload).expect("import");
+    let added = d.import_prefix(&p, (None, None), &payload).expect("import");
     assert_eq!(added, free, "as many blocks as were free");
     while d.has_unfinished() {
         d.step().expect("step");
@@ -188,7 +200,7 @@ fn payloads_that_do_not_fit_are_refused_and_change_nothing() {
     let mut d = engine(32, KvDtype::F16, true);
     let refused = |d: &mut Engine, prompt: &[TokenId], adapter, payload: &KvPayload, why: &str| {
         let e = d
-            .import_prefix(prompt, None, adapter, payload)
+            .import_prefix(prompt, (None, adapter), payload)
             .expect_err(why);
         assert!(
             matches!(&e, EngineError::KvTransfer(m) if m.contains(why)),
@@ -203,5 +215,30 @@ fn payloads_that_do_not_fit_are_refused_and_change_nothing() {
     refused(&mut d, &p, Some(AdapterId(3)), &payload, "adapter 3");
     let mut off = engine(32, KvDtype::F32, false);
     refused(&mut off, &p, None, &payload, "prefix cache");
-    assert_eq!(d.import_prefix(&p, None, None, &payload), Ok(4));
+    assert_eq!(d.import_prefix(&p, (None, None), &payload), Ok(4));
+}
+
+#[test]
+fn a_payload_may_skip_the_blocks_the_receiver_holds() {
+    let p = prompt(70);
+    let alone = run(&mut engine(32, KvDtype::F32, true), request(&p, None, 8));
+    let tail = prefill_from(&p, None, KvDtype::F32, 2);
+    assert_eq!((tail.first_block(), tail.num_blocks()), (2, 2));
+    let mut gap = engine(32, KvDtype::F32, true);
+    assert_eq!(
+        gap.import_prefix(&p, (None, None), &tail),
+        Ok(0),
+        "blocks 0 and 1 are missing"
+    );
+    assert_eq!(gap.scheduler().allocator().num_registered(), 0);
+    assert!(gap.scheduler().allocator().is_idle());
+
+    let mut d = engine(32, KvDtype::F32, true);
+    run(&mut d, request(&p[..40], None, 1));
+    assert_eq!(d.cached_prefix(&p, None, None), (2, 4));
+    assert_eq!(d.import_prefix(&p, (None, None), &tail), Ok(2));
+    assert_eq!(d.cached_prefix(&p, None, None), (4, 4));
+    let got = run(&mut d, request(&p, None, 8));
+    assert_eq!(got.2, 64);
+    assert_eq!((got.0, got.1), (alone.0, alone.1));
 }

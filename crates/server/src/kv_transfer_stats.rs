@@ -15,6 +15,8 @@ pub struct KvTransferStats {
     pub prefills: AtomicU64,
     pub blocks_sent: AtomicU64,
     pub bytes_sent: AtomicU64,
+    /// Prompts whose blocks were all in this instance's prefix cache: nothing was fetched.
+    pub cached_here: AtomicU64,
     /// Prompts this instance asked its prefill peer for.
     pub fetches: AtomicU64,
     /// Fetches or imports that failed (the prompt was then computed here).
@@ -49,7 +51,7 @@ impl KvTransferStats {
     pub fn render(&self, model_name: &str) -> String {
         let labels = format!("model_name=\"{}\"", escape_label(model_name));
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let rows: [(&str, &str, f64); 9] = [
+        let rows: [(&str, &str, f64); 10] = [
             (
                 "prefills_total",
                 "Prompts prefilled for a peer.",
@@ -64,6 +66,11 @@ impl KvTransferStats {
                 "bytes_sent_total",
                 "KV bytes sent to peers.",
                 get(&self.bytes_sent) as f64,
+            ),
+            (
+                "cached_here_total",
+                "Prompts whose blocks were all cached here: nothing fetched.",
+                get(&self.cached_here) as f64,
             ),
             (
                 "fetches_total",

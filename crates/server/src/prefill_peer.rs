@@ -48,12 +48,19 @@ impl PrefillPeer {
         })
     }
 
-    /// The peer's blocks of `key`'s prompt, at most `limit` bytes.
-    async fn fetch(&self, model: &str, key: &PromptKey, limit: usize) -> Result<Bytes, String> {
+    /// The peer's blocks of `key`'s prompt from block `skip` on, at most `limit` bytes.
+    async fn fetch(
+        &self,
+        model: &str,
+        key: &PromptKey,
+        skip: usize,
+        limit: usize,
+    ) -> Result<Bytes, String> {
         let body = serde_json::json!({
             "model": model,
             "prompt_token_ids": key.prompt.iter().map(|t| t.0).collect::<Vec<u32>>(),
             "cache_salt": key.cache_salt,
+            "skip_blocks": skip,
         });
         let mut request =
             Request::post(self.uri.clone()).header(header::CONTENT_TYPE, "application/json");
@@ -124,12 +131,20 @@ pub async fn prefill_remotely(app: &App, requests: &[SampleGroup], model: &str) 
 
 async fn prefill_one(app: &App, peer: &PrefillPeer, model: &str, key: PromptKey) {
     let stats = &app.kv_transfer;
-    stats.fetches.fetch_add(1, Ordering::Relaxed);
-    let blocks = key.prompt.len() / app.limits.kv_block_size;
-    let limit = HEADER_BYTES + blocks * app.limits.kv_block_size * app.limits.kv_bytes_per_token;
-    let started = Instant::now();
     let imported = async {
-        let bytes = peer.fetch(model, &key, limit).await?;
+        let cached = app.engine.cached_prefix(key.clone()).await;
+        let (cached, usable) = cached.map_err(|e| e.to_string())?;
+        if cached >= usable {
+            stats.cached_here.fetch_add(1, Ordering::Relaxed);
+            return Ok(0);
+        }
+        stats.fetches.fetch_add(1, Ordering::Relaxed);
+        // The peer sends every full block from `cached` on.
+        let bs = app.limits.kv_block_size;
+        let full = key.prompt.len() / bs;
+        let limit = HEADER_BYTES + (full - cached) * bs * app.limits.kv_bytes_per_token;
+        let started = Instant::now();
+        let bytes = peer.fetch(model, &key, cached, limit).await?;
         let payload = KvPayload::decode(Vec::from(bytes.clone())).map_err(|e| e.to_string())?;
         stats.on_fetched(payload.num_blocks(), bytes.len(), started.elapsed());
         let added = app.engine.import_prefix(key.clone(), payload).await;

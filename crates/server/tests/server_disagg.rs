@@ -219,3 +219,34 @@ fn a_decode_server_needs_the_prefix_cache_and_a_peer_address() {
         assert!(e.contains("host:port"), "{e}");
     }
 }
+
+#[test]
+fn blocks_cached_on_the_decode_server_are_neither_fetched_nor_sent() {
+    let (peer, alone) = (producer(), start_server(&fixture_path(), |_| {}));
+    let decode = decoder(peer.addr());
+    let received = || metric(decode.addr(), "tandem:kv_transfer_blocks_received_total");
+    completion(decode.addr(), json!({}));
+    assert_eq!(received(), 2.0);
+    let again = completion(decode.addr(), json!({}));
+    assert_eq!(cached(&again), 32);
+    assert_eq!(
+        metric(decode.addr(), "tandem:kv_transfer_cached_here_total"),
+        1.0
+    );
+    assert_eq!(
+        metric(decode.addr(), "tandem:kv_transfer_fetches_total"),
+        1.0
+    );
+    // A longer prompt (a conversation's next turn): only its new blocks travel.
+    let longer: Vec<u32> = prompt()
+        .into_iter()
+        .chain((0..40).map(|i| i * 3 + 7))
+        .collect();
+    let extra = json!({"prompt": longer});
+    let got = completion(decode.addr(), extra.clone());
+    assert_eq!(received(), 5.0, "blocks 2, 3 and 4 only");
+    let failures = metric(decode.addr(), "tandem:kv_transfer_failures_total");
+    assert_eq!(failures, 0.0);
+    assert_eq!(cached(&got), 64);
+    assert_eq!(choices(&got), choices(&completion(alone.addr(), extra)));
+}

@@ -18,6 +18,8 @@ use crate::prefix_cache::BlockKey;
 pub struct PrefixImport {
     /// The prompt's tokens the import covers (whole blocks).
     tokens: Vec<TokenId>,
+    /// The prompt block the payload starts at.
+    first: usize,
     /// Every block the import holds: cache hits and new blocks, in chain order.
     held: Vec<BlockId>,
     /// The new blocks: (index of the prompt block, pool block, parent key, key).
@@ -25,9 +27,9 @@ pub struct PrefixImport {
 }
 
 impl PrefixImport {
-    /// `(index of the prompt block, pool block)` of each block to write.
+    /// `(index of the payload's block, pool block)` of each block to write.
     pub fn writes(&self) -> impl Iterator<Item = (usize, BlockId)> + '_ {
-        self.writes.iter().map(|&(i, b, _, _)| (i, b))
+        self.writes.iter().map(|&(i, b, _, _)| (i - self.first, b))
     }
 }
 
@@ -74,23 +76,26 @@ impl Scheduler {
         blocks
     }
 
-    /// Takes blocks for the first `num_blocks` full blocks of `prompt` computed elsewhere,
-    /// at most as many as a request for `prompt` could adopt at admission (its last token is
-    /// always computed): blocks already cached are held as they are, the others are taken
-    /// from the free queue (evicting the least recently used cached-free block, as a
-    /// prefill here would) until it runs dry. Nothing is registered until
-    /// [`Scheduler::finish_import`].
+    /// Takes blocks for full blocks `first..first + num_blocks` of `prompt` computed
+    /// elsewhere, at most up to the blocks a request for `prompt` could adopt at admission
+    /// (its last token is always computed). The blocks before `first` must be cached here:
+    /// they are held, so the import cannot evict them, and without them it takes nothing (a
+    /// request adopts only a run of leading blocks). Blocks already cached are held as they
+    /// are; the others are taken from the free queue (evicting the least recently used
+    /// cached-free block, as a prefill here would) until it runs dry. Nothing is registered
+    /// until [`Scheduler::finish_import`].
     pub fn begin_import(
         &mut self,
         prompt: &[TokenId],
-        cache_salt: Option<&str>,
-        adapter: Option<AdapterId>,
+        (cache_salt, adapter): (Option<&str>, Option<AdapterId>),
+        first: usize,
         num_blocks: usize,
     ) -> PrefixImport {
         let bs = self.config.block_size;
-        let n = num_blocks.min(prompt.len().saturating_sub(1) / bs);
+        let n = (first + num_blocks).min(prompt.len().saturating_sub(1) / bs);
         let mut import = PrefixImport {
             tokens: prompt[..n * bs].to_vec(),
+            first,
             held: Vec::with_capacity(n),
             writes: Vec::new(),
         };
@@ -102,6 +107,8 @@ impl Scheduler {
             let tokens = &prompt[i * bs..(i + 1) * bs];
             if let Some(b) = self.allocator.acquire_cached(parent, key, tokens) {
                 import.held.push(b);
+            } else if i < first {
+                break; // a gap before the payload: nothing after it could be adopted
             } else if let Some(b) = self.allocator.allocate() {
                 import.held.push(b);
                 import.writes.push((i, b, parent, key));

@@ -2,8 +2,9 @@
 //! disaggregated serving (ARCHITECTURE.md § KV transfer).
 //!
 //! The body names a prompt by its token ids, as the decode instance tokenized it:
-//! `{"model", "prompt_token_ids", "cache_salt"}` (`model` picks a LoRA adapter as on every
-//! route). The prompt runs as a one-token generation, batched with whatever else this
+//! `{"model", "prompt_token_ids", "cache_salt", "skip_blocks"}` (`model` picks a LoRA
+//! adapter as on every route; the first `skip_blocks` blocks, which the caller holds, are
+//! not sent). The prompt runs as a one-token generation, batched with whatever else this
 //! instance computes; then the prefix cache's blocks of the prompt are answered as
 //! `application/octet-stream` in the wire form of `tandem_engine::kv_transfer` (every full
 //! block, unless one was evicted in between: then the run before it). Bad input is a 400 as
@@ -32,6 +33,9 @@ struct PrefillBody {
     model: Option<String>,
     prompt_token_ids: Option<Vec<u32>>,
     cache_salt: Option<String>,
+    /// Leading blocks the caller holds already: the answer starts after them.
+    #[serde(default)]
+    skip_blocks: u32,
 }
 
 /// Computes the prompt and answers its KV blocks.
@@ -54,7 +58,7 @@ pub async fn prefill(
     compute(&app, &key).await?;
     let payload = app
         .engine
-        .export_prefix(key)
+        .export_prefix(key, body.skip_blocks)
         .await
         .map_err(|e| submit_error(e, "prompt_token_ids"))?
         .map_err(|e| ApiError::internal(e.to_string()))?;

@@ -18,8 +18,22 @@ pub struct PromptKey {
     pub adapter: Option<AdapterId>,
 }
 
+impl PromptKey {
+    /// The cache salt and adapter, as the engine takes them.
+    fn scope(&self) -> (Option<&str>, Option<AdapterId>) {
+        (self.cache_salt.as_deref(), self.adapter)
+    }
+}
+
 pub(super) enum KvCommand {
-    Export(PromptKey, oneshot::Sender<Result<KvPayload, EngineError>>),
+    /// The blocks from the given one on.
+    Export(
+        PromptKey,
+        u32,
+        oneshot::Sender<Result<KvPayload, EngineError>>,
+    ),
+    /// Leading blocks cached, and blocks a request could adopt.
+    Cached(PromptKey, oneshot::Sender<(usize, usize)>),
     Import(
         PromptKey,
         Box<KvPayload>,
@@ -31,23 +45,22 @@ impl Worker {
     pub(super) fn handle_kv(&mut self, command: KvCommand) {
         let dead = || EngineError::InvalidConfig("the engine is not running".into());
         match command {
-            KvCommand::Export(key, reply) => {
+            KvCommand::Export(key, skip, reply) => {
                 let out = match self.alive {
-                    true => {
-                        let salt = key.cache_salt.as_deref();
-                        self.engine.export_prefix(&key.prompt, salt, key.adapter)
-                    }
+                    true => self.engine.export_prefix(&key.prompt, key.scope(), skip),
                     false => Err(dead()),
                 };
                 let _ = reply.send(out);
             }
+            KvCommand::Cached(key, reply) => {
+                let salt = key.cache_salt.as_deref();
+                let _ = reply.send(self.engine.cached_prefix(&key.prompt, salt, key.adapter));
+            }
             KvCommand::Import(key, payload, reply) => {
                 let out = match self.alive {
-                    true => {
-                        let salt = key.cache_salt.as_deref();
-                        self.engine
-                            .import_prefix(&key.prompt, salt, key.adapter, &payload)
-                    }
+                    true => self
+                        .engine
+                        .import_prefix(&key.prompt, key.scope(), &payload),
                     false => Err(dead()),
                 };
                 let _ = reply.send(out);
@@ -57,14 +70,26 @@ impl Worker {
 }
 
 impl EngineHandle {
-    /// The prefix cache's leading blocks of `key`'s prompt as a payload for another instance.
+    /// The prefix cache's leading blocks of `key`'s prompt, from block `skip` on, as a
+    /// payload for another instance.
     pub async fn export_prefix(
         &self,
         key: PromptKey,
+        skip: u32,
     ) -> Result<Result<KvPayload, EngineError>, SubmitError> {
         let (reply, reply_rx) = oneshot::channel();
         self.commands
-            .send(Command::Kv(KvCommand::Export(key, reply)))
+            .send(Command::Kv(KvCommand::Export(key, skip, reply)))
+            .map_err(|_| SubmitError::Unavailable)?;
+        reply_rx.await.map_err(|_| SubmitError::Unavailable)
+    }
+
+    /// How many leading blocks of `key`'s prompt the prefix cache holds, and how many a
+    /// request for it could adopt.
+    pub async fn cached_prefix(&self, key: PromptKey) -> Result<(usize, usize), SubmitError> {
+        let (reply, reply_rx) = oneshot::channel();
+        self.commands
+            .send(Command::Kv(KvCommand::Cached(key, reply)))
             .map_err(|_| SubmitError::Unavailable)?;
         reply_rx.await.map_err(|_| SubmitError::Unavailable)
     }
