@@ -40,6 +40,7 @@ fn serve_logged(extra: &[&str]) -> (Child, SocketAddr, Arc<Mutex<Vec<String>>>) 
         ])
         .args(["--kv-cache-memory", "16MiB"])
         .args(extra)
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("run tandem serve");
@@ -132,6 +133,46 @@ fn the_api_key_file_guards_the_api() {
 }
 
 #[test]
+fn a_decode_server_takes_its_prompts_blocks_from_a_prefill_server_sharing_its_key() {
+    let path = std::env::temp_dir().join(format!("tandem-disagg-key-{}", std::process::id()));
+    std::fs::write(&path, "pair-s3cret\n").unwrap();
+    let key = path.to_str().unwrap();
+    let (prefill, peer) = serve(&["--api-key-file", key, "--kv-producer"]);
+    let mut prefill = KillOnDrop(prefill);
+    let peer = peer.to_string();
+    let (decode, addr) = serve(&["--api-key-file", key, "--prefill-peer", &peer]);
+    let mut decode = KillOnDrop(decode);
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 300 + 5).collect();
+    let req = json!({"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": true});
+    let (status, body) = http(
+        addr,
+        "POST",
+        "/v1/completions",
+        Some("pair-s3cret"),
+        &req.to_string(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"], 32,
+        "{v}"
+    );
+    assert_eq!(interrupt(&mut decode.0).code(), Some(0));
+    assert_eq!(interrupt(&mut prefill.0).code(), Some(0));
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A server process stopped when the test ends, whether it passes or fails.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
 fn bad_limit_flags_are_refused_naming_the_flag() {
     for (args, flag) in [
         (vec!["--max-n", "0"], "--max-n"),
@@ -143,6 +184,15 @@ fn bad_limit_flags_are_refused_naming_the_flag() {
         (vec!["--max-connections", "0"], "--max-connections"),
         (vec!["--shutdown-timeout=-1"], "--shutdown-timeout"),
         (vec!["--log-format", "xml"], "--log-format"),
+        (vec!["--prefill-peer", "nowhere"], "--prefill-peer"),
+        (
+            vec!["--prefill-peer-timeout", "0"],
+            "--prefill-peer-timeout",
+        ),
+        (
+            vec!["--prefill-peer", "127.0.0.1:9", "--no-prefix-caching"],
+            "prefix cache",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_tandem"))
             .args(["serve", "--model", &fixture(), "--port", "0"])
