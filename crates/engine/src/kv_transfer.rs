@@ -62,50 +62,63 @@ fn malformed(what: impl std::fmt::Display) -> EngineError {
 
 impl KvPayload {
     /// An empty payload of `format` whose blocks, from prompt block `first_block` on,
-    /// [`KvPayload::append_blocks`] fills, with room reserved for `capacity` blocks.
-    pub fn with_capacity(format: KvBlockFormat, first_block: u32, capacity: usize) -> KvPayload {
+    /// [`KvPayload::append_blocks`] fills, with room reserved for `capacity` blocks. An
+    /// error for a block size the header cannot hold.
+    pub fn with_capacity(
+        format: KvBlockFormat,
+        first_block: u32,
+        capacity: usize,
+    ) -> Result<KvPayload> {
+        let block_size = u32::try_from(format.block_size)
+            .map_err(|_| malformed(format!("block size {}", format.block_size)))?;
         let mut bytes = Vec::with_capacity(HEADER_BYTES + capacity * format.bytes_per_block);
         bytes.extend_from_slice(MAGIC);
         bytes.extend_from_slice(&VERSION.to_le_bytes());
         bytes.extend_from_slice(&dtype_code(format.dtype).to_le_bytes());
-        bytes.extend_from_slice(&(format.block_size as u32).to_le_bytes());
+        bytes.extend_from_slice(&block_size.to_le_bytes());
         bytes.extend_from_slice(&0u32.to_le_bytes());
         bytes.extend_from_slice(&(format.bytes_per_block as u64).to_le_bytes());
         bytes.extend_from_slice(&format.compatibility.to_le_bytes());
         bytes.extend_from_slice(&first_block.to_le_bytes());
         bytes.extend_from_slice(&0u32.to_le_bytes());
         debug_assert_eq!(bytes.len(), HEADER_BYTES);
-        KvPayload {
+        Ok(KvPayload {
             format,
             first_block: first_block as usize,
             num_blocks: 0,
             bytes,
-        }
+        })
     }
 
     /// Appends whole blocks' contents written by `fill` (which must append a multiple of
-    /// the block size in bytes, else the payload is left as it was and this is an error).
+    /// the block size in bytes); on any error the payload is left as it was.
     pub fn append_blocks(
         &mut self,
         fill: impl FnOnce(&mut Vec<u8>) -> Result<()>,
     ) -> Result<usize> {
         let before = self.bytes.len();
         let filled = fill(&mut self.bytes);
-        let added = self.bytes.len() - before;
         let size = self.format.bytes_per_block;
-        if let Err(e) = filled {
-            self.bytes.truncate(before);
-            return Err(e);
-        }
-        if size == 0 || !added.is_multiple_of(size) {
-            self.bytes.truncate(before);
-            return Err(EngineError::KvTransfer(format!(
+        let added = self.bytes.len().saturating_sub(before);
+        let count = match filled {
+            Ok(()) if size > 0 && added.is_multiple_of(size) => {
+                let total = self.num_blocks + added / size;
+                u32::try_from(total).map_err(|_| malformed("too many blocks"))
+            }
+            Ok(()) => Err(EngineError::KvTransfer(format!(
                 "{added} bytes are not whole blocks of {size}"
-            )));
-        }
-        self.num_blocks += added / size;
-        let n = u32::try_from(self.num_blocks).map_err(|_| malformed("too many blocks"))?;
-        self.bytes[20..24].copy_from_slice(&n.to_le_bytes());
+            ))),
+            Err(e) => Err(e),
+        };
+        let count = match count {
+            Ok(n) => n,
+            Err(e) => {
+                self.bytes.truncate(before);
+                return Err(e);
+            }
+        };
+        self.num_blocks = count as usize;
+        self.bytes[20..24].copy_from_slice(&count.to_le_bytes());
         Ok(added / size)
     }
 
@@ -224,7 +237,7 @@ mod tests {
 
     #[test]
     fn a_payload_decodes_to_what_was_encoded() {
-        let mut p = KvPayload::with_capacity(format(), 3, 2);
+        let mut p = KvPayload::with_capacity(format(), 3, 2).expect("format");
         p.append_blocks(|out| {
             out.extend(0..12u8);
             Ok(())
@@ -244,7 +257,7 @@ mod tests {
 
     #[test]
     fn bad_payloads_are_refused_by_name() {
-        let mut p = KvPayload::with_capacity(format(), 0, 1);
+        let mut p = KvPayload::with_capacity(format(), 0, 1).expect("format");
         let partial = p.append_blocks(|out| {
             out.extend(0..5u8);
             Ok(())

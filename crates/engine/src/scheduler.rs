@@ -557,5 +557,6 @@ mod groups;
 mod prefix;
 mod prefix_transfer;
 
-pub use prefix_transfer::PrefixImport;
+pub(crate) use prefix::adoptable_blocks;
+pub use prefix_transfer::CacheScope;
 mod update;

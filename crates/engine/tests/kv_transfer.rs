@@ -22,9 +22,15 @@ use cpu_engine::{config, cpu_engine_with, hf_fixture};
 /// An engine over the Llama fixture with the PEFT fixture as adapter 0: `num_blocks` blocks
 /// of 16 tokens, prefills chunked at 24 tokens.
 fn engine(num_blocks: usize, dtype: KvDtype, caching: bool) -> Engine {
+    engine_scaled(num_blocks, dtype, caching, 1.0)
+}
+
+/// [`engine`] with adapter 0's corrections scaled by `scale`.
+fn engine_scaled(num_blocks: usize, dtype: KvDtype, caching: bool, scale: f32) -> Engine {
     let mut model = hf_fixture("llama_tied");
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/lora/llama_tied");
-    let adapter = load_peft_adapter(&dir, &model.config).expect("adapter");
+    let mut adapter = load_peft_adapter(&dir, &model.config).expect("adapter");
+    adapter.scale_all(scale);
     model.add_adapter(adapter).expect("adapter 0");
     let mut c = config(&model.config, num_blocks, 24, 16);
     c.enable_prefix_caching = caching;
@@ -114,7 +120,12 @@ fn a_request_continues_from_imported_blocks_as_it_runs_alone() {
         let p = prompt(len);
         let alone = run(&mut engine(32, dtype, true), request(&p, adapter, 8));
         let payload = prefill(&p, adapter, dtype);
-        assert_eq!(payload.num_blocks(), len as usize / 16, "every full block");
+        let usable = (len as usize - 1) / 16;
+        assert_eq!(
+            payload.num_blocks(),
+            usable,
+            "every block a request can adopt"
+        );
         let mut d = engine(32, dtype, true);
         // Other work first, so that the imported blocks land at other block ids.
         run(&mut d, request(&other_prompt(40), None, 3));
@@ -185,6 +196,10 @@ fn an_import_into_a_busy_pool_takes_only_free_blocks() {
     let free = d.scheduler().allocator().num_free();
     let added = d.import_prefix(&p, (None, None), &payload).expect("import");
     assert_eq!(added, free, "as many blocks as were free");
+    d.scheduler()
+        .allocator()
+        .check_invariants()
+        .expect("allocator invariants");
     while d.has_unfinished() {
         d.step().expect("step");
     }
@@ -215,6 +230,17 @@ fn payloads_that_do_not_fit_are_refused_and_change_nothing() {
     refused(&mut d, &p, Some(AdapterId(3)), &payload, "adapter 3");
     let mut off = engine(32, KvDtype::F32, false);
     refused(&mut off, &p, None, &payload, "prefix cache");
+    let under_adapter = prefill(&p, Some(AdapterId(0)), KvDtype::F32);
+    refused(&mut d, &p, None, &under_adapter, "another model");
+    refused(&mut d, &p, Some(AdapterId(0)), &payload, "another model");
+    let mut other_weights = engine_scaled(32, KvDtype::F32, true, 0.5);
+    refused(
+        &mut other_weights,
+        &p,
+        Some(AdapterId(0)),
+        &under_adapter,
+        "another model",
+    );
     assert_eq!(d.import_prefix(&p, (None, None), &payload), Ok(4));
 }
 
@@ -235,10 +261,26 @@ fn a_payload_may_skip_the_blocks_the_receiver_holds() {
 
     let mut d = engine(32, KvDtype::F32, true);
     run(&mut d, request(&p[..40], None, 1));
-    assert_eq!(d.cached_prefix(&p, None, None), (2, 4));
+    assert_eq!(d.cached_prefix(&p, (None, None)), (2, 4));
     assert_eq!(d.import_prefix(&p, (None, None), &tail), Ok(2));
-    assert_eq!(d.cached_prefix(&p, None, None), (4, 4));
+    assert_eq!(d.cached_prefix(&p, (None, None)), (4, 4));
     let got = run(&mut d, request(&p, None, 8));
     assert_eq!(got.2, 64);
     assert_eq!((got.0, got.1), (alone.0, alone.1));
+}
+
+#[test]
+fn a_prompt_shorter_than_a_block_moves_nothing() {
+    for len in [1, 15, 16, 17] {
+        let p = prompt(len);
+        let payload = prefill(&p, None, KvDtype::F32);
+        let adoptable = (len as usize - 1) / 16;
+        assert_eq!(payload.num_blocks(), adoptable, "len {len}");
+        let mut d = engine(32, KvDtype::F32, true);
+        assert_eq!(d.import_prefix(&p, (None, None), &payload), Ok(adoptable));
+        d.scheduler()
+            .allocator()
+            .check_invariants()
+            .expect("allocator invariants");
+    }
 }

@@ -34,6 +34,8 @@ pub struct KvSpec {
 pub struct CpuRunner {
     model: Model,
     kv: KvStore,
+    /// [`Model::weights_digest`], computed on first use (only KV transfer needs it).
+    weights_digest: std::sync::OnceLock<u64>,
 }
 
 impl CpuRunner {
@@ -41,7 +43,11 @@ impl CpuRunner {
     pub fn new(model: Model, kv: KvSpec) -> Result<CpuRunner> {
         let dtype = kv.dtype.unwrap_or_else(|| model.default_kv_dtype());
         let kv = KvStore::with_dtype(&model.config, kv.block_size, kv.num_blocks, dtype)?;
-        Ok(CpuRunner { model, kv })
+        Ok(CpuRunner {
+            model,
+            kv,
+            weights_digest: std::sync::OnceLock::new(),
+        })
     }
 
     /// The model this runner runs.
@@ -157,11 +163,23 @@ impl ModelRunner for CpuRunner {
         self.model.remove_adapter(id)
     }
 
+    fn adapter_digest(&self, id: AdapterId) -> Option<u64> {
+        self.model.adapter_digest(id)
+    }
+
     fn kv_block_format(&self) -> Option<KvBlockFormat> {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         let (dtype, block_size) = (self.kv.dtype(), self.kv.block_size());
-        (self.model_identity(), self.model.kernels().is_exact()).hash(&mut h);
+        let weights = *self
+            .weights_digest
+            .get_or_init(|| self.model.weights_digest());
+        (
+            self.model_identity(),
+            weights,
+            self.model.kernels().is_exact(),
+        )
+            .hash(&mut h);
         (format!("{dtype:?}"), block_size, self.kv.block_bytes()).hash(&mut h);
         Some(KvBlockFormat {
             compatibility: h.finish(),

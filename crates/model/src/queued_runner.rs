@@ -198,6 +198,10 @@ impl ModelRunner for QueuedRunner {
         self.inner.kv_block_format()
     }
 
+    fn adapter_digest(&self, id: AdapterId) -> Option<u64> {
+        self.inner.adapter_digest(id)
+    }
+
     fn read_blocks(&mut self, blocks: &[BlockId], out: &mut Vec<u8>) -> Result<()> {
         self.inner.read_blocks(blocks, out)
     }

@@ -286,6 +286,13 @@ pub trait ModelRunner: Send + std::fmt::Debug {
         )))
     }
 
+    /// A hash of registered adapter `id`'s weights (equal for the same adapter in another
+    /// process of the same build), so that KV blocks computed under it are recognised
+    /// elsewhere; `None` for an unknown id or a runner without adapters.
+    fn adapter_digest(&self, _id: AdapterId) -> Option<u64> {
+        None
+    }
+
     /// How this runner's KV blocks travel to another instance ([`Self::read_blocks`]), or
     /// `None` when it cannot move them (the default).
     fn kv_block_format(&self) -> Option<KvBlockFormat> {
@@ -304,7 +311,10 @@ pub trait ModelRunner: Send + std::fmt::Debug {
     }
 
     /// Overwrites `blocks` with contents [`Self::read_blocks`] gave on a runner of the same
-    /// [`KvBlockFormat`] (`data` holds exactly one block's bytes per block, in order).
+    /// [`KvBlockFormat`] (`data` holds exactly one block's bytes per block, in order), after
+    /// any launched step (as [`Self::copy_blocks`]: a block freed under a launched step may
+    /// still receive that step's stale writes, which must land first). Every block is checked
+    /// before any is written.
     fn write_blocks(&mut self, blocks: &[BlockId], data: &[u8]) -> Result<()> {
         let _ = (blocks, data);
         Err(ModelError::Batch(format!(
@@ -318,8 +328,10 @@ pub trait ModelRunner: Send + std::fmt::Debug {
 /// the same numeric mode (`compatibility`), the same element type and block size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvBlockFormat {
-    /// Equal on runners whose blocks are interchangeable: it hashes the model's identity, its
-    /// numeric mode and the block layout.
+    /// Equal on runners whose blocks are interchangeable: it hashes the model's identity
+    /// (configuration and a sample of every tensor's bytes), its numeric mode and the block
+    /// layout, with std's `DefaultHasher` (so two builds with different Rust releases may
+    /// disagree and refuse each other's blocks: safe, never wrong).
     pub compatibility: u64,
     pub dtype: KvDtype,
     pub block_size: usize,

@@ -167,6 +167,16 @@ impl Model {
         self.adapters.get(id).is_some()
     }
 
+    /// [`LoraAdapter::digest`] of registered adapter `id`.
+    pub fn adapter_digest(&self, id: AdapterId) -> Option<u64> {
+        self.adapters.digest(id)
+    }
+
+    /// [`crate::weights::TensorSet::sampled_digest`] of the model's tensors.
+    pub fn weights_digest(&self) -> u64 {
+        self.tensors.sampled_digest()
+    }
+
     /// The kernel variant this model's products and attention run with.
     pub fn kernels(&self) -> Isa {
         self.packed.isa()

@@ -6,9 +6,12 @@
 //! A peer that is down, slow (`ServerConfig::prefill_peer_timeout`), refuses, or answers
 //! blocks of another model leaves the request to compute its prompt here: a fallback that is
 //! logged and counted, never an error to the client. Results are the same either way (the
-//! prefix cache never changes a result).
+//! prefix cache never changes a result). After a failure the peer is left alone for a
+//! while (1 s, doubling with each further failure up to a minute), so that a peer that
+//! hangs does not cost every request the timeout.
 
 use std::sync::atomic::Ordering;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -22,14 +25,35 @@ use tandem_engine::kv_transfer::{KvPayload, HEADER_BYTES};
 use crate::api::App;
 use crate::engine_thread::{PromptKey, SampleGroup};
 
+/// Bytes of an error answer read for the log.
+const ERROR_BODY_BYTES: usize = 4096;
+/// The longest pause after failures.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
 /// An HTTP client for one prefill peer.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct PrefillPeer {
     client: Client<HttpConnector, Full<Bytes>>,
     uri: Uri,
     timeout: Duration,
     /// Sent as `Authorization: Bearer` (this server's own key: the pair shares one).
     api_key: Option<String>,
+    /// Consecutive failures, and until when the peer is left alone.
+    backoff: Mutex<(u32, Option<Instant>)>,
+}
+
+/// The URI of the prefill route of the peer at `authority` (`host:port`), or why it is not
+/// one.
+pub fn peer_uri(authority: &str) -> Result<Uri, String> {
+    let not = |why: String| format!("--prefill-peer {authority:?} is not host:port{why}");
+    let uri = format!("http://{authority}/v1/kv/prefill")
+        .parse::<Uri>()
+        .map_err(|e| not(format!(": {e}")))?;
+    let a = uri.authority().ok_or_else(|| not(String::new()))?;
+    if a.as_str() != authority || a.port_u16().is_none() {
+        return Err(not(String::new()));
+    }
+    Ok(uri)
 }
 
 impl PrefillPeer {
@@ -39,13 +63,35 @@ impl PrefillPeer {
         timeout: Duration,
         api_key: Option<String>,
     ) -> Result<PrefillPeer, String> {
-        let uri = peer_uri(authority)?;
         Ok(PrefillPeer {
             client: Client::builder(TokioExecutor::new()).build_http(),
-            uri,
+            uri: peer_uri(authority)?,
             timeout,
             api_key,
+            backoff: Mutex::new((0, None)),
         })
+    }
+
+    fn backoff(&self) -> std::sync::MutexGuard<'_, (u32, Option<Instant>)> {
+        self.backoff.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the peer is being left alone after failures.
+    fn resting(&self) -> bool {
+        self.backoff().1.is_some_and(|until| Instant::now() < until)
+    }
+
+    fn record(&self, ok: bool) {
+        let mut b = self.backoff();
+        if ok {
+            *b = (0, None);
+        } else {
+            let pause = Duration::from_secs(1) * 2u32.saturating_pow(b.0.min(6));
+            *b = (
+                b.0.saturating_add(1),
+                Some(Instant::now() + pause.min(MAX_BACKOFF)),
+            );
+        }
     }
 
     /// The peer's blocks of `key`'s prompt from block `skip` on, at most `limit` bytes.
@@ -77,16 +123,18 @@ impl PrefillPeer {
                 .await
                 .map_err(|e| e.to_string())?;
             let status = response.status();
-            let bytes = Limited::new(response.into_body(), limit)
-                .collect()
-                .await
-                .map_err(|e| format!("reading the answer: {e}"))?
-                .to_bytes();
+            let cap = if status == StatusCode::OK {
+                limit
+            } else {
+                ERROR_BODY_BYTES
+            };
+            let read = Limited::new(response.into_body(), cap).collect().await;
             if status != StatusCode::OK {
-                let text = String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned();
-                return Err(format!("{status}: {text}"));
+                let text = read.map(|b| b.to_bytes()).unwrap_or_default();
+                return Err(format!("{status}: {}", String::from_utf8_lossy(&text)));
             }
-            Ok(bytes)
+            read.map(|b| b.to_bytes())
+                .map_err(|e| format!("reading the answer (at most {limit} bytes): {e}"))
         };
         tokio::time::timeout(self.timeout, exchange)
             .await
@@ -94,27 +142,13 @@ impl PrefillPeer {
     }
 }
 
-/// The URI of the prefill route of the peer at `authority` (`host:port`), or why it is not
-/// one.
-pub fn peer_uri(authority: &str) -> Result<Uri, String> {
-    let not = |why: String| format!("--prefill-peer {authority:?} is not host:port{why}");
-    let uri = format!("http://{authority}/v1/kv/prefill")
-        .parse::<Uri>()
-        .map_err(|e| not(format!(": {e}")))?;
-    let a = uri.authority().ok_or_else(|| not(String::new()))?;
-    if a.as_str() != authority || a.port_u16().is_none() {
-        return Err(not(String::new()));
-    }
-    Ok(uri)
-}
-
 /// Has the prefill peer compute the prompt of every request in `requests` (those with at
 /// least one block to adopt) and puts the blocks into the prefix cache, all prompts at once.
 /// `model` is the name the client used (the peer resolves adapters by the same names).
 pub async fn prefill_remotely(app: &App, requests: &[SampleGroup], model: &str) {
-    let Some(peer) = &app.prefill_peer else {
+    if app.prefill_peer.is_none() {
         return;
-    };
+    }
     let bs = app.limits.kv_block_size;
     let mut tasks = tokio::task::JoinSet::new();
     for (request, _) in requests.iter().filter(|(r, _)| r.prompt.len() > bs) {
@@ -123,30 +157,36 @@ pub async fn prefill_remotely(app: &App, requests: &[SampleGroup], model: &str) 
             cache_salt: request.limits.cache_salt.clone(),
             adapter: request.limits.adapter,
         };
-        let (app, peer, model) = (app.clone(), peer.clone(), model.to_string());
-        tasks.spawn(async move { prefill_one(&app, &peer, &model, key).await });
+        let (app, model) = (app.clone(), model.to_string());
+        tasks.spawn(async move { prefill_one(&app, &model, key).await });
     }
     while tasks.join_next().await.is_some() {}
 }
 
-async fn prefill_one(app: &App, peer: &PrefillPeer, model: &str, key: PromptKey) {
+async fn prefill_one(app: &App, model: &str, key: PromptKey) {
+    let Some(peer) = &app.prefill_peer else {
+        return;
+    };
     let stats = &app.kv_transfer;
     let imported = async {
         let cached = app.engine.cached_prefix(key.clone()).await;
-        let (cached, usable) = cached.map_err(|e| e.to_string())?;
-        if cached >= usable {
+        let (cached, adoptable) = cached.map_err(|e| e.to_string())?;
+        if cached >= adoptable {
             stats.cached_here.fetch_add(1, Ordering::Relaxed);
             return Ok(0);
         }
+        if peer.resting() {
+            return Err("the peer failed recently; left alone for a while".to_string());
+        }
         stats.fetches.fetch_add(1, Ordering::Relaxed);
-        // The peer sends every full block from `cached` on.
-        let bs = app.limits.kv_block_size;
-        let full = key.prompt.len() / bs;
-        let limit = HEADER_BYTES + (full - cached) * bs * app.limits.kv_bytes_per_token;
+        let limit = HEADER_BYTES + (adoptable - cached) * app.limits.kv_bytes_per_block;
         let started = Instant::now();
-        let bytes = peer.fetch(model, &key, cached, limit).await?;
-        let payload = KvPayload::decode(Vec::from(bytes.clone())).map_err(|e| e.to_string())?;
-        stats.on_fetched(payload.num_blocks(), bytes.len(), started.elapsed());
+        let fetched = peer.fetch(model, &key, cached, limit).await;
+        peer.record(fetched.is_ok());
+        let bytes = fetched?;
+        let size = bytes.len();
+        let payload = KvPayload::decode(Vec::from(bytes)).map_err(|e| e.to_string())?;
+        stats.on_fetched(payload.num_blocks(), size, started.elapsed());
         let added = app.engine.import_prefix(key.clone(), payload).await;
         added.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
     };

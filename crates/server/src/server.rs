@@ -235,14 +235,16 @@ fn check_kv_transfer(
             engine.runner().describe()
         )));
     }
+    if roles && !engine.scheduler().prefix_caching() {
+        return Err(ServerError::Startup(
+            "disaggregated prefill needs the prefix cache: blocks are sent from it \
+             (--kv-producer) and received into it (--prefill-peer)"
+                .into(),
+        ));
+    }
     let Some(peer) = &config.prefill_peer else {
         return Ok(None);
     };
-    if !engine.scheduler().prefix_caching() {
-        return Err(ServerError::Startup(
-            "--prefill-peer needs the prefix cache: the peer's blocks enter it".into(),
-        ));
-    }
     let timeout = config.prefill_peer_timeout;
     PrefillPeer::new(peer, timeout, config.api_key.clone())
         .map(Some)
@@ -265,7 +267,7 @@ fn model_limits(engine: &Engine, tokenizer: &Tokenizer) -> ModelLimits {
             .map(|t| t.0)
             .collect(),
         kv_block_size: engine.scheduler().config().block_size,
-        kv_bytes_per_token: engine.runner().kv_geometry().bytes_per_token,
+        kv_bytes_per_block: (engine.runner().kv_block_format()).map_or(0, |f| f.bytes_per_block),
     }
 }
 

@@ -3,7 +3,7 @@
 //! it answers, and answers every request bitwise as one server alone does (seeded sampling,
 //! logprobs, `n > 1`, streaming, chat); a peer that is down or refuses leaves the prompt to
 //! the decode server, with the same answer; `POST /v1/kv/prefill` refuses bad input with 4xx
-//! and exists only with `kv_producer`; a decode server without a prefix cache does not start.
+//! and exists only with `kv_producer`; a server of either role without a prefix cache does not start.
 
 mod server_common;
 
@@ -137,12 +137,19 @@ fn without_a_working_peer_the_decode_server_computes_the_prompt_itself() {
     let not_a_producer = start_server(&fixture_path(), |_| {});
     for peer in [gone, not_a_producer.addr()] {
         let decode = decoder(peer);
-        let got = completion(decode.addr(), json!({}));
-        assert_eq!(choices(&got), choices(&want), "peer {peer}");
-        assert_eq!(cached(&got), 0);
+        for hit in [0, 32] {
+            let got = completion(decode.addr(), json!({}));
+            assert_eq!(choices(&got), choices(&want), "peer {peer}");
+            assert_eq!(cached(&got), hit, "computed here, then cached here");
+        }
+        let got = completion(decode.addr(), json!({"prompt": prompt()[3..].to_vec()}));
+        assert_eq!(cached(&got), 0, "peer {peer}");
+        let failures = metric(decode.addr(), "tandem:kv_transfer_failures_total");
+        assert_eq!(failures, 2.0, "peer {peer}");
+        let fetches = metric(decode.addr(), "tandem:kv_transfer_fetches_total");
         assert_eq!(
-            metric(decode.addr(), "tandem:kv_transfer_failures_total"),
-            1.0
+            fetches, 1.0,
+            "after a failure the peer is left alone for a while"
         );
     }
 }
@@ -203,7 +210,7 @@ fn the_prefill_route_answers_whole_blocks_and_refuses_bad_input() {
 }
 
 #[test]
-fn a_decode_server_needs_the_prefix_cache_and_a_peer_address() {
+fn both_roles_need_the_prefix_cache_and_a_peer_needs_an_address() {
     let (engine, tokenizer, template) = engine_with(load(&fixture_path()), 64, |c| {
         c.enable_prefix_caching = false
     });
@@ -212,6 +219,16 @@ fn a_decode_server_needs_the_prefix_cache_and_a_peer_address() {
     config.prefill_peer = Some("127.0.0.1:9".into());
     let Err(err) = tandem_server::start(engine, tokenizer, template, config) else {
         panic!("a decode server without a prefix cache started");
+    };
+    assert!(err.to_string().contains("prefix cache"), "{err}");
+    let (engine, tokenizer, template) = engine_with(load(&fixture_path()), 64, |c| {
+        c.enable_prefix_caching = false
+    });
+    let mut config = tandem_server::ServerConfig::new("test-model");
+    config.addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    config.kv_producer = true;
+    let Err(err) = tandem_server::start(engine, tokenizer, template, config) else {
+        panic!("a prefill server without a prefix cache started");
     };
     assert!(err.to_string().contains("prefix cache"), "{err}");
     for bad in ["localhost", "http://127.0.0.1:9", "127.0.0.1:9/x", ""] {
@@ -244,7 +261,11 @@ fn blocks_cached_on_the_decode_server_are_neither_fetched_nor_sent() {
         .collect();
     let extra = json!({"prompt": longer});
     let got = completion(decode.addr(), extra.clone());
-    assert_eq!(received(), 5.0, "blocks 2, 3 and 4 only");
+    assert_eq!(
+        received(),
+        4.0,
+        "blocks 2 and 3 only (4 would not be adopted)"
+    );
     let failures = metric(decode.addr(), "tandem:kv_transfer_failures_total");
     assert_eq!(failures, 0.0);
     assert_eq!(cached(&got), 64);

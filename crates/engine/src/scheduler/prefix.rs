@@ -25,10 +25,16 @@
 use super::Scheduler;
 use crate::sequence::{SeqId, Sequence};
 
-/// The most leading full blocks of `seq` the cache may supply: its committed tokens but the
-/// last, which is always computed (its logits are needed).
+/// The most leading full blocks of `seq` the cache may supply: those of its committed
+/// tokens (see [`adoptable_blocks`]).
 fn max_cached_blocks(seq: &Sequence, block_size: usize) -> usize {
-    (seq.num_tokens() - seq.num_draft()).saturating_sub(1) / block_size
+    adoptable_blocks(seq.num_tokens() - seq.num_draft(), block_size)
+}
+
+/// The most leading full blocks of `num_tokens` tokens the prefix cache may supply: all but
+/// the last token's, which is always computed (its logits are needed).
+pub(crate) fn adoptable_blocks(num_tokens: usize, block_size: usize) -> usize {
+    num_tokens.saturating_sub(1) / block_size
 }
 
 impl Scheduler {

@@ -10,63 +10,41 @@
 
 use tandem_model::batch::{AdapterId, BlockId, TokenId};
 
+use super::prefix::adoptable_blocks;
 use super::Scheduler;
 use crate::prefix_cache::BlockKey;
 
-/// Blocks held while received contents are written into them.
-#[derive(Debug)]
-pub struct PrefixImport {
-    /// The prompt's tokens the import covers (whole blocks).
-    tokens: Vec<TokenId>,
-    /// The prompt block the payload starts at.
-    first: usize,
-    /// Every block the import holds: cache hits and new blocks, in chain order.
-    held: Vec<BlockId>,
-    /// The new blocks: (index of the prompt block, pool block, parent key, key).
-    writes: Vec<(usize, BlockId, BlockKey, BlockKey)>,
-}
-
-impl PrefixImport {
-    /// `(index of the payload's block, pool block)` of each block to write.
-    pub fn writes(&self) -> impl Iterator<Item = (usize, BlockId)> + '_ {
-        self.writes.iter().map(|&(i, b, _, _)| (i - self.first, b))
-    }
-}
+/// The cache salt and LoRA adapter a prompt's blocks are keyed under.
+pub type CacheScope<'a> = (Option<&'a str>, Option<AdapterId>);
 
 impl Scheduler {
-    /// The chained keys of the first `n` full blocks of `prompt` under `cache_salt` and
-    /// `adapter`, with the root they chain from; `None` with the prefix cache off.
-    fn prompt_keys(
+    /// `(parent key, key)` of each of the first `n` full blocks of `prompt` under `scope`;
+    /// `None` with the prefix cache off.
+    fn prompt_block_keys(
         &self,
         prompt: &[TokenId],
-        cache_salt: Option<&str>,
-        adapter: Option<AdapterId>,
+        (cache_salt, adapter): CacheScope<'_>,
         n: usize,
-    ) -> Option<(BlockKey, Vec<BlockKey>)> {
+    ) -> Option<Vec<(BlockKey, BlockKey)>> {
         let hasher = self.prefix_hasher.as_ref()?;
         let root = hasher.root(cache_salt, adapter);
         let mut keys = Vec::with_capacity(n);
         hasher.extend_keys(&mut keys, root, prompt, self.config.block_size, n);
-        Some((root, keys))
+        let parents = std::iter::once(root).chain(keys.iter().copied());
+        Some(parents.zip(keys.iter().copied()).collect())
     }
 
-    /// The longest run of `prompt`'s leading full blocks the prefix cache holds, in order
-    /// (none with the cache off). Nothing is taken: the caller reads them before the next
-    /// step.
-    pub fn cached_prefix_blocks(
-        &self,
-        prompt: &[TokenId],
-        cache_salt: Option<&str>,
-        adapter: Option<AdapterId>,
-    ) -> Vec<BlockId> {
+    /// The longest run of `prompt`'s leading blocks the prefix cache holds, in order, among
+    /// those a request for `prompt` could adopt (all full blocks before its last token);
+    /// none with the cache off. Nothing is taken: the caller reads them before the next step.
+    pub fn cached_prefix_blocks(&self, prompt: &[TokenId], scope: CacheScope<'_>) -> Vec<BlockId> {
         let bs = self.config.block_size;
-        let n = prompt.len() / bs;
-        let Some((root, keys)) = self.prompt_keys(prompt, cache_salt, adapter, n) else {
+        let n = adoptable_blocks(prompt.len(), bs);
+        let Some(keys) = self.prompt_block_keys(prompt, scope, n) else {
             return Vec::new();
         };
         let mut blocks = Vec::new();
-        for (i, &key) in keys.iter().enumerate() {
-            let parent = if i == 0 { root } else { keys[i - 1] };
+        for (i, (parent, key)) in keys.into_iter().enumerate() {
             let tokens = &prompt[i * bs..(i + 1) * bs];
             match self.allocator.find_cached(parent, key, tokens) {
                 Some(b) => blocks.push(b),
@@ -76,66 +54,58 @@ impl Scheduler {
         blocks
     }
 
-    /// Takes blocks for full blocks `first..first + num_blocks` of `prompt` computed
-    /// elsewhere, at most up to the blocks a request for `prompt` could adopt at admission
-    /// (its last token is always computed). The blocks before `first` must be cached here:
-    /// they are held, so the import cannot evict them, and without them it takes nothing (a
-    /// request adopts only a run of leading blocks). Blocks already cached are held as they
-    /// are; the others are taken from the free queue (evicting the least recently used
-    /// cached-free block, as a prefill here would) until it runs dry. Nothing is registered
-    /// until [`Scheduler::finish_import`].
-    pub fn begin_import(
+    /// Puts full blocks `first..first + num_blocks` of `prompt`, computed elsewhere, into the
+    /// prefix cache under `scope`, up to the blocks a request for `prompt` could adopt:
+    /// `write(j, block)` fills pool block `block` with the payload's block `j` (prompt block
+    /// `first + j`). Returns the number of blocks registered, or `write`'s first error (then
+    /// nothing is registered).
+    ///
+    /// The blocks before `first` must be cached here: they are held meanwhile, so the
+    /// import cannot evict them, and without them nothing is taken (a request adopts only a
+    /// run of leading blocks). Blocks already cached are kept as they are; each other one
+    /// takes a block from the free queue (evicting the least recently used cached-free
+    /// block, as a prefill here would) until it runs dry. Every block taken is released at
+    /// the end, most specific first: received blocks wait cached-free.
+    pub fn import_blocks<E>(
         &mut self,
         prompt: &[TokenId],
-        (cache_salt, adapter): (Option<&str>, Option<AdapterId>),
-        first: usize,
-        num_blocks: usize,
-    ) -> PrefixImport {
+        scope: CacheScope<'_>,
+        (first, num_blocks): (usize, usize),
+        mut write: impl FnMut(usize, BlockId) -> Result<(), E>,
+    ) -> Result<usize, E> {
         let bs = self.config.block_size;
-        let n = (first + num_blocks).min(prompt.len().saturating_sub(1) / bs);
-        let mut import = PrefixImport {
-            tokens: prompt[..n * bs].to_vec(),
-            first,
-            held: Vec::with_capacity(n),
-            writes: Vec::new(),
-        };
-        let Some((root, keys)) = self.prompt_keys(prompt, cache_salt, adapter, n) else {
-            return import;
-        };
-        for (i, &key) in keys.iter().enumerate() {
-            let parent = if i == 0 { root } else { keys[i - 1] };
+        let n = first
+            .saturating_add(num_blocks)
+            .min(adoptable_blocks(prompt.len(), bs));
+        let keys = self.prompt_block_keys(prompt, scope, n).unwrap_or_default();
+        let (mut held, mut written) = (Vec::with_capacity(n), Vec::new());
+        for (i, &(parent, key)) in keys.iter().enumerate() {
             let tokens = &prompt[i * bs..(i + 1) * bs];
             if let Some(b) = self.allocator.acquire_cached(parent, key, tokens) {
-                import.held.push(b);
+                held.push(b);
             } else if i < first {
                 break; // a gap before the payload: nothing after it could be adopted
             } else if let Some(b) = self.allocator.allocate() {
-                import.held.push(b);
-                import.writes.push((i, b, parent, key));
+                held.push(b);
+                written.push((i, b));
             } else {
                 break;
             }
         }
-        import
-    }
-
-    /// Ends an import: when its blocks were `written`, registers them in the prefix cache;
-    /// then releases every block it held, most specific first. Returns the number of blocks
-    /// registered.
-    pub fn finish_import(&mut self, import: PrefixImport, written: bool) -> usize {
-        let bs = self.config.block_size;
+        let filled = written.iter().try_for_each(|&(i, b)| write(i - first, b));
         let mut registered = 0;
-        if written {
-            for &(i, b, parent, key) in &import.writes {
-                let tokens = &import.tokens[i * bs..(i + 1) * bs];
+        if filled.is_ok() {
+            for &(i, b) in &written {
+                let (parent, key) = keys[i];
+                let tokens = &prompt[i * bs..(i + 1) * bs];
                 registered += usize::from(self.allocator.register(b, parent, key, tokens));
             }
         }
-        for &b in import.held.iter().rev() {
+        for &b in held.iter().rev() {
             self.allocator
                 .free(b)
                 .expect("an import holds each of its blocks once");
         }
-        registered
+        filled.map(|()| registered)
     }
 }

@@ -218,26 +218,50 @@ impl LoraAdapter {
             .map(|p| p.a.len() + 4 * p.b_t.len())
             .sum()
     }
+
+    /// A hash of everything the adapter computes with (targets, ranks, dtypes, matrices,
+    /// scales): equal on two processes that loaded the same adapter with the same build, so
+    /// that KV blocks computed under it are recognised elsewhere (`KvBlockFormat`).
+    pub fn digest(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for (l, layer) in self.layers.iter().enumerate() {
+            for (p, pair) in layer.iter().enumerate() {
+                let Some(pair) = pair else { continue };
+                (l, p, pair.rank, format!("{:?}", pair.dtype)).hash(&mut h);
+                pair.a.hash(&mut h);
+                pair.b_t.iter().for_each(|v| v.to_bits().hash(&mut h));
+                pair.scale.to_bits().hash(&mut h);
+            }
+        }
+        h.finish()
+    }
 }
 
-/// The adapters registered with a model, by id; an id is never given to another adapter
-/// (cached blocks and requests keyed by it stay unambiguous after a removal).
+/// The adapters registered with a model, by id, with their digests; an id is never given to
+/// another adapter (cached blocks and requests keyed by it stay unambiguous after a removal).
 #[derive(Debug, Default)]
-pub struct AdapterSet(Vec<Option<LoraAdapter>>);
+pub struct AdapterSet(Vec<Option<(LoraAdapter, u64)>>);
 
 impl AdapterSet {
     pub fn add(&mut self, adapter: LoraAdapter) -> AdapterId {
-        self.0.push(Some(adapter));
+        let digest = adapter.digest();
+        self.0.push(Some((adapter, digest)));
         AdapterId(self.0.len() as u32 - 1)
     }
 
     /// Takes adapter `id` out; `None` when it is not registered.
     pub fn remove(&mut self, id: AdapterId) -> Option<LoraAdapter> {
-        self.0.get_mut(id.0 as usize)?.take()
+        self.0.get_mut(id.0 as usize)?.take().map(|(a, _)| a)
     }
 
     pub fn get(&self, id: AdapterId) -> Option<&LoraAdapter> {
-        self.0.get(id.0 as usize)?.as_ref()
+        self.0.get(id.0 as usize)?.as_ref().map(|(a, _)| a)
+    }
+
+    /// [`LoraAdapter::digest`] of adapter `id`, computed when it was added.
+    pub fn digest(&self, id: AdapterId) -> Option<u64> {
+        self.0.get(id.0 as usize)?.as_ref().map(|&(_, d)| d)
     }
 }
 

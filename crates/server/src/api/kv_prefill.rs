@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use tandem_engine::engine::GenerationRequest;
 use tandem_engine::sampler::SamplingParams;
-use tandem_engine::RequestParams;
+use tandem_engine::{EngineError, RequestParams};
 use tandem_model::batch::TokenId;
 use tandem_text::{RequestOutput, TextOptions};
 
@@ -61,7 +61,10 @@ pub async fn prefill(
         .export_prefix(key, body.skip_blocks)
         .await
         .map_err(|e| submit_error(e, "prompt_token_ids"))?
-        .map_err(|e| ApiError::internal(e.to_string()))?;
+        .map_err(|e| match e {
+            EngineError::InvalidConfig(m) => ApiError::unavailable(m),
+            other => ApiError::internal(other.to_string()),
+        })?;
     let blocks = payload.num_blocks();
     let bytes = payload.into_bytes();
     app.kv_transfer.on_sent(blocks, bytes.len());

@@ -72,8 +72,9 @@ pub struct ModelLimits {
     pub eos_token_ids: Vec<u32>,
     /// Token slots per KV block.
     pub kv_block_size: usize,
-    /// Bytes one token's KV slot takes (every layer; what a peer's blocks may weigh).
-    pub kv_bytes_per_token: usize,
+    /// Bytes of one KV block in transfer (0 when the runner cannot move blocks): what a
+    /// prefill peer's answer may weigh.
+    pub kv_bytes_per_block: usize,
 }
 
 /// Everything the handlers share.

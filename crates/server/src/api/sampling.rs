@@ -295,7 +295,7 @@ mod tests {
             max_model_len: 64,
             eos_token_ids: vec![2],
             kv_block_size: 16,
-            kv_bytes_per_token: 1024,
+            kv_bytes_per_block: 1024,
         }
     }
 

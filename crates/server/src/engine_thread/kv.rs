@@ -53,8 +53,7 @@ impl Worker {
                 let _ = reply.send(out);
             }
             KvCommand::Cached(key, reply) => {
-                let salt = key.cache_salt.as_deref();
-                let _ = reply.send(self.engine.cached_prefix(&key.prompt, salt, key.adapter));
+                let _ = reply.send(self.engine.cached_prefix(&key.prompt, key.scope()));
             }
             KvCommand::Import(key, payload, reply) => {
                 let out = match self.alive {
