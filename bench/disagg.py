@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Disaggregated prefill against one server (a benchmark, not a test).
 
-Runs the same load on two set-ups of the same machine, alternating, and prints medians:
+Runs the same load on three set-ups of the same machine, alternating, and prints medians:
   colocated: one `tandem serve --threads 2` computes prompts and decodes;
+  chunked:   the same with `--max-num-batched-tokens` (--chunk-budget, 128): long prompts
+             are cut into small chunks, each batched with the decode steps (the way to bound
+             interference without a second instance);
   disagg:    `tandem serve --kv-producer --threads 1` pinned to CPU 0 computes prompts,
              `tandem serve --prefill-peer ... --threads 1` pinned to CPU 1 decodes (its
              prompts' KV blocks come from the first).
@@ -106,8 +109,9 @@ def transfer_cost(producer, a):
 def run_setup(kind, a, rep):
     procs = []
     try:
-        if kind == "colocated":
-            procs.append(serve(a.port, 2, "0,1", ["--model", a.model]))
+        if kind in ("colocated", "chunked"):
+            budget = ["--max-num-batched-tokens", str(a.chunk_budget)] if kind == "chunked" else []
+            procs.append(serve(a.port, 2, "0,1", ["--model", a.model] + budget))
             url = f"http://127.0.0.1:{a.port}"
         else:
             procs.append(serve(a.port + 1, 1, "0", ["--model", a.model, "--kv-producer"]))
@@ -143,10 +147,11 @@ def main():
     p.add_argument("--long-max-tokens", type=int, default=4)
     p.add_argument("--long-count", type=int, default=8)
     p.add_argument("--long-interval", type=float, default=1.0, help="seconds between long prompts")
+    p.add_argument("--chunk-budget", type=int, default=128, help="the chunked set-up's step budget")
     p.add_argument("--port", type=int, default=18230)
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
-    runs = {"colocated": [], "disagg": []}
+    runs = {"colocated": [], "chunked": [], "disagg": []}
     for rep in range(a.reps):
         for kind in runs:
             r = run_setup(kind, a, rep)
@@ -162,7 +167,9 @@ def main():
     for k, s in summary.items():
         print(f"{k:>10} " + " ".join(f"{s[f]:>17.1f}" for f in fields))
     c, d = summary["colocated"], summary["disagg"]
-    print("disagg/colocated: " + ", ".join(f"{f} {d[f] / c[f]:.2f}x" for f in fields[:4]))
+    for k in ("chunked", "disagg"):
+        x = summary[k]
+        print(f"{k}/colocated: " + ", ".join(f"{f} {x[f] / c[f]:.2f}x" for f in fields[:4]))
     print(f"disagg transfer: {d.get('blocks_received', 0):.0f} blocks, "
           f"{d.get('mb_received', 0):.1f} MB, {d.get('peer_wait_s', 0):.2f} s waiting on the peer, "
           f"{d.get('failures', 0):.0f} failures")
