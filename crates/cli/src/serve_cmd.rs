@@ -45,11 +45,12 @@ pub struct ServeArgs {
     /// blocks (the prefill side of disaggregated serving).
     #[arg(long)]
     kv_producer: bool,
-    /// Continue from the prefill instance at HOST:PORT (a tandem serving with --kv-producer,
-    /// same model, flags and API key): each prompt is computed there and its KV blocks
-    /// enter this server's prefix cache before the request runs here.
-    #[arg(long, value_name = "HOST:PORT")]
-    prefill_peer: Option<String>,
+    /// Continue from the prefill instances at HOST:PORT (tandem serving with --kv-producer,
+    /// same model, flags and API key; several: each prompt goes to the least busy): each
+    /// prompt is computed there and its KV blocks enter this server's prefix cache before
+    /// the request runs here.
+    #[arg(long, value_name = "HOST:PORT", num_args = 1..)]
+    prefill_peer: Vec<String>,
     /// Seconds a request waits on the prefill peer before computing its prompt here.
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     prefill_peer_timeout: f64,
@@ -64,7 +65,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     a.ops.apply(&mut config)?;
     config.addr = SocketAddr::new(a.host, a.port);
     config.trace_file = a.engine.trace.clone();
-    if let Some(peer) = &a.prefill_peer {
+    for peer in &a.prefill_peer {
         tandem_server::prefill_peer::peer_uri(peer).map_err(anyhow::Error::msg)?;
     }
     let t = a.prefill_peer_timeout;
@@ -104,7 +105,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .collect();
     config.runtime_lora_updates = a.allow_runtime_lora_updating;
     config.kv_producer = a.kv_producer;
-    config.prefill_peer = a.prefill_peer.clone();
+    config.prefill_peers = a.prefill_peer.clone();
     if let Some(clash) = (config.adapter_names.iter()).find(|n| config.model_names.contains(n)) {
         anyhow::bail!("--lora-modules {clash}: the name is the base model's");
     }

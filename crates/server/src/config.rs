@@ -31,10 +31,10 @@ pub struct ServerConfig {
     /// Serve `POST /v1/kv/prefill`: compute a prompt for a decode instance and answer its KV
     /// blocks (the prefill side of disaggregated serving, ARCHITECTURE.md § KV transfer).
     pub kv_producer: bool,
-    /// The prefill instance (`host:port`, plain HTTP) whose `POST /v1/kv/prefill` computes
-    /// this server's prompts: their blocks are put into the prefix cache before the request
-    /// runs, so this server computes only the last partial block (the decode side).
-    pub prefill_peer: Option<String>,
+    /// The prefill instances (`host:port` each, plain HTTP) whose `POST /v1/kv/prefill`
+    /// computes this server's prompts: their blocks are put into the prefix cache before the
+    /// request runs, so this server computes only the last partial block (the decode side).
+    pub prefill_peers: Vec<String>,
     /// How long a request waits on the prefill peer before computing its prompt here.
     pub prefill_peer_timeout: Duration,
     /// Worker threads of the async runtime (the kernels need the cores; 1 or 2 suffice).
@@ -72,7 +72,7 @@ impl ServerConfig {
             adapter_names: Vec::new(),
             runtime_lora_updates: false,
             kv_producer: false,
-            prefill_peer: None,
+            prefill_peers: Vec::new(),
             prefill_peer_timeout: DEFAULT_PREFILL_PEER_TIMEOUT,
             http_threads: 2,
             limits: RequestLimits::default(),

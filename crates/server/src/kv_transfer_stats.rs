@@ -17,9 +17,11 @@ pub struct KvTransferStats {
     pub bytes_sent: AtomicU64,
     /// Prompts whose blocks were all in this instance's prefix cache: nothing was fetched.
     pub cached_here: AtomicU64,
-    /// Prompts this instance asked its prefill peer for.
+    /// Requests to prefill peers.
     pub fetches: AtomicU64,
-    /// Fetches or imports that failed (the prompt was then computed here).
+    /// Requests to a peer that failed (no answer, an error, or blocks refused on import).
+    pub peer_errors: AtomicU64,
+    /// Prompts no peer computed, which were then computed here.
     pub failures: AtomicU64,
     pub blocks_received: AtomicU64,
     pub bytes_received: AtomicU64,
@@ -51,7 +53,7 @@ impl KvTransferStats {
     pub fn render(&self, model_name: &str) -> String {
         let labels = format!("model_name=\"{}\"", escape_label(model_name));
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let rows: [(&str, &str, f64); 10] = [
+        let rows: [(&str, &str, f64); 11] = [
             (
                 "prefills_total",
                 "Prompts prefilled for a peer.",
@@ -74,12 +76,17 @@ impl KvTransferStats {
             ),
             (
                 "fetches_total",
-                "Prompts asked of the prefill peer.",
+                "Requests to prefill peers.",
                 get(&self.fetches) as f64,
             ),
             (
+                "peer_errors_total",
+                "Requests to a prefill peer that failed (no answer, error, refused blocks).",
+                get(&self.peer_errors) as f64,
+            ),
+            (
                 "failures_total",
-                "Fetches or imports that failed; the prompt was computed here.",
+                "Prompts no prefill peer computed, computed here instead.",
                 get(&self.failures) as f64,
             ),
             (

@@ -1,16 +1,18 @@
 //! The decode side of disaggregated serving (ARCHITECTURE.md § KV transfer): before a
-//! request runs, its prompt is computed by the prefill peer (`POST /v1/kv/prefill` there) and
+//! request runs, its prompt is computed by a prefill peer (`POST /v1/kv/prefill` there) and
 //! the blocks it answers are put into this engine's prefix cache; the request then adopts
 //! them at admission and computes only its last partial block before decoding.
 //!
-//! A peer that is down, slow (`ServerConfig::prefill_peer_timeout`), refuses, or answers
-//! blocks of another model leaves the request to compute its prompt here: a fallback that is
-//! logged and counted, never an error to the client. Results are the same either way (the
-//! prefix cache never changes a result). After a failure the peer is left alone for a
-//! while (1 s, doubling with each further failure up to a minute), so that a peer that
-//! hangs does not cost every request the timeout.
+//! With several peers, a prompt goes to the one with the fewest prompts in flight from here
+//! (ties in turn); a peer that fails is left alone for a while (1 s, doubling with each
+//! further failure up to a minute, so that a peer that hangs does not cost every request the
+//! timeout) and the next one is asked. When none answers (down, slower than
+//! `ServerConfig::prefill_peer_timeout`, refusing, or sending blocks of another model) the
+//! request computes its prompt here: a fallback that is logged and counted, never an error
+//! to the client. Results are the same either way (the prefix cache never changes a
+//! result).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -34,7 +36,11 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub struct PrefillPeer {
     client: Client<HttpConnector, Full<Bytes>>,
+    /// `host:port`, for the log.
+    authority: String,
     uri: Uri,
+    /// Fetches from this server waiting on the peer now.
+    in_flight: AtomicUsize,
     timeout: Duration,
     /// Sent as `Authorization: Bearer` (this server's own key: the pair shares one).
     api_key: Option<String>,
@@ -65,7 +71,9 @@ impl PrefillPeer {
     ) -> Result<PrefillPeer, String> {
         Ok(PrefillPeer {
             client: Client::builder(TokioExecutor::new()).build_http(),
+            authority: authority.to_string(),
             uri: peer_uri(authority)?,
+            in_flight: AtomicUsize::new(0),
             timeout,
             api_key,
             backoff: Mutex::new((0, None)),
@@ -142,11 +150,53 @@ impl PrefillPeer {
     }
 }
 
-/// Has the prefill peer compute the prompt of every request in `requests` (those with at
+/// The prefill instances a decode server asks, and whose turn it is.
+#[derive(Debug)]
+pub struct PrefillPeers {
+    peers: Vec<PrefillPeer>,
+    turn: AtomicUsize,
+}
+
+impl PrefillPeers {
+    /// Clients of the peers at `authorities` (`host:port` each); `None` for none.
+    pub fn new(
+        authorities: &[String],
+        timeout: Duration,
+        api_key: Option<String>,
+    ) -> Result<Option<PrefillPeers>, String> {
+        if authorities.is_empty() {
+            return Ok(None);
+        }
+        let peers = authorities
+            .iter()
+            .map(|a| PrefillPeer::new(a, timeout, api_key.clone()))
+            .collect::<Result<_, _>>()?;
+        Ok(Some(PrefillPeers {
+            peers,
+            turn: AtomicUsize::new(0),
+        }))
+    }
+
+    /// The peers to try, in order: those not resting after a failure, fewest fetches in
+    /// flight first, ties starting from the one whose turn it is.
+    fn order(&self) -> Vec<&PrefillPeer> {
+        let n = self.peers.len();
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed) % n;
+        let mut order: Vec<(usize, usize)> = (0..n)
+            .map(|k| (turn + k) % n)
+            .filter(|&i| !self.peers[i].resting())
+            .map(|i| (self.peers[i].in_flight.load(Ordering::Relaxed), i))
+            .collect();
+        order.sort_by_key(|&(load, _)| load); // stable: ties keep the turn order
+        order.into_iter().map(|(_, i)| &self.peers[i]).collect()
+    }
+}
+
+/// Has a prefill peer compute the prompt of every request in `requests` (those with at
 /// least one block to adopt) and puts the blocks into the prefix cache, all prompts at once.
 /// `model` is the name the client used (the peer resolves adapters by the same names).
 pub async fn prefill_remotely(app: &App, requests: &[SampleGroup], model: &str) {
-    if app.prefill_peer.is_none() {
+    if app.prefill_peers.is_none() {
         return;
     }
     let bs = app.limits.kv_block_size;
@@ -163,8 +213,9 @@ pub async fn prefill_remotely(app: &App, requests: &[SampleGroup], model: &str) 
     while tasks.join_next().await.is_some() {}
 }
 
+/// Imports `key`'s prompt's blocks from the first peer that answers; the blocks added.
 async fn prefill_one(app: &App, model: &str, key: PromptKey) {
-    let Some(peer) = &app.prefill_peer else {
+    let Some(peers) = &app.prefill_peers else {
         return;
     };
     let stats = &app.kv_transfer;
@@ -175,20 +226,17 @@ async fn prefill_one(app: &App, model: &str, key: PromptKey) {
             stats.cached_here.fetch_add(1, Ordering::Relaxed);
             return Ok(0);
         }
-        if peer.resting() {
-            return Err("the peer failed recently; left alone for a while".to_string());
+        let mut error = "every prefill peer failed recently; left alone for a while".into();
+        for peer in peers.order() {
+            match import_from(app, peer, model, &key, (cached, adoptable)).await {
+                Ok(added) => return Ok(added),
+                Err(e) => {
+                    stats.peer_errors.fetch_add(1, Ordering::Relaxed);
+                    error = format!("{}: {e}", peer.authority);
+                }
+            }
         }
-        stats.fetches.fetch_add(1, Ordering::Relaxed);
-        let limit = HEADER_BYTES + (adoptable - cached) * app.limits.kv_bytes_per_block;
-        let started = Instant::now();
-        let fetched = peer.fetch(model, &key, cached, limit).await;
-        peer.record(fetched.is_ok());
-        let bytes = fetched?;
-        let size = bytes.len();
-        let payload = KvPayload::decode(Vec::from(bytes)).map_err(|e| e.to_string())?;
-        stats.on_fetched(payload.num_blocks(), size, started.elapsed());
-        let added = app.engine.import_prefix(key.clone(), payload).await;
-        added.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
+        Err(error)
     };
     match imported.await {
         Ok(added) => {
@@ -201,8 +249,41 @@ async fn prefill_one(app: &App, model: &str, key: PromptKey) {
             tracing::warn!(
                 error = %e,
                 prompt_tokens = key.prompt.len(),
-                "the prefill peer did not compute the prompt; computing it here"
+                "no prefill peer computed the prompt; computing it here"
             );
         }
     }
+}
+
+/// Fetches blocks `cached..adoptable` of `key`'s prompt from `peer` and imports them.
+async fn import_from(
+    app: &App,
+    peer: &PrefillPeer,
+    model: &str,
+    key: &PromptKey,
+    (cached, adoptable): (usize, usize),
+) -> Result<usize, String> {
+    let stats = &app.kv_transfer;
+    stats.fetches.fetch_add(1, Ordering::Relaxed);
+    let limit = HEADER_BYTES + (adoptable - cached) * app.limits.kv_bytes_per_block;
+    let started = Instant::now();
+    peer.in_flight.fetch_add(1, Ordering::Relaxed);
+    let fetched = peer.fetch(model, key, cached, limit).await;
+    peer.in_flight.fetch_sub(1, Ordering::Relaxed);
+    let payload = fetched.and_then(|bytes| {
+        let size = bytes.len();
+        let payload = KvPayload::decode(Vec::from(bytes)).map_err(|e| e.to_string())?;
+        stats.on_fetched(payload.num_blocks(), size, started.elapsed());
+        Ok(payload)
+    });
+    let added = match payload {
+        Ok(payload) => match app.engine.import_prefix(key.clone(), payload).await {
+            Ok(Ok(added)) => Ok(added),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(e.to_string()),
+        },
+        Err(e) => Err(e),
+    };
+    peer.record(added.is_ok());
+    added
 }

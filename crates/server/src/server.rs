@@ -19,7 +19,7 @@ use crate::connections::{ConnectionLimits, Connections};
 use crate::drain::{Drain, Settled};
 use crate::engine_thread::{spawn_engine, EngineHandle, EngineSnapshot};
 use crate::error::ServerError;
-use crate::prefill_peer::PrefillPeer;
+use crate::prefill_peer::PrefillPeers;
 use crate::prompt::PromptBuilder;
 
 /// How long responses get to finish after the engine stops.
@@ -150,7 +150,7 @@ fn start_inner(
         .connections
         .validate()
         .map_err(ServerError::Startup)?;
-    let prefill_peer = check_kv_transfer(&engine, &config)?;
+    let prefill_peers = check_kv_transfer(&engine, &config)?;
     let limits = model_limits(&engine, &tokenizer);
     let model_config = engine.model_config().clone();
     let prompts = PromptBuilder::new(tokenizer.clone(), chat_template.as_deref())?;
@@ -180,7 +180,7 @@ fn start_inner(
     let served_name = config.served_name().to_string();
     let model = model_config.clone();
     let mut state = AppState::new(handle.clone(), prompts, (limits, model), config);
-    state.prefill_peer = prefill_peer;
+    state.prefill_peers = prefill_peers;
     let app = Arc::new(state);
     let (stop, stop_rx) = tmpsc::unbounded_channel();
     let (ready_tx, ready_rx) = std_mpsc::channel();
@@ -223,12 +223,12 @@ fn await_ready(
 }
 
 /// Checks that the engine can play the KV transfer roles `config` gives it, and makes the
-/// prefill peer's client.
+/// prefill peers' clients.
 fn check_kv_transfer(
     engine: &Engine,
     config: &ServerConfig,
-) -> Result<Option<PrefillPeer>, ServerError> {
-    let roles = config.kv_producer || config.prefill_peer.is_some();
+) -> Result<Option<PrefillPeers>, ServerError> {
+    let roles = config.kv_producer || !config.prefill_peers.is_empty();
     if roles && engine.runner().kv_block_format().is_none() {
         return Err(ServerError::Startup(format!(
             "disaggregated prefill moves KV blocks between CPU runners only, not {}",
@@ -242,13 +242,8 @@ fn check_kv_transfer(
                 .into(),
         ));
     }
-    let Some(peer) = &config.prefill_peer else {
-        return Ok(None);
-    };
-    let timeout = config.prefill_peer_timeout;
-    PrefillPeer::new(peer, timeout, config.api_key.clone())
-        .map(Some)
-        .map_err(ServerError::Startup)
+    let (timeout, key) = (config.prefill_peer_timeout, config.api_key.clone());
+    PrefillPeers::new(&config.prefill_peers, timeout, key).map_err(ServerError::Startup)
 }
 
 /// What requests are checked against: the model's vocabulary, length and end tokens. The ids

@@ -25,7 +25,9 @@ fn producer() -> RunningServer {
 }
 
 fn decoder(peer: SocketAddr) -> RunningServer {
-    start_server(&fixture_path(), |c| c.prefill_peer = Some(peer.to_string()))
+    start_server(&fixture_path(), |c| {
+        c.prefill_peers = vec![peer.to_string()]
+    })
 }
 
 fn completion(addr: SocketAddr, extra: Value) -> Value {
@@ -216,7 +218,7 @@ fn both_roles_need_the_prefix_cache_and_a_peer_needs_an_address() {
     });
     let mut config = tandem_server::ServerConfig::new("test-model");
     config.addr = SocketAddr::from(([127, 0, 0, 1], 0));
-    config.prefill_peer = Some("127.0.0.1:9".into());
+    config.prefill_peers = vec!["127.0.0.1:9".into()];
     let Err(err) = tandem_server::start(engine, tokenizer, template, config) else {
         panic!("a decode server without a prefix cache started");
     };
@@ -270,4 +272,43 @@ fn blocks_cached_on_the_decode_server_are_neither_fetched_nor_sent() {
     assert_eq!(failures, 0.0);
     assert_eq!(cached(&got), 64);
     assert_eq!(choices(&got), choices(&completion(alone.addr(), extra)));
+}
+
+#[test]
+fn prompts_spread_over_several_peers_and_go_around_a_failed_one() {
+    let (first, second, alone) = (
+        producer(),
+        producer(),
+        start_server(&fixture_path(), |_| {}),
+    );
+    let peers = vec![first.addr().to_string(), second.addr().to_string()];
+    let decode = start_server(&fixture_path(), |c| c.prefill_peers = peers);
+    for shift in [0, 5] {
+        let extra = json!({"prompt": prompt()[shift..].to_vec()});
+        let got = completion(decode.addr(), extra.clone());
+        assert_eq!(cached(&got), 32);
+        assert_eq!(choices(&got), choices(&completion(alone.addr(), extra)));
+    }
+    for peer in [&first, &second] {
+        let sent = metric(peer.addr(), "tandem:kv_transfer_prefills_total");
+        assert_eq!(sent, 1.0, "one prompt each");
+    }
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let gone = closed.local_addr().expect("addr").to_string();
+    drop(closed);
+    let peers = vec![gone, first.addr().to_string()];
+    let decode = start_server(&fixture_path(), |c| c.prefill_peers = peers);
+    for shift in [1, 2, 3] {
+        let got = completion(decode.addr(), json!({"prompt": prompt()[shift..].to_vec()}));
+        assert_eq!(cached(&got), 32, "the working peer answers");
+    }
+    let m = |name| metric(decode.addr(), name);
+    assert_eq!(m("tandem:kv_transfer_failures_total"), 0.0);
+    assert_eq!(
+        m("tandem:kv_transfer_peer_errors_total"),
+        1.0,
+        "tried once, then rested"
+    );
+    assert_eq!(m("tandem:kv_transfer_fetches_total"), 4.0);
 }

@@ -46,7 +46,7 @@ use crate::config::ServerConfig;
 use crate::engine_thread::EngineHandle;
 use crate::error::{ApiError, ApiResult};
 use crate::kv_transfer_stats::KvTransferStats;
-use crate::prefill_peer::PrefillPeer;
+use crate::prefill_peer::PrefillPeers;
 use crate::prompt::PromptBuilder;
 use adapters::AdapterNames;
 use compile_slots::CompileSlots;
@@ -97,8 +97,8 @@ pub struct AppState {
     pub adapters: AdapterNames,
     /// The model's configuration, to check adapters loaded at run time against.
     pub model_config: ModelConfig,
-    /// The prefill instance this one continues from (`config.prefill_peer`).
-    pub prefill_peer: Option<PrefillPeer>,
+    /// The prefill instances this one continues from (`config.prefill_peers`).
+    pub prefill_peers: Option<PrefillPeers>,
     /// Counters of KV blocks sent to and received from peers.
     pub kv_transfer: KvTransferStats,
 }
@@ -124,7 +124,7 @@ impl AppState {
             config,
             started: unix_time(),
             next_id: AtomicU64::new(0),
-            prefill_peer: None,
+            prefill_peers: None,
             kv_transfer: KvTransferStats::default(),
             constraints: std::sync::OnceLock::new(),
             compile_slots,

@@ -201,7 +201,7 @@ async fn metrics(State(app): State<App>) -> Response {
             .map_or(0.0, |d| d.as_secs_f64()),
     });
     let mut text = render(app.config.served_name(), gauges, &s.metrics, lora.as_ref());
-    if app.config.kv_producer || app.config.prefill_peer.is_some() {
+    if app.config.kv_producer || !app.config.prefill_peers.is_empty() {
         text.push_str(&app.kv_transfer.render(app.config.served_name()));
     }
     (
