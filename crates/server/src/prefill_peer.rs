@@ -199,9 +199,15 @@ pub async fn prefill_remotely(app: &App, requests: &[SampleGroup], model: &str) 
     if app.prefill_peers.is_none() {
         return;
     }
-    let bs = app.limits.kv_block_size;
+    // What the engine will refuse anyway costs a peer nothing: a full queue, a prompt too long.
+    let waiting = app.engine.snapshot().waiting;
+    if waiting > 0 && waiting + requests.len() > app.config.limits.max_waiting_requests {
+        return;
+    }
+    let (bs, max_len) = (app.limits.kv_block_size, app.limits.max_model_len);
     let mut tasks = tokio::task::JoinSet::new();
-    for (request, _) in requests.iter().filter(|(r, _)| r.prompt.len() > bs) {
+    let worth = |r: &&SampleGroup| r.0.prompt.len() > bs && r.0.prompt.len() < max_len;
+    for (request, _) in requests.iter().filter(worth) {
         let key = PromptKey {
             prompt: request.prompt.clone(),
             cache_salt: request.limits.cache_salt.clone(),

@@ -312,3 +312,30 @@ fn prompts_spread_over_several_peers_and_go_around_a_failed_one() {
     );
     assert_eq!(m("tandem:kv_transfer_fetches_total"), 4.0);
 }
+
+#[test]
+fn a_prompt_the_engine_refuses_costs_the_peer_nothing() {
+    let peer = producer();
+    let decode = decoder(peer.addr());
+    let max_len = tandem_model::loader::load_model(&fixture_path())
+        .expect("fixture")
+        .host
+        .config
+        .context_len
+        .min(2048);
+    let long: Vec<u32> = (0..max_len as u32).map(|i| i % 300 + 5).collect();
+    let r = post(
+        decode.addr(),
+        "/v1/completions",
+        &json!({"prompt": long, "max_tokens": 4}),
+    );
+    assert_error(&r, 400, Some("prompt"));
+    assert_eq!(
+        metric(decode.addr(), "tandem:kv_transfer_fetches_total"),
+        0.0
+    );
+    assert_eq!(
+        metric(peer.addr(), "tandem:kv_transfer_prefills_total"),
+        0.0
+    );
+}
