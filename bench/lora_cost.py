@@ -5,7 +5,9 @@ unless told otherwise), alternately, REPS times each; prints the median prefill 
 tok/s of each configuration and its ratio to the base model, per batch size.
 
     python3 bench/lora_cost.py --binary target/release/tandem [--reps 5] [--ranks 16,64]
-        [--adapter-args "--layers 30 ..."] -- BENCH_ARGS...
+        [--dtypes auto,bf16] [--adapter-args "--layers 30 ..."] -- BENCH_ARGS...
+
+Each rank runs once per `--lora-dtype` in --dtypes (default: auto only).
 
 BENCH_ARGS go to `tandem bench` (e.g. `--model M --threads 2 --batch 1 --batch 16
 --prompt-len 128 --gen-len 32`). Needs numpy and safetensors (for the adapters).
@@ -40,6 +42,7 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--ranks", default="16,64")
     p.add_argument("--adapter-args", default="")
+    p.add_argument("--dtypes", default="auto", help="--lora-dtype values, comma-separated")
     a = p.parse_args(argv[:split])
     bench_args = argv[split + 1:]
     tmp = tempfile.mkdtemp(prefix="tandem-lora-cost-")
@@ -48,7 +51,9 @@ def main():
         out = os.path.join(tmp, f"rank{r}")
         subprocess.run([sys.executable, os.path.join(HERE, "make_lora_adapter.py"), out,
                         "--rank", r, *shlex.split(a.adapter_args)], check=True)
-        configs.append((f"rank {r}", ["--lora-modules", f"a={out}", "--lora", "a"]))
+        for d in a.dtypes.split(","):
+            name = f"rank {r}" + ("" if d == "auto" else f" {d}")
+            configs.append((name, ["--lora-modules", f"a={out}", "--lora", "a", "--lora-dtype", d]))
     runs = defaultdict(list)
     for i in range(a.reps):
         order = configs if i % 2 == 0 else configs[::-1]

@@ -66,6 +66,28 @@ pub struct ModelArgs {
     /// with (serve picks adapters by the request's `model`).
     #[arg(long, value_name = "NAME")]
     pub lora: Option<String>,
+    /// How adapters are held: `auto` (as stored, `B` in f32: PEFT's arithmetic) or `bf16`
+    /// (both matrices rounded once to bf16: half the bytes a step reads, vLLM's
+    /// `--lora-dtype bfloat16`).
+    #[arg(long, value_enum, default_value_t = LoraDtypeArg::Auto)]
+    pub lora_dtype: LoraDtypeArg,
+}
+
+/// `--lora-dtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoraDtypeArg {
+    Auto,
+    #[value(alias = "bfloat16")]
+    Bf16,
+}
+
+impl From<LoraDtypeArg> for tandem_model::lora::LoraDtype {
+    fn from(d: LoraDtypeArg) -> Self {
+        match d {
+            LoraDtypeArg::Auto => tandem_model::lora::LoraDtype::Auto,
+            LoraDtypeArg::Bf16 => tandem_model::lora::LoraDtype::Bf16,
+        }
+    }
 }
 
 fn parse_lora_module(s: &str) -> Result<(String, PathBuf), String> {

@@ -126,7 +126,7 @@ impl PreparedModel {
             }
             let adapter = load_peft_adapter(path, &model.config)
                 .with_context(|| format!("--lora-modules {name}"))?;
-            model.add_adapter(adapter)?;
+            model.add_adapter(adapter.with_dtype(args.lora_dtype.into()))?;
         }
         Ok(())
     }

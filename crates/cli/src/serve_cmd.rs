@@ -104,6 +104,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .map(|(n, _)| n.clone())
         .collect();
     config.runtime_lora_updates = a.allow_runtime_lora_updating;
+    config.lora_dtype = a.model.lora_dtype.into();
     config.kv_producer = a.kv_producer;
     config.prefill_peers = a.prefill_peer.clone();
     if let Some(clash) = (config.adapter_names.iter()).find(|n| config.model_names.contains(n)) {

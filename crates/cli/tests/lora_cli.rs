@@ -76,6 +76,19 @@ fn score_with_an_adapter_matches_peft() {
     // Without --lora the same modules load, and the base model scores.
     let b = json_ok(&[&score[..], &lora[..2]].concat());
     assert_ne!(b["token_logprobs"], v["token_logprobs"]);
+    // --lora-dtype bf16 rounds the adapter: other numbers, a fraction of its effect away.
+    let bf16 = ["--kernels", "avx2", "--lora-dtype", "bf16"];
+    let r = json_ok(&[&score[..], &bf16, &lora].concat());
+    let lp = |v: &Value, i: usize| v["token_logprobs"][i].as_f64().expect("a number");
+    let (mut effect, mut error) = (0.0f64, 0.0f64);
+    for i in 1..ids.len() {
+        effect = effect.max((lp(&b, i) - lp(&v, i)).abs());
+        error = error.max((lp(&r, i) - lp(&v, i)).abs());
+    }
+    assert!(
+        error > 0.0 && error < 0.05 * effect,
+        "bf16 error {error}, effect {effect}"
+    );
 }
 
 fn error_of(args: &[&str]) -> String {
@@ -90,8 +103,9 @@ fn mistakes_in_the_flags_are_named() {
     let good = format!("sql={}", path(fixtures().join("lora/llama_tied")));
     let wrong_model = format!("q={}", path(fixtures().join("lora/qwen3")));
     let score = ["score", "--model", &model, "--text", "hi"];
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["--lora-modules", &good, &good], "given twice"),
+        (&["--lora-dtype", "f8"], "--lora-dtype"),
         (&["--lora", "sql"], "--lora sql"),
         (&["--lora-modules", "sql"], "NAME=PATH"),
         (&["--lora-modules", &wrong_model], "--lora-modules q"),

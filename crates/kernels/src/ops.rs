@@ -189,6 +189,25 @@ fn add_scaled_portable(x: &mut [f32], a: f32, y: &[f32]) {
     }
 }
 
+/// `x[i] += a * y[i]` with `y` given as bf16 bit patterns, widened exactly: bitwise
+/// [`add_scaled_inplace`] of the widened values, in every variant.
+pub fn add_scaled_bf16_inplace(x: &mut [f32], a: f32, y: &[u16]) {
+    add_scaled_bf16_inplace_with(isa::active(), x, a, y)
+}
+
+with_isa! {
+    /// [`add_scaled_bf16_inplace`] with an explicit variant (all give the same bits).
+    add_scaled_bf16_inplace_with => add_scaled_bf16_portable(x: &mut [f32], a: f32, y: &[u16]) -> ()
+}
+
+#[inline(always)]
+fn add_scaled_bf16_portable(x: &mut [f32], a: f32, y: &[u16]) {
+    assert_eq!(x.len(), y.len(), "add_scaled_bf16_inplace: length mismatch");
+    for (v, &w) in x.iter_mut().zip(y) {
+        *v += a * f32::from_bits(u32::from(w) << 16);
+    }
+}
+
 /// Rotates one head in place by the angles `position * inv_freq[i]`.
 ///
 /// `neox == true` pairs dimension `i` with `i + d/2` (HF `rotate_half`);

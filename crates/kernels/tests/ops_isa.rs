@@ -7,8 +7,8 @@
 
 use proptest::prelude::*;
 use tandem_kernels::ops::{
-    add_inplace_with, add_scaled_inplace_with, geglu_tanh_inplace_with, rms_norm_inplace_with,
-    rms_norm_with, swiglu_inplace_with,
+    add_inplace_with, add_scaled_bf16_inplace_with, add_scaled_inplace_with,
+    geglu_tanh_inplace_with, rms_norm_inplace_with, rms_norm_with, swiglu_inplace_with,
 };
 use tandem_kernels::Isa;
 
@@ -65,12 +65,26 @@ proptest! {
             // 0 · ∞ makes a NaN whose sign bit the vector and scalar units set differently:
             // every NaN counts as one value here (the others keep the operands' NaNs).
             scaled.iter_mut().filter(|v| v.is_nan()).for_each(|v| *v = f32::NAN);
-            [normed, in_place, swiglu, geglu, sum, scaled].map(|v| bits(&v))
+            // bf16 rows: bitwise the f32 scaled add of the widened values.
+            let y16: Vec<u16> = y.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+            let widened: Vec<f32> = y16.iter().map(|&h| f32::from_bits(u32::from(h) << 16)).collect();
+            let mut scaled16 = x.clone();
+            add_scaled_bf16_inplace_with(isa, &mut scaled16, y[0], &y16);
+            let mut scaled_wide = x.clone();
+            add_scaled_inplace_with(isa, &mut scaled_wide, y[0], &widened);
+            for v in scaled16.iter_mut().chain(scaled_wide.iter_mut()).filter(|v| v.is_nan()) {
+                *v = f32::NAN;
+            }
+            assert_eq!(bits(&scaled16), bits(&scaled_wide), "bf16 add_scaled in {}", isa.name());
+            [normed, in_place, swiglu, geglu, sum, scaled, scaled16].map(|v| bits(&v))
         };
         let want = run(Isa::Scalar);
         for isa in Isa::available() {
             let got = run(isa);
-            let names = ["rms_norm", "rms_norm_inplace", "swiglu", "geglu", "add", "add_scaled"];
+            let names = [
+                "rms_norm", "rms_norm_inplace", "swiglu", "geglu", "add", "add_scaled",
+                "add_scaled_bf16",
+            ];
             for (name, (g, w)) in names
                 .iter()
                 .zip(got.iter().zip(&want))

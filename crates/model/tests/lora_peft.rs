@@ -12,7 +12,7 @@ use tandem_kernels::Isa;
 use tandem_model::batch::{AdapterId, BlockId, ForwardBatch, OutputSelection, SeqSpan, TokenId};
 use tandem_model::kv_store::{KvDtype, KvStore};
 use tandem_model::loader::{load_gguf_model, load_model};
-use tandem_model::lora::load_peft_adapter;
+use tandem_model::lora::{load_peft_adapter, LoraDtype};
 use tandem_model::transformer::Model;
 use tandem_model::ModelError;
 
@@ -317,4 +317,38 @@ fn settings_are_read_as_peft_reads_them() {
         "layer 1's o_proj has the default alpha now"
     );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `LoraDtype::Bf16` (vLLM's `--lora-dtype bfloat16`) rounds the matrices once: the logits
+/// move off PEFT's f32 ones, but by a small fraction of what the adapter changes, and a
+/// sequence's logits stay bitwise its own whatever runs beside it.
+#[test]
+fn bf16_adapters_round_once_and_stay_close_to_peft() {
+    for name in ["llama_tied", "qwen2", "phi3"] {
+        let mut model = hf_model(name, Isa::best_exact());
+        let dir = fixtures().join("lora").join(name);
+        let f32_adapter = load_peft_adapter(&dir, &model.config).expect("adapter");
+        let bf16 = f32_adapter.clone().with_dtype(LoraDtype::Bf16);
+        assert!(bf16.bytes() < f32_adapter.bytes(), "{name}: fewer bytes");
+        assert_ne!(bf16.digest(), f32_adapter.digest());
+        assert_eq!(model.add_adapter(f32_adapter).expect("add"), AdapterId(0));
+        assert_eq!(model.add_adapter(bf16).expect("add"), AdapterId(1));
+        for (ids, want) in sequences(&dir) {
+            let base = batch_logits(&mut model, &[(&ids, None)]).remove(0);
+            let exact = batch_logits(&mut model, &[(&ids, Some(AdapterId(0)))]).remove(0);
+            let rounded = batch_logits(&mut model, &[(&ids, Some(AdapterId(1)))]).remove(0);
+            let (effect, error) = (max_abs_diff(&base, &want), max_abs_diff(&rounded, &want));
+            eprintln!("{name}: adapter effect {effect:.2e}, bf16 error {error:.2e}");
+            assert!(exact != rounded, "{name}: bf16 rounds");
+            assert!(
+                error <= 0.05 * effect,
+                "{name}: bf16 error {error} of {effect}"
+            );
+            let together = batch_logits(&mut model, &[(&ids, None), (&ids, Some(AdapterId(1)))]);
+            assert!(
+                together[1] == rounded,
+                "{name}: a neighbour changed a bf16 row"
+            );
+        }
+    }
 }

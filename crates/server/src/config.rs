@@ -28,6 +28,9 @@ pub struct ServerConfig {
     /// Serve `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's
     /// `VLLM_ALLOW_RUNTIME_LORA_UPDATING`): off by default, as they read the server's files.
     pub runtime_lora_updates: bool,
+    /// How adapters loaded at run time are held (those of `adapter_names` are registered by
+    /// whoever built the engine).
+    pub lora_dtype: tandem_model::lora::LoraDtype,
     /// Serve `POST /v1/kv/prefill`: compute a prompt for a decode instance and answer its KV
     /// blocks (the prefill side of disaggregated serving, ARCHITECTURE.md § KV transfer).
     pub kv_producer: bool,
@@ -71,6 +74,7 @@ impl ServerConfig {
             model_names: vec![model_name.into()],
             adapter_names: Vec::new(),
             runtime_lora_updates: false,
+            lora_dtype: tandem_model::lora::LoraDtype::Auto,
             kv_producer: false,
             prefill_peers: Vec::new(),
             prefill_peer_timeout: DEFAULT_PREFILL_PEER_TIMEOUT,

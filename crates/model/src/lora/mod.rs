@@ -8,26 +8,30 @@
 //!
 //! `A` stays in the dtype of the file (f32, f16 or bf16) and runs through the exact float
 //! product of the kernels crate, rows of the same adapter together: `T = X Aᵀ` (`[m, r]`),
-//! `T *= s`. Then each row adds `T[t, k] · Bᵀ[k]` for `k` in order, `Bᵀ` kept in f32 (a
+//! `T *= s`. Then each row adds `T[t, k] · Bᵀ[k]` for `k` in order, `Bᵀ` kept in f32 (or rounded
+//! to bf16, [`LoraDtype::Bf16`], `dtype.rs`; a
 //! product of length `r` per output would spend more on its reduction than on the `r`
 //! multiply-adds). Both steps are per row and in a fixed order, so the correction of a row is
 //! the same whatever rows run beside it. It costs `r · (in + out)` multiply-adds a
 //! row against the projection's `in · out`, and `r · (in + out)` weights to read a step.
 //! Adapters are read from PEFT's directories (`peft.rs`).
 
+mod dtype;
 mod peft;
 mod peft_config;
 
 use std::ops::Range;
 
 use tandem_kernels::matmul::{matmul_with, WeightView};
-use tandem_kernels::ops::add_scaled_inplace_with;
 use tandem_kernels::parallel::for_each_chunk_mut;
 use tandem_kernels::{DType, Isa, ThreadPool};
 
 use crate::config::ModelConfig;
 
+pub use dtype::LoraDtype;
 pub use peft::load_peft_adapter;
+
+use dtype::BRows;
 
 /// Index of an adapter registered with a model ([`crate::transformer::Model::add_adapter`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -86,8 +90,9 @@ pub struct LoraPair {
     dtype: DType,
     /// `[rank, in]`: PEFT's `lora_A`.
     a: Vec<u8>,
-    /// `[rank, out]`: PEFT's `lora_B` (`[out, rank]`) transposed, in f32.
-    b_t: Vec<f32>,
+    /// `[rank, out]`: PEFT's `lora_B` (`[out, rank]`) transposed, in f32 (or bf16, see
+    /// [`LoraDtype`]).
+    b_t: BRows,
     scale: f32,
 }
 
@@ -121,11 +126,8 @@ impl LoraPair {
         t.iter_mut().for_each(|v| *v *= self.scale);
         let t = &*t;
         for_each_chunk_mut(pool, y, out, |row, y_row| {
-            for (&tk, b_k) in t[row * r..(row + 1) * r]
-                .iter()
-                .zip(self.b_t.chunks_exact(out))
-            {
-                add_scaled_inplace_with(isa, y_row, tk, b_k);
+            for (k, &tk) in t[row * r..(row + 1) * r].iter().enumerate() {
+                self.b_t.add_row(isa, y_row, tk, k);
             }
         });
     }
@@ -215,7 +217,7 @@ impl LoraAdapter {
     /// Bytes of its matrices.
     pub fn bytes(&self) -> usize {
         (self.layers.iter().flatten().flatten())
-            .map(|p| p.a.len() + 4 * p.b_t.len())
+            .map(|p| p.a.len() + p.b_t.bytes())
             .sum()
     }
 
@@ -230,7 +232,7 @@ impl LoraAdapter {
                 let Some(pair) = pair else { continue };
                 (l, p, pair.rank, format!("{:?}", pair.dtype)).hash(&mut h);
                 pair.a.hash(&mut h);
-                pair.b_t.iter().for_each(|v| v.to_bits().hash(&mut h));
+                pair.b_t.hash_into(&mut h);
                 pair.scale.to_bits().hash(&mut h);
             }
         }
@@ -338,7 +340,7 @@ mod tests {
             rank: 1,
             dtype: DType::F32,
             a: f32_bytes(a),
-            b_t: b.to_vec(),
+            b_t: BRows::F32(b.to_vec()),
             scale,
         }
     }
@@ -365,6 +367,51 @@ mod tests {
             &mut scratch,
         );
         assert_eq!(y, vec![5.5, 7.0, 8.5]);
+    }
+
+    #[test]
+    fn bf16_holds_values_bf16_can_hold_exactly() {
+        // Every value below has at most 8 significant bits: rounding to bf16 keeps it.
+        let (a, b) = ([1.5, -2.25, 0.125], [3.0, -4.5, 5.0, 0.75]);
+        let mut adapter = LoraAdapter::empty(1);
+        adapter.set(0, Projection::Up, pair(&a, &b, 0.5));
+        let rounded = adapter.clone().with_dtype(LoraDtype::Bf16);
+        assert_eq!(
+            rounded.bytes() + 4 * 2,
+            adapter.bytes(),
+            "B's 4 values in 2 bytes"
+        );
+        let pool = ThreadPool::new(1);
+        let x = [0.3, -1.7, 2.9, 0.01, 5.0, -0.25];
+        let run = |adapter: &LoraAdapter, isa: Isa| {
+            let mut adapters = AdapterSet::default();
+            adapters.add(adapter.clone());
+            let rows = AdapterRows::new([(0..2, AdapterId(0))]);
+            let mut y = vec![0.5f32; 8];
+            let mut scratch = LoraScratch::default();
+            let target = (0, Projection::Up);
+            add_corrections(
+                (isa, &pool),
+                &adapters,
+                &rows,
+                target,
+                &x,
+                &mut y,
+                &mut scratch,
+            );
+            y.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        for isa in Isa::available() {
+            assert_eq!(run(&rounded, isa), run(&adapter, isa), "{}", isa.name());
+        }
+        let mut inexact = LoraAdapter::empty(1);
+        inexact.set(0, Projection::Up, pair(&a, &[3.0, -4.5, 5.0, 0.1], 0.5));
+        let rounded = inexact.clone().with_dtype(LoraDtype::Bf16);
+        assert_ne!(
+            run(&rounded, Isa::Scalar),
+            run(&inexact, Isa::Scalar),
+            "0.1 rounds"
+        );
     }
 
     #[test]

@@ -223,7 +223,7 @@ fn corrections(
         if config.rope.style == RopeStyle::Interleaved && matches!(p, Q | K) {
             b_rows = interleave_heads(&b_rows, rank, config.head_dim);
         }
-        let b_t = transpose(&b_rows, rows, rank);
+        let b_t = super::BRows::F32(transpose(&b_rows, rows, rank));
         let (dtype, a) = (a.dtype, a.data.clone());
         out.push((
             p,

@@ -138,7 +138,11 @@ async fn load(app: App, body: Result<Bytes, BytesRejection>) -> ApiResult<Respon
     }
     let adapter = {
         let (config, path) = (app.model_config.clone(), f.lora_path.clone());
-        let read = move || load_peft_adapter(&path, &config).map_err(|e| e.to_string());
+        let dtype = app.config.lora_dtype;
+        let read = move || {
+            let adapter = load_peft_adapter(&path, &config).map_err(|e| e.to_string());
+            adapter.map(|a| a.with_dtype(dtype))
+        };
         off_the_workers(move || Ok(read())).await?
     }
     .map_err(|e| ApiError::field("lora_path", e))?;
