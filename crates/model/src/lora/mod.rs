@@ -8,10 +8,9 @@
 //!
 //! `A` stays in the dtype of the file (f32, f16 or bf16) and runs through the exact float
 //! product of the kernels crate, rows of the same adapter together: `T = X Aᵀ` (`[m, r]`),
-//! `T *= s`. Then each row adds `T[t, k] · Bᵀ[k]` for `k` in order, `Bᵀ` kept in f32 (or rounded
-//! to bf16, [`LoraDtype::Bf16`], `dtype.rs`; a
-//! product of length `r` per output would spend more on its reduction than on the `r`
-//! multiply-adds). Both steps are per row and in a fixed order, so the correction of a row is
+//! `T *= s`. Then each row adds `T[t, k] · Bᵀ[k]` for `k` in order, `Bᵀ` kept in f32, or in
+//! bf16 with [`LoraDtype::Bf16`] (`dtype.rs`). A product of length `r` per output would spend
+//! more on its reduction than on the `r` multiply-adds. Both steps are per row and in a fixed order, so the correction of a row is
 //! the same whatever rows run beside it. It costs `r · (in + out)` multiply-adds a
 //! row against the projection's `in · out`, and `r · (in + out)` weights to read a step.
 //! Adapters are read from PEFT's directories (`peft.rs`).
