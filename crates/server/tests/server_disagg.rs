@@ -71,6 +71,11 @@ fn metric(addr: SocketAddr, name: &str) -> f64 {
         .expect("value")
 }
 
+/// `tandem:kv_transfer_{name}` of `/metrics`.
+fn kv(addr: SocketAddr, name: &str) -> f64 {
+    metric(addr, &format!("tandem:kv_transfer_{name}"))
+}
+
 #[test]
 fn a_decode_server_answers_as_one_server_from_its_peers_blocks() {
     let (peer, alone) = (producer(), start_server(&fixture_path(), |_| {}));
@@ -79,18 +84,9 @@ fn a_decode_server_answers_as_one_server_from_its_peers_blocks() {
     let got = completion(decode.addr(), json!({}));
     assert_eq!(choices(&got), choices(&want));
     assert_eq!(cached(&got), 32, "the peer's two full blocks are adopted");
-    assert_eq!(
-        metric(decode.addr(), "tandem:kv_transfer_blocks_imported_total"),
-        2.0
-    );
-    assert_eq!(
-        metric(peer.addr(), "tandem:kv_transfer_prefills_total"),
-        1.0
-    );
-    assert_eq!(
-        metric(peer.addr(), "tandem:kv_transfer_blocks_sent_total"),
-        2.0
-    );
+    assert_eq!(kv(decode.addr(), "blocks_imported_total"), 2.0);
+    assert_eq!(kv(peer.addr(), "prefills_total"), 1.0);
+    assert_eq!(kv(peer.addr(), "blocks_sent_total"), 2.0);
 
     let chat = json!({"messages": [{"role": "user", "content": "tell me about the weather in \
                       the mountains in spring, and what to pack for a long walk"}],
@@ -107,10 +103,7 @@ fn a_decode_server_answers_as_one_server_from_its_peers_blocks() {
     for i in 0..2 {
         assert_eq!(text(&got, i), text(&want, i), "streamed prompt {i}");
     }
-    assert_eq!(
-        metric(decode.addr(), "tandem:kv_transfer_failures_total"),
-        0.0
-    );
+    assert_eq!(kv(decode.addr(), "failures_total"), 0.0);
 }
 
 fn completion_body(extra: &Value) -> Value {
@@ -146,9 +139,9 @@ fn without_a_working_peer_the_decode_server_computes_the_prompt_itself() {
         }
         let got = completion(decode.addr(), json!({"prompt": prompt()[3..].to_vec()}));
         assert_eq!(cached(&got), 0, "peer {peer}");
-        let failures = metric(decode.addr(), "tandem:kv_transfer_failures_total");
+        let failures = kv(decode.addr(), "failures_total");
         assert_eq!(failures, 2.0, "peer {peer}");
-        let fetches = metric(decode.addr(), "tandem:kv_transfer_fetches_total");
+        let fetches = kv(decode.addr(), "fetches_total");
         assert_eq!(
             fetches, 1.0,
             "after a failure the peer is left alone for a while"
@@ -243,19 +236,13 @@ fn both_roles_need_the_prefix_cache_and_a_peer_needs_an_address() {
 fn blocks_cached_on_the_decode_server_are_neither_fetched_nor_sent() {
     let (peer, alone) = (producer(), start_server(&fixture_path(), |_| {}));
     let decode = decoder(peer.addr());
-    let received = || metric(decode.addr(), "tandem:kv_transfer_blocks_received_total");
+    let received = || kv(decode.addr(), "blocks_received_total");
     completion(decode.addr(), json!({}));
     assert_eq!(received(), 2.0);
     let again = completion(decode.addr(), json!({}));
     assert_eq!(cached(&again), 32);
-    assert_eq!(
-        metric(decode.addr(), "tandem:kv_transfer_cached_here_total"),
-        1.0
-    );
-    assert_eq!(
-        metric(decode.addr(), "tandem:kv_transfer_fetches_total"),
-        1.0
-    );
+    assert_eq!(kv(decode.addr(), "cached_here_total"), 1.0);
+    assert_eq!(kv(decode.addr(), "fetches_total"), 1.0);
     // A longer prompt (a conversation's next turn): only its new blocks travel.
     let longer: Vec<u32> = prompt()
         .into_iter()
@@ -268,7 +255,7 @@ fn blocks_cached_on_the_decode_server_are_neither_fetched_nor_sent() {
         4.0,
         "blocks 2 and 3 only (4 would not be adopted)"
     );
-    let failures = metric(decode.addr(), "tandem:kv_transfer_failures_total");
+    let failures = kv(decode.addr(), "failures_total");
     assert_eq!(failures, 0.0);
     assert_eq!(cached(&got), 64);
     assert_eq!(choices(&got), choices(&completion(alone.addr(), extra)));
@@ -290,7 +277,7 @@ fn prompts_spread_over_several_peers_and_go_around_a_failed_one() {
         assert_eq!(choices(&got), choices(&completion(alone.addr(), extra)));
     }
     for peer in [&first, &second] {
-        let sent = metric(peer.addr(), "tandem:kv_transfer_prefills_total");
+        let sent = kv(peer.addr(), "prefills_total");
         assert_eq!(sent, 1.0, "one prompt each");
     }
 
@@ -303,14 +290,10 @@ fn prompts_spread_over_several_peers_and_go_around_a_failed_one() {
         let got = completion(decode.addr(), json!({"prompt": prompt()[shift..].to_vec()}));
         assert_eq!(cached(&got), 32, "the working peer answers");
     }
-    let m = |name| metric(decode.addr(), name);
-    assert_eq!(m("tandem:kv_transfer_failures_total"), 0.0);
-    assert_eq!(
-        m("tandem:kv_transfer_peer_errors_total"),
-        1.0,
-        "tried once, then rested"
-    );
-    assert_eq!(m("tandem:kv_transfer_fetches_total"), 4.0);
+    assert_eq!(kv(decode.addr(), "failures_total"), 0.0);
+    let errors = kv(decode.addr(), "peer_errors_total");
+    assert_eq!(errors, 1.0, "tried once, then rested");
+    assert_eq!(kv(decode.addr(), "fetches_total"), 4.0);
 }
 
 #[test]
@@ -330,12 +313,6 @@ fn a_prompt_the_engine_refuses_costs_the_peer_nothing() {
         &json!({"prompt": long, "max_tokens": 4}),
     );
     assert_error(&r, 400, Some("prompt"));
-    assert_eq!(
-        metric(decode.addr(), "tandem:kv_transfer_fetches_total"),
-        0.0
-    );
-    assert_eq!(
-        metric(peer.addr(), "tandem:kv_transfer_prefills_total"),
-        0.0
-    );
+    assert_eq!(kv(decode.addr(), "fetches_total"), 0.0);
+    assert_eq!(kv(peer.addr(), "prefills_total"), 0.0);
 }
