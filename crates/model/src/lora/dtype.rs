@@ -1,10 +1,8 @@
 //! How an adapter's matrices are held: as loaded (`A` in the file's dtype, `Bᵀ` in f32, the
-//! default: bitwise PEFT's arithmetic), or rounded once to bf16 when the adapter is
-//! registered (vLLM's `--lora-dtype bfloat16`). Rounded, `Bᵀ` is stored in bf16 (half its
-//! bytes, widened exactly as each row is added); `A`'s rounded values stay in f32 storage,
-//! because the kernels' product over bf16 rows is slower than over f32 ones at prefill sizes
-//! (`BENCHMARKS.md`: rank 64 prefill 0.56x of the base model with f32 `A`, 0.37x with bf16).
-//! Either way the products run on the rounded values, exactly.
+//! default: bitwise PEFT's arithmetic), or both rounded once to bf16 when the adapter is
+//! registered (vLLM's `--lora-dtype bfloat16`), which halves the bytes a decode step reads
+//! per adapter. bf16 widens to f32 exactly: `A`'s product goes through the kernels' bf16
+//! rows, `Bᵀ`'s rows through [`add_scaled_bf16_inplace_with`], on the rounded values.
 
 use half::bf16;
 use tandem_kernels::ops::{add_scaled_bf16_inplace_with, add_scaled_inplace_with};
@@ -18,7 +16,7 @@ pub enum LoraDtype {
     /// `A` as stored in the file, `Bᵀ` in f32.
     #[default]
     Auto,
-    /// Both rounded to bf16 (to nearest, ties to even); `Bᵀ` stored in bf16.
+    /// Both rounded to bf16 (to nearest, ties to even) and stored in bf16.
     Bf16,
 }
 
@@ -65,8 +63,7 @@ impl BRows {
 }
 
 impl LoraPair {
-    /// Rounds `A` and `Bᵀ` to bf16 values: `A` held in f32 (one already in bf16 is kept
-    /// as it is), `Bᵀ` in bf16.
+    /// Rounds `A` and `Bᵀ` to bf16 (`A` already in bf16 is kept as it is).
     fn round_to_bf16(&mut self) {
         let a: Option<Vec<f32>> = match self.dtype {
             DType::F32 => Some(
@@ -82,9 +79,9 @@ impl LoraPair {
             _ => None,
         };
         if let Some(a) = a {
-            let rounded = a.iter().map(|&x| bf16::from_f32(x).to_f32());
-            self.a = rounded.flat_map(f32::to_le_bytes).collect();
-            self.dtype = DType::F32;
+            let bits = a.iter().map(|&x| bf16::from_f32(x).to_bits());
+            self.a = bits.flat_map(u16::to_le_bytes).collect();
+            self.dtype = DType::BF16;
         }
         if let BRows::F32(b) = &self.b_t {
             self.b_t = BRows::Bf16(b.iter().map(|&x| bf16::from_f32(x).to_bits()).collect());
