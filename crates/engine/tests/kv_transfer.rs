@@ -17,7 +17,7 @@ use tandem_model::kv_store::KvDtype;
 use tandem_model::lora::load_peft_adapter;
 
 mod cpu_engine;
-use cpu_engine::{config, cpu_engine_with, hf_fixture};
+use cpu_engine::{config, cpu_engine_with, hf_fixture, request_under};
 
 /// An engine over the Llama fixture with the PEFT fixture as adapter 0: `num_blocks` blocks
 /// of 16 tokens, prefills chunked at 24 tokens.
@@ -49,24 +49,13 @@ fn other_prompt(len: u32) -> Vec<TokenId> {
 }
 
 fn request(prompt: &[TokenId], adapter: Option<AdapterId>, max_tokens: usize) -> GenerationRequest {
-    GenerationRequest {
-        prompt: prompt.to_vec(),
-        sampling: SamplingParams {
-            temperature: 0.8,
-            seed: Some(5),
-            logprobs: true,
-            ..SamplingParams::default()
-        },
-        limits: RequestParams {
-            max_tokens,
-            ignore_eos: true,
-            adapter,
-            ..RequestParams::default()
-        },
-        sample_index: 0,
-        prompt_logprobs: None,
-        prompt_logprobs_start: 1,
-    }
+    let sampling = SamplingParams {
+        temperature: 0.8,
+        seed: Some(5),
+        logprobs: true,
+        ..SamplingParams::default()
+    };
+    request_under(prompt, sampling, max_tokens, adapter)
 }
 
 /// Tokens, logprob bits and cached prompt tokens of one request run to its end.

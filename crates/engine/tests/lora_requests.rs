@@ -10,12 +10,12 @@ use std::path::Path;
 use tandem_engine::engine::{Engine, EngineEvent, GenerationRequest};
 use tandem_engine::error::EngineError;
 use tandem_engine::sampler::SamplingParams;
-use tandem_engine::{RequestParams, SeqId};
+use tandem_engine::SeqId;
 use tandem_model::batch::{AdapterId, TokenId};
 use tandem_model::lora::load_peft_adapter;
 
 mod cpu_engine;
-use cpu_engine::{config, cpu_engine, hf_fixture};
+use cpu_engine::{config, cpu_engine, hf_fixture, request_under};
 
 /// An engine over the Llama fixture with adapter 0 (the PEFT fixture) and adapter 1 (the
 /// same, scaled by -0.5), prefix caching on or off, prefills chunked at 24 tokens.
@@ -33,22 +33,11 @@ fn engine(caching: bool) -> Engine {
 }
 
 fn request(prompt: &[TokenId], adapter: Option<AdapterId>) -> GenerationRequest {
-    GenerationRequest {
-        prompt: prompt.to_vec(),
-        sampling: SamplingParams {
-            logprobs: true,
-            ..SamplingParams::greedy()
-        },
-        limits: RequestParams {
-            max_tokens: 6,
-            ignore_eos: true,
-            adapter,
-            ..RequestParams::default()
-        },
-        sample_index: 0,
-        prompt_logprobs: None,
-        prompt_logprobs_start: 1,
-    }
+    let sampling = SamplingParams {
+        logprobs: true,
+        ..SamplingParams::greedy()
+    };
+    request_under(prompt, sampling, 6, adapter)
 }
 
 /// What a request produced: its tokens, the bits of their logprobs, its cached prompt tokens.

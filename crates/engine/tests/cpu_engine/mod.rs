@@ -3,8 +3,11 @@
 
 #![allow(dead_code)]
 
-use tandem_engine::engine::Engine;
+use tandem_engine::engine::{Engine, GenerationRequest};
+use tandem_engine::sampler::SamplingParams;
+use tandem_engine::RequestParams;
 use tandem_engine::SchedulerConfig;
+use tandem_model::batch::{AdapterId, TokenId};
 use tandem_model::cpu_runner::{CpuRunner, KvSpec};
 use tandem_model::kv_store::KvDtype;
 use tandem_model::loader::load_model;
@@ -101,4 +104,27 @@ pub fn scoring_runner_with(model: Model, kv_dtype: Option<KvDtype>) -> Box<dyn M
         dtype: kv_dtype,
     };
     Box::new(CpuRunner::new(model, spec).expect("KV pool"))
+}
+
+/// A request for `prompt`, sampled as `sampling`, that generates `max_tokens` tokens (EOS
+/// ignored) under LoRA adapter `adapter`.
+pub fn request_under(
+    prompt: &[TokenId],
+    sampling: SamplingParams,
+    max_tokens: usize,
+    adapter: Option<AdapterId>,
+) -> GenerationRequest {
+    GenerationRequest {
+        prompt: prompt.to_vec(),
+        sampling,
+        limits: RequestParams {
+            max_tokens,
+            ignore_eos: true,
+            adapter,
+            ..RequestParams::default()
+        },
+        sample_index: 0,
+        prompt_logprobs: None,
+        prompt_logprobs_start: 1,
+    }
 }

@@ -344,27 +344,39 @@ mod tests {
         }
     }
 
+    /// `y` plus the corrections of projection `target` of `adapter` (registered as adapter
+    /// 0) for the rows `rows` assigns it, with the kernels of `isa`.
+    fn corrected(
+        isa: Isa,
+        adapter: &LoraAdapter,
+        (rows, target): (&AdapterRows, (usize, Projection)),
+        x: &[f32],
+        mut y: Vec<f32>,
+    ) -> Vec<f32> {
+        let pool = ThreadPool::new(1);
+        let mut adapters = AdapterSet::default();
+        adapters.add(adapter.clone());
+        let mut scratch = LoraScratch::default();
+        add_corrections(
+            (isa, &pool),
+            &adapters,
+            rows,
+            target,
+            x,
+            &mut y,
+            &mut scratch,
+        );
+        y
+    }
+
     #[test]
     fn a_row_gets_scale_times_b_a_x() {
         // A = [[1, 2]], B = [[3], [4], [5]], scale 0.5, x = [1, 1]: A x = 3, y += 0.5·3·B.
         let mut adapter = LoraAdapter::empty(1);
         adapter.set(0, Projection::Up, pair(&[1.0, 2.0], &[3.0, 4.0, 5.0], 0.5));
         let rows = AdapterRows::new([(0..1, AdapterId(0))]);
-        let mut y = vec![1.0; 3];
-        let pool = ThreadPool::new(1);
-        let kernels = (Isa::Scalar, &pool);
-        let mut scratch = LoraScratch::default();
-        let mut adapters = AdapterSet::default();
-        adapters.add(adapter);
-        add_corrections(
-            kernels,
-            &adapters,
-            &rows,
-            (0, Projection::Up),
-            &[1.0, 1.0],
-            &mut y,
-            &mut scratch,
-        );
+        let at = (&rows, (0, Projection::Up));
+        let y = corrected(Isa::Scalar, &adapter, at, &[1.0, 1.0], vec![1.0; 3]);
         assert_eq!(y, vec![5.5, 7.0, 8.5]);
     }
 
@@ -375,29 +387,12 @@ mod tests {
         let mut adapter = LoraAdapter::empty(1);
         adapter.set(0, Projection::Up, pair(&a, &b, 0.5));
         let rounded = adapter.clone().with_dtype(LoraDtype::Bf16);
-        assert_eq!(
-            rounded.bytes() * 2,
-            adapter.bytes(),
-            "every value in 2 bytes"
-        );
-        let pool = ThreadPool::new(1);
+        let (halved, whole) = (rounded.bytes() * 2, adapter.bytes());
+        assert_eq!(halved, whole, "every value in 2 bytes");
         let x = [0.3, -1.7, 2.9, 0.01, 5.0, -0.25];
+        let rows = AdapterRows::new([(0..2, AdapterId(0))]);
         let run = |adapter: &LoraAdapter, isa: Isa| {
-            let mut adapters = AdapterSet::default();
-            adapters.add(adapter.clone());
-            let rows = AdapterRows::new([(0..2, AdapterId(0))]);
-            let mut y = vec![0.5f32; 8];
-            let mut scratch = LoraScratch::default();
-            let target = (0, Projection::Up);
-            add_corrections(
-                (isa, &pool),
-                &adapters,
-                &rows,
-                target,
-                &x,
-                &mut y,
-                &mut scratch,
-            );
+            let y = corrected(isa, adapter, (&rows, (0, Projection::Up)), &x, vec![0.5; 8]);
             y.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
         };
         for isa in Isa::available() {
@@ -406,11 +401,8 @@ mod tests {
         let mut inexact = LoraAdapter::empty(1);
         inexact.set(0, Projection::Up, pair(&a, &[3.0, -4.5, 5.0, 0.1], 0.5));
         let rounded = inexact.clone().with_dtype(LoraDtype::Bf16);
-        assert_ne!(
-            run(&rounded, Isa::Scalar),
-            run(&inexact, Isa::Scalar),
-            "0.1 rounds"
-        );
+        let (got, exact) = (run(&rounded, Isa::Scalar), run(&inexact, Isa::Scalar));
+        assert_ne!(got, exact, "0.1 rounds");
     }
 
     #[test]
@@ -419,32 +411,12 @@ mod tests {
         adapter.set(0, Projection::Down, pair(&[1.0], &[2.0], 1.0));
         let rows = AdapterRows::new([(1..2, AdapterId(0)), (3..4, AdapterId(0))]);
         let x = [1.0, 2.0, 3.0, 4.0];
-        let mut y = [0.0; 4];
-        let pool = ThreadPool::new(1);
-        let (kernels, mut scratch) = ((Isa::Scalar, &pool), LoraScratch::default());
-        let mut adapters = AdapterSet::default();
-        adapters.add(adapter);
-        add_corrections(
-            kernels,
-            &adapters,
-            &rows,
-            (0, Projection::Down),
-            &x,
-            &mut y,
-            &mut scratch,
-        );
+        let down = (&rows, (0, Projection::Down));
+        let y = corrected(Isa::Scalar, &adapter, down, &x, vec![0.0; 4]);
         assert_eq!(y, [0.0, 4.0, 0.0, 8.0]);
         // A projection the adapter does not target changes nothing.
-        let mut y = [0.0; 4];
-        add_corrections(
-            kernels,
-            &adapters,
-            &rows,
-            (0, Projection::Up),
-            &x,
-            &mut y,
-            &mut scratch,
-        );
+        let up = (&rows, (0, Projection::Up));
+        let y = corrected(Isa::Scalar, &adapter, up, &x, vec![0.0; 4]);
         assert_eq!(y, [0.0; 4]);
     }
 
